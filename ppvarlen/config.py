@@ -1,0 +1,262 @@
+"""YAML configs: sections by concern, ``_base_`` inheritance, ``-o`` overrides, schema validation.
+
+A config is read once at an entry point (``load_config``) and handed down as a
+``Config``: nested sections with attribute access (``cfg.Data.max_len``).  Every
+key is declared in ``ppvarlen/config_schema.py``; anything else is an error that
+names the key path, the file and the closest valid key.
+"""
+import difflib
+import os
+
+import yaml
+
+from .config_schema import SCHEMA, Field
+
+
+class ConfigError(ValueError):
+    """A config problem the user can fix; the message names file, key and fix."""
+
+
+class Config:
+    """Attribute access over a validated nested dict (``cfg.Train.amp.dtype``)."""
+
+    def __init__(self, data):
+        object.__setattr__(self, "_data", data)
+
+    def __getattr__(self, key):
+        data = object.__getattribute__(self, "_data")
+        if key not in data:
+            raise AttributeError(f"config has no key {key!r}; keys here: {sorted(data)}")
+        v = data[key]
+        return Config(v) if isinstance(v, dict) else v
+
+    def __setattr__(self, key, value):
+        raise AttributeError("Config is read-only; use -o overrides or apply_overrides()")
+
+    def __getitem__(self, key):
+        return self.__getattr__(key)
+
+    def __contains__(self, key):
+        return key in self._data
+
+    def get(self, key, default=None):
+        return self.__getattr__(key) if key in self._data else default
+
+    def to_dict(self):
+        import copy
+
+        return copy.deepcopy(self._data)
+
+    def __repr__(self):
+        return f"Config({self._data!r})"
+
+
+# ---------------------------------------------------------------- reading
+
+def _read_yaml(path):
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not valid UTF-8 ({e}); save the config as UTF-8") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
+        raise ConfigError(f"{where}: invalid YAML: {getattr(e, 'problem', e)}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections (Global:, Data:, ...), "
+                          f"got {type(data).__name__}")
+    return data
+
+
+def _deep_merge(base, over):
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _load_with_bases(path, _seen=()):
+    path = os.path.abspath(path)
+    if path in _seen:
+        raise ConfigError(f"{path}: _base_ inheritance loops back to itself via {list(_seen)}")
+    data = _read_yaml(path)
+    bases = data.pop("_base_", None)
+    if bases is None:
+        return data
+    if isinstance(bases, str):
+        bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise ConfigError(f"{path}: _base_ must be a path or a list of paths, got {bases!r}")
+    merged = {}
+    for b in bases:
+        bpath = b if os.path.isabs(b) else os.path.join(os.path.dirname(path), b)
+        merged = _deep_merge(merged, _load_with_bases(bpath, _seen + (path,)))
+    return _deep_merge(merged, data)
+
+
+# ---------------------------------------------------------------- overrides
+
+def parse_override(text):
+    """``"Data.buckets=[64,128]"`` -> (["Data", "buckets"], [64, 128]).
+
+    The value is parsed as YAML, so lists, bools, null, numbers and strings work;
+    a value that is not valid YAML is taken as a plain string.
+    """
+    if "=" not in text:
+        raise ConfigError(f"bad override {text!r}: expected KEY=VALUE, e.g. -o Train.epochs=3 "
+                          f"or -o Data.buckets=[64,128,256]")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    parts = key.split(".")
+    if not key or any(not p or not p.replace("_", "").isalnum() for p in parts):
+        raise ConfigError(f"bad override {text!r}: key {key!r} must be dotted names like "
+                          f"Section.key or Train.amp.dtype")
+    if len(parts) < 2:
+        raise ConfigError(f"bad override {text!r}: give the section too, e.g. Train.{key}=...")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        if raw.strip()[:1] in "[{":
+            raise ConfigError(f"bad override {text!r}: value {raw!r} looks like a list/mapping "
+                              f"but is not valid YAML (e.g. [64,128] or {{a: 1}})") from None
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data, overrides):
+    for text in overrides or []:
+        parts, value = parse_override(text)
+        node = data
+        for p in parts[:-1]:
+            if not isinstance(node.get(p), dict):
+                node[p] = {}
+            node = node[p]
+        node[parts[-1]] = value
+    return data
+
+
+# ---------------------------------------------------------------- validation
+
+def _suggest(key, options):
+    m = difflib.get_close_matches(key, options, n=1, cutoff=0.5)
+    if not m:
+        lower = {o.lower(): o for o in options}
+        if key.lower() in lower:
+            m = [lower[key.lower()]]
+    return f"; did you mean {m[0]!r}?" if m else f"; valid keys: {', '.join(sorted(options))}"
+
+
+def _check_value(field, value, where):
+    if value is None:
+        if field.nullable:
+            return None
+        raise ConfigError(f"{where}: null is not allowed; expected {field.type_name()}")
+    t = field.type
+    if t == "any":
+        out = value
+    elif t is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true/false, got {value!r}")
+        out = value
+    elif t is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r} ({type(value).__name__})")
+        out = value
+    elif t is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if isinstance(value, str):
+            try:
+                value = float(value)  # YAML 1.1 reads "1e-3" as a string
+            except ValueError:
+                raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+        if not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r} ({type(value).__name__})")
+        out = float(value)
+    elif t is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r} ({type(value).__name__})")
+        out = value
+    elif isinstance(t, tuple) and t[0] == "list":
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list of {t[1].__name__}, got {value!r}; "
+                              f"write it as [a, b, c]")
+        out = [_check_value(Field(t[1]), v, f"{where}[{i}]") for i, v in enumerate(value)]
+    elif t is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        out = value
+    else:  # pragma: no cover - schema bug
+        raise TypeError(f"unknown schema type {t!r} at {where}")
+    if field.choices is not None:
+        items = out if isinstance(out, list) else [out]
+        for item in items:
+            if item not in field.choices:
+                raise ConfigError(f"{where}: {item!r} is not one of {list(field.choices)}"
+                                  f"{_suggest(str(item), [str(c) for c in field.choices])}")
+    return out
+
+
+def _validate_section(schema, data, path, source):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: {path or 'top level'} must be a mapping, got {data!r}")
+    out = {}
+    for key, value in data.items():
+        kpath = f"{path}.{key}" if path else str(key)
+        if key not in schema:
+            raise ConfigError(f"{source}: unknown key {kpath!r}{_suggest(str(key), list(schema))}")
+        spec = schema[key]
+        if isinstance(spec, dict):
+            out[key] = _validate_section(spec, value if value is not None else {}, kpath, source)
+        else:
+            out[key] = _check_value(spec, value, f"{source}: {kpath}")
+    for key, spec in schema.items():
+        if key in out:
+            continue
+        kpath = f"{path}.{key}" if path else key
+        if isinstance(spec, dict):
+            out[key] = _validate_section(spec, {}, kpath, source)
+        elif spec.required:
+            raise ConfigError(f"{source}: missing required key {kpath!r} ({spec.help or spec.type_name()})")
+        else:
+            import copy
+
+            out[key] = copy.deepcopy(spec.default)
+    return out
+
+
+def validate(data, source="<config>"):
+    return _validate_section(SCHEMA, data, "", source)
+
+
+def load_config(path=None, overrides=None, data=None):
+    """Read ``path`` (following ``_base_``), apply ``-o`` overrides, validate, return Config."""
+    source = path or "<dict>"
+    raw = _load_with_bases(path) if path else dict(data or {})
+    if overrides:
+        source = f"{source} (with -o {' '.join(overrides)})"
+        raw = apply_overrides(raw, overrides)
+    return Config(validate(raw, source))
+
+
+def save_config(cfg, path):
+    from .utils.io import atomic_write_text
+
+    data = cfg.to_dict() if isinstance(cfg, Config) else cfg
+    atomic_write_text(path, yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+
+
+def add_config_args(parser):
+    parser.add_argument("-c", "--config", required=True, help="YAML config file")
+    parser.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. -o Train.epochs=3 -o Data.buckets=[64,128] "
+                             "(repeatable)")
+    return parser

@@ -1,0 +1,121 @@
+"""Every config key ppvarlen accepts, with type, default and meaning.
+
+One section per concern.  A key missing here is rejected at load time with a
+"did you mean" suggestion, so adding a feature means adding its key here.
+"""
+
+
+class Field:
+    def __init__(self, type_, default=None, choices=None, nullable=False, required=False, help=""):
+        self.type = type_
+        self.default = default
+        self.choices = tuple(choices) if choices is not None else None
+        self.nullable = nullable or default is None and not required
+        self.required = required
+        self.help = help
+
+    def type_name(self):
+        t = self.type
+        if isinstance(t, tuple):
+            return f"list of {t[1].__name__}"
+        return t if isinstance(t, str) else t.__name__
+
+
+def ListOf(item_type, default=None, **kw):
+    return Field(("list", item_type), default, **kw)
+
+
+SCHEMA = {
+    "Global": {
+        "output_dir": Field(str, "output/run", help="where checkpoints, logs and metrics go"),
+        "seed": Field(int, 42, help="seed for data order, init and dropout"),
+        "device": Field(str, "auto", choices=["auto", "cpu", "gpu"]),
+        "log_level": Field(str, "INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]),
+    },
+    "Data": {
+        "corpus": Field(str, "sentiment",
+                        choices=["sentiment", "people_daily_ner", "g2p", "jsonl", "tsv"]),
+        "task": Field(str, None, choices=["classification", "tagging", "seq2seq"],
+                      help="inferred from the corpus; required for jsonl/tsv"),
+        "train_file": Field(str, None), "dev_file": Field(str, None), "test_file": Field(str, None),
+        "skip_invalid": Field(bool, False, help="skip malformed lines (counted) instead of failing"),
+        "limit": Field(int, None, help="keep only the first N examples per split (quick runs)"),
+        "tokenizer": Field(str, "char", choices=["char", "word", "pretrained"]),
+        "vocab_file": Field(str, None, help="a BERT/ERNIE vocab.txt for tokenizer: pretrained"),
+        "lowercase": Field(bool, False),
+        "add_special_tokens": Field(bool, None, help="[CLS]/[SEP] around each text; null = "
+                                    "yes for classification, no for tagging"),
+        "min_freq": Field(int, 1), "max_size": Field(int, None),
+        "max_len": Field(int, 512, help="max tokens per example incl. special tokens"),
+        "long_text": Field(str, "truncate", choices=["truncate", "window", "error"]),
+        "stride": Field(int, 128, help="window overlap in tokens for long_text: window"),
+        "pad_to_multiple_of": Field(int, 1),
+        "padding_side": Field(str, "right", choices=["right", "left"]),
+        "sampler": Field(str, "token_budget", choices=["token_budget", "bucket", "random"]),
+        "max_tokens": Field(int, 4096, help="token budget per batch, padding counted"),
+        "pool_size": Field(int, 100, help="batches per sorted pool (token_budget)"),
+        "batch_size": Field(int, 32, help="fixed batch size (random / bucket without budget)"),
+        "max_sentences": Field(int, None, help="cap on examples per batch"),
+        "batch_size_multiple": Field(int, 1),
+        "buckets": ListOf(int, None, help="bucket boundaries; null = computed"),
+        "num_buckets": Field(int, 4),
+        "bucket_method": Field(str, "optimal", choices=["optimal", "quantile"]),
+        "pad_to_bucket": Field(bool, False, help="pad to the bucket boundary (fixed shapes)"),
+        "oversize": Field(str, "own_batch", choices=["own_batch", "error"],
+                          help="an example longer than max_tokens"),
+        "eval_max_tokens": Field(int, 16384),
+        "num_workers": Field(int, 0),
+        "max_source_len": Field(int, 64), "max_target_len": Field(int, 256),
+    },
+    "Model": {
+        "name": Field(str, "transformer_cls",
+                      choices=["transformer_cls", "rnn_cls", "bigru_crf", "ernie_cls",
+                               "ernie_tagger", "seq2seq"]),
+        "hidden_size": Field(int, 128), "num_layers": Field(int, 2), "num_heads": Field(int, 4),
+        "ffn_size": Field(int, 512), "dropout": Field(float, 0.1),
+        "emb_size": Field(int, 128),
+        "max_position": Field(int, 512, help="size of the learned position table"),
+        "pooling": Field(str, "cls", choices=["cls", "mean", "max", "last"]),
+        "cell": Field(str, "lstm", choices=["lstm", "gru"]),
+        "pretrained_dir": Field(str, None, help="local ERNIE/BERT dir: config + weights + vocab"),
+        "ernie_config": Field(dict, None, help="small ErnieConfig kwargs for random init"),
+        "num_decoder_layers": Field(int, 2),
+    },
+    "Optimizer": {
+        "name": Field(str, "adamw", choices=["adamw"]),
+        "lr": Field(float, 1e-3), "weight_decay": Field(float, 0.01),
+        "beta1": Field(float, 0.9), "beta2": Field(float, 0.999), "epsilon": Field(float, 1e-8),
+        "schedule": Field(str, "linear", choices=["linear", "cosine", "constant"]),
+        "warmup_steps": Field(int, 0), "warmup_ratio": Field(float, 0.0),
+        "clip_norm": Field(float, 1.0, help="global-norm clipping; 0 = off"),
+    },
+    "Train": {
+        "epochs": Field(int, 3), "max_steps": Field(int, None, help="stop after N steps (overrides epochs)"),
+        "eval_every": Field(int, 0, help="evaluate every N steps; 0 = at epoch ends"),
+        "log_every": Field(int, 20), "save_every": Field(int, 0),
+        "keep_last": Field(int, 2), "resume": Field(str, None, help="auto | PATH"),
+        "label_smoothing": Field(float, 0.0),
+        "progress_bar": Field(bool, True),
+        "visualdl": Field(bool, False),
+        "amp": {
+            "enable": Field(bool, False),
+            "level": Field(str, "O1", choices=["O1", "O2"]),
+            "dtype": Field(str, "bfloat16", choices=["bfloat16", "float16"]),
+        },
+    },
+    "Export": {
+        "format": ListOf(str, ["paddle", "onnx"], choices=["paddle", "onnx"]),
+        "precision": ListOf(str, ["fp32"], choices=["fp32", "bf16", "fp16"]),
+        "opset": Field(int, 13),
+        "verify": Field(bool, True),
+        "parity_max_examples": Field(int, None),
+    },
+    "Deploy": {
+        "backend": Field(str, "paddle", choices=["paddle", "onnx"]),
+        "host": Field(str, "127.0.0.1"), "port": Field(int, 8080),
+        "threads": Field(int, 2), "workers": Field(int, 1),
+        "max_wait_ms": Field(float, 5.0), "max_batch_tokens": Field(int, 8192),
+        "max_batch_size": Field(int, 64), "queue_size": Field(int, 1024),
+        "max_texts_per_request": Field(int, 256), "max_body_bytes": Field(int, 1 << 20),
+    },
+}

@@ -1,0 +1,63 @@
+"""Atomic writes: a reader sees the old file/dir or the new one, never a mix."""
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+
+
+def atomic_write_text(path, text, encoding="utf-8"):
+    path = os.fspath(path)
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+    try:
+        with os.fdopen(fd, "w", encoding=encoding) as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+def atomic_write_json(path, obj):
+    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_dir(final_path):
+    """Yield a temp dir next to ``final_path``; on success swap it into place.
+
+    An existing ``final_path`` is replaced only after the new one is complete,
+    so an interrupted write never leaves a half-written directory behind.
+    """
+    final_path = os.path.abspath(os.fspath(final_path))
+    parent = os.path.dirname(final_path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(final_path) + "-", dir=parent)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if os.path.exists(final_path):
+        old = tempfile.mkdtemp(prefix=".old-" + os.path.basename(final_path) + "-", dir=parent)
+        os.rmdir(old)
+        os.replace(final_path, old)
+    os.replace(tmp, final_path)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def sha256_file(path, chunk=1 << 20):
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()

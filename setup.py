@@ -1,0 +1,50 @@
+"""Install entry point for ppvarlen.
+
+CPU is the default: ``pip install -e .`` pulls the CPU wheel of PaddlePaddle.
+GPU users install ``paddlepaddle-gpu==3.3.1`` from Paddle's CUDA index first and
+then ``pip install -e . --no-deps`` plus the remaining requirements (see README).
+"""
+import os
+
+from setuptools import find_packages, setup
+
+# PaddleNLP 2.8.1 imports under Paddle 3.3.1 only with these upper bounds
+# (newer huggingface_hub / aistudio-sdk / datasets break its import chain).
+PADDLENLP_PINS = ["huggingface_hub<0.26", "aistudio-sdk<0.2", "datasets<3"]
+
+# Set PPVARLEN_SKIP_PADDLE=1 when a GPU build of Paddle is already installed,
+# so pip does not replace it with the CPU wheel.
+PADDLE = [] if os.environ.get("PPVARLEN_SKIP_PADDLE") else ["paddlepaddle==3.3.1"]
+
+setup(
+    name="ppvarlen",
+    version="0.1.0",
+    description="Variable-length text through PaddlePaddle: length-aware data, "
+    "padding-invariant models, dynamic-shape export and a batching server.",
+    python_requires=">=3.11,<3.12",
+    packages=find_packages(include=["ppvarlen", "ppvarlen.*"]),
+    include_package_data=True,
+    install_requires=PADDLE
+    + [
+        "paddlenlp==2.8.1",
+        *PADDLENLP_PINS,
+        "paddle2onnx==2.1.0",
+        "onnx>=1.16,<1.18",
+        "onnxruntime>=1.18",
+        "onnxconverter-common>=1.14",
+        # paddle2onnx's constant folding pip-installs these at run time when
+        # they are missing; installing them here keeps run time offline.
+        "onnx_graphsurgeon",
+        "sympy",
+        "pyyaml>=6",
+        "numpy",
+        "tqdm",
+        "safetensors>=0.4",
+        "snownlp==0.12.3",
+        "matplotlib",
+        "fastapi",
+        "uvicorn",
+        "httpx",
+    ],
+    extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
+)
