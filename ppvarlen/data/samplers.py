@@ -1,0 +1,297 @@
+"""Length-aware batch samplers (``paddle.io.BatchSampler`` subclasses yielding index lists).
+
+* ``TokenBudgetBatchSampler`` — batches whose padded cost (size x longest)
+  stays within ``max_tokens``; lengths are sorted only within shuffled pools of
+  ``pool_size`` batches (``pool_size <= 0``: one pool = the whole split, i.e.
+  fairseq's shuffle -> stable sort -> pack -> shuffle batches).
+* ``BucketBatchSampler`` — static length buckets; per-bucket batch size fixed or
+  derived from a token budget; pads to the batch max or the bucket boundary.
+
+Shared behaviour (``_LengthBatchSampler``): batches are a pure function of
+(seed, epoch); every example appears exactly once per epoch; with
+``num_replicas`` > 1 every rank yields the SAME number of batches (the global
+batch list is padded by repeating batches from its start, counted in
+``num_repeated_batches`` / ``num_repeated_examples``); ``state_dict`` /
+``load_state_dict`` resume mid-epoch exactly.
+"""
+import numpy as np
+from paddle.io import BatchSampler
+
+from ..utils.log import get_logger
+from .errors import DataError
+from .lengths import bucket_index
+from .order import pack_by_budget
+
+log = get_logger("data.samplers")
+
+
+def _check_lengths(lengths):
+    arr = np.asarray(lengths)
+    if arr.ndim not in (1, 2) or arr.shape[0] == 0:
+        raise ValueError(f"lengths must be a non-empty [n] or [n, k] array, got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.integer) or arr.min() < 1:
+        raise ValueError("lengths must be positive integers (drop empty examples before batching)")
+    return arr.astype(np.int64)
+
+
+def _cost_key(lengths):
+    """1-D sort / oversize key: the row sum for [n, k] lengths."""
+    return lengths if lengths.ndim == 1 else lengths.sum(axis=1)
+
+
+def _check_oversize(key, max_tokens, policy):
+    if policy not in ("own_batch", "error"):
+        raise ValueError(f"Data.oversize must be own_batch or error, got {policy!r}")
+    over = np.flatnonzero(key > max_tokens)
+    if over.size and policy == "error":
+        show = ", ".join(f"#{int(i)} ({int(key[i])} tokens)" for i in over[:5])
+        raise DataError(f"{over.size} example(s) are longer than Data.max_tokens={max_tokens}: "
+                        f"{show}{' ...' if over.size > 5 else ''}. Raise Data.max_tokens, lower "
+                        f"Data.max_len, or set Data.oversize: own_batch")
+    if policy not in ("own_batch", "error"):
+        raise ValueError(f"Data.oversize must be own_batch or error, got {policy!r}")
+    if over.size:
+        log.warning("%d example(s) longer than max_tokens=%d get a batch of their own",
+                    over.size, max_tokens)
+    return int(over.size)
+
+
+class _LengthBatchSampler(BatchSampler):
+    """Epoch bookkeeping, sharding and resume shared by the samplers."""
+
+    def __init__(self, lengths, shuffle, seed, num_replicas, rank):
+        # Paddle's BatchSampler.__init__ wants a dataset/sampler to draw indices
+        # from; ours come from the lengths, so it is deliberately not called.
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"need 0 <= rank < num_replicas, got rank={rank}, "
+                             f"num_replicas={num_replicas}")
+        self.lengths = _check_lengths(lengths)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.num_replicas = int(num_replicas)
+        self.rank = int(rank)
+        self.epoch = 0
+        self.drop_last = False  # read by some Paddle utilities; we never drop
+        self._skip = 0          # batches to skip at the next __iter__ (resume)
+        self._yielded = 0       # batches handed out in the current pass
+        self._cache = None      # (epoch, this rank's batches)
+        self.num_repeated_batches = 0
+        self.num_repeated_examples = 0
+
+    # ---------------------------------------------------------------- subclass hook
+    def _global_batches(self, rng):
+        """All batches of one epoch, for all ranks; ``rng`` is None when not shuffling."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- epoch
+    def _rank_batches(self):
+        if self._cache is not None and self._cache[0] == self.epoch:
+            return self._cache[1]
+        rng = np.random.default_rng([self.seed, self.epoch]) if self.shuffle else None
+        batches = self._global_batches(rng)
+        pad = -len(batches) % self.num_replicas
+        extra = [batches[i % len(batches)] for i in range(pad)]
+        self.num_repeated_batches = pad
+        self.num_repeated_examples = sum(len(b) for b in extra)
+        mine = (batches + extra)[self.rank::self.num_replicas]
+        self._cache = (self.epoch, mine)
+        return mine
+
+    def set_epoch(self, epoch):
+        """Select the epoch (reshuffles); a pending resume position is kept only for its epoch."""
+        epoch = int(epoch)
+        if epoch != self.epoch:
+            self._skip = self._yielded = 0
+        self.epoch = epoch
+
+    def __iter__(self):
+        # not a generator itself: the resume position is taken when iter() is called
+        batches = self._rank_batches()
+        start, self._skip = self._skip, 0
+        self._yielded = start
+        return self._generate(batches[start:])
+
+    def _generate(self, batches):
+        for batch in batches:
+            self._yielded += 1
+            yield list(batch)
+
+    def __len__(self):
+        """Batches the next ``__iter__`` yields on this rank (full epoch unless resuming)."""
+        return len(self._rank_batches()) - self._skip
+
+    def epoch_batches(self):
+        """This rank's full batch list for the current epoch (analysis and tests)."""
+        return [list(b) for b in self._rank_batches()]
+
+    # ---------------------------------------------------------------- resume
+    def state_dict(self, batches_consumed=None):
+        """Position in the epoch.  A ``paddle.io.DataLoader`` prefetches batches from
+        the sampler, so the trainer passes the number of batches it has actually
+        consumed this epoch; the default (batches handed out) is exact only when
+        iterating the sampler directly."""
+        done = self._yielded if batches_consumed is None else int(batches_consumed)
+        return {"epoch": self.epoch, "seed": self.seed, "batches_yielded": done,
+                "num_replicas": self.num_replicas, "rank": self.rank,
+                "num_examples": int(self.lengths.shape[0])}
+
+    def load_state_dict(self, state):
+        for key, mine in (("num_examples", int(self.lengths.shape[0])),
+                          ("num_replicas", self.num_replicas)):
+            if key in state and int(state[key]) != mine:
+                raise ValueError(f"cannot resume the sampler: saved {key}={state[key]} but now "
+                                 f"{mine}; resume with the same data and number of devices, or "
+                                 f"start a fresh run")
+        self.seed = int(state["seed"])
+        self.epoch = int(state["epoch"])
+        self._cache = None
+        total = len(self._rank_batches())
+        done = int(state["batches_yielded"])
+        if not 0 <= done <= total:
+            raise ValueError(f"cannot resume the sampler: batches_yielded={done} but epoch "
+                             f"{self.epoch} has {total} batches on this rank")
+        self._skip = done
+
+
+class TokenBudgetBatchSampler(_LengthBatchSampler):
+    """Batches with size x longest <= ``max_tokens`` (padding counted).
+
+    Shuffled: permute, cut into pools of about ``pool_size`` batches, sort each
+    pool by length, pack by budget, shuffle all batches.  ``pool_size <= 0``
+    sorts the whole split (fairseq style: most efficient, randomness only from
+    tie-breaks and batch order).  Not shuffled: global stable sort, no
+    randomness (eval).  ``lengths`` may be [n, 2] (source, target) for seq2seq:
+    the cost is then size x (max_src + max_tgt).
+    """
+
+    def __init__(self, lengths, max_tokens, shuffle=True, pool_size=100, max_sentences=None,
+                 batch_size_multiple=1, oversize="own_batch", seed=0, num_replicas=1, rank=0):
+        super().__init__(lengths, shuffle, seed, num_replicas, rank)
+        self.max_tokens = int(max_tokens)
+        self.pool_size = int(pool_size or 0)
+        self.max_sentences = max_sentences
+        self.batch_size_multiple = int(batch_size_multiple)
+        self.num_oversize = _check_oversize(_cost_key(self.lengths), self.max_tokens, oversize)
+        self._key = _cost_key(self.lengths)
+        sorted_batches = self._pack(np.argsort(self._key, kind="stable"))
+        # pool_size counts batches; convert to examples with the sorted packing's mean batch size
+        self.pool_examples = max(1, round(self.pool_size * len(self._key) / len(sorted_batches)))
+
+    def _pack(self, order):
+        return pack_by_budget(order, self.lengths, self.max_tokens, self.max_sentences,
+                              self.batch_size_multiple)
+
+    def _global_batches(self, rng):
+        if rng is None:
+            return self._pack(np.argsort(self._key, kind="stable"))
+        perm = rng.permutation(len(self._key))
+        step = len(perm) if self.pool_size <= 0 else self.pool_examples
+        batches = []
+        for start in range(0, len(perm), step):
+            pool = perm[start:start + step]
+            # stable sort keeps the random order among equal lengths (random tie-breaks)
+            batches += self._pack(pool[np.argsort(self._key[pool], kind="stable")])
+        return [batches[i] for i in rng.permutation(len(batches))]
+
+
+class BucketBatchSampler(_LengthBatchSampler):
+    """Static buckets: example -> the smallest boundary >= its length.
+
+    Per-bucket batch size: ``batch_size`` (fixed) or, with ``max_tokens``,
+    ``max_tokens // boundary`` so every bucket's batch costs about the same
+    memory (capped by ``max_sentences``, rounded down to ``batch_size_multiple``).
+    ``pad_length(batch)`` gives the length the collator should pad the batch to:
+    the bucket boundary with ``pad_to_bucket`` (fixed shapes), else the batch max.
+    """
+
+    def __init__(self, lengths, boundaries, batch_size=None, max_tokens=None, shuffle=True,
+                 pad_to_bucket=False, max_sentences=None, batch_size_multiple=1,
+                 oversize="own_batch", seed=0, num_replicas=1, rank=0):
+        super().__init__(lengths, shuffle, seed, num_replicas, rank)
+        if self.lengths.ndim != 1:
+            raise ValueError("BucketBatchSampler needs 1-D lengths")
+        if (batch_size is None) == (max_tokens is None):
+            raise ValueError("BucketBatchSampler: give exactly one of batch_size or max_tokens")
+        bounds = [int(b) for b in boundaries]
+        if not bounds or bounds != sorted(set(bounds)) or bounds[0] < 1:
+            raise ValueError(f"bucket boundaries must be strictly increasing positive ints, "
+                             f"got {list(boundaries)}")
+        self.boundaries = np.asarray(bounds, dtype=np.int64)
+        self.bucket_of = bucket_index(self.lengths, self.boundaries)  # raises if over the last
+        self.pad_to_bucket = bool(pad_to_bucket)
+        self.num_oversize = 0
+        if max_tokens is not None:
+            self.num_oversize = _check_oversize(self.lengths, int(max_tokens), oversize)
+            sizes = np.maximum(1, int(max_tokens) // self.boundaries)
+            if max_sentences:
+                sizes = np.minimum(sizes, int(max_sentences))
+            m = int(batch_size_multiple)
+            sizes = np.where(sizes > m, sizes - sizes % m, sizes)
+        else:
+            if int(batch_size) < 1:
+                raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            sizes = np.full(len(bounds), int(batch_size))
+        self.bucket_batch_sizes = [int(s) for s in sizes]
+
+    def _global_batches(self, rng):
+        batches = []
+        for k, size in enumerate(self.bucket_batch_sizes):
+            members = np.flatnonzero(self.bucket_of == k)
+            if rng is not None:
+                members = rng.permutation(members)
+            batches += [members[i:i + size].tolist() for i in range(0, len(members), size)]
+        if rng is not None:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+
+    def pad_length(self, batch):
+        longest = int(self.lengths[np.asarray(batch)].max())
+        return int(self.boundaries[bucket_index([longest], self.boundaries)[0]]) \
+            if self.pad_to_bucket else longest
+
+
+def build_batch_sampler(dataset, data_cfg, shuffle, num_replicas=1, rank=0, seed=0):
+    """The batch sampler ``Data.sampler`` names, over ``dataset.lengths``.
+
+    token_budget: ``TokenBudgetBatchSampler(max_tokens, pool_size, ...)``; seq2seq
+    datasets (with ``src_lengths``/``tgt_lengths``) are budgeted on source AND
+    target padding.  bucket: ``BucketBatchSampler`` with ``Data.buckets`` or
+    boundaries computed by ``Data.bucket_method`` (``num_buckets``), per-bucket
+    sizes from ``max_tokens``.  random: shuffled fixed ``batch_size`` batches
+    with dynamic padding (one bucket spanning all lengths).
+    Eval (``shuffle=False``) always uses the deterministic length-sorted order
+    for token_budget, bucket order for the others.
+    """
+    from .lengths import optimal_boundaries, quantile_boundaries
+
+    lengths = np.asarray(dataset.lengths, dtype=np.int64)
+    kind = data_cfg.sampler
+    common = dict(shuffle=shuffle, seed=seed, num_replicas=num_replicas, rank=rank)
+    if kind == "token_budget":
+        cost = lengths
+        if getattr(dataset, "src_lengths", None) is not None:
+            cost = np.stack([dataset.src_lengths, dataset.tgt_lengths], axis=1)
+        return TokenBudgetBatchSampler(cost, data_cfg.max_tokens, pool_size=data_cfg.pool_size,
+                                       max_sentences=data_cfg.max_sentences,
+                                       batch_size_multiple=data_cfg.batch_size_multiple,
+                                       oversize=data_cfg.oversize, **common)
+    if kind == "bucket":
+        bounds = data_cfg.buckets
+        if not bounds:
+            pick = optimal_boundaries if data_cfg.bucket_method == "optimal" else \
+                lambda ls, k, m: quantile_boundaries(ls, pad_to_multiple_of=m)
+            bounds = pick(lengths, data_cfg.num_buckets, data_cfg.pad_to_multiple_of)
+        bounds = sorted(set(int(b) for b in bounds))
+        if bounds[-1] < lengths.max():
+            raise DataError(f"Data.buckets={bounds}: {int((lengths > bounds[-1]).sum())} examples "
+                            f"are longer than the last boundary (longest {int(lengths.max())}); "
+                            f"add a boundary >= {int(lengths.max())} or lower Data.max_len")
+        return BucketBatchSampler(lengths, bounds, max_tokens=data_cfg.max_tokens,
+                                  pad_to_bucket=data_cfg.pad_to_bucket,
+                                  max_sentences=data_cfg.max_sentences,
+                                  batch_size_multiple=data_cfg.batch_size_multiple,
+                                  oversize=data_cfg.oversize, **common)
+    if kind == "random":
+        return BucketBatchSampler(lengths, [int(lengths.max())], batch_size=data_cfg.batch_size,
+                                  **common)
+    raise ValueError(f"Data.sampler must be token_budget, bucket or random, got {kind!r}")

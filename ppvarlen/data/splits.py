@@ -1,0 +1,45 @@
+"""Deterministic train/dev/test assignment by a stable hash of each example's text.
+
+Python's ``hash()`` is salted per process (PYTHONHASHSEED), so a split built on it
+changes from run to run and machine to machine; sha1 of the UTF-8 bytes does not.
+Because the bucket depends only on the text, identical texts always land in the same
+split: a duplicated text can never leak from train into test.
+"""
+import hashlib
+
+SPLITS = ("train", "dev", "test")
+SPLIT_METHOD = "sha1(utf-8 text) -> train 80% / dev 10% / test 10%"
+
+
+def stable_fraction(key):
+    """A number in [0, 1) that depends only on ``key`` (same in every process)."""
+    # surrogatepass: JSON input may carry lone surrogate escapes; they still hash stably.
+    digest = hashlib.sha1(key.encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def stable_split(key):
+    """``"train"`` (80%), ``"dev"`` (10%) or ``"test"`` (10%) for the text ``key``."""
+    f = stable_fraction(key)
+    if f < 0.8:
+        return "train"
+    return "dev" if f < 0.9 else "test"
+
+
+def example_key(example):
+    """The text an example is split by: its text, its tokens joined, or its source."""
+    if "text" in example:
+        return example["text"]
+    if "tokens" in example:
+        return " ".join(example["tokens"])
+    if "source" in example:
+        return example["source"]
+    raise ValueError(f"example has none of text/tokens/source: {sorted(example)}")
+
+
+def split_examples(examples):
+    """Group examples into ``{"train": [...], "dev": [...], "test": [...]}``, order kept."""
+    out = {name: [] for name in SPLITS}
+    for ex in examples:
+        out[stable_split(example_key(ex))].append(ex)
+    return out

@@ -1,0 +1,315 @@
+"""Text -> token ids: ``TextEncoder`` (char / word vocabulary, or a pretrained vocab.txt).
+
+Built from the train split only (so dev/test UNK rates are honest), saved as a plain
+``vocab.txt`` (line number = id) plus ``encoder.json`` (kind, lowercase, special
+tokens), and loaded back identically.  The special ids are fixed:
+[PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [BOS]=4 [EOS]=5.
+
+Whitespace in char mode: a space, U+3000 or tab inside a text is a real character of
+the review, so it is a token like any other.  To keep vocab.txt one token per line,
+such tokens are written escaped (``\\u3000``, ``\\t``; a backslash itself as ``\\\\``);
+``encoder.json`` records the escaping, so a vocab.txt without it (e.g. a BERT vocab)
+is read literally.
+
+``kind="pretrained"`` wraps PaddleNLP's ``ErnieTokenizer`` built from a local vocab.txt
+file only (never a model name that could download); only that path imports paddlenlp.
+"""
+import json
+import os
+import re
+import unicodedata
+from collections import Counter
+
+from ..config import ConfigError
+from ..utils.io import atomic_write_json, atomic_write_text
+from ..utils.log import get_logger
+from .errors import DataError
+
+logger = get_logger("data.vocab")
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[BOS]", "[EOS]")
+PAD, UNK, CLS, SEP, BOS, EOS = SPECIAL_TOKENS
+KINDS = ("char", "word", "pretrained")
+ENCODER_FORMAT = 1
+_UNESCAPE_RE = re.compile(r"\\(\\|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8})")
+
+
+def _needs_escape(ch):
+    # whitespace, controls, format chars, separators, surrogates: invisible or line-breaking
+    return ch == "\\" or ch.isspace() or unicodedata.category(ch)[0] in "CZ"
+
+
+def escape_token(token):
+    if not any(_needs_escape(c) for c in token):
+        return token
+    out = []
+    for c in token:
+        if c == "\\":
+            out.append("\\\\")
+        elif _needs_escape(c):
+            out.append(f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}")
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def unescape_token(text):
+    return _UNESCAPE_RE.sub(lambda m: "\\" if m.group(1) == "\\" else chr(int(m.group(1)[1:], 16)),
+                            text)
+
+
+class TextEncoder:
+    """Tokenize, encode and decode text with one vocabulary.
+
+    ``kind``: ``char`` (every character a token; Chinese), ``word`` (whitespace split) or
+    ``pretrained`` (PaddleNLP ErnieTokenizer over a local vocab.txt).
+    """
+
+    def __init__(self, tokens, kind="char", lowercase=False, _pretrained=None):
+        if kind not in KINDS:
+            raise ConfigError(f"Data.tokenizer: {kind!r} is not one of {list(KINDS)}")
+        self.kind = kind
+        self.lowercase = lowercase
+        self.tokens = list(tokens)
+        self._tok = _pretrained
+        if _pretrained is None:
+            if tuple(self.tokens[:len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
+                raise DataError(f"vocabulary must start with the special tokens "
+                                f"{list(SPECIAL_TOKENS)} (ids 0-5), got {self.tokens[:6]}")
+            self._ids = {t: i for i, t in enumerate(self.tokens)}
+            if len(self._ids) != len(self.tokens):
+                dup = next(t for t, c in Counter(self.tokens).items() if c > 1)
+                raise DataError(f"vocabulary lists token {dup!r} twice; each token needs one id")
+            # Text never yields a special id: a literal "[SEP]" in user text is [UNK],
+            # so data cannot inject structure tokens.
+            for t in SPECIAL_TOKENS:
+                del self._ids[t]
+            self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.bos_id, self.eos_id = range(6)
+        else:
+            vocab = _pretrained.vocab
+            self.pad_id, self.unk_id, self.cls_id, self.sep_id = (
+                vocab.to_indices(t) for t in (PAD, UNK, CLS, SEP))
+            self.bos_id = self.eos_id = None  # BERT/ERNIE vocabularies have no [BOS]/[EOS]
+        self.stats = {}  # filled by build(): counts behind the vocabulary
+
+    # ------------------------------------------------------------ building
+
+    @classmethod
+    def build(cls, texts, kind="char", lowercase=False, min_freq=1, max_size=None):
+        """Vocabulary from ``texts`` (strings, or token lists for tagging data).
+
+        Tokens seen fewer than ``min_freq`` times are left out; ``max_size`` caps the
+        vocab size including the 6 special tokens.  Order: frequency desc, then token,
+        so the same data gives the same ids in every process.
+        """
+        if kind == "pretrained":
+            raise ConfigError("Data.tokenizer: pretrained vocabularies are loaded from "
+                              "Data.vocab_file, not built; use TextEncoder.load(path, 'pretrained')")
+        if min_freq < 1:
+            raise ConfigError(f"Data.min_freq: {min_freq} must be >= 1")
+        if max_size is not None and max_size <= len(SPECIAL_TOKENS):
+            raise ConfigError(f"Data.max_size: {max_size} leaves no room beyond the "
+                              f"{len(SPECIAL_TOKENS)} special tokens; use a larger value or null")
+        probe = cls(SPECIAL_TOKENS, kind, lowercase)
+        counts = Counter()
+        for item in texts:
+            counts.update(probe.tokenize(item) if isinstance(item, str) else probe.normalize(item))
+        for t in SPECIAL_TOKENS:
+            counts.pop(t, None)  # a literal "[CLS]" in text is not the special token
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        kept = [t for t, c in ranked if c >= min_freq]
+        below_min = len(ranked) - len(kept)
+        if max_size is not None:
+            kept = kept[:max_size - len(SPECIAL_TOKENS)]
+        enc = cls(list(SPECIAL_TOKENS) + kept, kind, lowercase)
+        total = sum(counts.values())
+        covered = sum(counts[t] for t in kept)
+        enc.stats = {"kind": kind, "lowercase": lowercase, "min_freq": min_freq,
+                     "max_size": max_size, "vocab_size": enc.vocab_size,
+                     "train_tokens": total, "train_types": len(counts),
+                     "types_below_min_freq": below_min,
+                     "types_over_max_size": len(ranked) - below_min - len(kept),
+                     "train_unk_rate": (total - covered) / total if total else 0.0}
+        return enc
+
+    # ------------------------------------------------------------ text <-> ids
+
+    @property
+    def vocab_size(self):
+        return len(self.tokens) if self._tok is None else len(self._tok.vocab)
+
+    @property
+    def special_ids(self):
+        return {"pad": self.pad_id, "unk": self.unk_id, "cls": self.cls_id, "sep": self.sep_id,
+                "bos": self.bos_id, "eos": self.eos_id}
+
+    def normalize(self, tokens):
+        """Given tokens (tagging data) -> the tokens this vocabulary looks up."""
+        return [t.lower() for t in tokens] if self.lowercase else list(tokens)
+
+    def tokenize(self, text):
+        if self._tok is not None:
+            return self._tok.tokenize(text)
+        if self.lowercase:
+            text = text.lower()
+        return list(text) if self.kind == "char" else text.split()
+
+    def encode(self, tokens):
+        """Tokens -> ids; unknown tokens (and literal special-token strings) -> unk_id."""
+        if self._tok is not None:
+            vocab = self._tok.vocab.token_to_idx
+            return [vocab.get(t, self.unk_id) for t in self.normalize(tokens)]
+        ids, unk = self._ids, self.unk_id
+        return [ids.get(t, unk) for t in self.normalize(tokens)]
+
+    def encode_text(self, text):
+        return self.encode(self.tokenize(text))
+
+    def decode(self, ids, skip_special=False):
+        """Ids -> tokens (a list; join them as your task needs: "" for char, " " for word)."""
+        if self._tok is not None:
+            special = {self.pad_id, self.cls_id, self.sep_id} if skip_special else set()
+            return [t for i, t in zip(ids, self._tok.convert_ids_to_tokens([int(i) for i in ids]))
+                    if int(i) not in special]
+        out = []
+        for i in ids:
+            i = int(i)
+            if not 0 <= i < len(self.tokens):
+                raise DataError(f"id {i} is outside the vocabulary (size {len(self.tokens)})")
+            if skip_special and i < len(SPECIAL_TOKENS) and i != self.unk_id:
+                continue
+            out.append(self.tokens[i])
+        return out
+
+    def unk_rate(self, id_lists):
+        """Share of [UNK] among real tokens (pad/cls/sep/bos/eos not counted)."""
+        special = {self.pad_id, self.cls_id, self.sep_id, self.bos_id, self.eos_id} - {None}
+        total = unk = 0
+        for ids in id_lists:
+            for i in ids:
+                i = int(i)
+                if i in special:
+                    continue
+                total += 1
+                unk += i == self.unk_id
+        return unk / total if total else 0.0
+
+    # ------------------------------------------------------------ files
+
+    def save(self, directory):
+        """Write ``vocab.txt`` + ``encoder.json`` into ``directory`` (atomic per file)."""
+        os.makedirs(directory, exist_ok=True)
+        names = dict(zip(("pad", "unk", "cls", "sep", "bos", "eos"), SPECIAL_TOKENS))
+        meta = {"format_version": ENCODER_FORMAT, "kind": self.kind, "lowercase": self.lowercase,
+                "vocab_size": self.vocab_size,
+                "special_tokens": {k: names[k] for k, i in self.special_ids.items() if i is not None},
+                "special_ids": self.special_ids}
+        if self._tok is None:
+            text = "".join(escape_token(t) + "\n" for t in self.tokens)
+            meta["vocab_escape"] = "backslash"
+        else:
+            tokens = [self._tok.vocab.to_tokens(i) for i in range(len(self._tok.vocab))]
+            text = "".join(t + "\n" for t in tokens)  # verbatim: it is someone else's vocab
+            meta["vocab_escape"] = None
+        atomic_write_text(os.path.join(directory, "vocab.txt"), text)
+        atomic_write_json(os.path.join(directory, "encoder.json"), meta)
+
+    @classmethod
+    def load(cls, dir_or_file, kind=None, lowercase=None):
+        """Load from a directory (vocab.txt + encoder.json) or a vocab.txt file.
+
+        ``kind``/``lowercase`` default to encoder.json's; without encoder.json, kind
+        defaults to char (pretrained for a BERT/ERNIE vocab must be asked for).
+        """
+        path = os.fspath(dir_or_file)
+        vocab_path = os.path.join(path, "vocab.txt") if os.path.isdir(path) else path
+        if not os.path.isfile(vocab_path):
+            raise DataError(f"{vocab_path}: vocabulary file not found; give the directory holding "
+                            f"vocab.txt (a checkpoint or export dir) or the vocab.txt path itself "
+                            f"(Data.vocab_file for tokenizer: pretrained)")
+        meta_path = os.path.join(os.path.dirname(os.path.abspath(vocab_path)), "encoder.json")
+        meta = {}
+        if os.path.isfile(meta_path):
+            try:
+                with open(meta_path, encoding="utf-8") as f:
+                    meta = json.load(f)
+            except (ValueError, UnicodeDecodeError) as e:
+                raise DataError(f"{meta_path}: not valid JSON ({e}); re-save the model or "
+                                f"delete encoder.json to read vocab.txt as plain") from None
+        saved_kind = meta.get("kind")
+        if kind is not None and saved_kind is not None and kind != saved_kind:
+            raise DataError(f"{meta_path}: vocabulary was saved as kind {saved_kind!r} but "
+                            f"{kind!r} was asked for; set Data.tokenizer: {saved_kind}")
+        kind = kind or saved_kind or "char"
+        lowercase = meta.get("lowercase", False) if lowercase is None else lowercase
+        if kind == "pretrained":
+            return cls._load_pretrained(vocab_path, lowercase)
+        try:
+            with open(vocab_path, encoding="utf-8") as f:
+                lines = f.read().split("\n")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{vocab_path}: not valid UTF-8 ({e}); re-save it as UTF-8") from None
+        if lines and lines[-1] == "":
+            lines.pop()
+        if meta.get("vocab_escape") == "backslash":
+            lines = [unescape_token(t) for t in lines]
+        for n, t in enumerate(lines, 1):
+            if t == "":
+                raise DataError(f"{vocab_path}:{n}: empty line; one token per line, no blanks")
+        enc = cls(lines, kind, lowercase)
+        if meta.get("vocab_size") not in (None, enc.vocab_size):
+            raise DataError(f"{vocab_path}: holds {enc.vocab_size} tokens but {meta_path} says "
+                            f"{meta['vocab_size']}; the two files come from different runs")
+        return enc
+
+    @classmethod
+    def _load_pretrained(cls, vocab_path, lowercase):
+        # Check the file first: PaddleNLP asserts (a bare traceback) on a missing [UNK].
+        try:
+            with open(vocab_path, encoding="utf-8") as f:
+                present = {line.rstrip("\r\n") for line in f}
+        except UnicodeDecodeError as e:
+            raise DataError(f"{vocab_path}: not valid UTF-8 ({e}); re-save it as UTF-8") from None
+        missing = [t for t in (PAD, UNK, CLS, SEP) if t not in present]
+        if missing:
+            raise DataError(f"{vocab_path}: pretrained vocab lacks {missing}; a BERT/ERNIE "
+                            f"vocab.txt lists [PAD], [UNK], [CLS] and [SEP]")
+        from paddlenlp.transformers import ErnieTokenizer  # heavy: only on this path
+
+        tok = ErnieTokenizer(vocab_file=vocab_path, do_lower_case=lowercase)
+        return cls([], "pretrained", lowercase, _pretrained=tok)
+
+
+def split_items(examples):
+    """What a vocabulary counts per example: its text, its token list (tagging), or its
+    source and its target (seq2seq models share one vocabulary between the two sides)."""
+    for ex in examples:
+        if "text" in ex:
+            yield ex["text"]
+        elif "tokens" in ex:
+            yield ex["tokens"]
+        else:
+            yield ex["source"]
+            yield ex["target"]
+
+
+def build_encoder(data_cfg, corpus):
+    """The encoder ``Data`` asks for: loaded from ``Data.vocab_file`` (pretrained) or built
+    from the train split (``encoder.stats``: counts behind it, train UNK rate).  The UNK
+    rate of every split is measured where the splits are encoded (``data.dataset``)."""
+    if data_cfg.vocab_file and data_cfg.tokenizer != "pretrained":
+        raise ConfigError(f"Data.vocab_file is read only with Data.tokenizer: pretrained (here "
+                          f"{data_cfg.tokenizer!r}, whose vocabulary is built from the train "
+                          f"split); remove Data.vocab_file or set tokenizer: pretrained")
+    if data_cfg.tokenizer == "pretrained":
+        if not data_cfg.vocab_file:
+            raise ConfigError("Data.vocab_file: tokenizer: pretrained needs a local BERT/ERNIE "
+                              "vocab.txt (nothing is downloaded); set Data.vocab_file")
+        enc = TextEncoder.load(data_cfg.vocab_file, "pretrained", data_cfg.lowercase)
+        enc.stats = {"kind": "pretrained", "vocab_file": data_cfg.vocab_file,
+                     "vocab_size": enc.vocab_size}
+    else:
+        enc = TextEncoder.build(split_items(corpus.splits["train"]), data_cfg.tokenizer,
+                                data_cfg.lowercase, data_cfg.min_freq, data_cfg.max_size)
+        logger.info("vocabulary: %s, %d tokens from the train split (%d types, min_freq %d)",
+                    enc.kind, enc.vocab_size, enc.stats["train_types"], data_cfg.min_freq)
+    return enc

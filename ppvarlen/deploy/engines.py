@@ -1,0 +1,168 @@
+"""Run the exported graph: numpy ``input_ids`` [B, L] and ``seq_len`` [B] in, named arrays out.
+
+``PaddleEngine`` (Paddle Inference) and ``OnnxEngine`` (onnxruntime) share one
+interface: ``run(input_ids, seq_len) -> {output_name: np.ndarray}`` and ``clone()``
+(an engine for another worker thread; Paddle predictors are not thread-safe).
+Both are built from the export directory's manifest alone.
+"""
+import numpy as np
+
+from .manifest import ExportError, require_listed
+
+PRECISIONS = {"paddle": ("fp32", "bf16", "fp16"), "onnx": ("fp32", "fp16")}
+
+
+def _backend_entry(manifest, backend):
+    backends = manifest.get("backends") or {}
+    if backend not in backends:
+        raise ExportError(f"this export has no {backend!r} backend (it has {sorted(backends)}); "
+                          f"use --backend {' or '.join(sorted(backends)) or '?'} or re-export with "
+                          f"Export.format including {backend}")
+    entry = backends[backend]
+    return entry if isinstance(entry, dict) else {}
+
+
+def _output_names(manifest):
+    outs = manifest.get("outputs") or []
+    return [o if isinstance(o, str) else o["name"] for o in outs]
+
+
+def check_precision(manifest, backend, precision):
+    """Refuse a precision the backend cannot run or the export did not produce.
+
+    ``manifest.precisions`` maps each backend to the precisions exported for it.
+    """
+    if precision not in PRECISIONS[backend]:
+        raise ValueError(f"precision {precision!r} is not available for backend {backend!r}; "
+                         f"choose one of {list(PRECISIONS[backend])}")
+    listed = (manifest.get("precisions") or {}).get(backend, ["fp32"])
+    if precision not in listed:
+        raise ExportError(f"precision {precision!r} was not exported for backend {backend!r} "
+                          f"(manifest lists {listed}); re-export with "
+                          f"-o Export.precision=[fp32,{precision}]")
+
+
+class PaddleEngine:
+    """Paddle Inference predictor over ``paddle/model.json`` + ``paddle/model.pdiparams``.
+
+    CPU: oneDNN with ``threads`` math threads; ``bf16`` via oneDNN bfloat16 kernels.
+    GPU: ``fp16`` runs in half precision; ``tensorrt=True`` adds TensorRT subgraphs with
+    the dynamic shape ranges the exporter derived from the length profile
+    (``manifest.shape_ranges``) — a shape outside them is an error, not a silent re-build.
+    """
+
+    def __init__(self, export_dir, manifest, device="cpu", precision="fp32", threads=2,
+                 gpu_id=0, tensorrt=False, _predictor=None):
+        self.output_names = _output_names(manifest)
+        if _predictor is not None:
+            self._predictor = _predictor
+            return
+        import paddle
+        import paddle.inference as pi
+
+        entry = _backend_entry(manifest, "paddle")
+        check_precision(manifest, "paddle", precision)
+        model = require_listed(export_dir, manifest, entry.get("model", "paddle/model.json"))
+        params = require_listed(export_dir, manifest, entry.get("params", "paddle/model.pdiparams"))
+        config = pi.Config(model, params)
+        if device == "gpu":
+            if not paddle.device.is_compiled_with_cuda():
+                raise ValueError("device 'gpu' was requested but this Paddle build has no CUDA; "
+                                 "install paddlepaddle-gpu or use --device cpu")
+            half = precision == "fp16"
+            prec = pi.PrecisionType.Half if half else pi.PrecisionType.Float32
+            config.enable_use_gpu(256, gpu_id, prec)
+            if tensorrt:
+                self._enable_tensorrt(config, manifest, prec)
+        else:
+            if precision == "fp16":
+                raise ValueError("fp16 has no CPU kernels in Paddle Inference; use bf16 on CPU, "
+                                 "or --backend onnx --precision fp16")
+            config.disable_gpu()
+            config.enable_onednn()
+            # oneDNN caches kernels per input shape; bound it, every batch has a new shape.
+            config.set_onednn_cache_capacity(64)
+            config.set_cpu_math_library_num_threads(int(threads))
+            if precision == "bf16":
+                config.enable_onednn_bfloat16()
+        config.disable_glog_info()
+        self._predictor = pi.create_predictor(config)
+
+    @staticmethod
+    def _enable_tensorrt(config, manifest, prec):
+        ranges = manifest.get("shape_ranges") or {}
+        missing = [n for n in ("input_ids", "seq_len") if n not in ranges]
+        if missing:
+            raise ExportError(f"TensorRT needs manifest.shape_ranges for every input; missing "
+                              f"{missing} — re-export")
+        shapes = {k: {n: list(ranges[n][k]) for n in ("input_ids", "seq_len")}
+                  for k in ("min", "opt", "max")}
+        max_batch = int(shapes["max"]["input_ids"][0])
+        config.enable_tensorrt_engine(workspace_size=1 << 30, max_batch_size=max_batch,
+                                      min_subgraph_size=3, precision_mode=prec,
+                                      use_static=False, use_calib_mode=False)
+        config.set_trt_dynamic_shape_info(shapes["min"], shapes["max"], shapes["opt"])
+
+    def clone(self):
+        return PaddleEngine(None, {"outputs": self.output_names}, _predictor=self._predictor.clone())
+
+    def run(self, input_ids, seq_len):
+        p = self._predictor
+        names = p.get_input_names()
+        feeds = {"input_ids": input_ids, "seq_len": seq_len}
+        for pos, name in enumerate(names):
+            arr = feeds.get(name, (input_ids, seq_len)[pos])
+            p.get_input_handle(name).copy_from_cpu(np.ascontiguousarray(arr))
+        p.run()
+        arrays = [p.get_output_handle(n).copy_to_cpu() for n in p.get_output_names()]
+        return dict(zip(self.output_names or [str(i) for i in range(len(arrays))], arrays))
+
+
+class OnnxEngine:
+    """onnxruntime session over ``onnx/model.onnx`` (or ``model_fp16.onnx``), CPU or CUDA."""
+
+    def __init__(self, export_dir, manifest, device="cpu", precision="fp32", threads=2,
+                 gpu_id=0, _session=None):
+        self.output_names = _output_names(manifest)
+        if _session is not None:
+            self._session = _session
+            return
+        import onnxruntime as ort
+
+        entry = _backend_entry(manifest, "onnx")
+        check_precision(manifest, "onnx", precision)
+        rel = (entry.get("model_fp16", "onnx/model_fp16.onnx") if precision == "fp16"
+               else entry.get("model", "onnx/model.onnx"))
+        path = require_listed(export_dir, manifest, rel)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = int(threads)
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3  # unused-initializer warnings from paddle2onnx graphs
+        if device == "gpu":
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise ValueError("device 'gpu' was requested but onnxruntime has no "
+                                 "CUDAExecutionProvider; install onnxruntime-gpu or use --device cpu")
+            providers = [("CUDAExecutionProvider", {"device_id": gpu_id}), "CPUExecutionProvider"]
+        else:
+            providers = ["CPUExecutionProvider"]
+        self._session = ort.InferenceSession(path, opts, providers=providers)
+
+    def clone(self):
+        # InferenceSession.run is thread-safe; clones share the loaded graph and weights.
+        return OnnxEngine(None, {"outputs": self.output_names}, _session=self._session)
+
+    def run(self, input_ids, seq_len):
+        inputs = self._session.get_inputs()
+        feeds = {"input_ids": input_ids, "seq_len": seq_len}
+        feed = {i.name: feeds.get(i.name, (input_ids, seq_len)[pos]) for pos, i in enumerate(inputs)}
+        arrays = self._session.run(None, feed)
+        return dict(zip(self.output_names or [str(i) for i in range(len(arrays))], arrays))
+
+
+def build_engine(export_dir, manifest, backend, **kw):
+    if backend == "paddle":
+        return PaddleEngine(export_dir, manifest, **kw)
+    if backend == "onnx":
+        kw.pop("tensorrt", None)
+        return OnnxEngine(export_dir, manifest, **kw)
+    raise ValueError(f"unknown backend {backend!r}; choose paddle or onnx")

@@ -1,0 +1,257 @@
+"""Text in, predictions out, from an export directory alone (no training code, no config).
+
+``Predictor(export_dir, backend)`` loads and verifies the manifest, the exported
+vocabulary and one engine (Paddle Inference or onnxruntime).  ``predict(texts)``
+tokenises with the exported vocab, applies the manifest's long-text policy
+(truncate: flagged in the result; window: windows aggregated with the shared
+``ppvarlen.data.longtext`` rules; error: the text is refused), sorts rows by
+length into token-budget batches (``ppvarlen.data.order``) and returns one
+result per text in input order:
+
+* classification ``{"label": "positive", "label_id": 1, "probs": {...}, "num_tokens": n,
+  "truncated": False}``
+* tagging ``{"entities": [{"type": "PER", "text": "江泽民", "start": 0, "end": 3}], "tags": [...],
+  "num_tokens": n, "truncated": False}`` (``start``/``end`` are character offsets in the text).
+"""
+import os
+
+import numpy as np
+
+from ppvarlen.data import longtext
+from ppvarlen.data.errors import DataError
+from ppvarlen.data.order import length_sorted_batches, restore_order
+from ppvarlen.data.vocab import TextEncoder
+from ppvarlen.utils.inputs import validate_batch
+from ppvarlen.utils.viterbi import crf_decode
+
+from .engines import build_engine
+from .manifest import ExportError, load_manifest, require_listed
+
+
+class EncodedText:
+    """One text ready for the model.
+
+    ``windows``: id lists (special tokens included; one unless windowed);
+    ``offsets``: first content token of each window; ``spans``: (start, end) char
+    offsets of every content token (tagging); ``num_tokens``: ids over all windows.
+    """
+
+    __slots__ = ("text", "windows", "offsets", "spans", "truncated", "num_tokens")
+
+    def __init__(self, text, windows, offsets, spans, truncated):
+        self.text = text
+        self.windows = windows
+        self.offsets = offsets
+        self.spans = spans
+        self.truncated = truncated
+        self.num_tokens = sum(len(w) for w in windows)
+
+
+def char_spans(text, tokens, lowercase=False):
+    """(start, end) of each token in ``text``, found left to right.
+
+    Word pieces lose their ``##``; a token that cannot be found (a normalised or
+    unknown form) gets the next character so offsets stay monotonic.
+    """
+    hay = text.lower() if lowercase else text
+    spans, pos = [], 0
+    for tok in tokens:
+        piece = tok[2:] if tok.startswith("##") and len(tok) > 2 else tok
+        piece = piece.lower() if lowercase else piece
+        at = hay.find(piece, pos)
+        if at < 0 or (piece.strip() and hay[pos:at].strip()):
+            # not found, or found only after skipping real text: do not jump ahead
+            at, piece = min(pos, len(text)), text[pos:pos + 1] or " "
+        spans.append((at, min(at + len(piece), len(text))))
+        pos = at + len(piece)
+    return spans
+
+
+def bio_entities(tags, spans, text):
+    """Entity dicts from BIO tag strings (an I- without its B- starts a new entity)."""
+    entities, cur = [], None
+    for tag, (start, end) in zip(tags, spans):
+        kind = tag[2:] if tag[:2] in ("B-", "I-") else None
+        if kind is not None and tag.startswith("I-") and cur and cur["type"] == kind:
+            cur["end"] = end
+            continue
+        if cur:
+            entities.append(cur)
+        cur = {"type": kind, "start": start, "end": end} if kind else None
+    if cur:
+        entities.append(cur)
+    for e in entities:
+        e["text"] = text[e["start"]:e["end"]]
+    return [{"type": e["type"], "text": e["text"], "start": e["start"], "end": e["end"]}
+            for e in entities]
+
+
+def _softmax(logits):
+    z = logits - logits.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+class Predictor:
+    """Predictions for texts from an export directory; see the module docstring."""
+
+    def __init__(self, export_dir, backend="paddle", device="cpu", precision="fp32", threads=2,
+                 max_batch_tokens=8192, max_batch_size=64, tensorrt=False, verify=True,
+                 _shared=None):
+        if _shared is not None:
+            self.__dict__.update(_shared)
+        else:
+            self.export_dir = export_dir
+            self.backend = backend
+            self.manifest = m = load_manifest(export_dir, verify=verify)
+            self.task = m["task"]
+            self.label_names = list(m["label_names"])
+            tok = m["tokenizer"] if isinstance(m["tokenizer"], dict) else {"kind": m["tokenizer"]}
+            require_listed(export_dir, m, "vocab.txt")
+            if os.path.exists(os.path.join(export_dir, "encoder.json")):
+                require_listed(export_dir, m, "encoder.json")  # it sets kind and lowercase
+            self.encoder = TextEncoder.load(export_dir, tok.get("kind"))
+            special = tok.get("add_special_tokens")  # null = the task's default (Data schema)
+            self.add_special_tokens = self.task == "classification" if special is None else special
+            self.max_len = int(m["max_len"])
+            self.max_position = m.get("max_position")
+            policy = m["long_text"]
+            self.long_text = policy if isinstance(policy, str) else policy["policy"]
+            self.stride = int(m.get("stride", 0) if isinstance(policy, str)
+                              else policy.get("stride", 0))
+            # ONNX graphs cannot hold Paddle's viterbi op: tags are decoded here, in numpy,
+            # from the exported emissions and the crf matrix [T+2, T].
+            self.crf_matrix = None
+            entry = m["backends"].get(backend) or {}
+            if self.task == "tagging" and entry.get("decode") == "viterbi_numpy":
+                rel = entry.get("crf_transitions", "onnx/crf_transitions.npy")
+                self.crf_matrix = np.load(require_listed(export_dir, m, rel), allow_pickle=False)
+            self.max_batch_tokens = int(max_batch_tokens)
+            self.max_batch_size = int(max_batch_size)
+            if self.max_batch_tokens < self.max_len:
+                raise ValueError(f"max_batch_tokens {self.max_batch_tokens} is below the export's "
+                                 f"max_len {self.max_len}; one full-length text must fit a batch")
+            self.engine = build_engine(export_dir, m, backend, device=device, precision=precision,
+                                       threads=threads, tensorrt=tensorrt)
+        # Counted over the arrays really run: padding efficiency = real / padded.
+        self.real_tokens = 0
+        self.padded_tokens = 0
+
+    def clone(self):
+        """A predictor for another thread: shares manifest and vocab, owns its engine."""
+        shared = {k: v for k, v in self.__dict__.items()
+                  if k not in ("engine", "real_tokens", "padded_tokens")}
+        shared["engine"] = self.engine.clone()
+        return Predictor(None, _shared=shared)
+
+    def warmup(self, lengths=(8, 32, 128)):
+        """Run a few batch shapes once so the first requests skip kernel set-up; not counted."""
+        for n in lengths:
+            n = min(n, self.max_len)
+            for rows in (1, 4):
+                self._run_rows([[self.encoder.unk_id] * n] * rows)
+        self.real_tokens = self.padded_tokens = 0
+
+    # ------------------------------------------------------------ text -> ids
+    def encode(self, text):
+        """``EncodedText`` for one text; DataError for a text this export cannot take."""
+        if not isinstance(text, str):
+            raise DataError(f"text must be a string, got {type(text).__name__}")
+        if not text.strip():
+            raise DataError("text is empty; send at least one non-space character")
+        tokens = self.encoder.tokenize(text)
+        if not tokens:
+            raise DataError("text has no tokens after tokenisation (only spaces/control "
+                            "characters?)")
+        ids = self.encoder.encode(tokens)
+        specials = 2 if self.add_special_tokens else 0
+        max_content = self.max_len - specials
+        if self.long_text == "error" and len(ids) > max_content:
+            raise DataError(f"text has {len(ids)} tokens but this export takes at most "
+                            f"{max_content} (max_len {self.max_len}) and its long_text policy is "
+                            f"'error'; shorten the text or re-export with Data.long_text: window")
+        windows, offsets = [], []
+        for start, end in longtext.plan_spans(len(ids), max_content, self.long_text, self.stride,
+                                              where="text"):
+            chunk = ids[start:end]
+            if self.add_special_tokens:
+                chunk = [self.encoder.cls_id] + chunk + [self.encoder.sep_id]
+            windows.append(chunk)
+            offsets.append(start)
+        truncated = self.long_text == "truncate" and len(ids) > max_content
+        spans = char_spans(text, tokens, self.encoder.lowercase) if self.task == "tagging" else None
+        return EncodedText(text, windows, offsets, spans, truncated)
+
+    # ------------------------------------------------------------ ids -> results
+    def predict(self, texts):
+        """One result per text, in input order (raises DataError naming the bad text's index)."""
+        items = []
+        for i, t in enumerate(texts):
+            try:
+                items.append(self.encode(t))
+            except DataError as e:
+                raise DataError(f"text {i}: {e}") from None
+        return self.predict_encoded(items)
+
+    def predict_encoded(self, items):
+        rows = [(i, w) for i, it in enumerate(items) for w in range(len(it.windows))]
+        lengths = [len(items[i].windows[w]) for i, w in rows]
+        batches = length_sorted_batches(lengths, self.max_batch_tokens, self.max_batch_size)
+        per_batch = [self._run_rows([items[rows[r][0]].windows[rows[r][1]] for r in b])
+                     for b in batches]
+        outputs = restore_order(batches, per_batch)  # one output per row, row order
+        per_item = [[] for _ in items]
+        for (i, _), out in zip(rows, outputs):
+            per_item[i].append(out)
+        if self.task == "classification":
+            return [self._classification(it, outs) for it, outs in zip(items, per_item)]
+        return [self._tagging(it, outs) for it, outs in zip(items, per_item)]
+
+    def _run_rows(self, id_lists):
+        """Pad, validate, run; per row: logits [C] or tag ids [len]."""
+        seq_len = np.array([len(x) for x in id_lists], dtype=np.int64)
+        input_ids = np.full((len(id_lists), int(seq_len.max())), self.encoder.pad_id, np.int64)
+        for r, ids in enumerate(id_lists):
+            input_ids[r, :len(ids)] = ids
+        validate_batch(input_ids, seq_len, max_position=self.max_position,
+                       vocab_size=self.encoder.vocab_size)
+        out = self.engine.run(input_ids, seq_len)
+        self.real_tokens += int(seq_len.sum())
+        self.padded_tokens += int(input_ids.size)
+        if self.task == "classification":
+            return list(out["logits"].astype(np.float32))
+        if self.crf_matrix is not None:
+            tags = crf_decode(out["emissions"], self.crf_matrix, seq_len)
+        else:
+            tags = out["tags"]
+        return [tags[r, :n].astype(np.int64) for r, n in enumerate(seq_len)]
+
+    def _classification(self, item, window_logits):
+        _, mean_logits = longtext.aggregate_classification([0] * len(window_logits),
+                                                            np.stack(window_logits))
+        logits = mean_logits[0]
+        probs = _softmax(np.asarray(logits, np.float64))
+        k = int(probs.argmax())
+        return {"label": self.label_names[k], "label_id": k,
+                "probs": {n: round(float(p), 6) for n, p in zip(self.label_names, probs)},
+                "num_tokens": item.num_tokens, "truncated": item.truncated}
+
+    def _tagging(self, item, window_tags):
+        specials = 1 if self.add_special_tokens else 0
+        content = [t[specials:len(t) - specials] for t in window_tags]
+        _, merged = longtext.aggregate_tokens([0] * len(content), item.offsets, content)
+        tag_ids = merged[0]  # covers every kept token (all of them unless truncated)
+        tags = [self.label_names[int(t)] for t in tag_ids]
+        spans = item.spans[:len(tags)]
+        return {"entities": bio_entities(tags, spans, item.text), "tags": tags,
+                "num_tokens": item.num_tokens, "truncated": item.truncated}
+
+
+def load_predictor(export_dir, backend="paddle", **kw):
+    """Build a Predictor; ExportError/ValueError carry the fix in their message."""
+    try:
+        return Predictor(export_dir, backend, **kw)
+    except (ExportError, DataError, ValueError):
+        raise
+    except OSError as e:
+        raise ExportError(f"{export_dir}: cannot read the export ({e})") from None

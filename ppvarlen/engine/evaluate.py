@@ -1,0 +1,112 @@
+"""Deterministic evaluation: length-sorted batches, outputs back in input order, un-padded per example.
+
+With N data-parallel ranks each rank runs every N-th batch and the per-batch
+outputs are all-gathered, so every rank computes the metrics on the full split.
+"""
+import numpy as np
+import paddle
+
+from ..data.longtext import aggregate_classification, aggregate_tokens
+from ..data.order import length_sorted_batches, restore_order
+from . import metrics
+from .distributed import all_gather_objects
+
+
+def to_tensors(batch):
+    return paddle.to_tensor(batch["input_ids"]), paddle.to_tensor(batch["seq_len"])
+
+
+def _unpad(rows, seq_len, padding_side):
+    L = rows.shape[1]
+    if padding_side == "left":
+        return [rows[j, L - n:] for j, n in enumerate(seq_len)]
+    return [rows[j, :n] for j, n in enumerate(seq_len)]
+
+
+@paddle.no_grad()
+def predict(model, dataset, task, collate, max_tokens, padding_side="right", world_size=1, rank=0):
+    """Per-example model outputs in dataset order.
+
+    classification: float32 logits ``[C]``; tagging: predicted tag ids ``[len]``
+    (the example's real tokens only).
+    """
+    was_training = model.training
+    model.eval()
+    batches = length_sorted_batches(dataset.lengths, max_tokens)
+    mine = []
+    for k in range(rank, len(batches), world_size):
+        batch = collate([dataset[i] for i in batches[k]])
+        out = model(*to_tensors(batch))
+        if task == "classification":
+            mine.append(list(out.astype("float32").numpy()))
+        elif task == "tagging":
+            mine.append(_unpad(out[1].numpy(), batch["seq_len"], padding_side))
+        else:
+            raise ValueError(f"evaluation of task {task!r} is not supported by the trainer")
+    if was_training:
+        model.train()
+    per_rank = all_gather_objects(mine, world_size)
+    per_batch = [per_rank[k % world_size][k // world_size] for k in range(len(batches))]
+    return restore_order(batches, per_batch)
+
+
+def classification_report(dataset, logits, label_names):
+    """Accuracy/macro-F1 per document (windows of one long text: mean of their logits)."""
+    doc_ids = [dataset[i]["doc_id"] for i in range(len(dataset))]
+    gold = {}
+    for i, d in enumerate(doc_ids):
+        gold.setdefault(d, dataset[i]["label"])
+    docs, doc_logits = aggregate_classification(doc_ids, np.stack(logits))
+    preds = doc_logits.argmax(axis=-1)
+    out = metrics.classification_metrics(preds, [gold[int(d)] for d in docs], len(label_names))
+    out["num_examples"] = int(len(docs))
+    return out
+
+
+def tagging_report(dataset, tag_ids, label_names):
+    """Entity P/R/F1 per document (windows stitched back by their token offsets)."""
+    doc_ids, offsets, pred_rows, gold_rows = [], [], [], []
+    for i, tags in enumerate(tag_ids):
+        item = dataset[i]
+        labels = np.asarray(item["labels"])
+        content = labels != -100  # special tokens carry -100
+        doc_ids.append(item["doc_id"])
+        offsets.append(item.get("offset", 0))
+        pred_rows.append(np.asarray(tags)[content])
+        gold_rows.append(labels[content])
+    _, pred_docs = aggregate_tokens(doc_ids, offsets, pred_rows)
+    _, gold_docs = aggregate_tokens(doc_ids, offsets, gold_rows)
+    names = lambda ids: [label_names[int(t)] for t in ids]  # noqa: E731
+    out = metrics.entity_prf([names(p) for p in pred_docs], [names(g) for g in gold_docs])
+    out["num_examples"] = len(gold_docs)
+    return out
+
+
+def evaluate(model, dataset, task, collate, label_names, max_tokens, padding_side="right",
+             world_size=1, rank=0):
+    outputs = predict(model, dataset, task, collate, max_tokens, padding_side, world_size, rank)
+    if task == "classification":
+        return classification_report(dataset, outputs, label_names)
+    return tagging_report(dataset, outputs, label_names)
+
+
+def main_metric(task):
+    """The dev metric that picks the best checkpoint (higher is better)."""
+    return "accuracy" if task == "classification" else "f1"
+
+
+def evaluate_checkpoint(cfg, ckpt_dir, split="test"):
+    """Metrics of the checkpoint in ``ckpt_dir`` on ``split`` of the data ``cfg.Data`` describes."""
+    from ..data.collate import Collator
+    from ..data.dataset import build_datasets
+    from .checkpoint import load_for_inference
+
+    model, meta, encoder, _ = load_for_inference(ckpt_dir)
+    data = build_datasets(cfg.Data, encoder=encoder)
+    if data.task != meta["task"]:
+        raise ValueError(f"{ckpt_dir} holds a {meta['task']} model but Data.corpus "
+                         f"{cfg.Data.corpus!r} is a {data.task} task")
+    collate = Collator(encoder.pad_id, cfg.Data.pad_to_multiple_of, cfg.Data.padding_side)
+    out = evaluate(model, getattr(data, split), meta["task"], collate, meta["label_names"],
+                   cfg.Data.eval_max_tokens, cfg.Data.padding_side)
+    return {"checkpoint": ckpt_dir, "split": split, "step": meta["step"], **out}

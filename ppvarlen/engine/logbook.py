@@ -1,0 +1,86 @@
+"""What a run leaves behind besides checkpoints: train_log.jsonl, curves PNG, optional VisualDL.
+
+Only rank 0 owns a Logbook.  On resume the log is cut back to the checkpoint's
+step, so the file always describes one uninterrupted history.
+"""
+import json
+import os
+
+from ..config import ConfigError
+from ..utils.io import atomic_write_text
+
+
+class Logbook:
+    def __init__(self, output_dir, resume_step=None, visualdl=False):
+        self.path = os.path.join(output_dir, "train_log.jsonl")
+        if resume_step is None:
+            atomic_write_text(self.path, "")
+        else:
+            self._truncate(resume_step)
+        self.vdl = None
+        if visualdl:
+            try:
+                from visualdl import LogWriter
+            except ImportError:
+                raise ConfigError("Train.visualdl: true needs the visualdl package, which is not "
+                                  "installed; install it or set -o Train.visualdl=false") from None
+            self.vdl = LogWriter(logdir=os.path.join(output_dir, "visualdl"))
+
+    def _truncate(self, step):
+        kept = [line for line in self.records() if line["step"] <= step]
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+
+    def records(self):
+        if not os.path.isfile(self.path):
+            return []
+        with open(self.path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def write(self, record):
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.vdl:
+            for key, value in _flatten(record).items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.vdl.add_scalar(tag=key, value=value, step=record["step"])
+
+    def plot(self, png_path, metric):
+        """Training loss and dev ``metric`` against step, one PNG."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        recs = self.records()
+        train = [r for r in recs if "loss" in r]
+        dev = [r for r in recs if "dev" in r]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss", lw=1)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        if dev:
+            ax2 = ax.twinx()
+            ax2.plot([r["step"] for r in dev], [r["dev"][metric] for r in dev], "o-", color="C1",
+                     label=f"dev {metric}")
+            ax2.set_ylabel(f"dev {metric}")
+            ax2.legend(loc="lower right")
+        ax.legend(loc="upper right")
+        fig.tight_layout()
+        tmp = png_path + ".tmp.png"
+        fig.savefig(tmp, dpi=100)
+        plt.close(fig)
+        os.replace(tmp, png_path)
+
+    def close(self):
+        if self.vdl:
+            self.vdl.close()
+
+
+def _flatten(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

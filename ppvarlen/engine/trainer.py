@@ -1,0 +1,380 @@
+"""The training loop: data engine -> model -> AdamW, evaluation, checkpoints, exact resume.
+
+Exact resume: a checkpoint records the epoch and how many of that epoch's
+batches are done; the sampler is deterministic in (seed, epoch, rank), so the
+resumed run replays the same batch list and skips what was done.  Dropout
+randomness is re-seeded at every step from (seed, rank, step), so step k+1 draws
+the same masks whether or not the process was restarted in between.
+"""
+import os
+import signal
+import time
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+
+from ..config import ConfigError, save_config
+from ..utils.io import atomic_write_json
+from ..utils.log import get_logger, setup_logging
+from . import checkpoint as ckpt
+from .distributed import all_reduce_sum, barrier, init_distributed, unwrap, wrap_model
+from .evaluate import evaluate, main_metric, to_tensors
+from .logbook import Logbook
+from .optim import build_optimizer
+
+log = get_logger("engine")
+
+
+def select_device(name):
+    """``Global.device`` -> 'cpu' | 'gpu:N' (the launcher's device for this rank)."""
+    has_gpu = paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+    if name == "gpu" and not has_gpu:
+        raise ConfigError("Global.device: gpu requested but this Paddle build has no usable GPU; "
+                          "use -o Global.device=cpu (or auto)")
+    if name == "cpu" or not has_gpu:
+        paddle.set_device("cpu")
+        return "cpu"
+    paddle.set_device(f"gpu:{paddle.distributed.ParallelEnv().device_id}")
+    return "gpu"
+
+
+def amp_settings(amp_cfg, device):
+    """None (fp32) or {level, dtype}.  Paddle 3.3.1 ignores autocast on CPU: say so once."""
+    if not amp_cfg.enable:
+        return None
+    if device != "gpu":
+        log.warning("Train.amp.enable=true, but Paddle 3.3.1 has no CPU autocast (it is a silent "
+                    "no-op there): training in float32. Reduced precision on CPU is available "
+                    "at inference (export precisions bf16/fp16).")
+        return None
+    return {"level": amp_cfg.level, "dtype": amp_cfg.dtype}
+
+
+def _install_stop_flag():
+    """First Ctrl-C / SIGTERM asks for a clean stop at the next step boundary; a second kills."""
+    flag = {"stop": False}
+
+    def handler(signum, frame):
+        if flag["stop"]:
+            raise KeyboardInterrupt
+        flag["stop"] = True
+        log.warning("interrupt received: finishing this step, saving a checkpoint, then exiting "
+                    "(interrupt again to abort without saving)")
+
+    previous = {}
+    try:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            previous[s] = signal.signal(s, handler)
+    except ValueError:  # not the main thread (e.g. called from a server): no handler
+        pass
+    return flag, previous
+
+
+def _restore_handlers(previous):
+    for s, h in previous.items():
+        signal.signal(s, h)
+
+
+class Trainer:
+    def __init__(self, cfg):
+        from ..data.dataset import build_datasets
+        from ..models import build_model
+
+        self.cfg = cfg
+        self.out = cfg.Global.output_dir
+        self.world, self.rank = init_distributed()
+        self.main = self.rank == 0
+        self.device = select_device(cfg.Global.device)
+        paddle.seed(cfg.Global.seed)
+        np.random.seed(cfg.Global.seed)
+
+        self.data = build_datasets(cfg.Data)
+        self.task = self.data.task
+        if self.task not in ("classification", "tagging"):
+            raise ConfigError(f"Data.corpus {cfg.Data.corpus!r} is a {self.task} task; the trainer "
+                              f"handles classification and tagging")
+        if cfg.Train.label_smoothing and self.task != "classification":
+            raise ConfigError("Train.label_smoothing applies to classification only; set it to 0")
+        enc = self.data.encoder
+        self.model = build_model(cfg.Model, enc.vocab_size, len(self.data.label_names), enc.pad_id,
+                                 self.task)
+        self.sampler, self.collate = self._batching(self.data.train, shuffle=True)
+        steps_per_epoch = len(self.sampler)
+        if steps_per_epoch == 0:
+            raise ConfigError("the training split gives no batches; check Data.limit / Data.train_file")
+        self.total_steps = cfg.Train.max_steps or cfg.Train.epochs * steps_per_epoch
+        self.optimizer, self.scheduler = build_optimizer(self.model, cfg.Optimizer, self.total_steps)
+        self.amp = amp_settings(cfg.Train.amp, self.device)
+        self.scaler = None
+        if self.amp and self.amp["level"] == "O2":
+            self.model, self.optimizer = paddle.amp.decorate(
+                models=self.model, optimizers=self.optimizer, level="O2", dtype=self.amp["dtype"])
+        if self.amp and self.amp["dtype"] == "float16":
+            self.scaler = paddle.amp.GradScaler(init_loss_scaling=2.0 ** 15)
+
+        self.state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "world_size": self.world,
+                      "best": None, "train_time_s": 0.0, "real_tokens": 0, "padded_tokens": 0}
+        resume_dir = ckpt.resolve_resume(cfg.Train.resume, self.out)
+        if resume_dir:
+            self._resume(resume_dir)
+        self.ddp_model = wrap_model(self.model, self.world)
+        if self.main:
+            os.makedirs(self.out, exist_ok=True)
+            save_config(cfg, os.path.join(self.out, "config.yaml"))
+            self.logbook = Logbook(self.out, self.state["step"] if resume_dir else None,
+                                   cfg.Train.visualdl)
+
+    # ------------------------------------------------------------ pieces
+
+    def _batching(self, dataset, shuffle):
+        from ..data.collate import Collator
+        from ..data.samplers import build_batch_sampler
+
+        d = self.cfg.Data
+        sampler = build_batch_sampler(dataset, d, shuffle, num_replicas=self.world,
+                                      rank=self.rank, seed=self.cfg.Global.seed)
+        bounds = getattr(sampler, "boundaries", None) if d.pad_to_bucket else None
+        return sampler, Collator(self.data.encoder.pad_id, d.pad_to_multiple_of, d.padding_side,
+                                 bucket_boundaries=bounds)
+
+    def _resume(self, path):
+        state = ckpt.load_training_state(path, self.model, self.optimizer, self.scheduler)
+        if state["world_size"] != self.world:
+            raise ConfigError(f"Train.resume: {path} was written by {state['world_size']} "
+                              f"process(es) but this run has {self.world}; the data order depends "
+                              f"on it, so resume with --nproc_per_node {state['world_size']}")
+        for key in self.state:
+            self.state[key] = state[key]
+        self.sampler.load_state_dict(state["sampler"])
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, state["step"],
+                 state["epoch"], state["batch_in_epoch"])
+
+    def meta(self, metrics=None):
+        from ..data.lengths import length_stats
+
+        d, enc = self.cfg.Data, self.data.encoder
+        if not hasattr(self, "_length_profile"):  # fixed for the run: compute once
+            stats = length_stats(self.data.train.lengths)
+            self._length_profile = {k: stats[k] for k in ("p50", "p95", "p99", "max")}
+            self._bucket_list = self._buckets()
+        return {
+            "task": self.task, "model_name": self.cfg.Model.name,
+            "label_names": list(self.data.label_names), "num_labels": len(self.data.label_names),
+            "special_ids": dict(enc.special_ids),
+            "tokenizer": d.tokenizer, "max_len": d.max_len, "max_position": self.cfg.Model.max_position,
+            "long_text": d.long_text, "buckets": self._bucket_list,
+            "length_profile": self._length_profile,
+            "step": self.state["step"], "metrics": metrics or {},
+        }
+
+    def _buckets(self):
+        from ..data.lengths import optimal_boundaries, quantile_boundaries
+
+        d = self.cfg.Data
+        if getattr(self.sampler, "boundaries", None) is not None:
+            return [int(b) for b in self.sampler.boundaries]
+        if d.buckets:
+            return list(d.buckets)
+        if d.bucket_method == "quantile":
+            return [int(b) for b in quantile_boundaries(self.data.train.lengths,
+                                                        pad_to_multiple_of=d.pad_to_multiple_of)]
+        return [int(b) for b in optimal_boundaries(self.data.train.lengths, d.num_buckets,
+                                                   d.pad_to_multiple_of)]
+
+    def save(self, metrics=None, best=False):
+        """Rank 0 writes ckpt-<step>, points ``last`` at it, keeps the newest N; best/ on request."""
+        if self.main:
+            state = dict(self.state, sampler=self.sampler.state_dict(self.state["batch_in_epoch"]))
+            args = (self.model, self.optimizer, self.scheduler, self.data.encoder, self.cfg,
+                    self.meta(metrics), state)
+            path = ckpt.save_checkpoint(os.path.join(self.out, f"ckpt-{self.state['step']}"), *args)
+            ckpt.point_last(self.out, path)
+            ckpt.rotate(self.out, self.cfg.Train.keep_last)
+            if best:
+                ckpt.save_checkpoint(os.path.join(self.out, "best"), *args)
+        barrier(self.world)
+
+    def run_eval(self, split):
+        dataset = getattr(self.data, split)
+        return evaluate(self.model, dataset, self.task, self.collate, self.data.label_names,
+                        self.cfg.Data.eval_max_tokens, self.cfg.Data.padding_side,
+                        self.world, self.rank)
+
+    # ------------------------------------------------------------ one step
+
+    def _loss(self, batch):
+        ids, seq_len = to_tensors(batch)
+        labels = paddle.to_tensor(batch["labels"])
+        if self.cfg.Train.label_smoothing:
+            logits = self.ddp_model(ids, seq_len)
+            return F.cross_entropy(logits.astype("float32"), labels,
+                                   label_smoothing=self.cfg.Train.label_smoothing)
+        loss, _ = self.ddp_model(ids, seq_len, labels)
+        return loss.astype("float32")
+
+    def train_step(self, batch):
+        step = self.state["step"]
+        paddle.seed(self.cfg.Global.seed * 1_000_003 + self.rank * 7_919 + step)
+        if self.amp:
+            with paddle.amp.auto_cast(True, level=self.amp["level"], dtype=self.amp["dtype"]):
+                loss = self._loss(batch)
+        else:
+            loss = self._loss(batch)
+        if self.scaler:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        self.optimizer.clear_grad()
+        self.scheduler.step()
+        return float(loss)
+
+    # ------------------------------------------------------------ the loop
+
+    def fit(self):
+        stop, previous = _install_stop_flag()
+        try:
+            return self._fit(stop)
+        finally:
+            _restore_handlers(previous)
+
+    def _fit(self, stop):
+        cfg, st = self.cfg.Train, self.state
+        metric = main_metric(self.task)
+        bar = self._progress_bar()
+        window = {"loss": 0.0, "steps": 0, "real": 0, "padded": 0, "time": 0.0}
+        last_eval_step = -1
+        self.ddp_model.train()
+        log.info("training %s on %s for %d steps (%d batches/epoch, %d process(es))",
+                 self.cfg.Model.name, self.device, self.total_steps, len(self.sampler), self.world)
+        while st["step"] < self.total_steps:
+            self.sampler.set_epoch(st["epoch"])  # keeps a resumed mid-epoch position
+            for idxs in self.sampler:
+                t0 = time.perf_counter()
+                batch = self.collate([self.data.train[i] for i in idxs])
+                loss = self.train_step(batch)
+                dt = time.perf_counter() - t0
+                st["step"] += 1
+                st["batch_in_epoch"] += 1
+                real, padded = int(batch["seq_len"].sum()), int(batch["input_ids"].size)
+                for k, v in (("loss", loss), ("steps", 1), ("real", real), ("padded", padded), ("time", dt)):
+                    window[k] += v
+                if st["step"] % cfg.log_every == 0 or st["step"] == self.total_steps:
+                    self._log_window(window, bar)
+                    window = dict.fromkeys(window, 0)
+                    window["loss"], window["time"] = 0.0, 0.0
+                if cfg.eval_every and st["step"] % cfg.eval_every == 0:
+                    self._eval_and_save(metric)
+                    last_eval_step = st["step"]
+                elif cfg.save_every and st["step"] % cfg.save_every == 0:
+                    self.save()
+                if self._should_stop(stop):
+                    if window["steps"]:
+                        self._log_window(window, bar)
+                    self.save()
+                    log.warning("stopped at step %d; resume with -o Train.resume=auto", st["step"])
+                    return {"interrupted": True, "step": st["step"]}
+                if st["step"] >= self.total_steps:
+                    break
+            else:  # epoch finished
+                st["epoch"] += 1
+                st["batch_in_epoch"] = 0
+                self.sampler.set_epoch(st["epoch"])  # so a checkpoint here records the new epoch
+                if not cfg.eval_every and st["step"] < self.total_steps:
+                    self._eval_and_save(metric)
+                    last_eval_step = st["step"]
+        if bar is not None:
+            bar.close()
+        if last_eval_step != st["step"]:
+            self._eval_and_save(metric)
+        return self._finish(metric)
+
+    def _should_stop(self, stop):
+        flags = all_reduce_sum([stop["stop"]], self.world) if self.world > 1 else [stop["stop"]]
+        return flags[0] > 0
+
+    def _progress_bar(self):
+        if not (self.main and self.cfg.Train.progress_bar):
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=self.total_steps, initial=self.state["step"], desc="train",
+                    dynamic_ncols=True, leave=False)
+
+    def _log_window(self, w, bar):
+        loss_sum, steps, real, padded, secs = all_reduce_sum(
+            [w["loss"], w["steps"], w["real"], w["padded"], w["time"]], self.world)
+        st = self.state
+        st["real_tokens"] += int(real)
+        st["padded_tokens"] += int(padded)
+        st["train_time_s"] += secs / self.world  # ranks run in parallel: wall time is per rank
+        wall = secs / self.world
+        rec = {"step": st["step"], "epoch": st["epoch"], "loss": loss_sum / steps,
+               "lr": float(self.optimizer.get_lr()),
+               "tokens_per_s": real / wall if wall else 0.0,
+               "padding_efficiency": real / padded if padded else 1.0}
+        if self.main:
+            self.logbook.write(rec)
+            if bar is not None:
+                bar.update(st["step"] - bar.n)
+                bar.set_postfix(loss=f"{rec['loss']:.4f}", tok_s=f"{rec['tokens_per_s']:.0f}",
+                                pad_eff=f"{rec['padding_efficiency']:.2f}")
+            else:
+                log.info("step %d  loss %.4f  lr %.2e  %.0f tok/s  padding eff %.3f", st["step"],
+                         rec["loss"], rec["lr"], rec["tokens_per_s"], rec["padding_efficiency"])
+
+    def _eval_and_save(self, metric):
+        dev = self.run_eval("dev")
+        st = self.state
+        improved = st["best"] is None or dev[metric] > st["best"]["value"]
+        if improved:
+            st["best"] = {"metric": metric, "value": dev[metric], "step": st["step"], "dev": dev}
+        if self.main:
+            self.logbook.write({"step": st["step"], "dev": _scalars(dev)})
+            log.info("step %d  dev %s %.4f%s", st["step"], metric, dev[metric],
+                     "  (best)" if improved else f"  (best {st['best']['value']:.4f} @ {st['best']['step']})")
+        self.save(metrics={"dev": _scalars(dev)}, best=improved)
+
+    def _finish(self, metric):
+        from ..models.weights import load_weights
+
+        st = self.state
+        best_dir = os.path.join(self.out, "best")
+        barrier(self.world)
+        load_weights(self.model, os.path.join(best_dir, "model.safetensors"))
+        test = self.run_eval("test") if len(self.data.test) else {}
+        secs = st["train_time_s"]
+        result = {
+            "task": self.task, "model_name": self.cfg.Model.name,
+            "best_step": st["best"]["step"], "dev": _scalars(st["best"]["dev"]), "test": _scalars(test),
+            "test_per_type_f1": test.get("per_type_f1"),
+            "steps": st["step"], "world_size": self.world, "device": self.device,
+            "amp": self.amp or "off (float32)",
+            "train_time_s": round(secs, 2),
+            "throughput": {
+                "real_tokens_per_s": st["real_tokens"] / secs if secs else 0.0,
+                "padded_tokens_per_s": st["padded_tokens"] / secs if secs else 0.0,
+                "padding_efficiency": st["real_tokens"] / st["padded_tokens"] if st["padded_tokens"] else 1.0,
+            },
+        }
+        if self.main:
+            atomic_write_json(os.path.join(self.out, "metrics.json"), result)
+            self.logbook.plot(os.path.join(self.out, "curves.png"), metric)
+            self.logbook.close()
+            log.info("best dev %s %.4f at step %d; test %s", metric, st["best"]["value"],
+                     st["best"]["step"], {k: round(v, 4) for k, v in _scalars(test).items()})
+        return result
+
+
+def _scalars(d):
+    """Top-level numbers only (per-type F1 stays in the eval dict, not the curves)."""
+    return {k: v for k, v in d.items() if isinstance(v, (int, float))}
+
+
+def train(cfg):
+    """Train per ``cfg`` (a validated Config); return the final metrics dict (see metrics.json)."""
+    setup_logging(cfg.Global.log_level)
+    return Trainer(cfg).fit()

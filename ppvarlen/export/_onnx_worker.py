@@ -1,0 +1,68 @@
+"""Subprocess body of the ONNX export: ``python -m ppvarlen.export._onnx_worker ...``.
+
+paddle2onnx SIGABRTs the whole process on an unsupported op, so it runs here,
+never in the caller's process.  Before converting, the worker prints
+(``CANDIDATES a,b``) the program's ops missing from paddle2onnx's supported
+list, so the parent can name them if the conversion then aborts.  The list is
+only a hint (paddle2onnx maps some PIR names, e.g. ``flatten``, internally), so
+the conversion itself decides.
+Exit codes: 0 ok, 4 paddle2onnx raised (message on the ``FAILED`` line).
+"""
+import json
+import sys
+
+FAILED_EXIT = 4
+# PIR op names that paddle2onnx converts under another name.
+CONVERTED_UNDER_OTHER_NAMES = {"flatten", "data", "fetch", "feed"}
+
+
+def program_ops(model_json):
+    """Names of the Paddle ops in a PIR ``model.json`` (nested blocks included)."""
+    with open(model_json, encoding="utf-8") as f:
+        program = json.load(f)["program"]
+    ops = set()
+
+    def walk(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("ops"), list):
+                for op in node["ops"]:
+                    name = op.get("#", "") if isinstance(op, dict) else ""
+                    if name.startswith("1."):  # "1." = pd_op dialect, "0." = builtin
+                        ops.add(name[2:])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(program)
+    return ops
+
+
+def main(argv):
+    model_json, params, out_path, opset = argv[0], argv[1], argv[2], int(argv[3])
+    import paddle2onnx
+    import paddle2onnx.paddle2onnx_cpp2py_export as c_p2o
+
+    supported = set(c_p2o.get_all_supported_operators_pir()) | CONVERTED_UNDER_OTHER_NAMES
+    print("CANDIDATES " + ",".join(sorted(program_ops(model_json) - supported)),
+          file=sys.stderr, flush=True)
+    # optimize_tool=None: the default polygraphy folding pip-installs packages at run time.
+    try:
+        onnx_bytes = paddle2onnx.export(model_json, params, save_file=None, opset_version=opset,
+                                        auto_upgrade_opset=True, enable_onnx_checker=True,
+                                        optimize_tool=None)
+    except Exception as e:  # paddle2onnx logs, then fails on its unset result
+        onnx_bytes, why = None, f"{type(e).__name__}: {e}"
+    else:
+        why = "paddle2onnx returned no model"
+    if not onnx_bytes:
+        print("FAILED " + why, file=sys.stderr)
+        return FAILED_EXIT
+    with open(out_path, "wb") as f:
+        f.write(onnx_bytes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,2 @@
+class ExportError(ValueError):
+    """An export that cannot be produced or fails its parity check; the message says why."""

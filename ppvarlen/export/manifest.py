@@ -1,0 +1,94 @@
+"""manifest.json: everything a serving host needs to know about an export directory.
+
+The deploy side (ppvarlen/deploy/manifest.py) reads it without training code;
+the field names follow docs/DESIGN.md "Export directory" (example there).
+"""
+import os
+
+from ..utils.io import sha256_file
+
+FORMAT_VERSION = 1
+
+
+def output_specs(task):
+    if task == "classification":
+        return [{"name": "logits", "dtype": "float32", "dims": [-1, -1]}]
+    if task == "tagging":
+        return [{"name": "emissions", "dtype": "float32", "dims": [-1, -1, -1]},
+                {"name": "tags", "dtype": "int64", "dims": [-1, -1]}]
+    raise ValueError(f"export supports classification and tagging models, not task {task!r}")
+
+
+INPUTS = [{"name": "input_ids", "dtype": "int64", "dims": [-1, -1]},
+          {"name": "seq_len", "dtype": "int64", "dims": [-1]}]
+
+
+def shape_ranges(length_profile, max_len, max_batch_size, max_batch_tokens):
+    """TensorRT min/opt/max per input, from the training data's length profile (PITFALLS 23).
+
+    Lengths: min 1, opt the profile's p95 (most batches are at most that long),
+    max ``max_len`` (longer texts are cut or windowed before the graph).
+    Batch: min 1, max ``max_batch_size``, opt what the token budget allows at
+    the opt length.
+    """
+    profile = length_profile or {}
+    opt_len = int(min(max_len, max(1, round(profile.get("p95") or profile.get("max") or max_len))))
+    opt_batch = int(max(1, min(max_batch_size, max_batch_tokens // opt_len)))
+    return {"input_ids": {"min": [1, 1], "opt": [opt_batch, opt_len], "max": [max_batch_size, max_len]},
+            "seq_len": {"min": [1], "opt": [opt_batch], "max": [max_batch_size]}}
+
+
+def file_hashes(export_dir):
+    """{relative path: sha256} of every file under ``export_dir`` except the manifest itself."""
+    files = {}
+    for root, _, names in os.walk(export_dir):
+        for name in sorted(names):
+            full = os.path.join(root, name)
+            rel = os.path.relpath(full, export_dir).replace(os.sep, "/")
+            if rel != "manifest.json":
+                files[rel] = sha256_file(full)
+    return dict(sorted(files.items()))
+
+
+def versions():
+    import onnx
+    import onnxruntime
+    import paddle
+    import paddle2onnx
+
+    import ppvarlen
+
+    return {"ppvarlen": ppvarlen.__version__, "paddle": paddle.__version__,
+            "paddle2onnx": paddle2onnx.__version__, "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__}
+
+
+def build_manifest(export_dir, meta, data_cfg, deploy_cfg, backends, precisions, tokenizer_files):
+    """The manifest dict for a finished export directory (hashes taken from the files on disk)."""
+    task = meta["task"]
+    max_len = int(meta["max_len"])
+    max_position = meta.get("max_position")
+    return {
+        "format_version": FORMAT_VERSION,
+        "task": task,
+        "model_name": meta.get("model_name"),
+        "label_names": list(meta["label_names"]),
+        "inputs": INPUTS,
+        "outputs": output_specs(task),
+        "tokenizer": {"kind": data_cfg.tokenizer, "lowercase": data_cfg.lowercase,
+                      "add_special_tokens": data_cfg.add_special_tokens,
+                      "padding_side": "right", **tokenizer_files},
+        "special_ids": dict(meta["special_ids"]),
+        "max_len": max_len,
+        "max_position": max_position,
+        "long_text": {"policy": meta.get("long_text", data_cfg.long_text), "stride": data_cfg.stride,
+                      "max_len": max_len},
+        "buckets": list(meta.get("buckets") or []),
+        "length_profile": meta.get("length_profile"),
+        "shape_ranges": shape_ranges(meta.get("length_profile"), max_len,
+                                     deploy_cfg.max_batch_size, deploy_cfg.max_batch_tokens),
+        "backends": backends,
+        "precisions": precisions,
+        "files": file_hashes(export_dir),
+        "versions": versions(),
+    }

@@ -1,0 +1,76 @@
+"""Dygraph -> static: one program for every (batch, length), saved for Paddle Inference."""
+import os
+
+import paddle
+from paddle.static import InputSpec
+
+INPUT_NAMES = ("input_ids", "seq_len")
+
+
+def input_spec():
+    """None for batch and sequence dims, so to_static traces once for all shapes (PITFALLS 20)."""
+    return [InputSpec([None, None], "int64", "input_ids"), InputSpec([None], "int64", "seq_len")]
+
+
+class _ExportWrapper(paddle.nn.Layer):
+    """What gets converted: the model's inference forward (no labels).
+
+    Wrapping keeps ``paddle.jit.to_static`` from replacing the model's own
+    ``forward``, so the same model object still runs eagerly for the parity
+    check.  ``emissions_only`` keeps a tagger's first output, so its decode op is
+    pruned from the saved program (for ONNX, which cannot carry Viterbi).
+    """
+
+    def __init__(self, model, emissions_only=False):
+        super().__init__()
+        self.model = model
+        self.emissions_only = emissions_only
+
+    def forward(self, input_ids, seq_len):
+        out = self.model(input_ids, seq_len)
+        return out[0] if self.emissions_only else out
+
+
+def to_static(model, emissions_only=False):
+    """Eval-mode static layer of ``model`` (``forward(self, input_ids, seq_len, labels=None)``)."""
+    model.eval()
+    layer = _ExportWrapper(model, emissions_only)
+    layer.eval()
+    return paddle.jit.to_static(layer, input_spec=input_spec(), full_graph=True)
+
+
+def traced_count(static_layer):
+    """How many concrete programs the static forward holds (1 = traced once for all shapes)."""
+    return static_layer.forward.get_traced_count()
+
+
+def save_inference(model, prefix, emissions_only=False):
+    """``paddle.jit.save`` -> ``{prefix}.json`` (PIR program) + ``{prefix}.pdiparams``."""
+    static_layer = to_static(model, emissions_only)
+    paddle.jit.save(static_layer, prefix, input_spec=input_spec())
+    files = [prefix + ".json", prefix + ".pdiparams"]
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise RuntimeError(f"paddle.jit.save did not write {missing}; is PIR enabled "
+                           f"(FLAGS_enable_pir_api)?")
+    return files
+
+
+def crf_matrix_of(model):
+    """The [T+2, T] crf matrix (ppvarlen.utils.viterbi layout) of a CRF tagger, or None.
+
+    Finds a CRF layer with ``transitions``/``start``/``stop`` parameters
+    (ppvarlen.models.crf.LinearChainCRF), or a ``paddle.text.ViterbiDecoder``.
+    """
+    from ..utils.viterbi import crf_matrix
+
+    for layer in model.sublayers(include_self=True):
+        if isinstance(layer, paddle.text.ViterbiDecoder):
+            trans = layer.transitions.numpy()
+            if layer.include_bos_eos_tag:
+                return crf_matrix(trans, trans[-1], trans[-2])
+            return crf_matrix(trans, trans[0] * 0, trans[0] * 0)
+        params = [getattr(layer, n, None) for n in ("transitions", "start", "stop")]
+        if all(isinstance(p, paddle.Tensor) for p in params):
+            return crf_matrix(*(p.numpy() for p in params))
+    return None

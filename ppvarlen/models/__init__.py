@@ -1,0 +1,92 @@
+"""Model registry: ``build_model(model_cfg, vocab_size, num_labels, pad_id, task)``.
+
+Every model: ``forward(self, input_ids, seq_len, labels=None)`` with masks
+built inside from ``seq_len`` (see docs/DESIGN.md "Models").  Model modules are
+imported when chosen, so building a GRU tagger does not import PaddleNLP.
+"""
+import importlib
+
+from ..config import Config, ConfigError
+from ..config_schema import SCHEMA
+
+# Model.name -> (module, task it serves)
+MODEL_TASKS = {
+    "transformer_cls": "classification",
+    "rnn_cls": "classification",
+    "ernie_cls": "classification",
+    "bigru_crf": "tagging",
+    "ernie_tagger": "tagging",
+    "seq2seq": "seq2seq",
+}
+
+
+def _resolve(model_cfg):
+    """Schema defaults + the given keys, as a plain dict (accepts a Config or a dict)."""
+    given = model_cfg.to_dict() if isinstance(model_cfg, Config) else dict(model_cfg or {})
+    unknown = sorted(set(given) - set(SCHEMA["Model"]))
+    if unknown:
+        raise ConfigError(f"Model: unknown key(s) {unknown}; valid keys: {sorted(SCHEMA['Model'])}")
+    resolved = {k: field.default for k, field in SCHEMA["Model"].items()}
+    resolved.update(given)
+    return resolved
+
+
+def build_model(model_cfg, vocab_size, num_labels, pad_id, task):
+    """Build the ``Model.name`` model for ``task`` with the given vocabulary and label count."""
+    cfg = _resolve(model_cfg)
+    name = cfg["name"]
+    if name not in MODEL_TASKS:
+        raise ConfigError(f"Model.name={name!r} is not one of {sorted(MODEL_TASKS)}")
+    if MODEL_TASKS[name] != task:
+        raise ConfigError(f"Model.name={name} is a {MODEL_TASKS[name]} model but the data task is "
+                          f"{task!r}; pick a {task} model ("
+                          f"{', '.join(n for n, t in MODEL_TASKS.items() if t == task)})")
+    if name == "seq2seq":  # owned by the seq2seq module; imported only when asked for
+        seq2seq = importlib.import_module("ppvarlen.models.seq2seq")
+        return seq2seq.build_seq2seq(Config(cfg), vocab_size, pad_id=pad_id)
+    if vocab_size < 1 or num_labels < 1:
+        raise ValueError(f"build_model: vocab_size={vocab_size} and num_labels={num_labels} must be >= 1")
+    return _BUILDERS[name](cfg, vocab_size, num_labels, pad_id)
+
+
+def _transformer_cls(cfg, vocab_size, num_labels, pad_id):
+    from .transformer_cls import TransformerClassifier
+
+    return TransformerClassifier(
+        vocab_size, num_labels, hidden_size=cfg["hidden_size"], num_layers=cfg["num_layers"],
+        num_heads=cfg["num_heads"], ffn_size=cfg["ffn_size"], dropout=cfg["dropout"],
+        max_position=cfg["max_position"], pooling=cfg["pooling"] or "cls")
+
+
+def _rnn_cls(cfg, vocab_size, num_labels, pad_id):
+    from .rnn_cls import RNNClassifier
+
+    return RNNClassifier(
+        vocab_size, num_labels, emb_size=cfg["emb_size"], hidden_size=cfg["hidden_size"],
+        num_layers=cfg["num_layers"], cell=cfg["cell"], dropout=cfg["dropout"],
+        pooling=cfg["pooling"] or "last")
+
+
+def _bigru_crf(cfg, vocab_size, num_labels, pad_id):
+    from .bigru_crf import BiGRUCRF
+
+    return BiGRUCRF(vocab_size, num_labels, emb_size=cfg["emb_size"], hidden_size=cfg["hidden_size"],
+                    num_layers=cfg["num_layers"], dropout=cfg["dropout"])
+
+
+def _ernie(cfg, vocab_size, num_labels, pad_id):
+    from .ernie import ErnieClassifier, ErnieTagger, build_ernie_backbone
+
+    backbone = build_ernie_backbone(cfg["pretrained_dir"], cfg["ernie_config"], vocab_size, pad_id,
+                                    cfg["max_position"])
+    model_class = ErnieClassifier if cfg["name"] == "ernie_cls" else ErnieTagger
+    return model_class(backbone, num_labels, dropout=cfg["dropout"])
+
+
+_BUILDERS = {
+    "transformer_cls": _transformer_cls,
+    "rnn_cls": _rnn_cls,
+    "bigru_crf": _bigru_crf,
+    "ernie_cls": _ernie,
+    "ernie_tagger": _ernie,
+}

@@ -1,0 +1,52 @@
+"""BiLSTM / BiGRU classifier that never reads padding.
+
+``sequence_length=seq_len`` makes the backward direction start at each
+sequence's real last token and freezes the forward state after it, so the
+final states (``pooling: last``) and the per-position outputs of real tokens
+are the same as for the sequence run alone.  ``mean``/``max`` pool only real
+positions; ``cls`` reads position 0 (whose backward state has seen the whole
+sequence).
+"""
+import paddle
+import paddle.nn as nn
+
+from ..config import ConfigError
+from .masks import masked_cross_entropy, pool
+
+RNN_CELLS = {"lstm": nn.LSTM, "gru": nn.GRU}
+
+
+def build_birnn(cell, input_size, hidden_size, num_layers, dropout):
+    if cell not in RNN_CELLS:
+        raise ConfigError(f"Model.cell={cell!r}: use one of {sorted(RNN_CELLS)}")
+    return RNN_CELLS[cell](input_size, hidden_size, num_layers=num_layers, direction="bidirect",
+                           dropout=dropout if num_layers > 1 else 0.0)
+
+
+class RNNClassifier(nn.Layer):
+    def __init__(self, vocab_size, num_labels, emb_size=128, hidden_size=128, num_layers=2,
+                 cell="lstm", dropout=0.1, pooling="last"):
+        super().__init__()
+        if pooling not in ("cls", "mean", "max", "last"):
+            raise ConfigError(f"Model.pooling={pooling!r}: rnn_cls supports last, mean, max, cls")
+        self.cell = cell
+        self.pooling = pooling
+        self.embedding = nn.Embedding(vocab_size, emb_size)
+        self.embedding_dropout = nn.Dropout(dropout)
+        self.rnn = build_birnn(cell, emb_size, hidden_size, num_layers, dropout)
+        self.head_dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(2 * hidden_size, num_labels)
+
+    def forward(self, input_ids, seq_len, labels=None):
+        x = self.embedding_dropout(self.embedding(input_ids))
+        outputs, final_states = self.rnn(x, sequence_length=seq_len.astype("int64"))
+        if self.pooling == "last":
+            h = final_states[0] if self.cell == "lstm" else final_states  # LSTM: (h, c)
+            # h: [num_layers * 2, B, H], layer-major, forward then backward.
+            pooled = paddle.concat([h[-2], h[-1]], axis=-1)
+        else:
+            pooled = pool(outputs, seq_len, self.pooling)
+        logits = self.classifier(self.head_dropout(pooled)).astype("float32")
+        if labels is None:
+            return logits
+        return masked_cross_entropy(logits, labels), logits

@@ -1,0 +1,258 @@
+"""Transformer encoder-decoder for variable-length source -> variable-length target (g2p).
+
+One character vocabulary covers source characters and target letters/digits/space: the
+target is tokenised per character, so the output alphabet is ~40 symbols shared by every
+syllable and no syllable is out of vocabulary; the price is targets ~3.8x longer than sources,
+which is exactly the length mismatch this model exists to exercise.
+
+Where padding goes wrong on the target side, and what this file does about it:
+* encoder self-attention and decoder cross-attention get the source key-padding mask;
+* decoder self-attention gets the causal mask AND the target key-padding mask, combined as keep
+  masks and turned additive once (adding two additive masks would overflow to -inf);
+* teacher forcing: ``tgt_in`` = BOS y1..yn, ``tgt_out`` = y1..yn EOS, pads -100 -> no loss;
+* decoding: every sequence stops at its own EOS (finished rows are frozen, their later
+  steps are never read) or at its own limit ``max_len_a * src_len + max_len_b``;
+* incremental decoding keeps the self-attention keys/values of past steps and the
+  cross-attention keys/values of the memory (computed once), stacked per layer so a single
+  step is a plain tensor function (``decode_step``) that ``paddle.jit.to_static`` can trace.
+"""
+import paddle
+import paddle.nn as nn
+import paddle.nn.functional as F
+
+from .masks import IGNORE_INDEX, masked_cross_entropy, masked_fill_value, sequence_mask
+
+Cache = nn.MultiHeadAttention.Cache
+StaticCache = nn.MultiHeadAttention.StaticCache
+
+
+def additive(keep, dtype="float32"):
+    """Keep mask (bool) -> additive float mask: 0 where kept, most negative finite elsewhere."""
+    return (1.0 - keep.astype(dtype)) * masked_fill_value(dtype)
+
+
+def source_mask(src_len, src_max_len):
+    """[B, 1, 1, S] additive mask over source keys."""
+    return additive(sequence_mask(src_len, src_max_len)).unsqueeze([1, 2])
+
+
+def target_mask(tgt_len, tgt_max_len):
+    """[B, 1, T, T] additive mask: query t sees keys <= t that are real target positions."""
+    positions = paddle.arange(tgt_max_len, dtype="int64")
+    causal = positions.unsqueeze(0) <= positions.unsqueeze(1)            # [T, T] (query, key)
+    real_keys = sequence_mask(tgt_len, tgt_max_len).unsqueeze([1, 2])   # [B, 1, 1, T]
+    return additive(paddle.logical_and(causal.unsqueeze([0, 1]), real_keys))
+
+
+def smoothed_loss(logits, labels, smoothing):
+    """Cross entropy over labels != -100, with optional label smoothing (uniform over vocab)."""
+    nll = masked_cross_entropy(logits, labels)
+    if not smoothing:
+        return nll
+    keep = (labels != IGNORE_INDEX).astype("float32")
+    uniform = -F.log_softmax(logits.astype("float32"), axis=-1).mean(axis=-1)
+    uniform = (uniform * keep).sum() / paddle.clip(keep.sum(), min=1.0)
+    return (1.0 - smoothing) * nll + smoothing * uniform
+
+
+class Seq2SeqTransformer(nn.Layer):
+    def __init__(self, vocab_size, hidden_size=128, num_heads=4, ffn_size=512, num_layers=2,
+                 num_decoder_layers=2, dropout=0.1, max_position=512, pad_id=0, bos_id=4,
+                 eos_id=5, label_smoothing=0.0, max_len_a=8, max_len_b=10):
+        super().__init__()
+        if hidden_size % num_heads:
+            raise ValueError(f"Model.hidden_size ({hidden_size}) must be divisible by "
+                             f"Model.num_heads ({num_heads})")
+        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        self.vocab_size, self.max_position = vocab_size, max_position
+        self.num_heads, self.head_dim = num_heads, hidden_size // num_heads
+        self.label_smoothing = label_smoothing
+        self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        self.scale = hidden_size ** 0.5
+        self.embed = nn.Embedding(vocab_size, hidden_size)  # shared: one char vocabulary
+        self.src_pos = nn.Embedding(max_position, hidden_size)
+        self.tgt_pos = nn.Embedding(max_position, hidden_size)
+        self.dropout = nn.Dropout(dropout)
+        enc_layer = nn.TransformerEncoderLayer(hidden_size, num_heads, ffn_size, dropout,
+                                               normalize_before=True)
+        dec_layer = nn.TransformerDecoderLayer(hidden_size, num_heads, ffn_size, dropout,
+                                               normalize_before=True)
+        self.encoder = nn.TransformerEncoder(enc_layer, num_layers, nn.LayerNorm(hidden_size))
+        self.decoder = nn.TransformerDecoder(dec_layer, num_decoder_layers,
+                                             nn.LayerNorm(hidden_size))
+        self.out_proj = nn.Linear(hidden_size, vocab_size)
+        # additive mask over the vocabulary: PAD and BOS are never generated (not a weight)
+        never = paddle.zeros([vocab_size], dtype="float32")
+        never[pad_id] = never[bos_id] = masked_fill_value("float32")
+        self.register_buffer("never_generated", never, persistable=False)
+
+    # ------------------------------------------------------------ building blocks
+
+    def _embed(self, ids, positions, table):
+        return self.dropout(self.embed(ids) * self.scale + table(positions))
+
+    def encode(self, src_ids, src_len):
+        """Memory [B, S, H] of a right-padded source batch (pad rows are masked, not zero)."""
+        positions = paddle.arange(paddle.shape(src_ids)[1], dtype="int64").unsqueeze(0)
+        x = self._embed(src_ids, positions, self.src_pos)
+        return self.encoder(x, source_mask(src_len, paddle.shape(src_ids)[1]))
+
+    def forward(self, src_ids, src_len, tgt_in, tgt_len, tgt_out=None):
+        """Teacher-forced logits [B, T, V] float32; with ``tgt_out`` (-100 on pads) (loss, logits)."""
+        memory = self.encode(src_ids, src_len)
+        logits = self.forward_decoder(tgt_in, memory, src_len, tgt_len)
+        if tgt_out is None:
+            return logits
+        return smoothed_loss(logits, tgt_out, self.label_smoothing), logits
+
+    def init_cache(self, memory):
+        """(self_k, self_v, cross_k, cross_v), each [layers, B, heads, len, head_dim]; self len 0."""
+        cross = [layer.cross_attn.compute_kv(memory, memory) for layer in self.decoder.layers]
+        cross_k = paddle.stack([k for k, _ in cross])
+        empty = cross_k[:, :, :, :0]  # no past steps yet (zeros_like warns under to_static)
+        return empty, empty, cross_k, paddle.stack([v for _, v in cross])
+
+    def decode_step(self, tokens, src_len, self_k, self_v, cross_k, cross_v):
+        """One incremental decoder step: next-token log-probs [B, V] and the grown self cache.
+
+        ``tokens`` [B, 1] are the previous outputs; the step's position is the number of cached
+        steps.  Source length masks the cross attention (the memory itself is in cross_k/v).
+        """
+        step = paddle.shape(self_k)[3]
+        positions = tokens * 0 + step.astype("int64")
+        y = self._embed(tokens, positions, self.tgt_pos)
+        src_mask = source_mask(src_len, paddle.shape(cross_k)[3])
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.decoder.layers):
+            cache = (Cache(self_k[i], self_v[i]), StaticCache(cross_k[i], cross_v[i]))
+            # memory is unused when the cross-attention cache is static; pass y for shape only
+            y, (grown, _) = layer(y, y, tgt_mask=None, memory_mask=src_mask, cache=cache)
+            new_k.append(grown.k)
+            new_v.append(grown.v)
+        logits = self.out_proj(self.decoder.norm(y)[:, -1])
+        return self._next_logp(logits), paddle.stack(new_k), paddle.stack(new_v)
+
+    def full_step(self, prefix, memory, src_len):
+        """Log-probs [B, V] of the next token by re-running the decoder over ``prefix`` [B, t]."""
+        t = paddle.shape(prefix)[1]
+        logits = self.forward_decoder(prefix, memory, src_len, paddle.full_like(src_len, t))
+        return self._next_logp(logits[:, -1])
+
+    def _next_logp(self, logits):
+        """Log-probs of the next token; PAD and BOS are never generated."""
+        logits = logits.astype("float32") + self.never_generated
+        return F.log_softmax(logits, axis=-1)
+
+    def forward_decoder(self, tgt_in, memory, src_len, tgt_len):
+        """Teacher-forced logits [B, T, V] float32 over a whole target prefix."""
+        tgt_max = paddle.shape(tgt_in)[1]
+        positions = paddle.arange(tgt_max, dtype="int64").unsqueeze(0)
+        y = self._embed(tgt_in, positions, self.tgt_pos)
+        y = self.decoder(y, memory, tgt_mask=target_mask(tgt_len, tgt_max),
+                         memory_mask=source_mask(src_len, paddle.shape(memory)[1]))
+        return self.out_proj(y).astype("float32")
+
+    # ------------------------------------------------------------ decoding
+
+    def length_limits(self, src_len, max_len=None):
+        """Per-sequence cap on generated tokens (EOS included): a * src_len + b, <= max_len."""
+        cap = self.max_position - 1 if max_len is None else min(max_len, self.max_position - 1)
+        limits = src_len.astype("int64") * self.max_len_a + self.max_len_b
+        return paddle.clip(limits, max=cap)
+
+    def _strip(self, rows):
+        """Token lists up to (not including) EOS."""
+        out = []
+        for row in rows:
+            row = list(row)
+            out.append(row[:row.index(self.eos_id)] if self.eos_id in row else row)
+        return out
+
+    @paddle.no_grad()
+    def greedy_decode(self, src_ids, src_len, max_len=None, use_cache=True):
+        """Greedy outputs as lists of token ids (no BOS/EOS), one per source, in input order.
+
+        ``use_cache=False`` recomputes the decoder over the whole prefix at every step
+        (slow; the reference that the cached path is tested against).
+        """
+        src_ids, src_len = paddle.to_tensor(src_ids), paddle.to_tensor(src_len)
+        memory = self.encode(src_ids, src_len)
+        limits = self.length_limits(src_len, max_len)
+        batch = paddle.shape(src_ids)[0]
+        tokens = paddle.full([batch, 1], self.bos_id, dtype="int64")
+        finished = paddle.zeros([batch], dtype="bool")
+        cache = self.init_cache(memory) if use_cache else None
+        for t in range(int(limits.max())):
+            if use_cache:
+                logp, self_k, self_v = self.decode_step(tokens[:, -1:], src_len, *cache)
+                cache = (self_k, self_v) + cache[2:]
+            else:
+                logp = self.full_step(tokens, memory, src_len)
+            nxt = logp.argmax(axis=-1)
+            # a sequence at its own limit ends now (what a finished one emits is never read)
+            nxt = paddle.where(limits <= t + 1, paddle.full_like(nxt, self.eos_id), nxt)
+            tokens = paddle.concat([tokens, nxt.unsqueeze(1)], axis=1)
+            finished = paddle.logical_or(finished, nxt == self.eos_id)
+            if bool(finished.all()):
+                break
+        return self._strip(tokens[:, 1:].numpy().tolist())
+
+    @paddle.no_grad()
+    def beam_search(self, src_ids, src_len, beam_size=4, length_penalty=1.0, max_len=None,
+                    return_scores=False):
+        """Best beam per source (lists of ids, no BOS/EOS), ranked by score / lp(length);
+        with ``return_scores`` also each one's summed log-probability (EOS included).
+
+        lp = ((5 + length) / 6) ** length_penalty (GNMT).  Finished hypotheses stay in their beam
+        slot with a frozen score (they can only extend with EOS at zero cost), so each source's
+        search depends only on its own beams: batching cannot change the result.
+        """
+        src_ids, src_len = paddle.to_tensor(src_ids), paddle.to_tensor(src_len)
+        batch, k, vocab = int(src_ids.shape[0]), beam_size, self.vocab_size
+        memory = self.encode(src_ids, src_len)
+        # every tensor from here is [B * k, ...], the k beams of a source adjacent
+        src_len_k = paddle.repeat_interleave(src_len, k, axis=0)
+        limits = self.length_limits(src_len_k, max_len)
+        self_k, self_v, cross_k, cross_v = self.init_cache(paddle.repeat_interleave(memory, k, 0))
+        tokens = paddle.full([batch * k, 1], self.bos_id, dtype="int64")
+        # only beam 0 is alive at the start, or the k beams would be k copies of one hypothesis
+        scores = paddle.to_tensor([0.0] + [-1e30] * (k - 1), dtype="float32").tile([batch])
+        finished = paddle.zeros([batch * k], dtype="bool")
+        lengths = paddle.zeros([batch * k], dtype="int64")
+        eos_only = paddle.full([vocab], -1e30, dtype="float32")
+        eos_only[self.eos_id] = 0.0
+        for t in range(int(limits.max())):
+            logp, self_k, self_v = self.decode_step(tokens[:, -1:], src_len_k, self_k, self_v,
+                                                    cross_k, cross_v)
+            # finished beams and beams at their limit may only emit EOS (at zero cost if finished)
+            forced = paddle.logical_or(finished, limits <= t + 1).unsqueeze(1)
+            step_logp = paddle.where(finished.unsqueeze(1), eos_only.unsqueeze(0), logp)
+            step_logp = paddle.where(forced, step_logp + eos_only.unsqueeze(0), step_logp)
+            total = (scores.unsqueeze(1) + step_logp).reshape([batch, k * vocab])
+            scores, flat = paddle.topk(total, k, axis=1)
+            beam = flat // vocab + paddle.arange(batch, dtype="int64").unsqueeze(1) * k
+            beam, nxt = beam.reshape([-1]), (flat % vocab).reshape([-1])
+            scores = scores.reshape([-1])
+            was_finished = paddle.gather(finished, beam)
+            tokens = paddle.concat([paddle.gather(tokens, beam), nxt.unsqueeze(1)], axis=1)
+            lengths = paddle.gather(lengths, beam) + paddle.logical_not(was_finished).astype("int64")
+            finished = paddle.logical_or(was_finished, nxt == self.eos_id)
+            self_k = paddle.gather(self_k, beam, axis=1)
+            self_v = paddle.gather(self_v, beam, axis=1)
+            if bool(finished.all()):
+                break
+        penalty = ((5.0 + lengths.astype("float32")) / 6.0) ** length_penalty
+        best = (scores / penalty).reshape([batch, k]).argmax(axis=1)
+        rows = best + paddle.arange(batch, dtype="int64") * k
+        hyps = self._strip(paddle.gather(tokens[:, 1:], rows).numpy().tolist())
+        return (hyps, paddle.gather(scores, rows).numpy().tolist()) if return_scores else hyps
+
+
+def build_seq2seq(model_cfg, vocab_size, pad_id=0, bos_id=4, eos_id=5, label_smoothing=0.0):
+    """The registry's entry for ``Model.name: seq2seq`` (special ids per docs/DESIGN.md)."""
+    return Seq2SeqTransformer(
+        vocab_size, hidden_size=model_cfg.hidden_size, num_heads=model_cfg.num_heads,
+        ffn_size=model_cfg.ffn_size, num_layers=model_cfg.num_layers,
+        num_decoder_layers=model_cfg.num_decoder_layers, dropout=model_cfg.dropout,
+        max_position=model_cfg.max_position, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id,
+        label_smoothing=label_smoothing)

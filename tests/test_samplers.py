@@ -1,0 +1,205 @@
+"""Samplers: coverage, budget, determinism, sharding and resume (hypothesis properties)."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from ppvarlen.config import load_config
+from ppvarlen.data.errors import DataError
+from ppvarlen.data.order import batch_cost, length_sorted_batches, restore_order
+from ppvarlen.data.samplers import (BucketBatchSampler, TokenBudgetBatchSampler,
+                                    build_batch_sampler)
+
+PROPS = settings(max_examples=25, deadline=None, derandomize=True,
+                 suppress_health_check=[HealthCheck.too_slow])
+length_lists = st.lists(st.integers(1, 300), min_size=1, max_size=250)
+
+
+def token_budget(lengths, **kw):
+    kw.setdefault("max_tokens", 600)
+    return TokenBudgetBatchSampler(lengths, **kw)
+
+
+def bucket(lengths, **kw):
+    kw.setdefault("max_tokens", 600)
+    return BucketBatchSampler(lengths, [50, 150, 300], **kw)
+
+
+SAMPLERS = {"token_budget": token_budget, "bucket": bucket}
+
+
+def flat(batches):
+    return sorted(i for b in batches for i in b)
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+@PROPS
+@given(lengths=length_lists, seed=st.integers(0, 3), pool=st.sampled_from([0, 1, 3]))
+def test_each_index_once_within_budget(name, lengths, seed, pool):
+    kw = {"pool_size": pool} if name == "token_budget" else {}
+    sampler = SAMPLERS[name](lengths, seed=seed, **kw)
+    batches = list(sampler)
+    assert len(batches) == len(sampler)
+    assert flat(batches) == list(range(len(lengths)))
+    arr = np.asarray(lengths)
+    for b in batches:  # budget holds except for an oversize example alone in its batch
+        assert batch_cost(b, arr) <= 600 or len(b) == 1
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+@PROPS
+@given(lengths=st.lists(st.integers(1, 300), min_size=40, max_size=250), seed=st.integers(0, 3))
+def test_deterministic_per_seed_epoch_and_reshuffled_across_epochs(name, lengths, seed):
+    make = SAMPLERS[name]
+    a, b = make(lengths, seed=seed), make(lengths, seed=seed)
+    assume(len(a) >= 4)
+    for epoch in (0, 3):
+        a.set_epoch(epoch), b.set_epoch(epoch)
+        assert list(a) == list(b)
+    a.set_epoch(0)
+    first = list(a)
+    a.set_epoch(1)
+    assert list(a) != first
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+@PROPS
+@given(lengths=length_lists, replicas=st.integers(2, 4), epoch=st.integers(0, 2))
+def test_ranks_partition_data_with_equal_batch_counts(name, lengths, replicas, epoch):
+    make = SAMPLERS[name]
+    ranks = [make(lengths, seed=7, num_replicas=replicas, rank=r) for r in range(replicas)]
+    for s in ranks:
+        s.set_epoch(epoch)
+    per_rank = [list(s) for s in ranks]
+    assert len({len(p) for p in per_rank}) == 1
+    assert all(len(p) == len(s) for p, s in zip(per_rank, ranks))
+    single = make(lengths, seed=7)
+    single.set_epoch(epoch)
+    real = list(single)
+    # interleave ranks back: global batch g lives on rank g % R at position g // R
+    merged = [per_rank[g % replicas][g // replicas] for g in range(len(per_rank[0]) * replicas)]
+    assert merged[:len(real)] == real
+    repeats = merged[len(real):]
+    assert len(repeats) == ranks[0].num_repeated_batches < replicas
+    assert sum(len(b) for b in repeats) == ranks[0].num_repeated_examples
+    assert flat(merged[:len(real)]) == list(range(len(lengths)))
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+@PROPS
+@given(lengths=length_lists, data=st.data())
+def test_resume_from_any_step_reproduces_rest_of_epoch(name, lengths, data):
+    make = SAMPLERS[name]
+    sampler = make(lengths, seed=3)
+    sampler.set_epoch(2)
+    full = list(sampler)
+    step = data.draw(st.integers(0, len(full)))
+    it = iter(sampler)
+    for _ in range(step):
+        next(it)
+    state = sampler.state_dict()
+    fresh = make(lengths, seed=0)  # seed comes from the state
+    fresh.load_state_dict(state)
+    assert len(fresh) == len(full) - step
+    assert list(fresh) == full[step:]
+    assert list(fresh) == full  # the next pass is a full epoch again
+
+
+def test_state_dict_takes_consumed_count_and_resets_on_new_epoch():
+    s = token_budget(list(range(1, 200)), seed=1)
+    it = iter(s)
+    next(it), next(it), next(it)
+    assert s.state_dict(batches_consumed=1)["batches_yielded"] == 1
+    assert s.state_dict()["batches_yielded"] == 3
+    s.set_epoch(1)
+    assert s.state_dict()["batches_yielded"] == 0
+
+
+def test_resume_refuses_changed_world_or_data():
+    s = token_budget(list(range(1, 100)), num_replicas=2, rank=0)
+    state = s.state_dict()
+    with pytest.raises(ValueError, match="num_replicas"):
+        token_budget(list(range(1, 100))).load_state_dict(state)
+    with pytest.raises(ValueError, match="num_examples"):
+        token_budget(list(range(1, 50)), num_replicas=2).load_state_dict(state)
+
+
+def test_oversize_own_batch_or_error():
+    lengths = [10, 900, 20, 30]
+    s = token_budget(lengths)
+    assert s.num_oversize == 1 and [1] in list(s)
+    with pytest.raises(DataError, match=r"#1 \(900 tokens\).*Data.max_tokens"):
+        token_budget(lengths, oversize="error")
+    b = bucket([10, 290, 20], max_tokens=100)
+    assert b.num_oversize == 1 and [1] in list(b)
+
+
+def test_token_budget_caps_and_multiple():
+    lengths = [5] * 100
+    s = token_budget(lengths, max_tokens=1000, max_sentences=24, batch_size_multiple=8)
+    sizes = sorted(len(b) for b in s)
+    assert max(sizes) == 24 and all(n % 8 == 0 for n in sizes[1:]) and sum(sizes) == 100
+
+
+def test_seq2seq_budget_counts_source_and_target():
+    lengths = np.array([[10, 40], [40, 10], [10, 10], [12, 12]])
+    s = TokenBudgetBatchSampler(lengths, max_tokens=100, shuffle=False)
+    for b in s:
+        rows = lengths[b]
+        assert len(b) * (rows[:, 0].max() + rows[:, 1].max()) <= 100 or len(b) == 1
+
+
+def test_bucket_batch_sizes_are_memory_flat_and_pad_length():
+    lengths = [10, 40, 45, 100, 120, 250] * 10
+    b = BucketBatchSampler(lengths, [50, 128, 256], max_tokens=512, pad_to_bucket=True)
+    assert b.bucket_batch_sizes == [10, 4, 2]
+    for batch in b:
+        pad = b.pad_length(batch)
+        assert pad in (50, 128, 256) and len(batch) * pad <= 512
+    fixed = BucketBatchSampler(lengths, [50, 128, 256], batch_size=3)
+    assert all(fixed.pad_length(x) == max(lengths[i] for i in x) for x in fixed)
+    with pytest.raises(ValueError, match="last bucket boundary"):
+        BucketBatchSampler(lengths, [50, 128], batch_size=3)
+
+
+def test_eval_order_is_the_shared_length_sorted_order():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 200, 300)
+    s = TokenBudgetBatchSampler(lengths, max_tokens=1000, shuffle=False)
+    assert list(s) == length_sorted_batches(lengths, 1000)
+    batches = length_sorted_batches(lengths, 1000, max_batch_size=16)
+    outs = [np.asarray(b) * 10 for b in batches]  # a fake model: output = 10 * input index
+    assert restore_order(batches, outs) == [i * 10 for i in range(300)]
+
+
+def test_restore_order_rejects_mismatch():
+    with pytest.raises(ValueError, match="batch 0 has 2 examples but 1 output rows"):
+        restore_order([[0, 1]], [[5]])
+    with pytest.raises(ValueError, match="repeated"):
+        restore_order([[0, 0]], [[5, 6]])
+
+
+class _Lengths:
+    def __init__(self, lengths):
+        self.lengths = np.asarray(lengths)
+
+
+@pytest.mark.parametrize("sampler,cls", [("token_budget", TokenBudgetBatchSampler),
+                                         ("bucket", BucketBatchSampler),
+                                         ("random", BucketBatchSampler)])
+def test_build_batch_sampler_reads_config(sampler, cls):
+    cfg = load_config(data={"Data": {"sampler": sampler, "max_tokens": 800, "batch_size": 7,
+                                     "num_buckets": 3}})
+    ds = _Lengths(np.random.default_rng(1).integers(1, 300, 500))
+    s = build_batch_sampler(ds, cfg.Data, shuffle=True, seed=5)
+    assert isinstance(s, cls) and flat(list(s)) == list(range(500))
+    if sampler == "random":
+        assert sorted(len(b) for b in s)[1:] == [7] * (len(s) - 1)
+    if sampler == "bucket":
+        assert len(s.boundaries) <= 3
+
+
+def test_build_bucket_rejects_boundaries_below_data():
+    cfg = load_config(data={"Data": {"sampler": "bucket", "buckets": [10, 20]}})
+    with pytest.raises(DataError, match="Data.buckets"):
+        build_batch_sampler(_Lengths([5, 15, 25]), cfg.Data, shuffle=False)
