@@ -102,7 +102,8 @@ def reference(model, encoder, task, texts, max_len):
 
 @pytest.fixture(scope="session")
 def cls_export(tmp_path_factory):
-    return make_tiny_export(str(tmp_path_factory.mktemp("cls") / "export"), "classification")
+    return make_tiny_export(str(tmp_path_factory.mktemp("cls") / "export"), "classification",
+                            precisions=("fp32", "bf16", "fp16"))
 
 
 @pytest.fixture(scope="session")

@@ -145,11 +145,21 @@ def test_tampered_or_incomplete_export_is_refused(cls_export, tmp_path):  # noqa
         Predictor(unlisted, "paddle")
 
 
-def test_unavailable_backend_or_precision(cls_export, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("backend,precision", [("paddle", "bf16"), ("onnx", "fp16")])
+def test_low_precision_close_to_fp32(cls_export, backend, precision):  # noqa: F811
+    fp32 = Predictor(cls_export[0], backend).predict(MIXED)
+    low = Predictor(cls_export[0], backend, precision=precision).predict(MIXED)
+    diff = max(abs(a["probs"][k] - b["probs"][k]) for a, b in zip(fp32, low) for k in a["probs"])
+    assert diff < 0.02, diff
+
+
+def test_unavailable_backend_or_precision(cls_export, tag_export):  # noqa: F811
     with pytest.raises(ValueError, match="not available for backend 'onnx'"):
         Predictor(cls_export[0], "onnx", precision="bf16")
     with pytest.raises(ExportError, match="'fp16' was not exported"):
-        Predictor(cls_export[0], "onnx", precision="fp16")
+        Predictor(tag_export[0], "onnx", precision="fp16")
+    with pytest.raises(ValueError, match="fp16 has no CPU kernels"):
+        Predictor(cls_export[0], "paddle", precision="fp16")
     with pytest.raises(ValueError, match="unknown backend"):
         Predictor(cls_export[0], "tensorflow")
 

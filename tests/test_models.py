@@ -134,21 +134,23 @@ STATIC_CASES = ["transformer_cls-mean", "transformer_cls-cls", "rnn_cls-lstm-las
 def test_to_static_traces_once_and_matches_dygraph(case, tmp_path):
     model, task = make_model(case, seed=2)
     model.eval()
+    rng = np.random.default_rng(3)
+    batches = [padded_batch(rng, lengths, extra) for lengths, extra in
+               (([4, 2], 0), ([9, 1, 6], 2), ([3], 0), ([7, 3, 5], 1))]
+    # Eager references first: to_static(layer) converts the layer's own forward in place.
+    eager = [run(model, ids, seq_len) for ids, seq_len in batches]
     spec = [InputSpec([None, None], "int64", "input_ids"), InputSpec([None], "int64", "seq_len")]
     static_model = paddle.jit.to_static(model, input_spec=spec, full_graph=True)
-    rng = np.random.default_rng(3)
-    for lengths, extra in (([4, 2], 0), ([9, 1, 6], 2), ([3], 0)):
-        ids, seq_len = padded_batch(rng, lengths, extra)
-        static_out = run(static_model, ids, seq_len)
-        eager_out = run(model, ids, seq_len)  # the dygraph forward of the same layer
-        for s, e in zip(static_out, eager_out, strict=True):
+    for (ids, seq_len), eager_out in zip(batches[:3], eager):
+        for s, e in zip(run(static_model, ids, seq_len), eager_out, strict=True):
             assert s.shape == e.shape and s.dtype == e.dtype
             np.testing.assert_allclose(s, e, atol=1e-5, rtol=0)
+    assert static_model.forward.get_traced_count() == 1  # one program for every (batch, length)
     paddle.jit.save(static_model, str(tmp_path / "model"))
     assert os.path.isfile(tmp_path / "model.json") and os.path.isfile(tmp_path / "model.pdiparams")
     loaded = paddle.jit.load(str(tmp_path / "model"))
-    ids, seq_len = padded_batch(rng, [7, 3, 5], 1)
-    for s, e in zip(run(loaded, ids, seq_len), run(model, ids, seq_len), strict=True):
+    ids, seq_len = batches[3]
+    for s, e in zip(run(loaded, ids, seq_len), eager[3], strict=True):
         np.testing.assert_allclose(s, e, atol=1e-5, rtol=0)
 
 
@@ -183,3 +185,29 @@ def test_default_pooling_per_model():
     assert build_model(cfg.Model, VOCAB, 2, PAD_ID, "classification").pooling == "last"
     cfg = load_config(data={"Model": {"name": "transformer_cls", "hidden_size": 8, "ffn_size": 8}})
     assert build_model(cfg.Model, VOCAB, 2, PAD_ID, "classification").pooling == "cls"
+
+
+@pytest.mark.parametrize("case", ["transformer_cls-mean", "rnn_cls-gru-last", "bigru_crf", "ernie_tagger"])
+def test_training_loss_falls_on_a_fixed_batch(case):
+    """The loss is wired to the parameters: 40 Adam steps on one padded batch at least halve it."""
+    model, task = make_model(case, seed=4)
+    model.train()
+    rng = np.random.default_rng(5)
+    ids, seq_len = padded_batch(rng, [6, 3, 8, 2, 5], extra_pad=1)
+    labels = _training_labels(rng, task, seq_len, ids.shape[1])
+    inputs = [paddle.to_tensor(a) for a in (ids, seq_len, labels)]
+    optimizer = paddle.optimizer.Adam(learning_rate=0.01, parameters=model.parameters())
+    losses = []
+    for _ in range(40):
+        loss, _ = model(*inputs)
+        loss.backward()
+        optimizer.step()
+        optimizer.clear_grad()
+        losses.append(float(loss))
+    assert losses[-1] < 0.5 * losses[0], losses[::10]
+
+
+def test_seq2seq_slot_builds_the_seq2seq_module_lazily():
+    seq2seq = pytest.importorskip("ppvarlen.models.seq2seq")
+    model = build_model(dict(TINY, name="seq2seq", num_decoder_layers=1), VOCAB, 0, PAD_ID, "seq2seq")
+    assert type(model).__module__ == seq2seq.__name__

@@ -22,10 +22,22 @@ def token_budget(lengths, **kw):
 
 def bucket(lengths, **kw):
     kw.setdefault("max_tokens", 600)
-    return BucketBatchSampler(lengths, [50, 150, 300], **kw)
+    return BucketBatchSampler(lengths, [50, 150, 300], pad_to_bucket=True, **kw)
 
 
-SAMPLERS = {"token_budget": token_budget, "bucket": bucket}
+def source_target(lengths, **kw):
+    """seq2seq: [n, 2] lengths, cost = size x (max_src + max_tgt)."""
+    arr = np.asarray(lengths)
+    return token_budget(np.stack([arr, arr // 3 + 1], axis=1), **kw)
+
+
+SAMPLERS = {"token_budget": token_budget, "bucket": bucket, "seq2seq": source_target}
+
+
+def padded_cost(sampler, batch):
+    if isinstance(sampler, BucketBatchSampler):
+        return len(batch) * sampler.pad_length(batch)
+    return batch_cost(batch, sampler.lengths)
 
 
 def flat(batches):
@@ -36,14 +48,13 @@ def flat(batches):
 @PROPS
 @given(lengths=length_lists, seed=st.integers(0, 3), pool=st.sampled_from([0, 1, 3]))
 def test_each_index_once_within_budget(name, lengths, seed, pool):
-    kw = {"pool_size": pool} if name == "token_budget" else {}
+    kw = {"pool_size": pool} if name != "bucket" else {}
     sampler = SAMPLERS[name](lengths, seed=seed, **kw)
     batches = list(sampler)
     assert len(batches) == len(sampler)
     assert flat(batches) == list(range(len(lengths)))
-    arr = np.asarray(lengths)
     for b in batches:  # budget holds except for an oversize example alone in its batch
-        assert batch_cost(b, arr) <= 600 or len(b) == 1
+        assert padded_cost(sampler, b) <= 600 or len(b) == 1
 
 
 @pytest.mark.parametrize("name", SAMPLERS)
@@ -203,3 +214,15 @@ def test_build_bucket_rejects_boundaries_below_data():
     cfg = load_config(data={"Data": {"sampler": "bucket", "buckets": [10, 20]}})
     with pytest.raises(DataError, match="Data.buckets"):
         build_batch_sampler(_Lengths([5, 15, 25]), cfg.Data, shuffle=False)
+
+
+@pytest.mark.parametrize("make", [lambda ls: BucketBatchSampler(ls, [100, 300], batch_size=10),
+                                  lambda ls: TokenBudgetBatchSampler(ls, 600, pool_size=2)])
+def test_batch_composition_is_reshuffled_not_just_batch_order(make):
+    lengths = np.random.default_rng(0).integers(1, 300, 400)
+    s = make(lengths)
+    compositions = []
+    for epoch in (0, 1):
+        s.set_epoch(epoch)
+        compositions.append(sorted(tuple(sorted(b)) for b in s))
+    assert compositions[0] != compositions[1]

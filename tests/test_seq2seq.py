@@ -9,10 +9,10 @@ import copy
 import numpy as np
 import paddle
 import pytest
-from paddle.static import InputSpec
 
 from ppvarlen.config import load_config
-from ppvarlen.models.seq2seq import Seq2SeqTransformer, build_seq2seq, target_mask
+from ppvarlen.models.seq2seq import (DecoderStepProgram, EncoderProgram, Seq2SeqTransformer,
+                                     build_seq2seq, target_mask)
 from ppvarlen.models.seq2seq_metrics import (edit_distance, seq2seq_metrics,
                                               sequence_accuracy, token_error_rate)
 
@@ -205,44 +205,21 @@ def test_beam_of_one_is_greedy_and_max_len_caps(model, sources):
     assert all(len(b) <= 3 for b in beams)
 
 
-class _Encoder(paddle.nn.Layer):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, src_ids, src_len):
-        memory = self.model.encode(src_ids, src_len)
-        _, _, cross_k, cross_v = self.model.init_cache(memory)
-        return memory, cross_k, cross_v
-
-
-class _Step(paddle.nn.Layer):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, tokens, src_len, self_k, self_v, cross_k, cross_v):
-        return self.model.decode_step(tokens, src_len, self_k, self_v, cross_k, cross_v)
-
-
 def test_encoder_and_decoder_step_trace_once_with_dynamic_dims(model):
-    layers, heads, head_dim = 2, model.num_heads, model.head_dim
-    cache_spec = InputSpec([layers, None, heads, None, head_dim], "float32")
-    enc = paddle.jit.to_static(_Encoder(model), full_graph=True, input_spec=[
-        InputSpec([None, None], "int64"), InputSpec([None], "int64")])
-    step = paddle.jit.to_static(_Step(model), full_graph=True, input_spec=[
-        InputSpec([None, 1], "int64"), InputSpec([None], "int64")] + [cache_spec] * 4)
+    enc_program, step_program = EncoderProgram(model), DecoderStepProgram(model)
+    enc = paddle.jit.to_static(enc_program, full_graph=True, input_spec=enc_program.input_spec())
+    step = paddle.jit.to_static(step_program, full_graph=True,
+                                input_spec=step_program.input_spec())
     rng = np.random.default_rng(4)
     with paddle.no_grad():
         for lengths in ([3], [5, 1, 7], [2, 2, 6, 4]):
             batch = toy_batch(rng, lengths)
             src, src_len = paddle.to_tensor(batch["src_ids"]), paddle.to_tensor(batch["src_len"])
-            memory, cross_k, cross_v = enc(src, src_len)
-            np.testing.assert_allclose(memory.numpy(), model.encode(src, src_len).numpy(),
-                                       atol=1e-5)
-            self_k, self_v, ref_k, ref_v = model.init_cache(memory)
+            cross_k, cross_v = enc(src, src_len)
+            self_k, self_v, ref_k, ref_v = model.init_cache(model.encode(src, src_len))
+            np.testing.assert_allclose(cross_k.numpy(), ref_k.numpy(), atol=1e-5)
             tokens = paddle.full([len(lengths), 1], BOS, dtype="int64")
-            for _ in range(3):  # cache lengths 0, 1, 2: the self-attention length is dynamic
+            for _ in range(3):  # cache lengths 1, 2, 3: the self-attention length is dynamic
                 logp, self_k, self_v = step(tokens, src_len, self_k, self_v, cross_k, cross_v)
                 ref, _, _ = model.decode_step(tokens, src_len, self_k[:, :, :, :-1],
                                               self_v[:, :, :, :-1], ref_k, ref_v)
@@ -261,6 +238,15 @@ def test_build_from_config():
         Seq2SeqTransformer(50, hidden_size=30, num_heads=4)
 
 
+def test_too_long_inputs_name_the_config_key(model):
+    rng = np.random.default_rng(5)
+    batch = toy_batch(rng, [70])  # model.max_position is 64
+    with pytest.raises(ValueError, match="Model.max_position=64"):
+        run(model, batch)
+    with pytest.raises(ValueError, match="max_len must be >= 1"):
+        model.greedy_decode(batch["src_ids"][:, :5], [5], max_len=0)
+
+
 def test_metrics():
     assert edit_distance("abc", "abc") == 0 and edit_distance("", "ab") == 2
     assert edit_distance(["zhong", "guo"], ["zhong", "gou", "ren"]) == 2
@@ -272,3 +258,33 @@ def test_metrics():
                                            "ter": pytest.approx(2 / 6), "num_examples": 3}
     with pytest.raises(ValueError, match="input order"):
         sequence_accuracy(hyps, refs[:2])
+
+
+def test_g2p_batches_through_the_model():
+    """Real g2p data -> B's dataset/sampler/collator -> C's registry -> this model, end to end."""
+    from ppvarlen.data.collate import Collator
+    from ppvarlen.data.dataset import build_datasets
+    from ppvarlen.data.samplers import build_batch_sampler
+    from ppvarlen.models import build_model
+
+    cfg = load_config("configs/g2p/transformer.yaml", [
+        "Data.limit=40", "Data.max_source_len=40", "Data.max_target_len=160",
+        "Data.max_tokens=6000", "Model.hidden_size=32", "Model.ffn_size=64"])
+    data = build_datasets(cfg.Data)
+    enc = data.encoder
+    assert (enc.bos_id, enc.eos_id, enc.pad_id) == (BOS, EOS, PAD)
+    model = build_model(cfg.Model, enc.vocab_size, 0, enc.pad_id, "seq2seq")
+    collate = Collator(enc.pad_id)
+    indices = next(iter(build_batch_sampler(data.train, cfg.Data, shuffle=True)))
+    batch = collate([data.train[i] for i in indices])
+    assert len(set(batch["src_len"].tolist())) > 1 and (batch["tgt_len"] > 2 * batch["src_len"]).all()
+    loss, logits = run(model, batch)
+    assert np.isfinite(float(loss)) and logits.shape[1] == batch["tgt_in"].shape[1]
+    loss.backward()
+    model.eval()
+    hyps = model.greedy_decode(batch["src_ids"], batch["src_len"], max_len=20)
+    text = ["".join(enc.decode(h)) for h in hyps]
+    assert len(text) == len(indices) and all(len(h) < 20 for h in hyps)
+    refs = ["".join(enc.decode(data.train[i]["tgt_ids"][1:-1])) for i in indices]
+    assert all(r and not any("\u4e00" <= c <= "\u9fff" for c in r) for r in refs)
+    assert 0.0 <= seq2seq_metrics(text, refs)["ter"]

@@ -77,16 +77,19 @@ def test_not_a_safetensors_file_is_a_clear_error(tmp_path):
         load_weights(_model(0), tmp_path / "missing.safetensors")
 
 
-def test_ernie_pretrained_dir_reads_safetensors_and_refuses_pickle(tmp_path):
+@pytest.mark.parametrize("config_name", ["config.json", "model_config.json"])
+def test_ernie_pretrained_dir_reads_safetensors_and_refuses_pickle(tmp_path, config_name):
     ernie_config = dict(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
                         type_vocab_size=2, max_position_embeddings=32)
     paddle.seed(0)
     source = build_model(dict(name="ernie_cls", ernie_config=ernie_config), 20, 2, 0, "classification")
     directory = tmp_path / "ernie"
     directory.mkdir()
-    (directory / "config.json").write_text(
-        '{"vocab_size": 20, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, '
-        '"intermediate_size": 16, "type_vocab_size": 2, "max_position_embeddings": 32}')
+    fields = ('{"vocab_size": 20, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, '
+              '"intermediate_size": 16, "type_vocab_size": 2, "max_position_embeddings": 32}')
+    if config_name == "model_config.json":  # legacy PaddleNLP layout
+        fields = '{"init_args": [' + fields + '], "init_class": "ErnieModel"}'
+    (directory / config_name).write_text(fields)
     (directory / "model_state.pdparams").write_bytes(b"\x80\x04pickle")
     with pytest.raises(ValueError, match="does not unpickle"):
         build_model(dict(name="ernie_cls", pretrained_dir=str(directory)), 20, 2, 0, "classification")

@@ -25,7 +25,7 @@ from ppvarlen.utils.inputs import validate_batch
 from ppvarlen.utils.viterbi import crf_decode
 
 from .engines import build_engine
-from .manifest import ExportError, load_manifest, require_listed
+from .manifest import load_manifest, require_listed
 
 
 class EncodedText:
@@ -246,12 +246,3 @@ class Predictor:
         return {"entities": bio_entities(tags, spans, item.text), "tags": tags,
                 "num_tokens": item.num_tokens, "truncated": item.truncated}
 
-
-def load_predictor(export_dir, backend="paddle", **kw):
-    """Build a Predictor; ExportError/ValueError carry the fix in their message."""
-    try:
-        return Predictor(export_dir, backend, **kw)
-    except (ExportError, DataError, ValueError):
-        raise
-    except OSError as e:
-        raise ExportError(f"{export_dir}: cannot read the export ({e})") from None

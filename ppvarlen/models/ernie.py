@@ -48,11 +48,13 @@ def _read_config_file(directory):
             except (OSError, ValueError) as e:
                 raise ConfigError(f"{path}: cannot read the ERNIE config ({e})") from None
             # Legacy PaddleNLP model_config.json: {"init_args": [{...}], "init_class": ...}
-            if isinstance(data.get("init_args"), list) and data["init_args"]:
+            if isinstance(data, dict) and isinstance(data.get("init_args"), list) and data["init_args"]:
                 data = data["init_args"][0]
+            if not isinstance(data, dict):
+                raise ConfigError(f"{path}: expected a JSON object of ErnieConfig fields")
             return path, data
     raise ConfigError(f"Model.pretrained_dir={directory}: no {' or '.join(CONFIG_FILES)} found; "
-                     f"the directory must hold the ERNIE config, {SAFE_WEIGHTS} and vocab.txt")
+                      f"the directory must hold the ERNIE config, {SAFE_WEIGHTS} and vocab.txt")
 
 
 def _load_pretrained_backbone(directory, vocab_size):
@@ -60,22 +62,21 @@ def _load_pretrained_backbone(directory, vocab_size):
 
     if not os.path.isdir(directory):
         raise ConfigError(f"Model.pretrained_dir={directory}: directory not found (nothing is "
-                         f"downloaded; put config.json, {SAFE_WEIGHTS} and vocab.txt there)")
+                          f"downloaded; put config.json, {SAFE_WEIGHTS} and vocab.txt there)")
     config_path, data = _read_config_file(directory)
     config = ErnieConfig(**data)
     if config.vocab_size != vocab_size:
         raise ConfigError(f"{config_path}: vocab_size={config.vocab_size} but the data vocabulary has "
-                         f"{vocab_size} tokens; use Data.tokenizer=pretrained with "
-                         f"Data.vocab_file={os.path.join(directory, 'vocab.txt')}")
+                          f"{vocab_size} tokens; use Data.tokenizer=pretrained with "
+                          f"Data.vocab_file={os.path.join(directory, 'vocab.txt')}")
     weights_path = os.path.join(directory, SAFE_WEIGHTS)
     if not os.path.isfile(weights_path):
         if os.path.isfile(os.path.join(directory, PICKLE_WEIGHTS)):
             raise ConfigError(
                 f"{directory}: only {PICKLE_WEIGHTS} found; ppvarlen does not unpickle weights (a crafted "
-                f"file runs code). If you trust the file, convert it once with: python -c \"import paddle, "
-                f"numpy as np; from safetensors.numpy import save_file; sd = paddle.load('{PICKLE_WEIGHTS}'); "
-                f"save_file({{k: np.ascontiguousarray(v.astype('float32').numpy()) for k, v in sd.items()}}, "
-                f"'{SAFE_WEIGHTS}')\" (run inside {directory})")
+                f"file runs code). If you trust the file, convert it once: load it with Paddle, and "
+                f"write every tensor as float32 numpy with safetensors.numpy.save_file to "
+                f"{os.path.join(directory, SAFE_WEIGHTS)} (same tensor names)")
         raise ConfigError(f"{directory}: no {SAFE_WEIGHTS} found (sharded checkpoints are not supported)")
     backbone = ErnieModel(config)
     arrays = read_weights(weights_path)
@@ -93,8 +94,8 @@ def build_ernie_backbone(pretrained_dir, ernie_config, vocab_size, pad_id, max_p
         return _load_pretrained_backbone(pretrained_dir, vocab_size)
     if not ernie_config:
         raise ConfigError("ernie models need Model.pretrained_dir (a local ERNIE directory) or "
-                         "Model.ernie_config (e.g. {hidden_size: 64, num_hidden_layers: 2, "
-                         "num_attention_heads: 2, intermediate_size: 128}) for a random init")
+                          "Model.ernie_config (e.g. {hidden_size: 64, num_hidden_layers: 2, "
+                          "num_attention_heads: 2, intermediate_size: 128}) for a random init")
     from paddlenlp.transformers import ErnieConfig, ErnieModel
 
     # ErnieConfig silently keeps unknown kwargs, so a typo would give the 768-wide default model.
@@ -108,7 +109,7 @@ def build_ernie_backbone(pretrained_dir, ernie_config, vocab_size, pad_id, max_p
     kwargs.update(ernie_config)
     if kwargs["vocab_size"] != vocab_size:
         raise ConfigError(f"Model.ernie_config.vocab_size={kwargs['vocab_size']} differs from the data "
-                         f"vocabulary size {vocab_size}; drop the key (it is filled in from the data)")
+                          f"vocabulary size {vocab_size}; drop the key (it is filled in from the data)")
     return ErnieModel(ErnieConfig(**kwargs))
 
 

@@ -19,6 +19,7 @@ Where padding goes wrong on the target side, and what this file does about it:
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
+from paddle.static import InputSpec
 
 from .masks import IGNORE_INDEX, masked_cross_entropy, masked_fill_value, sequence_mask
 
@@ -81,9 +82,11 @@ class Seq2SeqTransformer(nn.Layer):
         self.decoder = nn.TransformerDecoder(dec_layer, num_decoder_layers,
                                              nn.LayerNorm(hidden_size))
         self.out_proj = nn.Linear(hidden_size, vocab_size)
-        # additive mask over the vocabulary: PAD and BOS are never generated (not a weight)
+        # additive mask over the vocabulary: PAD and BOS are never generated (not a weight).
+        # -1e9, not the float32 minimum: log_softmax of a logit near -3.4e38 is -66 in eager
+        # Paddle and -3.4e38 under oneDNN; -1e9 gives ~-1e9 in both (logits are float32 here).
         never = paddle.zeros([vocab_size], dtype="float32")
-        never[pad_id] = never[bos_id] = masked_fill_value("float32")
+        never[pad_id] = never[bos_id] = -1e9
         self.register_buffer("never_generated", never, persistable=False)
 
     # ------------------------------------------------------------ building blocks
@@ -91,8 +94,16 @@ class Seq2SeqTransformer(nn.Layer):
     def _embed(self, ids, positions, table):
         return self.dropout(self.embed(ids) * self.scale + table(positions))
 
+    def check_length(self, length, what):
+        """A clear error instead of an index error deep in the position table (eager only)."""
+        if paddle.in_dynamic_mode() and int(length) > self.max_position:
+            raise ValueError(f"{what} length {int(length)} exceeds Model.max_position="
+                             f"{self.max_position}; raise Model.max_position or lower "
+                             f"Data.max_source_len / Data.max_target_len")
+
     def encode(self, src_ids, src_len):
         """Memory [B, S, H] of a right-padded source batch (pad rows are masked, not zero)."""
+        self.check_length(src_ids.shape[1], "source")
         positions = paddle.arange(paddle.shape(src_ids)[1], dtype="int64").unsqueeze(0)
         x = self._embed(src_ids, positions, self.src_pos)
         return self.encoder(x, source_mask(src_len, paddle.shape(src_ids)[1]))
@@ -105,28 +116,46 @@ class Seq2SeqTransformer(nn.Layer):
             return logits
         return smoothed_loss(logits, tgt_out, self.label_smoothing), logits
 
+    def forward_decoder(self, tgt_in, memory, src_len, tgt_len):
+        """Teacher-forced logits [B, T, V] float32 over a whole target prefix."""
+        self.check_length(tgt_in.shape[1], "target")
+        tgt_max = paddle.shape(tgt_in)[1]
+        positions = paddle.arange(tgt_max, dtype="int64").unsqueeze(0)
+        y = self._embed(tgt_in, positions, self.tgt_pos)
+        y = self.decoder(y, memory, tgt_mask=target_mask(tgt_len, tgt_max),
+                         memory_mask=source_mask(src_len, paddle.shape(memory)[1]))
+        return self.out_proj(y).astype("float32")
+
     def init_cache(self, memory):
-        """(self_k, self_v, cross_k, cross_v), each [layers, B, heads, len, head_dim]; self len 0."""
+        """(self_k, self_v, cross_k, cross_v), each [layers, B, heads, len, head_dim].
+
+        The self-attention cache starts with one masked dummy slot instead of length 0:
+        Paddle Inference's oneDNN concat kernel fails on a 0-length cache (and the dummy is
+        never attended to, so results are unchanged).
+        """
         cross = [layer.cross_attn.compute_kv(memory, memory) for layer in self.decoder.layers]
         cross_k = paddle.stack([k for k, _ in cross])
-        empty = cross_k[:, :, :, :0]  # no past steps yet (zeros_like warns under to_static)
-        return empty, empty, cross_k, paddle.stack([v for _, v in cross])
+        dummy = cross_k[:, :, :, :1] * 0.0  # (zeros_like warns under to_static)
+        return dummy, dummy, cross_k, paddle.stack([v for _, v in cross])
 
     def decode_step(self, tokens, src_len, self_k, self_v, cross_k, cross_v):
         """One incremental decoder step: next-token log-probs [B, V] and the grown self cache.
 
         ``tokens`` [B, 1] are the previous outputs; the step's position is the number of cached
-        steps.  Source length masks the cross attention (the memory itself is in cross_k/v).
+        steps (the cache length minus the dummy slot, whose key is masked).  Source length
+        masks the cross attention (the memory itself is in cross_k/v).
         """
-        step = paddle.shape(self_k)[3]
-        positions = tokens * 0 + step.astype("int64")
+        cached = paddle.shape(self_k)[3]
+        positions = tokens * 0 + (cached - 1).astype("int64")
         y = self._embed(tokens, positions, self.tgt_pos)
         src_mask = source_mask(src_len, paddle.shape(cross_k)[3])
+        # keys: the dummy slot, the cached steps, this step -> hide only the dummy
+        self_mask = additive(paddle.arange(cached + 1, dtype="int64") > 0).reshape([1, 1, 1, -1])
         new_k, new_v = [], []
         for i, layer in enumerate(self.decoder.layers):
             cache = (Cache(self_k[i], self_v[i]), StaticCache(cross_k[i], cross_v[i]))
             # memory is unused when the cross-attention cache is static; pass y for shape only
-            y, (grown, _) = layer(y, y, tgt_mask=None, memory_mask=src_mask, cache=cache)
+            y, (grown, _) = layer(y, y, tgt_mask=self_mask, memory_mask=src_mask, cache=cache)
             new_k.append(grown.k)
             new_v.append(grown.v)
         logits = self.out_proj(self.decoder.norm(y)[:, -1])
@@ -143,20 +172,13 @@ class Seq2SeqTransformer(nn.Layer):
         logits = logits.astype("float32") + self.never_generated
         return F.log_softmax(logits, axis=-1)
 
-    def forward_decoder(self, tgt_in, memory, src_len, tgt_len):
-        """Teacher-forced logits [B, T, V] float32 over a whole target prefix."""
-        tgt_max = paddle.shape(tgt_in)[1]
-        positions = paddle.arange(tgt_max, dtype="int64").unsqueeze(0)
-        y = self._embed(tgt_in, positions, self.tgt_pos)
-        y = self.decoder(y, memory, tgt_mask=target_mask(tgt_len, tgt_max),
-                         memory_mask=source_mask(src_len, paddle.shape(memory)[1]))
-        return self.out_proj(y).astype("float32")
-
     # ------------------------------------------------------------ decoding
 
     def length_limits(self, src_len, max_len=None):
         """Per-sequence cap on generated tokens (EOS included): a * src_len + b, <= max_len."""
-        cap = self.max_position - 1 if max_len is None else min(max_len, self.max_position - 1)
+        if max_len is not None and max_len < 1:
+            raise ValueError(f"max_len must be >= 1 (tokens including EOS), got {max_len}")
+        cap = self.max_position if max_len is None else min(max_len, self.max_position)
         limits = src_len.astype("int64") * self.max_len_a + self.max_len_b
         return paddle.clip(limits, max=cap)
 
@@ -246,6 +268,39 @@ class Seq2SeqTransformer(nn.Layer):
         rows = best + paddle.arange(batch, dtype="int64") * k
         hyps = self._strip(paddle.gather(tokens[:, 1:], rows).numpy().tolist())
         return (hyps, paddle.gather(scores, rows).numpy().tolist()) if return_scores else hyps
+
+
+class EncoderProgram(nn.Layer):
+    """Export view: (src_ids, src_len) -> (cross_k, cross_v), the memory as the decoder needs it."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, src_ids, src_len):
+        _, _, cross_k, cross_v = self.model.init_cache(self.model.encode(src_ids, src_len))
+        return cross_k, cross_v
+
+    @staticmethod
+    def input_spec():
+        return [InputSpec([None, None], "int64", "src_ids"), InputSpec([None], "int64", "src_len")]
+
+
+class DecoderStepProgram(nn.Layer):
+    """Export view of ``decode_step``: the search loop (greedy / beam) runs outside the graph."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens, src_len, self_k, self_v, cross_k, cross_v):
+        return self.model.decode_step(tokens, src_len, self_k, self_v, cross_k, cross_v)
+
+    def input_spec(self):
+        layers, heads = len(self.model.decoder.layers), self.model.num_heads
+        cache = [InputSpec([layers, None, heads, None, self.model.head_dim], "float32", name)
+                 for name in ("self_k", "self_v", "cross_k", "cross_v")]
+        return [InputSpec([None, 1], "int64", "tokens"), InputSpec([None], "int64", "src_len")] + cache
 
 
 def build_seq2seq(model_cfg, vocab_size, pad_id=0, bos_id=4, eos_id=5, label_smoothing=0.0):

@@ -6,14 +6,14 @@ parameters are stored as float32 (exact: every bfloat16 is a float32) and the
 original dtype is recorded in the file's metadata; ``load_weights`` casts each
 array to the dtype of the parameter it lands in.
 """
-import contextlib
 import json
 import os
-import tempfile
 
 import numpy as np
 import paddle
 from safetensors.numpy import load_file, save
+
+from ..utils.io import atomic_write_bytes
 
 _DTYPES_KEY = "ppvarlen_dtypes"
 
@@ -28,28 +28,12 @@ def _to_numpy(tensor):
     return np.ascontiguousarray(tensor.numpy())
 
 
-def _atomic_write_bytes(path, data):
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise
-
-
 def save_weights(model, path):
     """Write ``model.state_dict()`` to ``path`` (.safetensors) atomically."""
     state = model.state_dict()
     arrays = {name: _to_numpy(t) for name, t in state.items()}
     dtypes = {name: _dtype_name(t) for name, t in state.items()}
-    _atomic_write_bytes(os.fspath(path), save(arrays, metadata={_DTYPES_KEY: json.dumps(dtypes)}))
+    atomic_write_bytes(os.fspath(path), save(arrays, metadata={_DTYPES_KEY: json.dumps(dtypes)}))
 
 
 def read_weights(path):

@@ -6,14 +6,14 @@ import shutil
 import tempfile
 
 
-def atomic_write_text(path, text, encoding="utf-8"):
+def atomic_write_bytes(path, data):
     path = os.fspath(path)
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
     try:
-        with os.fdopen(fd, "w", encoding=encoding) as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -21,6 +21,10 @@ def atomic_write_text(path, text, encoding="utf-8"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
         raise
+
+
+def atomic_write_text(path, text, encoding="utf-8"):
+    atomic_write_bytes(path, text.encode(encoding))
 
 
 def atomic_write_json(path, obj):
