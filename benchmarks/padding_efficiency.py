@@ -58,6 +58,8 @@ def main():
 
     cfg = load_config(args.config, args.override)
     d = cfg.Data
+    if d.max_tokens is None:
+        raise SystemExit("set Data.max_tokens (e.g. -o Data.max_tokens=4096)")
     bundle = build_datasets(d)
     ds = bundle.train
     runs = [compare_strategies(ds.lengths, d.max_len, 32, d.max_tokens, d.num_buckets,

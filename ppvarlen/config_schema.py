@@ -56,8 +56,10 @@ SCHEMA = {
         "pad_to_multiple_of": Field(int, 1),
         "padding_side": Field(str, "right", choices=["right", "left"]),
         "sampler": Field(str, "token_budget", choices=["token_budget", "bucket", "random"]),
-        "max_tokens": Field(int, 4096, help="token budget per batch, padding counted"),
-        "pool_size": Field(int, 100, help="batches per sorted pool (token_budget); 0 = sort the "
+        "max_tokens": Field(int, 4096, nullable=True,
+                            help="token budget per batch, padding counted; null with sampler: "
+                            "bucket = a fixed batch_size in every bucket"),
+        "pool_size": Field(int, 200, help="batches per sorted pool (token_budget); 0 = sort the "
                            "whole split (fairseq style: most efficient, least random)"),
         "batch_size": Field(int, 32, help="fixed batch size (random / bucket without budget)"),
         "max_sentences": Field(int, None, help="cap on examples per batch"),
@@ -132,5 +134,8 @@ SCHEMA = {
         "tensorrt": Field(bool, False, help="paddle backend on GPU: TensorRT with the manifest's "
                           "shape ranges"),
         "drain_timeout_s": Field(float, 30.0, help="on shutdown, wait this long for queued texts"),
+        "batch_overhead_tokens": Field(int, None, help="padding worth one extra forward pass when "
+                                       "the batcher groups texts by length; null = measured at "
+                                       "start-up"),
     },
 }

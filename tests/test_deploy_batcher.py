@@ -67,6 +67,22 @@ def test_token_budget_counts_padding_and_groups_by_length():
     assert any(set(batch) >= {1, 5} for batch in pred.batches), pred.batches
 
 
+def test_padding_must_be_cheaper_than_a_separate_pass():
+    def batches(overhead):
+        pred = FakePredictor()
+        b = DynamicBatcher([pred], max_wait_ms=100, max_batch_tokens=10_000, max_batch_size=100,
+                           overhead_tokens=overhead)
+        lengths = [200, 20, 21, 199, 22, 200]
+        for f in b.submit([Item(i, n) for i, n in enumerate(lengths)]):
+            f.result(5)
+        b.close()
+        return sorted(sorted(x) for x in pred.batches)
+
+    assert batches(0) == [[0, 5], [1], [2], [3], [4]]       # only equal lengths share a pass
+    assert batches(10) == [[0, 3, 5], [1, 2, 4]]             # short and long kept apart
+    assert batches(100_000) == [[0, 1, 2, 3, 4, 5]]          # passes so costly: one batch
+
+
 def test_wait_is_bounded_for_a_lone_request():
     b = DynamicBatcher([FakePredictor()], max_wait_ms=30, max_batch_tokens=1000, max_batch_size=64)
     t0 = time.monotonic()

@@ -73,7 +73,8 @@ def test_plot_writes_png(tmp_path):
 
 
 def test_lengths_module_does_not_import_paddle():
-    code = "import sys, ppvarlen.data.lengths, ppvarlen.data.order, ppvarlen.data.longtext; " \
+    code = "import sys, ppvarlen.data.lengths, ppvarlen.data.order, ppvarlen.data.longtext, " \
+           "ppvarlen.data.collate; " \
            "print('paddle' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -226,3 +226,31 @@ def test_batch_composition_is_reshuffled_not_just_batch_order(make):
         s.set_epoch(epoch)
         compositions.append(sorted(tuple(sorted(b)) for b in s))
     assert compositions[0] != compositions[1]
+
+
+def test_bucket_with_null_max_tokens_uses_fixed_batch_size():
+    cfg = load_config(data={"Data": {"sampler": "bucket", "max_tokens": None, "batch_size": 5,
+                                     "buckets": [100, 300]}})
+    s = build_batch_sampler(_Lengths(np.arange(1, 301)), cfg.Data, shuffle=True)
+    assert s.bucket_batch_sizes == [5, 5]
+    from ppvarlen.config import ConfigError
+
+    with pytest.raises(ConfigError, match="Data.max_tokens"):
+        build_batch_sampler(_Lengths([3, 4]), load_config(
+            data={"Data": {"max_tokens": None}}).Data, shuffle=True)
+
+
+@PROPS
+@given(lengths=length_lists, cap=st.none() | st.integers(1, 40), multiple=st.integers(1, 8),
+       max_tokens=st.integers(50, 2000))
+def test_pack_by_budget_caps_multiples_and_budget(lengths, cap, multiple, max_tokens):
+    from ppvarlen.data.order import pack_by_budget
+
+    arr = np.asarray(lengths)
+    batches = pack_by_budget(np.argsort(arr, kind="stable"), arr, max_tokens, cap, multiple)
+    assert flat(batches) == list(range(len(lengths)))
+    for k, b in enumerate(batches):
+        assert cap is None or len(b) <= cap
+        assert batch_cost(b, arr) <= max_tokens or len(b) == 1
+        if k < len(batches) - 1:  # closed batches: trimmed to a multiple unless already small
+            assert len(b) <= multiple or len(b) % multiple == 0

@@ -5,6 +5,7 @@ doubled: targets 2x the source length) so that sequences in a batch really end a
 steps with EOS; a random-init model emits EOS at once or never, which tests nothing.
 """
 import copy
+import os
 
 import numpy as np
 import paddle
@@ -17,6 +18,7 @@ from ppvarlen.models.seq2seq_metrics import (edit_distance, seq2seq_metrics,
                                               sequence_accuracy, token_error_rate)
 
 PAD, BOS, EOS, VOCAB = 0, 4, 5, 16
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def toy_batch(rng, lengths, pad_src=PAD, pad_tgt=PAD):
@@ -228,6 +230,42 @@ def test_encoder_and_decoder_step_trace_once_with_dynamic_dims(model):
     assert len(enc.forward.program_cache) == 1 and len(step.forward.program_cache) == 1
 
 
+def test_saved_programs_run_in_paddle_inference_with_onednn(model, tmp_path):
+    """jit.save'd encoder + step programs under the CPU predictor (oneDNN on) match eager."""
+    import paddle.inference as pi
+
+    predictors = {}
+    for name, program in (("encoder", EncoderProgram(model)), ("step", DecoderStepProgram(model))):
+        static = paddle.jit.to_static(program, input_spec=program.input_spec(), full_graph=True)
+        paddle.jit.save(static, str(tmp_path / name))
+        config = pi.Config(str(tmp_path / f"{name}.json"), str(tmp_path / f"{name}.pdiparams"))
+        config.disable_gpu()
+        config.enable_mkldnn()
+        predictors[name] = pi.create_predictor(config)
+
+    def call(name, *arrays):
+        p = predictors[name]
+        for input_name, x in zip(p.get_input_names(), arrays):
+            p.get_input_handle(input_name).copy_from_cpu(np.ascontiguousarray(x))
+        p.run()
+        return [p.get_output_handle(n).copy_to_cpu() for n in p.get_output_names()]
+
+    batch = toy_batch(np.random.default_rng(6), [4, 1, 6])
+    src, src_len = batch["src_ids"], batch["src_len"]
+    cross_k, cross_v = call("encoder", src, src_len)
+    with paddle.no_grad():
+        cache = model.init_cache(model.encode(paddle.to_tensor(src), paddle.to_tensor(src_len)))
+        self_k, self_v = cache[0].numpy(), cache[1].numpy()
+        tokens = np.full([3, 1], BOS, dtype="int64")
+        for _ in range(4):
+            logp, self_k, self_v = call("step", tokens, src_len, self_k, self_v, cross_k, cross_v)
+            ref, k, v = model.decode_step(paddle.to_tensor(tokens), paddle.to_tensor(src_len),
+                                          *cache)
+            cache = (k, v) + cache[2:]
+            np.testing.assert_allclose(logp, ref.numpy(), atol=1e-4)
+            tokens = ref.numpy().argmax(-1)[:, None].astype("int64")
+
+
 def test_build_from_config():
     cfg = load_config(data={"Model": {"name": "seq2seq", "hidden_size": 32, "num_heads": 4,
                                       "ffn_size": 64, "num_layers": 1, "num_decoder_layers": 1}})
@@ -267,7 +305,7 @@ def test_g2p_batches_through_the_model():
     from ppvarlen.data.samplers import build_batch_sampler
     from ppvarlen.models import build_model
 
-    cfg = load_config("configs/g2p/transformer.yaml", [
+    cfg = load_config(os.path.join(REPO, "configs", "g2p", "transformer.yaml"), [
         "Data.limit=40", "Data.max_source_len=40", "Data.max_target_len=160",
         "Data.max_tokens=6000", "Model.hidden_size=32", "Model.ffn_size=64"])
     data = build_datasets(cfg.Data)

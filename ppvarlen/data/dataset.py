@@ -223,7 +223,8 @@ def build_dataloader(dataset, data_cfg, split, num_replicas=1, rank=0, seed=0):
     train: shuffled ``Data.sampler`` batches (seed + epoch; call
     ``loader.batch_sampler.set_epoch(e)`` each epoch).  dev/test: the
     deterministic length-sorted order under ``Data.eval_max_tokens`` — the order
-    the trainer's eval, export parity and deploy use (``data.order``).
+    the trainer's eval, export parity and deploy use (``data.order``).  The
+    loader turns the collator's numpy arrays into paddle Tensors.
     """
     from .samplers import TokenBudgetBatchSampler, build_batch_sampler
 

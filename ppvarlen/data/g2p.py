@@ -12,10 +12,10 @@ Decisions (see the report of issue #7):
   (word entries disambiguate polyphones: 银行 yin hang), then split by longest match against the
   word table, then character by character.  A character's default reading is the one with the most
   evidence in the word table, each word weighted by its corpus frequency (了 le, 还 hai, 行 xing,
-  长 chang; snownlp itself takes the alphabetically last line: 了 liao, 还 huan).  Characters
-  the table lists only inside words (们, 于, 农 ...: 1,522 of the corpus's characters) get their
-  reading the same way.  Structural particles
-  (POS ``u``/``y``) read as particles: 地 de, 着 zhe, 了 le, 得 de (otherwise 地 would be di).
+  长 chang; snownlp itself takes the alphabetically last line: 了 liao, 还 huan).  The table
+  has single-character lines for only 2,927 characters; 1,522 more corpus characters (们, 于,
+  农 ...) appear only inside its words and get their reading the same way.  Structural
+  particles (POS ``u``/``y``) read as particles: 地 de, 着 zhe, 了 le, 得 de (not 地 di).
 * Non-Chinese characters are kept as their own tokens after NFKC (full-width ``１９９８`` ->
   ``1998``: a run of ASCII letters/digits is one token, every other symbol its own token).
 * A paragraph becomes examples by splitting after clause punctuation and packing consecutive
@@ -179,6 +179,17 @@ def paragraph_examples(words, max_len, stats):
         yield packed
 
 
+def chunk_target(table, chunk):
+    """The target string for a list of (word, pos), or None if a character has no reading."""
+    tokens = []
+    for word, pos in chunk:
+        word_toks = word_tokens(table, word, pos)
+        if word_toks is None:
+            return None
+        tokens += word_toks
+    return " ".join(tokens)
+
+
 def build_examples(paragraphs, table, max_source_len, max_target_len):
     """(examples, stats) for parsed paragraphs; examples are {"source", "target"} dicts."""
     stats = collections.Counter()
@@ -187,22 +198,14 @@ def build_examples(paragraphs, table, max_source_len, max_target_len):
         stats["paragraphs"] += 1
         stats["source_chars"] += sum(len(w) for w, _ in words)
         for chunk in paragraph_examples(words, max_source_len, stats):
-            source = "".join(w for w, _ in chunk)
-            tokens = []
-            for word, pos in chunk:
-                toks = word_tokens(table, word, pos)
-                if toks is None:
-                    break
-                tokens += toks
+            source, target = "".join(w for w, _ in chunk), chunk_target(table, chunk)
+            if target is None:
+                stats["dropped_unknown_char"] += 1
+            elif len(target) > max_target_len:
+                stats["dropped_long_target"] += 1
             else:
-                target = " ".join(tokens)
-                if len(target) > max_target_len:
-                    stats["dropped_long_target"] += 1
-                    stats["dropped_chars"] += len(source)
-                else:
-                    examples.append({"source": source, "target": target})
+                examples.append({"source": source, "target": target})
                 continue
-            stats["dropped_unknown_char"] += 1
             stats["dropped_chars"] += len(source)
     stats["examples"] = len(examples)
     return examples, dict(stats)

@@ -98,13 +98,14 @@ def analyze_lengths(cfg, split="train", png=None, batch_size=32, pool_sizes=(50,
         from .errors import DataError
 
         raise DataError(f"split {split!r} of corpus {d.corpus!r} is empty; pick another --split")
-    strategies, bounds = compare_strategies(ds.lengths, d.max_len, batch_size, d.max_tokens,
+    max_tokens = d.max_tokens or 4096  # null (bucket with fixed batch_size): compare at 4096
+    strategies, bounds = compare_strategies(ds.lengths, d.max_len, batch_size, max_tokens,
                                             d.num_buckets, pool_sizes, d.pad_to_multiple_of,
                                             cfg.Global.seed)
     report = {"corpus": d.corpus, "task": bundle.task, "split": split, "max_len": d.max_len,
               "documents": length_stats(ds.doc_lengths, d.max_len),
               "items": length_stats(ds.lengths), "long_text": ds.long_text_stats,
-              "batch_size": batch_size, "max_tokens": d.max_tokens, "strategies": strategies}
+              "batch_size": batch_size, "max_tokens": max_tokens, "strategies": strategies}
     if png:
         plot_lengths(ds.doc_lengths, png, d.max_len, bounds,
                      title=f"{d.corpus} {split}: tokens per example")

@@ -17,6 +17,7 @@ batch list is padded by repeating batches from its start, counted in
 import numpy as np
 from paddle.io import BatchSampler
 
+from ..config import ConfigError
 from ..utils.log import get_logger
 from .errors import DataError
 from .lengths import bucket_index
@@ -257,7 +258,7 @@ def build_batch_sampler(dataset, data_cfg, shuffle, num_replicas=1, rank=0, seed
     datasets (with ``src_lengths``/``tgt_lengths``) are budgeted on source AND
     target padding.  bucket: ``BucketBatchSampler`` with ``Data.buckets`` or
     boundaries computed by ``Data.bucket_method`` (``num_buckets``), per-bucket
-    sizes from ``max_tokens``.  random: shuffled fixed ``batch_size`` batches
+    sizes from ``max_tokens`` (``max_tokens: null``: fixed ``batch_size``).  random: shuffled fixed ``batch_size`` batches
     with dynamic padding (one bucket spanning all lengths).
     Eval (``shuffle=False``) always uses the deterministic length-sorted order
     for token_budget, bucket order for the others.
@@ -268,6 +269,9 @@ def build_batch_sampler(dataset, data_cfg, shuffle, num_replicas=1, rank=0, seed
     kind = data_cfg.sampler
     common = dict(shuffle=shuffle, seed=seed, num_replicas=num_replicas, rank=rank)
     if kind == "token_budget":
+        if data_cfg.max_tokens is None:
+            raise ConfigError("Data.max_tokens: sampler token_budget needs a token budget "
+                              "(e.g. 4096); null is only for sampler: bucket / random")
         cost = lengths
         if getattr(dataset, "src_lengths", None) is not None:
             cost = np.stack([dataset.src_lengths, dataset.tgt_lengths], axis=1)
@@ -286,8 +290,9 @@ def build_batch_sampler(dataset, data_cfg, shuffle, num_replicas=1, rank=0, seed
             raise DataError(f"Data.buckets={bounds}: {int((lengths > bounds[-1]).sum())} examples "
                             f"are longer than the last boundary (longest {int(lengths.max())}); "
                             f"add a boundary >= {int(lengths.max())} or lower Data.max_len")
-        return BucketBatchSampler(lengths, bounds, max_tokens=data_cfg.max_tokens,
-                                  pad_to_bucket=data_cfg.pad_to_bucket,
+        budget = {"max_tokens": data_cfg.max_tokens} if data_cfg.max_tokens is not None \
+            else {"batch_size": data_cfg.batch_size}
+        return BucketBatchSampler(lengths, bounds, **budget, pad_to_bucket=data_cfg.pad_to_bucket,
                                   max_sentences=data_cfg.max_sentences,
                                   batch_size_multiple=data_cfg.batch_size_multiple,
                                   oversize=data_cfg.oversize, **common)

@@ -3,16 +3,18 @@
 Requests put encoded texts into one bounded queue.  Each worker thread owns one
 predictor (Paddle predictors are not thread-safe) and repeatedly takes a batch:
 it waits until the oldest text has waited ``max_wait_ms`` or enough texts are
-queued to fill a batch, then groups the queue by length with the shared
-``ppvarlen.data.order.length_sorted_batches`` helper (token budget counts
-padding) and runs the group that holds the oldest text, so no text waits
-behind an endless stream of better-fitting ones.
+queued to fill a batch, then builds the batch around the oldest text (so no
+text waits behind an endless stream of better-fitting ones), adding its
+neighbours in length order while the padding a neighbour costs is below what a
+separate forward pass costs (``overhead_tokens``: a backend's fixed cost per
+run, in tokens; measured at start-up).  Mixing a 20-token review into a batch
+of 250-token ones would pad it 12x; waiting for its own, cheaper batch is faster.
+The token budget counts padding (batch size x longest text).
 """
 import threading
 import time
 from concurrent.futures import Future
 
-from ppvarlen.data.order import length_sorted_batches
 from ppvarlen.utils.log import get_logger
 
 log = get_logger("deploy.batcher")
@@ -44,15 +46,17 @@ class DynamicBatcher:
     """
 
     def __init__(self, predictors, max_wait_ms=5.0, max_batch_tokens=8192, max_batch_size=64,
-                 queue_size=1024):
+                 queue_size=1024, overhead_tokens=256):
         if not predictors:
             raise ValueError("DynamicBatcher needs at least one predictor (one per worker)")
         for name, v in [("max_batch_tokens", max_batch_tokens), ("max_batch_size", max_batch_size),
                         ("queue_size", queue_size)]:
             if v < 1:
                 raise ValueError(f"Deploy.{name} must be >= 1, got {v}")
-        if max_wait_ms < 0:
-            raise ValueError(f"Deploy.max_wait_ms must be >= 0, got {max_wait_ms}")
+        if max_wait_ms < 0 or overhead_tokens < 0:
+            raise ValueError(f"Deploy.max_wait_ms and batch_overhead_tokens must be >= 0, got "
+                             f"{max_wait_ms}, {overhead_tokens}")
+        self.overhead_tokens = overhead_tokens
         self.max_wait = max_wait_ms / 1000.0
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
@@ -122,15 +126,30 @@ class DynamicBatcher:
         return now - self._pending[0].enqueued >= self.max_wait
 
     def _take_batch(self):
-        """Under the lock: remove and return the length group holding the oldest job."""
-        lengths = [j.length for j in self._pending]
-        for group in length_sorted_batches(lengths, self.max_batch_tokens, self.max_batch_size):
-            if 0 in group:
+        """Under the lock: remove and return the batch grown around the oldest job."""
+        pending = self._pending
+        order = sorted(range(len(pending)), key=lambda i: (pending[i].length, i))
+        lo = hi = order.index(0)  # the oldest job, at its place in length order
+        size, longest = 1, pending[0].length
+        while size < self.max_batch_size:
+            # padding each neighbour would add: the shorter one pads itself up to
+            # ``longest``; the longer one pads every text already in the batch
+            options = []
+            if lo > 0:
+                options.append((longest - pending[order[lo - 1]].length, -1))
+            if hi < len(order) - 1:
+                options.append((size * (pending[order[hi + 1]].length - longest), 1))
+            if not options:
                 break
-        chosen = set(int(i) for i in group)
-        batch = [self._pending[i] for i in sorted(chosen)]
-        self._pending = [j for i, j in enumerate(self._pending) if i not in chosen]
-        return batch
+            waste, side = min(options)
+            new = pending[order[lo - 1] if side < 0 else order[hi + 1]].length
+            if waste > self.overhead_tokens or (size + 1) * max(longest, new) > self.max_batch_tokens:
+                break
+            lo, hi = (lo - 1, hi) if side < 0 else (lo, hi + 1)
+            size, longest = size + 1, max(longest, new)
+        chosen = set(order[lo:hi + 1])
+        self._pending = [j for i, j in enumerate(pending) if i not in chosen]
+        return [pending[i] for i in sorted(chosen)]
 
     def _work(self, predictor):
         while True:

@@ -152,6 +152,29 @@ class Predictor:
                 self._run_rows([[self.encoder.unk_id] * n] * rows)
         self.real_tokens = self.padded_tokens = 0
 
+    def measure_overhead_tokens(self, repeats=7):
+        """A forward pass's fixed cost, in tokens of work: fit time = c0 + c1 * tokens.
+
+        Paddle Inference spends milliseconds per run before any math, onnxruntime a
+        tenth of that, so how much padding is worth a separate batch depends on the
+        backend.  Best of ``repeats`` timings of 1 x 16 and 8 x 64 tokens.
+        """
+        import time
+
+        def best(rows, n):
+            ids = [[self.encoder.unk_id] * min(n, self.max_len)] * rows
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                self._run_rows(ids)
+                times.append(time.perf_counter() - start)
+            return min(times), rows * min(n, self.max_len)
+
+        (t_small, n_small), (t_big, n_big) = best(1, 16), best(8, 64)
+        self.real_tokens = self.padded_tokens = 0
+        per_token = max(t_big - t_small, 1e-9) / max(n_big - n_small, 1)
+        return int(max(0.0, t_small - n_small * per_token) / per_token)
+
     # ------------------------------------------------------------ text -> ids
     def encode(self, text):
         """``EncodedText`` for one text; DataError for a text this export cannot take."""

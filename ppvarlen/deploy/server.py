@@ -117,7 +117,7 @@ async def _read_body(request, limit):
 
 
 def create_app(predictor, workers=1, max_wait_ms=5.0, max_batch_tokens=8192, max_batch_size=64,
-               queue_size=1024, limits=None, drain_timeout_s=30.0):
+               queue_size=1024, limits=None, drain_timeout_s=30.0, overhead_tokens=None):
     """The FastAPI app; the batcher (one predictor clone per worker) lives in its lifespan."""
     import contextlib
 
@@ -126,17 +126,19 @@ def create_app(predictor, workers=1, max_wait_ms=5.0, max_batch_tokens=8192, max
 
     limits = limits or Limits()
     metrics = ServerMetrics()
-    state = {"batcher": None, "draining": False}
+    state = {"batcher": None, "draining": False, "overhead_tokens": overhead_tokens}
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         predictors = [predictor] + [predictor.clone() for _ in range(workers - 1)]
         for p in predictors:
             await asyncio.to_thread(p.warmup)
+        if state["overhead_tokens"] is None:
+            state["overhead_tokens"] = await asyncio.to_thread(predictor.measure_overhead_tokens)
         state["batcher"] = DynamicBatcher(predictors, max_wait_ms, max_batch_tokens,
-                                          max_batch_size, queue_size)
-        log.info("serving %s (%s backend) with %d worker(s)", predictor.task, predictor.backend,
-                 workers)
+                                          max_batch_size, queue_size, state["overhead_tokens"])
+        log.info("serving %s (%s backend) with %d worker(s); a forward pass costs as much as "
+                 "%d tokens", predictor.task, predictor.backend, workers, state["overhead_tokens"])
         yield
         state["draining"] = True
         drained = await asyncio.to_thread(state["batcher"].close, True, drain_timeout_s)
@@ -200,7 +202,7 @@ def create_app(predictor, workers=1, max_wait_ms=5.0, max_batch_tokens=8192, max
         out.update(state["batcher"].metrics())
         out["settings"] = {"max_wait_ms": max_wait_ms, "max_batch_tokens": max_batch_tokens,
                            "max_batch_size": max_batch_size, "queue_size": queue_size,
-                           "workers": workers}
+                           "workers": workers, "overhead_tokens": state["overhead_tokens"]}
         return out
 
     return app
@@ -222,6 +224,7 @@ def serve(export_dir, deploy_cfg, host=None, port=None, backend=None):
                     deploy_cfg.max_text_chars)
     app = create_app(predictor, deploy_cfg.workers, deploy_cfg.max_wait_ms,
                      deploy_cfg.max_batch_tokens, deploy_cfg.max_batch_size,
-                     deploy_cfg.queue_size, limits, deploy_cfg.drain_timeout_s)
+                     deploy_cfg.queue_size, limits, deploy_cfg.drain_timeout_s,
+                     deploy_cfg.batch_overhead_tokens)
     uvicorn.run(app, host=host or deploy_cfg.host, port=port or deploy_cfg.port,
                 log_level="warning", timeout_graceful_shutdown=int(deploy_cfg.drain_timeout_s))

@@ -170,20 +170,14 @@ def export_checkpoint(checkpoint, output, cfg=None, formats=None, precisions=Non
     formats = formats or cfg.Export.format
     precisions = precisions or cfg.Export.precision
     verify = cfg.Export.verify if verify is None else verify
-    test_examples = load_test_split(cfg, encoder) if verify else None
+    test_examples = load_test_split(cfg, encoder, meta["task"]) if verify else None
     return export_model(model, meta, encoder, cfg, output, formats, precisions, verify,
                         test_examples)
 
 
-def load_test_split(cfg, encoder):
+def load_test_split(cfg, encoder, task):
     """The config's test split, encoded with the checkpoint's own vocabulary."""
     from ..data.dataset import build_datasets
 
-    bundle = build_datasets(cfg.Data)
-    if list(bundle.encoder.tokens if hasattr(bundle.encoder, "tokens") else []) != \
-            list(encoder.tokens if hasattr(encoder, "tokens") else []) \
-            or bundle.encoder.vocab_size != encoder.vocab_size:
-        raise ExportError("the config's data builds a different vocabulary than the checkpoint's "
-                          "vocab.txt; export with the config the checkpoint was trained with")
+    bundle = build_datasets(cfg.Data, task_hint=task, encoder=encoder)
     return [bundle.test[i] for i in range(len(bundle.test))]
-

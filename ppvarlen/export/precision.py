@@ -5,15 +5,18 @@
   written, it is a predictor setting recorded in the manifest (AMP and
   ``model.to(bfloat16)`` have no CPU kernels in Paddle 3.3.1).
 * fp16 - an ONNX copy converted by onnxconverter-common (fp32 inputs/outputs
-  kept, ``Cast`` blocked so the seq_len -> int32 cast stays intact, RNN cells
-  blocked because ONNX Runtime's CPU LSTM/GRU have no fp16 kernels); on GPU, the
-  Paddle Inference half-precision / TensorRT settings below (cannot run here).
+  kept; RNN cells kept fp32 because ONNX Runtime's CPU LSTM/GRU have no fp16
+  kernels); on GPU, the Paddle Inference half-precision / TensorRT settings
+  below (cannot run here).  ``Cast`` is NOT put in op_block_list: with
+  onnxconverter-common 1.14 that loops forever (each Cast it inserts after a
+  blocked node is itself a blocked Cast); the converter instead retargets
+  float Casts to fp16, and our int64 -> int32 seq_len cast is not a float cast.
 """
 import onnx
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 # Ops kept in fp32 in the fp16 ONNX file, on top of onnxconverter-common's defaults.
-FP16_KEEP_FP32_OPS = ["Cast", "LSTM", "GRU", "RNN"]
+FP16_KEEP_FP32_OPS = ["LSTM", "GRU", "RNN"]
 
 
 def convert_onnx_fp16(src, dst):
@@ -21,7 +24,11 @@ def convert_onnx_fp16(src, dst):
 
     model = onnx.load(src)
     block = list(float16.DEFAULT_OP_BLOCK_LIST) + FP16_KEEP_FP32_OPS
-    half = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=block)
+    casts = [n.name for n in model.graph.node if n.op_type == "Cast"]
+    if len(set(casts)) != len(casts) or "" in casts:
+        raise ValueError(f"{src}: Cast nodes need unique names to be kept fp32")
+    half = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=block,
+                                            node_block_list=casts)
     onnx.save(half, dst)
     return dst
 
@@ -79,22 +86,3 @@ def trt_shape_dicts(shape_ranges):
     return tuple({name: list(r[key]) for name, r in shape_ranges.items()}
                  for key in ("min", "max", "opt"))
 
-
-def manifest_entries(formats, precisions, onnx_fp16_file="onnx/model_fp16.onnx"):
-    """What ``manifest.precisions`` says about each requested precision."""
-    entries = {}
-    for p in precisions:
-        if p == "fp32":
-            entries[p] = {"backends": list(formats)}
-        elif p == "bf16":
-            entries[p] = {"backends": ["paddle"], "device": "cpu",
-                          "paddle_config": {"enable_onednn": True, "enable_onednn_bfloat16": True},
-                          "note": "run-time setting; needs a CPU with AVX512-BF16/AMX for speed"}
-        elif p == "fp16":
-            entries[p] = {"backends": ["onnx"] if "onnx" in formats else [], "device": "cpu",
-                          "onnx_file": onnx_fp16_file if "onnx" in formats else None,
-                          "fp32_ops": FP16_KEEP_FP32_OPS, "keep_io_types": True,
-                          "gpu": {"paddle_config": {"enable_use_gpu": [256, 0, "Half"],
-                                                    "tensorrt": {"precision_mode": "Half",
-                                                                 "dynamic_shape": "shape_ranges"}}}}
-    return entries

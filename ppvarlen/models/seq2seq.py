@@ -1,9 +1,10 @@
 """Transformer encoder-decoder for variable-length source -> variable-length target (g2p).
 
 One character vocabulary covers source characters and target letters/digits/space: the
-target is tokenised per character, so the output alphabet is ~40 symbols shared by every
-syllable and no syllable is out of vocabulary; the price is targets ~3.8x longer than sources,
-which is exactly the length mismatch this model exists to exercise.
+target is tokenised per character, so the output alphabet is ~100 symbols (letters, digits,
+space, kept punctuation) shared by every syllable and no syllable is out of vocabulary; the price
+is targets ~3.8x longer than sources, which is exactly the length mismatch this model exists to
+exercise.  Masks assume right padding (the Collator's default).
 
 Where padding goes wrong on the target side, and what this file does about it:
 * encoder self-attention and decoder cross-attention get the source key-padding mask;
@@ -82,9 +83,9 @@ class Seq2SeqTransformer(nn.Layer):
         self.decoder = nn.TransformerDecoder(dec_layer, num_decoder_layers,
                                              nn.LayerNorm(hidden_size))
         self.out_proj = nn.Linear(hidden_size, vocab_size)
-        # additive mask over the vocabulary: PAD and BOS are never generated (not a weight).
-        # -1e9, not the float32 minimum: log_softmax of a logit near -3.4e38 is -66 in eager
-        # Paddle and -3.4e38 under oneDNN; -1e9 gives ~-1e9 in both (logits are float32 here).
+        # added to the next-token log-probs: PAD and BOS are never generated (not a weight).
+        # Added after log_softmax because Paddle's CPU log_softmax clamps at about -64 (a
+        # logit of -1e9 comes out as -64, not -1e9), while oneDNN does not.
         never = paddle.zeros([vocab_size], dtype="float32")
         never[pad_id] = never[bos_id] = -1e9
         self.register_buffer("never_generated", never, persistable=False)
@@ -168,9 +169,8 @@ class Seq2SeqTransformer(nn.Layer):
         return self._next_logp(logits[:, -1])
 
     def _next_logp(self, logits):
-        """Log-probs of the next token; PAD and BOS are never generated."""
-        logits = logits.astype("float32") + self.never_generated
-        return F.log_softmax(logits, axis=-1)
+        """Log-probs of the next token; PAD and BOS get -1e9 (never generated)."""
+        return F.log_softmax(logits.astype("float32"), axis=-1) + self.never_generated
 
     # ------------------------------------------------------------ decoding
 
@@ -229,6 +229,8 @@ class Seq2SeqTransformer(nn.Layer):
         slot with a frozen score (they can only extend with EOS at zero cost), so each source's
         search depends only on its own beams: batching cannot change the result.
         """
+        if not 1 <= beam_size < self.vocab_size:
+            raise ValueError(f"beam_size must be in [1, vocab size), got {beam_size}")
         src_ids, src_len = paddle.to_tensor(src_ids), paddle.to_tensor(src_len)
         batch, k, vocab = int(src_ids.shape[0]), beam_size, self.vocab_size
         memory = self.encode(src_ids, src_len)
