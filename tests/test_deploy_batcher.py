@@ -2,6 +2,7 @@
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from ppvarlen.deploy.batcher import BatcherClosed, DynamicBatcher, QueueFull
@@ -81,6 +82,34 @@ def test_padding_must_be_cheaper_than_a_separate_pass():
     assert batches(0) == [[0, 5], [1], [2], [3], [4]]       # only equal lengths share a pass
     assert batches(10) == [[0, 3, 5], [1, 2, 4]]             # short and long kept apart
     assert batches(100_000) == [[0, 1, 2, 3, 4, 5]]          # passes so costly: one batch
+
+
+def test_plan_groups_is_the_cheapest_split():
+    import itertools
+
+    from ppvarlen.deploy.batcher import plan_groups
+
+    def cost(groups, lengths, overhead):
+        return sum(overhead + (b - a) * lengths[b - 1] for a, b in groups)
+
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        lengths = sorted(int(x) for x in rng.integers(1, 60, rng.integers(1, 8)))
+        overhead, max_size = int(rng.integers(0, 80)), int(rng.integers(1, 5))
+        plan = plan_groups(lengths, overhead, 120, max_size)
+        assert [a for a, _ in plan][1:] == [b for _, b in plan][:-1] and plan[-1][1] == len(lengths)
+        assert all(b - a <= max_size and ((b - a) * lengths[b - 1] <= 120 or b - a == 1)
+                   for a, b in plan)
+        # brute force over every set of cut points that respects the limits
+        n, best = len(lengths), None
+        for k in range(n):
+            for cuts in itertools.combinations(range(1, n), k):
+                bounds = list(zip((0,) + cuts, cuts + (n,)))
+                if all(b - a <= max_size and ((b - a) * lengths[b - 1] <= 120 or b - a == 1)
+                       for a, b in bounds):
+                    c = cost(bounds, lengths, overhead)
+                    best = c if best is None else min(best, c)
+        assert cost(plan, lengths, overhead) == best
 
 
 def test_wait_is_bounded_for_a_lone_request():

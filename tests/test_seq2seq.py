@@ -98,7 +98,7 @@ def test_loss_ignores_padding(model, smoothing):
         rng = np.random.default_rng(2)
         batch = toy_batch(rng, [4, 1, 6])
         loss, logits = run(model, batch)
-        # other pad ids, and 5 more pad columns on both sides, change nothing
+        # other pad ids, and 5 more pad columns on the source and target sides, change nothing
         rng = np.random.default_rng(2)
         wider = toy_batch(rng, [4, 1, 6], pad_src=9, pad_tgt=11)
         for key, pad in (("src_ids", 9), ("tgt_in", 11), ("tgt_out", -100)):

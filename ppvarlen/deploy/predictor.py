@@ -157,23 +157,25 @@ class Predictor:
 
         Paddle Inference spends milliseconds per run before any math, onnxruntime a
         tenth of that, so how much padding is worth a separate batch depends on the
-        backend.  Best of ``repeats`` timings of 1 x 16 and 8 x 64 tokens.
+        backend.  Shapes are timed round-robin (so a burst of load elsewhere hits
+        them all), the best time of each is kept, and a line is fitted through them.
         """
         import time
 
-        def best(rows, n):
-            ids = [[self.encoder.unk_id] * min(n, self.max_len)] * rows
-            times = []
-            for _ in range(repeats):
+        shapes = [(rows, min(n, self.max_len)) for rows, n in ((1, 8), (1, 64), (4, 32), (8, 64))]
+        best = [float("inf")] * len(shapes)
+        for _ in range(repeats):
+            for k, (rows, n) in enumerate(shapes):
+                ids = [[self.encoder.unk_id] * n] * rows
                 start = time.perf_counter()
                 self._run_rows(ids)
-                times.append(time.perf_counter() - start)
-            return min(times), rows * min(n, self.max_len)
-
-        (t_small, n_small), (t_big, n_big) = best(1, 16), best(8, 64)
+                best[k] = min(best[k], time.perf_counter() - start)
         self.real_tokens = self.padded_tokens = 0
-        per_token = max(t_big - t_small, 1e-9) / max(n_big - n_small, 1)
-        return int(max(0.0, t_small - n_small * per_token) / per_token)
+        tokens = np.array([rows * n for rows, n in shapes], dtype=np.float64)
+        per_token, fixed = np.polyfit(tokens, np.array(best), 1)
+        if per_token <= 0:  # timings too noisy to tell: treat a run as one full-length text
+            return self.max_len
+        return int(np.clip(fixed / per_token, 0, 4 * self.max_len))
 
     # ------------------------------------------------------------ text -> ids
     def encode(self, text):

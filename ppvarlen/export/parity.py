@@ -18,7 +18,7 @@ near-tied logits that low precision may flip).
 import numpy as np
 
 from ..data.order import length_sorted_batches
-from ..utils.viterbi import viterbi_decode
+from ..utils.viterbi import crf_decode
 
 FP32_TOL = 1e-4
 LOW_PRECISION_AGREEMENT = 0.995
@@ -69,8 +69,8 @@ def paddle_inference_runner(model_dir, precision="fp32", onednn=True, threads=2)
     return run
 
 
-def onnx_runner(path, transitions=None, include_bos_eos_tag=False, threads=2):
-    """ONNX Runtime; with ``transitions`` the tags come from the numpy Viterbi."""
+def onnx_runner(path, crf=None, threads=2):
+    """ONNX Runtime; with a ``crf`` matrix the tags come from the numpy Viterbi."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -80,9 +80,8 @@ def onnx_runner(path, transitions=None, include_bos_eos_tag=False, threads=2):
 
     def run(input_ids, seq_len):
         out = _named(session.run(None, {"input_ids": input_ids, "seq_len": seq_len}))
-        if transitions is not None:
-            out["tags"] = viterbi_decode(out["emissions"], transitions, seq_len,
-                                         include_bos_eos_tag)[1]
+        if crf is not None:
+            out["tags"] = crf_decode(out["emissions"], crf, seq_len)
         return out
     return run
 
