@@ -6,7 +6,8 @@
 
 Both sides run the same length-sorted token-budget batches (``Data.eval_max_tokens``)
 with the same thread count; each is warmed up on one pass, then timed over
-``--repeats`` passes.  Prints examples/s per backend and the predictor/eager ratio.
+``--repeats`` passes, interleaved (eager, predictor, ...) so that load from other
+processes falls on both alike.  Prints examples/s per backend and the ratios.
 """
 import argparse
 import json
@@ -19,14 +20,22 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ppvarlen.config import add_config_args, load_config  # noqa: E402
 
 
-def timed(run, batches, repeats):
-    for ids, lens in batches:  # warm-up: oneDNN primitive caches, allocator
-        run(ids, lens)
+def one_pass(run, batches):
     start = time.perf_counter()
-    for _ in range(repeats):
-        for ids, lens in batches:
-            run(ids, lens)
+    for ids, lens in batches:
+        run(ids, lens)
     return time.perf_counter() - start
+
+
+def timed(runners, batches, repeats):
+    """Seconds per runner; passes interleaved so load from other processes hits all alike."""
+    for run in runners.values():  # warm-up: oneDNN primitive caches, allocator
+        one_pass(run, batches)
+    seconds = dict.fromkeys(runners, 0.0)
+    for _ in range(repeats):
+        for name, run in runners.items():
+            seconds[name] += one_pass(run, batches)
+    return seconds
 
 
 def main():
@@ -52,16 +61,20 @@ def main():
     items = [{"input_ids": e["input_ids"]} for e in load_test_split(cfg, encoder, meta["task"])]
     _, batches = parity.split_batches(items, Collator(encoder.pad_id), cfg.Data.eval_max_tokens)
     batches = [(b["input_ids"], b["seq_len"]) for b in batches]
+    model_dir = os.path.join(args.export, "paddle")
     runners = {"dygraph_eager": parity.dygraph_runner(model),
                "paddle_inference_onednn": parity.paddle_inference_runner(
-                   os.path.join(args.export, "paddle"), threads=args.threads)}
+                   model_dir, threads=args.threads),
+               "paddle_inference_no_onednn": parity.paddle_inference_runner(
+                   model_dir, onednn=False, threads=args.threads)}
     result = {"model_name": meta["model_name"], "examples": len(items), "batches": len(batches),
               "threads": args.threads, "repeats": args.repeats, "cpu_count": os.cpu_count()}
-    for name, run in runners.items():
-        seconds = timed(run, batches, args.repeats)
+    for name, seconds in timed(runners, batches, args.repeats).items():
         result[name] = {"seconds": seconds, "examples_per_s": args.repeats * len(items) / seconds}
-    result["speedup"] = (result["paddle_inference_onednn"]["examples_per_s"]
-                         / result["dygraph_eager"]["examples_per_s"])
+    eager = result["dygraph_eager"]["examples_per_s"]
+    result["speedup_onednn_vs_eager"] = result["paddle_inference_onednn"]["examples_per_s"] / eager
+    result["speedup_no_onednn_vs_eager"] = (result["paddle_inference_no_onednn"]["examples_per_s"]
+                                            / eager)
     print(json.dumps(result, indent=2))
     if args.json:
         atomic_write_json(args.json, result)

@@ -1,6 +1,6 @@
 """Real tokens/s of the sentiment Transformer under three batching schemes, side by side.
 
-    python benchmarks/train_throughput.py [--steps 30] [--out output/bench]
+    python benchmarks/train_throughput.py [--steps 10] [--out output/bench]
 
 * pad_to_512   — every example padded to Data.max_len=512 (32 per batch): the naive baseline;
 * random       — shuffled fixed batches of 32, padded to the batch's longest (dynamic padding);
@@ -57,7 +57,7 @@ def measure(config, overrides, steps, out_dir):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-c", "--config", default="configs/sentiment/transformer.yaml")
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", default="output/bench")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)

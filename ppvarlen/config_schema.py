@@ -123,7 +123,9 @@ SCHEMA = {
     "Deploy": {
         "backend": Field(str, "paddle", choices=["paddle", "onnx"]),
         "host": Field(str, "127.0.0.1"), "port": Field(int, 8080),
-        "threads": Field(int, 2), "workers": Field(int, 1),
+        "threads": Field(int, 1, help="math threads per predictor; 1 measured fastest on 2 "
+                         "shared cores (the server's event loop needs one); raise on big hosts"),
+        "workers": Field(int, 1, help="predictor threads taking batches from the queue"),
         "max_wait_ms": Field(float, 5.0), "max_batch_tokens": Field(int, 8192),
         "max_batch_size": Field(int, 64), "queue_size": Field(int, 1024),
         "max_texts_per_request": Field(int, 256), "max_body_bytes": Field(int, 1 << 20),

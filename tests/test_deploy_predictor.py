@@ -32,7 +32,8 @@ def test_classification_equals_dygraph_in_input_order(cls_export, backend):  # n
     got = p.predict(MIXED)
     assert len(got) == len(MIXED)
     for g, r in zip(got, ref):
-        assert g["label_id"] == int(np.argmax(r)) and g["label"] == ["negative", "positive"][g["label_id"]]
+        assert g["label_id"] == int(np.argmax(r))
+        assert g["label"] == ["negative", "positive"][g["label_id"]]
         np.testing.assert_allclose(list(g["probs"].values()), _softmax(r), atol=1e-5)
     assert [g["truncated"] for g in got] == [t is LONG for t in MIXED]
     assert 0 < p.real_tokens / p.padded_tokens < 1  # mixed lengths in a batch: some padding
@@ -162,6 +163,13 @@ def test_unavailable_backend_or_precision(cls_export, tag_export):  # noqa: F811
         Predictor(cls_export[0], "paddle", precision="fp16")
     with pytest.raises(ValueError, match="unknown backend"):
         Predictor(cls_export[0], "tensorflow")
+    with pytest.raises(ValueError, match="TensorRT runs only with"):
+        Predictor(cls_export[0], "onnx", tensorrt=True)
+    import paddle
+
+    if not paddle.device.is_compiled_with_cuda():  # this CPU build: a clear refusal
+        with pytest.raises(ValueError, match="no CUDA"):
+            Predictor(cls_export[0], "paddle", device="gpu")
 
 
 def test_clones_run_in_parallel_threads(cls_export):  # noqa: F811

@@ -111,3 +111,24 @@ def test_export_onnx_names_outputs_and_fp16_keeps_io_types(tmp_path):
         assert np.abs(got - want).max() <= tol
     types = {n.op_type for n in onnx.load(half).graph.node}
     assert "Cast" in types  # fp16 islands are wrapped in casts; RNN cells stay fp32
+
+
+def test_graph_onnxruntime_cannot_run_is_a_clear_error(tmp_path):
+    """A converted graph that ONNX Runtime rejects (here: an Expand to an impossible shape,
+    like paddle2onnx's expand_as) fails the export with the model's name, in a child process."""
+    from onnx import TensorProto, helper
+
+    from ppvarlen.export.onnx_export import check_loads
+
+    shape = helper.make_node("Constant", [], ["shape"], value=helper.make_tensor(
+        "v", TensorProto.INT64, [2], [-5, 3]))
+    expand = helper.make_node("Expand", ["input_ids", "shape"], ["logits"])
+    graph = helper.make_graph(
+        [shape, expand], "bad",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "l"]),
+         helper.make_tensor_value_info("seq_len", TensorProto.INT64, ["b"])],
+        [helper.make_tensor_value_info("logits", TensorProto.INT64, None)])
+    path = str(tmp_path / "bad.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    with pytest.raises(ExportError, match=r"tiny_bad: onnxruntime cannot load or run bad.onnx"):
+        check_loads(path, "tiny_bad")

@@ -123,7 +123,8 @@ def test_padding_positions_get_no_gradient_signal(model):
     grads = []
     for pad in (PAD, 13):
         b = dict(batch)
-        b["src_ids"] = np.where(np.arange(5)[None] < batch["src_len"][:, None], batch["src_ids"], pad)
+        real = np.arange(5)[None] < batch["src_len"][:, None]
+        b["src_ids"] = np.where(real, batch["src_ids"], pad)
         loss, _ = run(model, b)
         loss.backward()
         grads.append(model.embed.weight.grad.numpy().copy())
@@ -315,7 +316,8 @@ def test_g2p_batches_through_the_model():
     collate = Collator(enc.pad_id)
     indices = next(iter(build_batch_sampler(data.train, cfg.Data, shuffle=True)))
     batch = collate([data.train[i] for i in indices])
-    assert len(set(batch["src_len"].tolist())) > 1 and (batch["tgt_len"] > 2 * batch["src_len"]).all()
+    assert len(set(batch["src_len"].tolist())) > 1
+    assert (batch["tgt_len"] > 2 * batch["src_len"]).all()
     loss, logits = run(model, batch)
     assert np.isfinite(float(loss)) and logits.shape[1] == batch["tgt_in"].shape[1]
     loss.backward()

@@ -90,7 +90,8 @@ def run_concurrently(fn, args_list):
 
 
 @pytest.mark.parametrize("task", ["classification", "tagging"])
-def test_concurrent_requests_keep_order_and_match_predictor(cls_export, tag_export, task):  # noqa: F811
+def test_concurrent_requests_keep_order_and_match_predictor(cls_export, tag_export,  # noqa: F811
+                                                            task):
     export_dir = (cls_export if task == "classification" else tag_export)[0]
     expected_of = Predictor(export_dir, "onnx")
     app = create_app(Predictor(export_dir, "paddle"), workers=2, max_wait_ms=20)

@@ -2,6 +2,7 @@
 
     python deploy/python/bench_client.py --model-dir output/export [--backend paddle|onnx]
         [--concurrency 16] [--requests 2000] [--duration 30] [--output-dir output/bench]
+        [-o Deploy.threads=1 ...]   (server settings for both runs)
 
 Starts serve.py itself on free 127.0.0.1 ports (one per setting), drives it with
 concurrent clients sending texts from the sentiment test split, and writes
@@ -23,6 +24,8 @@ def main(argv=None):
     parser.add_argument("--requests", type=int, default=2000, help="max requests per setting")
     parser.add_argument("--duration", type=float, default=30.0, help="max seconds per setting")
     parser.add_argument("--output-dir", default="output/bench")
+    parser.add_argument("-o", "--override", action="append", default=[], metavar="Deploy.KEY=V",
+                        help="a server setting for both runs, e.g. -o Deploy.threads=1")
     args = parser.parse_args(argv)
     if args.concurrency < 1 or args.requests < 1 or args.duration <= 0:
         parser.error("--concurrency, --requests and --duration must be positive")
@@ -34,8 +37,12 @@ def main(argv=None):
 
     setup_logging()
     try:
+        bad = [o for o in args.override if not o.startswith("Deploy.") or "=" not in o]
+        if bad:
+            raise ConfigError(f"bench_client.py takes only Deploy.KEY=VALUE overrides, got {bad}")
+        common = dict(o[len("Deploy."):].split("=", 1) for o in args.override)
         results = run_benchmark(args.model_dir, args.output_dir, args.backend, args.concurrency,
-                                args.requests, args.duration)
+                                args.requests, args.duration, common_overrides=common)
     except (ConfigError, DataError, ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

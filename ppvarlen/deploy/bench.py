@@ -157,18 +157,25 @@ def summarize(latencies, statuses, wall):
 
 
 def run_benchmark(export_dir, out_dir, backend="paddle", concurrency=16, max_requests=2000,
-                  duration_s=30.0, warmup_requests=50, texts=None, settings=None, seed=0):
-    """Benchmark every setting in ``settings`` (default: batching on vs off); JSON + PNG."""
+                  duration_s=30.0, warmup_requests=50, texts=None, settings=None, seed=0,
+                  common_overrides=None):
+    """Benchmark every setting in ``settings`` (default: batching on vs off); JSON + PNG.
+
+    ``common_overrides``: Deploy keys applied to every setting (e.g. ``{"threads": 1}``).
+    """
     import httpx
 
     texts = texts if texts is not None else sentiment_test_texts()
     settings = settings or SETTINGS
     results = {"export_dir": os.path.abspath(export_dir), "backend": backend,
                "concurrency": concurrency, "max_requests": max_requests, "duration_s": duration_s,
-               "texts_pool": len(texts), "mean_text_chars": round(float(np.mean([len(t) for t in texts])), 1),
-               "cpu_count": os.cpu_count(), "settings": {}}
+               "texts_pool": len(texts),
+               "mean_text_chars": round(float(np.mean([len(t) for t in texts])), 1),
+               "cpu_count": os.cpu_count(), "common_overrides": common_overrides or {},
+               "settings": {}}
     for name, overrides in settings.items():
-        proc, url = start_server(export_dir, backend, overrides, free_port())
+        proc, url = start_server(export_dir, backend, {**(common_overrides or {}), **overrides},
+                                 free_port())
         try:
             asyncio.run(drive(url, texts, concurrency, warmup_requests, 60, seed + 1))
             before = httpx.get(url + "/metrics").json()
@@ -206,14 +213,15 @@ def plot(results, path):
     names = list(results["settings"])
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     qps = [results["settings"][n]["qps"] or 0 for n in names]
-    a.bar(names, qps, color=["tab:blue", "tab:gray"][:len(names)])
+    colors = [f"C{i}" for i in range(len(names))]  # the same colour per setting in both plots
+    a.bar(names, qps, color=colors)
     a.set_ylabel("requests / s")
     a.set_title(f"QPS ({results['concurrency']} clients, {results['backend']})")
     width = 0.8 / len(names)
     for i, n in enumerate(names):
         lat = results["settings"][n]["latency_ms"]
         b.bar(np.arange(3) + i * width, [lat[k] or 0 for k in ("p50", "p95", "p99")], width,
-              label=n)
+              label=n, color=colors[i])
     b.set_xticks(np.arange(3) + width * (len(names) - 1) / 2, ["P50", "P95", "P99"])
     b.set_ylabel("latency (ms)")
     b.set_title("latency")

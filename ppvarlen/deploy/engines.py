@@ -51,7 +51,7 @@ class PaddleEngine:
     (``manifest.shape_ranges``) — a shape outside them is an error, not a silent re-build.
     """
 
-    def __init__(self, export_dir, manifest, device="cpu", precision="fp32", threads=2,
+    def __init__(self, export_dir, manifest, device="cpu", precision="fp32", threads=1,
                  gpu_id=0, tensorrt=False, _predictor=None):
         self.output_names = _output_names(manifest)
         if _predictor is not None:
@@ -104,7 +104,8 @@ class PaddleEngine:
         config.set_trt_dynamic_shape_info(shapes["min"], shapes["max"], shapes["opt"])
 
     def clone(self):
-        return PaddleEngine(None, {"outputs": self.output_names}, _predictor=self._predictor.clone())
+        return PaddleEngine(None, {"outputs": self.output_names},
+                            _predictor=self._predictor.clone())
 
     def run(self, input_ids, seq_len):
         p = self._predictor
@@ -121,7 +122,7 @@ class PaddleEngine:
 class OnnxEngine:
     """onnxruntime session over ``onnx/model.onnx`` (or ``model_fp16.onnx``), CPU or CUDA."""
 
-    def __init__(self, export_dir, manifest, device="cpu", precision="fp32", threads=2,
+    def __init__(self, export_dir, manifest, device="cpu", precision="fp32", threads=1,
                  gpu_id=0, _session=None):
         self.output_names = _output_names(manifest)
         if _session is not None:
@@ -141,7 +142,8 @@ class OnnxEngine:
         if device == "gpu":
             if "CUDAExecutionProvider" not in ort.get_available_providers():
                 raise ValueError("device 'gpu' was requested but onnxruntime has no "
-                                 "CUDAExecutionProvider; install onnxruntime-gpu or use --device cpu")
+                                 "CUDAExecutionProvider; install onnxruntime-gpu or use "
+                                 "--device cpu")
             providers = [("CUDAExecutionProvider", {"device_id": gpu_id}), "CPUExecutionProvider"]
         else:
             providers = ["CPUExecutionProvider"]
@@ -154,15 +156,17 @@ class OnnxEngine:
     def run(self, input_ids, seq_len):
         inputs = self._session.get_inputs()
         feeds = {"input_ids": input_ids, "seq_len": seq_len}
-        feed = {i.name: feeds.get(i.name, (input_ids, seq_len)[pos]) for pos, i in enumerate(inputs)}
+        feed = {i.name: feeds.get(i.name, (input_ids, seq_len)[pos])
+                for pos, i in enumerate(inputs)}
         arrays = self._session.run(None, feed)
         return dict(zip(self.output_names or [str(i) for i in range(len(arrays))], arrays))
 
 
-def build_engine(export_dir, manifest, backend, **kw):
+def build_engine(export_dir, manifest, backend, tensorrt=False, **kw):
+    if tensorrt and (backend != "paddle" or kw.get("device") != "gpu"):
+        raise ValueError("TensorRT runs only with --backend paddle --device gpu")
     if backend == "paddle":
-        return PaddleEngine(export_dir, manifest, **kw)
+        return PaddleEngine(export_dir, manifest, tensorrt=tensorrt, **kw)
     if backend == "onnx":
-        kw.pop("tensorrt", None)
         return OnnxEngine(export_dir, manifest, **kw)
     raise ValueError(f"unknown backend {backend!r}; choose paddle or onnx")

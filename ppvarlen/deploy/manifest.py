@@ -69,8 +69,8 @@ def verify_files(export_dir, manifest):
         actual = sha256_file(full)
         if actual != expected:
             raise ExportError(f"{full}: sha256 {actual[:12]}… does not match the manifest's "
-                              f"{str(expected)[:12]}…; the file was modified or comes from another "
-                              f"export — re-export instead of mixing files")
+                              f"{str(expected)[:12]}…; the file was modified or comes from "
+                              f"another export — re-export instead of mixing files")
 
 
 def resolve(export_dir, rel):

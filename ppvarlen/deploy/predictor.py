@@ -25,7 +25,7 @@ from ppvarlen.utils.inputs import validate_batch
 from ppvarlen.utils.viterbi import crf_decode
 
 from .engines import build_engine
-from .manifest import load_manifest, require_listed
+from .manifest import ExportError, load_manifest, require_listed
 
 
 class EncodedText:
@@ -95,7 +95,7 @@ def _softmax(logits):
 class Predictor:
     """Predictions for texts from an export directory; see the module docstring."""
 
-    def __init__(self, export_dir, backend="paddle", device="cpu", precision="fp32", threads=2,
+    def __init__(self, export_dir, backend="paddle", device="cpu", precision="fp32", threads=1,
                  max_batch_tokens=8192, max_batch_size=64, tensorrt=False, verify=True,
                  _shared=None):
         if _shared is not None:
@@ -131,6 +131,12 @@ class Predictor:
             if self.max_batch_tokens < self.max_len:
                 raise ValueError(f"max_batch_tokens {self.max_batch_tokens} is below the export's "
                                  f"max_len {self.max_len}; one full-length text must fit a batch")
+            if tensorrt:  # TensorRT engines refuse shapes outside the exported ranges
+                top_batch, top_len = m["shape_ranges"]["input_ids"]["max"]
+                if self.max_len > top_len:
+                    raise ExportError(f"max_len {self.max_len} exceeds the TensorRT shape range "
+                                      f"(max length {top_len}) in the manifest; re-export")
+                self.max_batch_size = min(self.max_batch_size, int(top_batch))
             self.engine = build_engine(export_dir, m, backend, device=device, precision=precision,
                                        threads=threads, tensorrt=tensorrt)
         # Counted over the arrays really run: padding efficiency = real / padded.

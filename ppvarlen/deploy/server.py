@@ -76,7 +76,8 @@ def validate_payload(payload, limits):
                        f"{type(payload).__name__}", "body")
     unknown = sorted(set(payload) - {"texts"})
     if unknown:
-        raise ApiError(422, f"unknown field(s) {unknown}; the body takes only \"texts\"", unknown[0])
+        raise ApiError(422, f"unknown field(s) {unknown}; the body takes only \"texts\"",
+                       unknown[0])
     if "texts" not in payload:
         raise ApiError(422, "field \"texts\" is required: a list of strings", "texts")
     texts = payload["texts"]
@@ -87,8 +88,8 @@ def validate_payload(payload, limits):
         raise ApiError(422, "\"texts\" is empty; send at least one text", "texts")
     if len(texts) > limits.max_texts_per_request:
         raise ApiError(413, f"{len(texts)} texts in one request; at most "
-                       f"{limits.max_texts_per_request} (Deploy.max_texts_per_request) — split the "
-                       f"request", "texts")
+                       f"{limits.max_texts_per_request} (Deploy.max_texts_per_request) — split "
+                       f"the request", "texts")
     for i, t in enumerate(texts):
         if not isinstance(t, str):
             raise ApiError(422, f"texts[{i}] must be a string, got {type(t).__name__}",
@@ -145,7 +146,6 @@ def create_app(predictor, workers=1, max_wait_ms=5.0, max_batch_tokens=8192, max
         log.info("shutdown: queue %s", "drained" if drained else "NOT drained before timeout")
 
     app = FastAPI(title="ppvarlen", lifespan=lifespan)
-    app.state.metrics = metrics
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc):
@@ -174,7 +174,8 @@ def create_app(predictor, workers=1, max_wait_ms=5.0, max_batch_tokens=8192, max
         try:
             futures = state["batcher"].submit(items)
         except QueueFull as e:
-            raise ApiError(503, f"overloaded: {e}; retry later", None, {"Retry-After": "1"}) from None
+            raise ApiError(503, f"overloaded: {e}; retry later", None,
+                           {"Retry-After": "1"}) from None
         except BatcherClosed:
             raise ApiError(503, "server is shutting down", None, {"Retry-After": "1"}) from None
         results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures),

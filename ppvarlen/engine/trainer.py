@@ -81,6 +81,7 @@ class Trainer:
         from ..data.dataset import build_datasets
         from ..models import build_model
 
+        self.started = time.time()
         self.cfg = cfg
         self.out = cfg.Global.output_dir
         self.world, self.rank = init_distributed()
@@ -146,7 +147,10 @@ class Trainer:
                               f"on it, so resume with --nproc_per_node {state['world_size']}")
         for key in self.state:
             self.state[key] = state[key]
-        self.sampler.load_state_dict(state["sampler"])
+        try:
+            self.sampler.load_state_dict(state["sampler"])
+        except ValueError as e:  # the data changed since the checkpoint (Data.limit, files, ...)
+            raise ConfigError(f"Train.resume: {path}: {e}") from None
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, state["step"],
                  state["epoch"], state["batch_in_epoch"])
 
@@ -353,7 +357,8 @@ class Trainer:
             "test_per_type_f1": test.get("per_type_f1"),
             "steps": st["step"], "world_size": self.world, "device": self.device,
             "amp": self.amp or "off (float32)",
-            "train_time_s": round(secs, 2),
+            "train_time_s": round(secs, 2),  # optimizer steps only, summed over resumed segments
+            "wall_time_s": round(time.time() - self.started, 2),  # this process: data, eval, saves
             "throughput": {
                 "real_tokens_per_s": st["real_tokens"] / secs if secs else 0.0,
                 "padded_tokens_per_s": st["padded_tokens"] / secs if secs else 0.0,

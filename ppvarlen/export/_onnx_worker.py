@@ -1,4 +1,4 @@
-"""Subprocess body of the ONNX export: ``python -m ppvarlen.export._onnx_worker ...``.
+"""Subprocess body of the ONNX export: ``python .../_onnx_worker.py MODEL.json PARAMS OUT OPSET``.
 
 paddle2onnx SIGABRTs the whole process on an unsupported op, so it runs here,
 never in the caller's process.  Before converting, the worker prints
@@ -7,9 +7,13 @@ list, so the parent can name them if the conversion then aborts.  The list is
 only a hint (paddle2onnx maps some PIR names, e.g. ``flatten``, internally), so
 the conversion itself decides.
 Exit codes: 0 ok, 4 paddle2onnx raised (message on the ``FAILED`` line).
+``--check MODEL.onnx [OPTIMIZER ...]`` loads a graph in onnxruntime and runs one
+batch, because a malformed graph can abort onnxruntime too (a C++ assertion).
 """
 import json
 import sys
+
+# Standalone script: imports nothing from ppvarlen (the child may not have it on sys.path).
 
 FAILED_EXIT = 4
 # PIR op names that paddle2onnx converts under another name.
@@ -39,7 +43,28 @@ def program_ops(model_json):
     return ops
 
 
+def smoke_run(onnx_path, disabled_optimizers):
+    """Load the graph in onnxruntime and run one mixed-length batch (aborts stay in this child)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(onnx_path, opts, providers=["CPUExecutionProvider"],
+                                   disabled_optimizers=disabled_optimizers)
+    ids = np.full((2, 3), 6, dtype=np.int64)
+    ids[1, 1:] = 0
+    try:
+        session.run(None, {"input_ids": ids, "seq_len": np.array([3, 1], dtype=np.int64)})
+    except Exception as e:
+        print(f"FAILED onnxruntime cannot run the graph: {e}", file=sys.stderr)
+        return FAILED_EXIT
+    return 0
+
+
 def main(argv):
+    if argv[0] == "--check":
+        return smoke_run(argv[1], argv[2:])
     model_json, params, out_path, opset = argv[0], argv[1], argv[2], int(argv[3])
     import paddle2onnx
     import paddle2onnx.paddle2onnx_cpp2py_export as c_p2o

@@ -9,6 +9,7 @@ import tempfile
 
 import numpy as np
 
+from ..config import ConfigError
 from ..utils.io import atomic_dir, atomic_write_json
 from ..utils.log import get_logger
 from . import manifest as manifest_mod
@@ -24,7 +25,7 @@ FORMATS = ("paddle", "onnx")
 def _check_choices(name, values, allowed):
     bad = [v for v in values if v not in allowed]
     if bad or not values:
-        raise ExportError(f"{name}: {bad or values} not valid; choose from {list(allowed)} "
+        raise ConfigError(f"{name}: {bad or values} not valid; choose from {list(allowed)} "
                           f"(comma-separated on the command line)")
 
 
@@ -43,16 +44,17 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
     if "fp32" not in precisions:
         precisions.insert(0, "fp32")  # the reference files; bf16 runs them, fp16 converts them
     if "paddle" not in formats and "bf16" in precisions:
-        raise ExportError("bf16 runs the Paddle Inference files; add paddle to --format")
+        raise ConfigError("--precision bf16 runs the Paddle Inference files; add paddle to --format")
     if "onnx" not in formats and "fp16" in precisions:
-        raise ExportError("fp16 on CPU is an ONNX variant; add onnx to --format")
+        raise ConfigError("--precision fp16 on CPU is an ONNX variant; add onnx to --format")
     task, name = meta["task"], meta.get("model_name", "model")
     output_names = [o["name"] for o in manifest_mod.output_specs(task)]
     model.eval()
 
     with atomic_dir(output) as tmp, tempfile.TemporaryDirectory(prefix="ppvarlen-export-") as work:
         encoder.save(tmp)
-        tokenizer_files = {"vocab_file": "vocab.txt", "encoder_file": "encoder.json"}
+        tokenizer_files = {"vocab_file": "vocab.txt", "encoder_file": "encoder.json",
+                           "vocab_size": encoder.vocab_size}
         paddle_prefix = os.path.join(tmp if "paddle" in formats else work, "paddle", "model")
         os.makedirs(os.path.dirname(paddle_prefix), exist_ok=True)
         save_inference(model, paddle_prefix)
@@ -79,9 +81,12 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
             report = verify_export(model, meta, encoder, cfg, tmp, paddle_prefix, formats,
                                    precisions, crf, test_examples)
             atomic_write_json(os.path.join(tmp, "parity.json"), report)
-            print(parity.format_table(report["results"]))
+            log.info("parity of %s (reference: dygraph eager)\n%s", name,
+                     parity.format_table(report["results"]))
+            failed = os.path.abspath(output) + ".parity-failed.json"
+            if os.path.exists(failed):
+                os.remove(failed)  # a stale report from an earlier attempt
             if not report["passed"]:
-                failed = os.path.abspath(output) + ".parity-failed.json"
                 atomic_write_json(failed, report)
                 raise ExportError(f"parity check failed for {name}; export not written "
                                   f"(report: {failed}):\n  " + "\n  ".join(report["failures"]))
@@ -93,7 +98,7 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
 
 
 def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset, fp16):
-    from .onnx_export import export_onnx
+    from .onnx_export import check_loads, export_onnx
 
     os.makedirs(os.path.join(tmp, "onnx"), exist_ok=True)
     entry = {"model": "onnx/model.onnx", "outputs": output_names, "decode": "in_graph"}
@@ -112,6 +117,7 @@ def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset
     if fp16:
         convert_onnx_fp16(os.path.join(tmp, "onnx", "model.onnx"),
                           os.path.join(tmp, "onnx", "model_fp16.onnx"))
+        check_loads(os.path.join(tmp, "onnx", "model_fp16.onnx"), name + " (fp16)")
         entry["model_fp16"] = "onnx/model_fp16.onnx"
     return entry
 

@@ -73,10 +73,13 @@ def onnx_runner(path, crf=None, threads=2):
     """ONNX Runtime; with a ``crf`` matrix the tags come from the numpy Viterbi."""
     import onnxruntime as ort
 
+    from .onnx_export import ORT_DISABLED_OPTIMIZERS
+
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.log_severity_level = 3  # paddle2onnx graphs carry unused initializers
-    session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"],
+                                   disabled_optimizers=ORT_DISABLED_OPTIMIZERS)
 
     def run(input_ids, seq_len):
         out = _named(session.run(None, {"input_ids": input_ids, "seq_len": seq_len}))

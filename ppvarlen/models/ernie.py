@@ -124,7 +124,9 @@ class _ErnieBase(nn.Layer):
     def encode(self, input_ids, seq_len):
         check_max_position(input_ids, self.max_position, key="the ERNIE max_position_embeddings")
         max_len = paddle.shape(input_ids)[1]
-        position_ids = paddle.arange(max_len, dtype="int64").unsqueeze(0).expand_as(input_ids)
+        # expand(shape) not expand_as: paddle2onnx 2.1.0 turns expand_as into an invalid ONNX Expand.
+        position_ids = paddle.arange(max_len, dtype="int64").unsqueeze(0)
+        position_ids = position_ids.expand(paddle.shape(input_ids))
         dtype = self.classifier.weight.dtype
         word_embeddings = self.ernie.embeddings.word_embeddings(input_ids)
         keep = sequence_mask(seq_len, max_len, dtype=word_embeddings.dtype).unsqueeze(-1)

@@ -110,7 +110,7 @@ class Seq2SeqTransformer(nn.Layer):
         return self.encoder(x, source_mask(src_len, paddle.shape(src_ids)[1]))
 
     def forward(self, src_ids, src_len, tgt_in, tgt_len, tgt_out=None):
-        """Teacher-forced logits [B, T, V] float32; with ``tgt_out`` (-100 on pads) (loss, logits)."""
+        """Teacher-forced logits [B, T, V] float32; with ``tgt_out`` (loss, logits)."""
         memory = self.encode(src_ids, src_len)
         logits = self.forward_decoder(tgt_in, memory, src_len, tgt_len)
         if tgt_out is None:
@@ -259,7 +259,8 @@ class Seq2SeqTransformer(nn.Layer):
             scores = scores.reshape([-1])
             was_finished = paddle.gather(finished, beam)
             tokens = paddle.concat([paddle.gather(tokens, beam), nxt.unsqueeze(1)], axis=1)
-            lengths = paddle.gather(lengths, beam) + paddle.logical_not(was_finished).astype("int64")
+            still_going = paddle.logical_not(was_finished).astype("int64")
+            lengths = paddle.gather(lengths, beam) + still_going
             finished = paddle.logical_or(was_finished, nxt == self.eos_id)
             self_k = paddle.gather(self_k, beam, axis=1)
             self_v = paddle.gather(self_v, beam, axis=1)
@@ -302,7 +303,8 @@ class DecoderStepProgram(nn.Layer):
         layers, heads = len(self.model.decoder.layers), self.model.num_heads
         cache = [InputSpec([layers, None, heads, None, self.model.head_dim], "float32", name)
                  for name in ("self_k", "self_v", "cross_k", "cross_v")]
-        return [InputSpec([None, 1], "int64", "tokens"), InputSpec([None], "int64", "src_len")] + cache
+        tokens = InputSpec([None, 1], "int64", "tokens")
+        return [tokens, InputSpec([None], "int64", "src_len")] + cache
 
 
 def build_seq2seq(model_cfg, vocab_size, pad_id=0, bos_id=4, eos_id=5, label_smoothing=0.0):

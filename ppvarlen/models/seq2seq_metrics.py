@@ -7,7 +7,7 @@ costs one syllable substitution and a missing separator one substitution + one d
 
 
 def edit_distance(hyp, ref):
-    """Levenshtein distance between two token sequences (substitution = insertion = deletion = 1)."""
+    """Levenshtein distance between two token sequences (every edit costs 1)."""
     prev = list(range(len(ref) + 1))
     for i, h in enumerate(hyp, 1):
         cur = [i] + [0] * len(ref)
