@@ -83,13 +83,16 @@ SCHEMA = {
         "ffn_size": Field(int, 512), "dropout": Field(float, 0.1),
         "emb_size": Field(int, 128),
         "max_position": Field(int, 512, help="size of the learned position table"),
-        "pooling": Field(str, None, choices=["cls", "mean", "max", "last"],
+        "pooling": Field(str, None, choices=["cls", "mean", "max", "last", "mean_max"],
                          help="null = the model's default: cls (transformer_cls), last (rnn_cls); "
                          "ernie_cls always uses ERNIE's [CLS] pooler"),
         "cell": Field(str, "lstm", choices=["lstm", "gru"]),
         "pretrained_dir": Field(str, None, help="local ERNIE/BERT dir: config + weights + vocab"),
         "ernie_config": Field(dict, None, help="small ErnieConfig kwargs for random init"),
         "num_decoder_layers": Field(int, 2),
+        "ngram_buckets": Field(int, 0, help="hashed char n-gram embedding table size for "
+                               "transformer_cls / rnn_cls; 0 = off"),
+        "ngram_orders": ListOf(int, [2, 3], help="n-gram orders hashed when ngram_buckets > 0"),
     },
     "Optimizer": {
         "name": Field(str, "adamw", choices=["adamw"]),

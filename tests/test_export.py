@@ -103,9 +103,11 @@ def test_tagger_exports_viterbi_in_paddle_and_numpy_decode_for_onnx(tmp_path):
     model = TinyCRFTagger()
     out = tmp_path / "export"
     manifest = export_model(model, _meta("tagging", "bigru_crf", ["O", "B", "I", "E", "S"]),
-                            _encoder(), CFG, str(out), ["paddle", "onnx"], ["fp32"], verify=True,
-                            test_examples=_test_items(20, seed=1))
+                            _encoder(), CFG, str(out), ["paddle", "onnx"], ["fp32", "fp16"],
+                            verify=True, test_examples=_test_items(20, seed=1))
     onnx_entry = manifest["backends"]["onnx"]
+    # onnxruntime 1.32 segfaults creating a default session on the fp16 BiGRU-CRF graph.
+    assert onnx_entry["session"] == {"disabled_optimizers": ["NchwcTransformer"]}
     assert onnx_entry["decode"] == "viterbi_numpy" and onnx_entry["outputs"] == ["emissions"]
     assert manifest["backends"]["paddle"]["decode"] == "in_graph"
     assert [o["name"] for o in manifest["outputs"]] == ["emissions", "tags"]

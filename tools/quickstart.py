@@ -64,7 +64,7 @@ def serve_demo(export_dir, texts):
                 time.sleep(0.5)
         out = http("POST", base + "/predict", {"texts": texts})
         for text, pred in zip(texts, out["predictions"]):
-            print(f"  {pred.get('label')!s:>9} {max(pred.get('probs', [0])):.3f}  {text[:60]}")
+            print(f"  {pred['label']:>9} p={pred['probs'][pred['label']]:.3f}  {text}")
         print("metrics:", json.dumps(http("GET", base + "/metrics"), ensure_ascii=False))
     finally:
         server.terminate()

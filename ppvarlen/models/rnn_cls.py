@@ -11,7 +11,9 @@ import paddle
 import paddle.nn as nn
 
 from ..config import ConfigError
-from .masks import masked_cross_entropy, pool
+from .masks import masked_cross_entropy, sequence_mask
+from .ngram import build_ngram_embedding
+from .transformer_cls import POOLINGS, pool_states
 
 RNN_CELLS = {"lstm": nn.LSTM, "gru": nn.GRU}
 
@@ -25,27 +27,34 @@ def build_birnn(cell, input_size, hidden_size, num_layers, dropout):
 
 class RNNClassifier(nn.Layer):
     def __init__(self, vocab_size, num_labels, emb_size=128, hidden_size=128, num_layers=2,
-                 cell="lstm", dropout=0.1, pooling="last"):
+                 cell="lstm", dropout=0.1, pooling="last", ngram_buckets=0, ngram_orders=(2, 3)):
         super().__init__()
-        if pooling not in ("cls", "mean", "max", "last"):
-            raise ConfigError(f"Model.pooling={pooling!r}: rnn_cls supports last, mean, max, cls")
+        if pooling not in POOLINGS:
+            raise ConfigError(f"Model.pooling={pooling!r}: rnn_cls supports {', '.join(POOLINGS)}")
         self.cell = cell
         self.pooling = pooling
         self.embedding = nn.Embedding(vocab_size, emb_size)
+        self.ngram_embedding = build_ngram_embedding(vocab_size, ngram_buckets, ngram_orders, emb_size)
         self.embedding_dropout = nn.Dropout(dropout)
         self.rnn = build_birnn(cell, emb_size, hidden_size, num_layers, dropout)
         self.head_dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(2 * hidden_size, num_labels)
+        pooled_size = 4 * hidden_size if pooling == "mean_max" else 2 * hidden_size
+        self.classifier = nn.Linear(pooled_size, num_labels)
 
     def forward(self, input_ids, seq_len, labels=None):
-        x = self.embedding_dropout(self.embedding(input_ids))
+        x = self.embedding(input_ids)
+        if self.ngram_embedding is not None:
+            # The RNN never reads pads (sequence_length), but masking keeps pad-only rows' grad 0.
+            mask = sequence_mask(seq_len, paddle.shape(input_ids)[1], dtype=x.dtype)
+            x = x + self.ngram_embedding(input_ids, mask)
+        x = self.embedding_dropout(x)
         outputs, final_states = self.rnn(x, sequence_length=seq_len.astype("int64"))
         if self.pooling == "last":
             h = final_states[0] if self.cell == "lstm" else final_states  # LSTM: (h, c)
             # h: [num_layers * 2, B, H], layer-major, forward then backward.
             pooled = paddle.concat([h[-2], h[-1]], axis=-1)
         else:
-            pooled = pool(outputs, seq_len, self.pooling)
+            pooled = pool_states(outputs, seq_len, self.pooling)
         logits = self.classifier(self.head_dropout(pooled)).astype("float32")
         if labels is None:
             return logits

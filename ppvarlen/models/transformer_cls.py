@@ -7,12 +7,26 @@ are masked).  The embeddings of pad positions are also multiplied by 0: Paddle
 saturates), so without this a pad token would still leak a 1e-28 weight and
 its embedding row a 1e-28 gradient.  With it, pad ids never enter the model and
 the gradient reaching pad-only embedding rows is exactly zero.
+
+``ngram_buckets > 0`` adds hashed char n-gram embeddings (``ngram.py``) to the
+token embedding; they read only preceding positions and are masked the same way.
+``pooling: mean_max`` concatenates the masked mean and max.
 """
 import paddle
 import paddle.nn as nn
 
 from ..config import ConfigError
 from .masks import key_padding_mask, masked_cross_entropy, pool, sequence_mask
+from .ngram import build_ngram_embedding
+
+POOLINGS = ("cls", "mean", "max", "last", "mean_max")
+
+
+def pool_states(x, seq_len, method):
+    """``masks.pool`` plus ``mean_max`` (mean and max concatenated: [B, 2H])."""
+    if method == "mean_max":
+        return paddle.concat([pool(x, seq_len, "mean"), pool(x, seq_len, "max")], axis=-1)
+    return pool(x, seq_len, method)
 
 
 def check_max_position(input_ids, max_position, key="Model.max_position"):
@@ -27,33 +41,39 @@ def check_max_position(input_ids, max_position, key="Model.max_position"):
 
 class TransformerClassifier(nn.Layer):
     def __init__(self, vocab_size, num_labels, hidden_size=128, num_layers=2, num_heads=4,
-                 ffn_size=512, dropout=0.1, max_position=512, pooling="cls"):
+                 ffn_size=512, dropout=0.1, max_position=512, pooling="cls", ngram_buckets=0,
+                 ngram_orders=(2, 3)):
         super().__init__()
         if hidden_size % num_heads:
             raise ConfigError(f"Model.hidden_size={hidden_size} must be divisible by "
                              f"Model.num_heads={num_heads}")
-        if pooling not in ("cls", "mean", "max", "last"):
-            raise ConfigError(f"Model.pooling={pooling!r}: transformer_cls supports cls, mean, max, last")
+        if pooling not in POOLINGS:
+            raise ConfigError(f"Model.pooling={pooling!r}: transformer_cls supports {', '.join(POOLINGS)}")
         self.pooling = pooling
         self.max_position = max_position
         self.token_embedding = nn.Embedding(vocab_size, hidden_size)
         self.position_embedding = nn.Embedding(max_position, hidden_size)
+        self.ngram_embedding = build_ngram_embedding(vocab_size, ngram_buckets, ngram_orders, hidden_size)
         self.embedding_dropout = nn.Dropout(dropout)
         layer = nn.TransformerEncoderLayer(hidden_size, num_heads, ffn_size, dropout=dropout,
                                            activation="gelu", normalize_before=True)
         self.encoder = nn.TransformerEncoder(layer, num_layers, norm=nn.LayerNorm(hidden_size))
         self.head_dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(hidden_size, num_labels)
+        pooled_size = 2 * hidden_size if pooling == "mean_max" else hidden_size
+        self.classifier = nn.Linear(pooled_size, num_labels)
 
     def forward(self, input_ids, seq_len, labels=None):
         check_max_position(input_ids, self.max_position)
         max_len = paddle.shape(input_ids)[1]
         positions = paddle.arange(max_len, dtype="int64").unsqueeze(0)
         x = self.token_embedding(input_ids) + self.position_embedding(positions)
-        x = x * sequence_mask(seq_len, max_len, dtype=x.dtype).unsqueeze(-1)  # see module doc
+        mask = sequence_mask(seq_len, max_len, dtype=x.dtype)
+        x = x * mask.unsqueeze(-1)  # see module doc
+        if self.ngram_embedding is not None:
+            x = x + self.ngram_embedding(input_ids, mask)
         x = self.embedding_dropout(x)
         h = self.encoder(x, src_mask=key_padding_mask(seq_len, max_len, dtype=x.dtype))
-        logits = self.classifier(self.head_dropout(pool(h, seq_len, self.pooling))).astype("float32")
+        logits = self.classifier(self.head_dropout(pool_states(h, seq_len, self.pooling))).astype("float32")
         if labels is None:
             return logits
         return masked_cross_entropy(logits, labels), logits
