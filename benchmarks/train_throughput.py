@@ -62,7 +62,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     load_before = os.getloadavg()
-    results = {name: measure(args.config, ov, args.steps, os.path.join(args.out, "tmp_" + name))
+    results = {name: measure(args.config, ov, args.steps, os.path.join(args.out, "train_throughput_runs", name))
                for name, ov in SCHEMES.items()}
     base = results["pad_to_512"]["real_tokens_per_s"]
     for r in results.values():

@@ -36,3 +36,11 @@ def test_bad_format_and_precision_are_config_errors(tmp_path):
         else:
             raise AssertionError(f"{formats} {precisions} accepted")
     assert not (tmp_path / "o").exists()
+
+
+def test_bad_format_fails_fast_before_loading(tmp_path):
+    r = _run("-c", CONFIG, "--checkpoint", str(tmp_path / "nope"), "--output", str(tmp_path / "o"),
+             "--format", "paddle,tflite")
+    assert r.returncode == 2
+    assert "['tflite'] not valid; choose from ['paddle', 'onnx']" in r.stderr
+    assert "Traceback" not in r.stderr

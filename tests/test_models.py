@@ -26,6 +26,10 @@ TINY = dict(hidden_size=16, num_layers=2, num_heads=2, ffn_size=32, emb_size=12,
 TINY_ERNIE = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
                   type_vocab_size=2)
 
+# Hashed char n-grams (ppvarlen/models/ngram.py); 2**20 buckets so hash products pass 2**24
+# (where a float32 computation of the hash would go wrong, e.g. in a bad ONNX conversion).
+NGRAMS = dict(ngram_buckets=1 << 20, ngram_orders=[2, 3])
+
 CASES = {
     "transformer_cls-cls": ("classification", dict(name="transformer_cls", pooling="cls")),
     "transformer_cls-mean": ("classification", dict(name="transformer_cls", pooling="mean")),
@@ -36,6 +40,12 @@ CASES = {
     "rnn_cls-gru-last": ("classification", dict(name="rnn_cls", cell="gru", pooling="last")),
     "rnn_cls-gru-mean": ("classification", dict(name="rnn_cls", cell="gru", pooling="mean")),
     "rnn_cls-gru-max": ("classification", dict(name="rnn_cls", cell="gru", pooling="max")),
+    "transformer_cls-ngram-mean_max": ("classification", dict(name="transformer_cls", pooling="mean_max",
+                                                              **NGRAMS)),
+    "transformer_cls-ngram-cls": ("classification", dict(name="transformer_cls", pooling="cls", **NGRAMS)),
+    "rnn_cls-lstm-ngram-last": ("classification", dict(name="rnn_cls", cell="lstm", pooling="last", **NGRAMS)),
+    "rnn_cls-gru-ngram-mean_max": ("classification", dict(name="rnn_cls", cell="gru", pooling="mean_max",
+                                                          **NGRAMS)),
     "bigru_crf": ("tagging", dict(name="bigru_crf")),
     "ernie_cls": ("classification", dict(name="ernie_cls", ernie_config=TINY_ERNIE)),
     "ernie_tagger": ("tagging", dict(name="ernie_tagger", ernie_config=TINY_ERNIE)),
@@ -121,12 +131,22 @@ def test_gradient_of_pad_only_embedding_rows_is_exactly_zero(case):
     real_rows = np.unique(np.concatenate([ids[b, :n] for b, n in enumerate(seq_len)]))
     assert np.abs(grad[real_rows]).max() > 0, "real tokens must get gradient (test sanity)"
     assert np.abs(grad[PAD_ONLY_IDS]).max() == 0.0
+    if "ngram" in case:  # n-gram buckets hit only at pad positions get no gradient either
+        ngram_grad = model.ngram_embedding.embedding.weight.grad.numpy()
+        real = set().union(*(reference_ngram_buckets(ids[b, :n], NGRAMS) for b, n in enumerate(seq_len)))
+        all_hit = set().union(*(reference_ngram_buckets(row, NGRAMS) for row in ids))
+        pad_only = np.array(sorted(all_hit - real))
+        assert len(pad_only) > 0 and np.abs(ngram_grad[sorted(real)]).max() > 0, "test sanity"
+        assert np.abs(ngram_grad[pad_only]).max() == 0.0
+        untouched = np.setdiff1d(np.arange(NGRAMS["ngram_buckets"]), sorted(real))
+        assert np.abs(ngram_grad[untouched]).max() == 0.0
     if case.startswith("transformer_cls"):  # positions past the longest sequence are pad-only too
         position_grad = model.position_embedding.weight.grad.numpy()
         assert np.abs(position_grad[seq_len.max():]).max() == 0.0
 
 
 STATIC_CASES = ["transformer_cls-mean", "transformer_cls-cls", "rnn_cls-lstm-last", "rnn_cls-gru-max",
+                "transformer_cls-ngram-mean_max", "rnn_cls-lstm-ngram-last",
                 "bigru_crf", "ernie_cls", "ernie_tagger"]
 
 
@@ -211,3 +231,84 @@ def test_seq2seq_slot_builds_the_seq2seq_module_lazily():
     seq2seq = pytest.importorskip("ppvarlen.models.seq2seq")
     model = build_model(dict(TINY, name="seq2seq", num_decoder_layers=1), VOCAB, 0, PAD_ID, "seq2seq")
     assert type(model).__module__ == seq2seq.__name__
+
+
+# ------------------------------------------------------------------ hashed n-grams
+
+def reference_ngram_hashes(row, order, buckets, vocab=VOCAB):
+    """Plain-Python hash of the ``order``-gram ending at each position of ``row`` (boundary = vocab)."""
+    from ppvarlen.models.ngram import HASH_PRIME
+
+    padded = [vocab] * (order - 1) + [int(i) for i in row]
+    hashes = []
+    for t in range(len(row)):
+        h = order
+        for token in padded[t:t + order]:
+            h = (h * HASH_PRIME + token) % buckets
+        hashes.append(h)
+    return hashes
+
+
+def reference_ngram_buckets(row, ngrams):
+    """Every bucket the n-grams of ``row`` hit, over all orders."""
+    return {h for order in ngrams["ngram_orders"]
+            for h in reference_ngram_hashes(row, order, ngrams["ngram_buckets"])}
+
+
+def test_ngram_hashes_match_a_plain_python_hash_and_read_only_preceding_tokens():
+    from ppvarlen.models.ngram import ngram_hashes
+
+    buckets = NGRAMS["ngram_buckets"]
+    ids = np.random.default_rng(11).integers(1, VOCAB, size=(3, 9)).astype("int64")
+    for order in (2, 3):
+        got = ngram_hashes(paddle.to_tensor(ids), order, buckets, VOCAB).numpy()
+        assert got.dtype == np.int64 and got.min() >= 0 and got.max() < buckets
+        assert got.tolist() == [reference_ngram_hashes(row, order, buckets) for row in ids]
+        # A prefix hashes the same: position t reads ids[: t + 1] only (right padding is safe).
+        for width in (1, 2, 5):  # 1 and 2 are shorter than the shifts: boundary ids fill in
+            prefix = ngram_hashes(paddle.to_tensor(ids[:, :width]), order, buckets, VOCAB).numpy()
+            np.testing.assert_array_equal(prefix, got[:, :width])
+    assert len(np.unique(got)) > 20  # the hash spreads distinct trigrams (test sanity)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(ngram_buckets=-1), "ngram_buckets"),
+    (dict(ngram_buckets=100, ngram_orders=[]), "ngram_orders is empty"),
+    (dict(ngram_buckets=100, ngram_orders=[1, 2]), "ngram_orders"),
+    (dict(ngram_buckets=100, ngram_orders=[2, 2]), "ngram_orders"),
+    (dict(pooling="mean_max_typo"), "pooling"),
+])
+def test_ngram_and_pooling_config_errors_name_the_key(bad, message):
+    for name in ("transformer_cls", "rnn_cls"):
+        with pytest.raises(ConfigError, match=message):
+            build_model(dict(TINY, name=name, **bad), VOCAB, 2, PAD_ID, "classification")
+
+
+def test_ngrams_off_by_default_keep_old_checkpoints_loadable():
+    model, _ = make_model("transformer_cls-mean")
+    assert model.ngram_embedding is None
+    assert not any("ngram" in name for name, _ in model.named_parameters())
+
+
+@pytest.mark.parametrize("case", ["transformer_cls-ngram-mean_max", "rnn_cls-lstm-ngram-last"])
+def test_ngram_models_export_to_onnx_exactly_on_mixed_lengths(case, tmp_path):
+    """The team exporter converts the integer hash ops (Concat/Slice/Mul/Mod) to ONNX exactly."""
+    import onnxruntime as ort
+
+    from ppvarlen.export.onnx_export import export_onnx
+    from ppvarlen.export.static import save_inference
+
+    model, _ = make_model(case, seed=6)
+    model.eval()
+    prefix = str(tmp_path / "model")
+    save_inference(model, prefix)
+    export_onnx(prefix, str(tmp_path / "model.onnx"), case, ["logits"])
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"), opts, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(8)
+    for lengths, extra in (([11, 1, 4, 9, 2], 0), ([2], 0), ([6, 3], 3)):
+        ids, seq_len = padded_batch(rng, lengths, extra)
+        want = run(model, ids, seq_len)[0]
+        got = session.run(None, {"input_ids": ids, "seq_len": seq_len})[0]
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)

@@ -147,7 +147,11 @@ class OnnxEngine:
             providers = [("CUDAExecutionProvider", {"device_id": gpu_id}), "CPUExecutionProvider"]
         else:
             providers = ["CPUExecutionProvider"]
-        self._session = ort.InferenceSession(path, opts, providers=providers)
+        # The exporter records graph optimizers onnxruntime must skip for this graph (e.g. the
+        # NCHWc transformer segfaults onnxruntime 1.32 on the fp16 BiGRU-CRF).
+        disabled = list(entry.get("session", {}).get("disabled_optimizers", []))
+        self._session = ort.InferenceSession(path, opts, providers=providers,
+                                             disabled_optimizers=disabled)
 
     def clone(self):
         # InferenceSession.run is thread-safe; clones share the loaded graph and weights.

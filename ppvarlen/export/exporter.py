@@ -29,6 +29,20 @@ def _check_choices(name, values, allowed):
                           f"(comma-separated on the command line)")
 
 
+def check_request(formats, precisions):
+    """Validated (formats, precisions); fp32 is always exported (the reference files)."""
+    formats, precisions = list(formats), list(precisions)
+    _check_choices("--format / Export.format", formats, FORMATS)
+    _check_choices("--precision / Export.precision", precisions, PRECISIONS)
+    if "fp32" not in precisions:
+        precisions.insert(0, "fp32")  # bf16 runs the fp32 files, fp16 converts them
+    if "paddle" not in formats and "bf16" in precisions:
+        raise ConfigError("--precision bf16 runs the Paddle Inference files; add paddle to --format")
+    if "onnx" not in formats and "fp16" in precisions:
+        raise ConfigError("--precision fp16 on CPU is an ONNX variant; add onnx to --format")
+    return formats, precisions
+
+
 def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
                  precisions=("fp32",), verify=True, test_examples=None):
     """Write the export directory for an eval-mode ``model``; returns the manifest dict.
@@ -38,15 +52,7 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
     opset and parity size).  ``test_examples``: encoded test items for the
     parity report (None = shape grid only).  Raises ExportError when parity fails.
     """
-    formats, precisions = list(formats), list(precisions)
-    _check_choices("--format / Export.format", formats, FORMATS)
-    _check_choices("--precision / Export.precision", precisions, PRECISIONS)
-    if "fp32" not in precisions:
-        precisions.insert(0, "fp32")  # the reference files; bf16 runs them, fp16 converts them
-    if "paddle" not in formats and "bf16" in precisions:
-        raise ConfigError("--precision bf16 runs the Paddle Inference files; add paddle to --format")
-    if "onnx" not in formats and "fp16" in precisions:
-        raise ConfigError("--precision fp16 on CPU is an ONNX variant; add onnx to --format")
+    formats, precisions = check_request(formats, precisions)
     task, name = meta["task"], meta.get("model_name", "model")
     output_names = [o["name"] for o in manifest_mod.output_specs(task)]
     model.eval()
@@ -171,6 +177,8 @@ def export_checkpoint(checkpoint, output, cfg=None, formats=None, precisions=Non
     """``tools/export.py``: load a checkpoint, export it, verify on its test split."""
     from ..engine.checkpoint import load_for_inference
 
+    if cfg is not None:  # fail on a bad request before the slow model and data loading
+        check_request(formats or cfg.Export.format, precisions or cfg.Export.precision)
     model, meta, encoder, ckpt_cfg = load_for_inference(checkpoint)
     cfg = cfg or ckpt_cfg
     formats = formats or cfg.Export.format
