@@ -93,6 +93,8 @@ SCHEMA = {
         "ngram_buckets": Field(int, 0, help="hashed char n-gram embedding table size for "
                                "transformer_cls / rnn_cls; 0 = off"),
         "ngram_orders": ListOf(int, [2, 3], help="n-gram orders hashed when ngram_buckets > 0"),
+        "ngram_dropout": Field(float, 0.0, help="training only: probability of dropping a "
+                               "whole n-gram embedding at a position"),
     },
     "Optimizer": {
         "name": Field(str, "adamw", choices=["adamw"]),
@@ -108,6 +110,11 @@ SCHEMA = {
         "log_every": Field(int, 20), "save_every": Field(int, 0),
         "keep_last": Field(int, 2), "resume": Field(str, None, help="auto | PATH"),
         "label_smoothing": Field(float, 0.0),
+        "loss_weighting": Field(str, "example", choices=["example", "batch"],
+                                help="classification: example = every example weighs the same "
+                                "whatever batch it lands in (a token-budget batch of short texts "
+                                "holds many more examples than one of long texts); batch = plain "
+                                "per-batch mean"),
         "progress_bar": Field(bool, True),
         "visualdl": Field(bool, False),
         "amp": {

@@ -11,7 +11,8 @@ from ppvarlen.engine import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ["configs/sentiment/transformer.yaml", "configs/sentiment/bilstm.yaml",
-           "configs/sentiment/ernie_tiny.yaml", "configs/ner/bigru_crf.yaml"]
+           "configs/sentiment/ernie_tiny.yaml", "configs/sentiment/transformer_ngram.yaml",
+           "configs/ner/bigru_crf.yaml"]
 
 
 @pytest.mark.parametrize("path", CONFIGS)

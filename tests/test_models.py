@@ -42,8 +42,10 @@ CASES = {
     "rnn_cls-gru-max": ("classification", dict(name="rnn_cls", cell="gru", pooling="max")),
     "transformer_cls-ngram-mean_max": ("classification", dict(name="transformer_cls", pooling="mean_max",
                                                               **NGRAMS)),
-    "transformer_cls-ngram-cls": ("classification", dict(name="transformer_cls", pooling="cls", **NGRAMS)),
-    "rnn_cls-lstm-ngram-last": ("classification", dict(name="rnn_cls", cell="lstm", pooling="last", **NGRAMS)),
+    "transformer_cls-ngram-cls": ("classification", dict(name="transformer_cls", pooling="cls",
+                                                         ngram_dropout=0.3, **NGRAMS)),
+    "rnn_cls-lstm-ngram-last": ("classification", dict(name="rnn_cls", cell="lstm", pooling="last",
+                                                       ngram_dropout=0.3, **NGRAMS)),
     "rnn_cls-gru-ngram-mean_max": ("classification", dict(name="rnn_cls", cell="gru", pooling="mean_max",
                                                           **NGRAMS)),
     "bigru_crf": ("tagging", dict(name="bigru_crf")),
@@ -276,6 +278,7 @@ def test_ngram_hashes_match_a_plain_python_hash_and_read_only_preceding_tokens()
     (dict(ngram_buckets=100, ngram_orders=[]), "ngram_orders is empty"),
     (dict(ngram_buckets=100, ngram_orders=[1, 2]), "ngram_orders"),
     (dict(ngram_buckets=100, ngram_orders=[2, 2]), "ngram_orders"),
+    (dict(ngram_buckets=100, ngram_dropout=1.0), "ngram_dropout"),
     (dict(pooling="mean_max_typo"), "pooling"),
 ])
 def test_ngram_and_pooling_config_errors_name_the_key(bad, message):

@@ -105,6 +105,11 @@ class Trainer:
         if steps_per_epoch == 0:
             raise ConfigError("the training split gives no batches; check Data.limit / Data.train_file")
         self.total_steps = cfg.Train.max_steps or cfg.Train.epochs * steps_per_epoch
+        # loss_weighting=example: scale each batch's mean loss by B / (average B), so the
+        # gradient weighs examples equally instead of favouring those in small (long-text) batches
+        self.example_scale = None
+        if self.task == "classification" and cfg.Train.loss_weighting == "example":
+            self.example_scale = len(self.data.train) / (steps_per_epoch * self.world)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.Optimizer, self.total_steps)
         self.amp = amp_settings(cfg.Train.amp, self.device)
         self.scaler = None
@@ -218,6 +223,7 @@ class Trainer:
         return loss.astype("float32")
 
     def train_step(self, batch):
+        """One optimizer step; returns the batch's mean loss (unscaled, for the log)."""
         step = self.state["step"]
         paddle.seed(self.cfg.Global.seed * 1_000_003 + self.rank * 7_919 + step)
         if self.amp:
@@ -225,12 +231,13 @@ class Trainer:
                 loss = self._loss(batch)
         else:
             loss = self._loss(batch)
+        objective = loss * (len(batch["seq_len"]) / self.example_scale) if self.example_scale else loss
         if self.scaler:
-            self.scaler.scale(loss).backward()
+            self.scaler.scale(objective).backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
-            loss.backward()
+            objective.backward()
             self.optimizer.step()
         self.optimizer.clear_grad()
         self.scheduler.step()

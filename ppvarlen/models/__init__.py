@@ -56,7 +56,8 @@ def _transformer_cls(cfg, vocab_size, num_labels, pad_id):
         vocab_size, num_labels, hidden_size=cfg["hidden_size"], num_layers=cfg["num_layers"],
         num_heads=cfg["num_heads"], ffn_size=cfg["ffn_size"], dropout=cfg["dropout"],
         max_position=cfg["max_position"], pooling=cfg["pooling"] or "cls",
-        ngram_buckets=cfg["ngram_buckets"], ngram_orders=cfg["ngram_orders"])
+        ngram_buckets=cfg["ngram_buckets"], ngram_orders=cfg["ngram_orders"],
+        ngram_dropout=cfg["ngram_dropout"])
 
 
 def _rnn_cls(cfg, vocab_size, num_labels, pad_id):
@@ -66,7 +67,7 @@ def _rnn_cls(cfg, vocab_size, num_labels, pad_id):
         vocab_size, num_labels, emb_size=cfg["emb_size"], hidden_size=cfg["hidden_size"],
         num_layers=cfg["num_layers"], cell=cfg["cell"], dropout=cfg["dropout"],
         pooling=cfg["pooling"] or "last", ngram_buckets=cfg["ngram_buckets"],
-        ngram_orders=cfg["ngram_orders"])
+        ngram_orders=cfg["ngram_orders"], ngram_dropout=cfg["ngram_dropout"])
 
 
 def _bigru_crf(cfg, vocab_size, num_labels, pad_id):

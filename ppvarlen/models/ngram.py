@@ -13,6 +13,7 @@ inputs and converts to ONNX (Concat / Slice / Mul / Add / Mod).
 """
 import paddle
 import paddle.nn as nn
+import paddle.nn.functional as F
 
 from ..config import ConfigError
 
@@ -22,7 +23,9 @@ HASH_PRIME = 1_000_003
 MAX_BUCKETS = 1 << 24
 
 
-def check_ngram_config(buckets, orders):
+def check_ngram_config(buckets, orders, dropout=0.0):
+    if not 0.0 <= dropout < 1.0:
+        raise ConfigError(f"Model.ngram_dropout={dropout}: use a probability in [0, 1)")
     if buckets < 0 or buckets > MAX_BUCKETS:
         raise ConfigError(f"Model.ngram_buckets={buckets}: use 0 (off) or 1..{MAX_BUCKETS}")
     if buckets and not orders:
@@ -59,12 +62,13 @@ def ngram_hashes(ids, order, buckets, boundary_id):
 class HashedNgramEmbedding(nn.Layer):
     """Sum of the hashed n-gram embeddings [B, L, dim] of every order, zero at pads."""
 
-    def __init__(self, vocab_size, buckets, orders, dim):
+    def __init__(self, vocab_size, buckets, orders, dim, dropout=0.0):
         super().__init__()
-        check_ngram_config(buckets, orders)
+        check_ngram_config(buckets, orders, dropout)
         self.boundary_id = vocab_size
         self.buckets = buckets
         self.orders = tuple(orders)
+        self.dropout = dropout
         self.embedding = nn.Embedding(buckets, dim)
 
     def forward(self, input_ids, mask):
@@ -72,11 +76,14 @@ class HashedNgramEmbedding(nn.Layer):
         total = None
         for order in self.orders:
             e = self.embedding(ngram_hashes(input_ids, order, self.buckets, self.boundary_id))
+            # Training only: drop whole n-grams (every dim of a position at once), so the model
+            # cannot lean on one memorised rare n-gram.  Identity in eval / export.
+            e = F.dropout(e, self.dropout, axis=[0, 1], training=self.training)
             total = e if total is None else total + e
         return total * mask.unsqueeze(-1)
 
 
-def build_ngram_embedding(vocab_size, buckets, orders, dim):
+def build_ngram_embedding(vocab_size, buckets, orders, dim, dropout=0.0):
     """The n-gram layer, or None when ``buckets`` is 0 (off)."""
-    check_ngram_config(buckets, orders or [])
-    return HashedNgramEmbedding(vocab_size, buckets, orders, dim) if buckets else None
+    check_ngram_config(buckets, orders or [], dropout)
+    return HashedNgramEmbedding(vocab_size, buckets, orders, dim, dropout) if buckets else None

@@ -27,14 +27,16 @@ def build_birnn(cell, input_size, hidden_size, num_layers, dropout):
 
 class RNNClassifier(nn.Layer):
     def __init__(self, vocab_size, num_labels, emb_size=128, hidden_size=128, num_layers=2,
-                 cell="lstm", dropout=0.1, pooling="last", ngram_buckets=0, ngram_orders=(2, 3)):
+                 cell="lstm", dropout=0.1, pooling="last", ngram_buckets=0, ngram_orders=(2, 3),
+                 ngram_dropout=0.0):
         super().__init__()
         if pooling not in POOLINGS:
             raise ConfigError(f"Model.pooling={pooling!r}: rnn_cls supports {', '.join(POOLINGS)}")
         self.cell = cell
         self.pooling = pooling
         self.embedding = nn.Embedding(vocab_size, emb_size)
-        self.ngram_embedding = build_ngram_embedding(vocab_size, ngram_buckets, ngram_orders, emb_size)
+        self.ngram_embedding = build_ngram_embedding(vocab_size, ngram_buckets, ngram_orders, emb_size,
+                                                     ngram_dropout)
         self.embedding_dropout = nn.Dropout(dropout)
         self.rnn = build_birnn(cell, emb_size, hidden_size, num_layers, dropout)
         self.head_dropout = nn.Dropout(dropout)

@@ -42,7 +42,7 @@ def check_max_position(input_ids, max_position, key="Model.max_position"):
 class TransformerClassifier(nn.Layer):
     def __init__(self, vocab_size, num_labels, hidden_size=128, num_layers=2, num_heads=4,
                  ffn_size=512, dropout=0.1, max_position=512, pooling="cls", ngram_buckets=0,
-                 ngram_orders=(2, 3)):
+                 ngram_orders=(2, 3), ngram_dropout=0.0):
         super().__init__()
         if hidden_size % num_heads:
             raise ConfigError(f"Model.hidden_size={hidden_size} must be divisible by "
@@ -53,7 +53,8 @@ class TransformerClassifier(nn.Layer):
         self.max_position = max_position
         self.token_embedding = nn.Embedding(vocab_size, hidden_size)
         self.position_embedding = nn.Embedding(max_position, hidden_size)
-        self.ngram_embedding = build_ngram_embedding(vocab_size, ngram_buckets, ngram_orders, hidden_size)
+        self.ngram_embedding = build_ngram_embedding(vocab_size, ngram_buckets, ngram_orders, hidden_size,
+                                                     ngram_dropout)
         self.embedding_dropout = nn.Dropout(dropout)
         layer = nn.TransformerEncoderLayer(hidden_size, num_heads, ffn_size, dropout=dropout,
                                            activation="gelu", normalize_before=True)
