@@ -28,10 +28,6 @@ def wrap_model(model, world_size):
     return paddle.DataParallel(model) if world_size > 1 else model
 
 
-def unwrap(model):
-    return model._layers if isinstance(model, paddle.DataParallel) else model
-
-
 def all_reduce_sum(values, world_size):
     """Sum a list of floats over ranks (float64 on the wire)."""
     if world_size == 1:

@@ -18,7 +18,7 @@ from ..config import ConfigError, save_config
 from ..utils.io import atomic_write_json
 from ..utils.log import get_logger, setup_logging
 from . import checkpoint as ckpt
-from .distributed import all_reduce_sum, barrier, init_distributed, unwrap, wrap_model
+from .distributed import all_reduce_sum, barrier, init_distributed, wrap_model
 from .evaluate import evaluate, main_metric, to_tensors
 from .logbook import Logbook
 from .optim import build_optimizer

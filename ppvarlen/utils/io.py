@@ -42,6 +42,9 @@ def atomic_dir(final_path):
     parent = os.path.dirname(final_path)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(final_path) + "-", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the result should look like a normal mkdir
     try:
         yield tmp
     except BaseException:
