@@ -1,8 +1,8 @@
 """Install entry point for ppvarlen.
 
-CPU is the default: ``pip install -e .`` pulls the CPU wheel of PaddlePaddle.
-GPU users install ``paddlepaddle-gpu==3.3.1`` from Paddle's CUDA index first and
-then ``pip install -e . --no-deps`` plus the remaining requirements (see README).
+CPU is the default: an editable install of this directory pulls the CPU wheel of
+PaddlePaddle. GPU users install ``paddlepaddle-gpu==3.3.1`` from Paddle's CUDA index
+first and set PPVARLEN_SKIP_PADDLE=1 for this install (see README, "GPU install").
 """
 import os
 

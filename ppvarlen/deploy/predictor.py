@@ -18,6 +18,7 @@ import os
 import numpy as np
 
 from ppvarlen.data import longtext
+from ppvarlen.data.collate import pad_sequences
 from ppvarlen.data.errors import DataError
 from ppvarlen.data.order import length_sorted_batches, restore_order
 from ppvarlen.data.vocab import TextEncoder
@@ -241,9 +242,7 @@ class Predictor:
     def _run_rows(self, id_lists):
         """Pad, validate, run; per row: logits [C] or tag ids [len]."""
         seq_len = np.array([len(x) for x in id_lists], dtype=np.int64)
-        input_ids = np.full((len(id_lists), int(seq_len.max())), self.encoder.pad_id, np.int64)
-        for r, ids in enumerate(id_lists):
-            input_ids[r, :len(ids)] = ids
+        input_ids = pad_sequences(id_lists, self.encoder.pad_id, int(seq_len.max()))
         validate_batch(input_ids, seq_len, max_position=self.max_position,
                        vocab_size=self.encoder.vocab_size)
         out = self.engine.run(input_ids, seq_len)
