@@ -30,7 +30,7 @@ def main(argv=None):
     if args.concurrency < 1 or args.requests < 1 or args.duration <= 0:
         parser.error("--concurrency, --requests and --duration must be positive")
 
-    from ppvarlen.config import ConfigError
+    from ppvarlen.config import ConfigError, load_config, parse_override
     from ppvarlen.data.errors import DataError
     from ppvarlen.deploy.bench import run_benchmark
     from ppvarlen.utils.log import setup_logging
@@ -40,7 +40,9 @@ def main(argv=None):
         bad = [o for o in args.override if not o.startswith("Deploy.") or "=" not in o]
         if bad:
             raise ConfigError(f"bench_client.py takes only Deploy.KEY=VALUE overrides, got {bad}")
-        common = dict(o[len("Deploy."):].split("=", 1) for o in args.override)
+        load_config(overrides=args.override)  # unknown key / bad value: fail here, not in the server
+        # Forwarded verbatim to serve.py's -o, which parses them the same way.
+        common = {parse_override(o)[0][1]: o.split("=", 1)[1] for o in args.override}
         results = run_benchmark(args.model_dir, args.output_dir, args.backend, args.concurrency,
                                 args.requests, args.duration, common_overrides=common)
     except (ConfigError, DataError, ValueError, RuntimeError) as e:

@@ -12,7 +12,6 @@ Items are plain dicts of python ints (DESIGN.md); padding happens per batch in
 invalidate the precomputed ``lengths`` the samplers batch by, and importing
 ``paddlenlp.datasets`` costs seconds.  ``paddle.io.DataLoader`` takes it as is.
 """
-import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -69,7 +68,7 @@ class EncodedDataset(paddle.io.Dataset):
 @dataclass
 class DataBundle:
     task: str
-    train: EncodedDataset
+    train: EncodedDataset  # None for a split not asked for (build_datasets(splits=...))
     dev: EncodedDataset
     test: EncodedDataset
     encoder: object
@@ -77,8 +76,11 @@ class DataBundle:
     stats: dict = field(default_factory=dict)
 
 
-def build_datasets(data_cfg, task_hint=None, encoder=None):
-    """Corpus + encoder -> ``DataBundle`` with the three encoded splits."""
+def build_datasets(data_cfg, task_hint=None, encoder=None, splits=SPLITS):
+    """Corpus + encoder -> ``DataBundle`` with the encoded ``splits`` (the others are None).
+
+    Callers that bring the checkpoint's encoder and need one split (export parity,
+    eval) pass ``splits=("test",)`` and skip encoding the rest."""
     from .corpora import load_corpus
     from .vocab import build_encoder
 
@@ -88,8 +90,10 @@ def build_datasets(data_cfg, task_hint=None, encoder=None):
         raise ConfigError(f"Data.corpus {data_cfg.corpus!r} gives a {task} task but a {task_hint} "
                           f"task is expected here (model / checkpoint); pick a matching corpus")
     if encoder is None:
-        encoder = _seq2seq_encoder(data_cfg, corpus) if task == "seq2seq" else \
-            build_encoder(data_cfg, corpus)
+        if task == "seq2seq" and data_cfg.tokenizer == "pretrained":
+            raise ConfigError("Data.tokenizer: seq2seq builds its own char/word vocabulary; "
+                              "set tokenizer: char")
+        encoder = build_encoder(data_cfg, corpus)  # seq2seq: one vocabulary, source + target
     specials = data_cfg.add_special_tokens
     if specials is None:
         specials = task == "classification"
@@ -97,28 +101,17 @@ def build_datasets(data_cfg, task_hint=None, encoder=None):
         raise ConfigError("Data.tokenizer: seq2seq targets need [BOS]/[EOS]; a pretrained "
                           "BERT/ERNIE vocabulary has none: use tokenizer: char")
     _check_lengths_config(data_cfg, task, specials)
-    splits, stats = {}, {"corpus": corpus.stats, "encoder": dict(getattr(encoder, "stats", {}))}
-    for split in SPLITS:
+    unknown = set(splits) - set(SPLITS)
+    if unknown:
+        raise ValueError(f"build_datasets: unknown split(s) {sorted(unknown)}; use {SPLITS}")
+    encoded, stats = {}, {"corpus": corpus.stats, "encoder": dict(getattr(encoder, "stats", {}))}
+    for split in splits:
         ds = _encode_split(corpus.splits[split], split, task, encoder, data_cfg, specials,
                            corpus.label_names)
-        splits[split] = ds
+        encoded[split] = ds
         stats[split] = ds.stats
-    return DataBundle(task, splits["train"], splits["dev"], splits["test"], encoder,
-                      list(corpus.label_names), stats)
-
-
-def _seq2seq_encoder(data_cfg, corpus):
-    """One vocabulary over sources AND targets (the seq2seq model shares its embedding)."""
-    from .vocab import TextEncoder
-
-    if data_cfg.tokenizer == "pretrained":
-        raise ConfigError("Data.tokenizer: seq2seq builds its own char/word vocabulary; "
-                          "set tokenizer: char")
-    train = corpus.splits["train"]
-    return TextEncoder.build(itertools.chain((ex["source"] for ex in train),
-                                             (ex["target"] for ex in train)),
-                             data_cfg.tokenizer, data_cfg.lowercase, data_cfg.min_freq,
-                             data_cfg.max_size)
+    return DataBundle(task, encoded.get("train"), encoded.get("dev"), encoded.get("test"),
+                      encoder, list(corpus.label_names), stats)
 
 
 def _check_lengths_config(cfg, task, specials):

@@ -102,7 +102,7 @@ def evaluate_checkpoint(cfg, ckpt_dir, split="test"):
     from .checkpoint import load_for_inference
 
     model, meta, encoder, _ = load_for_inference(ckpt_dir)
-    data = build_datasets(cfg.Data, task_hint=meta["task"], encoder=encoder)
+    data = build_datasets(cfg.Data, task_hint=meta["task"], encoder=encoder, splits=(split,))
     collate = Collator(encoder.pad_id, cfg.Data.pad_to_multiple_of, cfg.Data.padding_side)
     out = evaluate(model, getattr(data, split), meta["task"], collate, meta["label_names"],
                    cfg.Data.eval_max_tokens, cfg.Data.padding_side)

@@ -193,5 +193,5 @@ def load_test_split(cfg, encoder, task):
     """The config's test split, encoded with the checkpoint's own vocabulary."""
     from ..data.dataset import build_datasets
 
-    bundle = build_datasets(cfg.Data, task_hint=task, encoder=encoder)
+    bundle = build_datasets(cfg.Data, task_hint=task, encoder=encoder, splits=("test",))
     return [bundle.test[i] for i in range(len(bundle.test))]

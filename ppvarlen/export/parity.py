@@ -28,6 +28,7 @@ GRID_BATCH_SIZES = (1, 3, 32)
 # ---------------------------------------------------------------- backends
 
 def dygraph_runner(model):
+    """An eager ``paddle.nn.Layer`` (the model, or a loaded static program) as a runner."""
     import paddle
 
     model.eval()
@@ -43,14 +44,7 @@ def static_runner(prefix):
     """The saved static program, run by ``paddle.jit.load`` (no inference passes)."""
     import paddle
 
-    layer = paddle.jit.load(prefix)
-    layer.eval()
-
-    def run(input_ids, seq_len):
-        with paddle.no_grad():
-            out = layer(paddle.to_tensor(input_ids), paddle.to_tensor(seq_len))
-        return _named(out)
-    return run
+    return dygraph_runner(paddle.jit.load(prefix))
 
 
 def paddle_inference_runner(model_dir, precision="fp32", onednn=True, threads=2):
