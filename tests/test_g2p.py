@@ -72,15 +72,21 @@ def test_clauses_are_packed_within_a_sentence_and_drops_are_counted(table):
         _para("我们/r 行动/v ，/w 银行/n 行人/n ，/w 我们/r 。/w 地方/n 。/w"),
         _para("我们/r 我们/r 我们/r 我们/r 我们/r 我们/r ，/w 地方/n 。/w"),  # clause too long
         _para("鑫/nr 行动/v 。/w 我们/r 。/w"),                               # unknown character
+        _para("中华人民共和国成立五十周年/nz 我们/r 。/w"),          # a word longer than 10
+        _para("银行/n 银行/n 银行/n 银行/n 银行/n 。/w"),  # 11 chars: 。 must not stand alone
     ]
     examples, stats = g2p.build_examples(paragraphs, table, max_source_len=10, max_target_len=40)
     sources = [e["source"] for e in examples]
-    # two clauses fit in 10 characters, the third does not; a sentence end always cuts
-    assert sources == ["我们行动，银行行人，", "我们。", "地方。", "地方。", "我们。"]
+    # two clauses fit in 10 characters, the third does not; a sentence end always cuts;
+    # a clause over 10 characters is cut between words (never inside one), and clause
+    # punctuation takes the word before it along; a source seen before is dropped
+    assert sources == ["我们行动，银行行人，", "我们。", "地方。", "我们我们我们我们我们",
+                       "我们，", "银行银行银行银行", "银行。"]
     assert examples[0]["target"] == "wo men xing dong , yin hang xing ren ,"
     assert examples[1]["target"] == "wo men 。"
-    assert stats["dropped_long_clause"] == 1 and stats["dropped_unknown_char"] == 1
-    assert stats["dropped_chars"] == 13 + 4
+    assert stats["split_long_clause"] == 3 and stats["dropped_long_word"] == 1
+    assert stats["dropped_unknown_char"] == 1 and stats["duplicates"] == 3
+    assert stats["dropped_chars"] == 4 + 13  # 鑫行动。 and the 13-character word
     # a target over its limit drops the example too (and is counted)
     examples, stats = g2p.build_examples(paragraphs[:1], table, 10, 20)
     assert stats["dropped_long_target"] == 1
@@ -119,7 +125,7 @@ def test_real_corpus():
             lengths["tgt"] += len(tgt)
     # the point of the corpus: targets are several times longer than sources
     assert 3.0 < lengths["tgt"] / lengths["src"] < 5.0
-    for key in ("dropped_long_clause", "dropped_long_target", "dropped_unknown_char"):
+    for key in ("split_long_clause", "dropped_long_target", "dropped_unknown_char"):
         assert stats[key] > 0  # each rule fires on the real data, and is reported
     train = {ex["source"]: ex["target"] for ex in corpus.splits["train"]}
     hits = [t for s, t in train.items() if s.startswith("中国")]

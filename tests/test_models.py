@@ -29,6 +29,8 @@ TINY_ERNIE = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, in
 # Hashed char n-grams (ppvarlen/models/ngram.py); 2**20 buckets so hash products pass 2**24
 # (where a float32 computation of the hash would go wrong, e.g. in a bad ONNX conversion).
 NGRAMS = dict(ngram_buckets=1 << 20, ngram_orders=[2, 3])
+# Linear "wide" head over hashed char 1-3-grams (ngram.WideNgramHead), same bucket reasoning.
+WIDE = dict(wide_buckets=1 << 20, wide_orders=[1, 2, 3])
 
 CASES = {
     "transformer_cls-cls": ("classification", dict(name="transformer_cls", pooling="cls")),
@@ -48,6 +50,11 @@ CASES = {
                                                        ngram_dropout=0.3, **NGRAMS)),
     "rnn_cls-gru-ngram-mean_max": ("classification", dict(name="rnn_cls", cell="gru", pooling="mean_max",
                                                           **NGRAMS)),
+    "transformer_cls-wide-mean": ("classification", dict(name="transformer_cls", pooling="mean",
+                                                         wide_dropout=0.3, wide_scale=5.0,
+                                                         token_dropout=0.2, rdrop_alpha=1.0, **WIDE)),
+    "transformer_cls-ngram-wide-cls": ("classification", dict(name="transformer_cls", pooling="cls",
+                                                              **NGRAMS, **WIDE)),
     "bigru_crf": ("tagging", dict(name="bigru_crf")),
     "ernie_cls": ("classification", dict(name="ernie_cls", ernie_config=TINY_ERNIE)),
     "ernie_tagger": ("tagging", dict(name="ernie_tagger", ernie_config=TINY_ERNIE)),
@@ -142,6 +149,13 @@ def test_gradient_of_pad_only_embedding_rows_is_exactly_zero(case):
         assert np.abs(ngram_grad[pad_only]).max() == 0.0
         untouched = np.setdiff1d(np.arange(NGRAMS["ngram_buckets"]), sorted(real))
         assert np.abs(ngram_grad[untouched]).max() == 0.0
+    if "wide" in case:  # the wide table: same rule, its own hash orders
+        wide_grad = model.wide_head.embedding.weight.grad.numpy()
+        spec = dict(ngram_orders=WIDE["wide_orders"], ngram_buckets=WIDE["wide_buckets"])
+        real = set().union(*(reference_ngram_buckets(ids[b, :n], spec) for b, n in enumerate(seq_len)))
+        assert np.abs(wide_grad[sorted(real)]).max() > 0, "test sanity"
+        untouched = np.setdiff1d(np.arange(WIDE["wide_buckets"]), sorted(real))
+        assert np.abs(wide_grad[untouched]).max() == 0.0
     if case.startswith("transformer_cls"):  # positions past the longest sequence are pad-only too
         position_grad = model.position_embedding.weight.grad.numpy()
         assert np.abs(position_grad[seq_len.max():]).max() == 0.0
@@ -149,7 +163,7 @@ def test_gradient_of_pad_only_embedding_rows_is_exactly_zero(case):
 
 STATIC_CASES = ["transformer_cls-mean", "transformer_cls-cls", "rnn_cls-lstm-last", "rnn_cls-gru-max",
                 "transformer_cls-ngram-mean_max", "rnn_cls-lstm-ngram-last",
-                "bigru_crf", "ernie_cls", "ernie_tagger"]
+                "transformer_cls-ngram-wide-cls", "bigru_crf", "ernie_cls", "ernie_tagger"]
 
 
 @pytest.mark.parametrize("case", STATIC_CASES)
@@ -289,11 +303,42 @@ def test_ngram_and_pooling_config_errors_name_the_key(bad, message):
 
 def test_ngrams_off_by_default_keep_old_checkpoints_loadable():
     model, _ = make_model("transformer_cls-mean")
-    assert model.ngram_embedding is None
-    assert not any("ngram" in name for name, _ in model.named_parameters())
+    assert model.ngram_embedding is None and model.wide_head is None
+    assert not any("ngram" in name or "wide" in name for name, _ in model.named_parameters())
 
 
-@pytest.mark.parametrize("case", ["transformer_cls-ngram-mean_max", "rnn_cls-lstm-ngram-last"])
+@pytest.mark.parametrize("bad, message", [
+    (dict(wide_buckets=-1), "wide_buckets"),
+    (dict(wide_buckets=100, wide_orders=[]), "wide_orders is empty"),
+    (dict(wide_buckets=100, wide_orders=[0, 1]), "wide_orders"),
+    (dict(wide_buckets=100, wide_dropout=1.0), "wide_dropout"),
+    (dict(token_dropout=-0.1), "token_dropout"),
+    (dict(rdrop_alpha=-1.0), "rdrop_alpha"),
+])
+def test_wide_head_config_errors_name_the_key(bad, message):
+    with pytest.raises(ConfigError, match=message):
+        build_model(dict(TINY, name="transformer_cls", **bad), VOCAB, 2, PAD_ID, "classification")
+
+
+def test_wide_head_is_a_length_normalised_sum_of_its_ngram_logits():
+    """Wide logits = sum of the table rows of every real n-gram / sqrt(count), checked by hand."""
+    from ppvarlen.models.ngram import WideNgramHead
+
+    paddle.seed(9)
+    head = WideNgramHead(VOCAB, buckets=997, orders=[1, 2, 3], num_labels=NUM_LABELS)
+    table = np.random.default_rng(9).normal(size=(997, NUM_LABELS)).astype("float32")
+    head.embedding.weight.set_value(table)
+    head.eval()
+    ids, seq_len = padded_batch(np.random.default_rng(10), [5, 1, 8], extra_pad=2)
+    mask = (np.arange(ids.shape[1])[None] < seq_len[:, None]).astype("float32")
+    got = head(paddle.to_tensor(ids), paddle.to_tensor(mask)).numpy()
+    for b, n in enumerate(seq_len):
+        rows = [h for order in (1, 2, 3) for h in reference_ngram_hashes(ids[b, :n], order, 997)]
+        np.testing.assert_allclose(got[b], table[rows].sum(axis=0) / np.sqrt(len(rows)), rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["transformer_cls-ngram-mean_max", "rnn_cls-lstm-ngram-last",
+                                  "transformer_cls-ngram-wide-cls"])
 def test_ngram_models_export_to_onnx_exactly_on_mixed_lengths(case, tmp_path):
     """The team exporter converts the integer hash ops (Concat/Slice/Mul/Mod) to ONNX exactly."""
     import onnxruntime as ort
@@ -315,3 +360,34 @@ def test_ngram_models_export_to_onnx_exactly_on_mixed_lengths(case, tmp_path):
         want = run(model, ids, seq_len)[0]
         got = session.run(None, {"input_ids": ids, "seq_len": seq_len})[0]
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_rdrop_adds_a_symmetric_kl_between_two_dropout_passes():
+    from ppvarlen.models.transformer_cls import symmetric_kl
+
+    a = np.random.default_rng(12).normal(size=(4, NUM_LABELS)).astype("float32")
+    b = np.random.default_rng(13).normal(size=(4, NUM_LABELS)).astype("float32")
+    pa, pb = (np.exp(x) / np.exp(x).sum(-1, keepdims=True) for x in (a, b))
+    want = ((pa * np.log(pa / pb)).sum(-1) + (pb * np.log(pb / pa)).sum(-1)).mean() / 2
+    np.testing.assert_allclose(float(symmetric_kl(paddle.to_tensor(a), paddle.to_tensor(b))), want, rtol=1e-5)
+    assert float(symmetric_kl(paddle.to_tensor(a), paddle.to_tensor(a))) == 0.0
+    # Without any dropout both passes agree: the R-Drop loss is exactly the plain loss.
+    ids, seq_len = padded_batch(np.random.default_rng(15), [4, 6], extra_pad=1)
+    inputs = (paddle.to_tensor(ids), paddle.to_tensor(seq_len), paddle.to_tensor(np.array([0, 2], "int64")))
+    paddle.seed(14)
+    no_dropout = build_model(dict(TINY, name="transformer_cls", dropout=0.0, rdrop_alpha=1.0, **WIDE), VOCAB,
+                             NUM_LABELS, PAD_ID, "classification")
+    no_dropout.train()
+    train_loss, _ = no_dropout(*inputs)
+    no_dropout.eval()
+    np.testing.assert_allclose(float(train_loss), float(no_dropout(*inputs)[0]), rtol=1e-6)
+    # With dropout the two passes differ and the KL term adds to the loss.
+    model, _ = make_model("transformer_cls-wide-mean", seed=14)
+    model.train()
+    paddle.seed(16)
+    rdrop_loss, _ = model(*inputs)
+    model.rdrop_alpha = 0.0
+    paddle.seed(16)
+    plain_loss, _ = model(*inputs)
+    assert np.isfinite(float(rdrop_loss)) and float(rdrop_loss) != float(plain_loss)
+

@@ -116,6 +116,20 @@ def test_loss_ignores_padding(model, smoothing):
         model.label_smoothing = 0.0
 
 
+def test_smoothed_loss_is_the_textbook_formula():
+    from ppvarlen.models.seq2seq import smoothed_loss
+
+    rng = np.random.default_rng(4)
+    logits = rng.normal(size=(2, 3, 7)).astype("float32") * 3
+    labels = np.array([[1, 4, -100], [6, -100, -100]])
+    got = float(smoothed_loss(paddle.to_tensor(logits), paddle.to_tensor(labels), 0.2))
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    real = labels != -100
+    nll = -logp[real, labels[real]].mean()
+    uniform = -logp[real].mean(-1).mean()
+    assert abs(got - (0.8 * nll + 0.2 * uniform)) < 1e-5
+
+
 def test_padding_positions_get_no_gradient_signal(model):
     """A batch whose only difference is garbage in pad positions gives identical gradients."""
     rng = np.random.default_rng(3)
@@ -308,11 +322,13 @@ def test_g2p_batches_through_the_model():
 
     cfg = load_config(os.path.join(REPO, "configs", "g2p", "transformer.yaml"), [
         "Data.limit=40", "Data.max_source_len=40", "Data.max_target_len=160",
-        "Data.max_tokens=6000", "Model.hidden_size=32", "Model.ffn_size=64"])
+        "Data.max_tokens=6000", "Model.hidden_size=32", "Model.ffn_size=64",
+        "Data.target_tokenizer=char", "Model.max_position=200"])  # letters: targets > 2x sources
     data = build_datasets(cfg.Data)
     enc = data.encoder
     assert (enc.bos_id, enc.eos_id, enc.pad_id) == (BOS, EOS, PAD)
-    model = build_model(cfg.Model, enc.vocab_size, 0, enc.pad_id, "seq2seq")
+    model = build_model(cfg.Model, enc.vocab_size, enc.output_size, enc.pad_id, "seq2seq")
+    assert model.output_size == enc.output_size < 120  # letters, digits, punctuation
     collate = Collator(enc.pad_id)
     indices = next(iter(build_batch_sampler(data.train, cfg.Data, shuffle=True)))
     batch = collate([data.train[i] for i in indices])
@@ -323,8 +339,8 @@ def test_g2p_batches_through_the_model():
     loss.backward()
     model.eval()
     hyps = model.greedy_decode(batch["src_ids"], batch["src_len"], max_len=20)
-    text = ["".join(enc.decode(h)) for h in hyps]
+    text = [enc.decode_target(h) for h in hyps]
     assert len(text) == len(indices) and all(len(h) < 20 for h in hyps)
-    refs = ["".join(enc.decode(data.train[i]["tgt_ids"][1:-1])) for i in indices]
+    refs = [enc.decode_target(data.train[i]["tgt_ids"][1:-1]) for i in indices]
     assert all(r and not any("\u4e00" <= c <= "\u9fff" for c in r) for r in refs)
     assert 0.0 <= seq2seq_metrics(text, refs)["ter"]

@@ -225,6 +225,31 @@ def test_seq2seq_vocab_covers_source_and_target(tmp_path):
     cfg = load_config(data={"Data": {"corpus": "jsonl", "train_file": str(p)}}).Data
     enc = build_encoder(cfg, load_corpus(cfg))
     assert set(enc.tokens[6:]) == {"中", "国", "z", "g"}
+    # the target alphabet comes first: the decoder's output layer covers ids < output_size
+    assert enc.output_size == 8 and set(enc.tokens[6:8]) == {"z", "g"}
+
+
+def test_seq2seq_vocab_target_first_round_trip_and_unk(tmp_path):
+    sources = ["中国人", "中国", "国人 a"]
+    targets = ["zhong guo ren", "zhong guo", "guo ren a"]
+    enc = TextEncoder.build_seq2seq(sources, targets, "char", target_kind="word")
+    assert enc.output_size == 6 + 4  # zhong guo ren a: "a" is also a source char, counted once
+    assert set(enc.tokens[6:10]) == {"zhong", "guo", "ren", "a"}
+    assert all(enc.encode_target(t) == [enc.tokens.index(w) for w in t.split()] for t in targets)
+    ids = enc.encode_target("zhong 中 xyz")  # a source-only token and an unseen one -> [UNK]
+    assert ids == [enc.tokens.index("zhong"), enc.unk_id, enc.unk_id]
+    assert enc.decode_target(enc.encode_target("guo ren")) == "guo ren"
+    enc.save(tmp_path)
+    back = TextEncoder.load(tmp_path)
+    assert (back.output_size, back.target_kind, back.tokens) == (10, "word", enc.tokens)
+    letters = TextEncoder.build_seq2seq(sources, targets, "char")  # letters, space included
+    assert letters.decode_target(letters.encode_target("guo ren")) == "guo ren"
+    assert set(letters.tokens[6:letters.output_size]) == set("zhonguremia ") - {"m", "i"}
+    meta = json.load(open(tmp_path / "encoder.json"))
+    meta["output_size"] = 99999
+    json.dump(meta, open(tmp_path / "encoder.json", "w"))
+    with pytest.raises(DataError, match="output_size 99999 must be an integer"):
+        TextEncoder.load(tmp_path)
 
 
 def test_vocab_file_without_pretrained_is_a_config_error():

@@ -6,6 +6,8 @@
 
 Writes OUTPUT/ (atomically): manifest.json, vocab.txt, encoder.json, paddle/model.json +
 model.pdiparams, onnx/model.onnx (+ model_fp16.onnx, crf_transitions.npy), parity.json.
+Seq2seq: paddle/model.json holds the whole greedy loop; onnx/encoder.onnx + decoder_step.onnx;
+--verify then requires greedy outputs identical to the eager model (fp32 only).
 --verify compares every backend with the eager model on a shape grid and the test split and
 fails (exit 1, old export kept) if fp32 differs by > 1e-4 or any argmax differs, or bf16/fp16
 agree on < 99.5% of the test split.  Defaults come from the config's Export section.

@@ -76,7 +76,7 @@ def serve_demo(export_dir, texts):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-c", "--config", default="configs/sentiment/transformer.yaml")
+    ap.add_argument("-c", "--config", default="configs/sentiment/wide_deep.yaml")
     ap.add_argument("--output", default="output/quickstart")
     ap.add_argument("-o", "--override", action="append", default=[],
                     help="extra training overrides, e.g. -o Train.max_steps=200 for a faster demo")

@@ -5,7 +5,8 @@
         [-o Deploy.threads=1 ...]   (server settings for both runs)
 
 Starts serve.py itself on free 127.0.0.1 ports (one per setting), drives it with
-concurrent clients sending texts from the sentiment test split, and writes
+concurrent clients sending texts from the test split of the export's task (sentiment
+reviews, or g2p sources for a seq2seq export), and writes
 bench.json + bench.png (QPS, P50/P95/P99 latency, errors, batch size, padding).
 """
 import argparse

@@ -141,7 +141,7 @@ def _encode_split(examples, split, task, encoder, cfg, specials, label_names):
         lt_tgt = LongTextStats(split, cfg.long_text)
         for i, ex in enumerate(examples):
             src = encoder.encode(encoder.tokenize(ex["source"]))
-            tgt = encoder.encode(encoder.tokenize(ex["target"]))
+            tgt = encoder.encode_target(ex["target"])
             unk += src.count(encoder.unk_id) + tgt.count(encoder.unk_id)
             real += len(src) + len(tgt)
             if not src or not tgt:

@@ -19,9 +19,11 @@ Decisions (see the report of issue #7):
 * Non-Chinese characters are kept as their own tokens after NFKC (full-width ``１９９８`` ->
   ``1998``: a run of ASCII letters/digits is one token, every other symbol its own token).
 * A paragraph becomes examples by splitting after clause punctuation and packing consecutive
-  clauses of one sentence while the source stays <= ``Data.max_source_len`` characters; a clause
-  longer than that, a target longer than ``Data.max_target_len``, or a CJK character without a
-  reading drops the example -- every drop is counted in ``Corpus.stats``.
+  clauses of one sentence while the source stays <= ``Data.max_source_len`` characters; a longer
+  clause is cut between words (``split_long_clause``).  A single word longer than that, a target
+  longer than ``Data.max_target_len`` characters, or a CJK character without a reading drops the
+  example -- every drop is counted in ``Corpus.stats``.  A source seen before is dropped too
+  (``duplicates``): one reading per source, and frequent clauses do not weigh one split.
 Paddle-free (imported by ``data.corpora``).
 """
 import collections
@@ -156,17 +158,42 @@ def clauses(words):
         yield cur, True
 
 
+def split_at_words(clause, max_len, stats):
+    """A clause longer than max_len characters -> pieces of <= max_len cut between words (the
+    corpus is segmented, and readings are per word, so a cut never changes a reading); a single
+    word longer than max_len is dropped and counted."""
+    piece, size = [], 0
+    for word, pos in clause:
+        if len(word) > max_len:
+            stats["dropped_long_word"] += 1
+            stats["dropped_chars"] += len(word)
+            if piece:
+                yield piece
+            piece, size = [], 0
+            continue
+        if piece and size + len(word) > max_len:
+            # punctuation never starts a piece (a lone "。" would be a trivial example): it
+            # takes the previous word along
+            carry = piece[-1:] if word in CLAUSE_END and len(piece) > 1 else []
+            yield piece[:len(piece) - len(carry)]
+            piece, size = carry, sum(len(w) for w, _ in carry)
+        piece, size = piece + [(word, pos)], size + len(word)
+    if piece:
+        yield piece
+
+
 def paragraph_examples(words, max_len, stats):
-    """Pack consecutive clauses of one sentence into sources of <= max_len characters."""
+    """Pack consecutive clauses of one sentence into sources of <= max_len characters; a longer
+    clause is cut between words into pieces of its own."""
     packed, size = [], 0
     for clause, ends_sentence in clauses(words):
         n = sum(len(w) for w, _ in clause)
         if n > max_len:
-            stats["dropped_long_clause"] += 1
-            stats["dropped_chars"] += n
+            stats["split_long_clause"] += 1
             if packed:
                 yield packed
             packed, size = [], 0
+            yield from split_at_words(clause, max_len, stats)
             continue
         if packed and size + n > max_len:
             yield packed
@@ -193,7 +220,7 @@ def chunk_target(table, chunk):
 def build_examples(paragraphs, table, max_source_len, max_target_len):
     """(examples, stats) for parsed paragraphs; examples are {"source", "target"} dicts."""
     stats = collections.Counter()
-    examples = []
+    examples, seen = [], set()
     for words in paragraphs:
         stats["paragraphs"] += 1
         stats["source_chars"] += sum(len(w) for w, _ in words)
@@ -203,7 +230,11 @@ def build_examples(paragraphs, table, max_source_len, max_target_len):
                 stats["dropped_unknown_char"] += 1
             elif len(target) > max_target_len:
                 stats["dropped_long_target"] += 1
+            elif source in seen:  # repeated clauses ("我们。") would weigh the test split
+                stats["duplicates"] += 1
+                continue
             else:
+                seen.add(source)
                 examples.append({"source": source, "target": target})
                 continue
             stats["dropped_chars"] += len(source)
@@ -239,8 +270,9 @@ def _g2p_cached(max_source_len, max_target_len):
                   "split": {"sizes": {s: len(splits[s]) for s in SPLITS},
                             "method": SPLIT_METHOD},
                   "max_source_len": max_source_len, "max_target_len": max_target_len})
-    logger.info("g2p corpus: %d examples (%s); dropped %d long clauses, %d long targets, "
-                "%d with a character the pinyin table lacks", len(examples),
-                stats["split"]["sizes"], stats.get("dropped_long_clause", 0),
+    logger.info("g2p corpus: %d examples (%s); %d long clauses cut between words; dropped %d "
+                "long words, %d long targets, %d with a character the pinyin table lacks",
+                len(examples), stats["split"]["sizes"], stats.get("split_long_clause", 0),
+                stats.get("dropped_long_word", 0),
                 stats.get("dropped_long_target", 0), stats.get("dropped_unknown_char", 0))
     return Corpus("seq2seq", splits, [], stats)

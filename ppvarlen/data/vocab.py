@@ -90,6 +90,12 @@ class TextEncoder:
                 vocab.to_indices(t) for t in (PAD, UNK, CLS, SEP))
             self.bos_id = self.eos_id = None  # BERT/ERNIE vocabularies have no [BOS]/[EOS]
         self.stats = {}  # filled by build(): counts behind the vocabulary
+        # seq2seq: ids < output_size are the tokens a decoder may generate (the train targets'
+        # tokens come first in the vocabulary); None = every id (classification, tagging)
+        self.output_size = None
+        # seq2seq: how targets split into tokens ("char" letters or "word" = whitespace-separated
+        # units such as pinyin syllables); None = like the source (``kind``)
+        self.target_kind = None
 
     # ------------------------------------------------------------ building
 
@@ -109,12 +115,7 @@ class TextEncoder:
         if max_size is not None and max_size <= len(SPECIAL_TOKENS):
             raise ConfigError(f"Data.max_size: {max_size} leaves no room beyond the "
                               f"{len(SPECIAL_TOKENS)} special tokens; use a larger value or null")
-        probe = cls(SPECIAL_TOKENS, kind, lowercase)
-        counts = Counter()
-        for item in texts:
-            counts.update(probe.tokenize(item) if isinstance(item, str) else probe.normalize(item))
-        for t in SPECIAL_TOKENS:
-            counts.pop(t, None)  # a literal "[CLS]" in text is not the special token
+        counts = cls._count(texts, kind, lowercase)
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         kept = [t for t, c in ranked if c >= min_freq]
         below_min = len(ranked) - len(kept)
@@ -130,6 +131,56 @@ class TextEncoder:
                      "types_over_max_size": len(ranked) - below_min - len(kept),
                      "train_unk_rate": (total - covered) / total if total else 0.0}
         return enc
+
+    @classmethod
+    def _count(cls, texts, kind, lowercase):
+        probe = cls(SPECIAL_TOKENS, kind, lowercase)
+        counts = Counter()
+        for item in texts:
+            counts.update(probe.tokenize(item) if isinstance(item, str) else probe.normalize(item))
+        for t in SPECIAL_TOKENS:
+            counts.pop(t, None)  # a literal "[CLS]" in text is not the special token
+        return counts
+
+    @classmethod
+    def build_seq2seq(cls, sources, targets, kind="char", lowercase=False, min_freq=1,
+                      max_size=None, target_kind=None):
+        """One vocabulary for both sides, the train targets' tokens first.
+
+        The decoder's output layer then covers only ids < ``output_size`` (the specials and
+        the target alphabet: ~40 symbols for pinyin instead of ~4,600 source characters),
+        which is most of a training step's cost otherwise.  Within each group the order is
+        ``build``'s (frequency desc, then token).
+        """
+        target_kind = target_kind or kind
+        if target_kind not in ("char", "word"):
+            raise ConfigError(f"Data.target_tokenizer: {target_kind!r} must be char or word")
+        probe = cls(SPECIAL_TOKENS, target_kind, lowercase)
+        target_tokens = [probe.tokenize(t) for t in targets]  # token lists: counted as given
+        enc = cls.build(list(sources) + target_tokens, kind, lowercase, min_freq, max_size)
+        in_targets = cls._count(target_tokens, kind, lowercase)
+        kept = enc.tokens[len(SPECIAL_TOKENS):]
+        first = [t for t in kept if t in in_targets]
+        out = cls(list(SPECIAL_TOKENS) + first + [t for t in kept if t not in in_targets],
+                  kind, lowercase)
+        out.output_size = len(SPECIAL_TOKENS) + len(first)
+        out.target_kind = target_kind
+        out.stats = dict(enc.stats, output_size=out.output_size)
+        return out
+
+    def encode_target(self, text):
+        """Target text -> ids a decoder can produce (a token outside the output alphabet ->
+        [UNK]); targets split per ``target_kind``."""
+        kind = self.target_kind or self.kind
+        ids = self.encode(list(text) if kind == "char" else text.split())  # encode lowercases
+        if self.output_size is None:
+            return ids
+        return [i if i < self.output_size else self.unk_id for i in ids]
+
+    def decode_target(self, ids):
+        """Generated ids (no BOS/EOS) -> target text: chars joined with "", words with " "."""
+        kind = self.target_kind or self.kind
+        return ("" if kind == "char" else " ").join(self.decode(ids))
 
     # ------------------------------------------------------------ text <-> ids
 
@@ -203,6 +254,9 @@ class TextEncoder:
                 "vocab_size": self.vocab_size,
                 "special_tokens": {k: names[k] for k, i in self.special_ids.items() if i is not None},
                 "special_ids": self.special_ids}
+        if self.output_size is not None:
+            meta["output_size"] = self.output_size
+            meta["target_kind"] = self.target_kind or self.kind
         if self._tok is None:
             text = "".join(escape_token(t) + "\n" for t in self.tokens)
             meta["vocab_escape"] = "backslash"
@@ -259,6 +313,16 @@ class TextEncoder:
         if meta.get("vocab_size") not in (None, enc.vocab_size):
             raise DataError(f"{vocab_path}: holds {enc.vocab_size} tokens but {meta_path} says "
                             f"{meta['vocab_size']}; the two files come from different runs")
+        output_size = meta.get("output_size")
+        if output_size is not None and not (isinstance(output_size, int)
+                                            and len(SPECIAL_TOKENS) <= output_size <= enc.vocab_size):
+            raise DataError(f"{meta_path}: output_size {output_size!r} must be an integer in "
+                            f"[{len(SPECIAL_TOKENS)}, {enc.vocab_size}]; re-save the model")
+        enc.output_size = output_size
+        target_kind = meta.get("target_kind")
+        if target_kind not in (None, "char", "word"):
+            raise DataError(f"{meta_path}: target_kind {target_kind!r} must be char or word")
+        enc.target_kind = target_kind
         return enc
 
     @classmethod
@@ -280,16 +344,10 @@ class TextEncoder:
 
 
 def split_items(examples):
-    """What a vocabulary counts per example: its text, its token list (tagging), or its
-    source and its target (seq2seq models share one vocabulary between the two sides)."""
+    """What a vocabulary counts per example: its text, or its token list (tagging).
+    (seq2seq vocabularies: ``TextEncoder.build_seq2seq``.)"""
     for ex in examples:
-        if "text" in ex:
-            yield ex["text"]
-        elif "tokens" in ex:
-            yield ex["tokens"]
-        else:
-            yield ex["source"]
-            yield ex["target"]
+        yield ex["text"] if "text" in ex else ex["tokens"]
 
 
 def build_encoder(data_cfg, corpus):
@@ -307,9 +365,16 @@ def build_encoder(data_cfg, corpus):
         enc = TextEncoder.load(data_cfg.vocab_file, "pretrained", data_cfg.lowercase)
         enc.stats = {"kind": "pretrained", "vocab_file": data_cfg.vocab_file,
                      "vocab_size": enc.vocab_size}
+    elif corpus.task == "seq2seq":
+        train = corpus.splits["train"]
+        enc = TextEncoder.build_seq2seq([ex["source"] for ex in train],
+                                        [ex["target"] for ex in train], data_cfg.tokenizer,
+                                        data_cfg.lowercase, data_cfg.min_freq, data_cfg.max_size,
+                                        data_cfg.target_tokenizer)
     else:
         enc = TextEncoder.build(split_items(corpus.splits["train"]), data_cfg.tokenizer,
                                 data_cfg.lowercase, data_cfg.min_freq, data_cfg.max_size)
+    if data_cfg.tokenizer != "pretrained":
         logger.info("vocabulary: %s, %d tokens from the train split (%d types, min_freq %d)",
                     enc.kind, enc.vocab_size, enc.stats["train_types"], data_cfg.min_freq)
     return enc

@@ -126,6 +126,11 @@ class DynamicBatcher:
         s["padded_tokens"] = sum(p.padded_tokens for p in self._predictors)
         s["padding_efficiency"] = (s["real_tokens"] / s["padded_tokens"]
                                    if s["padded_tokens"] else None)
+        # seq2seq: a batch runs until its longest output ends; the other rows idle meanwhile
+        real = sum(getattr(p, "real_target_tokens", 0) for p in self._predictors)
+        padded = sum(getattr(p, "padded_target_tokens", 0) for p in self._predictors)
+        if padded:
+            s["decode_steps_efficiency"] = real / padded
         return s
 
     def close(self, drain=True, timeout=30.0):

@@ -2,7 +2,8 @@
 
 For each setting the server is started as its own process (``deploy/python/serve.py``
 on a free 127.0.0.1 port), warmed up, then driven by ``concurrency`` clients that
-each send one text per request, drawn from the sentiment test split, until
+each send one text per request, drawn from the test split of the export's task
+(sentiment reviews; g2p sources for a seq2seq export), until
 ``max_requests`` are done or ``duration_s`` has passed.  Reports QPS,
 P50/P95/P99 latency, errors, and the server's own batch and padding numbers.
 """
@@ -28,10 +29,18 @@ SETTINGS = {  # name -> Deploy overrides
 }
 
 
-def sentiment_test_texts():
+def split_texts(export_dir):
+    """Texts of the real test split for the export's task (real length distribution)."""
     from ppvarlen.config import load_config
     from ppvarlen.data.corpora import load_corpus
 
+    from .manifest import load_manifest
+
+    manifest = load_manifest(export_dir, verify=False)
+    if manifest["task"] == "seq2seq":  # the g2p clauses packed to the export's source length
+        cfg = load_config(overrides=["Data.corpus=g2p",
+                                     f"Data.max_source_len={int(manifest['max_len'])}"])
+        return [ex["source"] for ex in load_corpus(cfg.Data).splits["test"]]
     corpus = load_corpus(load_config(overrides=["Data.corpus=sentiment"]).Data)
     return [ex["text"] for ex in corpus.splits["test"]]
 
@@ -165,7 +174,7 @@ def run_benchmark(export_dir, out_dir, backend="paddle", concurrency=16, max_req
     """
     import httpx
 
-    texts = texts if texts is not None else sentiment_test_texts()
+    texts = texts if texts is not None else split_texts(export_dir)
     settings = settings or SETTINGS
     results = {"export_dir": os.path.abspath(export_dir), "backend": backend,
                "concurrency": concurrency, "max_requests": max_requests, "duration_s": duration_s,

@@ -3,12 +3,17 @@
 ``PaddleEngine`` (Paddle Inference) and ``OnnxEngine`` (onnxruntime) share one
 interface: ``run(input_ids, seq_len) -> {output_name: np.ndarray}`` and ``clone()``
 (an engine for another worker thread; Paddle predictors are not thread-safe).
-Both are built from the export directory's manifest alone.
+Both are built from the export directory's manifest alone.  Seq2seq exports feed
+``src_ids``/``src_len`` the same way: the Paddle program holds the whole greedy loop
+(output ``tokens``); the ONNX export holds an encoder and one decoder step, so
+``OnnxGreedyEngine`` runs the loop in numpy (``ppvarlen.utils.search``) and returns
+``{"output_ids": [ids, ...]}``.
 """
 import numpy as np
 
 from .manifest import ExportError, require_listed
 
+STEP_INPUTS = ("tokens", "src_len", "self_k", "self_v", "cross_k", "cross_v")
 PRECISIONS = {"paddle": ("fp32", "bf16", "fp16"), "onnx": ("fp32", "fp16")}
 
 
@@ -22,9 +27,17 @@ def _backend_entry(manifest, backend):
     return entry if isinstance(entry, dict) else {}
 
 
-def _output_names(manifest):
-    outs = manifest.get("outputs") or []
+def _output_names(manifest, backend=None):
+    """The backend's own output list when the manifest has one (seq2seq: ``["tokens"]``)."""
+    entry = ((manifest.get("backends") or {}).get(backend) or {}) if backend else {}
+    outs = entry.get("outputs") or manifest.get("outputs") or []
     return [o if isinstance(o, str) else o["name"] for o in outs]
+
+
+def input_names(manifest):
+    """(ids, lengths) input names: input_ids/seq_len, or src_ids/src_len (seq2seq)."""
+    names = [i["name"] for i in manifest.get("inputs") or []]
+    return names if len(names) == 2 else ["input_ids", "seq_len"]
 
 
 def check_precision(manifest, backend, precision):
@@ -45,7 +58,8 @@ def check_precision(manifest, backend, precision):
 class PaddleEngine:
     """Paddle Inference predictor over ``paddle/model.json`` + ``paddle/model.pdiparams``.
 
-    CPU: oneDNN with ``threads`` math threads; ``bf16`` via oneDNN bfloat16 kernels.
+    CPU: ``threads`` math threads, oneDNN unless the manifest's ``settings.fp32.enable_onednn``
+    is false; ``bf16`` via oneDNN bfloat16 kernels.
     GPU: ``fp16`` runs in half precision; ``tensorrt=True`` adds TensorRT subgraphs with
     the dynamic shape ranges the exporter derived from the length profile
     (``manifest.shape_ranges``) — a shape outside them is an error, not a silent re-build.
@@ -53,7 +67,7 @@ class PaddleEngine:
 
     def __init__(self, export_dir, manifest, device="cpu", precision="fp32", threads=1,
                  gpu_id=0, tensorrt=False, _predictor=None):
-        self.output_names = _output_names(manifest)
+        self.output_names = _output_names(manifest, "paddle")
         if _predictor is not None:
             self._predictor = _predictor
             return
@@ -79,9 +93,13 @@ class PaddleEngine:
                 raise ValueError("fp16 has no CPU kernels in Paddle Inference; use bf16 on CPU, "
                                  "or --backend onnx --precision fp16")
             config.disable_gpu()
-            config.enable_onednn()
-            # oneDNN caches kernels per input shape; bound it, every batch has a new shape.
-            config.set_onednn_cache_capacity(64)
+            # The exporter may turn oneDNN off for a graph it slows down (settings.fp32);
+            # bf16 needs it.  Default on: ~7x eager for the classifiers.
+            settings = (entry.get("settings") or {}).get(precision) or {}
+            if precision == "bf16" or settings.get("enable_onednn", True):
+                config.enable_onednn()
+                # oneDNN caches kernels per input shape; bound it, every batch has a new shape.
+                config.set_onednn_cache_capacity(64)
             config.set_cpu_math_library_num_threads(int(threads))
             if precision == "bf16":
                 config.enable_onednn_bfloat16()
@@ -91,13 +109,13 @@ class PaddleEngine:
     @staticmethod
     def _enable_tensorrt(config, manifest, prec):
         ranges = manifest.get("shape_ranges") or {}
-        missing = [n for n in ("input_ids", "seq_len") if n not in ranges]
+        names = input_names(manifest)
+        missing = [n for n in names if n not in ranges]
         if missing:
             raise ExportError(f"TensorRT needs manifest.shape_ranges for every input; missing "
                               f"{missing} — re-export")
-        shapes = {k: {n: list(ranges[n][k]) for n in ("input_ids", "seq_len")}
-                  for k in ("min", "opt", "max")}
-        max_batch = int(shapes["max"]["input_ids"][0])
+        shapes = {k: {n: list(ranges[n][k]) for n in names} for k in ("min", "opt", "max")}
+        max_batch = int(shapes["max"][names[0]][0])
         config.enable_tensorrt_engine(workspace_size=1 << 30, max_batch_size=max_batch,
                                       min_subgraph_size=3, precision_mode=prec,
                                       use_static=False, use_calib_mode=False)
@@ -110,13 +128,38 @@ class PaddleEngine:
     def run(self, input_ids, seq_len):
         p = self._predictor
         names = p.get_input_names()
-        feeds = {"input_ids": input_ids, "seq_len": seq_len}
+        feeds = {"input_ids": input_ids, "seq_len": seq_len, "src_ids": input_ids,
+                 "src_len": seq_len}
         for pos, name in enumerate(names):
             arr = feeds.get(name, (input_ids, seq_len)[pos])
             p.get_input_handle(name).copy_from_cpu(np.ascontiguousarray(arr))
         p.run()
         arrays = [p.get_output_handle(n).copy_to_cpu() for n in p.get_output_names()]
         return dict(zip(self.output_names or [str(i) for i in range(len(arrays))], arrays))
+
+
+def _ort_session(export_dir, manifest, rel, device, threads, gpu_id):
+    """An onnxruntime session over the manifest-listed file ``rel`` (CPU or CUDA)."""
+    import onnxruntime as ort
+
+    path = require_listed(export_dir, manifest, rel)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = int(threads)
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3  # unused-initializer warnings from paddle2onnx graphs
+    if device == "gpu":
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise ValueError("device 'gpu' was requested but onnxruntime has no "
+                             "CUDAExecutionProvider; install onnxruntime-gpu or use "
+                             "--device cpu")
+        providers = [("CUDAExecutionProvider", {"device_id": gpu_id}), "CPUExecutionProvider"]
+    else:
+        providers = ["CPUExecutionProvider"]
+    # The exporter records graph optimizers onnxruntime must skip for this graph (e.g. the
+    # NCHWc transformer segfaults onnxruntime 1.32 on the fp16 BiGRU-CRF).
+    entry = _backend_entry(manifest, "onnx")
+    disabled = list(entry.get("session", {}).get("disabled_optimizers", []))
+    return ort.InferenceSession(path, opts, providers=providers, disabled_optimizers=disabled)
 
 
 class OnnxEngine:
@@ -128,30 +171,11 @@ class OnnxEngine:
         if _session is not None:
             self._session = _session
             return
-        import onnxruntime as ort
-
         entry = _backend_entry(manifest, "onnx")
         check_precision(manifest, "onnx", precision)
         rel = (entry.get("model_fp16", "onnx/model_fp16.onnx") if precision == "fp16"
                else entry.get("model", "onnx/model.onnx"))
-        path = require_listed(export_dir, manifest, rel)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = int(threads)
-        opts.inter_op_num_threads = 1
-        opts.log_severity_level = 3  # unused-initializer warnings from paddle2onnx graphs
-        if device == "gpu":
-            if "CUDAExecutionProvider" not in ort.get_available_providers():
-                raise ValueError("device 'gpu' was requested but onnxruntime has no "
-                                 "CUDAExecutionProvider; install onnxruntime-gpu or use "
-                                 "--device cpu")
-            providers = [("CUDAExecutionProvider", {"device_id": gpu_id}), "CPUExecutionProvider"]
-        else:
-            providers = ["CPUExecutionProvider"]
-        # The exporter records graph optimizers onnxruntime must skip for this graph (e.g. the
-        # NCHWc transformer segfaults onnxruntime 1.32 on the fp16 BiGRU-CRF).
-        disabled = list(entry.get("session", {}).get("disabled_optimizers", []))
-        self._session = ort.InferenceSession(path, opts, providers=providers,
-                                             disabled_optimizers=disabled)
+        self._session = _ort_session(export_dir, manifest, rel, device, threads, gpu_id)
 
     def clone(self):
         # InferenceSession.run is thread-safe; clones share the loaded graph and weights.
@@ -166,11 +190,60 @@ class OnnxEngine:
         return dict(zip(self.output_names or [str(i) for i in range(len(arrays))], arrays))
 
 
+class OnnxGreedyEngine:
+    """Seq2seq over ``onnx/encoder.onnx`` + ``onnx/decoder_step.onnx``: greedy loop in numpy.
+
+    ``run(src_ids, src_len) -> {"output_ids": [ids without BOS/EOS per row]}``; each row's
+    length limit comes from the manifest's ``decoding`` section, the same rule as the model.
+    """
+
+    def __init__(self, export_dir, manifest, device="cpu", precision="fp32", threads=1,
+                 gpu_id=0, _sessions=None):
+        self.decoding = manifest["decoding"]
+        if _sessions is not None:
+            self._encoder, self._step = _sessions
+            return
+        entry = _backend_entry(manifest, "onnx")
+        check_precision(manifest, "onnx", precision)  # seq2seq exports list fp32 only
+        self._encoder, self._step = (
+            _ort_session(export_dir, manifest, entry.get(part, f"onnx/{part}.onnx"), device,
+                         threads, gpu_id) for part in ("encoder", "decoder_step"))
+
+    def clone(self):
+        return OnnxGreedyEngine(None, {"decoding": self.decoding},
+                                _sessions=(self._encoder, self._step))
+
+    @staticmethod
+    def _run(session, names, arrays):
+        """Feed by the spec's input names, by position for a graph that renamed them."""
+        given = dict(zip(names, arrays))
+        feed = {i.name: given.get(i.name, arrays[pos])
+                for pos, i in enumerate(session.get_inputs())}
+        return tuple(session.run(None, feed))
+
+    def _encode(self, src_ids, src_len):
+        return self._run(self._encoder, ("src_ids", "src_len"), (src_ids, src_len))
+
+    def _decode_step(self, *arrays):
+        return self._run(self._step, STEP_INPUTS, arrays)
+
+    def run(self, src_ids, src_len):
+        from ppvarlen.utils.search import greedy_search, length_limits
+
+        d = self.decoding
+        limits = length_limits(src_len, d["max_len_a"], d["max_len_b"], d.get("max_position"))
+        ids = greedy_search(self._encode, self._decode_step, src_ids, src_len, d["bos_id"],
+                            d["eos_id"], limits)
+        return {"output_ids": ids}
+
+
 def build_engine(export_dir, manifest, backend, tensorrt=False, **kw):
     if tensorrt and (backend != "paddle" or kw.get("device") != "gpu"):
         raise ValueError("TensorRT runs only with --backend paddle --device gpu")
     if backend == "paddle":
         return PaddleEngine(export_dir, manifest, tensorrt=tensorrt, **kw)
+    if backend == "onnx" and manifest.get("task") == "seq2seq":
+        return OnnxGreedyEngine(export_dir, manifest, **kw)
     if backend == "onnx":
         return OnnxEngine(export_dir, manifest, **kw)
     raise ValueError(f"unknown backend {backend!r}; choose paddle or onnx")

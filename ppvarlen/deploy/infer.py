@@ -1,6 +1,7 @@
 """Batch inference over a file: one prediction per input line, in input order.
 
-Input: ``.txt`` (one text per line) or ``.jsonl`` (``{"text": ...}`` per line).
+Input: ``.txt`` (one text per line) or ``.jsonl`` (``{"text": ...}`` per line; a seq2seq
+export also reads ``{"source": ...}``, the seq2seq data format, other fields ignored).
 Output: JSONL, line ``i`` answering input line ``i``: ``{"line": n, **prediction}``
 or ``{"line": n, "error": why}`` for a line that could not be used (also reported
 on stderr); the other lines are still predicted.
@@ -18,8 +19,11 @@ log = get_logger("deploy.infer")
 CHUNK = 4096  # texts sorted and batched together; bounds memory on huge files
 
 
-def read_texts(path):
-    """[(line_no, text | DataError)] for every line of a .txt or .jsonl file."""
+def read_texts(path, field="text"):
+    """[(line_no, text | DataError)] for every line of a .txt or .jsonl file.
+
+    ``field``: the JSONL key holding the text ("text"; "source" is also read for seq2seq).
+    """
     ext = os.path.splitext(path)[1].lower()
     if ext not in (".txt", ".jsonl"):
         raise DataError(f"{path}: input must be .txt (a text per line) or .jsonl "
@@ -44,11 +48,13 @@ def read_texts(path):
         except json.JSONDecodeError as e:
             out.append((n, DataError(f"{path}:{n}: not valid JSON ({e.msg})")))
             continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+        key = field if isinstance(obj, dict) and field in obj else "text"
+        if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
+            names = " or ".join(f'"{k}"' for k in dict.fromkeys(("text", field)))
             out.append((n, DataError(f"{path}:{n}: expected an object with a string field "
-                                     f"\"text\"")))
+                                     f"{names}")))
             continue
-        out.append((n, obj["text"]))
+        out.append((n, obj[key]))
     return out
 
 
@@ -59,8 +65,9 @@ def run_file(predictor, input_path, output_path=None, progress=True):
     """
     from tqdm import tqdm
 
-    rows = read_texts(input_path)
+    rows = read_texts(input_path, "source" if predictor.task == "seq2seq" else "text")
     real0, padded0 = predictor.real_tokens, predictor.padded_tokens
+    out0, steps0 = predictor.real_target_tokens, predictor.padded_target_tokens
     start = time.perf_counter()  # tokenising counts: it is part of serving a file
     records = [None] * len(rows)
     encoded = []  # (row index, EncodedText)
@@ -93,9 +100,16 @@ def run_file(predictor, input_path, output_path=None, progress=True):
     else:
         sys.stdout.write(text)
     done = len(encoded)
-    return {"input": input_path, "output": output_path, "backend": predictor.backend,
-            "texts": len(rows), "predicted": done, "failed": len(rows) - done,
-            "seconds": round(seconds, 4),
-            "texts_per_s": round(done / seconds, 2) if seconds > 0 else None,
-            "tokens_per_s": round(real / seconds, 1) if seconds > 0 else None,
-            "padding_efficiency": round(real / padded, 4) if padded else None}
+    summary = {"input": input_path, "output": output_path, "backend": predictor.backend,
+               "texts": len(rows), "predicted": done, "failed": len(rows) - done,
+               "seconds": round(seconds, 4),
+               "texts_per_s": round(done / seconds, 2) if seconds > 0 else None,
+               "tokens_per_s": round(real / seconds, 1) if seconds > 0 else None,
+               "padding_efficiency": round(real / padded, 4) if padded else None}
+    if predictor.task == "seq2seq":  # decoder steps that produced output vs steps run
+        steps = predictor.padded_target_tokens - steps0
+        summary["output_tokens_per_s"] = (round((predictor.real_target_tokens - out0) / seconds, 1)
+                                          if seconds > 0 else None)
+        summary["decode_steps_efficiency"] = (round((predictor.real_target_tokens - out0) / steps,
+                                                    4) if steps else None)
+    return summary

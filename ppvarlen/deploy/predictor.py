@@ -12,6 +12,9 @@ result per text in input order:
   "truncated": False}``
 * tagging ``{"entities": [{"type": "PER", "text": "江泽民", "start": 0, "end": 3}], "tags": [...],
   "num_tokens": n, "truncated": False}`` (``start``/``end`` are character offsets in the text).
+* seq2seq ``{"output": "zhong guo", "output_ids": [...], "num_tokens": n, "truncated": False}``:
+  greedy output (ids without BOS/EOS) of the source, tokenised exactly as the training
+  data's sources (no special tokens); ``num_tokens`` counts source tokens.
 """
 import os
 
@@ -23,9 +26,10 @@ from ppvarlen.data.errors import DataError
 from ppvarlen.data.order import length_sorted_batches, restore_order
 from ppvarlen.data.vocab import TextEncoder
 from ppvarlen.utils.inputs import validate_batch
+from ppvarlen.utils.search import strip_eos
 from ppvarlen.utils.viterbi import crf_decode
 
-from .engines import build_engine
+from .engines import build_engine, input_names
 from .manifest import ExportError, load_manifest, require_listed
 
 
@@ -114,6 +118,10 @@ class Predictor:
             self.encoder = TextEncoder.load(export_dir, tok.get("kind"))
             special = tok.get("add_special_tokens")  # null = the task's default (Data schema)
             self.add_special_tokens = self.task == "classification" if special is None else special
+            if self.task == "seq2seq":
+                # the g2p/seq2seq dataset encodes sources without specials whatever the setting
+                self.add_special_tokens = False
+                self.decoding = m["decoding"]
             self.max_len = int(m["max_len"])
             self.max_position = m.get("max_position")
             policy = m["long_text"]
@@ -133,7 +141,7 @@ class Predictor:
                 raise ValueError(f"max_batch_tokens {self.max_batch_tokens} is below the export's "
                                  f"max_len {self.max_len}; one full-length text must fit a batch")
             if tensorrt:  # TensorRT engines refuse shapes outside the exported ranges
-                top_batch, top_len = m["shape_ranges"]["input_ids"]["max"]
+                top_batch, top_len = m["shape_ranges"][input_names(m)[0]]["max"]
                 if self.max_len > top_len:
                     raise ExportError(f"max_len {self.max_len} exceeds the TensorRT shape range "
                                       f"(max length {top_len}) in the manifest; re-export")
@@ -143,21 +151,30 @@ class Predictor:
         # Counted over the arrays really run: padding efficiency = real / padded.
         self.real_tokens = 0
         self.padded_tokens = 0
+        # seq2seq: decoder steps a batch ran (rows x steps) vs output tokens incl. EOS
+        self.real_target_tokens = 0
+        self.padded_target_tokens = 0
 
     def clone(self):
         """A predictor for another thread: shares manifest and vocab, owns its engine."""
-        shared = {k: v for k, v in self.__dict__.items()
-                  if k not in ("engine", "real_tokens", "padded_tokens")}
+        counters = ("real_tokens", "padded_tokens", "real_target_tokens", "padded_target_tokens")
+        shared = {k: v for k, v in self.__dict__.items() if k != "engine" and k not in counters}
         shared["engine"] = self.engine.clone()
         return Predictor(None, _shared=shared)
 
     def warmup(self, lengths=(8, 32, 128)):
         """Run a few batch shapes once so the first requests skip kernel set-up; not counted."""
+        if self.task == "seq2seq":  # every run decodes many steps of growing shapes already
+            lengths = lengths[:1]
         for n in lengths:
             n = min(n, self.max_len)
             for rows in (1, 4):
                 self._run_rows([[self.encoder.unk_id] * n] * rows)
+        self._reset_counters()
+
+    def _reset_counters(self):
         self.real_tokens = self.padded_tokens = 0
+        self.real_target_tokens = self.padded_target_tokens = 0
 
     def measure_overhead_tokens(self, repeats=7):
         """A forward pass's fixed cost, in tokens of work: fit time = c0 + c1 * tokens.
@@ -166,23 +183,41 @@ class Predictor:
         tenth of that, so how much padding is worth a separate batch depends on the
         backend.  Shapes are timed round-robin (so a burst of load elsewhere hits
         them all), the best time of each is kept, and a line is fitted through them.
+
+        Seq2seq: a batch runs as many decoder steps as its longest output, and the
+        cost of a step grows with the steps before it (attention over the cache),
+        so lengths cannot be mixed in one fit: only the batch size varies, at the
+        median source length n (time = c0 + c1 x rows; overhead = n x c0 / c1), and
+        three rounds (a round decodes hundreds of steps).  The fixed cost really
+        grows with the batch's length; one constant at the median length is the
+        planner's approximation.  Paddle's in-graph loop costs milliseconds per step
+        whatever the batch size, so a row can cost next to nothing: the bound is
+        then a whole batch (``max_batch_tokens``), i.e. merge whatever fits.
         """
         import time
 
-        shapes = [(rows, min(n, self.max_len)) for rows, n in ((1, 8), (1, 64), (4, 32), (8, 64))]
+        runs, cap, noisy = repeats, 4 * self.max_len, self.max_len
+        if self.task == "seq2seq":
+            n = (self.manifest.get("length_profile") or {}).get("p50") or self.max_len
+            shapes = [(rows, int(min(n, self.max_len))) for rows in (1, 2, 4, 8)]
+            runs, cap = min(repeats, 3), self.max_batch_tokens
+            noisy = cap  # extra rows cost nothing measurable: batch them
+        else:
+            shapes = [(rows, min(n, self.max_len))
+                      for rows, n in ((1, 8), (1, 64), (4, 32), (8, 64))]
         best = [float("inf")] * len(shapes)
-        for _ in range(repeats):
+        for _ in range(runs):
             for k, (rows, n) in enumerate(shapes):
                 ids = [[self.encoder.unk_id] * n] * rows
                 start = time.perf_counter()
                 self._run_rows(ids)
                 best[k] = min(best[k], time.perf_counter() - start)
-        self.real_tokens = self.padded_tokens = 0
+        self._reset_counters()
         tokens = np.array([rows * n for rows, n in shapes], dtype=np.float64)
         per_token, fixed = np.polyfit(tokens, np.array(best), 1)
-        if per_token <= 0:  # timings too noisy to tell: treat a run as one full-length text
-            return self.max_len
-        return int(np.clip(fixed / per_token, 0, 4 * self.max_len))
+        if per_token <= 0:  # timings too noisy to tell: one full-length text (seq2seq: cap)
+            return noisy
+        return int(np.clip(fixed / per_token, 0, cap))
 
     # ------------------------------------------------------------ text -> ids
     def encode(self, text):
@@ -199,9 +234,10 @@ class Predictor:
         specials = 2 if self.add_special_tokens else 0
         max_content = self.max_len - specials
         if self.long_text == "error" and len(ids) > max_content:
+            other = "truncate" if self.task == "seq2seq" else "window"
             raise DataError(f"text has {len(ids)} tokens but this export takes at most "
                             f"{max_content} (max_len {self.max_len}) and its long_text policy is "
-                            f"'error'; shorten the text or re-export with Data.long_text: window")
+                            f"'error'; shorten the text or re-export with Data.long_text: {other}")
         windows, offsets = [], []
         for start, end in longtext.plan_spans(len(ids), max_content, self.long_text, self.stride,
                                               where="text"):
@@ -237,10 +273,12 @@ class Predictor:
             per_item[i].append(out)
         if self.task == "classification":
             return [self._classification(it, outs) for it, outs in zip(items, per_item)]
+        if self.task == "seq2seq":
+            return [self._seq2seq(it, outs[0]) for it, outs in zip(items, per_item)]
         return [self._tagging(it, outs) for it, outs in zip(items, per_item)]
 
     def _run_rows(self, id_lists):
-        """Pad, validate, run; per row: logits [C] or tag ids [len]."""
+        """Pad, validate, run; per row: logits [C], tag ids [len] or generated ids (seq2seq)."""
         seq_len = np.array([len(x) for x in id_lists], dtype=np.int64)
         input_ids = pad_sequences(id_lists, self.encoder.pad_id, int(seq_len.max()))
         validate_batch(input_ids, seq_len, max_position=self.max_position,
@@ -250,6 +288,15 @@ class Predictor:
         self.padded_tokens += int(input_ids.size)
         if self.task == "classification":
             return list(out["logits"].astype(np.float32))
+        if self.task == "seq2seq":
+            if "output_ids" in out:  # ONNX: the loop ran in numpy
+                generated = out["output_ids"]
+            else:  # Paddle: [B, T] tokens after BOS, EOS then padding in each row
+                generated = strip_eos(out["tokens"], self.decoding["eos_id"])
+            steps = max(len(g) for g in generated) + 1  # the loop stops at the last EOS
+            self.real_target_tokens += sum(len(g) + 1 for g in generated)
+            self.padded_target_tokens += len(generated) * steps
+            return generated
         if self.crf_matrix is not None:
             tags = crf_decode(out["emissions"], self.crf_matrix, seq_len)
         else:
@@ -264,6 +311,11 @@ class Predictor:
         k = int(probs.argmax())
         return {"label": self.label_names[k], "label_id": k,
                 "probs": {n: round(float(p), 6) for n, p in zip(self.label_names, probs)},
+                "num_tokens": item.num_tokens, "truncated": item.truncated}
+
+    def _seq2seq(self, item, ids):
+        ids = [int(i) for i in ids]
+        return {"output": self.encoder.decode_target(ids), "output_ids": ids,
                 "num_tokens": item.num_tokens, "truncated": item.truncated}
 
     def _tagging(self, item, window_tags):

@@ -45,16 +45,18 @@ class ServerMetrics:
         self.requests = 0
         self.responses = collections.Counter()
         self.texts = 0
+        self.truncated = 0  # texts cut to the export's max_len (long_text: truncate)
         self._latencies = collections.deque(maxlen=window)
 
     def count_request(self):
         with self._lock:
             self.requests += 1
 
-    def record(self, status, latency_s=None, texts=0):
+    def record(self, status, latency_s=None, texts=0, truncated=0):
         with self._lock:
             self.responses[str(status)] += 1
             self.texts += texts
+            self.truncated += truncated
             if latency_s is not None:
                 self._latencies.append(latency_s * 1000.0)
 
@@ -62,7 +64,7 @@ class ServerMetrics:
         with self._lock:
             lat = np.array(self._latencies, dtype=np.float64)
             out = {"requests": self.requests, "responses": dict(self.responses),
-                   "texts": self.texts}
+                   "texts": self.texts, "truncated_texts": self.truncated}
         pct = {f"p{q}": float(np.percentile(lat, q)) if lat.size else None for q in (50, 95, 99)}
         out["latency_ms"] = {**pct, "mean": float(lat.mean()) if lat.size else None,
                              "window": int(lat.size)}
@@ -185,7 +187,8 @@ def create_app(predictor, workers=1, max_wait_ms=5.0, max_batch_tokens=8192, max
                 log.error("texts[%d] failed: %r", i, r)
                 raise ApiError(500, f"prediction failed for texts[{i}]: {type(r).__name__}",
                                f"texts[{i}]")
-        metrics.record(200, time.perf_counter() - start, len(texts))
+        metrics.record(200, time.perf_counter() - start, len(texts),
+                       sum(bool(r.get("truncated")) for r in results))
         return {"predictions": results}
 
     @app.get("/health")

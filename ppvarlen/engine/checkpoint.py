@@ -178,7 +178,8 @@ def load_for_inference(ckpt_dir):
         meta = json.load(f)
     cfg = load_config(os.path.join(ckpt_dir, "config.yaml"))
     encoder = TextEncoder.load(ckpt_dir)
-    model = build_model(cfg.Model, encoder.vocab_size, meta["num_labels"], encoder.pad_id, meta["task"])
+    model = build_model(cfg.Model, encoder.vocab_size, meta["num_labels"], encoder.pad_id, meta["task"],
+                        init_weights=False)  # the checkpoint holds every weight
     load_weights(model, os.path.join(ckpt_dir, "model.safetensors"))
     model.eval()
     return model, meta, encoder, cfg

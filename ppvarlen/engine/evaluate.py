@@ -10,10 +10,7 @@ from ..data.longtext import aggregate_classification, aggregate_tokens
 from ..data.order import length_sorted_batches, restore_order
 from . import metrics
 from .distributed import all_gather_objects
-
-
-def to_tensors(batch):
-    return paddle.to_tensor(batch["input_ids"]), paddle.to_tensor(batch["seq_len"])
+from .steps import to_tensors
 
 
 def _unpad(rows, seq_len, padding_side):
@@ -23,12 +20,23 @@ def _unpad(rows, seq_len, padding_side):
     return [rows[j, :n] for j, n in enumerate(seq_len)]
 
 
+def _decode(model, batch, decoding):
+    """Generated ids per source (no BOS/EOS): greedy, or beam search when beam_size > 1."""
+    src_ids, src_len = paddle.to_tensor(batch["src_ids"]), paddle.to_tensor(batch["src_len"])
+    if decoding.get("beam_size", 1) > 1:
+        return model.beam_search(src_ids, src_len, beam_size=decoding["beam_size"],
+                                 length_penalty=decoding.get("length_penalty", 1.0))
+    return model.greedy_decode(src_ids, src_len)
+
+
 @paddle.no_grad()
-def predict(model, dataset, task, collate, max_tokens, padding_side="right", world_size=1, rank=0):
+def predict(model, dataset, task, collate, max_tokens, padding_side="right", world_size=1, rank=0,
+            decoding=None):
     """Per-example model outputs in dataset order.
 
     classification: float32 logits ``[C]``; tagging: predicted tag ids ``[len]``
-    (the example's real tokens only).
+    (the example's real tokens only); seq2seq: generated ids (no BOS/EOS), decoded per
+    ``decoding`` ({"beam_size", "length_penalty"}; default greedy).
     """
     was_training = model.training
     model.eval()
@@ -36,6 +44,9 @@ def predict(model, dataset, task, collate, max_tokens, padding_side="right", wor
     mine = []
     for k in range(rank, len(batches), world_size):
         batch = collate([dataset[i] for i in batches[k]])
+        if task == "seq2seq":
+            mine.append(_decode(model, batch, decoding or {}))
+            continue
         out = model(*to_tensors(batch))
         if task == "classification":
             mine.append(list(out.astype("float32").numpy()))
@@ -82,17 +93,34 @@ def tagging_report(dataset, tag_ids, label_names):
     return out
 
 
+def seq2seq_report(dataset, hyp_ids, encoder):
+    """Sequence accuracy and token (syllable) error rate of decoded outputs vs references."""
+    from ..models.seq2seq_metrics import seq2seq_metrics
+
+    refs = [encoder.decode_target(dataset[i]["tgt_ids"][1:-1]) for i in range(len(dataset))]
+    return seq2seq_metrics([encoder.decode_target(h) for h in hyp_ids], refs)
+
+
 def evaluate(model, dataset, task, collate, label_names, max_tokens, padding_side="right",
-             world_size=1, rank=0):
-    outputs = predict(model, dataset, task, collate, max_tokens, padding_side, world_size, rank)
+             world_size=1, rank=0, encoder=None, decoding=None):
+    """Metrics of ``model`` on ``dataset`` (seq2seq needs the ``encoder`` to compare texts)."""
+    outputs = predict(model, dataset, task, collate, max_tokens, padding_side, world_size, rank,
+                      decoding)
     if task == "classification":
         return classification_report(dataset, outputs, label_names)
+    if task == "seq2seq":
+        return seq2seq_report(dataset, outputs, encoder)
     return tagging_report(dataset, outputs, label_names)
 
 
 def main_metric(task):
     """The dev metric that picks the best checkpoint (higher is better)."""
-    return "accuracy" if task == "classification" else "f1"
+    return {"classification": "accuracy", "tagging": "f1", "seq2seq": "seq_acc"}[task]
+
+
+def decoding_of(model_cfg):
+    """The decoding settings evaluation uses (seq2seq), from the Model section."""
+    return {"beam_size": model_cfg.beam_size, "length_penalty": model_cfg.length_penalty}
 
 
 def evaluate_checkpoint(cfg, ckpt_dir, split="test"):
@@ -105,5 +133,6 @@ def evaluate_checkpoint(cfg, ckpt_dir, split="test"):
     data = build_datasets(cfg.Data, task_hint=meta["task"], encoder=encoder, splits=(split,))
     collate = Collator(encoder.pad_id, cfg.Data.pad_to_multiple_of, cfg.Data.padding_side)
     out = evaluate(model, getattr(data, split), meta["task"], collate, meta["label_names"],
-                   cfg.Data.eval_max_tokens, cfg.Data.padding_side)
+                   cfg.Data.eval_max_tokens, cfg.Data.padding_side, encoder=encoder,
+                   decoding=decoding_of(cfg.Model))
     return {"checkpoint": ckpt_dir, "split": split, "step": meta["step"], **out}

@@ -12,16 +12,16 @@ import time
 
 import numpy as np
 import paddle
-import paddle.nn.functional as F
 
 from ..config import ConfigError, save_config
 from ..utils.io import atomic_write_json
 from ..utils.log import get_logger, setup_logging
 from . import checkpoint as ckpt
 from .distributed import all_reduce_sum, barrier, init_distributed, wrap_model
-from .evaluate import evaluate, main_metric, to_tensors
+from .evaluate import decoding_of, evaluate, main_metric
 from .logbook import Logbook
 from .optim import build_optimizer
+from .steps import batch_loss, batch_size, token_counts
 
 log = get_logger("engine")
 
@@ -76,6 +76,18 @@ def _restore_handlers(previous):
         signal.signal(s, h)
 
 
+def _check_init_vocabulary(path, encoder):
+    """A warm start needs the same token -> id order, not just the same vocabulary size."""
+    from ..models.weights import read_metadata
+    from .pretrain import vocab_sha256
+
+    saved = read_metadata(path).get("vocab_sha256")
+    if saved is not None and saved != vocab_sha256(encoder):
+        raise ConfigError(f"Model.init_from: {path} was pretrained with a different vocabulary "
+                          f"(token order differs from this run's Data settings); pretrain with "
+                          f"the same Data section, or set Model.init_from: null")
+
+
 class Trainer:
     def __init__(self, cfg):
         from ..data.dataset import build_datasets
@@ -92,14 +104,24 @@ class Trainer:
 
         self.data = build_datasets(cfg.Data)
         self.task = self.data.task
-        if self.task not in ("classification", "tagging"):
-            raise ConfigError(f"Data.corpus {cfg.Data.corpus!r} is a {self.task} task; the trainer "
-                              f"handles classification and tagging")
-        if cfg.Train.label_smoothing and self.task != "classification":
-            raise ConfigError("Train.label_smoothing applies to classification only; set it to 0")
+        if cfg.Train.label_smoothing and self.task == "tagging":
+            raise ConfigError("Train.label_smoothing: the CRF tagger's loss is a sequence "
+                              "likelihood, smoothing does not apply; set it to 0")
+        if self.task == "seq2seq" and cfg.Data.padding_side != "right":
+            raise ConfigError("Data.padding_side: the seq2seq model builds its masks for right "
+                              "padding; set it to right")
         enc = self.data.encoder
-        self.model = build_model(cfg.Model, enc.vocab_size, len(self.data.label_names), enc.pad_id,
-                                 self.task)
+        if cfg.Train.label_smoothing and cfg.Model.get("rdrop_alpha"):
+            raise ConfigError("Model.rdrop_alpha lives in the model's own loss, which "
+                              "Train.label_smoothing bypasses; set one of them to 0")
+        if cfg.Model.get("init_from"):
+            _check_init_vocabulary(cfg.Model.init_from, enc)
+        # seq2seq "labels" are the output vocabulary: the ids a decoder may generate
+        self.num_labels = (enc.output_size or enc.vocab_size) if self.task == "seq2seq" \
+            else len(self.data.label_names)
+        self.model = build_model(cfg.Model, enc.vocab_size, self.num_labels, enc.pad_id, self.task)
+        if self.task == "seq2seq":  # the model computes its own (masked, smoothed) loss
+            self.model.label_smoothing = cfg.Train.label_smoothing
         self.sampler, self.collate = self._batching(self.data.train, shuffle=True)
         steps_per_epoch = len(self.sampler)
         if steps_per_epoch == 0:
@@ -162,19 +184,26 @@ class Trainer:
     def meta(self, metrics=None):
         from ..data.lengths import length_stats
 
-        d, enc = self.cfg.Data, self.data.encoder
+        d, enc, m = self.cfg.Data, self.data.encoder, self.cfg.Model
         if not hasattr(self, "_length_profile"):  # fixed for the run: compute once
-            stats = length_stats(self.data.train.lengths)
+            train = self.data.train
+            stats = length_stats(train.lengths if train.src_lengths is None else train.src_lengths)
             self._length_profile = {k: stats[k] for k in ("p50", "p95", "p99", "max")}
             self._bucket_list = self._buckets()
+        extra = {}
+        if self.task == "seq2seq":  # the source side is what a deployed model receives
+            extra = {"max_len": d.max_source_len, "max_source_len": d.max_source_len,
+                     "max_target_len": d.max_target_len,
+                     "decoding": {"max_len_a": m.max_len_a, "max_len_b": m.max_len_b,
+                                  "beam_size": m.beam_size, "length_penalty": m.length_penalty}}
         return {
             "task": self.task, "model_name": self.cfg.Model.name,
-            "label_names": list(self.data.label_names), "num_labels": len(self.data.label_names),
+            "label_names": list(self.data.label_names), "num_labels": self.num_labels,
             "special_ids": dict(enc.special_ids),
             "tokenizer": d.tokenizer, "max_len": d.max_len, "max_position": self.cfg.Model.max_position,
             "long_text": d.long_text, "buckets": self._bucket_list,
             "length_profile": self._length_profile,
-            "step": self.state["step"], "metrics": metrics or {},
+            "step": self.state["step"], "metrics": metrics or {}, **extra,
         }
 
     def _buckets(self):
@@ -204,23 +233,34 @@ class Trainer:
                 ckpt.save_checkpoint(os.path.join(self.out, "best"), *args)
         barrier(self.world)
 
+    def _dev_subset(self):
+        """The first Train.eval_max_examples dev items (whole documents: windows stay together)."""
+        from ..data.dataset import EncodedDataset
+
+        dev, n = self.data.dev, self.cfg.Train.eval_max_examples
+        if n is None or n >= len(dev):
+            return dev
+        if n < 1:
+            raise ConfigError(f"Train.eval_max_examples must be >= 1 or null, got {n}")
+        while n < len(dev) and dev[n]["doc_id"] == dev[n - 1]["doc_id"]:
+            n += 1
+        return EncodedDataset(dev.items[:n], "dev", dev.task, dev.pad_id)
+
     def run_eval(self, split):
-        dataset = getattr(self.data, split)
+        if split == "dev":
+            if not hasattr(self, "_dev_eval"):
+                self._dev_eval = self._dev_subset()
+            dataset = self._dev_eval
+        else:
+            dataset = getattr(self.data, split)
         return evaluate(self.model, dataset, self.task, self.collate, self.data.label_names,
                         self.cfg.Data.eval_max_tokens, self.cfg.Data.padding_side,
-                        self.world, self.rank)
+                        self.world, self.rank, self.data.encoder, decoding_of(self.cfg.Model))
 
     # ------------------------------------------------------------ one step
 
     def _loss(self, batch):
-        ids, seq_len = to_tensors(batch)
-        labels = paddle.to_tensor(batch["labels"])
-        if self.cfg.Train.label_smoothing:
-            logits = self.ddp_model(ids, seq_len)
-            return F.cross_entropy(logits.astype("float32"), labels,
-                                   label_smoothing=self.cfg.Train.label_smoothing)
-        loss, _ = self.ddp_model(ids, seq_len, labels)
-        return loss.astype("float32")
+        return batch_loss(self.ddp_model, batch, self.task, self.cfg.Train.label_smoothing)
 
     def train_step(self, batch):
         """One optimizer step; returns the batch's mean loss (unscaled, for the log)."""
@@ -231,7 +271,7 @@ class Trainer:
                 loss = self._loss(batch)
         else:
             loss = self._loss(batch)
-        objective = loss * (len(batch["seq_len"]) / self.example_scale) if self.example_scale else loss
+        objective = loss * (batch_size(batch) / self.example_scale) if self.example_scale else loss
         if self.scaler:
             self.scaler.scale(objective).backward()
             self.scaler.step(self.optimizer)
@@ -270,7 +310,7 @@ class Trainer:
                 dt = time.perf_counter() - t0
                 st["step"] += 1
                 st["batch_in_epoch"] += 1
-                real, padded = int(batch["seq_len"].sum()), int(batch["input_ids"].size)
+                real, padded = token_counts(batch)
                 for k, v in (("loss", loss), ("steps", 1), ("real", real), ("padded", padded), ("time", dt)):
                     window[k] += v
                 if st["step"] % cfg.log_every == 0 or st["step"] == self.total_steps:

@@ -52,10 +52,18 @@ def smoke_run(onnx_path, disabled_optimizers):
     opts.log_severity_level = 3
     session = ort.InferenceSession(onnx_path, opts, providers=["CPUExecutionProvider"],
                                    disabled_optimizers=disabled_optimizers)
-    ids = np.full((2, 3), 6, dtype=np.int64)
-    ids[1, 1:] = 0
+    names = [i.name for i in session.get_inputs()]
+    if names == ["input_ids", "seq_len"]:
+        ids = np.full((2, 3), 6, dtype=np.int64)
+        ids[1, 1:] = 0
+        feed = {"input_ids": ids, "seq_len": np.array([3, 1], dtype=np.int64)}
+    else:  # other graphs (seq2seq encoder / decoder step): dynamic dims 2, ints 1, floats 0
+        feed = {i.name: np.full([d if isinstance(d, int) else 2 for d in i.shape],
+                                1 if "int" in i.type else 0,
+                                dtype=np.int64 if "int64" in i.type else np.float32)
+                for i in session.get_inputs()}
     try:
-        session.run(None, {"input_ids": ids, "seq_len": np.array([3, 1], dtype=np.int64)})
+        session.run(None, feed)
     except Exception as e:
         print(f"FAILED onnxruntime cannot run the graph: {e}", file=sys.stderr)
         return FAILED_EXIT

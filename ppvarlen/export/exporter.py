@@ -55,40 +55,34 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
     formats, precisions = check_request(formats, precisions)
     task, name = meta["task"], meta.get("model_name", "model")
     output_names = [o["name"] for o in manifest_mod.output_specs(task)]
+    if task == "seq2seq":
+        from . import seq2seq
+        seq2seq.check_precisions(precisions)
     model.eval()
 
     with atomic_dir(output) as tmp, tempfile.TemporaryDirectory(prefix="ppvarlen-export-") as work:
         encoder.save(tmp)
         tokenizer_files = {"vocab_file": "vocab.txt", "encoder_file": "encoder.json",
                            "vocab_size": encoder.vocab_size}
-        paddle_prefix = os.path.join(tmp if "paddle" in formats else work, "paddle", "model")
-        os.makedirs(os.path.dirname(paddle_prefix), exist_ok=True)
-        save_inference(model, paddle_prefix)
-        backends = {}
-        if "paddle" in formats:
-            backends["paddle"] = {"model": "paddle/model.json", "params": "paddle/model.pdiparams",
-                                  "outputs": output_names, "decode": "in_graph",
-                                  "settings": {"fp32": {"enable_onednn": True},
-                                               "bf16": {"enable_onednn": True,
-                                                        "enable_onednn_bfloat16": True},
-                                               "gpu_fp16": {"enable_use_gpu": [256, 0, "Half"],
-                                                            "tensorrt_precision": "Half",
-                                                            "tensorrt_shapes": "shape_ranges"}}}
-        crf = crf_matrix_of(model) if task == "tagging" else None
-        if "onnx" in formats:
-            backends["onnx"] = _export_onnx(model, name, tmp, work, paddle_prefix, output_names,
-                                            crf, cfg.Export.opset, "fp16" in precisions)
+        if task == "seq2seq":  # own programs and parity (greedy outputs): export/seq2seq.py
+            backends = seq2seq.write_backends(model, name, tmp, work, formats, cfg.Export.opset)
+            report = (seq2seq.verify_export(model, meta, encoder, cfg, tmp, formats, test_examples)
+                      if verify else None)
+            table = seq2seq.format_table(report) if verify else ""
+            decoding = seq2seq.decoding_of(model)
+        else:
+            backends, report, table = _export_classic(
+                model, meta, encoder, cfg, tmp, work, formats, precisions, verify, test_examples,
+                output_names)
+            decoding = None
         # Paddle fp16 is the GPU half-precision setting (settings.gpu_fp16), not a file.
         listed = {"paddle": list(precisions),
                   "onnx": [p for p in precisions if p in ("fp32", "fp16")]}
         precision_map = {b: listed[b] for b in backends}
 
         if verify:
-            report = verify_export(model, meta, encoder, cfg, tmp, paddle_prefix, formats,
-                                   precisions, crf, test_examples)
             atomic_write_json(os.path.join(tmp, "parity.json"), report)
-            log.info("parity of %s (reference: dygraph eager)\n%s", name,
-                     parity.format_table(report["results"]))
+            log.info("parity of %s (reference: dygraph eager)\n%s", name, table)
             failed = os.path.abspath(output) + ".parity-failed.json"
             if os.path.exists(failed):
                 os.remove(failed)  # a stale report from an earlier attempt
@@ -97,10 +91,38 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
                 raise ExportError(f"parity check failed for {name}; export not written "
                                   f"(report: {failed}):\n  " + "\n  ".join(report["failures"]))
         manifest = manifest_mod.build_manifest(tmp, meta, cfg.Data, cfg.Deploy, backends,
-                                               precision_map, tokenizer_files)
+                                               precision_map, tokenizer_files, decoding)
         atomic_write_json(os.path.join(tmp, "manifest.json"), manifest)
     log.info("export written to %s (%s; precisions %s)", output, ", ".join(backends), precisions)
     return manifest
+
+
+def _export_classic(model, meta, encoder, cfg, tmp, work, formats, precisions, verify,
+                    test_examples, output_names):
+    """Classification / tagging backends -> (backends, parity report or None, its table)."""
+    task, name = meta["task"], meta.get("model_name", "model")
+    paddle_prefix = os.path.join(tmp if "paddle" in formats else work, "paddle", "model")
+    os.makedirs(os.path.dirname(paddle_prefix), exist_ok=True)
+    save_inference(model, paddle_prefix)
+    backends = {}
+    if "paddle" in formats:
+        backends["paddle"] = {"model": "paddle/model.json", "params": "paddle/model.pdiparams",
+                              "outputs": output_names, "decode": "in_graph",
+                              "settings": {"fp32": {"enable_onednn": True},
+                                           "bf16": {"enable_onednn": True,
+                                                    "enable_onednn_bfloat16": True},
+                                           "gpu_fp16": {"enable_use_gpu": [256, 0, "Half"],
+                                                        "tensorrt_precision": "Half",
+                                                        "tensorrt_shapes": "shape_ranges"}}}
+    crf = crf_matrix_of(model) if task == "tagging" else None
+    if "onnx" in formats:
+        backends["onnx"] = _export_onnx(model, name, tmp, work, paddle_prefix, output_names,
+                                        crf, cfg.Export.opset, "fp16" in precisions)
+    if not verify:
+        return backends, None, ""
+    report = verify_export(model, meta, encoder, cfg, tmp, paddle_prefix, formats, precisions,
+                           crf, test_examples)
+    return backends, report, parity.format_table(report["results"])
 
 
 def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset, fp16):

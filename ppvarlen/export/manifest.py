@@ -16,14 +16,24 @@ def output_specs(task):
     if task == "tagging":
         return [{"name": "emissions", "dtype": "float32", "dims": [-1, -1, -1]},
                 {"name": "tags", "dtype": "int64", "dims": [-1, -1]}]
-    raise ValueError(f"export supports classification and tagging models, not task {task!r}")
+    if task == "seq2seq":  # generated ids after BOS, EOS-terminated, pad after (Paddle graph)
+        return [{"name": "tokens", "dtype": "int64", "dims": [-1, -1]}]
+    raise ValueError(f"export supports classification, tagging and seq2seq models, not task "
+                     f"{task!r}")
 
 
 INPUTS = [{"name": "input_ids", "dtype": "int64", "dims": [-1, -1]},
           {"name": "seq_len", "dtype": "int64", "dims": [-1]}]
+SEQ2SEQ_INPUTS = [{"name": "src_ids", "dtype": "int64", "dims": [-1, -1]},
+                  {"name": "src_len", "dtype": "int64", "dims": [-1]}]
 
 
-def shape_ranges(length_profile, max_len, max_batch_size, max_batch_tokens):
+def input_specs(task):
+    return SEQ2SEQ_INPUTS if task == "seq2seq" else INPUTS
+
+
+def shape_ranges(length_profile, max_len, max_batch_size, max_batch_tokens,
+                 names=("input_ids", "seq_len")):
     """TensorRT min/opt/max per input, from the training data's length profile (PITFALLS 23).
 
     Lengths: min 1, opt the profile's p95 (most batches are at most that long),
@@ -34,8 +44,9 @@ def shape_ranges(length_profile, max_len, max_batch_size, max_batch_tokens):
     profile = length_profile or {}
     opt_len = int(min(max_len, max(1, round(profile.get("p95") or profile.get("max") or max_len))))
     opt_batch = int(max(1, min(max_batch_size, max_batch_tokens // opt_len)))
-    return {"input_ids": {"min": [1, 1], "opt": [opt_batch, opt_len], "max": [max_batch_size, max_len]},
-            "seq_len": {"min": [1], "opt": [opt_batch], "max": [max_batch_size]}}
+    ids, lengths = names
+    return {ids: {"min": [1, 1], "opt": [opt_batch, opt_len], "max": [max_batch_size, max_len]},
+            lengths: {"min": [1], "opt": [opt_batch], "max": [max_batch_size]}}
 
 
 def file_hashes(export_dir):
@@ -63,17 +74,22 @@ def versions():
             "onnxruntime": onnxruntime.__version__}
 
 
-def build_manifest(export_dir, meta, data_cfg, deploy_cfg, backends, precisions, tokenizer_files):
-    """The manifest dict for a finished export directory (hashes taken from the files on disk)."""
+def build_manifest(export_dir, meta, data_cfg, deploy_cfg, backends, precisions, tokenizer_files,
+                   decoding=None):
+    """The manifest dict for a finished export directory (hashes taken from the files on disk).
+
+    ``decoding``: seq2seq only, the greedy loop's settings (export/seq2seq.py decoding_of).
+    """
     task = meta["task"]
     max_len = int(meta["max_len"])
     max_position = meta.get("max_position")
-    return {
+    inputs = input_specs(task)
+    manifest = {
         "format_version": FORMAT_VERSION,
         "task": task,
         "model_name": meta.get("model_name"),
         "label_names": list(meta["label_names"]),
-        "inputs": INPUTS,
+        "inputs": inputs,
         "outputs": output_specs(task),
         "tokenizer": {"kind": data_cfg.tokenizer, "lowercase": data_cfg.lowercase,
                       # null in the config means "yes for classification" (data.dataset)
@@ -89,9 +105,13 @@ def build_manifest(export_dir, meta, data_cfg, deploy_cfg, backends, precisions,
         "buckets": list(meta.get("buckets") or []),
         "length_profile": meta.get("length_profile"),
         "shape_ranges": shape_ranges(meta.get("length_profile"), max_len,
-                                     deploy_cfg.max_batch_size, deploy_cfg.max_batch_tokens),
+                                     deploy_cfg.max_batch_size, deploy_cfg.max_batch_tokens,
+                                     [i["name"] for i in inputs]),
         "backends": backends,
         "precisions": precisions,
         "files": file_hashes(export_dir),
         "versions": versions(),
     }
+    if decoding is not None:
+        manifest["decoding"] = decoding
+    return manifest

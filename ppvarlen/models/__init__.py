@@ -31,8 +31,13 @@ def _resolve(model_cfg):
     return resolved
 
 
-def build_model(model_cfg, vocab_size, num_labels, pad_id, task):
-    """Build the ``Model.name`` model for ``task`` with the given vocabulary and label count."""
+def build_model(model_cfg, vocab_size, num_labels, pad_id, task, init_weights=True):
+    """Build the ``Model.name`` model for ``task`` with the given vocabulary and label count.
+
+    ``Model.init_from`` (warm start) is loaded when ``init_weights``; code that
+    loads a full checkpoint right after passes False, so the pretraining file
+    need not exist on an export or serving host.
+    """
     cfg = _resolve(model_cfg)
     name = cfg["name"]
     if name not in MODEL_TASKS:
@@ -42,11 +47,27 @@ def build_model(model_cfg, vocab_size, num_labels, pad_id, task):
                           f"{task!r}; pick a {task} model ("
                           f"{', '.join(n for n, t in MODEL_TASKS.items() if t == task)})")
     if name == "seq2seq":  # owned by the seq2seq module; imported only when asked for
+        # num_labels = the output vocabulary (ids < num_labels can be generated); 0 = all ids
         seq2seq = importlib.import_module("ppvarlen.models.seq2seq")
-        return seq2seq.build_seq2seq(Config(cfg), vocab_size, pad_id=pad_id)
+        return seq2seq.build_seq2seq(Config(cfg), vocab_size, pad_id=pad_id,
+                                     output_size=num_labels or None)
     if vocab_size < 1 or num_labels < 1:
         raise ValueError(f"build_model: vocab_size={vocab_size} and num_labels={num_labels} must be >= 1")
-    return _BUILDERS[name](cfg, vocab_size, num_labels, pad_id)
+    model = _BUILDERS[name](cfg, vocab_size, num_labels, pad_id)
+    if cfg["init_from"] and init_weights:
+        _warm_start(model, cfg["init_from"])
+    return model
+
+
+def _warm_start(model, path):
+    from ..utils.log import get_logger
+    from .weights import load_matching_weights
+
+    report = load_matching_weights(model, path, key="Model.init_from")
+    log = get_logger("ppvarlen.models")
+    log.info("Model.init_from=%s: loaded %d tensors; kept the fresh init of %d: %s; ignored %d in the "
+             "file: %s", path, len(report["loaded"]), len(report["missing"]), report["missing"],
+             len(report["unexpected"]), report["unexpected"])
 
 
 def _transformer_cls(cfg, vocab_size, num_labels, pad_id):
@@ -57,7 +78,9 @@ def _transformer_cls(cfg, vocab_size, num_labels, pad_id):
         num_heads=cfg["num_heads"], ffn_size=cfg["ffn_size"], dropout=cfg["dropout"],
         max_position=cfg["max_position"], pooling=cfg["pooling"] or "cls",
         ngram_buckets=cfg["ngram_buckets"], ngram_orders=cfg["ngram_orders"],
-        ngram_dropout=cfg["ngram_dropout"])
+        ngram_dropout=cfg["ngram_dropout"], wide_buckets=cfg["wide_buckets"],
+        wide_orders=cfg["wide_orders"], wide_dropout=cfg["wide_dropout"], wide_scale=cfg["wide_scale"],
+        token_dropout=cfg["token_dropout"], rdrop_alpha=cfg["rdrop_alpha"])
 
 
 def _rnn_cls(cfg, vocab_size, num_labels, pad_id):

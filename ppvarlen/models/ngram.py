@@ -23,18 +23,20 @@ HASH_PRIME = 1_000_003
 MAX_BUCKETS = 1 << 24
 
 
-def check_ngram_config(buckets, orders, dropout=0.0):
+def check_ngram_config(buckets, orders, dropout=0.0, prefix="ngram", min_order=2):
+    """Validate ``Model.<prefix>_buckets / _orders / _dropout`` (prefix ``ngram`` or ``wide``)."""
     if not 0.0 <= dropout < 1.0:
-        raise ConfigError(f"Model.ngram_dropout={dropout}: use a probability in [0, 1)")
+        raise ConfigError(f"Model.{prefix}_dropout={dropout}: use a probability in [0, 1)")
     if buckets < 0 or buckets > MAX_BUCKETS:
-        raise ConfigError(f"Model.ngram_buckets={buckets}: use 0 (off) or 1..{MAX_BUCKETS}")
+        raise ConfigError(f"Model.{prefix}_buckets={buckets}: use 0 (off) or 1..{MAX_BUCKETS}")
     if buckets and not orders:
-        raise ConfigError("Model.ngram_orders is empty while Model.ngram_buckets > 0; "
-                          "give orders such as [2, 3] or set ngram_buckets: 0")
-    bad = [n for n in orders if not isinstance(n, int) or n < 2 or n > 8]
+        raise ConfigError(f"Model.{prefix}_orders is empty while Model.{prefix}_buckets > 0; "
+                          f"give orders such as [2, 3] or set {prefix}_buckets: 0")
+    bad = [n for n in orders if not isinstance(n, int) or n < min_order or n > 8]
     if bad or len(set(orders)) != len(orders):
-        raise ConfigError(f"Model.ngram_orders={list(orders)}: use distinct integers in 2..8 "
-                          f"(order 1 is the char embedding itself)")
+        why = " (order 1 is the char embedding itself)" if min_order == 2 else ""
+        raise ConfigError(f"Model.{prefix}_orders={list(orders)}: use distinct integers in "
+                          f"{min_order}..8{why}")
 
 
 def shift_right(ids, k, boundary_id):
@@ -87,3 +89,43 @@ def build_ngram_embedding(vocab_size, buckets, orders, dim, dropout=0.0):
     """The n-gram layer, or None when ``buckets`` is 0 (off)."""
     check_ngram_config(buckets, orders or [], dropout)
     return HashedNgramEmbedding(vocab_size, buckets, orders, dim, dropout) if buckets else None
+
+
+class WideNgramHead(nn.Layer):
+    """Linear ("wide") logits from hashed char n-grams, fastText / logistic-regression style.
+
+    Each n-gram bucket holds one logit per class; a text's wide logits are the
+    sum over its real positions and orders divided by sqrt(number of n-grams)
+    -- the l2 norm of its count vector when the n-grams are distinct, as in
+    TF-IDF + LR, so the scale does not grow with length.  Pads are masked out of
+    the sum and the count, so the result is padding-invariant.
+    """
+
+    def __init__(self, vocab_size, buckets, orders, num_labels, dropout=0.0):
+        super().__init__()
+        check_ngram_config(buckets, orders, dropout, prefix="wide", min_order=1)
+        self.boundary_id = vocab_size
+        self.buckets = buckets
+        self.orders = tuple(orders)
+        self.dropout = dropout
+        # Zero init: the head starts neutral and only moves for n-grams seen in training.
+        self.embedding = nn.Embedding(buckets, num_labels,
+                                      weight_attr=nn.initializer.Constant(0.0))
+
+    def forward(self, input_ids, mask):
+        """``mask`` [B, L] float (1 real, 0 pad) -> wide logits [B, num_labels] float32."""
+        mask = mask.astype("float32")
+        total = None
+        for order in self.orders:
+            e = self.embedding(ngram_hashes(input_ids, order, self.buckets, self.boundary_id))
+            e = F.dropout(e, self.dropout, axis=[0, 1], training=self.training)
+            total = e if total is None else total + e
+        summed = (total.astype("float32") * mask.unsqueeze(-1)).sum(axis=1)
+        count = mask.sum(axis=1, keepdim=True) * len(self.orders)
+        return summed / paddle.sqrt(paddle.clip(count, min=1.0))
+
+
+def build_wide_head(vocab_size, buckets, orders, num_labels, dropout=0.0):
+    """The wide head, or None when ``buckets`` is 0 (off)."""
+    check_ngram_config(buckets, orders or [], dropout, prefix="wide", min_order=1)
+    return WideNgramHead(vocab_size, buckets, orders, num_labels, dropout) if buckets else None

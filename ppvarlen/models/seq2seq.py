@@ -28,6 +28,10 @@ Cache = nn.MultiHeadAttention.Cache
 StaticCache = nn.MultiHeadAttention.StaticCache
 
 
+def _as_tensor(x):
+    return x if isinstance(x, paddle.Tensor) else paddle.to_tensor(x)
+
+
 def additive(keep, dtype="float32"):
     """Keep mask (bool) -> additive float mask: 0 where kept, most negative finite elsewhere."""
     return (1.0 - keep.astype(dtype)) * masked_fill_value(dtype)
@@ -52,7 +56,10 @@ def smoothed_loss(logits, labels, smoothing):
     if not smoothing:
         return nll
     keep = (labels != IGNORE_INDEX).astype("float32")
-    uniform = -F.log_softmax(logits.astype("float32"), axis=-1).mean(axis=-1)
+    # -mean(log_softmax) written as logsumexp - mean: equal, and Paddle 3.3.1's CPU
+    # log_softmax backward is ~13x slower (0.65 s of a 0.9 s g2p step, measured)
+    logits = logits.astype("float32")
+    uniform = paddle.logsumexp(logits, axis=-1) - logits.mean(axis=-1)
     uniform = (uniform * keep).sum() / paddle.clip(keep.sum(), min=1.0)
     return (1.0 - smoothing) * nll + smoothing * uniform
 
@@ -60,13 +67,19 @@ def smoothed_loss(logits, labels, smoothing):
 class Seq2SeqTransformer(nn.Layer):
     def __init__(self, vocab_size, hidden_size=128, num_heads=4, ffn_size=512, num_layers=2,
                  num_decoder_layers=2, dropout=0.1, max_position=512, pad_id=0, bos_id=4,
-                 eos_id=5, label_smoothing=0.0, max_len_a=8, max_len_b=10):
+                 eos_id=5, label_smoothing=0.0, max_len_a=8, max_len_b=10, output_size=None):
         super().__init__()
         if hidden_size % num_heads:
             raise ValueError(f"Model.hidden_size ({hidden_size}) must be divisible by "
                              f"Model.num_heads ({num_heads})")
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
-        self.vocab_size, self.max_position = vocab_size, max_position
+        # ids < output_size can be generated (the vocabulary lists the target alphabet first,
+        # TextEncoder.build_seq2seq); the output layer covers only those
+        output_size = vocab_size if output_size is None else output_size
+        if not max(pad_id, bos_id, eos_id) < output_size <= vocab_size:
+            raise ValueError(f"output_size {output_size} must cover the special ids and be <= "
+                             f"vocab_size {vocab_size}")
+        self.vocab_size, self.output_size, self.max_position = vocab_size, output_size, max_position
         self.num_heads, self.head_dim = num_heads, hidden_size // num_heads
         self.label_smoothing = label_smoothing
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
@@ -82,11 +95,11 @@ class Seq2SeqTransformer(nn.Layer):
         self.encoder = nn.TransformerEncoder(enc_layer, num_layers, nn.LayerNorm(hidden_size))
         self.decoder = nn.TransformerDecoder(dec_layer, num_decoder_layers,
                                              nn.LayerNorm(hidden_size))
-        self.out_proj = nn.Linear(hidden_size, vocab_size)
+        self.out_proj = nn.Linear(hidden_size, output_size)
         # added to the next-token log-probs: PAD and BOS are never generated (not a weight).
         # Added after log_softmax because Paddle's CPU log_softmax clamps at about -64 (a
         # logit of -1e9 comes out as -64, not -1e9), while oneDNN does not.
-        never = paddle.zeros([vocab_size], dtype="float32")
+        never = paddle.zeros([output_size], dtype="float32")
         never[pad_id] = never[bos_id] = -1e9
         self.register_buffer("never_generated", never, persistable=False)
 
@@ -179,7 +192,8 @@ class Seq2SeqTransformer(nn.Layer):
         if max_len is not None and max_len < 1:
             raise ValueError(f"max_len must be >= 1 (tokens including EOS), got {max_len}")
         cap = self.max_position if max_len is None else min(max_len, self.max_position)
-        limits = src_len.astype("int64") * self.max_len_a + self.max_len_b
+        limits = (src_len.astype("float32") * float(self.max_len_a)).floor().astype("int64")
+        limits = limits + int(self.max_len_b)
         return paddle.clip(limits, max=cap)
 
     def _strip(self, rows):
@@ -197,7 +211,7 @@ class Seq2SeqTransformer(nn.Layer):
         ``use_cache=False`` recomputes the decoder over the whole prefix at every step
         (slow; the reference that the cached path is tested against).
         """
-        src_ids, src_len = paddle.to_tensor(src_ids), paddle.to_tensor(src_len)
+        src_ids, src_len = _as_tensor(src_ids), _as_tensor(src_len)
         memory = self.encode(src_ids, src_len)
         limits = self.length_limits(src_len, max_len)
         batch = paddle.shape(src_ids)[0]
@@ -229,10 +243,11 @@ class Seq2SeqTransformer(nn.Layer):
         slot with a frozen score (they can only extend with EOS at zero cost), so each source's
         search depends only on its own beams: batching cannot change the result.
         """
-        if not 1 <= beam_size < self.vocab_size:
-            raise ValueError(f"beam_size must be in [1, vocab size), got {beam_size}")
-        src_ids, src_len = paddle.to_tensor(src_ids), paddle.to_tensor(src_len)
-        batch, k, vocab = int(src_ids.shape[0]), beam_size, self.vocab_size
+        if not 1 <= beam_size < self.output_size:
+            raise ValueError(f"beam_size must be in [1, output vocabulary size "
+                             f"{self.output_size}), got {beam_size}")
+        src_ids, src_len = _as_tensor(src_ids), _as_tensor(src_len)
+        batch, k, vocab = int(src_ids.shape[0]), beam_size, self.output_size
         memory = self.encode(src_ids, src_len)
         # every tensor from here is [B * k, ...], the k beams of a source adjacent
         src_len_k = paddle.repeat_interleave(src_len, k, axis=0)
@@ -307,11 +322,59 @@ class DecoderStepProgram(nn.Layer):
         return [tokens, InputSpec([None], "int64", "src_len")] + cache
 
 
-def build_seq2seq(model_cfg, vocab_size, pad_id=0, bos_id=4, eos_id=5, label_smoothing=0.0):
+class GreedyProgram(nn.Layer):
+    """Export view of ``greedy_decode`` with the loop IN the graph: (src_ids, src_len) -> tokens.
+
+    ``tokens`` [B, T] int64 are the generated ids after BOS: each row ends with its EOS (forced
+    at the row's limit) and holds ``pad_id`` after it; T is the longest row, because the loop
+    stops as soon as every row has finished.  to_static turns the tensor-conditioned ``while``
+    into one PIR while op whose carried tokens and self-attention cache grow by a step per
+    iteration; Paddle 3.3.1 Inference runs that with oneDNN on and off (tests/test_export_seq2seq).
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, src_ids, src_len):
+        m = self.model
+        memory = m.encode(src_ids, src_len)
+        self_k, self_v, cross_k, cross_v = m.init_cache(memory)
+        limits = m.length_limits(src_len)
+        batch = paddle.shape(src_ids)[0]
+        tokens = paddle.full([batch, 1], m.bos_id, dtype="int64")
+        finished = paddle.zeros([batch], dtype="bool")
+        eos = paddle.full([batch], m.eos_id, dtype="int64")
+        pad = paddle.full([batch], m.pad_id, dtype="int64")
+        steps, max_steps = paddle.zeros([], dtype="int64"), limits.max()
+        going = steps < max_steps
+        while going:
+            logp, self_k, self_v = m.decode_step(tokens[:, -1:], src_len, self_k, self_v,
+                                                 cross_k, cross_v)
+            steps = steps + 1
+            nxt = paddle.where(limits <= steps, eos, logp.argmax(axis=-1))  # at its limit: end
+            nxt = paddle.where(finished, pad, nxt)
+            tokens = paddle.concat([tokens, nxt.unsqueeze(1)], axis=1)
+            finished = paddle.logical_or(finished, nxt == m.eos_id)
+            going = paddle.logical_and(steps < max_steps, paddle.logical_not(finished.all()))
+        return tokens[:, 1:]
+
+    @staticmethod
+    def input_spec():
+        return EncoderProgram.input_spec()
+
+
+def build_seq2seq(model_cfg, vocab_size, pad_id=0, bos_id=4, eos_id=5, label_smoothing=0.0,
+                  output_size=None):
     """The registry's entry for ``Model.name: seq2seq`` (special ids per docs/DESIGN.md)."""
+    if model_cfg.max_len_a < 0 or model_cfg.max_len_b < 1:
+        raise ValueError(f"Model.max_len_a ({model_cfg.max_len_a}) must be >= 0 and "
+                         f"Model.max_len_b ({model_cfg.max_len_b}) >= 1: every output needs "
+                         f"room for at least its EOS")
     return Seq2SeqTransformer(
         vocab_size, hidden_size=model_cfg.hidden_size, num_heads=model_cfg.num_heads,
         ffn_size=model_cfg.ffn_size, num_layers=model_cfg.num_layers,
         num_decoder_layers=model_cfg.num_decoder_layers, dropout=model_cfg.dropout,
         max_position=model_cfg.max_position, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id,
-        label_smoothing=label_smoothing)
+        label_smoothing=label_smoothing, max_len_a=model_cfg.max_len_a,
+        max_len_b=model_cfg.max_len_b, output_size=output_size)

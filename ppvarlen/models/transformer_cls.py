@@ -11,13 +11,22 @@ the gradient reaching pad-only embedding rows is exactly zero.
 ``ngram_buckets > 0`` adds hashed char n-gram embeddings (``ngram.py``) to the
 token embedding; they read only preceding positions and are masked the same way.
 ``pooling: mean_max`` concatenates the masked mean and max.
+
+``wide_buckets > 0`` adds a linear "wide" head over hashed char n-grams
+(``ngram.WideNgramHead``, fastText / TF-IDF-LR style) whose logits are added
+to the encoder's: the linear n-gram model and the deep model are trained jointly.
+``encode`` (embeddings + encoder) is shared with MLM pretraining (engine/pretrain.py).
+Regularisers (training only, identity in eval/export): ``token_dropout`` drops
+whole character embeddings; ``rdrop_alpha > 0`` adds R-Drop to the model's own
+loss (a second dropout pass + symmetric KL between the two).
 """
 import paddle
 import paddle.nn as nn
+import paddle.nn.functional as F
 
 from ..config import ConfigError
 from .masks import key_padding_mask, masked_cross_entropy, pool, sequence_mask
-from .ngram import build_ngram_embedding
+from .ngram import build_ngram_embedding, build_wide_head
 
 POOLINGS = ("cls", "mean", "max", "last", "mean_max")
 
@@ -42,7 +51,8 @@ def check_max_position(input_ids, max_position, key="Model.max_position"):
 class TransformerClassifier(nn.Layer):
     def __init__(self, vocab_size, num_labels, hidden_size=128, num_layers=2, num_heads=4,
                  ffn_size=512, dropout=0.1, max_position=512, pooling="cls", ngram_buckets=0,
-                 ngram_orders=(2, 3), ngram_dropout=0.0):
+                 ngram_orders=(2, 3), ngram_dropout=0.0, wide_buckets=0, wide_orders=(1, 2, 3),
+                 wide_dropout=0.0, wide_scale=1.0, token_dropout=0.0, rdrop_alpha=0.0):
         super().__init__()
         if hidden_size % num_heads:
             raise ConfigError(f"Model.hidden_size={hidden_size} must be divisible by "
@@ -55,6 +65,12 @@ class TransformerClassifier(nn.Layer):
         self.position_embedding = nn.Embedding(max_position, hidden_size)
         self.ngram_embedding = build_ngram_embedding(vocab_size, ngram_buckets, ngram_orders, hidden_size,
                                                      ngram_dropout)
+        if not 0.0 <= token_dropout < 1.0:
+            raise ConfigError(f"Model.token_dropout={token_dropout}: use a probability in [0, 1)")
+        self.token_dropout = token_dropout
+        if rdrop_alpha < 0:
+            raise ConfigError(f"Model.rdrop_alpha={rdrop_alpha}: use 0 (off) or a positive weight")
+        self.rdrop_alpha = rdrop_alpha
         self.embedding_dropout = nn.Dropout(dropout)
         layer = nn.TransformerEncoderLayer(hidden_size, num_heads, ffn_size, dropout=dropout,
                                            activation="gelu", normalize_before=True)
@@ -62,19 +78,49 @@ class TransformerClassifier(nn.Layer):
         self.head_dropout = nn.Dropout(dropout)
         pooled_size = 2 * hidden_size if pooling == "mean_max" else hidden_size
         self.classifier = nn.Linear(pooled_size, num_labels)
+        self.wide_head = build_wide_head(vocab_size, wide_buckets, wide_orders, num_labels, wide_dropout)
+        self.wide_scale = wide_scale
 
-    def forward(self, input_ids, seq_len, labels=None):
+    def encode(self, input_ids, seq_len):
+        """Encoder states [B, L, H] (pad rows are computed but meaningless) and the [B, L] float mask."""
         check_max_position(input_ids, self.max_position)
         max_len = paddle.shape(input_ids)[1]
         positions = paddle.arange(max_len, dtype="int64").unsqueeze(0)
-        x = self.token_embedding(input_ids) + self.position_embedding(positions)
+        x = self.token_embedding(input_ids)
+        # Training only: drop whole characters (all dims of a position), not single features.
+        x = F.dropout(x, self.token_dropout, axis=[0, 1], training=self.training)
+        x = x + self.position_embedding(positions)
         mask = sequence_mask(seq_len, max_len, dtype=x.dtype)
         x = x * mask.unsqueeze(-1)  # see module doc
         if self.ngram_embedding is not None:
             x = x + self.ngram_embedding(input_ids, mask)
         x = self.embedding_dropout(x)
         h = self.encoder(x, src_mask=key_padding_mask(seq_len, max_len, dtype=x.dtype))
+        return h, mask
+
+    def _logits(self, input_ids, seq_len):
+        h, mask = self.encode(input_ids, seq_len)
         logits = self.classifier(self.head_dropout(pool_states(h, seq_len, self.pooling))).astype("float32")
+        if self.wide_head is not None:
+            # The scale acts as a learning-rate multiplier for the wide table under Adam: each
+            # sparse row is updated only in batches holding its n-gram, the deep part every step.
+            logits = logits + self.wide_scale * self.wide_head(input_ids, mask)
+        return logits
+
+    def forward(self, input_ids, seq_len, labels=None):
+        logits = self._logits(input_ids, seq_len)
         if labels is None:
             return logits
-        return masked_cross_entropy(logits, labels), logits
+        loss = masked_cross_entropy(logits, labels)
+        if self.rdrop_alpha > 0 and self.training:
+            # R-Drop: a second pass with other dropout masks; both fit the labels and are pulled
+            # together by a symmetric KL term (a consistency regulariser against overfitting).
+            other = self._logits(input_ids, seq_len)
+            loss = (loss + masked_cross_entropy(other, labels)) / 2 + self.rdrop_alpha * symmetric_kl(logits, other)
+        return loss, logits
+
+
+def symmetric_kl(a, b):
+    """Mean over the batch of (KL(p_a || p_b) + KL(p_b || p_a)) / 2 for logits [B, C]."""
+    log_a, log_b = F.log_softmax(a, axis=-1), F.log_softmax(b, axis=-1)
+    return ((log_a.exp() - log_b.exp()) * (log_a - log_b)).sum(axis=-1).mean() / 2

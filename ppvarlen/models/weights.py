@@ -28,12 +28,18 @@ def _to_numpy(tensor):
     return np.ascontiguousarray(tensor.numpy())
 
 
-def save_weights(model, path):
-    """Write ``model.state_dict()`` to ``path`` (.safetensors) atomically."""
-    state = model.state_dict()
+def save_weights(model, path, skip_prefixes=(), metadata=None):
+    """Write ``model.state_dict()`` to ``path`` (.safetensors) atomically.
+
+    ``skip_prefixes`` leaves out parameters whose names start with one of them
+    (e.g. task heads of a pretrained encoder); ``metadata`` adds string entries
+    to the file header (read back with ``read_metadata``).
+    """
+    state = {k: t for k, t in model.state_dict().items() if not k.startswith(tuple(skip_prefixes))}
     arrays = {name: _to_numpy(t) for name, t in state.items()}
     dtypes = {name: _dtype_name(t) for name, t in state.items()}
-    atomic_write_bytes(os.fspath(path), save(arrays, metadata={_DTYPES_KEY: json.dumps(dtypes)}))
+    header = dict(metadata or {}, **{_DTYPES_KEY: json.dumps(dtypes)})
+    atomic_write_bytes(os.fspath(path), save(arrays, metadata=header))
 
 
 def read_weights(path):
@@ -80,3 +86,45 @@ def load_weights(model, path):
     """Load a file written by ``save_weights`` into ``model`` (strict: names and shapes)."""
     assign_weights(model, read_weights(path), source=os.fspath(path))
     return model
+
+
+def read_metadata(path):
+    """The string metadata of a safetensors file's header (``{}`` when it has none)."""
+    from safetensors import safe_open
+
+    read_weights(path)  # the clear errors for a missing / unreadable file
+    with safe_open(os.fspath(path), framework="numpy") as f:
+        return dict(f.metadata() or {})
+
+
+def load_matching_weights(model, path, key="Model.init_from"):
+    """Initialise ``model`` from the weights in ``path`` whose names it shares (warm start).
+
+    Returns ``{"loaded", "missing", "unexpected"}`` name lists: ``missing`` are
+    the model's parameters the file lacks (they keep their fresh init, e.g. a
+    new classification head); ``unexpected`` are file entries the model has no
+    place for.  A shared name with a different shape, or a file that shares no
+    name at all, is a ValueError naming ``key``: the model config differs from
+    the one that wrote the file.
+    """
+    if not os.path.isfile(os.fspath(path)):
+        raise ValueError(f"{key}={path}: file not found; run the pretraining that writes it "
+                         f"(tools/pretrain.py) or set {key}: null")
+    arrays = read_weights(path)
+    state = model.state_dict()
+    shared = [k for k in state if k in arrays]
+    mismatched = [k for k in shared if tuple(arrays[k].shape) != tuple(state[k].shape)]
+    if mismatched or not shared:
+        lines = [f"{key}={path}: weights do not fit {type(model).__name__}"]
+        lines += [f"  shape mismatch: {k} file {list(arrays[k].shape)} vs model {list(state[k].shape)}"
+                  for k in mismatched]
+        if not shared:
+            lines.append(f"  no parameter name in common (file has e.g. {sorted(arrays)[:3]})")
+        lines.append("  (pretrain with the same Model and Data sections as the model you initialise)")
+        raise ValueError("\n".join(lines))
+    for name in shared:
+        target = state[name]
+        value = paddle.to_tensor(arrays[name])
+        target.set_value(value.astype(target.dtype) if value.dtype != target.dtype else value)
+    return {"loaded": shared, "missing": [k for k in state if k not in arrays],
+            "unexpected": [k for k in arrays if k not in state]}

@@ -6,6 +6,12 @@ import shutil
 import tempfile
 
 
+def _umask():
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 def atomic_write_bytes(path, data):
     path = os.fspath(path)
     d = os.path.dirname(os.path.abspath(path))
@@ -16,6 +22,9 @@ def atomic_write_bytes(path, data):
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        # mkstemp makes 0600; the result should look like a plain open(): a server running as
+        # another user must be able to read an export directory
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -42,9 +51,7 @@ def atomic_dir(final_path):
     parent = os.path.dirname(final_path)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(final_path) + "-", dir=parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the result should look like a normal mkdir
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the result should look like a normal mkdir
     try:
         yield tmp
     except BaseException:
