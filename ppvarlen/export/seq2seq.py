@@ -23,7 +23,7 @@ import numpy as np
 
 from ..config import ConfigError
 from ..utils.search import greedy_search, length_limits, strip_eos
-from . import parity
+from . import parity, static
 
 ENCODER_OUTPUTS = ["cross_k", "cross_v"]
 STEP_OUTPUTS = ["logp", "new_self_k", "new_self_v"]  # ONNX: output names != input names
@@ -52,16 +52,8 @@ def decoding_of(model):
 
 
 def save_program(program, prefix):
-    """to_static (one program for all shapes) + jit.save -> the static layer."""
-    import paddle
-
-    program.eval()
-    static = paddle.jit.to_static(program, input_spec=program.input_spec(), full_graph=True)
-    paddle.jit.save(static, prefix, input_spec=program.input_spec())
-    if not os.path.isfile(prefix + ".json"):
-        raise RuntimeError(f"paddle.jit.save did not write {prefix}.json; is PIR enabled "
-                           f"(FLAGS_enable_pir_api)?")
-    return static
+    """An export view (EncoderProgram, ...) saved with its own input spec."""
+    return static.save_program(program, prefix, program.input_spec())
 
 
 def write_backends(model, name, tmp, work, formats, opset):

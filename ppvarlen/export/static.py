@@ -44,16 +44,24 @@ def traced_count(static_layer):
     return static_layer.forward.get_traced_count()
 
 
-def save_inference(model, prefix, emissions_only=False):
-    """``paddle.jit.save`` -> ``{prefix}.json`` (PIR program) + ``{prefix}.pdiparams``."""
-    static_layer = to_static(model, emissions_only)
-    paddle.jit.save(static_layer, prefix, input_spec=input_spec())
-    files = [prefix + ".json", prefix + ".pdiparams"]
-    missing = [f for f in files if not os.path.isfile(f)]
+def save_program(layer, prefix, spec):
+    """to_static (one program for all shapes) + ``paddle.jit.save`` -> ``{prefix}.json`` (PIR
+    program) + ``{prefix}.pdiparams``; returns the static layer."""
+    layer.eval()
+    static_layer = paddle.jit.to_static(layer, input_spec=spec, full_graph=True)
+    paddle.jit.save(static_layer, prefix, input_spec=spec)
+    missing = [f for f in (prefix + ".json", prefix + ".pdiparams") if not os.path.isfile(f)]
     if missing:
         raise RuntimeError(f"paddle.jit.save did not write {missing}; is PIR enabled "
                            f"(FLAGS_enable_pir_api)?")
-    return files
+    return static_layer
+
+
+def save_inference(model, prefix, emissions_only=False):
+    """A classification / tagging model's inference program (``input_ids``, ``seq_len``)."""
+    model.eval()
+    save_program(_ExportWrapper(model, emissions_only), prefix, input_spec())
+    return [prefix + ".json", prefix + ".pdiparams"]
 
 
 def crf_matrix_of(model):
