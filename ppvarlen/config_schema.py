@@ -41,6 +41,10 @@ SCHEMA = {
         "train_file": Field(str, None), "dev_file": Field(str, None), "test_file": Field(str, None),
         "skip_invalid": Field(bool, False, help="skip malformed lines (counted) instead of failing"),
         "limit": Field(int, None, help="keep only the first N examples per split (quick runs)"),
+        "split_seed": Field(int, 0, help="0 = the standard 80/10/10 hash split; another number "
+                            "gives another partition with the same guarantees (duplicates stay "
+                            "together), for repeated-split comparisons; given dev/test files are "
+                            "used as they are"),
         "tokenizer": Field(str, "char", choices=["char", "word", "pretrained"]),
         "vocab_file": Field(str, None, help="a BERT/ERNIE vocab.txt for tokenizer: pretrained"),
         "lowercase": Field(bool, False),
@@ -178,6 +182,10 @@ SCHEMA = {
                            help="bf16: paddle backend on CPU (oneDNN); fp16: onnx, or paddle on GPU"),
         "tensorrt": Field(bool, False, help="paddle backend on GPU: TensorRT with the manifest's "
                           "shape ranges"),
+        "split_long_sources": Field(bool, False, help="seq2seq exports: a source over the "
+                                    "export's max_len is cut after clause punctuation, the pieces "
+                                    "decoded and joined (result 'pieces'); false = the export's "
+                                    "long_text policy (g2p: error)"),
         "drain_timeout_s": Field(float, 30.0, help="on shutdown, wait this long for queued texts"),
         "batch_overhead_tokens": Field(int, None, help="padding worth one extra forward pass when "
                                        "the batcher groups texts by length; null = measured at "

@@ -200,6 +200,24 @@ def test_stable_split_proportions_and_range():
     assert stable_split("\ud800 lone surrogate") in SPLITS  # JSON can carry one; no crash
 
 
+def test_split_seed_gives_another_partition_with_the_same_guarantees():
+    base = load_corpus({"corpus": "sentiment"})
+    again = load_corpus({"corpus": "sentiment", "split_seed": 0})
+    other = load_corpus({"corpus": "sentiment", "split_seed": 3})
+    texts = {s: [ex["text"] for ex in base.splits[s]] for s in SPLITS}
+    assert texts == {s: [ex["text"] for ex in again.splits[s]] for s in SPLITS}  # 0 = standard
+    other_texts = {s: {ex["text"] for ex in other.splits[s]} for s in SPLITS}
+    # the same examples, repartitioned: nothing lost, nothing in two splits
+    assert sorted(t for s in SPLITS for t in other_texts[s]) == sorted(t for s in SPLITS for t in texts[s])
+    assert not (other_texts["train"] & other_texts["test"]) and not (other_texts["dev"] & other_texts["test"])
+    moved = len(set(texts["test"]) - other_texts["test"]) / len(texts["test"])
+    assert moved > 0.8  # independent of the standard split: ~90% of its test set moves
+    n = sum(len(v) for v in other_texts.values())
+    assert abs(len(other_texts["test"]) / n - 0.1) < 0.01
+    assert other.stats["split"]["method"].endswith("Data.split_seed=3")
+    assert all(stable_split(t, 3) == s for s in SPLITS for t in other_texts[s])
+
+
 # ---------------------------------------------------------------- dispatch
 
 def test_corpora_module_does_not_import_paddle():

@@ -11,7 +11,7 @@ import shutil
 import httpx
 import numpy as np
 import pytest
-from test_deploy_helpers import TEXTS
+from test_deploy_helpers import TEXTS, cls_export  # noqa: F401
 from test_server import RunningServer, post, run_concurrently
 
 from ppvarlen.data.errors import DataError
@@ -119,12 +119,48 @@ def _with_policy(src, dst, policy):
 def test_error_policy_names_text_length_and_limit(s2s_export, tmp_path):
     p = Predictor(_with_policy(s2s_export[0], str(tmp_path / "e"), "error"), "onnx")
     with pytest.raises(DataError, match=rf"text 1: text has {len(LONG)} tokens .* at most "
-                                        rf"{MAX_SOURCE} .*long_text: truncate"):
+                                        rf"{MAX_SOURCE} .*Deploy.split_long_sources=true"):
         p.predict(["好", LONG])
     with pytest.raises(DataError, match="text 0: text is empty"):
         p.predict([" "])
     with pytest.raises(ExportError, match="'window' cannot be served for seq2seq"):
         Predictor(_with_policy(s2s_export[0], str(tmp_path / "w"), "window"), "onnx")
+
+
+@pytest.mark.parametrize("backend", ["paddle", "onnx"])
+def test_split_long_sources_decodes_each_clause_piece_and_joins_them(s2s_export, backend, tmp_path):
+    from ppvarlen.data.longtext import clause_spans
+
+    export_dir, model, encoder = s2s_export
+    export_dir = _with_policy(export_dir, str(tmp_path / "e"), "error")  # split beats the policy
+    long2 = "北京上海，" + LONG + "。好"  # 31 chars: "北京上海，" | 16 (no clause end) | the rest
+    p = Predictor(export_dir, backend, split_long_sources=True, max_batch_tokens=MAX_SOURCE * 2)
+    got = p.predict([long2, "好", LONG])
+    for text, g in zip([long2, "好", LONG], got):
+        tokens = encoder.tokenize(text)
+        pieces = ["".join(tokens[s:e]) for s, e in clause_spans(tokens, MAX_SOURCE)]
+        assert g["pieces"] == len(pieces) and g["num_tokens"] == len(text) and not g["truncated"]
+        assert g["output_ids"] == [i for ids in reference(model, encoder, pieces) for i in ids]
+        assert g["output"] == encoder.decode_target(g["output_ids"])
+    assert [g["pieces"] for g in got] == [3, 1, 2]
+    assert clause_spans(encoder.tokenize(long2), MAX_SOURCE)[0] == (0, 5)  # cut after "，"
+
+
+def test_server_splits_long_sources_when_told_and_counts_them(s2s_export, tmp_path):
+    export_dir = _with_policy(s2s_export[0], str(tmp_path / "e"), "error")
+    want = Predictor(export_dir, "onnx", split_long_sources=True).predict(["好", LONG])
+    app = create_app(Predictor(export_dir, "onnx", split_long_sources=True), max_wait_ms=1)
+    with RunningServer(app) as srv:
+        r = post(srv.url, {"texts": ["好", LONG]})
+        metrics = httpx.get(srv.url + "/metrics").json()
+    assert r.status_code == 200, r.text
+    assert r.json()["predictions"] == want and want[1]["pieces"] == 2
+    assert metrics["split_texts"] == 1 and metrics["truncated_texts"] == 0
+
+
+def test_split_long_sources_is_refused_for_other_tasks(cls_export):
+    with pytest.raises(ValueError, match="split_long_sources is for seq2seq exports"):
+        Predictor(cls_export[0], "onnx", split_long_sources=True)
 
 
 def test_server_concurrent_requests_match_predictor(s2s_export):

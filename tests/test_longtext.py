@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppvarlen.data.errors import DataError
-from ppvarlen.data.longtext import (LongTextStats, aggregate_classification, aggregate_tokens,
-                                    plan_spans, window_spans)
+from ppvarlen.data.longtext import (CLAUSE_END, LongTextStats, aggregate_classification,
+                                    aggregate_tokens, clause_spans, plan_spans, window_spans)
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
@@ -82,3 +82,32 @@ def test_token_aggregation_prefers_the_most_central_window():
     assert out.tolist() == [0, 0, 0, 1, 1, 1]
     with pytest.raises(ValueError, match="covered by no window"):
         aggregate_tokens([0, 0], [0, 5], [np.zeros(3), np.zeros(2)])
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(tokens=st.lists(st.sampled_from(["字", "词", "，", "。", "!", "a"]), min_size=1, max_size=120),
+       max_content=st.integers(1, 20))
+def test_clause_spans_cover_every_token_and_cut_after_punctuation(tokens, max_content):
+    spans = clause_spans(tokens, max_content)
+    assert spans[0][0] == 0 and spans[-1][1] == len(tokens)
+    for (s0, e0), (s1, _) in zip(spans, spans[1:]):
+        assert e0 == s1  # consecutive: nothing dropped, nothing twice
+    for s, e in spans:
+        assert 0 < e - s <= max_content
+    for s, e in spans[:-1]:
+        reach = tokens[s:s + max_content]
+        if any(t in CLAUSE_END for t in reach):  # a clause end within reach: the last one
+            last = max(i for i, t in enumerate(reach) if t in CLAUSE_END)
+            assert e == s + last + 1
+        else:  # one clause longer than max_content: cut at the limit
+            assert e - s == max_content
+
+
+def test_clause_spans_pack_whole_clauses():
+    tokens = list("今天天气不错，我们去公园散步吧。好的！")
+    assert ["".join(tokens[s:e]) for s, e in clause_spans(tokens, 16)] == [
+        "今天天气不错，我们去公园散步吧。", "好的！"]
+    assert ["".join(tokens[s:e]) for s, e in clause_spans(tokens, 8)] == [
+        "今天天气不错，", "我们去公园散步吧", "。好的！"]
+    with pytest.raises(ValueError, match="max_content"):
+        clause_spans(tokens, 0)

@@ -196,6 +196,12 @@ def test_train_only_is_split_by_stable_hash(tmp_path):
     # limit applies after splitting
     c2 = load_corpus({"corpus": "jsonl", "train_file": train, "limit": 5})
     assert c2.splits["train"] == c.splits["train"][:5]
+    # another split seed: another partition, the duplicate still with its twin, same total
+    c3 = load_corpus({"corpus": "jsonl", "train_file": train, "split_seed": 5})
+    assert sum(len(c3.splits[s]) for s in SPLITS) == 401
+    assert c3.splits["test"] != c.splits["test"]
+    for s in SPLITS:
+        assert all(stable_split(example_key(ex), 5) == s for ex in c3.splits[s])
 
 
 def test_missing_split_carved_from_train_and_overlap_reported(tmp_path, caplog):

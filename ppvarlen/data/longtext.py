@@ -41,6 +41,31 @@ def window_spans(n_tokens, window, overlap):
     return spans
 
 
+# Clause punctuation: where the g2p corpus cuts paragraphs (full-width, data/g2p.py) and where a
+# long seq2seq source is cut at serving time (ASCII forms too: users type both).
+FULLWIDTH_CLAUSE_END = frozenset("。！？，；：、")
+CLAUSE_END = FULLWIDTH_CLAUSE_END | frozenset("!?,;:")
+
+
+def clause_spans(tokens, max_content):
+    """Consecutive spans covering every token, each at most ``max_content`` long.
+
+    Each span ends after the last clause punctuation token within reach, so clauses are packed
+    whole as the g2p corpus packs them; a clause longer than ``max_content`` is cut at it.
+    """
+    if max_content < 1:
+        raise ValueError(f"clause_spans: max_content must be >= 1, got {max_content}")
+    spans, start, n = [], 0, len(tokens)
+    while start < n:
+        end = min(start + max_content, n)
+        if end < n:
+            cuts = [i + 1 for i in range(start, end) if tokens[i] in CLAUSE_END]
+            end = cuts[-1] if cuts else end
+        spans.append((start, end))
+        start = end
+    return spans
+
+
 def plan_spans(n_tokens, max_content, policy, stride, where):
     """Spans of content tokens to keep for one document under ``policy``.
 

@@ -3,7 +3,9 @@
 Python's ``hash()`` is salted per process (PYTHONHASHSEED), so a split built on it
 changes from run to run and machine to machine; sha1 of the UTF-8 bytes does not.
 Because the bucket depends only on the text, identical texts always land in the same
-split: a duplicated text can never leak from train into test.
+split: a duplicated text can never leak from train into test.  ``Data.split_seed`` (0 =
+the standard split) hashes the text with a prefix, giving another 80/10/10 partition with
+the same guarantees: repeated-split comparisons (benchmarks/sentiment_splits.py) use it.
 """
 import hashlib
 
@@ -11,16 +13,18 @@ SPLITS = ("train", "dev", "test")
 SPLIT_METHOD = "sha1(utf-8 text) -> train 80% / dev 10% / test 10%"
 
 
-def stable_fraction(key):
-    """A number in [0, 1) that depends only on ``key`` (same in every process)."""
+def stable_fraction(key, seed=0):
+    """A number in [0, 1) that depends only on ``key`` and ``seed`` (same in every process)."""
+    if seed:
+        key = f"split-seed-{seed}\x00{key}"
     # surrogatepass: JSON input may carry lone surrogate escapes; they still hash stably.
     digest = hashlib.sha1(key.encode("utf-8", "surrogatepass")).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 
-def stable_split(key):
+def stable_split(key, seed=0):
     """``"train"`` (80%), ``"dev"`` (10%) or ``"test"`` (10%) for the text ``key``."""
-    f = stable_fraction(key)
+    f = stable_fraction(key, seed)
     if f < 0.8:
         return "train"
     return "dev" if f < 0.9 else "test"
@@ -37,9 +41,14 @@ def example_key(example):
     raise ValueError(f"example has none of text/tokens/source: {sorted(example)}")
 
 
-def split_examples(examples):
+def split_method(seed):
+    """How examples were split, for corpus stats."""
+    return SPLIT_METHOD if not seed else f"{SPLIT_METHOD}, Data.split_seed={seed}"
+
+
+def split_examples(examples, seed=0):
     """Group examples into ``{"train": [...], "dev": [...], "test": [...]}``, order kept."""
     out = {name: [] for name in SPLITS}
     for ex in examples:
-        out[stable_split(example_key(ex))].append(ex)
+        out[stable_split(example_key(ex), seed)].append(ex)
     return out

@@ -12,9 +12,12 @@ result per text in input order:
   "truncated": False}``
 * tagging ``{"entities": [{"type": "PER", "text": "江泽民", "start": 0, "end": 3}], "tags": [...],
   "num_tokens": n, "truncated": False}`` (``start``/``end`` are character offsets in the text).
-* seq2seq ``{"output": "zhong guo", "output_ids": [...], "num_tokens": n, "truncated": False}``:
-  greedy output (ids without BOS/EOS) of the source, tokenised exactly as the training
-  data's sources (no special tokens); ``num_tokens`` counts source tokens.
+* seq2seq ``{"output": "zhong guo", "output_ids": [...], "num_tokens": n, "truncated": False,
+  "pieces": 1}``: greedy output (ids without BOS/EOS) of the source, tokenised exactly as the
+  training data's sources (no special tokens); ``num_tokens`` counts source tokens.  With
+  ``split_long_sources`` a source longer than the export's ``max_len`` is cut into ``pieces``
+  after clause punctuation (``longtext.clause_spans``: how the g2p corpus packs clauses), each
+  decoded on its own, and the outputs joined in order; otherwise the manifest's policy applies.
 """
 import os
 
@@ -102,7 +105,7 @@ class Predictor:
 
     def __init__(self, export_dir, backend="paddle", device="cpu", precision="fp32", threads=1,
                  max_batch_tokens=8192, max_batch_size=64, tensorrt=False, verify=True,
-                 _shared=None):
+                 split_long_sources=False, _shared=None):
         if _shared is not None:
             self.__dict__.update(_shared)
         else:
@@ -122,6 +125,10 @@ class Predictor:
                 # the g2p/seq2seq dataset encodes sources without specials whatever the setting
                 self.add_special_tokens = False
                 self.decoding = m["decoding"]
+            elif split_long_sources:
+                raise ValueError(f"split_long_sources is for seq2seq exports; {export_dir} is a "
+                                 f"{self.task} export (its long-text policy is in the manifest)")
+            self.split_long_sources = bool(split_long_sources)
             self.max_len = int(m["max_len"])
             self.max_position = m.get("max_position")
             policy = m["long_text"]
@@ -233,11 +240,16 @@ class Predictor:
         ids = self.encoder.encode(tokens)
         specials = 2 if self.add_special_tokens else 0
         max_content = self.max_len - specials
+        if self.split_long_sources and len(ids) > max_content:
+            spans = longtext.clause_spans(tokens, max_content)
+            return EncodedText(text, [ids[s:e] for s, e in spans], [s for s, _ in spans], None, False)
         if self.long_text == "error" and len(ids) > max_content:
-            other = "truncate" if self.task == "seq2seq" else "window"
+            fix = ("split it at punctuation, or serve with -o Deploy.split_long_sources=true "
+                   "(deploy/python/infer.py: --split-long-sources)" if self.task == "seq2seq" else
+                   "shorten the text or re-export with Data.long_text: window")
             raise DataError(f"text has {len(ids)} tokens but this export takes at most "
                             f"{max_content} (max_len {self.max_len}) and its long_text policy is "
-                            f"'error'; shorten the text or re-export with Data.long_text: {other}")
+                            f"'error'; {fix}")
         windows, offsets = [], []
         for start, end in longtext.plan_spans(len(ids), max_content, self.long_text, self.stride,
                                               where="text"):
@@ -274,7 +286,7 @@ class Predictor:
         if self.task == "classification":
             return [self._classification(it, outs) for it, outs in zip(items, per_item)]
         if self.task == "seq2seq":
-            return [self._seq2seq(it, outs[0]) for it, outs in zip(items, per_item)]
+            return [self._seq2seq(it, outs) for it, outs in zip(items, per_item)]
         return [self._tagging(it, outs) for it, outs in zip(items, per_item)]
 
     def _run_rows(self, id_lists):
@@ -313,10 +325,11 @@ class Predictor:
                 "probs": {n: round(float(p), 6) for n, p in zip(self.label_names, probs)},
                 "num_tokens": item.num_tokens, "truncated": item.truncated}
 
-    def _seq2seq(self, item, ids):
-        ids = [int(i) for i in ids]
+    def _seq2seq(self, item, piece_outputs):
+        ids = [int(i) for out in piece_outputs for i in out]  # pieces in source order
         return {"output": self.encoder.decode_target(ids), "output_ids": ids,
-                "num_tokens": item.num_tokens, "truncated": item.truncated}
+                "num_tokens": item.num_tokens, "truncated": item.truncated,
+                "pieces": len(piece_outputs)}
 
     def _tagging(self, item, window_tags):
         specials = 1 if self.add_special_tokens else 0

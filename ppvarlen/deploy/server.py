@@ -46,17 +46,19 @@ class ServerMetrics:
         self.responses = collections.Counter()
         self.texts = 0
         self.truncated = 0  # texts cut to the export's max_len (long_text: truncate)
+        self.split = 0  # seq2seq sources served in pieces (Deploy.split_long_sources)
         self._latencies = collections.deque(maxlen=window)
 
     def count_request(self):
         with self._lock:
             self.requests += 1
 
-    def record(self, status, latency_s=None, texts=0, truncated=0):
+    def record(self, status, latency_s=None, texts=0, truncated=0, split=0):
         with self._lock:
             self.responses[str(status)] += 1
             self.texts += texts
             self.truncated += truncated
+            self.split += split
             if latency_s is not None:
                 self._latencies.append(latency_s * 1000.0)
 
@@ -64,7 +66,8 @@ class ServerMetrics:
         with self._lock:
             lat = np.array(self._latencies, dtype=np.float64)
             out = {"requests": self.requests, "responses": dict(self.responses),
-                   "texts": self.texts, "truncated_texts": self.truncated}
+                   "texts": self.texts, "truncated_texts": self.truncated,
+                   "split_texts": self.split}
         pct = {f"p{q}": float(np.percentile(lat, q)) if lat.size else None for q in (50, 95, 99)}
         out["latency_ms"] = {**pct, "mean": float(lat.mean()) if lat.size else None,
                              "window": int(lat.size)}
@@ -188,7 +191,8 @@ def create_app(predictor, workers=1, max_wait_ms=5.0, max_batch_tokens=8192, max
                 raise ApiError(500, f"prediction failed for texts[{i}]: {type(r).__name__}",
                                f"texts[{i}]")
         metrics.record(200, time.perf_counter() - start, len(texts),
-                       sum(bool(r.get("truncated")) for r in results))
+                       sum(bool(r.get("truncated")) for r in results),
+                       sum(r.get("pieces", 1) > 1 for r in results))
         return {"predictions": results}
 
     @app.get("/health")
@@ -223,7 +227,8 @@ def serve(export_dir, deploy_cfg, host=None, port=None, backend=None):
     predictor = Predictor(export_dir, backend or deploy_cfg.backend, device=deploy_cfg.device,
                           precision=deploy_cfg.precision, threads=deploy_cfg.threads,
                           max_batch_tokens=deploy_cfg.max_batch_tokens,
-                          max_batch_size=deploy_cfg.max_batch_size, tensorrt=deploy_cfg.tensorrt)
+                          max_batch_size=deploy_cfg.max_batch_size, tensorrt=deploy_cfg.tensorrt,
+                          split_long_sources=deploy_cfg.split_long_sources)
     limits = Limits(deploy_cfg.max_texts_per_request, deploy_cfg.max_body_bytes,
                     deploy_cfg.max_text_chars)
     app = create_app(predictor, deploy_cfg.workers, deploy_cfg.max_wait_ms,

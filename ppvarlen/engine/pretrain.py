@@ -61,7 +61,8 @@ def pretraining_sequences(data_cfg, extra_corpora):
     sequences = [list(bundle.train[i]["input_ids"]) for i in range(len(bundle.train))]
     counts = {f"{data_cfg.corpus}/train": len(sequences)}
     for name in extra_corpora:
-        corpus = load_corpus({"corpus": name})
+        # the same split seed: with another seed, "train" of the default split holds test texts
+        corpus = load_corpus({"corpus": name, "split_seed": data_cfg.split_seed})
         key = "tokens" if corpus.task == "tagging" else "text"
         if corpus.task not in ("tagging", "classification"):
             raise ConfigError(f"Pretrain.extra_corpora: {name!r} is a {corpus.task} corpus; "
