@@ -254,7 +254,7 @@ def load_g2p(data_cfg):
             raise ConfigError(f"Data.{key} must be a positive integer for Data.corpus: g2p, "
                               f"got {value!r}")
     corpus = _fresh(_g2p_cached(data_cfg.max_source_len, data_cfg.max_target_len,
-                                      data_cfg.get("split_seed", 0)))
+                                data_cfg.get("split_seed", 0)))
     _apply_limit(corpus, data_cfg.get("limit"))
     return corpus
 
