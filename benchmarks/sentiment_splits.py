@@ -36,16 +36,10 @@ def model_test_predictions(output_dir, cfg):
     """Test-split predictions (one per review, windows averaged) of ``output_dir``/best."""
     import numpy as np
 
-    from ppvarlen.data.collate import Collator
-    from ppvarlen.data.dataset import build_datasets
     from ppvarlen.data.longtext import aggregate_classification
-    from ppvarlen.engine.checkpoint import load_for_inference
-    from ppvarlen.engine.evaluate import predict
+    from ppvarlen.engine.evaluate import checkpoint_outputs
 
-    model, meta, encoder, _ = load_for_inference(os.path.join(output_dir, "best"))
-    test = build_datasets(cfg.Data, task_hint=meta["task"], encoder=encoder, splits=("test",)).test
-    collate = Collator(encoder.pad_id, cfg.Data.pad_to_multiple_of, cfg.Data.padding_side)
-    logits = predict(model, test, meta["task"], collate, cfg.Data.eval_max_tokens, cfg.Data.padding_side)
+    logits, test, _, _ = checkpoint_outputs(cfg, os.path.join(output_dir, "best"), "test")
     docs, doc_logits = aggregate_classification([test[i]["doc_id"] for i in range(len(test))],
                                                 np.stack(logits))
     return docs, doc_logits.argmax(axis=-1)

@@ -106,6 +106,11 @@ def evaluate(model, dataset, task, collate, label_names, max_tokens, padding_sid
     """Metrics of ``model`` on ``dataset`` (seq2seq needs the ``encoder`` to compare texts)."""
     outputs = predict(model, dataset, task, collate, max_tokens, padding_side, world_size, rank,
                       decoding)
+    return report(task, dataset, outputs, label_names, encoder)
+
+
+def report(task, dataset, outputs, label_names, encoder=None):
+    """Metrics of ``predict`` outputs on ``dataset``."""
     if task == "classification":
         return classification_report(dataset, outputs, label_names)
     if task == "seq2seq":
@@ -123,16 +128,24 @@ def decoding_of(model_cfg):
     return {"beam_size": model_cfg.beam_size, "length_penalty": model_cfg.length_penalty}
 
 
-def evaluate_checkpoint(cfg, ckpt_dir, split="test"):
-    """Metrics of the checkpoint in ``ckpt_dir`` on ``split`` of the data ``cfg.Data`` describes."""
+def checkpoint_outputs(cfg, ckpt_dir, split="test"):
+    """``predict`` outputs of the checkpoint in ``ckpt_dir`` on ``split`` of the data ``cfg.Data``
+    describes -> (outputs, dataset, checkpoint meta, encoder)."""
     from ..data.collate import Collator
     from ..data.dataset import build_datasets
     from .checkpoint import load_for_inference
 
     model, meta, encoder, _ = load_for_inference(ckpt_dir)
-    data = build_datasets(cfg.Data, task_hint=meta["task"], encoder=encoder, splits=(split,))
+    dataset = getattr(build_datasets(cfg.Data, task_hint=meta["task"], encoder=encoder,
+                                     splits=(split,)), split)
     collate = Collator(encoder.pad_id, cfg.Data.pad_to_multiple_of, cfg.Data.padding_side)
-    out = evaluate(model, getattr(data, split), meta["task"], collate, meta["label_names"],
-                   cfg.Data.eval_max_tokens, cfg.Data.padding_side, encoder=encoder,
-                   decoding=decoding_of(cfg.Model))
+    outputs = predict(model, dataset, meta["task"], collate, cfg.Data.eval_max_tokens,
+                      cfg.Data.padding_side, decoding=decoding_of(cfg.Model))
+    return outputs, dataset, meta, encoder
+
+
+def evaluate_checkpoint(cfg, ckpt_dir, split="test"):
+    """Metrics of the checkpoint in ``ckpt_dir`` on ``split`` of the data ``cfg.Data`` describes."""
+    outputs, dataset, meta, encoder = checkpoint_outputs(cfg, ckpt_dir, split)
+    out = report(meta["task"], dataset, outputs, meta["label_names"], encoder)
     return {"checkpoint": ckpt_dir, "split": split, "step": meta["step"], **out}
