@@ -109,10 +109,19 @@ def test_real_corpus():
     corpus = load_corpus({"corpus": "g2p", "max_source_len": 40, "max_target_len": 160})
     assert corpus.task == "seq2seq"
     stats = corpus.stats
+    copies = stats["unpunctuated_train_copies"]
     sizes = {name: len(items) for name, items in corpus.splits.items()}
+    sizes["train"] -= copies  # appended after the split
     total = sum(sizes.values())
-    assert total == stats["examples"] > 30000
+    assert total == stats["examples"] > 30000 and copies > 0.3 * sizes["train"]
     assert 0.77 < sizes["train"] / total < 0.83 and 0.08 < sizes["test"] / total < 0.12
+    originals = {ex["source"]: ex["target"] for ex in corpus.splits["train"][:sizes["train"]]}
+    others = {ex["source"] for name in ("dev", "test") for ex in corpus.splits[name]}
+    for ex in corpus.splits["train"][sizes["train"]:]:  # each copy: an original minus its end
+        src, tgt = ex["source"], ex["target"]
+        assert src not in others and src[-1] not in g2p.CLAUSE_END
+        full = [s for s in (src + p for p in g2p.CLAUSE_END) if s in originals]
+        assert full and any(originals[s].rpartition(" ")[0] == tgt for s in full), ex
     lengths = collections.Counter()
     for name, items in corpus.splits.items():
         for ex in items[:2000]:

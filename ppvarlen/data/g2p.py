@@ -24,6 +24,8 @@ Decisions (see the report of issue #7):
   longer than ``Data.max_target_len`` characters, or a CJK character without a reading drops the
   example -- every drop is counted in ``Corpus.stats``.  A source seen before is dropped too
   (``duplicates``): one reading per source, and frequent clauses do not weigh one split.
+* After splitting, each train clause ending in clause punctuation is also added without it
+  (``add_unpunctuated_copies``): users send sources without a final "，" or "。".
 Paddle-free (imported by ``data.corpora``).
 """
 import collections
@@ -243,6 +245,35 @@ def build_examples(paragraphs, table, max_source_len, max_target_len):
     return examples, dict(stats)
 
 
+def without_final_punctuation(source, target):
+    """(source, target) minus a final clause punctuation mark and its target token, or None."""
+    head, _, last = target.rpartition(" ")
+    if (len(source) < 2 or source[-1] not in CLAUSE_END or not head
+            or last != unicodedata.normalize("NFKC", source[-1])):
+        return None
+    return source[:-1], head
+
+
+def add_unpunctuated_copies(splits):
+    """Each train clause that ends in clause punctuation also goes in without it.
+
+    Corpus clauses almost always end in punctuation, while what users send often does not; a
+    model trained on the corpus alone did not know where such a source ends ("你好" -> "ni hao
+    hao hao").  A copy whose source exists already in any split is skipped, so no dev/test source
+    gets a twin in train.  Returns the number of copies added (appended to the train split).
+    """
+    seen = {ex["source"] for items in splits.values() for ex in items}
+    copies = []
+    for ex in splits["train"]:
+        pair = without_final_punctuation(ex["source"], ex["target"])
+        if pair is None or pair[0] in seen:
+            continue
+        seen.add(pair[0])
+        copies.append({"source": pair[0], "target": pair[1]})
+    splits["train"] += copies
+    return len(copies)
+
+
 # ---------------------------------------------------------------- split + entry point
 
 def load_g2p(data_cfg):
@@ -268,13 +299,16 @@ def _g2p_cached(max_source_len, max_target_len, split_seed):
     table = PinyinTable(table_path, word_counts)
     examples, stats = build_examples(paragraphs, table, max_source_len, max_target_len)
     splits = split_examples(examples, split_seed)
+    stats["unpunctuated_train_copies"] = add_unpunctuated_copies(splits)
     stats.update({"corpus": "g2p", "task": "seq2seq", "files": [corpus_path, table_path],
                   "split": {"sizes": {s: len(splits[s]) for s in SPLITS},
                             "method": split_method(split_seed)},
                   "max_source_len": max_source_len, "max_target_len": max_target_len})
-    logger.info("g2p corpus: %d examples (%s); %d long clauses cut between words; dropped %d "
-                "long words, %d long targets, %d with a character the pinyin table lacks",
-                len(examples), stats["split"]["sizes"], stats.get("split_long_clause", 0),
+    logger.info("g2p corpus: %d examples + %d train copies without final punctuation (%s); %d "
+                "long clauses cut between words; dropped %d long words, %d long targets, %d with "
+                "a character the pinyin table lacks", len(examples),
+                stats["unpunctuated_train_copies"], stats["split"]["sizes"],
+                stats.get("split_long_clause", 0),
                 stats.get("dropped_long_word", 0),
                 stats.get("dropped_long_target", 0), stats.get("dropped_unknown_char", 0))
     return Corpus("seq2seq", splits, [], stats)
