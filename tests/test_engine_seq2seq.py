@@ -9,8 +9,9 @@ from ppvarlen.data.collate import Collator
 from ppvarlen.data.dataset import build_datasets
 from ppvarlen.engine import evaluate_checkpoint, load_for_inference
 from ppvarlen.engine import trainer as trainer_mod
-from ppvarlen.engine.evaluate import predict, seq2seq_report
-from ppvarlen.engine.steps import token_counts
+from ppvarlen.engine.evaluate import predict
+from ppvarlen.tasks import get_task
+from ppvarlen.tasks.seq2seq import seq2seq_report
 
 MODEL = {"name": "seq2seq", "hidden_size": 16, "num_layers": 1, "num_decoder_layers": 1,
          "num_heads": 2, "ffn_size": 32, "dropout": 0.0, "max_position": 80,
@@ -92,7 +93,7 @@ def test_token_counts_include_both_sides():
     batch = Collator(0)([{"src_ids": [7, 8, 9], "tgt_ids": [4, 10, 5]},
                          {"src_ids": [7], "tgt_ids": [4, 10, 11, 12, 5]}])
     # real: sources 3 + 1, targets (BOS..last) 2 + 4; padded: 2x3 + 2x4
-    assert token_counts(batch) == (10, 14)
+    assert get_task("seq2seq").token_counts(batch) == (10, 14)
     assert np.array_equal(batch["tgt_len"], [2, 4])
 
 

@@ -13,8 +13,8 @@ import pytest
 from ppvarlen.config import ConfigError, load_config
 from ppvarlen.data.vocab import SPECIAL_TOKENS, TextEncoder
 from ppvarlen.export import ExportError
-from ppvarlen.export import seq2seq as s2s
-from ppvarlen.export.exporter import export_model
+from ppvarlen.export import parity
+from ppvarlen.export.exporter import export_model, save_view
 from ppvarlen.models.seq2seq import GreedyProgram, Seq2SeqTransformer
 from ppvarlen.utils.io import sha256_file
 from ppvarlen.utils.search import length_limits
@@ -72,9 +72,9 @@ def exported(tmp_path_factory):
 
 
 def runners(out, decoding):
-    return {"paddle_inference_onednn": s2s.paddle_inference_runner(str(out), EOS),
-            "paddle_inference": s2s.paddle_inference_runner(str(out), EOS, onednn=False),
-            "onnx": s2s.onnx_runner(str(out), decoding)}
+    return {"paddle_inference_onednn": parity.greedy_paddle_runner(str(out), EOS),
+            "paddle_inference": parity.greedy_paddle_runner(str(out), EOS, onednn=False),
+            "onnx": parity.onnx_greedy_runner(str(out), decoding)}
 
 
 def test_manifest_and_files(exported):
@@ -117,7 +117,7 @@ def test_onnx_step_positions_exact_up_to_the_last_position(exported):
     """paddle2onnx exports ``int * python int`` (the step's position arithmetic) through float32
     Casts; exact for ints < 2**24, checked here where it matters most: the last position row."""
     model, out, _ = exported
-    _, run_step = s2s.onnx_sessions(str(out))
+    _, run_step = parity.onnx_step_sessions(str(out))
     rng = np.random.RandomState(0)
     layers, heads, dim = 2, model.num_heads, model.head_dim
     for cached in (1, 2, MAX_POSITION // 2, MAX_POSITION):  # position = cached - 1
@@ -226,7 +226,7 @@ def test_a_model_that_never_emits_eos_stops_at_each_rows_limit(never_eos):
 
 def test_all_rows_done_at_once_means_one_step(tmp_path):
     model = tiny_model(eos_bias=1e4)  # EOS at the first step for every row
-    static = s2s.save_program(GreedyProgram(model), str(tmp_path / "model"))
+    static = save_view(GreedyProgram(model), str(tmp_path / "model"))
     ids, lens = batch([3, 12, 1])
     tokens = static(paddle.to_tensor(ids), paddle.to_tensor(lens)).numpy()
     assert tokens.tolist() == [[EOS]] * 3
@@ -235,13 +235,13 @@ def test_all_rows_done_at_once_means_one_step(tmp_path):
 def test_parity_failure_keeps_the_old_export(exported, monkeypatch):
     model, out, _ = exported
     before = (out / "manifest.json").read_text()
-    original = s2s.paddle_inference_runner
+    original = parity.greedy_paddle_runner
 
     def one_token_more(export_dir, eos_id, onednn=True, threads=2):
         run = original(export_dir, eos_id, onednn, threads)
         return lambda ids, lens: [o + [6] for o in run(ids, lens)]
 
-    monkeypatch.setattr(s2s, "paddle_inference_runner", one_token_more)
+    monkeypatch.setattr(parity, "greedy_paddle_runner", one_token_more)
     with pytest.raises(ExportError, match="greedy outputs differ"):
         export_model(model, META, encoder(), CFG, str(out), ["paddle"], ["fp32"],
                      verify=True, test_examples=split_items(8))

@@ -63,3 +63,140 @@ def test_layering():
                         if rx.search(line):
                             bad.append(f"{os.path.relpath(p, REPO)}:{i}: {line.strip()}")
     assert not bad, "layering violated:\n" + "\n".join(bad)
+
+
+# Task-name comparisons: the Task objects (ppvarlen/tasks) own what differs by task.
+TASK_COMPARISON = (r"task\s*[!=]=|[!=]=\s*['\"](seq2seq|classification|tagging|masked_lm)['\"]|"
+                   r"\.task\s+(not\s+)?in\s+\(")
+TASK_COMPARISON_ALLOWED = {
+    "ppvarlen/tasks/__init__.py",  # the registry
+    # Model.name (a model, not a task) picks the module that builds it
+    'ppvarlen/models/__init__.py: if name == "seq2seq":  # owned by the seq2seq module; imported '
+    'only when asked for',
+    # removed by the data-tags branch
+    "ppvarlen/data/corpora.py: if name in CORPUS_TASK and cfg.task not in (None, "
+    "CORPUS_TASK[name]):",
+    # removed by the data-tags branch
+    "ppvarlen/data/corpora.py: if files[split].task != task:",
+    # removed by the data-tags branch
+    'ppvarlen/data/corpora.py: if task == "classification":',
+    # removed by the data-tags branch
+    'ppvarlen/data/readers.py: if task == "classification":',
+    # removed by the data-tags branch
+    'ppvarlen/data/readers.py: if task == "tagging":',
+    # removed by the data-tags branch
+    'ppvarlen/data/readers.py: if task != "classification":',
+    # removed by the data-tags branch
+    'ppvarlen/data/readers.py: if task == "seq2seq":',
+}
+
+
+def test_no_task_name_comparisons_outside_the_registry():
+    hits = []
+    for hit in grep(TASK_COMPARISON):
+        path, _, line = hit.split(":", 2)
+        if path in TASK_COMPARISON_ALLOWED or f"{path}: {line.strip()}" in TASK_COMPARISON_ALLOWED:
+            continue
+        hits.append(hit)
+    assert not hits, ("ask the Task object (ppvarlen.tasks.get_task) instead of comparing task "
+                      "names:\n" + "\n".join(hits))
+
+
+def test_task_comparison_pattern_catches_the_forms_it_names():
+    import re
+
+    rx = re.compile(TASK_COMPARISON)
+    for line in ('if task == "seq2seq":', "if self.task != x:", 'm["task"] == "tagging"',
+                 'if corpus.task in ("a", "b"):', 'x if kind == "classification" else y'):
+        assert rx.search(line), line
+    for line in ("task = get_task(name)", "if task.pairs:", "tasks == other_tasks_list"):
+        assert not rx.search(line), line
+
+
+def _module_level_imports(path, module):
+    """Modules ``module`` (dotted) imports when it is loaded: top-level statements only."""
+    import ast
+
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[:len(parts) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)
+    return out
+
+
+def _ppvarlen_modules():
+    mods = {}
+    for root, _, files in os.walk(os.path.join(REPO, "ppvarlen")):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(root, f)
+                rel = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+                mods[rel[:-len(".__init__")] if rel.endswith(".__init__") else rel] = path
+    return mods
+
+
+def test_tasks_import_no_engine_export_deploy_or_models_at_module_level():
+    """deploy imports tasks, and a serving host must not need model or training code."""
+    bad = []
+    for mod, path in _ppvarlen_modules().items():
+        if mod.startswith("ppvarlen.tasks"):
+            bad += [f"{mod} imports {m}" for m in _module_level_imports(path, mod)
+                    if re.match(r"ppvarlen\.(engine|export|deploy|models)\b", m)]
+    assert not bad, "\n".join(bad)
+
+
+def test_tasks_never_import_models():
+    hits = [h for h in grep(r"^\s*(import|from)\s.*(ppvarlen\.models|\.\.models)")
+            if h.startswith("ppvarlen/tasks/")]
+    assert not hits, "the task receives model objects, it does not import them:\n" + "\n".join(hits)
+
+
+def test_no_import_cycle_in_ppvarlen():
+    """No cycle among module-level imports (a lazy import inside a function is not loaded with
+    the module, so it cannot make a partially initialised module visible)."""
+    mods = _ppvarlen_modules()
+    graph = {}
+    for m, p in mods.items():
+        deps = set()
+        for d in _module_level_imports(p, m):
+            while d:  # importing a.b.c first imports the packages a.b and a
+                deps.add(d)
+                d = d.rpartition(".")[0]
+        # a module's own packages are already initialising when it loads
+        graph[m] = {d for d in deps if d in mods and d != m and not m.startswith(d + ".")}
+    state, cycles = {}, []
+
+    def visit(node, stack):
+        state[node] = "open"
+        for dep in sorted(graph[node]):
+            if state.get(dep) == "open":
+                cycles.append(" -> ".join(stack[stack.index(dep):] + [dep]))
+            elif dep not in state:
+                visit(dep, stack + [dep])
+        state[node] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_every_module_imports():
+    """Each module imports on its own (in a fresh interpreter, so order cannot hide a cycle)."""
+    mods = sorted(_ppvarlen_modules())
+    code = ("import importlib, sys\nfor m in sys.argv[1:]:\n"
+            "    importlib.import_module(m)\n"
+            "    [sys.modules.pop(k) for k in list(sys.modules) if k.startswith('ppvarlen')]\n")
+    r = subprocess.run([sys.executable, "-c", code, *mods], capture_output=True, text=True,
+                       cwd=REPO, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]

@@ -1,4 +1,5 @@
-"""MLM pretraining (ppvarlen/engine/pretrain.py) and the Model.init_from warm start."""
+"""Masked-LM pretraining (the masked_lm task, trained by the Trainer) and the Model.init_from
+warm start."""
 import json
 import os
 
@@ -8,7 +9,9 @@ import paddle
 import pytest
 
 from ppvarlen.config import ConfigError, load_config
-from ppvarlen.engine.pretrain import ENCODER_FILE, mask_batch, pretrain, vocab_sha256
+from ppvarlen.data.vocab import vocab_sha256
+from ppvarlen.engine import train
+from ppvarlen.tasks.masked_lm import ENCODER_FILE, mask_batch
 from ppvarlen.models import build_model
 from ppvarlen.models.weights import load_matching_weights, read_metadata, save_weights
 
@@ -21,7 +24,8 @@ def _config(tmp_path, **sections):
             "Data": {"corpus": "sentiment", "limit": 60, "max_len": 64, "min_freq": 1},
             "Model": dict(TINY_MODEL),
             "Pretrain": {"extra_corpora": []},
-            "Train": {"max_steps": 4, "log_every": 2}}
+            "Train": {"task": "masked_lm", "max_steps": 4, "log_every": 2,
+                      "progress_bar": False}}
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)
     return load_config(data=data)
@@ -60,14 +64,17 @@ def test_mask_rate_is_close_to_mask_prob():
 
 def test_pretrain_writes_encoder_that_warm_starts_a_classifier(tmp_path):
     cfg = _config(tmp_path)
-    result = pretrain(cfg)
+    result = train(cfg)
     out = cfg.Global.output_dir
-    assert result["steps"] == 4 and np.isfinite(result["final_mlm_loss"])
-    assert list(result["sequences"]) == ["sentiment/train"]  # never dev / test text
-    for name in (ENCODER_FILE, "vocab.txt", "pretrain_log.jsonl", "pretrain_metrics.json"):
+    assert result["task"] == "masked_lm" and result["steps"] == 4
+    assert np.isfinite(result["dev"]["mlm_loss"]) and 0.0 <= result["dev"]["masked_acc"] <= 1.0
+    assert result["dev"]["masked_tokens"] > 0 and result["test"]["num_examples"] > 0
+    sources = result["pretraining_text"]
+    assert list(sources) == ["sentiment/train"] and sources["sentiment/train"] >= 60  # no dev/test
+    for name in (ENCODER_FILE, "vocab.txt", "train_log.jsonl", "metrics.json"):
         assert os.path.isfile(os.path.join(out, name)), name
-    with open(os.path.join(out, "pretrain_metrics.json"), encoding="utf-8") as f:
-        assert json.load(f)["steps"] == 4
+    with open(os.path.join(out, "metrics.json"), encoding="utf-8") as f:
+        assert json.load(f)["encoder_file"] == os.path.join(out, ENCODER_FILE)
 
     from ppvarlen.data.dataset import build_datasets
     from ppvarlen.models.weights import read_weights
@@ -114,20 +121,82 @@ def test_load_matching_weights_reports_loaded_missing_unexpected(tmp_path):
 
 def test_pretrain_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="Pretrain.mask_prob"):
-        pretrain(_config(tmp_path, Pretrain={"mask_prob": 0.0}))
+        train(_config(tmp_path, Pretrain={"mask_prob": 0.0}))
     with pytest.raises(ConfigError, match="transformer_cls"):
-        pretrain(_config(tmp_path, Model={"name": "rnn_cls"}))
+        train(_config(tmp_path, Model={"name": "rnn_cls"}))
     with pytest.raises(ConfigError, match="extra_corpora"):
         _config(tmp_path, Pretrain={"extra_corpora": ["wikipedia"]})
+    with pytest.raises(ConfigError, match="Model.init_from is set in a pretraining config"):
+        train(_config(tmp_path, Model={"init_from": str(tmp_path / "x.safetensors")}))
+    # extra text is the masked-LM task's: a classifier run refuses it instead of ignoring it
+    with pytest.raises(ConfigError, match="only the masked_lm task reads extra text"):
+        train(_config(tmp_path, Train={"task": None}, Pretrain={"extra_corpora": ["sentiment"]}))
+
+
+def test_pretraining_resumes_exactly(tmp_path, monkeypatch):
+    """The Trainer's exact resume holds for masked-LM too (masks drawn from the step's seed)."""
+    import signal
+
+    from ppvarlen.engine import trainer as trainer_mod
+
+    train_cfg = {"eval_every": 2, "log_every": 1}
+    full = train(_config(tmp_path / "full", Train=train_cfg))
+    original = trainer_mod.Trainer.train_step
+
+    def interrupt_during_step_3(self, batch):
+        loss = original(self, batch)
+        if self.state["step"] == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return loss
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", interrupt_during_step_3)
+    assert train(_config(tmp_path / "cut", Train=train_cfg)) == {"interrupted": True, "step": 3}
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", original)
+    resumed = train(_config(tmp_path / "cut", Train=dict(train_cfg, resume="auto")))
+
+    def losses(run):
+        with open(os.path.join(run, "pt", "train_log.jsonl"), encoding="utf-8") as f:
+            return [r["loss"] for r in map(json.loads, f) if "loss" in r]
+
+    assert len(losses(tmp_path / "full")) == 4
+    assert losses(tmp_path / "cut") == losses(tmp_path / "full")  # exact float equality
+    assert resumed["dev"] == full["dev"]
+    full_w, cut_w = read_weights_of(tmp_path / "full"), read_weights_of(tmp_path / "cut")
+    for name, array in full_w.items():
+        np.testing.assert_array_equal(cut_w[name], array, err_msg=name)
+
+
+def read_weights_of(run_dir):
+    from ppvarlen.models.weights import read_weights
+
+    return read_weights(os.path.join(run_dir, "pt", ENCODER_FILE))
 
 
 def test_shipped_pretrain_config_runs_and_opens_with_its_command(tmp_path):
     path = "configs/sentiment/pretrain_mlm.yaml"
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(repo, path), encoding="utf-8") as f:
-        assert f.readline().startswith("# python tools/pretrain.py -c " + path)
+        assert f.readline().startswith("# python tools/train.py -c " + path)
     cfg = load_config(os.path.join(repo, path), [
         f"Global.output_dir={tmp_path}", "Data.limit=24", "Data.max_len=48", "Train.max_steps=2",
-        "Pretrain.extra_corpora=[]", "Global.log_level=WARNING"])
-    assert pretrain(cfg)["steps"] == 2
+        "Pretrain.extra_corpora=[]", "Global.log_level=WARNING", "Train.progress_bar=false"])
+    assert train(cfg)["steps"] == 2
+    assert os.path.isfile(tmp_path / ENCODER_FILE)
+
+
+def test_tools_pretrain_is_train_with_the_masked_lm_task(tmp_path):
+    """tools/pretrain.py keeps working: the same library function as tools/train.py."""
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    overrides = [f"Global.output_dir={tmp_path}", "Data.limit=24", "Data.max_len=48",
+                 "Train.max_steps=2", "Pretrain.extra_corpora=[]", "Global.log_level=WARNING",
+                 "Train.progress_bar=false", "Train.task=null"]
+    r = subprocess.run([sys.executable, os.path.join(repo, "tools", "pretrain.py"), "-c",
+                        "configs/sentiment/pretrain_mlm.yaml"]
+                       + [arg for o in overrides for arg in ("-o", o)],
+                       capture_output=True, text=True, cwd=repo, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["task"] == "masked_lm"
     assert os.path.isfile(tmp_path / ENCODER_FILE)

@@ -14,7 +14,7 @@ import pytest
 from ppvarlen.config import load_config
 from ppvarlen.models.seq2seq import (DecoderStepProgram, EncoderProgram, Seq2SeqTransformer,
                                      build_seq2seq, target_mask)
-from ppvarlen.models.seq2seq_metrics import (edit_distance, seq2seq_metrics,
+from ppvarlen.tasks.seq2seq_metrics import (edit_distance, seq2seq_metrics,
                                               sequence_accuracy, token_error_rate)
 
 PAD, BOS, EOS, VOCAB = 0, 4, 5, 16

@@ -2,9 +2,10 @@
 
     python tools/pretrain.py -c configs/sentiment/pretrain_mlm.yaml [-o Section.key=value ...]
 
-Reads the TRAIN split of Data.corpus (+ Pretrain.extra_corpora); writes
-Global.output_dir/encoder.safetensors, vocab.txt, pretrain_log.jsonl and
-pretrain_metrics.json.  A classifier then starts from it with
+The same as tools/train.py with Train.task=masked_lm (the Trainer: resume, AMP, distributed,
+checkpoints).  Trains on the TRAIN split of Data.corpus (+ Pretrain.extra_corpora); writes
+Global.output_dir/encoder.safetensors and vocab.txt besides the usual checkpoints,
+train_log.jsonl and metrics.json.  A classifier then starts from it with
 -o Model.init_from=<output_dir>/encoder.safetensors (same Model and Data sections).
 """
 import argparse
@@ -23,10 +24,10 @@ def main(argv=None):
                                                      formatter_class=argparse.RawDescriptionHelpFormatter))
     args = parser.parse_args(argv)
     try:
-        cfg = load_config(args.config, args.override)
-        from ppvarlen.engine.pretrain import pretrain
+        cfg = load_config(args.config, list(args.override) + ["Train.task=masked_lm"])
+        from ppvarlen.engine import train
 
-        result = pretrain(cfg)
+        result = train(cfg)
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

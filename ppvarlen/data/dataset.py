@@ -19,7 +19,8 @@ import paddle
 
 from ..config import ConfigError
 from ..utils.log import get_logger
-from .collate import IGNORE_INDEX, Collator
+from ..tasks import get_task
+from .collate import Collator
 from .errors import DataError
 from .lengths import length_stats
 from .longtext import LongTextStats, plan_spans
@@ -43,7 +44,7 @@ class EncodedDataset(paddle.io.Dataset):
         super().__init__()
         self.items = items
         self.split, self.task, self.pad_id = split, task, pad_id
-        if task == "seq2seq":
+        if get_task(task).pairs:
             self.src_lengths = np.asarray([len(it["src_ids"]) for it in items], dtype=np.int64)
             self.tgt_lengths = np.asarray([len(it["tgt_ids"]) for it in items], dtype=np.int64)
             self.lengths = self.src_lengths + self.tgt_lengths
@@ -76,51 +77,52 @@ class DataBundle:
     stats: dict = field(default_factory=dict)
 
 
-def build_datasets(data_cfg, task_hint=None, encoder=None, splits=SPLITS):
+def build_datasets(data_cfg, task_hint=None, encoder=None, splits=SPLITS, extra_corpora=()):
     """Corpus + encoder -> ``DataBundle`` with the encoded ``splits`` (the others are None).
 
-    Callers that bring the checkpoint's encoder and need one split (export parity,
-    eval) pass ``splits=("test",)`` and skip encoding the rest."""
+    ``task_hint``: the task (name or Task) the items are encoded for; it must read the
+    corpus's task (masked-LM reads any text corpus); None = the corpus's own task.
+    ``extra_corpora``: corpora whose train split the task adds to the train split
+    (``Pretrain.extra_corpora``; masked-LM only).  Callers that bring the checkpoint's
+    encoder and need one split (export parity, eval) pass ``splits=("test",)`` and skip
+    encoding the rest."""
     from .corpora import load_corpus
     from .vocab import build_encoder
 
     corpus = load_corpus(data_cfg)
-    task = corpus.task
-    if task_hint is not None and task_hint != task:
-        raise ConfigError(f"Data.corpus {data_cfg.corpus!r} gives a {task} task but a {task_hint} "
-                          f"task is expected here (model / checkpoint); pick a matching corpus")
+    task = get_task(corpus.task if task_hint is None else task_hint)
+    if corpus.task not in task.corpus_tasks():
+        raise ConfigError(f"Data.corpus {data_cfg.corpus!r} gives a {corpus.task} task but a "
+                          f"{task.name} task is expected here (model / checkpoint); pick a "
+                          f"matching corpus")
+    task.check_data_config(data_cfg, encoder is None)
     if encoder is None:
-        if task == "seq2seq" and data_cfg.tokenizer == "pretrained":
-            raise ConfigError("Data.tokenizer: seq2seq builds its own char/word vocabulary; "
-                              "set tokenizer: char")
         encoder = build_encoder(data_cfg, corpus)  # seq2seq: one vocabulary, source + target
     specials = data_cfg.add_special_tokens
     if specials is None:
-        specials = task == "classification"
-    if task == "seq2seq" and (encoder.bos_id is None or encoder.eos_id is None):
-        raise ConfigError("Data.tokenizer: seq2seq targets need [BOS]/[EOS]; a pretrained "
-                          "BERT/ERNIE vocabulary has none: use tokenizer: char")
-    _check_lengths_config(data_cfg, task, specials)
+        specials = task.default_special_tokens
+    task.check_encoder(encoder)
+    _check_lengths_config(data_cfg, specials)
     unknown = set(splits) - set(SPLITS)
     if unknown:
         raise ValueError(f"build_datasets: unknown split(s) {sorted(unknown)}; use {SPLITS}")
     encoded, stats = {}, {"corpus": corpus.stats, "encoder": dict(getattr(encoder, "stats", {}))}
     for split in splits:
-        ds = _encode_split(corpus.splits[split], split, task, encoder, data_cfg, specials,
-                           corpus.label_names)
+        examples = corpus.splits[split]
+        extra = task.extra_train_items(extra_corpora, data_cfg, encoder, len(examples)) \
+            if split == "train" else ([], None)
+        ds = _encode_split(examples, split, task, encoder, data_cfg, specials, corpus.label_names,
+                           extra)
         encoded[split] = ds
         stats[split] = ds.stats
-    return DataBundle(task, encoded.get("train"), encoded.get("dev"), encoded.get("test"),
+    return DataBundle(task.name, encoded.get("train"), encoded.get("dev"), encoded.get("test"),
                       encoder, list(corpus.label_names), stats)
 
 
-def _check_lengths_config(cfg, task, specials):
+def _check_lengths_config(cfg, specials):
     if cfg.max_len < 1 + 2 * bool(specials):
         raise ConfigError(f"Data.max_len={cfg.max_len} leaves no room for text after the special "
                           f"tokens; use a larger value (e.g. 512)")
-    if task == "seq2seq" and cfg.long_text == "window":
-        raise ConfigError("Data.long_text: window cannot split a source/target pair (the "
-                          "target has no alignment to source windows); use truncate or error")
     if cfg.long_text == "window":
         content = cfg.max_len - 2 * bool(specials)
         if not 0 <= cfg.stride < content:
@@ -134,80 +136,75 @@ def _where(split, i, cfg):
     return f"{split} example {i}" + (f" (from {source})" if source else f" of corpus {cfg.corpus}")
 
 
-def _encode_split(examples, split, task, encoder, cfg, specials, label_names):
-    lt = LongTextStats(split, cfg.long_text)
-    items, unk, real, doc_lengths = [], 0, 0, []
-    if task == "seq2seq":
-        lt_tgt = LongTextStats(split, cfg.long_text)
-        for i, ex in enumerate(examples):
-            src = encoder.encode(encoder.tokenize(ex["source"]))
-            tgt = encoder.encode_target(ex["target"])
-            unk += src.count(encoder.unk_id) + tgt.count(encoder.unk_id)
-            real += len(src) + len(tgt)
-            if not src or not tgt:
-                raise DataError(f"{_where(split, i, cfg)}: empty source or target after "
-                                f"tokenisation; remove the example")
-            src_spans = plan_spans(len(src), cfg.max_source_len, cfg.long_text, 0,
-                                   _where(split, i, cfg) + " source")
-            tgt_spans = plan_spans(len(tgt), cfg.max_target_len, cfg.long_text, 0,
-                                   _where(split, i, cfg) + " target")
-            lt.add(len(src), src_spans)
-            doc_lengths.append(len(src) + len(tgt) + 2)
-            lt_tgt.add(len(tgt), tgt_spans)
-            items.append({"src_ids": src[:src_spans[0][1]],
-                          "tgt_ids": [encoder.bos_id] + tgt[:tgt_spans[0][1]] + [encoder.eos_id],
-                          "doc_id": i})
-        long_text = {"source": lt.as_dict(), "target": lt_tgt.as_dict()}
-        lt.log(), lt_tgt.log()
-    else:
-        n_special = 2 if specials else 0
-        tag_ids = {name: k for k, name in enumerate(label_names)}
-        for i, ex in enumerate(examples):
-            where = _where(split, i, cfg)
-            if task == "classification":
-                ids = encoder.encode(encoder.tokenize(ex["text"]))
-            else:
-                ids = encoder.encode(ex["tokens"])
-                tags = _tag_ids(ex, tag_ids, where)
-            unk += ids.count(encoder.unk_id)
-            real += len(ids)
-            if not ids:
-                raise DataError(f"{where}: no tokens after tokenisation (empty or only spaces); "
-                                f"remove it from the data")
-            spans = plan_spans(len(ids), cfg.max_len - n_special, cfg.long_text, cfg.stride, where)
-            lt.add(len(ids), spans)
-            doc_lengths.append(len(ids) + n_special)
-            for start, end in spans:
-                body = ids[start:end]
-                if specials:
-                    body = [encoder.cls_id] + body + [encoder.sep_id]
-                item = {"input_ids": body}
-                if task == "classification":
-                    item.update(label=int(ex["label"]), doc_id=i)
-                else:
-                    labels = tags[start:end]
-                    if specials:  # special tokens carry no tag
-                        labels = [IGNORE_INDEX] + labels + [IGNORE_INDEX]
-                    item.update(labels=labels, doc_id=i, offset=start)
-                items.append(item)
-        long_text = lt.as_dict()
-        lt.log()
-    ds = EncodedDataset(items, split, task, encoder.pad_id, long_text, doc_lengths=doc_lengths)
+def _encode_split(examples, split, task, encoder, cfg, specials, label_names, extra=([], None)):
+    encode = _encode_pairs if task.pairs else _encode_windows
+    items, long_text, unk, real, doc_lengths = encode(examples, split, task, encoder, cfg,
+                                                      specials, label_names)
+    extra_items, sources = extra
+    if extra_items:  # other corpora's text (masked-LM): counted as documents of their own
+        items = items + extra_items
+        doc_lengths = doc_lengths + [len(it["input_ids"]) for it in extra_items]
+    ds = EncodedDataset(items, split, task.name, encoder.pad_id, long_text,
+                        doc_lengths=doc_lengths)
     ds.stats = {"documents": len(examples), "items": len(items),
                 "unk_rate": round(unk / real, 6) if real else 0.0, "long_text": long_text,
                 "lengths": length_stats(ds.lengths) if items else {"count": 0}}
+    if sources is not None:  # items per source text (masked-LM)
+        ds.stats["sources"] = {f"{cfg.corpus}/{split}": len(items) - len(extra_items), **sources}
     return ds
 
 
-def _tag_ids(ex, tag_ids, where):
-    if len(ex["tags"]) != len(ex["tokens"]):
-        raise DataError(f"{where}: {len(ex['tokens'])} tokens but {len(ex['tags'])} tags; "
-                        f"every token needs exactly one tag")
-    try:
-        return [tag_ids[t] for t in ex["tags"]]
-    except KeyError as e:
-        raise DataError(f"{where}: tag {e.args[0]!r} is not one of the labels "
-                        f"{list(tag_ids)}") from None
+def _encode_pairs(examples, split, task, encoder, cfg, specials, label_names):
+    """Source/target pairs -> ``{src_ids, tgt_ids (BOS .. EOS), doc_id}`` items."""
+    lt, lt_tgt = LongTextStats(split, cfg.long_text), LongTextStats(split, cfg.long_text)
+    items, unk, real, doc_lengths = [], 0, 0, []
+    for i, ex in enumerate(examples):
+        src = encoder.encode(encoder.tokenize(ex["source"]))
+        tgt = encoder.encode_target(ex["target"])
+        unk += src.count(encoder.unk_id) + tgt.count(encoder.unk_id)
+        real += len(src) + len(tgt)
+        if not src or not tgt:
+            raise DataError(f"{_where(split, i, cfg)}: empty source or target after "
+                            f"tokenisation; remove the example")
+        src_spans = plan_spans(len(src), cfg.max_source_len, cfg.long_text, 0,
+                               _where(split, i, cfg) + " source")
+        tgt_spans = plan_spans(len(tgt), cfg.max_target_len, cfg.long_text, 0,
+                               _where(split, i, cfg) + " target")
+        lt.add(len(src), src_spans)
+        doc_lengths.append(len(src) + len(tgt) + 2)
+        lt_tgt.add(len(tgt), tgt_spans)
+        items.append({"src_ids": src[:src_spans[0][1]],
+                      "tgt_ids": [encoder.bos_id] + tgt[:tgt_spans[0][1]] + [encoder.eos_id],
+                      "doc_id": i})
+    lt.log(), lt_tgt.log()
+    return items, {"source": lt.as_dict(), "target": lt_tgt.as_dict()}, unk, real, doc_lengths
+
+
+def _encode_windows(examples, split, task, encoder, cfg, specials, label_names):
+    """Token rows under the long-text policy; the task adds each window's label fields."""
+    lt = LongTextStats(split, cfg.long_text)
+    items, unk, real, doc_lengths = [], 0, 0, []
+    n_special = 2 if specials else 0
+    tag_ids = {name: k for k, name in enumerate(label_names)}
+    for i, ex in enumerate(examples):
+        where = _where(split, i, cfg)
+        ids, labels = task.example_ids(encoder, ex, where, tag_ids)
+        unk += ids.count(encoder.unk_id)
+        real += len(ids)
+        if not ids:
+            raise DataError(f"{where}: no tokens after tokenisation (empty or only spaces); "
+                            f"remove it from the data")
+        spans = plan_spans(len(ids), cfg.max_len - n_special, cfg.long_text, cfg.stride, where)
+        lt.add(len(ids), spans)
+        doc_lengths.append(len(ids) + n_special)
+        for start, end in spans:
+            body = ids[start:end]
+            if specials:
+                body = [encoder.cls_id] + body + [encoder.sep_id]
+            items.append({"input_ids": body,
+                          **task.window_item(ex, labels, start, end, specials, i)})
+    lt.log()
+    return items, lt.as_dict(), unk, real, doc_lengths
 
 
 def build_dataloader(dataset, data_cfg, split, num_replicas=1, rank=0, seed=0):

@@ -14,6 +14,7 @@ is read literally.
 ``kind="pretrained"`` wraps PaddleNLP's ``ErnieTokenizer`` built from a local vocab.txt
 file only (never a model name that could download); only that path imports paddlenlp.
 """
+import hashlib
 import json
 import os
 import re
@@ -343,6 +344,11 @@ class TextEncoder:
         return cls([], "pretrained", lowercase, _pretrained=tok)
 
 
+def vocab_sha256(encoder):
+    """Fingerprint of the token list (id order matters: it is the embedding's row order)."""
+    return hashlib.sha256("\n".join(encoder.tokens).encode("utf-8")).hexdigest()
+
+
 def split_items(examples):
     """What a vocabulary counts per example: its text, or its token list (tagging).
     (seq2seq vocabularies: ``TextEncoder.build_seq2seq``.)"""
@@ -354,6 +360,8 @@ def build_encoder(data_cfg, corpus):
     """The encoder ``Data`` asks for: loaded from ``Data.vocab_file`` (pretrained) or built
     from the train split (``encoder.stats``: counts behind it, train UNK rate).  The UNK
     rate of every split is measured where the splits are encoded (``data.dataset``)."""
+    from ..tasks import get_task
+
     if data_cfg.vocab_file and data_cfg.tokenizer != "pretrained":
         raise ConfigError(f"Data.vocab_file is read only with Data.tokenizer: pretrained (here "
                           f"{data_cfg.tokenizer!r}, whose vocabulary is built from the train "
@@ -365,7 +373,7 @@ def build_encoder(data_cfg, corpus):
         enc = TextEncoder.load(data_cfg.vocab_file, "pretrained", data_cfg.lowercase)
         enc.stats = {"kind": "pretrained", "vocab_file": data_cfg.vocab_file,
                      "vocab_size": enc.vocab_size}
-    elif corpus.task == "seq2seq":
+    elif get_task(corpus.task).pairs:  # one vocabulary over sources and targets
         train = corpus.splits["train"]
         enc = TextEncoder.build_seq2seq([ex["source"] for ex in train],
                                         [ex["target"] for ex in train], data_cfg.tokenizer,

@@ -33,16 +33,14 @@ def split_texts(export_dir):
     """Texts of the real test split for the export's task (real length distribution)."""
     from ppvarlen.config import load_config
     from ppvarlen.data.corpora import load_corpus
+    from ppvarlen.tasks import get_task
 
     from .manifest import load_manifest
 
     manifest = load_manifest(export_dir, verify=False)
-    if manifest["task"] == "seq2seq":  # the g2p clauses packed to the export's source length
-        cfg = load_config(overrides=["Data.corpus=g2p",
-                                     f"Data.max_source_len={int(manifest['max_len'])}"])
-        return [ex["source"] for ex in load_corpus(cfg.Data).splits["test"]]
-    corpus = load_corpus(load_config(overrides=["Data.corpus=sentiment"]).Data)
-    return [ex["text"] for ex in corpus.splits["test"]]
+    task = get_task(manifest["task"])
+    corpus = load_corpus(load_config(overrides=task.bench_overrides(manifest)).Data)
+    return [ex[task.text_field] for ex in corpus.splits["test"]]
 
 
 def free_port():

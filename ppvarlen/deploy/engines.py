@@ -242,7 +242,7 @@ def build_engine(export_dir, manifest, backend, tensorrt=False, **kw):
         raise ValueError("TensorRT runs only with --backend paddle --device gpu")
     if backend == "paddle":
         return PaddleEngine(export_dir, manifest, tensorrt=tensorrt, **kw)
-    if backend == "onnx" and manifest.get("task") == "seq2seq":
+    if backend == "onnx" and _backend_entry(manifest, "onnx").get("decode") == "greedy_numpy":
         return OnnxGreedyEngine(export_dir, manifest, **kw)
     if backend == "onnx":
         return OnnxEngine(export_dir, manifest, **kw)

@@ -65,7 +65,7 @@ def run_file(predictor, input_path, output_path=None, progress=True):
     """
     from tqdm import tqdm
 
-    rows = read_texts(input_path, "source" if predictor.task == "seq2seq" else "text")
+    rows = read_texts(input_path, predictor.task.text_field)
     real0, padded0 = predictor.real_tokens, predictor.padded_tokens
     out0, steps0 = predictor.real_target_tokens, predictor.padded_target_tokens
     start = time.perf_counter()  # tokenising counts: it is part of serving a file
@@ -106,7 +106,7 @@ def run_file(predictor, input_path, output_path=None, progress=True):
                "texts_per_s": round(done / seconds, 2) if seconds > 0 else None,
                "tokens_per_s": round(real / seconds, 1) if seconds > 0 else None,
                "padding_efficiency": round(real / padded, 4) if padded else None}
-    if predictor.task == "seq2seq":  # decoder steps that produced output vs steps run
+    if predictor.task.generates:  # decoder steps that produced output vs steps run
         steps = predictor.padded_target_tokens - steps0
         summary["output_tokens_per_s"] = (round((predictor.real_target_tokens - out0) / seconds, 1)
                                           if seconds > 0 else None)

@@ -9,12 +9,12 @@ refused at load instead of giving quietly wrong predictions.
 import json
 import os
 
+from ppvarlen.tasks import TASKS, get_task
 from ppvarlen.utils.io import sha256_file
 
 MANIFEST = "manifest.json"
 SUPPORTED_FORMATS = (1,)
-TASKS = ("classification", "tagging", "seq2seq")
-DECODING_KEYS = ("max_len_a", "max_len_b", "max_position", "bos_id", "eos_id", "pad_id")
+SERVED_TASKS = [name for name, task in TASKS.items() if task.servable]
 
 
 class ExportError(ValueError):
@@ -49,34 +49,15 @@ def load_manifest(export_dir, verify=True):
     if manifest["format_version"] not in SUPPORTED_FORMATS:
         raise ExportError(f"{path}: format_version {manifest['format_version']!r} is not supported "
                           f"(this ppvarlen reads {list(SUPPORTED_FORMATS)}); re-export or upgrade")
-    if manifest["task"] not in TASKS:
+    if manifest["task"] not in SERVED_TASKS:
         raise ExportError(f"{path}: task {manifest['task']!r} cannot be served; served tasks: "
-                          f"{list(TASKS)}")
-    if manifest["task"] == "seq2seq":
-        check_seq2seq(path, manifest)
+                          f"{SERVED_TASKS}")
+    problems = get_task(manifest["task"]).manifest_problems(manifest)
+    if problems:
+        raise ExportError(f"{path}: {problems[0]}")
     if verify:
         verify_files(export_dir, manifest)
     return manifest
-
-
-def check_seq2seq(path, manifest):
-    """A seq2seq manifest needs its decoding rule, and a long-text policy a pair can follow."""
-    decoding = manifest.get("decoding")
-    if not isinstance(decoding, dict):
-        raise ExportError(f"{path}: a seq2seq export needs a 'decoding' object (strategy, "
-                          f"{', '.join(DECODING_KEYS)}); re-export with tools/export.py")
-    missing = [k for k in DECODING_KEYS if k not in decoding]
-    if missing:
-        raise ExportError(f"{path}: decoding.{missing[0]} is missing (needs "
-                          f"{list(DECODING_KEYS)}); re-export with tools/export.py")
-    if decoding.get("strategy", "greedy") != "greedy":
-        raise ExportError(f"{path}: decoding.strategy {decoding['strategy']!r} cannot be served; "
-                          f"the exported programs decode greedily")
-    policy = manifest["long_text"]
-    policy = policy if isinstance(policy, str) else policy.get("policy")
-    if policy not in ("error", "truncate"):
-        raise ExportError(f"{path}: long_text policy {policy!r} cannot be served for seq2seq "
-                          f"(windows of a source have no target to join); use error or truncate")
 
 
 def verify_files(export_dir, manifest):

@@ -28,9 +28,8 @@ from ppvarlen.data.collate import pad_sequences
 from ppvarlen.data.errors import DataError
 from ppvarlen.data.order import length_sorted_batches, restore_order
 from ppvarlen.data.vocab import TextEncoder
+from ppvarlen.tasks import get_task
 from ppvarlen.utils.inputs import validate_batch
-from ppvarlen.utils.search import strip_eos
-from ppvarlen.utils.viterbi import crf_decode
 
 from .engines import build_engine, input_names
 from .manifest import ExportError, load_manifest, require_listed
@@ -75,31 +74,6 @@ def char_spans(text, tokens, lowercase=False):
     return spans
 
 
-def bio_entities(tags, spans, text):
-    """Entity dicts from BIO tag strings (an I- without its B- starts a new entity)."""
-    entities, cur = [], None
-    for tag, (start, end) in zip(tags, spans):
-        kind = tag[2:] if tag[:2] in ("B-", "I-") else None
-        if kind is not None and tag.startswith("I-") and cur and cur["type"] == kind:
-            cur["end"] = end
-            continue
-        if cur:
-            entities.append(cur)
-        cur = {"type": kind, "start": start, "end": end} if kind else None
-    if cur:
-        entities.append(cur)
-    for e in entities:
-        e["text"] = text[e["start"]:e["end"]]
-    return [{"type": e["type"], "text": e["text"], "start": e["start"], "end": e["end"]}
-            for e in entities]
-
-
-def _softmax(logits):
-    z = logits - logits.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
-
-
 class Predictor:
     """Predictions for texts from an export directory; see the module docstring."""
 
@@ -112,7 +86,7 @@ class Predictor:
             self.export_dir = export_dir
             self.backend = backend
             self.manifest = m = load_manifest(export_dir, verify=verify)
-            self.task = m["task"]
+            self.task = get_task(m["task"])  # its outputs, responses and limits
             self.label_names = list(m["label_names"])
             tok = m["tokenizer"] if isinstance(m["tokenizer"], dict) else {"kind": m["tokenizer"]}
             require_listed(export_dir, m, "vocab.txt")
@@ -120,14 +94,16 @@ class Predictor:
                 require_listed(export_dir, m, "encoder.json")  # it sets kind and lowercase
             self.encoder = TextEncoder.load(export_dir, tok.get("kind"))
             special = tok.get("add_special_tokens")  # null = the task's default (Data schema)
-            self.add_special_tokens = self.task == "classification" if special is None else special
-            if self.task == "seq2seq":
-                # the g2p/seq2seq dataset encodes sources without specials whatever the setting
+            self.add_special_tokens = self.task.default_special_tokens if special is None \
+                else special
+            if self.task.pairs:
+                # the seq2seq dataset encodes sources without specials whatever the setting
                 self.add_special_tokens = False
-                self.decoding = m["decoding"]
-            elif split_long_sources:
+            self.decoding = m.get("decoding")
+            if split_long_sources and not self.task.generates:
                 raise ValueError(f"split_long_sources is for seq2seq exports; {export_dir} is a "
-                                 f"{self.task} export (its long-text policy is in the manifest)")
+                                 f"{self.task.name} export (its long-text policy is in the "
+                                 f"manifest)")
             self.split_long_sources = bool(split_long_sources)
             self.max_len = int(m["max_len"])
             self.max_position = m.get("max_position")
@@ -139,7 +115,7 @@ class Predictor:
             # from the exported emissions and the crf matrix [T+2, T].
             self.crf_matrix = None
             entry = m["backends"].get(backend) or {}
-            if self.task == "tagging" and entry.get("decode") == "viterbi_numpy":
+            if entry.get("decode") == "viterbi_numpy":
                 rel = entry.get("crf_transitions", "onnx/crf_transitions.npy")
                 self.crf_matrix = np.load(require_listed(export_dir, m, rel), allow_pickle=False)
             self.max_batch_tokens = int(max_batch_tokens)
@@ -171,7 +147,7 @@ class Predictor:
 
     def warmup(self, lengths=(8, 32, 128)):
         """Run a few batch shapes once so the first requests skip kernel set-up; not counted."""
-        if self.task == "seq2seq":  # every run decodes many steps of growing shapes already
+        if self.task.generates:  # every run decodes many steps of growing shapes already
             lengths = lengths[:1]
         for n in lengths:
             n = min(n, self.max_len)
@@ -204,7 +180,7 @@ class Predictor:
         import time
 
         runs, cap, noisy = repeats, 4 * self.max_len, self.max_len
-        if self.task == "seq2seq":
+        if self.task.generates:
             n = (self.manifest.get("length_profile") or {}).get("p50") or self.max_len
             shapes = [(rows, int(min(n, self.max_len))) for rows in (1, 2, 4, 8)]
             runs, cap = min(repeats, 3), self.max_batch_tokens
@@ -244,9 +220,7 @@ class Predictor:
             spans = longtext.clause_spans(tokens, max_content)
             return EncodedText(text, [ids[s:e] for s, e in spans], [s for s, _ in spans], None, False)
         if self.long_text == "error" and len(ids) > max_content:
-            fix = ("split it at punctuation, or serve with -o Deploy.split_long_sources=true "
-                   "(deploy/python/infer.py: --split-long-sources)" if self.task == "seq2seq" else
-                   "shorten the text or re-export with Data.long_text: window")
+            fix = self.task.too_long_fix()
             raise DataError(f"text has {len(ids)} tokens but this export takes at most "
                             f"{max_content} (max_len {self.max_len}) and its long_text policy is "
                             f"'error'; {fix}")
@@ -259,7 +233,7 @@ class Predictor:
             windows.append(chunk)
             offsets.append(start)
         truncated = self.long_text == "truncate" and len(ids) > max_content
-        spans = char_spans(text, tokens, self.encoder.lowercase) if self.task == "tagging" else None
+        spans = char_spans(text, tokens, self.encoder.lowercase) if self.task.token_spans else None
         return EncodedText(text, windows, offsets, spans, truncated)
 
     # ------------------------------------------------------------ ids -> results
@@ -283,11 +257,7 @@ class Predictor:
         per_item = [[] for _ in items]
         for (i, _), out in zip(rows, outputs):
             per_item[i].append(out)
-        if self.task == "classification":
-            return [self._classification(it, outs) for it, outs in zip(items, per_item)]
-        if self.task == "seq2seq":
-            return [self._seq2seq(it, outs) for it, outs in zip(items, per_item)]
-        return [self._tagging(it, outs) for it, outs in zip(items, per_item)]
+        return [self.task.response(self, it, outs) for it, outs in zip(items, per_item)]
 
     def _run_rows(self, id_lists):
         """Pad, validate, run; per row: logits [C], tag ids [len] or generated ids (seq2seq)."""
@@ -298,46 +268,9 @@ class Predictor:
         out = self.engine.run(input_ids, seq_len)
         self.real_tokens += int(seq_len.sum())
         self.padded_tokens += int(input_ids.size)
-        if self.task == "classification":
-            return list(out["logits"].astype(np.float32))
-        if self.task == "seq2seq":
-            if "output_ids" in out:  # ONNX: the loop ran in numpy
-                generated = out["output_ids"]
-            else:  # Paddle: [B, T] tokens after BOS, EOS then padding in each row
-                generated = strip_eos(out["tokens"], self.decoding["eos_id"])
-            steps = max(len(g) for g in generated) + 1  # the loop stops at the last EOS
-            self.real_target_tokens += sum(len(g) + 1 for g in generated)
-            self.padded_target_tokens += len(generated) * steps
-            return generated
-        if self.crf_matrix is not None:
-            tags = crf_decode(out["emissions"], self.crf_matrix, seq_len)
-        else:
-            tags = out["tags"]
-        return [tags[r, :n].astype(np.int64) for r, n in enumerate(seq_len)]
-
-    def _classification(self, item, window_logits):
-        _, mean_logits = longtext.aggregate_classification([0] * len(window_logits),
-                                                            np.stack(window_logits))
-        logits = mean_logits[0]
-        probs = _softmax(np.asarray(logits, np.float64))
-        k = int(probs.argmax())
-        return {"label": self.label_names[k], "label_id": k,
-                "probs": {n: round(float(p), 6) for n, p in zip(self.label_names, probs)},
-                "num_tokens": item.num_tokens, "truncated": item.truncated}
-
-    def _seq2seq(self, item, piece_outputs):
-        ids = [int(i) for out in piece_outputs for i in out]  # pieces in source order
-        return {"output": self.encoder.decode_target(ids), "output_ids": ids,
-                "num_tokens": item.num_tokens, "truncated": item.truncated,
-                "pieces": len(piece_outputs)}
-
-    def _tagging(self, item, window_tags):
-        specials = 1 if self.add_special_tokens else 0
-        content = [t[specials:len(t) - specials] for t in window_tags]
-        _, merged = longtext.aggregate_tokens([0] * len(content), item.offsets, content)
-        tag_ids = merged[0]  # covers every kept token (all of them unless truncated)
-        tags = [self.label_names[int(t)] for t in tag_ids]
-        spans = item.spans[:len(tags)]
-        return {"entities": bio_entities(tags, spans, item.text), "tags": tags,
-                "num_tokens": item.num_tokens, "truncated": item.truncated}
-
+        rows = self.task.engine_rows(self, out, seq_len)
+        steps = self.task.target_counts(rows)
+        if steps is not None:
+            self.real_target_tokens += steps[0]
+            self.padded_target_tokens += steps[1]
+        return rows

@@ -144,7 +144,7 @@ def create_app(predictor, workers=1, max_wait_ms=5.0, max_batch_tokens=8192, max
         state["batcher"] = DynamicBatcher(predictors, max_wait_ms, max_batch_tokens,
                                           max_batch_size, queue_size, state["overhead_tokens"])
         log.info("serving %s (%s backend) with %d worker(s); a forward pass costs as much as "
-                 "%d tokens", predictor.task, predictor.backend, workers, state["overhead_tokens"])
+                 "%d tokens", predictor.task.name, predictor.backend, workers, state["overhead_tokens"])
         yield
         state["draining"] = True
         drained = await asyncio.to_thread(state["batcher"].close, True, drain_timeout_s)
@@ -198,7 +198,7 @@ def create_app(predictor, workers=1, max_wait_ms=5.0, max_batch_tokens=8192, max
     @app.get("/health")
     async def health():
         batcher = state["batcher"]
-        body = {"status": "draining" if state["draining"] else "ok", "task": predictor.task,
+        body = {"status": "draining" if state["draining"] else "ok", "task": predictor.task.name,
                 "backend": predictor.backend, "model_name": predictor.manifest.get("model_name"),
                 "labels": predictor.label_names, "workers": workers,
                 "queue_depth": batcher.queue_depth() if batcher else 0}

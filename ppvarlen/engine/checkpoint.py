@@ -169,6 +169,7 @@ def load_for_inference(ckpt_dir):
     from ..data.vocab import TextEncoder
     from ..models import build_model
     from ..models.weights import load_weights
+    from ..tasks import get_task
 
     meta_file = os.path.join(ckpt_dir, "meta.json")
     if not os.path.isfile(meta_file):
@@ -180,6 +181,7 @@ def load_for_inference(ckpt_dir):
     encoder = TextEncoder.load(ckpt_dir)
     model = build_model(cfg.Model, encoder.vocab_size, meta["num_labels"], encoder.pad_id, meta["task"],
                         init_weights=False)  # the checkpoint holds every weight
+    get_task(meta["task"]).configure_model(model, cfg, encoder)
     load_weights(model, os.path.join(ckpt_dir, "model.safetensors"))
     model.eval()
     return model, meta, encoder, cfg

@@ -18,10 +18,9 @@ from ..utils.io import atomic_write_json
 from ..utils.log import get_logger, setup_logging
 from . import checkpoint as ckpt
 from .distributed import all_reduce_sum, barrier, init_distributed, wrap_model
-from .evaluate import decoding_of, evaluate, main_metric
+from .evaluate import decoding_of, evaluate
 from .logbook import Logbook
 from .optim import build_optimizer
-from .steps import batch_loss, batch_size, token_counts
 
 log = get_logger("engine")
 
@@ -78,8 +77,8 @@ def _restore_handlers(previous):
 
 def _check_init_vocabulary(path, encoder):
     """A warm start needs the same token -> id order, not just the same vocabulary size."""
+    from ..data.vocab import vocab_sha256
     from ..models.weights import read_metadata
-    from .pretrain import vocab_sha256
 
     saved = read_metadata(path).get("vocab_sha256")
     if saved is not None and saved != vocab_sha256(encoder):
@@ -92,6 +91,7 @@ class Trainer:
     def __init__(self, cfg):
         from ..data.dataset import build_datasets
         from ..models import build_model
+        from ..tasks import get_task
 
         self.started = time.time()
         self.cfg = cfg
@@ -102,26 +102,20 @@ class Trainer:
         paddle.seed(cfg.Global.seed)
         np.random.seed(cfg.Global.seed)
 
-        self.data = build_datasets(cfg.Data)
-        self.task = self.data.task
-        if cfg.Train.label_smoothing and self.task == "tagging":
-            raise ConfigError("Train.label_smoothing: the CRF tagger's loss is a sequence "
-                              "likelihood, smoothing does not apply; set it to 0")
-        if self.task == "seq2seq" and cfg.Data.padding_side != "right":
-            raise ConfigError("Data.padding_side: the seq2seq model builds its masks for right "
-                              "padding; set it to right")
+        self.data = build_datasets(cfg.Data, task_hint=cfg.Train.task,
+                                   extra_corpora=cfg.Pretrain.extra_corpora)
+        self.task = get_task(self.data.task)
+        self.task.check_train_config(cfg)
         enc = self.data.encoder
         if cfg.Train.label_smoothing and cfg.Model.get("rdrop_alpha"):
             raise ConfigError("Model.rdrop_alpha lives in the model's own loss, which "
                               "Train.label_smoothing bypasses; set one of them to 0")
         if cfg.Model.get("init_from"):
             _check_init_vocabulary(cfg.Model.init_from, enc)
-        # seq2seq "labels" are the output vocabulary: the ids a decoder may generate
-        self.num_labels = (enc.output_size or enc.vocab_size) if self.task == "seq2seq" \
-            else len(self.data.label_names)
-        self.model = build_model(cfg.Model, enc.vocab_size, self.num_labels, enc.pad_id, self.task)
-        if self.task == "seq2seq":  # the model computes its own (masked, smoothed) loss
-            self.model.label_smoothing = cfg.Train.label_smoothing
+        self.num_labels = self.task.num_labels(enc, self.data.label_names)
+        self.model = build_model(cfg.Model, enc.vocab_size, self.num_labels, enc.pad_id,
+                                 self.task.name)
+        self.task.configure_model(self.model, cfg, enc)
         self.sampler, self.collate = self._batching(self.data.train, shuffle=True)
         steps_per_epoch = len(self.sampler)
         if steps_per_epoch == 0:
@@ -130,7 +124,7 @@ class Trainer:
         # loss_weighting=example: scale each batch's mean loss by B / (average B), so the
         # gradient weighs examples equally instead of favouring those in small (long-text) batches
         self.example_scale = None
-        if self.task == "classification" and cfg.Train.loss_weighting == "example":
+        if self.task.example_weighting and cfg.Train.loss_weighting == "example":
             self.example_scale = len(self.data.train) / (steps_per_epoch * self.world)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.Optimizer, self.total_steps)
         self.amp = amp_settings(cfg.Train.amp, self.device)
@@ -184,26 +178,20 @@ class Trainer:
     def meta(self, metrics=None):
         from ..data.lengths import length_stats
 
-        d, enc, m = self.cfg.Data, self.data.encoder, self.cfg.Model
+        d, enc = self.cfg.Data, self.data.encoder
         if not hasattr(self, "_length_profile"):  # fixed for the run: compute once
             train = self.data.train
             stats = length_stats(train.lengths if train.src_lengths is None else train.src_lengths)
             self._length_profile = {k: stats[k] for k in ("p50", "p95", "p99", "max")}
             self._bucket_list = self._buckets()
-        extra = {}
-        if self.task == "seq2seq":  # the source side is what a deployed model receives
-            extra = {"max_len": d.max_source_len, "max_source_len": d.max_source_len,
-                     "max_target_len": d.max_target_len,
-                     "decoding": {"max_len_a": m.max_len_a, "max_len_b": m.max_len_b,
-                                  "beam_size": m.beam_size, "length_penalty": m.length_penalty}}
         return {
-            "task": self.task, "model_name": self.cfg.Model.name,
+            "task": self.task.name, "model_name": self.cfg.Model.name,
             "label_names": list(self.data.label_names), "num_labels": self.num_labels,
             "special_ids": dict(enc.special_ids),
             "tokenizer": d.tokenizer, "max_len": d.max_len, "max_position": self.cfg.Model.max_position,
             "long_text": d.long_text, "buckets": self._bucket_list,
             "length_profile": self._length_profile,
-            "step": self.state["step"], "metrics": metrics or {}, **extra,
+            "step": self.state["step"], "metrics": metrics or {}, **self.task.meta_extras(self.cfg),
         }
 
     def _buckets(self):
@@ -260,7 +248,7 @@ class Trainer:
     # ------------------------------------------------------------ one step
 
     def _loss(self, batch):
-        return batch_loss(self.ddp_model, batch, self.task, self.cfg.Train.label_smoothing)
+        return self.task.loss(self.ddp_model, batch, self.cfg.Train.label_smoothing)
 
     def train_step(self, batch):
         """One optimizer step; returns the batch's mean loss (unscaled, for the log)."""
@@ -271,7 +259,8 @@ class Trainer:
                 loss = self._loss(batch)
         else:
             loss = self._loss(batch)
-        objective = loss * (batch_size(batch) / self.example_scale) if self.example_scale else loss
+        objective = (loss * (self.task.batch_size(batch) / self.example_scale)
+                     if self.example_scale else loss)
         if self.scaler:
             self.scaler.scale(objective).backward()
             self.scaler.step(self.optimizer)
@@ -294,7 +283,7 @@ class Trainer:
 
     def _fit(self, stop):
         cfg, st = self.cfg.Train, self.state
-        metric = main_metric(self.task)
+        metric = self.task.main_metric
         bar = self._progress_bar()
         window = {"loss": 0.0, "steps": 0, "real": 0, "padded": 0, "time": 0.0}
         last_eval_step = -1
@@ -310,7 +299,7 @@ class Trainer:
                 dt = time.perf_counter() - t0
                 st["step"] += 1
                 st["batch_in_epoch"] += 1
-                real, padded = token_counts(batch)
+                real, padded = self.task.token_counts(batch)
                 for k, v in (("loss", loss), ("steps", 1), ("real", real), ("padded", padded), ("time", dt)):
                     window[k] += v
                 if st["step"] % cfg.log_every == 0 or st["step"] == self.total_steps:
@@ -399,7 +388,7 @@ class Trainer:
         test = self.run_eval("test") if len(self.data.test) else {}
         secs = st["train_time_s"]
         result = {
-            "task": self.task, "model_name": self.cfg.Model.name,
+            "task": self.task.name, "model_name": self.cfg.Model.name,
             "best_step": st["best"]["step"], "dev": _scalars(st["best"]["dev"]), "test": _scalars(test),
             "test_per_type_f1": test.get("per_type_f1"),
             "steps": st["step"], "world_size": self.world, "device": self.device,
@@ -413,6 +402,7 @@ class Trainer:
             },
         }
         if self.main:
+            result.update(self.task.write_artifacts(self.model, self.data, self.out))
             atomic_write_json(os.path.join(self.out, "metrics.json"), result)
             self.logbook.plot(os.path.join(self.out, "curves.png"), metric)
             self.logbook.close()

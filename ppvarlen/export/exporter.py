@@ -10,13 +10,14 @@ import tempfile
 import numpy as np
 
 from ..config import ConfigError
+from ..tasks import get_task
 from ..utils.io import atomic_dir, atomic_write_json
 from ..utils.log import get_logger
 from . import manifest as manifest_mod
 from . import parity
 from .errors import ExportError
 from .precision import PRECISIONS, convert_onnx_fp16
-from .static import crf_matrix_of, save_inference
+from .static import crf_matrix_of, save_inference, save_program
 
 log = get_logger("export")
 FORMATS = ("paddle", "onnx")
@@ -50,31 +51,25 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
     ``meta`` is the checkpoint's meta.json dict, ``cfg`` the resolved Config
     (Data for tokenizer/long-text settings, Deploy for shape ranges, Export for
     opset and parity size).  ``test_examples``: encoded test items for the
-    parity report (None = shape grid only).  Raises ExportError when parity fails.
+    parity report (None = shape grid only).  The task's ``export_view`` picks the
+    programs written and the parity compared (``VIEWS``).  Raises ExportError when
+    parity fails.
     """
     formats, precisions = check_request(formats, precisions)
-    task, name = meta["task"], meta.get("model_name", "model")
-    output_names = [o["name"] for o in manifest_mod.output_specs(task)]
-    if task == "seq2seq":
-        from . import seq2seq
-        seq2seq.check_precisions(precisions)
+    task, name = get_task(meta["task"]), meta.get("model_name", "model")
+    if task.export_view is None:
+        raise ExportError(f"a {task.name} checkpoint is not exported (nothing serves it); "
+                          f"fine-tune a model from what it wrote and export that")
+    view = VIEWS[task.export_view]
+    view.check_precisions(precisions)
     model.eval()
 
     with atomic_dir(output) as tmp, tempfile.TemporaryDirectory(prefix="ppvarlen-export-") as work:
         encoder.save(tmp)
         tokenizer_files = {"vocab_file": "vocab.txt", "encoder_file": "encoder.json",
                            "vocab_size": encoder.vocab_size}
-        if task == "seq2seq":  # own programs and parity (greedy outputs): export/seq2seq.py
-            backends = seq2seq.write_backends(model, name, tmp, work, formats, cfg.Export.opset)
-            report = (seq2seq.verify_export(model, meta, encoder, cfg, tmp, formats, test_examples)
-                      if verify else None)
-            table = seq2seq.format_table(report) if verify else ""
-            decoding = seq2seq.decoding_of(model)
-        else:
-            backends, report, table = _export_classic(
-                model, meta, encoder, cfg, tmp, work, formats, precisions, verify, test_examples,
-                output_names)
-            decoding = None
+        backends, report, table = view.write(model, meta, encoder, cfg, tmp, work, formats,
+                                             precisions, verify, test_examples)
         # Paddle fp16 is the GPU half-precision setting (settings.gpu_fp16), not a file.
         listed = {"paddle": list(precisions),
                   "onnx": [p for p in precisions if p in ("fp32", "fp16")]}
@@ -91,38 +86,51 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
                 raise ExportError(f"parity check failed for {name}; export not written "
                                   f"(report: {failed}):\n  " + "\n  ".join(report["failures"]))
         manifest = manifest_mod.build_manifest(tmp, meta, cfg.Data, cfg.Deploy, backends,
-                                               precision_map, tokenizer_files, decoding)
+                                               precision_map, tokenizer_files,
+                                               view.decoding(model))
         atomic_write_json(os.path.join(tmp, "manifest.json"), manifest)
     log.info("export written to %s (%s; precisions %s)", output, ", ".join(backends), precisions)
     return manifest
 
 
-def _export_classic(model, meta, encoder, cfg, tmp, work, formats, precisions, verify,
-                    test_examples, output_names):
-    """Classification / tagging backends -> (backends, parity report or None, its table)."""
-    task, name = meta["task"], meta.get("model_name", "model")
-    paddle_prefix = os.path.join(tmp if "paddle" in formats else work, "paddle", "model")
-    os.makedirs(os.path.dirname(paddle_prefix), exist_ok=True)
-    save_inference(model, paddle_prefix)
-    backends = {}
-    if "paddle" in formats:
-        backends["paddle"] = {"model": "paddle/model.json", "params": "paddle/model.pdiparams",
-                              "outputs": output_names, "decode": "in_graph",
-                              "settings": {"fp32": {"enable_onednn": True},
-                                           "bf16": {"enable_onednn": True,
-                                                    "enable_onednn_bfloat16": True},
-                                           "gpu_fp16": {"enable_use_gpu": [256, 0, "Half"],
-                                                        "tensorrt_precision": "Half",
-                                                        "tensorrt_shapes": "shape_ranges"}}}
-    crf = crf_matrix_of(model) if task == "tagging" else None
-    if "onnx" in formats:
-        backends["onnx"] = _export_onnx(model, name, tmp, work, paddle_prefix, output_names,
-                                        crf, cfg.Export.opset, "fp16" in precisions)
-    if not verify:
-        return backends, None, ""
-    report = verify_export(model, meta, encoder, cfg, tmp, paddle_prefix, formats, precisions,
-                           crf, test_examples)
-    return backends, report, parity.format_table(report["results"])
+class ForwardView:
+    """Classification / tagging: the model's forward as one program (Paddle, ONNX)."""
+
+    @staticmethod
+    def check_precisions(precisions):
+        """Every precision ``check_request`` accepts."""
+
+    @staticmethod
+    def decoding(model):
+        return None
+
+    @staticmethod
+    def write(model, meta, encoder, cfg, tmp, work, formats, precisions, verify, test_examples):
+        """-> (manifest backends, parity report or None, its table)."""
+        name = meta.get("model_name", "model")
+        output_names = [o["name"] for o in get_task(meta["task"]).output_specs]
+        paddle_prefix = os.path.join(tmp if "paddle" in formats else work, "paddle", "model")
+        os.makedirs(os.path.dirname(paddle_prefix), exist_ok=True)
+        save_inference(model, paddle_prefix)
+        backends = {}
+        if "paddle" in formats:
+            backends["paddle"] = {
+                "model": "paddle/model.json", "params": "paddle/model.pdiparams",
+                "outputs": output_names, "decode": "in_graph",
+                "settings": {"fp32": {"enable_onednn": True},
+                             "bf16": {"enable_onednn": True, "enable_onednn_bfloat16": True},
+                             "gpu_fp16": {"enable_use_gpu": [256, 0, "Half"],
+                                          "tensorrt_precision": "Half",
+                                          "tensorrt_shapes": "shape_ranges"}}}
+        crf = crf_matrix_of(model)  # CRF taggers only; None for the others
+        if "onnx" in formats:
+            backends["onnx"] = _export_onnx(model, name, tmp, work, paddle_prefix, output_names,
+                                            crf, cfg.Export.opset, "fp16" in precisions)
+        if not verify:
+            return backends, None, ""
+        report = parity.verify_forward(model, meta, encoder, cfg, tmp, paddle_prefix, formats,
+                                       precisions, crf, test_examples)
+        return backends, report, parity.format_table(report["results"])
 
 
 def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset, fp16):
@@ -150,49 +158,87 @@ def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset
     return entry
 
 
-def verify_export(model, meta, encoder, cfg, export_dir, paddle_prefix, formats, precisions,
-                  crf=None, test_examples=None):
-    """Parity of every exported backend/precision against the eager model -> parity.json dict."""
-    from ..data.collate import Collator
-    from ..utils.inputs import validate_batch
+class GreedyView:
+    """Seq2seq: Paddle Inference with the greedy loop in the graph; ONNX encoder + one cached
+    decoder step with the loop in numpy; parity over the decoded ids (``parity.verify_greedy``).
 
-    max_position = meta.get("max_position")
-    max_len = int(min(meta["max_len"], max_position or meta["max_len"]))
-    backends, precision_of = {"static": parity.static_runner(paddle_prefix)}, {"static": "fp32"}
-    model_dir = os.path.dirname(paddle_prefix)
-    if "paddle" in formats:
-        backends["paddle_inference"] = parity.paddle_inference_runner(model_dir, onednn=False)
-        backends["paddle_inference_onednn"] = parity.paddle_inference_runner(model_dir)
-        precision_of.update(paddle_inference="fp32", paddle_inference_onednn="fp32")
-        if "bf16" in precisions:
-            backends["paddle_inference_onednn_bf16"] = parity.paddle_inference_runner(model_dir, "bf16")
-            precision_of["paddle_inference_onednn_bf16"] = "bf16"
-    if "onnx" in formats:
-        onnx_dir = os.path.join(export_dir, "onnx")
-        backends["onnx"] = parity.onnx_runner(os.path.join(onnx_dir, "model.onnx"), crf)
-        precision_of["onnx"] = "fp32"
-        if "fp16" in precisions:
-            backends["onnx_fp16"] = parity.onnx_runner(os.path.join(onnx_dir, "model_fp16.onnx"), crf)
-            precision_of["onnx_fp16"] = "fp16"
+    * ``paddle/model.json``: ``GreedyProgram`` through to_static (``InputSpec([None, None])``,
+      traced once): (src_ids, src_len) -> tokens, the whole loop a PIR while op with early exit.
+    * ``onnx/encoder.onnx`` (src_ids, src_len) -> (cross_k, cross_v) and
+      ``onnx/decoder_step.onnx`` (tokens, src_len, self_k, self_v, cross_k, cross_v) ->
+      (logp, new_self_k, new_self_v): paddle2onnx cannot take the while op, so
+      ``ppvarlen.utils.search.greedy_search`` runs the loop.
 
-    def validate(ids, sl):
-        validate_batch(ids, sl, max_position=max_position, vocab_size=encoder.vocab_size,
-                       pad_id=encoder.pad_id)
+    Only fp32 (``check_precisions`` says why).  A paddle2onnx trap, checked: the step's int
+    position arithmetic (``tokens * 0 + cache_len - 1``) is exported through float32 Casts;
+    exact for ints < 2**24, i.e. any position table (tests/test_export_seq2seq.py).
+    """
 
-    first_id = min(6, encoder.vocab_size - 1)  # skip the special ids ([PAD]..[EOS] = 0..5)
-    grid = parity.grid_batches(max_len, meta.get("buckets"), encoder.vocab_size, first_id)
-    test_batches = None
-    if test_examples is not None:
-        limit = cfg.Export.parity_max_examples
-        items = [dict(input_ids=list(e["input_ids"])) for e in
-                 (test_examples if limit is None else test_examples[:limit])]
-        collate = Collator(encoder.pad_id)
-        _, batches = parity.split_batches(items, collate, cfg.Data.eval_max_tokens)
-        test_batches = [(b["input_ids"], b["seq_len"]) for b in batches]
-    report = parity.run_parity(parity.dygraph_runner(model), backends, precision_of, grid,
-                               test_batches, validate)
-    report["model_name"] = meta.get("model_name")
-    return report
+    @staticmethod
+    def check_precisions(precisions):
+        extra = [p for p in precisions if p != "fp32"]
+        if extra:
+            raise ConfigError(
+                f"--precision / Export.precision: {extra} not supported for seq2seq exports, "
+                f"only fp32. bf16: Paddle Inference 3.3.1 crashes (SIGSEGV in an oneDNN bf16 "
+                f"pass) creating a predictor for the greedy while-loop program. fp16: not "
+                f"exported; the contract is greedy outputs identical to the model, and one "
+                f"rounding-flipped argmax changes every later token. Use --precision fp32")
+
+    @staticmethod
+    def decoding(model):
+        """manifest ``decoding``: what the exported loops do (from the model, not the config)."""
+        return {"strategy": "greedy", "max_len_a": float(model.max_len_a),
+                "max_len_b": int(model.max_len_b), "max_position": int(model.max_position),
+                "bos_id": int(model.bos_id), "eos_id": int(model.eos_id),
+                "pad_id": int(model.pad_id)}
+
+    @staticmethod
+    def write(model, meta, encoder, cfg, tmp, work, formats, precisions, verify, test_examples):
+        from ..models.seq2seq import DecoderStepProgram, EncoderProgram, GreedyProgram
+
+        name = meta.get("model_name", "model")
+        backends = {}
+        if "paddle" in formats:
+            os.makedirs(os.path.join(tmp, "paddle"), exist_ok=True)
+            save_view(GreedyProgram(model), os.path.join(tmp, "paddle", "model"))
+            backends["paddle"] = {"model": "paddle/model.json", "params": "paddle/model.pdiparams",
+                                  "outputs": ["tokens"], "decode": "in_graph",
+                                  "settings": {"fp32": {"enable_onednn": True}}}
+        if "onnx" in formats:
+            from .onnx_export import export_onnx
+
+            os.makedirs(os.path.join(tmp, "onnx"), exist_ok=True)
+            for part, program, outputs in (
+                    ("encoder", EncoderProgram(model), parity.ENCODER_OUTPUTS),
+                    ("decoder_step", DecoderStepProgram(model), parity.STEP_OUTPUTS)):
+                prefix = os.path.join(work, part, "model")
+                save_view(program, prefix)
+                info = export_onnx(prefix, os.path.join(tmp, "onnx", part + ".onnx"),
+                                   f"{name} {part}", outputs, cfg.Export.opset, fix_rnn=False)
+            backends["onnx"] = {
+                "encoder": "onnx/encoder.onnx", "decoder_step": "onnx/decoder_step.onnx",
+                "decode": "greedy_numpy", "opset": info["opset"], "session": info["session"],
+                "encoder_outputs": parity.ENCODER_OUTPUTS,
+                "decoder_step_outputs": parity.STEP_OUTPUTS,
+                "cache": {"layers": len(model.decoder.layers), "heads": model.num_heads,
+                          "head_dim": model.head_dim,
+                          "layout": "[layers, B, heads, len, head_dim]; the self cache starts as "
+                                    "ONE zero slot (masked), see ppvarlen.utils.search"}}
+        if not verify:
+            return backends, None, ""
+        report = parity.verify_greedy(model, meta, encoder, cfg, tmp, formats,
+                                      GreedyView.decoding(model), test_examples)
+        return backends, report, parity.format_decoded_table(report)
+
+
+def save_view(program, prefix):
+    """An export view (GreedyProgram, EncoderProgram, ...) saved with its own input spec."""
+    return save_program(program, prefix, program.input_spec())
+
+
+# Task.export_view -> the programs an export of that task holds and how parity compares them
+VIEWS = {"forward": ForwardView, "greedy": GreedyView}
 
 
 def export_checkpoint(checkpoint, output, cfg=None, formats=None, precisions=None, verify=None):

@@ -5,31 +5,10 @@ the field names follow docs/DESIGN.md "Export directory" (example there).
 """
 import os
 
+from ..tasks import get_task
 from ..utils.io import sha256_file
 
 FORMAT_VERSION = 1
-
-
-def output_specs(task):
-    if task == "classification":
-        return [{"name": "logits", "dtype": "float32", "dims": [-1, -1]}]
-    if task == "tagging":
-        return [{"name": "emissions", "dtype": "float32", "dims": [-1, -1, -1]},
-                {"name": "tags", "dtype": "int64", "dims": [-1, -1]}]
-    if task == "seq2seq":  # generated ids after BOS, EOS-terminated, pad after (Paddle graph)
-        return [{"name": "tokens", "dtype": "int64", "dims": [-1, -1]}]
-    raise ValueError(f"export supports classification, tagging and seq2seq models, not task "
-                     f"{task!r}")
-
-
-INPUTS = [{"name": "input_ids", "dtype": "int64", "dims": [-1, -1]},
-          {"name": "seq_len", "dtype": "int64", "dims": [-1]}]
-SEQ2SEQ_INPUTS = [{"name": "src_ids", "dtype": "int64", "dims": [-1, -1]},
-                  {"name": "src_len", "dtype": "int64", "dims": [-1]}]
-
-
-def input_specs(task):
-    return SEQ2SEQ_INPUTS if task == "seq2seq" else INPUTS
 
 
 def shape_ranges(length_profile, max_len, max_batch_size, max_batch_tokens,
@@ -78,22 +57,22 @@ def build_manifest(export_dir, meta, data_cfg, deploy_cfg, backends, precisions,
                    decoding=None):
     """The manifest dict for a finished export directory (hashes taken from the files on disk).
 
-    ``decoding``: seq2seq only, the greedy loop's settings (export/seq2seq.py decoding_of).
+    ``decoding``: seq2seq only, the greedy loop's settings (exporter.GreedyView.decoding).
     """
-    task = meta["task"]
+    task = get_task(meta["task"])
     max_len = int(meta["max_len"])
     max_position = meta.get("max_position")
-    inputs = input_specs(task)
+    inputs = [dict(spec) for spec in task.input_specs]
     manifest = {
         "format_version": FORMAT_VERSION,
-        "task": task,
+        "task": task.name,
         "model_name": meta.get("model_name"),
         "label_names": list(meta["label_names"]),
         "inputs": inputs,
-        "outputs": output_specs(task),
+        "outputs": [dict(spec) for spec in task.output_specs],
         "tokenizer": {"kind": data_cfg.tokenizer, "lowercase": data_cfg.lowercase,
-                      # null in the config means "yes for classification" (data.dataset)
-                      "add_special_tokens": (task == "classification"
+                      # null in the config means the task's default (data.dataset)
+                      "add_special_tokens": (task.default_special_tokens
                                              if data_cfg.add_special_tokens is None
                                              else data_cfg.add_special_tokens),
                       "padding_side": "right", **tokenizer_files},

@@ -1,5 +1,13 @@
 """Parity report: the exported graphs must compute what the dygraph model computes (PITFALLS 21).
 
+What is compared follows the task's export view (``Task.export_view``):
+
+* ``forward`` (classification, tagging): logits / emissions and argmax / tags
+  (``verify_forward``);
+* ``greedy`` (seq2seq): the decoded ids, which must be IDENTICAL to the eager
+  ``model.greedy_decode`` for every example, plus the ONNX decoder step's log-probs
+  against the eager step on a few test batches (``verify_greedy``).
+
 Every backend (static program, Paddle Inference with oneDNN off/on, bf16,
 ONNX Runtime fp32/fp16) runs the same batches as the eager model, which is the
 reference.  Two batch sources:
@@ -15,14 +23,24 @@ and argmax / tag agreement.  fp32 backends must be within ``FP32_TOL`` with
 test split (their grid numbers are reported, not gated: random-id inputs have
 near-tied logits that low precision may flip).
 """
+import os
+import time
+
 import numpy as np
 
 from ..data.order import length_sorted_batches
+from ..utils.search import greedy_search, length_limits, strip_eos
 from ..utils.viterbi import crf_decode
 
 FP32_TOL = 1e-4
 LOW_PRECISION_AGREEMENT = 0.995
 GRID_BATCH_SIZES = (1, 3, 32)
+ENCODER_OUTPUTS = ["cross_k", "cross_v"]  # the seq2seq ONNX views' outputs
+STEP_OUTPUTS = ["logp", "new_self_k", "new_self_v"]  # ONNX: output names != input names
+# Paddle Inference without oneDNN (not how it is served) decodes the shape grid only: over a
+# whole g2p test split each greedy loop costs minutes on 2 shared cores.
+GREEDY_GRID_ONLY = ("paddle_inference",)
+MISMATCHES_KEPT = 5     # examples of differing decoded outputs written to parity.json
 
 
 # ---------------------------------------------------------------- backends
@@ -91,6 +109,67 @@ def _named(out):
     if len(arrays) == 1:
         return {"logits" if arrays[0].ndim == 2 else "emissions": arrays[0]}
     return {"emissions": arrays[0], "tags": arrays[1]}
+
+
+# ---------------------------------------------------------------- greedy runners: -> id lists
+
+def greedy_dygraph_runner(model):
+    return lambda src_ids, src_len: model.greedy_decode(src_ids, src_len)
+
+
+def greedy_paddle_runner(export_dir, eos_id, onednn=True, threads=2):
+    """The exported greedy-loop program under Paddle Inference."""
+    from paddle import inference
+
+    from .precision import paddle_config
+
+    predictor = inference.create_predictor(
+        paddle_config(os.path.join(export_dir, "paddle"), "fp32", onednn, threads))
+
+    def run(src_ids, src_len):
+        predictor.get_input_handle("src_ids").copy_from_cpu(src_ids)
+        predictor.get_input_handle("src_len").copy_from_cpu(src_len)
+        predictor.run()
+        tokens = predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
+        return strip_eos(tokens, eos_id)
+    return run
+
+
+def onnx_step_sessions(export_dir, threads=2):
+    """(run_encoder, run_step) numpy callables over the two ONNX Runtime sessions."""
+    import onnxruntime as ort
+
+    from .onnx_export import ORT_DISABLED_OPTIMIZERS
+
+    def session(part):
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.log_severity_level = 3  # paddle2onnx graphs carry unused initializers
+        return ort.InferenceSession(os.path.join(export_dir, "onnx", part + ".onnx"), opts,
+                                    providers=["CPUExecutionProvider"],
+                                    disabled_optimizers=ORT_DISABLED_OPTIMIZERS)
+
+    encoder, step = session("encoder"), session("decoder_step")
+    step_inputs = [i.name for i in step.get_inputs()]
+
+    def run_encoder(src_ids, src_len):
+        return encoder.run(ENCODER_OUTPUTS, {"src_ids": src_ids, "src_len": src_len})
+
+    def run_step(*arrays):
+        return step.run(STEP_OUTPUTS, dict(zip(step_inputs, arrays)))
+    return run_encoder, run_step
+
+
+def onnx_greedy_runner(export_dir, decoding, threads=2):
+    """ONNX encoder + decoder step with the greedy loop in numpy (ppvarlen.utils.search)."""
+    run_encoder, run_step = onnx_step_sessions(export_dir, threads)
+
+    def run(src_ids, src_len):
+        limits = length_limits(src_len, decoding["max_len_a"], decoding["max_len_b"],
+                               decoding["max_position"])
+        return greedy_search(run_encoder, run_step, src_ids, src_len, decoding["bos_id"],
+                             decoding["eos_id"], limits)
+    return run
 
 
 # ---------------------------------------------------------------- batches
@@ -206,7 +285,201 @@ def run_parity(reference, backends, precisions_of, grid, test_batches=None, vali
             "passed": not failures,
             "thresholds": {"fp32_max_abs_diff": FP32_TOL, "fp32_agreement": 1.0,
                            "low_precision_test_agreement": LOW_PRECISION_AGREEMENT},
-            "grid": {"lengths": sorted({n for n, _, _, _ in grid}),
+            **batch_summary(grid, test_batches)}
+
+
+def batch_summary(grid, test_batches):
+    """The report's description of the batches it compared."""
+    return {"grid": {"lengths": sorted({n for n, _, _, _ in grid}),
                      "batch_sizes": sorted({b for _, b, _, _ in grid}), "batches": len(grid)},
             "test_batches": None if test_batches is None else len(test_batches)}
 
+
+
+# ---------------------------------------------------------------- greedy: decoded ids
+
+def compare_decoded(reference, backends, batches, validate=None):
+    """{name: identical count/rate, time, first mismatches} over ``batches`` [(ids, len)]."""
+    names = ["dygraph"] + list(backends)
+    runners = {"dygraph": reference, **backends}
+    seconds = dict.fromkeys(names, 0.0)
+    same = dict.fromkeys(backends, 0)
+    mismatches = {n: [] for n in backends}
+    examples = 0
+    for src_ids, src_len in batches:
+        if validate:
+            validate(src_ids, src_len)
+        outputs = {}
+        for name in names:
+            start = time.perf_counter()
+            outputs[name] = runners[name](src_ids, src_len)
+            seconds[name] += time.perf_counter() - start
+        ref = outputs["dygraph"]
+        for name in backends:
+            for i, (want, got) in enumerate(zip(ref, outputs[name])):
+                if want == got:
+                    same[name] += 1
+                elif len(mismatches[name]) < MISMATCHES_KEPT:
+                    mismatches[name].append({"source_ids": src_ids[i, :src_len[i]].tolist(),
+                                             "reference": want, "got": got})
+        examples += len(ref)
+
+    def timing(name):
+        return {"seconds": round(seconds[name], 3),
+                "sentences_per_s": round(examples / seconds[name], 1) if seconds[name] else None}
+
+    results = {"dygraph": {"examples": examples, **timing("dygraph")}}
+    for name in backends:
+        results[name] = {"examples": examples, "identical": same[name],
+                         "identical_rate": same[name] / examples if examples else None,
+                         "mismatches": mismatches[name], **timing(name)}
+    return results
+
+
+def step_logp_diff(model, run_encoder, run_step, batches):
+    """Max |log-prob diff| of the exported step vs the eager step, along the eager greedy path.
+
+    Both get the same inputs at every step (the eager caches), so the number measures one step,
+    not drift.  Columns the model never generates (-1e9: PAD, BOS) are left out.
+    """
+    import paddle
+
+    worst_step, worst_memory, steps = 0.0, 0.0, 0
+    with paddle.no_grad():
+        for src_ids, src_len in batches:
+            ids, lens = paddle.to_tensor(src_ids), paddle.to_tensor(src_len)
+            cache = model.init_cache(model.encode(ids, lens))
+            got_k, got_v = run_encoder(src_ids, src_len)
+            worst_memory = max(worst_memory, float(np.abs(got_k - cache[2].numpy()).max()),
+                               float(np.abs(got_v - cache[3].numpy()).max()))
+            tokens = paddle.full([len(src_len), 1], model.bos_id, dtype="int64")
+            finished = np.zeros(len(src_len), dtype=bool)
+            for _ in range(int(model.length_limits(lens).max())):
+                arrays = [tokens.numpy(), src_len] + [c.numpy() for c in cache]
+                logp, self_k, self_v = model.decode_step(tokens, lens, *cache)
+                got = run_step(*arrays)[0]
+                ref = logp.numpy()
+                real = ref > -1e8
+                worst_step = max(worst_step, float(np.abs(got - ref)[real].max()))
+                steps += 1
+                tokens = logp.argmax(axis=-1, keepdim=True)
+                cache = (self_k, self_v) + cache[2:]
+                finished = np.logical_or(finished, tokens.numpy()[:, 0] == model.eos_id)
+                if finished.all():
+                    break
+    return {"max_abs_diff": worst_step, "encoder_max_abs_diff": worst_memory, "steps": steps,
+            "batches": len(batches)}
+
+
+def check_decoded(results, step):
+    """Failures of the greedy gates: any differing output, or a step beyond ``FP32_TOL``."""
+    failures = []
+    for part, per_backend in results.items():
+        for name, r in per_backend.items():
+            if name != "dygraph" and r["examples"] and r["identical"] < r["examples"]:
+                failures.append(f"{part}/{name}: {r['examples'] - r['identical']} of "
+                                f"{r['examples']} greedy outputs differ from the eager model "
+                                f"(first: {r['mismatches'][:1]})")
+    for name, s in (step or {}).items():
+        for key in ("max_abs_diff", "encoder_max_abs_diff"):
+            if s[key] > FP32_TOL:
+                failures.append(f"step_logp/{name}: {key} {s[key]:.3g} > {FP32_TOL}")
+    return failures
+
+
+def format_decoded_table(report):
+    lines = [f"{'batches':<6} {'backend':<26} {'examples':>8} {'identical':>10} {'sent/s':>8}"]
+    for part, per_backend in report["results"].items():
+        for name, r in per_backend.items():
+            rate = "(ref)" if name == "dygraph" else f"{r['identical_rate']:.2%}"
+            speed = "-" if r["sentences_per_s"] is None else f"{r['sentences_per_s']:.1f}"
+            lines.append(f"{part:<6} {name:<26} {r['examples']:>8} {rate:>10} {speed:>8}")
+    for name, s in (report.get("step_logp") or {}).items():
+        lines.append(f"decoder step {name}: max |logp diff| {s['max_abs_diff']:.3g} over "
+                     f"{s['steps']} steps of {s['batches']} test batches; encoder max |diff| "
+                     f"{s['encoder_max_abs_diff']:.3g}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the checks of an export
+
+def parity_batches(meta, encoder, cfg, test_examples, field, max_position):
+    """(validate, shape grid, test batches [(ids, len)] or None) for an export's parity check.
+
+    ``field``: the items' input ids (``input_ids``; ``src_ids`` for seq2seq).
+    """
+    from ..data.collate import Collator
+    from ..utils.inputs import validate_batch
+
+    def validate(ids, sl):
+        validate_batch(ids, sl, max_position=max_position, vocab_size=encoder.vocab_size,
+                       pad_id=encoder.pad_id)
+
+    max_len = int(min(meta["max_len"], max_position or meta["max_len"]))
+    first_id = min(6, encoder.vocab_size - 1)  # skip the special ids ([PAD]..[EOS] = 0..5)
+    grid = grid_batches(max_len, meta.get("buckets"), encoder.vocab_size, first_id)
+    test_batches = None
+    if test_examples is not None:
+        limit = cfg.Export.parity_max_examples
+        items = [{"input_ids": list(e[field])} for e in
+                 (test_examples if limit is None else test_examples[:limit])]
+        _, batches = split_batches(items, Collator(encoder.pad_id), cfg.Data.eval_max_tokens)
+        test_batches = [(b["input_ids"], b["seq_len"]) for b in batches]
+    return validate, grid, test_batches
+
+
+def verify_forward(model, meta, encoder, cfg, export_dir, paddle_prefix, formats, precisions,
+                   crf=None, test_examples=None):
+    """Parity of every exported backend/precision against the eager model -> parity.json dict."""
+    backends, precision_of = {"static": static_runner(paddle_prefix)}, {"static": "fp32"}
+    model_dir = os.path.dirname(paddle_prefix)
+    if "paddle" in formats:
+        backends["paddle_inference"] = paddle_inference_runner(model_dir, onednn=False)
+        backends["paddle_inference_onednn"] = paddle_inference_runner(model_dir)
+        precision_of.update(paddle_inference="fp32", paddle_inference_onednn="fp32")
+        if "bf16" in precisions:
+            backends["paddle_inference_onednn_bf16"] = paddle_inference_runner(model_dir, "bf16")
+            precision_of["paddle_inference_onednn_bf16"] = "bf16"
+    if "onnx" in formats:
+        onnx_dir = os.path.join(export_dir, "onnx")
+        backends["onnx"] = onnx_runner(os.path.join(onnx_dir, "model.onnx"), crf)
+        precision_of["onnx"] = "fp32"
+        if "fp16" in precisions:
+            backends["onnx_fp16"] = onnx_runner(os.path.join(onnx_dir, "model_fp16.onnx"), crf)
+            precision_of["onnx_fp16"] = "fp16"
+    validate, grid, test_batches = parity_batches(meta, encoder, cfg, test_examples, "input_ids",
+                                                  meta.get("max_position"))
+    report = run_parity(dygraph_runner(model), backends, precision_of, grid, test_batches,
+                        validate)
+    report["model_name"] = meta.get("model_name")
+    return report
+
+
+def verify_greedy(model, meta, encoder, cfg, export_dir, formats, decoding, test_examples=None):
+    """Greedy-output parity of every exported backend against the eager model -> parity.json."""
+    backends = {}
+    if "paddle" in formats:
+        backends["paddle_inference"] = greedy_paddle_runner(export_dir, model.eos_id, False)
+        backends["paddle_inference_onednn"] = greedy_paddle_runner(export_dir, model.eos_id)
+    if "onnx" in formats:
+        backends["onnx"] = onnx_greedy_runner(export_dir, decoding)
+    validate, grid, test_batches = parity_batches(meta, encoder, cfg, test_examples, "src_ids",
+                                                  decoding["max_position"])
+    reference = greedy_dygraph_runner(model)
+    results = {"grid": compare_decoded(reference, backends, [(ids, sl) for _, _, ids, sl in grid],
+                                       validate)}
+    step = None
+    if test_batches is not None:
+        served = {k: v for k, v in backends.items() if k not in GREEDY_GRID_ONLY}
+        results["test"] = compare_decoded(reference, served, test_batches, validate)
+        if "onnx" in formats:  # the shortest, a middle and the longest batch
+            picked = sorted({0, len(test_batches) // 2, len(test_batches) - 1})
+            step = {"onnx": step_logp_diff(model, *onnx_step_sessions(export_dir),
+                                           [test_batches[i] for i in picked])}
+    failures = check_decoded(results, step)
+    return {"task": meta["task"], "model_name": meta.get("model_name"),
+            "reference": "dygraph eager model.greedy_decode", "results": results,
+            "step_logp": step, "precision": dict.fromkeys(backends, "fp32"),
+            "failures": failures, "passed": not failures,
+            "thresholds": {"identical_rate": 1.0, "step_logp_max_abs_diff": FP32_TOL},
+            **batch_summary(grid, test_batches)}

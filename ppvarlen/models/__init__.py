@@ -20,6 +20,26 @@ MODEL_TASKS = {
 }
 
 
+# Tasks that train the encoder of another task's model: task -> (models with that encoder,
+# the task they are built for, module and class of the layer wrapped around them).
+ENCODER_TASKS = {"masked_lm": (("transformer_cls",), "classification", "masked_lm", "MaskedLM")}
+
+
+def _check_task(name, task):
+    """The task ``name`` is built for when it serves ``task`` (ConfigError otherwise)."""
+    if task in ENCODER_TASKS:
+        names, built_for = ENCODER_TASKS[task][:2]
+        if name not in names:
+            raise ConfigError(f"Model.name={name}: the {task} task trains the encoder of "
+                              f"{', '.join(names)} (its encode()); set Model.name: {names[0]}")
+        return built_for
+    if MODEL_TASKS[name] != task:
+        raise ConfigError(f"Model.name={name} is a {MODEL_TASKS[name]} model but the data task is "
+                          f"{task!r}; pick a {task} model ("
+                          f"{', '.join(n for n, t in MODEL_TASKS.items() if t == task)})")
+    return task
+
+
 def _resolve(model_cfg):
     """Schema defaults + the given keys, as a plain dict (accepts a Config or a dict)."""
     given = model_cfg.to_dict() if isinstance(model_cfg, Config) else dict(model_cfg or {})
@@ -42,10 +62,12 @@ def build_model(model_cfg, vocab_size, num_labels, pad_id, task, init_weights=Tr
     name = cfg["name"]
     if name not in MODEL_TASKS:
         raise ConfigError(f"Model.name={name!r} is not one of {sorted(MODEL_TASKS)}")
-    if MODEL_TASKS[name] != task:
-        raise ConfigError(f"Model.name={name} is a {MODEL_TASKS[name]} model but the data task is "
-                          f"{task!r}; pick a {task} model ("
-                          f"{', '.join(n for n, t in MODEL_TASKS.items() if t == task)})")
+    if task in ENCODER_TASKS:  # e.g. masked-LM: the classifier inside an MLM head
+        module, layer = ENCODER_TASKS[task][2:]
+        inner = build_model(model_cfg, vocab_size, num_labels, pad_id, _check_task(name, task),
+                            init_weights)
+        return getattr(importlib.import_module(f"ppvarlen.models.{module}"), layer)(inner)
+    _check_task(name, task)
     if name == "seq2seq":  # owned by the seq2seq module; imported only when asked for
         # num_labels = the output vocabulary (ids < num_labels can be generated); 0 = all ids
         seq2seq = importlib.import_module("ppvarlen.models.seq2seq")

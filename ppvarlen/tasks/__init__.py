@@ -1,0 +1,25 @@
+"""Task registry: ``get_task(name)`` -> a fresh ``Task`` (``ppvarlen.tasks.base``).
+
+The only place that maps task names to behaviour; everything else asks the Task object
+(tests/test_hygiene.py fails on a task-name comparison anywhere else).
+"""
+from ..config import ConfigError
+from .base import Task
+from .classification import ClassificationTask
+from .masked_lm import MaskedLMTask
+from .seq2seq import Seq2SeqTask
+from .tagging import TaggingTask
+
+TASKS = {t.name: t for t in (ClassificationTask, TaggingTask, Seq2SeqTask, MaskedLMTask)}
+
+
+def get_task(task):
+    """A Task object for a name (a Task passes through), ConfigError for an unknown name."""
+    if isinstance(task, Task):
+        return task
+    if task not in TASKS:
+        raise ConfigError(f"task {task!r} is not one of {sorted(TASKS)}")
+    return TASKS[task]()
+
+
+__all__ = ["Task", "TASKS", "get_task"]

@@ -1,0 +1,144 @@
+"""``Task``: everything that differs between classification, tagging, seq2seq and masked-LM.
+
+The trainer, evaluator, exporter, parity checker, predictor and server hold a Task object
+(``ppvarlen.tasks.get_task``) and ask it; none of them compares task names.  A Task:
+
+* data: which corpora it reads, how an example becomes encoded items (``example_ids``,
+  ``window_item``; source/target ``pairs`` for seq2seq), its special-token default;
+* training: the config combinations it refuses, the model inputs of a batch, the loss,
+  predictions (argmax, in-graph tags, greedy/beam decoding), the metrics report and the main
+  metric that picks the best checkpoint, the checkpoint-meta extras;
+* export: input/output specs and the export views (``export_view``, exporter.VIEWS);
+* deploy: what a manifest of this task must hold, how engine outputs become per-row outputs,
+  and the per-text response of the predictor.
+
+Layering: this package imports data and utils only; ``paddle``, engine metrics and export
+helpers are imported inside the methods that need them, so a serving host imports no model
+or training code.  Model objects are received and their methods called, never imported.
+"""
+from ..config import ConfigError
+
+INPUTS = [{"name": "input_ids", "dtype": "int64", "dims": [-1, -1]},
+          {"name": "seq_len", "dtype": "int64", "dims": [-1]}]
+
+
+class Task:
+    name = ""
+    main_metric = ""
+    reads = ()                     # corpus tasks whose examples it can encode (default: its own)
+    default_special_tokens = False  # Data.add_special_tokens: null means this
+    pairs = False                  # source/target pairs (seq2seq) instead of windowed token rows
+    example_weighting = False      # Train.loss_weighting=example applies (one label per example)
+    text_field = "text"            # field of a JSONL line the predictor reads
+    servable = True                # an export of it can be served (deploy)
+    generates = False              # outputs are decoded step by step (many runs per batch)
+    token_spans = False            # the response needs each token's character offsets
+    export_view = "forward"        # exporter.VIEWS key: which programs an export writes
+    input_specs = INPUTS
+    output_specs = []
+
+    def __repr__(self):
+        return f"<task {self.name}>"
+
+    # ------------------------------------------------------------ data
+    def corpus_tasks(self):
+        return self.reads or (self.name,)
+
+    def check_data_config(self, data_cfg, builds_encoder):
+        """Refuse Data settings this task cannot follow (ConfigError naming the key)."""
+
+    def check_encoder(self, encoder):
+        """Refuse an encoder that lacks ids the task needs."""
+
+    def example_ids(self, encoder, ex, where, tag_ids):
+        """-> (token ids, per-token label ids or None) of one corpus example."""
+        return encoder.encode(encoder.tokenize(ex["text"])), None
+
+    def window_item(self, ex, labels, start, end, specials, doc_id):
+        """The fields of one window's item besides ``input_ids``."""
+        return {"doc_id": doc_id}
+
+    def extra_train_items(self, corpora, data_cfg, encoder, first_doc_id):
+        """Train items from other corpora (``Pretrain.extra_corpora``) -> (items, {source: n}),
+        the counts None for a task that reads no extra text."""
+        if corpora:
+            raise ConfigError(f"Pretrain.extra_corpora {list(corpora)}: only the masked_lm task "
+                              f"reads extra text, this run trains {self.name}; remove it or set "
+                              f"Train.task: masked_lm")
+        return [], None
+
+    # ------------------------------------------------------------ training
+    def check_train_config(self, cfg):
+        """Refuse Train/Model combinations the task's loss cannot honour."""
+
+    def num_labels(self, encoder, label_names):
+        return len(label_names)
+
+    def configure_model(self, model, cfg, encoder):
+        """Settings the model applies itself (e.g. seq2seq's smoothed loss)."""
+
+    def model_inputs(self, batch):
+        import paddle
+
+        return paddle.to_tensor(batch["input_ids"]), paddle.to_tensor(batch["seq_len"])
+
+    def loss(self, model, batch, label_smoothing=0.0):
+        """Mean float32 loss of one batch (pads ignored by the models' losses)."""
+        import paddle
+
+        loss, _ = model(*self.model_inputs(batch), paddle.to_tensor(batch["labels"]))
+        return loss.astype("float32")
+
+    def batch_size(self, batch):
+        return len(batch["seq_len"])
+
+    def token_counts(self, batch):
+        """(real tokens, padded tokens) of a batch."""
+        return int(batch["seq_len"].sum()), int(batch["input_ids"].size)
+
+    def predict_batch(self, model, batch, decoding, padding_side):
+        """Per-example outputs of one collated batch (eval mode, no grad)."""
+        raise NotImplementedError
+
+    def report(self, dataset, outputs, label_names, encoder=None):
+        raise NotImplementedError
+
+    def meta_extras(self, cfg):
+        """Checkpoint-meta fields besides the common ones."""
+        return {}
+
+    def write_artifacts(self, model, data, out_dir):
+        """Files the run leaves in ``out_dir`` besides checkpoints -> result entries."""
+        return {}
+
+    # ------------------------------------------------------------ deploy
+    def manifest_problems(self, manifest):
+        """What a manifest of this task lacks (messages; empty when servable)."""
+        return []
+
+    def too_long_fix(self):
+        return "shorten the text or re-export with Data.long_text: window"
+
+    def engine_rows(self, predictor, out, seq_len):
+        """Engine outputs of one batch -> one output per row."""
+        raise NotImplementedError
+
+    def target_counts(self, rows):
+        """(real, run) decoder steps of a batch's rows; None when the task does not decode."""
+        return None
+
+    def response(self, predictor, item, outputs):
+        """The predictor's result for one text from its windows' (or pieces') outputs."""
+        raise NotImplementedError
+
+    def bench_overrides(self, manifest):
+        """Config overrides naming the corpus whose test texts the load test sends."""
+        return ["Data.corpus=sentiment"]
+
+
+def unpad(rows, seq_len, padding_side):
+    """Per-example rows of a [B, L] array without their padding."""
+    width = rows.shape[1]
+    if padding_side == "left":
+        return [rows[j, width - n:] for j, n in enumerate(seq_len)]
+    return [rows[j, :n] for j, n in enumerate(seq_len)]

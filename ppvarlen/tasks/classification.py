@@ -1,0 +1,62 @@
+"""Classification: one label per text (windows of a long text: mean of their logits)."""
+import numpy as np
+
+from ..data.longtext import aggregate_classification
+from .base import Task
+
+
+def softmax(logits):
+    z = logits - logits.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+class ClassificationTask(Task):
+    name = "classification"
+    main_metric = "accuracy"
+    default_special_tokens = True
+    example_weighting = True
+    output_specs = [{"name": "logits", "dtype": "float32", "dims": [-1, -1]}]
+
+    def window_item(self, ex, labels, start, end, specials, doc_id):
+        return {"label": int(ex["label"]), "doc_id": doc_id}
+
+    def loss(self, model, batch, label_smoothing=0.0):
+        if not label_smoothing:
+            return super().loss(model, batch)
+        import paddle
+        import paddle.nn.functional as F
+
+        logits = model(*self.model_inputs(batch))
+        return F.cross_entropy(logits.astype("float32"), paddle.to_tensor(batch["labels"]),
+                               label_smoothing=label_smoothing)
+
+    def predict_batch(self, model, batch, decoding, padding_side):
+        """float32 logits [C] per example."""
+        return list(model(*self.model_inputs(batch)).astype("float32").numpy())
+
+    def report(self, dataset, outputs, label_names, encoder=None):
+        """Accuracy/macro-F1 per document (windows of one long text: mean of their logits)."""
+        from ..engine import metrics
+
+        doc_ids = [dataset[i]["doc_id"] for i in range(len(dataset))]
+        gold = {}
+        for i, d in enumerate(doc_ids):
+            gold.setdefault(d, dataset[i]["label"])
+        docs, doc_logits = aggregate_classification(doc_ids, np.stack(outputs))
+        preds = doc_logits.argmax(axis=-1)
+        out = metrics.classification_metrics(preds, [gold[int(d)] for d in docs], len(label_names))
+        out["num_examples"] = int(len(docs))
+        return out
+
+    def engine_rows(self, predictor, out, seq_len):
+        return list(out["logits"].astype(np.float32))
+
+    def response(self, predictor, item, outputs):
+        _, mean_logits = aggregate_classification([0] * len(outputs), np.stack(outputs))
+        probs = softmax(np.asarray(mean_logits[0], np.float64))
+        k = int(probs.argmax())
+        names = predictor.label_names
+        return {"label": names[k], "label_id": k,
+                "probs": {n: round(float(p), 6) for n, p in zip(names, probs)},
+                "num_tokens": item.num_tokens, "truncated": item.truncated}

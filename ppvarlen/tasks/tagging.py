@@ -1,0 +1,99 @@
+"""Tagging: one tag per token (CRF taggers decode in the graph; ONNX exports in numpy)."""
+import numpy as np
+
+from ..config import ConfigError
+from ..data.errors import DataError
+from ..data.longtext import aggregate_tokens
+from .base import Task, unpad
+
+
+def bio_entities(tags, spans, text):
+    """Entity dicts from BIO tag strings (an I- without its B- starts a new entity)."""
+    entities, cur = [], None
+    for tag, (start, end) in zip(tags, spans):
+        kind = tag[2:] if tag[:2] in ("B-", "I-") else None
+        if kind is not None and tag.startswith("I-") and cur and cur["type"] == kind:
+            cur["end"] = end
+            continue
+        if cur:
+            entities.append(cur)
+        cur = {"type": kind, "start": start, "end": end} if kind else None
+    if cur:
+        entities.append(cur)
+    return [{"type": e["type"], "text": text[e["start"]:e["end"]], "start": e["start"],
+             "end": e["end"]} for e in entities]
+
+
+class TaggingTask(Task):
+    name = "tagging"
+    main_metric = "f1"
+    token_spans = True  # the response gives entities as character offsets
+    output_specs = [{"name": "emissions", "dtype": "float32", "dims": [-1, -1, -1]},
+                    {"name": "tags", "dtype": "int64", "dims": [-1, -1]}]
+
+    def example_ids(self, encoder, ex, where, tag_ids):
+        if len(ex["tags"]) != len(ex["tokens"]):
+            raise DataError(f"{where}: {len(ex['tokens'])} tokens but {len(ex['tags'])} tags; "
+                            f"every token needs exactly one tag")
+        try:
+            labels = [tag_ids[t] for t in ex["tags"]]
+        except KeyError as e:
+            raise DataError(f"{where}: tag {e.args[0]!r} is not one of the labels "
+                            f"{list(tag_ids)}") from None
+        return encoder.encode(ex["tokens"]), labels
+
+    def window_item(self, ex, labels, start, end, specials, doc_id):
+        from ..data.collate import IGNORE_INDEX
+
+        window = labels[start:end]
+        if specials:  # special tokens carry no tag
+            window = [IGNORE_INDEX] + window + [IGNORE_INDEX]
+        return {"labels": window, "doc_id": doc_id, "offset": start}
+
+    def check_train_config(self, cfg):
+        if cfg.Train.label_smoothing:
+            raise ConfigError("Train.label_smoothing: the CRF tagger's loss is a sequence "
+                              "likelihood, smoothing does not apply; set it to 0")
+
+    def predict_batch(self, model, batch, decoding, padding_side):
+        """Predicted tag ids [len] per example (its real tokens only)."""
+        out = model(*self.model_inputs(batch))
+        return unpad(out[1].numpy(), batch["seq_len"], padding_side)
+
+    def report(self, dataset, outputs, label_names, encoder=None):
+        """Entity P/R/F1 per document (windows stitched back by their token offsets)."""
+        from ..engine import metrics
+
+        doc_ids, offsets, pred_rows, gold_rows = [], [], [], []
+        for i, tags in enumerate(outputs):
+            item = dataset[i]
+            labels = np.asarray(item["labels"])
+            content = labels != -100  # special tokens carry -100
+            doc_ids.append(item["doc_id"])
+            offsets.append(item.get("offset", 0))
+            pred_rows.append(np.asarray(tags)[content])
+            gold_rows.append(labels[content])
+        _, pred_docs = aggregate_tokens(doc_ids, offsets, pred_rows)
+        _, gold_docs = aggregate_tokens(doc_ids, offsets, gold_rows)
+        names = lambda ids: [label_names[int(t)] for t in ids]  # noqa: E731
+        out = metrics.entity_prf([names(p) for p in pred_docs], [names(g) for g in gold_docs])
+        out["num_examples"] = len(gold_docs)
+        return out
+
+    def engine_rows(self, predictor, out, seq_len):
+        """Tag ids per row: from the graph, or Viterbi in numpy over ONNX emissions."""
+        if predictor.crf_matrix is not None:
+            from ..utils.viterbi import crf_decode
+
+            tags = crf_decode(out["emissions"], predictor.crf_matrix, seq_len)
+        else:
+            tags = out["tags"]
+        return [tags[r, :n].astype(np.int64) for r, n in enumerate(seq_len)]
+
+    def response(self, predictor, item, outputs):
+        specials = 1 if predictor.add_special_tokens else 0
+        content = [t[specials:len(t) - specials] for t in outputs]
+        _, merged = aggregate_tokens([0] * len(content), item.offsets, content)
+        tags = [predictor.label_names[int(t)] for t in merged[0]]  # every kept token
+        return {"entities": bio_entities(tags, item.spans[:len(tags)], item.text), "tags": tags,
+                "num_tokens": item.num_tokens, "truncated": item.truncated}
