@@ -46,5 +46,5 @@ setup(
         "uvicorn[standard]",  # httptools + uvloop: the pure-Python h11 parser caps QPS
         "httpx",
     ],
-    extras_require={"test": ["pytest>=7", "hypothesis>=6", "scikit-learn"]},
+    extras_require={"test": ["pytest>=7", "hypothesis>=6", "scikit-learn", "schemathesis>=4.30,<5"]},
 )

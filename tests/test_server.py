@@ -130,8 +130,8 @@ def test_malformed_requests_get_4xx_naming_the_field(cls_export):  # noqa: F811
         (dict(payload={"texts": []}), 422, "texts", "empty"),
         (dict(payload={"texts": ["好", 3]}), 422, "texts[1]", "must be a string"),
         (dict(payload={"texts": ["好", "  "]}), 422, "texts[1]", "empty"),
-        (dict(payload={"texts": ["a"] * 4}), 413, "texts", "at most 3"),
-        (dict(payload={"texts": ["长" * 51]}), 413, "texts[0]", "at most 50"),
+        (dict(payload={"texts": ["a"] * 4}), 422, "texts", "at most 3"),
+        (dict(payload={"texts": ["长" * 51]}), 422, "texts[0]", "at most 50"),
         (dict(payload={"texts": ["a"], "extra": 1}), 422, "extra", "unknown field"),
         (dict(content=b"[" + b"1," * 1500 + b"1]"), 413, "body", "Deploy.max_body_bytes"),
     ]

@@ -29,7 +29,7 @@ from ppvarlen.data.errors import DataError
 from ppvarlen.data.order import length_sorted_batches, restore_order
 from ppvarlen.data.vocab import TextEncoder
 from ppvarlen.tasks import get_task
-from ppvarlen.utils.inputs import validate_batch
+from ppvarlen.utils.inputs import is_blank, validate_batch
 
 from .engines import build_engine, input_names
 from .manifest import ExportError, load_manifest, require_listed
@@ -207,7 +207,7 @@ class Predictor:
         """``EncodedText`` for one text; DataError for a text this export cannot take."""
         if not isinstance(text, str):
             raise DataError(f"text must be a string, got {type(text).__name__}")
-        if not text.strip():
+        if is_blank(text):
             raise DataError("text is empty; send at least one non-space character")
         tokens = self.encoder.tokenize(text)
         if not tokens:

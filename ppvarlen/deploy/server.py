@@ -17,6 +17,7 @@ import numpy as np
 from ppvarlen.data.errors import DataError
 from ppvarlen.utils.log import get_logger
 
+from . import api
 from .batcher import BatcherClosed, DynamicBatcher, QueueFull
 
 log = get_logger("deploy.server")
@@ -92,7 +93,7 @@ def validate_payload(payload, limits):
     if not texts:
         raise ApiError(422, "\"texts\" is empty; send at least one text", "texts")
     if len(texts) > limits.max_texts_per_request:
-        raise ApiError(413, f"{len(texts)} texts in one request; at most "
+        raise ApiError(422, f"{len(texts)} texts in one request; at most "
                        f"{limits.max_texts_per_request} (Deploy.max_texts_per_request) — split "
                        f"the request", "texts")
     for i, t in enumerate(texts):
@@ -100,7 +101,7 @@ def validate_payload(payload, limits):
             raise ApiError(422, f"texts[{i}] must be a string, got {type(t).__name__}",
                            f"texts[{i}]")
         if len(t) > limits.max_text_chars:
-            raise ApiError(413, f"texts[{i}] has {len(t)} characters; at most "
+            raise ApiError(422, f"texts[{i}] has {len(t)} characters; at most "
                            f"{limits.max_text_chars} (Deploy.max_text_chars)", f"texts[{i}]")
     return texts
 
@@ -132,7 +133,8 @@ def create_app(predictor, workers=1, max_wait_ms=5.0, max_batch_tokens=8192, max
 
     limits = limits or Limits()
     metrics = ServerMetrics()
-    state = {"batcher": None, "draining": False, "overhead_tokens": overhead_tokens}
+    state = {"batcher": None, "draining": False, "overhead_tokens": overhead_tokens,
+             "example": None, "openapi": None}
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -141,6 +143,7 @@ def create_app(predictor, workers=1, max_wait_ms=5.0, max_batch_tokens=8192, max
             await asyncio.to_thread(p.warmup)
         if state["overhead_tokens"] is None:
             state["overhead_tokens"] = await asyncio.to_thread(predictor.measure_overhead_tokens)
+        state["example"] = await asyncio.to_thread(_example, predictor)
         state["batcher"] = DynamicBatcher(predictors, max_wait_ms, max_batch_tokens,
                                           max_batch_size, queue_size, state["overhead_tokens"])
         log.info("serving %s (%s backend) with %d worker(s); a forward pass costs as much as "
@@ -213,7 +216,35 @@ def create_app(predictor, workers=1, max_wait_ms=5.0, max_batch_tokens=8192, max
                            "workers": workers, "overhead_tokens": state["overhead_tokens"]}
         return out
 
+    def openapi():
+        if state["openapi"] is None:
+            request = api.request_model(limits, _max_text_chars(predictor, limits))
+            prediction = predictor.task.prediction_model(predictor.label_names)
+            state["openapi"] = api.openapi_document(app, request, api.response_model(prediction),
+                                                    state["example"])
+        return state["openapi"]
+
+    app.openapi = openapi
     return app
+
+
+def _max_text_chars(predictor, limits):
+    """Characters a text may have: under the 'error' long-text policy also the export's limit
+    (a token is at least one character, so this many characters never exceed it)."""
+    if predictor.long_text != "error" or predictor.split_long_sources:
+        return limits.max_text_chars
+    specials = 2 if predictor.add_special_tokens else 0
+    return min(limits.max_text_chars, predictor.max_len - specials)
+
+
+def _example(predictor):
+    """A request and the answer this model really gives it, for /docs."""
+    texts = predictor.task.examples
+    try:
+        return {"request": {"texts": texts}, "response": {"predictions": predictor.predict(texts)}}
+    except DataError as e:  # e.g. an export whose max_len is shorter than the example
+        log.warning("no /docs example: the example texts do not fit this export (%s)", e)
+        return None
 
 
 def serve(export_dir, deploy_cfg, host=None, port=None, backend=None):

@@ -135,6 +135,12 @@ class Task:
         """Config overrides naming the corpus whose test texts the load test sends."""
         return ["Data.corpus=sentiment"]
 
+    examples = []  # request texts of the /docs example (deploy/api.py)
+
+    def prediction_model(self, label_names):
+        """The pydantic model of one ``response`` (the HTTP API's prediction object)."""
+        raise NotImplementedError
+
 
 def unpad(rows, seq_len, padding_side):
     """Per-example rows of a [B, L] array without their padding."""

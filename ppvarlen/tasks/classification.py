@@ -60,3 +60,21 @@ class ClassificationTask(Task):
         return {"label": names[k], "label_id": k,
                 "probs": {n: round(float(p), 6) for n, p in zip(names, probs)},
                 "num_tokens": item.num_tokens, "truncated": item.truncated}
+
+    examples = ["物流很快，包装完好", "质量太差了"]
+
+    def prediction_model(self, label_names):
+        from typing import Literal
+
+        from pydantic import BaseModel, Field
+
+        Label = Literal[tuple(label_names)]
+
+        class ClassificationPrediction(BaseModel):
+            label: Label = Field(description="the most probable label")
+            label_id: int = Field(ge=0, lt=len(label_names), description="its index in the labels")
+            probs: dict[Label, float] = Field(description="probability of every label")
+            num_tokens: int = Field(ge=1, description="tokens of the text, special tokens excluded")
+            truncated: bool = Field(description="the text was cut to the export's max_len")
+
+        return ClassificationPrediction

@@ -131,6 +131,21 @@ class Seq2SeqTask(Task):
                 "num_tokens": item.num_tokens, "truncated": item.truncated,
                 "pieces": len(outputs)}
 
+    examples = ["中国人民"]
+
+    def prediction_model(self, label_names):
+        from pydantic import BaseModel, Field
+
+        class Seq2SeqPrediction(BaseModel):
+            output: str = Field(description="the generated text")
+            output_ids: list[int] = Field(description="generated ids, without BOS/EOS")
+            num_tokens: int = Field(ge=1, description="source tokens")
+            truncated: bool
+            pieces: int = Field(ge=1, description="source pieces decoded "
+                                                  "(Deploy.split_long_sources)")
+
+        return Seq2SeqPrediction
+
     def bench_overrides(self, manifest):
         # the g2p clauses packed to the export's source length
         return ["Data.corpus=g2p", f"Data.max_source_len={int(manifest['max_len'])}"]

@@ -97,3 +97,26 @@ class TaggingTask(Task):
         tags = [predictor.label_names[int(t)] for t in merged[0]]  # every kept token
         return {"entities": bio_entities(tags, item.spans[:len(tags)], item.text), "tags": tags,
                 "num_tokens": item.num_tokens, "truncated": item.truncated}
+
+    examples = ["江泽民在北京会见了客人"]
+
+    def prediction_model(self, label_names):
+        from typing import Literal
+
+        from pydantic import BaseModel, Field
+
+        Tag = Literal[tuple(label_names)]
+
+        class Entity(BaseModel):
+            type: str
+            text: str = Field(description="text[start:end]")
+            start: int = Field(ge=0, description="character offset in the request text")
+            end: int = Field(ge=0, description="character offset, exclusive")
+
+        class TaggingPrediction(BaseModel):
+            entities: list[Entity] = Field(description="chunks of the tag scheme, in text order")
+            tags: list[Tag] = Field(description="one tag per token")
+            num_tokens: int = Field(ge=1)
+            truncated: bool
+
+        return TaggingPrediction

@@ -4,6 +4,8 @@ Shared by the export parity check and the deploy predictors: a bad batch gets
 a ValueError naming the field and the fix, never an index error deep inside a
 Paddle or ONNX Runtime kernel (PITFALLS 17: a length beyond the position table).
 """
+import re
+
 import numpy as np
 
 
@@ -55,3 +57,15 @@ def validate_batch(input_ids, seq_len, *, max_position=None, vocab_size=None, pa
             raise ValueError(f"row {b}: seq_len {int(seq_len[b])} is longer than the real length "
                              f"(position {int(seq_len[b]) - 1} is the pad id {pad_id})")
     return input_ids, seq_len
+
+
+# A text is blank when it holds only these characters.  The pattern reads the same in
+# Python's `re` and in ECMA-262 (JSON Schema's regex dialect): `\s` differs between the two
+# (Python: \x1c-\x1f and \x85 too; ECMA: \ufeff too), so both differences are listed.
+NON_BLANK_PATTERN = r"[^\s\x1c-\x1f\x85\ufeff]"
+_NON_BLANK = re.compile(NON_BLANK_PATTERN)
+
+
+def is_blank(text):
+    """True when ``text`` has no character outside whitespace (in either regex dialect)."""
+    return _NON_BLANK.search(text) is None

@@ -1,0 +1,76 @@
+"""The HTTP API describes itself: OpenAPI request/response/error schemas per task, checked by an
+API fuzzer (schemathesis) against a running server of each task's export."""
+import os
+import subprocess
+import sys
+
+import httpx
+import pytest
+from test_deploy_helpers import cls_export, tag_export  # noqa: F401
+from test_deploy_seq2seq import make_seq2seq_export
+from test_server import RunningServer
+
+from ppvarlen.deploy.predictor import Predictor
+from ppvarlen.deploy.server import Limits, create_app
+from ppvarlen.utils.inputs import is_blank
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(REPO, "deploy", "schemathesis.toml")
+
+
+@pytest.fixture(scope="module")
+def s2s_error_export(tmp_path_factory):
+    """A seq2seq export whose long-text policy is 'error': texts over 16 characters get 422."""
+    return make_seq2seq_export(str(tmp_path_factory.mktemp("s2s_err") / "export"), "error")
+
+
+@pytest.fixture(params=["classification", "tagging", "seq2seq"])
+def export_dir(request, cls_export, tag_export, s2s_error_export):  # noqa: F811
+    return {"classification": cls_export, "tagging": tag_export,
+            "seq2seq": s2s_error_export}[request.param][0]
+
+
+def test_openapi_declares_body_responses_and_a_real_example(export_dir):
+    predictor = Predictor(export_dir, "onnx")
+    limits = Limits(max_texts_per_request=7, max_text_chars=300)
+    with RunningServer(create_app(predictor, limits=limits, max_wait_ms=1)) as srv:
+        doc = httpx.get(srv.url + "/openapi.json").json()
+        post = doc["paths"]["/predict"]["post"]
+        assert set(post["responses"]) == {"200", "400", "413", "422", "500", "503"}
+        schemas = doc["components"]["schemas"]
+        texts = schemas["PredictRequest"]["properties"]["texts"]
+        assert texts["maxItems"] == 7 and texts["minItems"] == 1
+        # under the 'error' policy a text may not be longer than the export takes
+        limit = 16 if predictor.long_text == "error" else 300
+        assert texts["items"]["maxLength"] == limit
+        example = post["requestBody"]["content"]["application/json"]["example"]
+        answer = post["responses"]["200"]["content"]["application/json"]["example"]
+        # the /docs example is what the server really answers to it
+        assert httpx.post(srv.url + "/predict", json=example).json() == answer
+        prediction = schemas["PredictResponse"]["properties"]["predictions"]["items"]["$ref"]
+        fields = set(schemas[prediction.rsplit("/", 1)[1]]["properties"])
+        assert fields == set(answer["predictions"][0])
+        for status in ("400", "413", "422", "503"):
+            ref = post["responses"][status]["content"]["application/json"]["schema"]["$ref"]
+            assert ref.endswith("/ErrorBody")
+
+
+def test_blank_means_the_same_in_python_and_json_schema():
+    # \x1f and \x85 are whitespace to Python's str/re but not to ECMA regexes; \ufeff the reverse
+    for text in [" ", "\t\n", "\x1f", "\x85", "\ufeff", "\u3000 \xa0"]:
+        assert is_blank(text), repr(text)
+    for text in ["a", " 好 ", "\x00", "\u200b"]:
+        assert not is_blank(text), repr(text)
+
+
+def test_schemathesis_finds_no_failure(export_dir, tmp_path):
+    """`schemathesis run --checks all` (positive and negative requests, response schemas,
+    status codes, headers) against the server of each task's export."""
+    exe = os.path.join(os.path.dirname(sys.executable), "schemathesis")
+    app = create_app(Predictor(export_dir, "onnx"), max_wait_ms=1)
+    with RunningServer(app) as srv:
+        r = subprocess.run([exe, "--config-file", CONFIG, "run", srv.url + "/openapi.json",
+                            "--checks", "all", "--max-examples", "40", "--seed", "1",
+                            "--no-color"], capture_output=True, text=True, timeout=300,
+                           cwd=tmp_path)  # it keeps a cache directory in its cwd
+    assert r.returncode == 0 and "No issues found" in r.stdout, r.stdout[-4000:]
