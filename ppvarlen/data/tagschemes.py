@@ -67,7 +67,7 @@ def expected_tags(scheme):
     if not s.has_chunks:
         return "any tag without spaces (plain per-token labels such as POS tags)"
     shapes = ", ".join(f"{p}-TYPE" for p in s.prefixes)
-    return f"O, {shapes} (or the bare prefixes {', '.join(s.prefixes)})"
+    return f"one of O, {shapes}, or untyped {', '.join(s.prefixes)}"
 
 
 def detect(tags):

@@ -88,7 +88,7 @@ def tagging_report(dataset, tag_ids, label_names):
     _, pred_docs = aggregate_tokens(doc_ids, offsets, pred_rows)
     _, gold_docs = aggregate_tokens(doc_ids, offsets, gold_rows)
     names = lambda ids: [label_names[int(t)] for t in ids]  # noqa: E731
-    out = metrics.entity_prf([names(p) for p in pred_docs], [names(g) for g in gold_docs])
+    out = metrics.tagging_metrics([names(p) for p in pred_docs], [names(g) for g in gold_docs], label_names)
     out["num_examples"] = len(gold_docs)
     return out
 

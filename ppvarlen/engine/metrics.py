@@ -88,8 +88,7 @@ def tagging_metrics(pred_seqs, gold_seqs, label_names, scheme=None):
         gold = [t for seq in gold_seqs for t in seq]
         index = {name: k for k, name in enumerate(label_names)}
         ids = lambda tags: [index[t] for t in tags]  # noqa: E731
-        out.update(precision=out["token_accuracy"], recall=out["token_accuracy"],
-                   f1=out["token_accuracy"], macro_f1=macro_f1(ids(pred), ids(gold), len(index)),
+        out.update(f1=out["token_accuracy"], macro_f1=macro_f1(ids(pred), ids(gold), len(index)),
                    per_type_f1={t: _tag_f1(pred, gold, t) for t in sorted(set(gold) | set(pred))},
                    chunk_metrics="not applicable: plain per-token tags have no chunks; f1 is "
                                  "token-level (= token_accuracy)")
