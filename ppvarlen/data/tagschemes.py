@@ -23,8 +23,10 @@ OUTSIDE = "O"
 @dataclass(frozen=True)
 class Scheme:
     name: str
-    prefixes: str  # chunk prefixes in label order ("" for plain)
-    outside: bool  # whether "O" is a tag of the scheme
+    prefixes: str       # chunk prefixes in label order ("" for plain: no chunks; O is allowed
+                        # in every chunk scheme)
+    inside: str = ""    # the prefix that continues a chunk
+    closed: bool = False  # every chunk must end with E (or be one S): well-formedness checkable
 
     @property
     def has_chunks(self):
@@ -32,10 +34,10 @@ class Scheme:
 
 
 SCHEME = {
-    "bio": Scheme("bio", "BI", True),
-    "bioes": Scheme("bioes", "BIES", True),
-    "bmes": Scheme("bmes", "BMES", True),
-    "plain": Scheme("plain", "", False),
+    "bio": Scheme("bio", "BI", "I"),
+    "bioes": Scheme("bioes", "BIES", "I", closed=True),
+    "bmes": Scheme("bmes", "BMES", "M", closed=True),
+    "plain": Scheme("plain", ""),
 }
 CHUNK_PREFIXES = set("BIEMS")
 
@@ -125,10 +127,6 @@ def _join(prefix, etype):
     return f"{prefix}-{etype}" if etype else prefix
 
 
-def _inside(scheme):
-    return "M" if scheme == "bmes" else "I"
-
-
 def sequence_problem(tags, scheme):
     """Why ``tags`` is not a sequence of ``scheme``, or None.
 
@@ -139,9 +137,9 @@ def sequence_problem(tags, scheme):
     for i, tag in enumerate(tags):
         if not fits(tag, scheme):
             return f"tag {i} {tag!r} is not a {scheme.upper()} tag ({expected_tags(scheme)})"
-    if scheme not in ("bioes", "bmes"):
+    if not SCHEME[scheme].closed:
         return None
-    inside, open_type = _inside(scheme), None  # open_type: type of the chunk being read
+    inside, open_type = SCHEME[scheme].inside, None  # open_type: type of the chunk being read
     for i, tag in enumerate(tags):
         prefix, etype = split_tag(tag)
         continues = prefix in (inside, "E")
@@ -150,8 +148,8 @@ def sequence_problem(tags, scheme):
                     f"{tags[i - 1] if i else 'the start'!r}); a {scheme.upper()} chunk is "
                     f"B {inside}* E or S")
         if not continues and open_type is not None:
-            return (f"the chunk {tags[i - 1]!r} at tag {i - 1} is not closed by E-/S-; a "
-                    f"{scheme.upper()} chunk is B {inside}* E or S (is this line BIO?)")
+            return (f"the chunk ending at tag {i - 1} ({tags[i - 1]!r}) is not closed by E-/S-; "
+                    f"a {scheme.upper()} chunk is B {inside}* E or S (is this line BIO?)")
         open_type = etype if prefix in ("B", inside) else None
     if open_type is not None:
         return (f"the last chunk ({tags[-1]!r}) is not closed by E-/S-; a {scheme.upper()} "
