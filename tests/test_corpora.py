@@ -222,7 +222,7 @@ def test_split_seed_gives_another_partition_with_the_same_guarantees():
 
 def test_corpora_module_does_not_import_paddle():
     code = ("import sys; sys.path.insert(0, %r); import ppvarlen.data.corpora, ppvarlen.data.vocab, "
-            "ppvarlen.data.readers, ppvarlen.data.splits; "
+            "ppvarlen.data.readers, ppvarlen.data.splits, ppvarlen.data.tagschemes, ppvarlen.data.g2p; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('paddle', 'paddlenlp', "
             "'snownlp')))" % REPO)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

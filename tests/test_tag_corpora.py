@@ -150,6 +150,9 @@ def test_scheme_keys_are_checked(files, tmp_path):
     assert load_corpus({"corpus": "people_daily_ner", "tag_scheme": "bio", "limit": 1}).task == "tagging"
     with pytest.raises(ConfigError, match="tag_scheme"):
         load_corpus({"corpus": "jsonl", "train_file": short, "tag_scheme": "iob1"})
+    # plain tags that read as chunks cannot be told apart from chunk tags by their names
+    with pytest.raises(ConfigError, match="Data.tag_scheme: plain, but the tags .* read as BIOES"):
+        load_corpus({"corpus": "jsonl", "train_file": short, "tag_scheme": "plain"})
 
 
 @pytest.mark.parametrize("scheme", ["bmes", "bioes", "plain"])

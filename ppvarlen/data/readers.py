@@ -6,7 +6,8 @@ reason (logged, and returned in ``FileData.skipped``).  Nothing is dropped silen
 an empty text is an error like any other.
 
 Labels are mapped to ids only after all files are read (``map_labels``), so train,
-dev and test share one label set.
+dev and test share one label set.  Tagging lines must all fit one tag scheme (BIO, BIOES,
+BMES or plain; ``data.tagschemes``), checked per file and over all files, before any training.
 """
 import json
 from collections import Counter
@@ -276,6 +277,12 @@ def _map_tags(files, label_names, skip_invalid, tag_scheme):
         names = tagschemes.order(set(names) | set(added), scheme)
         logger.info("tag scheme %s: added the label(s) %s that the data does not use, so that "
                     "the label names say the scheme", scheme.upper(), added)
+    if tagschemes.detect(names) != scheme:  # only plain tags can look like chunks
+        raise ConfigError(f"Data.tag_scheme: plain, but the tags ({', '.join(names[:4])}) read as "
+                          f"{tagschemes.detect(names).upper()} chunks, and evaluation and export "
+                          f"tell the scheme from the tag names; set Data.tag_scheme: "
+                          f"{tagschemes.detect(names)} (token accuracy is reported too) or name "
+                          f"the tags without chunk prefixes")
     info = {"scheme": scheme, "from": evidence}
     if added:
         info["labels_added"] = added
