@@ -93,6 +93,9 @@ def test_tag_of_no_scheme_fails_at_load_naming_file_and_line(files, tmp_path):
     with pytest.raises(DataError, match=r"unknown\.jsonl:7: tags \['X-LOC'\] do not fit the "
                                         r"BIOES tags of the lines before .*mixed"):
         load_corpus({"corpus": "jsonl", "train_file": bad})
+    first = _rewrite(tmp_path, "first.jsonl", rows, 1, lambda r: ["B-PER", "NN"] + r["tags"][2:])
+    with pytest.raises(DataError, match=r"first\.jsonl:1: the tags of this line mix schemes"):
+        load_corpus({"corpus": "jsonl", "train_file": first})
     spaced = _rewrite(tmp_path, "space.jsonl", rows, 3, lambda r: ["B PER"] + r["tags"][1:])
     with pytest.raises(DataError, match=r"space\.jsonl:3: .*'B PER'"):
         load_corpus({"corpus": "jsonl", "train_file": spaced})
@@ -140,6 +143,9 @@ def test_scheme_keys_are_checked(files, tmp_path):
     # no three-character word: M is added so that the label names say BMES, not BIOES
     assert c.label_names == ["B", "M", "E", "S"]
     assert c.stats["tag_scheme"]["labels_added"] == ["M"]
+    with pytest.raises(ConfigError, match=r"Data.label_names: a BMES tag set needs \['M'\]"):
+        load_corpus({"corpus": "jsonl", "train_file": short, "label_names": ["B", "E", "S"],
+                     "tag_scheme": "bmes"})
     with pytest.raises(ConfigError, match="Data.label_names: .*mixed"):
         load_corpus({"corpus": "jsonl", "train_file": short, "label_names": ["B", "I", "M", "E", "S"]})
     with pytest.raises(ConfigError, match="Data.tag_scheme: 'bio' applies to tagging data"):

@@ -273,6 +273,10 @@ def _map_tags(files, label_names, skip_invalid, tag_scheme):
                                               f"{names}; add it there or fix the tag"),
                   skip_invalid)
     added = tagschemes.complete(names, scheme)
+    if added and label_names is not None:  # the user's tag ids stay as given
+        raise ConfigError(f"Data.label_names: a {scheme.upper()} tag set needs {added} too, so "
+                          f"that the scheme can be told from the names (export, evaluation); "
+                          f"add them to Data.label_names")
     if added:  # so that the scheme can be told from the label names alone (export, report)
         names = tagschemes.order(set(names) | set(added), scheme)
         logger.info("tag scheme %s: added the label(s) %s that the data does not use, so that "
@@ -326,10 +330,11 @@ def _detect_scheme(files, skip_invalid):
         try:
             tagschemes.detect(seen | new)
         except ValueError as e:
-            before = tagschemes.detect(seen) if seen else None
+            if not seen:
+                return f"the tags of this line mix schemes: {e}; use one tag scheme per corpus"
             shown = ", ".join(f"{t} at {first_at[t]}" for t in sorted(seen)[:3])
-            return (f"tags {sorted(new)[:3]} do not fit the {before.upper()} tags of the lines "
-                    f"before ({shown}): {e}; use one tag scheme per corpus, or set "
+            return (f"tags {sorted(new)[:3]} do not fit the {tagschemes.detect(seen).upper()} tags "
+                    f"of the lines before ({shown}): {e}; use one tag scheme per corpus, or set "
                     f"Data.tag_scheme")
         seen.update(new)
         first_at.update((t, where) for t in new)
