@@ -54,6 +54,10 @@ SCHEMA = {
         "max_size": Field(int, None, help="cap on vocab_size, the 6 special tokens included"),
         "label_names": ListOf(str, None, help="class / tag names in id order for jsonl/tsv; "
                               "null = sorted names found in the files"),
+        "tag_scheme": Field(str, "auto", choices=["auto", "bio", "bioes", "bmes", "plain"],
+                            help="tagging: how tags encode chunks (BIO/IOB2, BIOES, BMES) or plain "
+                            "per-token tags (POS: token accuracy only); auto = read from the tags. "
+                            "Every line must fit it, checked at load time"),
         "max_len": Field(int, 512, help="max tokens per example incl. special tokens"),
         "long_text": Field(str, "truncate", choices=["truncate", "window", "error"]),
         "stride": Field(int, 128, help="window overlap in tokens for long_text: window"),

@@ -222,7 +222,7 @@ def test_split_seed_gives_another_partition_with_the_same_guarantees():
 
 def test_corpora_module_does_not_import_paddle():
     code = ("import sys; sys.path.insert(0, %r); import ppvarlen.data.corpora, ppvarlen.data.vocab, "
-            "ppvarlen.data.readers, ppvarlen.data.splits; "
+            "ppvarlen.data.readers, ppvarlen.data.splits, ppvarlen.data.tagschemes, ppvarlen.data.g2p; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('paddle', 'paddlenlp', "
             "'snownlp')))" % REPO)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -251,21 +251,93 @@ def test_config_section_accepted(tmp_path):
     assert [len(c.splits[s]) for s in SPLITS] == [3, 3, 3]
 
 
-def test_g2p_missing_module_is_a_clear_error(monkeypatch):
-    monkeypatch.setitem(sys.modules, "ppvarlen.data.g2p", None)  # import now fails
-    with pytest.raises(ConfigError, match="g2p.py"):
-        load_corpus({"corpus": "g2p"})
-
-
-def test_g2p_dispatches_to_load_g2p(monkeypatch):
-    import types
-
-    from ppvarlen.data.corpora import Corpus
+def test_built_in_corpora_dispatch_through_the_registry_with_their_keys(monkeypatch):
+    from ppvarlen.data.corpora import BUILT_IN, Corpus, registry
 
     calls = []
-    fake = types.ModuleType("ppvarlen.data.g2p")
-    fake.load_g2p = lambda cfg: calls.append(cfg.limit) or Corpus(
-        "seq2seq", {s: [] for s in SPLITS}, None, {})
-    monkeypatch.setitem(sys.modules, "ppvarlen.data.g2p", fake)
-    c = load_corpus({"corpus": "g2p", "limit": 5})
-    assert c.task == "seq2seq" and calls == [5]
+
+    def fake(max_source_len, max_target_len, split_seed):
+        calls.append((max_source_len, max_target_len, split_seed))
+        return Corpus("seq2seq", {s: [{"source": str(i), "target": "x"} for i in range(9)]
+                                  for s in SPLITS}, [], {})
+
+    monkeypatch.setitem(BUILT_IN, "g2p", BUILT_IN["g2p"].__class__("seq2seq", fake,
+                                                                    BUILT_IN["g2p"].keys))
+    registry._built.cache_clear()
+    try:
+        c = load_corpus({"corpus": "g2p", "limit": 5, "max_source_len": 30, "split_seed": 2})
+        again = load_corpus({"corpus": "g2p", "max_source_len": 30, "split_seed": 2})
+    finally:
+        registry._built.cache_clear()
+    assert c.task == "seq2seq" and calls == [(30, 256, 2)]  # built once, then cached
+    assert [len(c.splits[s]) for s in SPLITS] == [5, 5, 5]  # Data.limit on a copy
+    assert [len(again.splits[s]) for s in SPLITS] == [9, 9, 9]
+
+
+def test_people_daily_is_read_once_for_ner_and_g2p(monkeypatch):
+    """Both corpora take their paragraphs from the one cached parse of 199801.txt."""
+    from ppvarlen.data.corpora import people_daily, registry
+
+    reads = []
+    real = people_daily.read_people_daily
+    monkeypatch.setattr(people_daily, "read_people_daily", lambda path: reads.append(path) or real(path))
+    people_daily.people_daily.cache_clear()
+    registry._built.cache_clear()
+    try:
+        ner = load_corpus({"corpus": "people_daily_ner", "split_seed": 11})
+        g2p = load_corpus({"corpus": "g2p", "split_seed": 11, "limit": 3})
+    finally:
+        people_daily.people_daily.cache_clear()
+        registry._built.cache_clear()
+    assert len(reads) == 1 and reads[0].endswith("199801.txt")
+    assert ner.stats["sentences"] == g2p.stats["paragraphs"] > 19000
+
+
+def _data_import_graph():
+    """Module -> the ppvarlen.data modules it imports (anywhere in the file, function-level
+    imports included: the old corpora/g2p cycle hid in one)."""
+    import ast
+
+    root = os.path.join(REPO, "ppvarlen", "data")
+    graph = {}
+    for folder, _, files in os.walk(root):
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(folder, f)
+            parts = os.path.relpath(path, REPO)[:-3].split(os.sep)
+            is_pkg = parts[-1] == "__init__"
+            name = ".".join(parts[:-1] if is_pkg else parts)
+            package = name if is_pkg else name.rpartition(".")[0]
+            targets = set()
+            for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+                if isinstance(node, ast.ImportFrom):
+                    base = package.split(".")
+                    base = base[:len(base) - node.level + 1] if node.level else []
+                    mod = ".".join(base + ([node.module] if node.module else []))
+                    targets.update([mod] + [f"{mod}.{a.name}" for a in node.names])
+                elif isinstance(node, ast.Import):
+                    targets.update(a.name for a in node.names)
+            graph[name] = targets
+    return {m: {t for t in ts if t in graph and t != m} for m, ts in graph.items()}
+
+
+def test_data_package_has_no_import_cycle():
+    graph = _data_import_graph()
+    assert "ppvarlen.data.corpora.people_daily" in graph["ppvarlen.data.corpora.ner"]
+    assert "ppvarlen.data.corpora.people_daily" in graph["ppvarlen.data.corpora.g2p_corpus"]
+    state = {}
+
+    def visit(m, path):
+        state[m] = "open"
+        for t in graph[m]:
+            # a package's __init__ importing its own modules is no cycle back into it
+            if state.get(t) == "open" and not m.startswith(t + "."):
+                raise AssertionError("import cycle: " + " -> ".join(path + [t]))
+            if t not in state:
+                visit(t, path + [t])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])

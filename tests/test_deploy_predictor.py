@@ -12,7 +12,7 @@ from test_deploy_helpers import (NER_TAGS, TEXTS, cls_export, reference,  # noqa
 from ppvarlen.data.errors import DataError
 from ppvarlen.deploy.manifest import ExportError
 from ppvarlen.deploy.predictor import Predictor, char_spans
-from ppvarlen.tasks.tagging import bio_entities
+from ppvarlen.tasks.tagging import entities
 
 MAX_LEN = 16
 LONG = "这是一段非常非常非常非常非常非常长的文本，超过了最大长度好几倍呢"  # > MAX_LEN chars
@@ -55,11 +55,17 @@ def test_entities_have_char_offsets():
     text = "江泽民在北京 会见"
     spans = char_spans(text, list(text))
     tags = ["B-PER", "I-PER", "I-PER", "O", "B-LOC", "I-LOC", "O", "I-ORG", "B-ORG"]
-    assert bio_entities(tags, spans, text) == [
+    assert entities(tags, spans, text, "bio") == [
         {"type": "PER", "text": "江泽民", "start": 0, "end": 3},
         {"type": "LOC", "text": "北京", "start": 4, "end": 6},
         {"type": "ORG", "text": "会", "start": 7, "end": 8},   # I- without B- starts one
         {"type": "ORG", "text": "见", "start": 8, "end": 9}]
+    # the same text tagged in BIOES and BMES (untyped word segmentation), and plain tags
+    bioes = ["B-PER", "I-PER", "E-PER", "O", "B-LOC", "E-LOC", "O", "S-ORG", "S-ORG"]
+    assert entities(bioes, spans, text, "bioes") == entities(tags, spans, text, "bio")
+    words = entities(["B", "M", "E", "S", "B", "E", "S", "B", "E"], spans, text, "bmes")
+    assert [w["text"] for w in words] == ["江泽民", "在", "北京", " ", "会见"]
+    assert entities(["nr", "nr", "nr", "p", "ns", "ns", "w", "v", "v"], spans, text, "plain") == []
     # lower-cased word pieces still map back onto the original text
     assert char_spans("Hello World", ["hello", "wor", "##ld"], lowercase=True) == [
         (0, 5), (6, 9), (9, 11)]

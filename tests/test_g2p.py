@@ -6,6 +6,7 @@ import pytest
 from ppvarlen.config import ConfigError
 from ppvarlen.data import g2p
 from ppvarlen.data.corpora import load_corpus
+from ppvarlen.data.corpora.people_daily import read_people_daily
 from ppvarlen.data.errors import DataError
 from ppvarlen.data.splits import stable_split
 
@@ -97,7 +98,7 @@ def test_malformed_corpus_line_names_file_and_line(tmp_path):
     path = tmp_path / "pd.txt"
     path.write_text("我们/r 行动/v\n我们 行动/v\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"pd\.txt:2: token '我们'"):
-        g2p.read_people_daily(str(path))
+        read_people_daily(str(path))
 
 
 def test_bad_lengths_are_config_errors():

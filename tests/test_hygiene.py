@@ -73,21 +73,8 @@ TASK_COMPARISON_ALLOWED = {
     # Model.name (a model, not a task) picks the module that builds it
     'ppvarlen/models/__init__.py: if name == "seq2seq":  # owned by the seq2seq module; imported '
     'only when asked for',
-    # removed by the data-tags branch
-    "ppvarlen/data/corpora.py: if name in CORPUS_TASK and cfg.task not in (None, "
-    "CORPUS_TASK[name]):",
-    # removed by the data-tags branch
-    "ppvarlen/data/corpora.py: if files[split].task != task:",
-    # removed by the data-tags branch
-    'ppvarlen/data/corpora.py: if task == "classification":',
-    # removed by the data-tags branch
-    'ppvarlen/data/readers.py: if task == "classification":',
-    # removed by the data-tags branch
-    'ppvarlen/data/readers.py: if task == "tagging":',
-    # removed by the data-tags branch
-    'ppvarlen/data/readers.py: if task != "classification":',
-    # removed by the data-tags branch
-    'ppvarlen/data/readers.py: if task == "seq2seq":',
+    # a declared Data.task checked against the corpus's: validation, no behaviour per task
+    "ppvarlen/data/corpora/registry.py: if cfg.task not in (None, built_in.task):",
 }
 
 

