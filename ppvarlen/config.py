@@ -284,7 +284,7 @@ def _model_section(model, given, source):
         notes = []
         for key in unused:
             owners = [m for m, keys in MODEL_KEYS.items() if key in keys]
-            hint = difflib.get_close_matches(key, accepted, n=1, cutoff=0.7)
+            hint = difflib.get_close_matches(key, accepted, n=1)
             notes.append(f"Model.{key} (a key of {', '.join(owners)}"
                          f"{f'; did you mean {hint[0]!r}?' if hint else ''})")
         raise ConfigError(
