@@ -302,7 +302,7 @@ def validate(data, source="<config>"):
     return out
 
 
-def unused_model_defaults(name):
+def _unused_model_defaults(name):
     """Schema defaults of the Model keys model ``name`` does not read."""
     return {k: copy.deepcopy(f.default) for k, f in SCHEMA["Model"].items()
             if k != "name" and k not in MODEL_KEYS[name]}
@@ -316,7 +316,7 @@ def load_config(path=None, overrides=None, data=None):
         source = f"{source} (with -o {' '.join(overrides)})"
         raw = apply_overrides(raw, overrides)
     resolved = validate(raw, source)
-    return Config(resolved, {"Model": unused_model_defaults(resolved["Model"]["name"])})
+    return Config(resolved, {"Model": _unused_model_defaults(resolved["Model"]["name"])})
 
 
 def save_config(cfg, path):
