@@ -16,6 +16,18 @@ PADDLENLP_PINS = ["huggingface_hub<0.26", "aistudio-sdk<0.2", "datasets<3"]
 # so pip does not replace it with the CPU wheel.
 PADDLE = [] if os.environ.get("PPVARLEN_SKIP_PADDLE") else ["paddlepaddle==3.3.1"]
 
+# The commands, all in ppvarlen/cli.py; tools/*.py and deploy/python/*.py are shims over them.
+CONSOLE_SCRIPTS = [
+    "ppvarlen-train=ppvarlen.cli:main_train",
+    "ppvarlen-eval=ppvarlen.cli:main_eval",
+    "ppvarlen-export=ppvarlen.cli:main_export",
+    "ppvarlen-lengths=ppvarlen.cli:main_lengths",
+    "ppvarlen-pretrain=ppvarlen.cli:main_pretrain",
+    "ppvarlen-infer=ppvarlen.cli:main_infer",
+    "ppvarlen-serve=ppvarlen.cli:main_serve",
+    "ppvarlen-bench=ppvarlen.cli:main_bench",
+]
+
 setup(
     name="ppvarlen",
     version="0.1.0",
@@ -47,4 +59,5 @@ setup(
         "httpx",
     ],
     extras_require={"test": ["pytest>=7", "hypothesis>=6", "scikit-learn", "schemathesis>=4.30,<5"]},
+    entry_points={"console_scripts": CONSOLE_SCRIPTS},
 )

@@ -12,12 +12,9 @@ processes falls on both alike.  Prints examples/s per backend and the ratios.
 import argparse
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from ppvarlen.config import add_config_args, load_config  # noqa: E402
+from ppvarlen.config import add_config_args, load_config
 
 
 def one_pass(run, batches):

@@ -13,10 +13,7 @@ rebuilt from the manifest's source limit.
 import argparse
 import json
 import os
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PHRASES = ["你好", "今天天气不错", "我爱北京天安门", "经济发展很快", "银行行长"]
 

@@ -11,13 +11,9 @@
    implied seconds per epoch.  Batches are padded exactly as the strategy pads.
 """
 import argparse
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from ppvarlen.config import add_config_args, load_config  # noqa: E402
+from ppvarlen.config import add_config_args, load_config
 
 TIMED = ["pad_to_max_len", "random_dynamic", "group_by_length", "optimal_buckets",
          "token_budget_pool100", "fairseq"]

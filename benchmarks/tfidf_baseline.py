@@ -8,10 +8,7 @@ the neural models' test accuracy can be compared on exactly these examples.
 import argparse
 import json
 import os
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def fit_baseline(splits):

@@ -14,10 +14,8 @@ The CPU may be shared with other jobs: the JSON records the load average before 
 import argparse
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SCHEMES = {
     "pad_to_512": ["Data.sampler=bucket", "Data.buckets=[512]", "Data.pad_to_bucket=true",

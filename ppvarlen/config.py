@@ -4,13 +4,22 @@ A config is read once at an entry point (``load_config``) and handed down as a
 ``Config``: nested sections with attribute access (``cfg.Data.max_len``).  Every
 key is declared in ``ppvarlen/config_schema.py``; anything else is an error that
 names the key path, the file and the closest valid key.
+
+The Model section is per model: ``MODEL_KEYS`` (config_schema.py) lists the keys each
+``Model.name`` reads, and a key the chosen model does not read is an error naming the
+model and the keys it accepts.  Inheritance rule: a layer (a ``_base_`` file's child, or
+the ``-o`` overrides together) whose ``Model.name`` differs from the model of the layers
+below it starts a fresh Model section -- the other model's keys are not inherited.  Keys
+the model does not read are not stored (so a saved config loads again); reading one
+(``cfg.Model.beam_size`` for a classifier) gives its schema default.
 """
+import copy
 import difflib
 import os
 
 import yaml
 
-from .config_schema import SCHEMA, Field
+from .config_schema import MODEL_KEYS, SCHEMA, Field
 
 
 class ConfigError(ValueError):
@@ -18,17 +27,28 @@ class ConfigError(ValueError):
 
 
 class Config:
-    """Attribute access over a validated nested dict (``cfg.Train.amp.dtype``)."""
+    """Attribute access over a validated nested dict (``cfg.Train.amp.dtype``).
 
-    def __init__(self, data):
+    ``defaults``, nested like ``data``: values read for keys ``data`` does not hold
+    (the Model keys the chosen model does not use); never stored, saved or listed.
+    """
+
+    def __init__(self, data, defaults=None):
         object.__setattr__(self, "_data", data)
+        object.__setattr__(self, "_defaults", defaults or {})
 
     def __getattr__(self, key):
         data = object.__getattribute__(self, "_data")
-        if key not in data:
-            raise AttributeError(f"config has no key {key!r}; keys here: {sorted(data)}")
-        v = data[key]
-        return Config(v) if isinstance(v, dict) else v
+        defaults = object.__getattribute__(self, "_defaults")
+        if key in data:
+            v = data[key]
+            if isinstance(v, dict):
+                below = defaults.get(key)
+                return Config(v, below if isinstance(below, dict) else None)
+            return v
+        if key in defaults:
+            return copy.deepcopy(defaults[key])
+        raise AttributeError(f"config has no key {key!r}; keys here: {sorted(data)}")
 
     def __setattr__(self, key, value):
         raise AttributeError("Config is read-only; use -o overrides or apply_overrides()")
@@ -40,11 +60,9 @@ class Config:
         return key in self._data
 
     def get(self, key, default=None):
-        return self.__getattr__(key) if key in self._data else default
+        return self.__getattr__(key) if key in self._data or key in self._defaults else default
 
     def to_dict(self):
-        import copy
-
         return copy.deepcopy(self._data)
 
     def __repr__(self):
@@ -98,8 +116,28 @@ def _load_with_bases(path, _seen=()):
     merged = {}
     for b in bases:
         bpath = b if os.path.isabs(b) else os.path.join(os.path.dirname(path), b)
-        merged = _deep_merge(merged, _load_with_bases(bpath, _seen + (path,)))
-    return _deep_merge(merged, data)
+        merged = _merge_layer(merged, _load_with_bases(bpath, _seen + (path,)))
+    return _merge_layer(merged, data)
+
+
+def _model_name(data):
+    section = data.get("Model")
+    return section.get("name") if isinstance(section, dict) else None
+
+
+def _switches_model(base, new_name):
+    """True when ``new_name`` names another model than the Model section of ``base``."""
+    section = base.get("Model")
+    if new_name is None or not isinstance(section, dict) or not section:
+        return False
+    return new_name != section.get("name", SCHEMA["Model"]["name"].default)
+
+
+def _merge_layer(base, layer):
+    """``layer`` over ``base``; a layer naming another model drops the base's Model keys."""
+    if _switches_model(base, _model_name(layer)):
+        base = dict(base, Model={})
+    return _deep_merge(base, layer)
 
 
 # ---------------------------------------------------------------- overrides
@@ -132,8 +170,13 @@ def parse_override(text):
 
 
 def apply_overrides(data, overrides):
-    for text in overrides or []:
-        parts, value = parse_override(text)
+    """Apply ``-o`` texts to ``data`` in place: one layer, so an override naming another model
+    first drops the Model keys of the config's model (see the module docstring)."""
+    parsed = [parse_override(text) for text in overrides or []]
+    names = [value for parts, value in parsed if parts == ["Model", "name"]]
+    if names and _switches_model(data, names[-1]):
+        data["Model"] = {}
+    for parts, value in parsed:
         node = data
         for p in parts[:-1]:
             if not isinstance(node.get(p), dict):
@@ -227,24 +270,53 @@ def _validate_section(schema, data, path, source):
         elif spec.required:
             raise ConfigError(f"{source}: missing required key {kpath!r} ({spec.help or spec.type_name()})")
         else:
-            import copy
-
             out[key] = copy.deepcopy(spec.default)
     return out
 
 
+def _model_section(model, given, source):
+    """The validated Model section reduced to the keys its model reads (``given``: the keys
+    the config set); a given key the model does not read is an error."""
+    name = model["name"]
+    accepted = MODEL_KEYS[name]
+    unused = [k for k in given if k != "name" and k not in accepted]
+    if unused:
+        notes = []
+        for key in unused:
+            owners = [m for m, keys in MODEL_KEYS.items() if key in keys]
+            hint = difflib.get_close_matches(key, accepted, n=1)
+            notes.append(f"Model.{key} (a key of {', '.join(owners)}"
+                         f"{f'; did you mean {hint[0]!r}?' if hint else ''})")
+        raise ConfigError(
+            f"{source}: Model.name={name} does not use {', '.join(notes)}; {name} accepts "
+            f"{', '.join(sorted(accepted))}. Remove the key or choose the model it belongs to "
+            f"(a _base_ child or -o that changes Model.name starts a fresh Model section, so "
+            f"the other model's keys are not inherited)")
+    return {k: v for k, v in model.items() if k == "name" or k in accepted}
+
+
 def validate(data, source="<config>"):
-    return _validate_section(SCHEMA, data, "", source)
+    out = _validate_section(SCHEMA, data, "", source)
+    given = data.get("Model") or {}
+    out["Model"] = _model_section(out["Model"], given, source)
+    return out
+
+
+def _unused_model_defaults(name):
+    """Schema defaults of the Model keys model ``name`` does not read."""
+    return {k: copy.deepcopy(f.default) for k, f in SCHEMA["Model"].items()
+            if k != "name" and k not in MODEL_KEYS[name]}
 
 
 def load_config(path=None, overrides=None, data=None):
     """Read ``path`` (following ``_base_``), apply ``-o`` overrides, validate, return Config."""
     source = path or "<dict>"
-    raw = _load_with_bases(path) if path else dict(data or {})
+    raw = _load_with_bases(path) if path else copy.deepcopy(dict(data or {}))
     if overrides:
         source = f"{source} (with -o {' '.join(overrides)})"
         raw = apply_overrides(raw, overrides)
-    return Config(validate(raw, source))
+    resolved = validate(raw, source)
+    return Config(resolved, {"Model": _unused_model_defaults(resolved["Model"]["name"])})
 
 
 def save_config(cfg, path):

@@ -25,6 +25,27 @@ def ListOf(item_type, default=None, **kw):
     return Field(("list", item_type), default, **kw)
 
 
+# The Model keys each model reads besides ``name`` (one place: the config loader rejects a
+# key the chosen model does not read, naming the model and these keys; the model registry,
+# ppvarlen/models/__init__.py, hands each builder only these).  A new model adds its name
+# here, its builder to the registry, and any new key to SCHEMA["Model"].
+_TRANSFORMER_KEYS = ("hidden_size", "num_layers", "num_heads", "ffn_size", "dropout",
+                     "max_position")
+_NGRAM_KEYS = ("ngram_buckets", "ngram_orders", "ngram_dropout")
+_ERNIE_KEYS = ("pretrained_dir", "ernie_config", "dropout", "max_position", "init_from")
+MODEL_KEYS = {
+    "transformer_cls": _TRANSFORMER_KEYS + _NGRAM_KEYS + (
+        "pooling", "wide_buckets", "wide_orders", "wide_dropout", "wide_scale", "token_dropout",
+        "rdrop_alpha", "init_from"),
+    "rnn_cls": ("emb_size", "hidden_size", "num_layers", "cell", "dropout", "pooling",
+                "max_position", "init_from") + _NGRAM_KEYS,
+    "bigru_crf": ("emb_size", "hidden_size", "num_layers", "dropout", "max_position", "init_from"),
+    "ernie_cls": _ERNIE_KEYS,
+    "ernie_tagger": _ERNIE_KEYS,
+    "seq2seq": _TRANSFORMER_KEYS + ("num_decoder_layers", "max_len_a", "max_len_b", "beam_size",
+                                    "length_penalty"),
+}
+
 SCHEMA = {
     "Global": {
         "output_dir": Field(str, "output/run", help="where checkpoints, logs and metrics go"),
@@ -87,17 +108,19 @@ SCHEMA = {
                                   "(whitespace-separated units, e.g. pinyin syllables); "
                                   "null = like Data.tokenizer"),
     },
-    "Model": {
-        "name": Field(str, "transformer_cls",
-                      choices=["transformer_cls", "rnn_cls", "bigru_crf", "ernie_cls",
-                               "ernie_tagger", "seq2seq"]),
+    "Model": {  # one section for every model; MODEL_KEYS (below) says which keys each reads
+        "name": Field(str, "transformer_cls", choices=list(MODEL_KEYS),
+                      help="the model; a config or -o that changes it starts a fresh Model "
+                      "section (the other model's keys are not inherited)"),
         "hidden_size": Field(int, 128), "num_layers": Field(int, 2), "num_heads": Field(int, 4),
         "ffn_size": Field(int, 512), "dropout": Field(float, 0.1),
         "emb_size": Field(int, 128),
-        "max_position": Field(int, 512, help="size of the learned position table"),
+        "max_position": Field(int, 512, help="longest input in tokens: the size of the learned "
+                              "position table (transformer_cls, ernie_*, seq2seq); for the RNN "
+                              "models only the cap the export and server apply"),
         "pooling": Field(str, None, choices=["cls", "mean", "max", "last", "mean_max"],
                          help="null = the model's default: cls (transformer_cls), last (rnn_cls); "
-                         "ernie_cls always uses ERNIE's [CLS] pooler"),
+                         "ernie_cls has no such key: it always uses ERNIE's [CLS] pooler"),
         "cell": Field(str, "lstm", choices=["lstm", "gru"]),
         "pretrained_dir": Field(str, None, help="local ERNIE/BERT dir: config + weights + vocab"),
         "ernie_config": Field(dict, None, help="small ErnieConfig kwargs for random init"),

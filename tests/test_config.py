@@ -158,3 +158,104 @@ def test_every_shipped_config_loads_and_opens_with_its_command():
     assert found, "no configs shipped"
     with open(found[0], encoding="utf-8") as f:
         assert isinstance(yaml.safe_load(f), dict)
+
+
+# ---------------------------------------------------------------- Model section per model
+
+def test_a_key_the_model_does_not_use_is_an_error_naming_model_key_and_accepted_keys():
+    from ppvarlen.config_schema import MODEL_KEYS
+
+    with pytest.raises(ConfigError) as e:
+        load_config(data={"Model": {"name": "rnn_cls", "num_heads": 8, "wide_buckets": 16}})
+    msg = str(e.value)
+    assert "Model.name=rnn_cls does not use Model.num_heads (a key of transformer_cls, seq2seq" in msg
+    assert "Model.wide_buckets (a key of transformer_cls; did you mean 'ngram_buckets'?)" in msg
+    assert "rnn_cls accepts " + ", ".join(sorted(MODEL_KEYS["rnn_cls"])) in msg
+    with pytest.raises(ConfigError, match="Model.name=seq2seq does not use Model.init_from"):
+        load_config(data={"Model": {"name": "seq2seq", "init_from": "x.safetensors"}})
+    with pytest.raises(ConfigError, match="Model.name=ernie_cls does not use Model.pooling"):
+        load_config(data={"Model": {"name": "ernie_cls", "pooling": "mean"}})
+
+
+def test_unused_key_error_names_the_file_and_the_override(tmp_path):
+    path = write(tmp_path, "c.yaml", "Model:\n  name: bigru_crf\n  cell: gru\n")
+    with pytest.raises(ConfigError, match=f"{path}: Model.name=bigru_crf does not use Model.cell"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"\(with -o Model.beam_size=4\): Model.name=transformer_cls"):
+        load_config(data={}, overrides=["Model.beam_size=4"])
+
+
+def test_model_keys_cover_the_schema_and_the_registry():
+    from ppvarlen.config_schema import MODEL_KEYS, SCHEMA
+    from ppvarlen.models import MODEL_TASKS
+
+    model = SCHEMA["Model"]
+    assert set(MODEL_KEYS) == set(model["name"].choices) == set(MODEL_TASKS)
+    used = {k for keys in MODEL_KEYS.values() for k in keys}
+    assert used <= set(model) - {"name"}
+    assert set(model) - {"name"} <= used, "a Model key no model reads"
+    for name, keys in MODEL_KEYS.items():
+        assert len(set(keys)) == len(keys), name
+
+
+def test_a_child_config_naming_another_model_starts_a_fresh_model_section(tmp_path):
+    write(tmp_path, "base.yaml", """
+        Data: {max_len: 100}
+        Model: {name: transformer_cls, hidden_size: 64, num_heads: 2, pooling: mean}
+        """)
+    other = write(tmp_path, "other.yaml", """
+        _base_: base.yaml
+        Model: {name: rnn_cls, cell: gru}
+        """)
+    same = write(tmp_path, "same.yaml", """
+        _base_: base.yaml
+        Model: {name: transformer_cls, num_heads: 4}
+        """)
+    cfg = load_config(other)
+    assert cfg.Data.max_len == 100  # the other sections still inherit
+    assert cfg.Model.to_dict()["hidden_size"] == 128 and cfg.Model.pooling is None  # defaults
+    assert cfg.Model.cell == "gru"
+    cfg = load_config(same)
+    assert (cfg.Model.hidden_size, cfg.Model.num_heads, cfg.Model.pooling) == (64, 4, "mean")
+
+
+def test_an_override_naming_another_model_starts_a_fresh_model_section(tmp_path):
+    path = write(tmp_path, "c.yaml", "Model: {name: transformer_cls, hidden_size: 64, num_heads: 2}\n")
+    cfg = load_config(path, ["Model.name=rnn_cls", "Model.emb_size=16"])
+    assert (cfg.Model.name, cfg.Model.hidden_size, cfg.Model.emb_size) == ("rnn_cls", 128, 16)
+    # the -o layer is one layer: the order of its keys does not matter
+    cfg = load_config(path, ["Model.emb_size=16", "Model.name=rnn_cls"])
+    assert (cfg.Model.name, cfg.Model.emb_size) == ("rnn_cls", 16)
+    cfg = load_config(path, ["Model.name=transformer_cls", "Model.num_heads=4"])
+    assert (cfg.Model.hidden_size, cfg.Model.num_heads) == (64, 4)  # same model: merged
+    with pytest.raises(ConfigError, match="rnn_cls does not use Model.num_heads"):
+        load_config(path, ["Model.name=rnn_cls", "Model.num_heads=4"])
+
+
+def test_unused_keys_read_as_defaults_and_are_not_saved(tmp_path):
+    from ppvarlen.config_schema import MODEL_KEYS, SCHEMA
+
+    for name, keys in MODEL_KEYS.items():
+        cfg = load_config(data={"Model": {"name": name}})
+        assert set(cfg.Model.to_dict()) == {"name", *keys}
+        for key in set(SCHEMA["Model"]) - {"name", *keys}:
+            assert key not in cfg.Model and getattr(cfg.Model, key) == SCHEMA["Model"][key].default
+        out = tmp_path / f"{name}.yaml"
+        save_config(cfg, str(out))
+        assert set(yaml.safe_load(out.read_text(encoding="utf-8"))["Model"]) == {"name", *keys}
+        assert load_config(str(out)).to_dict() == cfg.to_dict()
+    assert load_config(data={"Model": {"name": "rnn_cls"}}).Model.get("rdrop_alpha") == 0.0
+    with pytest.raises(AttributeError, match="no key 'nope'"):
+        load_config(data={}).Model.nope
+
+
+def test_config_errors_do_not_import_paddle():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom ppvarlen.config import ConfigError, load_config\n"
+            "try:\n    load_config(data={'Model': {'name': 'bigru_crf', 'num_heads': 2}})\n"
+            "except ConfigError as e:\n    print('ERR', 'num_heads' in str(e))\n"
+            "import ppvarlen.models\nprint('PADDLE', 'paddle' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.split() == ["ERR", "True", "PADDLE", "False"], r.stderr

@@ -5,8 +5,10 @@ import json
 import os
 
 import pytest
+import yaml
 
 from ppvarlen.config import load_config
+from ppvarlen.config_schema import MODEL_KEYS, SCHEMA
 from ppvarlen.engine import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,3 +37,31 @@ def test_config_runs_with_public_keys(path, tmp_path):
 def test_all_engine_configs_are_listed():
     shipped = {os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "configs", "*", "*.yaml"))}
     assert shipped <= set(CONFIGS) | set(OTHER_TOOL_CONFIGS), shipped - set(CONFIGS) - set(OTHER_TOOL_CONFIGS)
+
+
+@pytest.mark.parametrize("path", CONFIGS + OTHER_TOOL_CONFIGS)
+def test_shipped_config_builds_its_model_from_its_own_keys(path):
+    """Loading rejects any Model key the model does not read; building shows it reads them."""
+    from ppvarlen.models import MODEL_TASKS, build_model
+
+    cfg = load_config(os.path.join(REPO, path))
+    name = cfg.Model.name
+    assert set(cfg.Model.to_dict()) == {"name", *MODEL_KEYS[name]}
+    task = MODEL_TASKS[name]
+    model = build_model(cfg.Model, 64, 0 if task == "seq2seq" else 3, 0, task)
+    assert sum(p.size for p in model.parameters()) > 0
+
+
+def test_configs_of_another_model_than_their_base_do_not_inherit_its_model_keys():
+    # bilstm.yaml and ernie_tiny.yaml take Data/Optimizer/Train from transformer.yaml, not Model
+    base = load_config(os.path.join(REPO, "configs/sentiment/transformer.yaml"))
+    for path in ("configs/sentiment/bilstm.yaml", "configs/sentiment/ernie_tiny.yaml"):
+        with open(os.path.join(REPO, path), encoding="utf-8") as f:
+            own = yaml.safe_load(f)["Model"]
+        cfg = load_config(os.path.join(REPO, path))
+        assert cfg.Data.to_dict() == base.Data.to_dict()
+        given = {k: v for k, v in cfg.Model.to_dict().items() if k in own}
+        assert given == own
+        # every other key is the schema default, not transformer.yaml's value
+        assert all(v == SCHEMA["Model"][k].default
+                   for k, v in cfg.Model.to_dict().items() if k not in own), path

@@ -4,10 +4,11 @@ Every model: ``forward(self, input_ids, seq_len, labels=None)`` with masks
 built inside from ``seq_len`` (see docs/DESIGN.md "Models").  Model modules are
 imported when chosen, so building a GRU tagger does not import PaddleNLP.
 """
+import copy
 import importlib
 
 from ..config import Config, ConfigError
-from ..config_schema import SCHEMA
+from ..config_schema import MODEL_KEYS, SCHEMA
 
 # Model.name -> (module, task it serves)
 MODEL_TASKS = {
@@ -41,13 +42,23 @@ def _check_task(name, task):
 
 
 def _resolve(model_cfg):
-    """Schema defaults + the given keys, as a plain dict (accepts a Config or a dict)."""
+    """The keys the chosen model reads (``MODEL_KEYS``): schema defaults + the given values,
+    as a plain dict, so a builder cannot read a key its model does not declare.
+
+    A Config was checked at load time (a key the model does not use is an error there);
+    a plain dict may also carry other models' keys (tests share one size dict), which
+    are left out here.  Unknown keys are an error either way.
+    """
     given = model_cfg.to_dict() if isinstance(model_cfg, Config) else dict(model_cfg or {})
     unknown = sorted(set(given) - set(SCHEMA["Model"]))
     if unknown:
         raise ConfigError(f"Model: unknown key(s) {unknown}; valid keys: {sorted(SCHEMA['Model'])}")
-    resolved = {k: field.default for k, field in SCHEMA["Model"].items()}
-    resolved.update(given)
+    name = given.get("name", SCHEMA["Model"]["name"].default)
+    if name not in MODEL_KEYS:
+        raise ConfigError(f"Model.name={name!r} is not one of {sorted(MODEL_KEYS)}")
+    keys = ("name",) + MODEL_KEYS[name]
+    resolved = {k: copy.deepcopy(SCHEMA["Model"][k].default) for k in keys}
+    resolved.update((k, v) for k, v in given.items() if k in keys)
     return resolved
 
 

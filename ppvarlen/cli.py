@@ -1,0 +1,363 @@
+"""The command-line entry points, with one argument style and one error policy.
+
+Each ``main_*`` function is a console script (setup.py) and the ``main`` of a PaddleClas-style
+shim (``tools/*.py``, ``deploy/python/*.py``); it takes ``argv`` and returns the exit code.
+
+Error policy (``_run``): the typed errors a user can fix -- ``ConfigError``, ``DataError``
+and the serving side's ``ExportError`` (an export directory that cannot be served) -- print
+one paragraph on stderr and exit 2; ``ppvarlen.export.ExportError`` (an export that failed
+its parity check; the old export is kept) exits 1.  Anything else is a bug and keeps its
+traceback.  Paddle is imported inside the commands, so ``--help`` and config errors are
+instant.
+"""
+import argparse
+import inspect
+import json
+import os
+import sys
+
+from .config import ConfigError, add_config_args, load_config, parse_override
+from .data.errors import DataError
+from .deploy.manifest import ExportError as UnservableExport
+from .export.errors import ExportError as ExportFailed
+
+# (typed error, exit code, what the message starts with); the first match wins
+ERROR_POLICY = (
+    (ExportFailed, 1, "export failed"),
+    (ConfigError, 2, "error"),
+    (DataError, 2, "error"),
+    (UnservableExport, 2, "error"),
+)
+USER_ERRORS = tuple(cls for cls, _, _ in ERROR_POLICY)
+
+
+def _run(parser, argv, command):
+    """Parse ``argv`` and run ``command(args)`` under the error policy -> exit code."""
+    args = parser.parse_args(argv)
+    try:
+        return command(args)
+    except USER_ERRORS as e:
+        code, what = next((c, w) for cls, c, w in ERROR_POLICY if isinstance(e, cls))
+        paragraph = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        print(f"{parser.prog}: {what}: {paragraph}", file=sys.stderr)
+        return code
+
+
+def _parser(main, config=True):
+    """An argument parser whose help is ``main``'s docstring; ``-c``/``-o`` when ``config``."""
+    parser = argparse.ArgumentParser(description=inspect.getdoc(main),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    return add_config_args(parser) if config else parser
+
+
+def _positive(kind):
+    def parse(text):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+    return parse
+
+
+def _csv(text):
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _checkpoint_dir(path):
+    """Fail on a path that is not a checkpoint before the slow model and data loading."""
+    if not os.path.isfile(os.path.join(path, "meta.json")):
+        raise ConfigError(f"--checkpoint {path}: not a checkpoint directory (no meta.json); "
+                          f"pass e.g. output/run/best")
+    return path
+
+
+def _deploy_overrides(overrides, command):
+    """``-o`` texts of the serving commands: Deploy.KEY=VALUE only, checked like a config."""
+    bad = [o for o in overrides if not o.startswith("Deploy.") or "=" not in o]
+    if bad:
+        raise ConfigError(f"{command} takes only Deploy.KEY=VALUE overrides, got {bad}")
+    return load_config(overrides=overrides)
+
+
+def _print_json(obj):
+    print(json.dumps(obj, indent=2, ensure_ascii=False))
+
+
+# ---------------------------------------------------------------- training side
+
+def main_train(argv=None):
+    """Train a model from a config.
+
+        ppvarlen-train -c configs/sentiment/transformer.yaml [-o Section.key=value ...]
+        python tools/train.py -c CONFIG ...                        # the same command
+        python -m paddle.distributed.launch --nproc_per_node 2 tools/train.py -c CONFIG   # data-parallel
+
+    Writes Global.output_dir: config.yaml, train_log.jsonl, metrics.json, curves.png,
+    ckpt-N/ (+ last -> newest), best/.  Ctrl-C saves a checkpoint; continue with
+    -o Train.resume=auto.
+    """
+    return _run(_parser(main_train), argv, _train)
+
+
+def _train(args):
+    cfg = load_config(args.config, args.override)
+    from .engine import train
+
+    result = train(cfg)
+    if result.get("interrupted"):
+        print(f"interrupted at step {result['step']}; checkpoint saved, resume with "
+              f"-o Train.resume=auto", file=sys.stderr)
+        return 130
+    if os.environ.get("PADDLE_TRAINER_ID", "0") != "0":
+        return 0  # data-parallel: rank 0 reports
+    _print_json({k: result[k] for k in ("best_step", "dev", "test", "train_time_s")})
+    return 0
+
+
+def main_pretrain(argv=None):
+    """Masked-character pretraining of the transformer_cls encoder (warm start for classifiers).
+
+        ppvarlen-pretrain -c configs/sentiment/pretrain_mlm.yaml [-o Section.key=value ...]
+        python tools/pretrain.py -c CONFIG ...                     # the same command
+
+    The same as ppvarlen-train with Train.task=masked_lm (the Trainer: resume, AMP,
+    distributed, checkpoints).  Trains on the TRAIN split of Data.corpus (+
+    Pretrain.extra_corpora); writes Global.output_dir/encoder.safetensors and vocab.txt
+    besides the usual checkpoints, train_log.jsonl and metrics.json.  A classifier then
+    starts from it with -o Model.init_from=<output_dir>/encoder.safetensors (same Model and
+    Data sections).
+    """
+    return _run(_parser(main_pretrain), argv, _pretrain)
+
+
+def _pretrain(args):
+    cfg = load_config(args.config, list(args.override) + ["Train.task=masked_lm"])
+    from .engine import train
+
+    _print_json(train(cfg))
+    return 0
+
+
+def main_eval(argv=None):
+    """Evaluate a checkpoint on a split.
+
+        ppvarlen-eval -c output/run/config.yaml --checkpoint output/run/best [--split test]
+        python tools/eval.py -c CONFIG --checkpoint DIR ...        # the same command
+
+    The model, vocabulary and label names come from the checkpoint; the data
+    options (corpus, files, max_len, long_text) from the config.
+    """
+    parser = _parser(main_eval)
+    parser.add_argument("--checkpoint", required=True, help="checkpoint dir, e.g. output/run/best")
+    parser.add_argument("--split", default="test", choices=["train", "dev", "test"])
+    return _run(parser, argv, _eval)
+
+
+def _eval(args):
+    cfg = load_config(args.config, args.override)
+    checkpoint = _checkpoint_dir(args.checkpoint)
+    from .engine import evaluate_checkpoint
+
+    _print_json(evaluate_checkpoint(cfg, checkpoint, args.split))
+    return 0
+
+
+def main_export(argv=None):
+    """Export a trained checkpoint for serving: Paddle Inference + ONNX, precisions, parity report.
+
+        ppvarlen-export -c configs/sentiment/transformer.yaml \\
+            --checkpoint output/sentiment_transformer/best --output output/export/sentiment_transformer \\
+            [--format paddle,onnx] [--precision fp32,bf16,fp16] [--verify | --no-verify]
+        python tools/export.py ...                                 # the same command
+
+    Writes OUTPUT/ (atomically): manifest.json, vocab.txt, encoder.json, paddle/model.json +
+    model.pdiparams, onnx/model.onnx (+ model_fp16.onnx, crf_transitions.npy), parity.json.
+    Seq2seq: paddle/model.json holds the whole greedy loop; onnx/encoder.onnx + decoder_step.onnx;
+    --verify then requires greedy outputs identical to the eager model (fp32 only).
+    --verify compares every backend with the eager model on a shape grid and the test split and
+    fails (exit 1, old export kept) if fp32 differs by > 1e-4 or any argmax differs, or bf16/fp16
+    agree on < 99.5% of the test split.  Defaults come from the config's Export section.
+    """
+    parser = _parser(main_export)
+    parser.add_argument("--checkpoint", required=True, help="checkpoint dir, e.g. OUTPUT_DIR/best")
+    parser.add_argument("--output", required=True, help="export directory to write")
+    parser.add_argument("--format", type=_csv, help="paddle,onnx (default: Export.format)")
+    parser.add_argument("--precision", type=_csv, help="fp32,bf16,fp16 (default: Export.precision)")
+    parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
+                        help="run the parity report (default: Export.verify)")
+    return _run(parser, argv, _export)
+
+
+def _export(args):
+    cfg = load_config(args.config, args.override)
+    from .export.exporter import check_request, export_checkpoint
+    from .utils.log import setup_logging
+
+    setup_logging()
+    # a bad request fails before the checkpoint is even looked at
+    check_request(args.format or cfg.Export.format, args.precision or cfg.Export.precision)
+    manifest = export_checkpoint(_checkpoint_dir(args.checkpoint), args.output, cfg, args.format,
+                                 args.precision, args.verify)
+    print(f"exported {manifest['model_name']} to {args.output}: backends "
+          f"{sorted(manifest['backends'])}, precisions {manifest['precisions']}")
+    return 0
+
+
+def main_lengths(argv=None):
+    """Length profile of a split and the padding efficiency of each batching strategy.
+
+        ppvarlen-lengths -c configs/sentiment/transformer.yaml [--split train]
+            [--json OUT.json] [--png OUT.png] [-o Data.max_len=512 ...]
+        python tools/analyze_lengths.py -c CONFIG ...              # the same command
+
+    Prints the length table (count, min, mean, p50-p99, max, share over max_len) and,
+    side by side, one simulated epoch of: pad-to-max_len, random batches with dynamic
+    padding, group_by_length megabatches, quantile and optimal buckets (padded to the
+    boundary), token budget with pools of --pool-sizes batches, and fairseq-style
+    global sorting: padding efficiency, number of batches, max tokens per batch.
+    --png writes the histogram + CDF; --json the report (strategies.<name>.padding_efficiency).
+    """
+    parser = _parser(main_lengths)
+    parser.add_argument("--split", default="train", choices=["train", "dev", "test"])
+    parser.add_argument("--json", metavar="OUT", help="write the report as JSON")
+    parser.add_argument("--png", metavar="OUT", help="write the length histogram + CDF")
+    parser.add_argument("--batch-size", type=_positive(int), default=32,
+                        help="examples per batch for the fixed-size strategies (default 32)")
+    parser.add_argument("--pool-sizes", type=_positive(int), nargs="+", default=[50, 100, 200],
+                        help="token-budget pool sizes in batches (default 50 100 200)")
+    return _run(parser, argv, _lengths)
+
+
+def _lengths(args):
+    cfg = load_config(args.config, args.override)
+    from .data.report import analyze_lengths, format_report
+    from .utils.io import atomic_write_json
+    from .utils.log import setup_logging
+
+    setup_logging(cfg.Global.log_level)
+    report = analyze_lengths(cfg, args.split, args.png, args.batch_size, args.pool_sizes)
+    print(format_report(report))
+    if args.json:
+        atomic_write_json(args.json, report)
+        print(f"wrote {args.json}")
+    if args.png:
+        print(f"wrote {args.png}")
+    return 0
+
+
+# ---------------------------------------------------------------- serving side
+
+def main_infer(argv=None):
+    """Predict every line of a file with an exported model; JSONL out, in input order.
+
+        ppvarlen-infer --model-dir output/export --backend paddle|onnx \\
+            --input texts.txt|texts.jsonl [--output preds.jsonl] [--precision fp32|bf16|fp16]
+        python deploy/python/infer.py ...                          # the same command
+
+    Bad lines are reported with their line number (and written as {"line", "error"}
+    records); the other lines are still predicted; the exit code is 1 if any line failed.
+    """
+    parser = _parser(main_infer, config=False)
+    parser.add_argument("--model-dir", required=True, help="export directory (has manifest.json)")
+    parser.add_argument("--backend", choices=["paddle", "onnx"], default="paddle")
+    parser.add_argument("--input", required=True, help=".txt (a text per line) or .jsonl")
+    parser.add_argument("--output", default=None, help="JSONL predictions (default: stdout)")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    parser.add_argument("--tensorrt", action="store_true", help="paddle on GPU: TensorRT")
+    parser.add_argument("--threads", type=_positive(int), default=1,
+                        help="CPU math threads (1 was fastest on 2 shared cores)")
+    parser.add_argument("--max-batch-tokens", type=_positive(int), default=8192,
+                        help="token budget per batch, padding counted")
+    parser.add_argument("--max-batch-size", type=_positive(int), default=64)
+    parser.add_argument("--split-long-sources", action="store_true",
+                        help="seq2seq: cut a source longer than the export's max_len after clause "
+                        "punctuation, decode the pieces and join them")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return _run(parser, argv, _infer)
+
+
+def _infer(args):
+    from .deploy.infer import run_file
+    from .deploy.predictor import Predictor
+
+    predictor = Predictor(args.model_dir, args.backend, device=args.device,
+                          precision=args.precision, threads=args.threads,
+                          max_batch_tokens=args.max_batch_tokens,
+                          max_batch_size=args.max_batch_size, tensorrt=args.tensorrt,
+                          split_long_sources=args.split_long_sources)
+    summary = run_file(predictor, args.input, args.output, progress=not args.no_progress)
+    print(json.dumps(summary, ensure_ascii=False), file=sys.stderr)
+    return 1 if summary["failed"] else 0
+
+
+def main_serve(argv=None):
+    """Serve an export directory over HTTP with dynamic batching.
+
+        ppvarlen-serve --model-dir output/export [--host 127.0.0.1] [--port 8080]
+            [--backend paddle|onnx] [-o Deploy.max_wait_ms=5 -o Deploy.max_batch_size=64 ...]
+        python deploy/python/serve.py ...                          # the same command
+
+    POST /predict {"texts": [...]}, GET /health, GET /metrics.  Ctrl-C / SIGTERM stop
+    taking requests and finish the queued ones before exiting.
+    """
+    parser = _parser(main_serve, config=False)
+    parser.add_argument("--model-dir", required=True, help="export directory (has manifest.json)")
+    parser.add_argument("--backend", choices=["paddle", "onnx"], default=None,
+                        help="default: Deploy.backend (paddle)")
+    parser.add_argument("--host", default=None, help="default: Deploy.host (127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="default: Deploy.port (8080)")
+    parser.add_argument("-o", "--override", action="append", default=[], metavar="Deploy.KEY=V",
+                        help="override a Deploy setting, e.g. -o Deploy.max_wait_ms=2")
+    return _run(parser, argv, _serve)
+
+
+def _serve(args):
+    from .utils.log import setup_logging
+
+    setup_logging()
+    cfg = _deploy_overrides(args.override, "serve")
+    from .deploy.server import serve
+
+    serve(args.model_dir, cfg.Deploy, args.host, args.port, args.backend)
+    return 0
+
+
+def main_bench(argv=None):
+    """Load-test the HTTP server: dynamic batching on vs off (max_batch_size=1) in one run.
+
+        ppvarlen-bench --model-dir output/export [--backend paddle|onnx]
+            [--concurrency 16] [--requests 2000] [--duration 30] [--output-dir output/bench]
+            [-o Deploy.threads=1 ...]   (server settings for both runs)
+        python deploy/python/bench_client.py ...                   # the same command
+
+    Starts serve.py itself on free 127.0.0.1 ports (one per setting), drives it with
+    concurrent clients sending texts from the test split of the export's task (sentiment
+    reviews, or g2p sources for a seq2seq export), and writes
+    bench.json + bench.png (QPS, P50/P95/P99 latency, errors, batch size, padding).
+    """
+    parser = _parser(main_bench, config=False)
+    parser.add_argument("--model-dir", required=True, help="export directory (has manifest.json)")
+    parser.add_argument("--backend", choices=["paddle", "onnx"], default="paddle")
+    parser.add_argument("--concurrency", type=_positive(int), default=16, help="concurrent clients")
+    parser.add_argument("--requests", type=_positive(int), default=2000,
+                        help="max requests per setting")
+    parser.add_argument("--duration", type=_positive(float), default=30.0,
+                        help="max seconds per setting")
+    parser.add_argument("--output-dir", default="output/bench")
+    parser.add_argument("-o", "--override", action="append", default=[], metavar="Deploy.KEY=V",
+                        help="a server setting for both runs, e.g. -o Deploy.threads=1")
+    return _run(parser, argv, _bench)
+
+
+def _bench(args):
+    from .deploy.bench import run_benchmark
+    from .utils.log import setup_logging
+
+    setup_logging()
+    _deploy_overrides(args.override, "bench")  # unknown key / bad value: fail here, not in the server
+    # forwarded verbatim to the server's -o, which parses them the same way
+    common = {parse_override(o)[0][1]: o.split("=", 1)[1] for o in args.override}
+    _print_json(run_benchmark(args.model_dir, args.output_dir, args.backend, args.concurrency,
+                              args.requests, args.duration, common_overrides=common))
+    return 0

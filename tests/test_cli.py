@@ -1,0 +1,186 @@
+"""ppvarlen/cli.py: the console scripts, their shims and the one error policy."""
+import ast
+import glob
+import importlib
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ppvarlen import cli
+from ppvarlen.config import ConfigError
+from ppvarlen.data.errors import DataError
+from ppvarlen.deploy.manifest import ExportError as UnservableExport
+from ppvarlen.export.errors import ExportError as ExportFailed
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMANDS = {"train", "eval", "export", "lengths", "pretrain", "infer", "serve", "bench"}
+# shim -> the console script it is the same command as
+SHIMS = {"tools/train.py": "train", "tools/eval.py": "eval", "tools/export.py": "export",
+         "tools/analyze_lengths.py": "lengths", "tools/pretrain.py": "pretrain",
+         "deploy/python/infer.py": "infer", "deploy/python/serve.py": "serve",
+         "deploy/python/bench_client.py": "bench"}
+# tools/quickstart.py is not a command of its own: it runs the shims above by path, as a user would
+NOT_SHIMS = {"tools/quickstart.py"}
+
+
+def console_scripts():
+    """name -> "module:function", read from setup.py without running it."""
+    tree = ast.parse(open(os.path.join(REPO, "setup.py"), encoding="utf-8").read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "CONSOLE_SCRIPTS":
+            return dict(item.split("=", 1) for item in ast.literal_eval(node.value))
+    raise AssertionError("setup.py has no CONSOLE_SCRIPTS list")
+
+
+def test_every_console_script_is_declared_and_resolves_to_a_callable():
+    scripts = console_scripts()
+    assert set(scripts) == {f"ppvarlen-{c}" for c in COMMANDS}
+    setup_text = open(os.path.join(REPO, "setup.py"), encoding="utf-8").read()
+    assert 'entry_points={"console_scripts": CONSOLE_SCRIPTS}' in setup_text
+    for name, target in scripts.items():
+        module, func = target.split(":")
+        assert callable(getattr(importlib.import_module(module), func)), name
+        assert func == f"main_{name.removeprefix('ppvarlen-')}"
+
+
+def test_shipped_scripts_are_shims_over_the_cli():
+    shipped = {os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "tools", "*.py"))
+               + glob.glob(os.path.join(REPO, "deploy", "python", "*.py"))}
+    assert shipped == set(SHIMS) | NOT_SHIMS
+    for path, command in SHIMS.items():
+        text = open(os.path.join(REPO, path), encoding="utf-8").read()
+        assert f"from ppvarlen.cli import main_{command} as main" in text, path
+        code = [line for line in text.split('"""', 2)[2].splitlines() if line.strip()]
+        assert len(code) <= 10, f"{path} is a shim: the logic belongs in ppvarlen/cli.py"
+
+
+def test_help_of_every_command_is_fast_and_paddle_free():
+    code = ("import sys, time\nfrom ppvarlen import cli\nfor c in sys.argv[1:]:\n"
+            "    t = time.perf_counter()\n    try:\n        getattr(cli, 'main_' + c)(['--help'])\n"
+            "    except SystemExit as e:\n        assert e.code == 0, (c, e.code)\n"
+            "    print('TIME', c, time.perf_counter() - t, file=sys.stderr)\n"
+            "print('PADDLE', 'paddle' in sys.modules, file=sys.stderr)\n")
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", code, *sorted(COMMANDS)], capture_output=True,
+                       text=True, timeout=60)
+    elapsed = time.perf_counter() - t0
+    assert r.returncode == 0, r.stderr
+    assert "PADDLE False" in r.stderr
+    assert r.stdout.count("usage: ") == len(COMMANDS)
+    for c in COMMANDS:  # each help shows its console script's usage line
+        assert f"ppvarlen-{c} " in r.stdout, c
+    assert elapsed < 20, f"--help of all commands took {elapsed:.1f}s"
+
+
+@pytest.mark.parametrize("path", sorted(SHIMS))
+def test_shim_help_runs(path):
+    r = subprocess.run([sys.executable, os.path.join(REPO, path), "-h"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"usage: {os.path.basename(path)}")
+
+
+def test_shim_without_the_package_says_how_to_install_it(tmp_path):
+    """-S: no site-packages, so neither the editable install nor PYTHONPATH's ppvarlen."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for path in SHIMS:
+        r = subprocess.run([sys.executable, "-S", os.path.join(REPO, path), "-h"], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1, (path, r.stderr)
+        assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr, r.stderr
+        assert "`pip install -e .`" in r.stderr and "No module named 'ppvarlen'" in r.stderr
+
+
+def _bad_config(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("Model:\n  name: rnn_cls\n  num_heads: 4\n", encoding="utf-8")
+    return str(bad)
+
+
+@pytest.mark.parametrize("command, extra", [
+    ("train", []), ("pretrain", []), ("lengths", []),
+    ("eval", ["--checkpoint", "x"]), ("export", ["--checkpoint", "x", "--output", "y"]),
+])
+def test_config_error_is_one_paragraph_and_exit_2(command, extra, tmp_path, capsys):
+    rc = getattr(cli, f"main_{command}")(["-c", _bad_config(tmp_path), *extra])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and "Traceback" not in err  # one paragraph
+    assert "Model.name=rnn_cls does not use Model.num_heads" in err and "accepts" in err
+
+
+def test_config_error_through_a_shim_has_no_traceback(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(REPO, "tools", "train.py"), "-c",
+                        _bad_config(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("train.py: error: ") and "num_heads" in r.stderr
+
+
+@pytest.mark.parametrize("error, code, prefix", [
+    (ConfigError("bad key"), 2, "error"), (DataError("f.jsonl:3: bad line"), 2, "error"),
+    (UnservableExport("manifest.json is missing"), 2, "error"),
+    (ExportFailed("parity check failed"), 1, "export failed"),
+])
+def test_typed_errors_follow_the_policy(error, code, prefix, tmp_path, capsys, monkeypatch):
+    import ppvarlen.data.report as report
+
+    def fail(*args):
+        raise error
+
+    monkeypatch.setattr(report, "analyze_lengths", fail)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("Data: {corpus: sentiment}\n", encoding="utf-8")
+    assert cli.main_lengths(["-c", str(cfg)]) == code
+    assert capsys.readouterr().err == f"{os.path.basename(sys.argv[0])}: {prefix}: {error}\n"
+
+
+@pytest.mark.parametrize("error", [ValueError("a bug"), KeyError("a bug"), RuntimeError("a bug")])
+def test_other_exceptions_propagate(error, tmp_path, monkeypatch):
+    import ppvarlen.data.report as report
+
+    def fail(*args):
+        raise error
+
+    monkeypatch.setattr(report, "analyze_lengths", fail)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("Data: {corpus: sentiment}\n", encoding="utf-8")
+    with pytest.raises(type(error)):
+        cli.main_lengths(["-c", str(cfg)])
+
+
+def test_a_bug_keeps_its_traceback_in_a_real_process(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("Data: {corpus: sentiment}\n", encoding="utf-8")
+    code = ("import sys\nimport ppvarlen.data.report as r\nfrom ppvarlen import cli\n"
+            "def boom(*a):\n    raise ValueError('deliberate bug')\n"
+            "r.analyze_lengths = boom\nsys.exit(cli.main_lengths(['-c', sys.argv[1]]))\n")
+    r = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1
+    assert "Traceback" in r.stderr and "ValueError: deliberate bug" in r.stderr
+
+
+def test_missing_checkpoint_fails_before_loading(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("Data: {corpus: sentiment}\n", encoding="utf-8")
+    assert cli.main_eval(["-c", str(cfg), "--checkpoint", str(tmp_path / "nope")]) == 2
+    assert "not a checkpoint directory (no meta.json)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["serve", "bench"])
+def test_serving_commands_take_only_deploy_overrides(command, tmp_path, capsys):
+    main = getattr(cli, f"main_{command}")
+    assert main(["--model-dir", str(tmp_path), "-o", "Train.epochs=3"]) == 2
+    assert "only Deploy.KEY=VALUE overrides" in capsys.readouterr().err
+    assert main(["--model-dir", str(tmp_path), "-o", "Deploy.max_wait_mss=1"]) == 2
+    assert "did you mean 'max_wait_ms'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--batch-size", "0"], ["--pool-sizes", "10", "-1"]])
+def test_non_positive_sizes_are_usage_errors(argv, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main_lengths(["-c", str(tmp_path / "c.yaml"), *argv])
+    assert e.value.code == 2 and "must be positive" in capsys.readouterr().err
