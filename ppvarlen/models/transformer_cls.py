@@ -15,7 +15,7 @@ token embedding; they read only preceding positions and are masked the same way.
 ``wide_buckets > 0`` adds a linear "wide" head over hashed char n-grams
 (``ngram.WideNgramHead``, fastText / TF-IDF-LR style) whose logits are added
 to the encoder's: the linear n-gram model and the deep model are trained jointly.
-``encode`` (embeddings + encoder) is shared with MLM pretraining (engine/pretrain.py).
+``encode`` (embeddings + encoder) is shared with MLM pretraining (models/masked_lm.py).
 Regularisers (training only, identity in eval/export): ``token_dropout`` drops
 whole character embeddings; ``rdrop_alpha > 0`` adds R-Drop to the model's own
 loss (a second dropout pass + symmetric KL between the two).
