@@ -341,3 +341,19 @@ def test_data_package_has_no_import_cycle():
     for m in sorted(graph):
         if m not in state:
             visit(m, [m])
+
+
+def test_no_task_name_comparisons_in_data_readers():
+    """Corpora, readers and metrics dispatch on tables keyed by task / scheme, not on
+    ``task == "..."`` branches (issue 13)."""
+    import re
+
+    rx = re.compile(r"task\s*[!=]=|[!=]=\s*[\"'](classification|tagging|seq2seq)[\"']")
+    paths = [os.path.join("ppvarlen", "data", "corpora", f)
+             for f in os.listdir(os.path.join(REPO, "ppvarlen", "data", "corpora")) if f.endswith(".py")]
+    paths += [os.path.join("ppvarlen", "data", f) for f in ("readers.py", "g2p.py", "tagschemes.py")]
+    paths.append(os.path.join("ppvarlen", "engine", "metrics.py"))
+    hits = [f"{p}:{i}: {line.strip()}" for p in paths
+            for i, line in enumerate(open(os.path.join(REPO, p), encoding="utf-8"), 1)
+            if rx.search(line)]
+    assert not hits, "\n".join(hits)

@@ -13,6 +13,7 @@ an ill-formed sequence is read, not rejected -- an I/E/M that does not continue 
 its type (after O, after E/S, after another type) starts a new chunk, and a chunk ends
 where the next tag cannot continue it.  For BIO these are exactly conlleval's rules.
 """
+import functools
 from dataclasses import dataclass
 
 SCHEMES = ("bio", "bioes", "bmes", "plain")
@@ -180,12 +181,9 @@ def chunks(tags, scheme):
     out, start = [], None
     prev, prev_type = OUTSIDE, ""
     for i, tag in enumerate([*tags, OUTSIDE]):
-        if not fits(tag, scheme):
-            raise ValueError(f"not a {scheme.upper()} tag: {tag!r}; expected "
-                             f"{expected_tags(scheme)}")
-        cur, cur_type = split_tag(tag)
-        if cur == "M":
-            cur = "I"  # BMES is BIOES with M for I
+        cur, cur_type = _chunk_tag(tag, scheme)
+        if cur == prev == OUTSIDE:
+            continue  # nothing ends or starts between two O (most tokens of NER data)
         if start is not None and _ends(prev, prev_type, cur, cur_type):
             out.append((prev_type, start, i))
             start = None
@@ -193,3 +191,13 @@ def chunks(tags, scheme):
             start = i
         prev, prev_type = cur, cur_type
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _chunk_tag(tag, scheme):
+    """(prefix, type) of a tag of a chunk scheme, with BMES's M read as I (cached: evaluation
+    calls this for every token)."""
+    if not fits(tag, scheme):
+        raise ValueError(f"not a {scheme.upper()} tag: {tag!r}; expected {expected_tags(scheme)}")
+    prefix, etype = split_tag(tag)
+    return ("I" if prefix == "M" else prefix), etype  # BMES is BIOES with M for I
