@@ -35,10 +35,12 @@ BAD_REASONS = ["empty text", "wrong type", "missing", "not UTF-8", "not valid JS
 
 @pytest.fixture(scope="module")
 def cluster():
-    # Workers import this worktree's ppvarlen whatever the caller's PYTHONPATH.
-    path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    # Workers (started by this process's raylet, with its environment) import this
+    # checkout's ppvarlen whatever the caller's PYTHONPATH.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH"))
+                                                if p))
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield
     serve.shutdown()

@@ -13,7 +13,8 @@ efficiency reached).  The driver streams the answers into ``out/``:
 * ``predictions.jsonl``: ``{"file", "row", "id", **prediction}`` per predicted row;
 * ``rejects.jsonl``: ``{"file", "row", "id", "reason"}`` per row that could not be used
   (not UTF-8, not JSON, text missing / not a string / empty, or refused by the export);
-* ``summary.json``: rows in / out / rejected, padding efficiency, rows/s.
+* ``summary.json``: rows in / out / rejected, padding efficiency, rows/s (overall, and
+  after the first answers, i.e. once the actors have started).
 
 Lines are in completion order unless ``preserve_order``; ``file`` + ``row`` identify
 each input row.  A predictor actor that dies is restarted by Ray and its unfinished
@@ -132,6 +133,7 @@ def run_batch(export_dir, input_path, output_dir, backend="paddle", actors=2, ac
     saved_order = ctx.execution_options.preserve_order
     ctx.execution_options.preserve_order = preserve_order
     counts = {"predicted": 0, "rejected": 0, "real_tokens": 0, "padded_tokens": 0}
+    first = None  # (seconds until the first answers arrived, rows in them)
     start = time.perf_counter()
     try:
         ds = ray.data.from_items(units, override_num_blocks=len(units))
@@ -150,6 +152,8 @@ def run_batch(export_dir, input_path, output_dir, backend="paddle", actors=2, ac
             with open(os.path.join(tmp, OUTPUTS[0]), "w", encoding="utf-8") as ok, \
                     open(os.path.join(tmp, OUTPUTS[1]), "w", encoding="utf-8") as bad:
                 for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
+                    if first is None:  # actors are up: what follows is the steady rate
+                        first = (time.perf_counter() - start, int(len(b["line"])))
                     for line, rejected in zip(b["line"], b["rejected"]):
                         (bad if rejected else ok).write(line + "\n")
                     counts["rejected"] += int(b["rejected"].sum())
@@ -164,6 +168,11 @@ def run_batch(export_dir, input_path, output_dir, backend="paddle", actors=2, ac
                        "rows_out": counts["predicted"], "rejected": counts["rejected"],
                        "seconds": round(seconds, 3),
                        "rows_per_s": round(counts["predicted"] / seconds, 2),
+                       "first_answers_after_s": round(first[0], 3) if first else None,
+                       # after the first answers: the rate once actors have started
+                       "rows_per_s_after_first": round(
+                           (counts["predicted"] + counts["rejected"] - first[1])
+                           / (seconds - first[0]), 2) if first and seconds > first[0] else None,
                        "real_tokens": counts["real_tokens"],
                        "padded_tokens": counts["padded_tokens"],
                        "padding_efficiency": round(counts["real_tokens"] / counts["padded_tokens"],
