@@ -86,8 +86,9 @@ def plot(results, path):
 
     b, s = results["batch"], results["serving"]
     fig, axes = plt.subplots(1, 3, figsize=(12, 4))
-    axes[0].bar(["one process", f"Ray, {b['ray']['actors']} actors"],
-                [b["single_process"]["rows_per_s"], b["ray"]["rows_per_s"]], color=["C0", "C1"])
+    axes[0].bar(["one process", f"Ray, {b['ray']['actors']} actors", "Ray, once\nactors were up"],
+                [b["single_process"]["rows_per_s"], b["ray"]["rows_per_s"],
+                 b["ray"]["rows_per_s_after_first"] or 0], color=["C0", "C1", "C2"])
     axes[0].set_title(f"batch inference, {b['rows']} rows")
     axes[0].set_ylabel("rows / s")
     names = ["serve.py", f"Ray Serve, {s['ray_serve']['replicas']} replicas"]

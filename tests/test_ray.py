@@ -21,8 +21,9 @@ from ray import serve  # noqa: E402
 from ppvarlen.deploy.predictor import Predictor  # noqa: E402
 from ppvarlen.deploy.server import create_app  # noqa: E402
 from ppvarlen.integrations.ray_batch import run_batch  # noqa: E402
-from ppvarlen.integrations.ray_serve import (ReplicaStartError, load_serve_config,  # noqa: E402
-                                             run_config)
+from ppvarlen.config import ConfigError  # noqa: E402
+from ppvarlen.integrations.ray_serve import (ReplicaStartError, build_app,  # noqa: E402
+                                             load_serve_config, run_config)
 from ppvarlen.integrations.text_shards import plan_units, read_unit  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -214,6 +215,15 @@ def test_replica_that_cannot_load_the_export_fails_with_the_predictors_error(clu
                                                 r"match the manifest"):
         run_config(serve_config(tmp_path, str(broken), replicas=1))
     serve.delete("ppvarlen")
+
+
+def test_serve_args_are_checked_before_any_replica_starts():
+    with pytest.raises(ConfigError, match="set http_options.port"):
+        build_app({"model_dir": "x", "deploy": {"port": 9000}})
+    with pytest.raises(ConfigError, match=r"unknown \['modeldir'\]"):
+        build_app({"modeldir": "x"})
+    with pytest.raises(ConfigError, match="max_wait_ms"):
+        build_app({"model_dir": "x", "deploy": {"max_wait_ms": "soon"}})
 
 
 def test_core_package_never_imports_ray():

@@ -77,7 +77,7 @@ class PredictWindows:
                     reason = str(e)
             lines[k], rejected[k] = json.dumps({**keys[k], "reason": reason}), True
         real0, padded0 = p.real_tokens, p.padded_tokens
-        for k, result in zip(good, self._predict(items)):
+        for k, result in zip(good, self._predict(items) if items else []):
             if isinstance(result, Exception):
                 reason = f"prediction failed: {type(result).__name__}: {result}"
                 lines[k], rejected[k] = json.dumps({**keys[k], "reason": reason}), True
@@ -127,6 +127,8 @@ def run_batch(export_dir, input_path, output_dir, backend="paddle", actors=2, ac
     load_manifest(export_dir)  # a bad export fails here, before any actor starts
     check_output_dir(output_dir)
     units = plan_units(input_path, unit_bytes)
+    if not units:
+        raise DataError(f"{input_path}: no rows to predict (the input files are empty)")
     if window < 1 or actors < 1:
         raise ValueError(f"window and actors must be >= 1, got {window}, {actors}")
     ctx = ray.data.DataContext.get_current()
