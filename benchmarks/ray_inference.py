@@ -1,4 +1,4 @@
-"""Ray on one machine vs one process: batch rows/s and serving QPS / P99, one run (a note, not a test).
+"""Ray on one machine vs one process: batch rows/s, serving QPS / P99 (one run; a note, not a test).
 
     PYTHONPATH=$PWD python benchmarks/ray_inference.py --model-dir output/export \\
         [--backend paddle] [--repeat 4] [--actors 2] [--concurrency 16] [--requests 1500] \\

@@ -214,7 +214,8 @@ def main(argv=None):
     parser.add_argument("--text-field", default="text", help="JSON key / Parquet column")
     parser.add_argument("--id-field", default="id", help="copied to the output when present")
     parser.add_argument("--preserve-order", action="store_true",
-                        help="write lines in input order (slower: a slow window holds back the rest)")
+                        help="write lines in input order (slower: a slow window holds back "
+                        "the rest)")
     parser.add_argument("--address", default=None,
                         help="Ray cluster to join ('auto': the one `ray start` runs here); "
                         "default: start a local one")

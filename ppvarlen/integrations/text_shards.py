@@ -2,7 +2,8 @@
 
 ``plan_units(path)`` lists the units of work of a file or a directory of shards: a
 piece of a JSONL file (cut at line ends) or one row group of a Parquet file, so one
-big file is read by many tasks.  ``read_unit(unit)`` returns one record per input row, in file order:
+big file is read by many tasks.  ``read_unit(unit)`` returns one record per input row, in
+file order:
 ``{"file", "row", "id", "text", "error"}`` — ``row`` counts from 1 within its file
 (JSONL: the line number), ``id`` is the row's own id field as JSON text ("null" when
 absent) and ``error`` says why the row cannot be predicted ("" when it can).  A bad
