@@ -15,6 +15,8 @@ PADDLENLP_PINS = ["huggingface_hub<0.26", "aistudio-sdk<0.2", "datasets<3"]
 # Set PPVARLEN_SKIP_PADDLE=1 when a GPU build of Paddle is already installed,
 # so pip does not replace it with the CPU wheel.
 PADDLE = [] if os.environ.get("PPVARLEN_SKIP_PADDLE") else ["paddlepaddle==3.3.1"]
+# Tested with Ray 2.60.0 (ray_serve uses Serve's late-bound ingress, __serve_build_asgi_app__).
+RAY = ["ray[data,serve]>=2.60,<3"]
 
 # The commands, all in ppvarlen/cli.py; tools/*.py and deploy/python/*.py are shims over them.
 CONSOLE_SCRIPTS = [
@@ -58,6 +60,11 @@ setup(
         "uvicorn[standard]",  # httptools + uvloop: the pure-Python h11 parser caps QPS
         "httpx",
     ],
-    extras_require={"test": ["pytest>=7", "hypothesis>=6", "scikit-learn", "schemathesis>=4.30,<5"]},
+    extras_require={
+        # Ray Data batch inference and Ray Serve (ppvarlen.integrations, deploy/ray/);
+        # ray 2.60.0 installs beside the pins above with `pip check` clean.
+        "ray": RAY,
+        "test": ["pytest>=7", "hypothesis>=6", "scikit-learn", "schemathesis>=4.30,<5", *RAY],
+    },
     entry_points={"console_scripts": CONSOLE_SCRIPTS},
 )

@@ -1,0 +1,5 @@
+"""Optional integrations with other systems; each module imports its system itself.
+
+``ray_batch`` (batch inference on Ray Data) and ``ray_serve`` (serving on Ray Serve)
+need the ``ray`` extra; importing ``ppvarlen`` or any other subpackage never imports Ray.
+"""

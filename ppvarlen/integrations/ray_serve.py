@@ -1,0 +1,187 @@
+"""Online serving on Ray Serve: ppvarlen's own HTTP app, one copy per replica.
+
+Each replica loads one ``Predictor`` and serves the app ``deploy/python/serve.py``
+serves (``ppvarlen.deploy.server.create_app``): the same token-budget
+``DynamicBatcher``, ``POST /predict``, ``/health``, ``/metrics``, error JSON and
+statuses, so every existing client works unchanged.  Serve's proxy spreads requests
+over the replicas; ``/health`` and ``/metrics`` describe the replica that answered.
+
+Replicas, CPUs per replica and autoscaling bounds come from a config in Ray Serve's
+own format (``deploy/ray/serve.yaml``), usable as is with ``serve run`` / ``serve
+deploy``, or with ``deploy/ray/serve.py`` (``run_config`` below: the same through
+Serve's public Python API, plus ``--model-dir``).  ``args`` of the application:
+``model_dir`` (required), ``backend``, ``deploy`` (Deploy config keys, as serve.py's
+``-o Deploy.KEY=V``; host/port belong to ``http_options``).
+
+A replica that cannot load the export raises the predictor's own error (e.g. the
+manifest's sha256 mismatch); Serve retries the constructor a few times, then marks
+the deployment failed with that message, and ``serve.run`` raises it.
+"""
+try:
+    from ray import serve
+except ImportError as e:  # the core package never needs Ray
+    raise ImportError("ppvarlen.integrations.ray_serve needs Ray: install the ray extra, "
+                      "ppvarlen[ray]") from e
+
+from ppvarlen.config import ConfigError, load_config
+
+IMPORT_PATH = "ppvarlen.integrations.ray_serve:build_app"
+DEPLOYMENT = "ppvarlen"
+ARGS = ("model_dir", "backend", "deploy")
+
+
+def deploy_settings(deploy):
+    """The Deploy section from a dict of Deploy keys, validated like ``-o Deploy.KEY=V``."""
+    deploy = dict(deploy or {})
+    for key in ("host", "port"):
+        if key in deploy:
+            raise ConfigError(f"args.deploy.{key} has no effect under Ray Serve; set "
+                              f"http_options.{key} in the Serve config")
+    return load_config(data={"Deploy": deploy}).Deploy
+
+
+@serve.deployment(name=DEPLOYMENT, ray_actor_options={"num_cpus": 1},
+                  max_constructor_retry_count=3)
+@serve.ingress()
+class PpvarlenReplica:
+    """One replica: a predictor and ``create_app`` around it (built after the constructor)."""
+
+    def __init__(self, model_dir, backend=None, deploy=None):
+        from ppvarlen.deploy.predictor import Predictor
+        from ppvarlen.deploy.server import Limits, create_app
+
+        cfg = deploy_settings(deploy)
+        predictor = Predictor(model_dir, backend or cfg.backend, device=cfg.device,
+                              precision=cfg.precision, threads=cfg.threads,
+                              max_batch_tokens=cfg.max_batch_tokens,
+                              max_batch_size=cfg.max_batch_size, tensorrt=cfg.tensorrt,
+                              split_long_sources=cfg.split_long_sources)
+        limits = Limits(cfg.max_texts_per_request, cfg.max_body_bytes, cfg.max_text_chars)
+        # create_app's lifespan (warm-up, overhead measurement, batcher) runs when Serve
+        # starts the replica's ASGI app, and drains the batcher when Serve stops it.
+        self._app = create_app(predictor, cfg.workers, cfg.max_wait_ms, cfg.max_batch_tokens,
+                               cfg.max_batch_size, cfg.queue_size, limits, cfg.drain_timeout_s,
+                               cfg.batch_overhead_tokens)
+
+    def __serve_build_asgi_app__(self):
+        return self._app
+
+
+def build_app(args, deployment_options=None):
+    """Serve application builder (``import_path: ppvarlen.integrations.ray_serve:build_app``)."""
+    args = dict(args or {})
+    unknown = sorted(set(args) - set(ARGS))
+    if unknown or "model_dir" not in args:
+        what = f"unknown {unknown}" if unknown else "model_dir is missing"
+        raise ConfigError(f"Serve config args: {what}; ppvarlen takes {list(ARGS)} (model_dir "
+                          f"required)")
+    deploy_settings(args.get("deploy"))  # a bad Deploy key fails here, not in every replica
+    deployment = PpvarlenReplica.options(**(deployment_options or {}))
+    return deployment.bind(args["model_dir"], args.get("backend"), args.get("deploy") or {})
+
+
+class ReplicaStartError(RuntimeError):
+    """The deployment failed; the message is the replica's own error (e.g. the predictor's)."""
+
+
+def replica_error(app_name):
+    """The exception line a failed replica raised, from Serve's deployment status.
+
+    ``serve.run`` only says "Failed to update the deployments"; the status message
+    holds the replica's traceback, whose last line is the error itself, e.g.
+    ``ppvarlen.deploy.manifest.ExportError: export directory not found: ...``.
+    """
+    status = serve.status().applications.get(app_name)
+    deployment = status.deployments.get(DEPLOYMENT) if status else None
+    lines = [ln for ln in (deployment.message if deployment else "").splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else None
+
+
+def load_serve_config(path, model_dir=None):
+    """Read a Serve config file and validate it with Serve's own schema (``ServeDeploySchema``);
+    ``model_dir`` replaces every application's ``args.model_dir``."""
+    import yaml
+    from pydantic import ValidationError
+    from ray.serve.schema import ServeDeploySchema
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: cannot read the Serve config ({e})") from None
+    if not isinstance(raw, dict) or not raw.get("applications"):
+        raise ConfigError(f"{path}: a Serve config needs an 'applications' list (see "
+                          f"deploy/ray/serve.yaml)")
+    if model_dir:
+        for app in raw["applications"]:
+            app.setdefault("args", {})["model_dir"] = model_dir
+    try:
+        return ServeDeploySchema.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(f"{path}: not a valid Ray Serve config:\n{e}") from None
+
+
+def run_config(config):
+    """Deploy a validated Serve config on the connected Ray cluster; returns the base URL.
+
+    Serve's public API only: ``serve.start`` with the config's proxy and HTTP options,
+    then ``serve.run`` per application with its ``deployments`` entries applied.
+    """
+    http = config.http_options.model_dump(exclude_unset=True)
+    serve.start(proxy_location=config.proxy_location, http_options=http)
+    for app in config.applications:
+        if app.import_path != IMPORT_PATH:
+            raise ConfigError(f"application {app.name!r}: import_path must be {IMPORT_PATH}")
+        options = {}
+        for d in app.deployments:
+            if d.name != DEPLOYMENT:
+                raise ConfigError(f"application {app.name!r}: deployment {d.name!r} does not "
+                                  f"exist; the deployment is named {DEPLOYMENT!r}")
+            options = d.model_dump(exclude_unset=True, exclude={"name"})
+        try:
+            serve.run(build_app(app.args, options), name=app.name, route_prefix=app.route_prefix)
+        except RuntimeError as e:
+            raise ReplicaStartError(f"application {app.name!r} failed to deploy: "
+                                    f"{replica_error(app.name) or e}") from None
+    host = config.http_options.host
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{config.http_options.port}"
+
+
+def main(argv=None):
+    """``deploy/ray/serve.py``: deploy, then serve until SIGINT / SIGTERM; 2 on a bad setup."""
+    import argparse
+    import signal
+    import sys
+    import threading
+
+    import ray
+
+    parser = argparse.ArgumentParser(description="Serve an export on Ray Serve")
+    parser.add_argument("--config", default="deploy/ray/serve.yaml", help="Serve config file")
+    parser.add_argument("--model-dir", default=None, help="replaces args.model_dir of the config")
+    parser.add_argument("--address", default=None, help="Ray cluster to join ('auto': the one "
+                        "`ray start` runs here); default: start a local one")
+    parser.add_argument("--num-cpus", type=int, default=None, help="local cluster only")
+    args = parser.parse_args(argv)
+    try:
+        config = load_serve_config(args.config, args.model_dir)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    ray.init(address=args.address, num_cpus=None if args.address else args.num_cpus,
+             include_dashboard=False)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        url = run_config(config)
+        print(f"serving on {url} (POST /predict, GET /health, GET /metrics); Ctrl-C stops",
+              file=sys.stderr)
+        stop.wait()
+    except (ConfigError, ReplicaStartError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    return 0
