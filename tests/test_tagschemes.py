@@ -159,3 +159,9 @@ def test_complete_adds_what_the_names_need_to_say_the_scheme():
     assert tagschemes.complete(["B", "E", "S"], "bmes") == ["M"]
     assert tagschemes.order({"S-A", "O", "E-A", "B-A", "I-A", "B-B"}, "bioes") == [
         "O", "B-A", "I-A", "E-A", "S-A", "B-B"]
+
+
+def test_config_offers_every_scheme():
+    from ppvarlen.config_schema import SCHEMA
+
+    assert SCHEMA["Data"]["tag_scheme"].choices == ("auto", *tagschemes.SCHEME)

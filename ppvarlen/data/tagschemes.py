@@ -16,8 +16,6 @@ where the next tag cannot continue it.  For BIO these are exactly conlleval's ru
 import functools
 from dataclasses import dataclass
 
-SCHEMES = ("bio", "bioes", "bmes", "plain")
-CHOICES = ("auto",) + SCHEMES  # Data.tag_scheme
 OUTSIDE = "O"
 
 

@@ -30,11 +30,13 @@ def _name_list_pairs(words):
 
 def ner_tags(paragraph):
     """Paragraph -> (chars, BIO tags, entity Counter, name lists split)."""
+    tags = ["O"] * len(paragraph.text)
+    entities, name_lists = Counter(), 0
+    if NER_POS_TO_TYPE.keys().isdisjoint(paragraph.pos):
+        return list(paragraph.text), tags, entities, name_lists  # no entity word (a third of the paragraphs)
     words = paragraph.words()
     types = [NER_POS_TO_TYPE.get(pos) for pos in paragraph.pos]
     offsets = [0, *paragraph.ends]  # character offset of each word
-    tags = ["O"] * len(paragraph.text)
-    entities, name_lists = Counter(), 0
     for i in (k for k, t in enumerate(types) if t is not None):
         if i and types[i] == "PER" and types[i - 1] == "PER":
             continue  # inside a run of nr words, handled at its first word
