@@ -101,3 +101,23 @@ def test_pitfall_numbers_cited_in_the_code_exist():
                             bad.append(f"{os.path.relpath(path, REPO)}:{i}: cites "
                                        f"{sorted(cited - numbers)}")
     assert not bad, "code cites pitfall numbers docs/PITFALLS.md does not have:\n" + "\n".join(bad)
+
+
+def design_module_map():
+    """The ppvarlen/... paths listed in docs/DESIGN.md's "Module map" code block."""
+    text = open(os.path.join(REPO, "docs", "DESIGN.md"), encoding="utf-8").read()
+    section = text.split("## Module map", 1)[1]
+    block = section.split("```", 2)[1]
+    return {line.split()[0] for line in block.splitlines() if line.startswith("ppvarlen/")}
+
+
+def test_design_module_map_lists_every_module_and_only_real_ones():
+    listed = design_module_map()
+    actual = set()
+    for root, _, files in os.walk(os.path.join(REPO, "ppvarlen")):
+        actual.update(os.path.relpath(os.path.join(root, f), REPO) for f in files
+                      if f.endswith(".py"))
+    assert not listed - actual, f"docs/DESIGN.md lists modules that do not exist: " \
+                                f"{sorted(listed - actual)}"
+    assert not actual - listed, f"modules missing from docs/DESIGN.md's module map: " \
+                                f"{sorted(actual - listed)}"
