@@ -46,5 +46,8 @@ setup(
         "uvicorn[standard]",  # httptools + uvloop: the pure-Python h11 parser caps QPS
         "httpx",
     ],
-    extras_require={"test": ["pytest>=7", "hypothesis>=6", "scikit-learn"]},
+    extras_require={"test": ["pytest>=7", "hypothesis>=6", "scikit-learn"],
+                    # [precision/gpu] ONNX Runtime's CUDA provider; both wheels install the same
+                    # `onnxruntime` module: `pip uninstall onnxruntime` first (docs/PRECISION.md)
+                    "onnxruntime-gpu": ["onnxruntime-gpu>=1.18"]},
 )

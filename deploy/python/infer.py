@@ -1,7 +1,7 @@
 """Predict every line of a file with an exported model; JSONL out, in input order.
 
     python deploy/python/infer.py --model-dir output/export --backend paddle|onnx \
-        --input texts.txt|texts.jsonl [--output preds.jsonl] [--precision fp32|bf16|fp16]
+        --input texts.txt|texts.jsonl [--output preds.jsonl] [--precision fp32|bf16|fp16|int8|auto]
 
 Bad lines are reported with their line number (and written as {"line", "error"}
 records); the other lines are still predicted; the exit code is 1 if any line failed.
@@ -20,7 +20,8 @@ def main(argv=None):
     parser.add_argument("--backend", choices=["paddle", "onnx"], default="paddle")
     parser.add_argument("--input", required=True, help=".txt (a text per line) or .jsonl")
     parser.add_argument("--output", default=None, help="JSONL predictions (default: stdout)")
-    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16", "int8", "auto"],
+                        default="fp32")  # [precision]
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--tensorrt", action="store_true", help="paddle on GPU: TensorRT")
     parser.add_argument("--threads", type=int, default=1,

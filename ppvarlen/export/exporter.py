@@ -14,6 +14,7 @@ from ..utils.io import atomic_dir, atomic_write_json
 from ..utils.log import get_logger
 from . import manifest as manifest_mod
 from . import parity
+from . import precision_speed  # [precision/measured]
 from .errors import ExportError
 from .precision import PRECISIONS, convert_onnx_fp16
 from .static import crf_matrix_of, save_inference
@@ -40,6 +41,9 @@ def check_request(formats, precisions):
         raise ConfigError("--precision bf16 runs the Paddle Inference files; add paddle to --format")
     if "onnx" not in formats and "fp16" in precisions:
         raise ConfigError("--precision fp16 on CPU is an ONNX variant; add onnx to --format")
+    if "onnx" not in formats and "int8" in precisions:  # [precision/int8]
+        raise ConfigError("--precision int8 is an ONNX Runtime variant (Paddle Inference int8 is "
+                          "not produced, docs/PRECISION.md); add onnx to --format")
     return formats, precisions
 
 
@@ -76,8 +80,8 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
                 output_names)
             decoding = None
         # Paddle fp16 is the GPU half-precision setting (settings.gpu_fp16), not a file.
-        listed = {"paddle": list(precisions),
-                  "onnx": [p for p in precisions if p in ("fp32", "fp16")]}
+        listed = {"paddle": [p for p in precisions if p != "int8"],  # [precision/int8]
+                  "onnx": [p for p in precisions if p in ("fp32", "fp16", "int8")]}
         precision_map = {b: listed[b] for b in backends}
 
         if verify:
@@ -92,6 +96,8 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
                                   f"(report: {failed}):\n  " + "\n  ".join(report["failures"]))
         manifest = manifest_mod.build_manifest(tmp, meta, cfg.Data, cfg.Deploy, backends,
                                                precision_map, tokenizer_files, decoding)
+        if verify and report.get("speed"):  # [precision/measured] verified + measured per backend
+            manifest["precision_measured"] = precision_speed.manifest_section(report)
         atomic_write_json(os.path.join(tmp, "manifest.json"), manifest)
     log.info("export written to %s (%s; precisions %s)", output, ", ".join(backends), precisions)
     return manifest
@@ -117,7 +123,8 @@ def _export_classic(model, meta, encoder, cfg, tmp, work, formats, precisions, v
     crf = crf_matrix_of(model) if task == "tagging" else None
     if "onnx" in formats:
         backends["onnx"] = _export_onnx(model, name, tmp, work, paddle_prefix, output_names,
-                                        crf, cfg.Export.opset, "fp16" in precisions)
+                                        crf, cfg.Export.opset, "fp16" in precisions,
+                                        "int8" in precisions)  # [precision/int8]
     if not verify:
         return backends, None, ""
     report = verify_export(model, meta, encoder, cfg, tmp, paddle_prefix, formats, precisions,
@@ -125,7 +132,8 @@ def _export_classic(model, meta, encoder, cfg, tmp, work, formats, precisions, v
     return backends, report, parity.format_table(report["results"])
 
 
-def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset, fp16):
+def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset, fp16,
+                 int8=False):
     from .onnx_export import check_loads, export_onnx
 
     os.makedirs(os.path.join(tmp, "onnx"), exist_ok=True)
@@ -147,6 +155,14 @@ def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset
                           os.path.join(tmp, "onnx", "model_fp16.onnx"))
         check_loads(os.path.join(tmp, "onnx", "model_fp16.onnx"), name + " (fp16)")
         entry["model_fp16"] = "onnx/model_fp16.onnx"
+    if int8:  # [precision/int8]
+        from .quantize import DEFAULT_INT8, quantize_onnx
+
+        int8_path = os.path.join(tmp, "onnx", "model_int8.onnx")
+        entry["int8"] = quantize_onnx(os.path.join(tmp, "onnx", "model.onnx"), int8_path,
+                                      **DEFAULT_INT8)
+        check_loads(int8_path, name + " (int8)")
+        entry["model_int8"] = "onnx/model_int8.onnx"
     return entry
 
 
@@ -174,6 +190,9 @@ def verify_export(model, meta, encoder, cfg, export_dir, paddle_prefix, formats,
         if "fp16" in precisions:
             backends["onnx_fp16"] = parity.onnx_runner(os.path.join(onnx_dir, "model_fp16.onnx"), crf)
             precision_of["onnx_fp16"] = "fp16"
+        if "int8" in precisions:  # [precision/int8]
+            backends["onnx_int8"] = parity.onnx_runner(os.path.join(onnx_dir, "model_int8.onnx"), crf)
+            precision_of["onnx_int8"] = "int8"
 
     def validate(ids, sl):
         validate_batch(ids, sl, max_position=max_position, vocab_size=encoder.vocab_size,
@@ -191,6 +210,9 @@ def verify_export(model, meta, encoder, cfg, export_dir, paddle_prefix, formats,
         test_batches = [(b["input_ids"], b["seq_len"]) for b in batches]
     report = parity.run_parity(parity.dygraph_runner(model), backends, precision_of, grid,
                                test_batches, validate)
+    # [precision/measured] short interleaved timing of every verified backend, same batches
+    report["speed"] = precision_speed.measure(backends, test_batches or
+                                              [(ids, sl) for _, _, ids, sl in grid])
     report["model_name"] = meta.get("model_name")
     return report
 

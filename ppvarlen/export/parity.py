@@ -129,6 +129,7 @@ def split_batches(examples, collate, max_tokens, max_batch_size=64):
 class _Stats:
     def __init__(self):
         self.max_abs_diff, self.agree, self.total = 0.0, 0, 0
+        self.max_prob_diff = None  # [precision/int8] classification: max |diff| of softmax
 
     def add(self, ref, got, seq_len):
         key = "logits" if "logits" in ref else "emissions"
@@ -137,6 +138,8 @@ class _Stats:
             raise ValueError(f"{key} shape {b.shape} != reference {a.shape}")
         if key == "logits":
             self.max_abs_diff = max(self.max_abs_diff, float(np.abs(a - b).max()))
+            prob_diff = float(np.abs(_softmax(a) - _softmax(b)).max())  # [precision/int8]
+            self.max_prob_diff = max(self.max_prob_diff or 0.0, prob_diff)
             self.agree += int((a.argmax(-1) == b.argmax(-1)).sum())
             self.total += a.shape[0]
             return
@@ -151,9 +154,17 @@ class _Stats:
         self.total += int(real.sum())
 
     def as_dict(self):
-        return {"max_abs_diff": self.max_abs_diff,
-                "agreement": self.agree / self.total if self.total else None,
-                "compared": self.total}
+        out = {"max_abs_diff": self.max_abs_diff,
+               "agreement": self.agree / self.total if self.total else None,
+               "compared": self.total}
+        if self.max_prob_diff is not None:  # [precision/int8]
+            out["max_prob_diff"] = self.max_prob_diff
+        return out
+
+
+def _softmax(logits):  # [precision/int8]
+    z = np.exp(logits - logits.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
 
 
 def compare(reference, backends, batches, validate=None):
@@ -169,7 +180,7 @@ def compare(reference, backends, batches, validate=None):
 
 
 def check(results, precisions_of):
-    """Failures (list of str) of the parity gates; ``precisions_of[backend]`` -> fp32|bf16|fp16."""
+    """Failures (list of str) of the parity gates; ``precisions_of[backend]`` -> fp32|bf16|fp16|int8."""
     failures = []
     for part, per_backend in results.items():
         for name, r in per_backend.items():
