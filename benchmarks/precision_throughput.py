@@ -67,13 +67,13 @@ def one_pass(run, batches):
 
 
 def interleaved(runners, batches, repeats):
-    """{name: [seconds per pass]}; one warm-up pass each, then passes round-robin."""
-    for run in runners.values():
-        one_pass(run, batches)
+    """{name: [seconds per pass]}, passes round-robin (the agreement pass was the warm-up)."""
     seconds = {name: [] for name in runners}
-    for _ in range(repeats):
+    for r in range(repeats):
         for name, run in runners.items():
             seconds[name].append(one_pass(run, batches))
+            print(f"pass {r + 1}/{repeats} {name}: {seconds[name][-1]:.2f}s", file=sys.stderr,
+                  flush=True)
     return seconds
 
 
@@ -103,7 +103,9 @@ def build_runners(export_dir, model, threads, int8_variants, calibration):
 
 
 def agreement(runners, batches):
-    """Per runner vs eager on the benchmark batches: argmax agreement, max |diff| of probs."""
+    """Per runner vs eager on the benchmark batches: argmax agreement, max |diff| of probs.
+
+    Also the warm-up pass of every runner (oneDNN primitive caches, allocators)."""
     from ppvarlen.export import parity
 
     backends = {k: v for k, v in runners.items() if k != "eager"}
@@ -141,7 +143,8 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-examples", type=int, default=None)
-    parser.add_argument("--int8-variants", default="int8_quint8,int8_per_channel,int8_static_qdq")
+    parser.add_argument("--int8-variants", default="int8_quint8,int8_per_channel,int8_static_qdq",
+                        help="extra int8 copies to time ('' for none)")
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     import numpy as np
@@ -189,6 +192,7 @@ def main():
     variants = [v for v in args.int8_variants.split(",") if v]
     runners = build_runners(export_dir, model, args.threads, variants, calibration)
     agree = agreement(runners, batches)
+    print(f"agreement pass done: {agree}", file=sys.stderr, flush=True)
     seconds = interleaved(runners, batches, args.repeats)
     examples = sum(len(sl) for _, sl in batches)
     tokens = sum(int(sl.sum()) for _, sl in batches)
