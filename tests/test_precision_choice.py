@@ -76,3 +76,15 @@ def test_unmeasured_fp16_on_cpu_warns_but_measured_faster_does_not():
     manifest = {"precision_measured": _measured(100.0, 150.0, 90.0)}
     assert precision_choice.warn_if_slower(manifest, "onnx", "fp16") is None
     assert "SLOWER" in precision_choice.warn_if_slower(manifest, "onnx", "int8")
+
+
+def test_export_timing_uses_a_bounded_spread_of_batches():
+    import numpy as np
+
+    from ppvarlen.export.precision_speed import _spread
+
+    batches = [(None, np.full(10, n)) for n in range(1, 101)]  # 10 rows of length n
+    picked = _spread(batches, 16, max_tokens=3000)
+    lengths = [int(sl[0]) for _, sl in picked]
+    assert len(picked) <= 16 and sum(10 * n for n in lengths) <= 3000
+    assert lengths[0] == 1 and lengths == sorted(lengths) and len(set(lengths)) == len(lengths)

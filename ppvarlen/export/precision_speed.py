@@ -25,15 +25,21 @@ PARITY_BACKENDS = {"paddle_inference_onednn": ("paddle", "fp32"),
                    "onnx": ("onnx", "fp32"), "onnx_fp16": ("onnx", "fp16"),
                    "onnx_int8": ("onnx", "int8")}
 MAX_BATCHES = 16
+# Bounds export time for big models (ERNIE-base: a few thousand tokens/s per runner on 2 cores).
+MAX_TOKENS = 20000
 ROUNDS = 3
 
 
-def _spread(batches, limit):
-    """At most ``limit`` batches spread over the length-sorted list (short and long alike)."""
-    if len(batches) <= limit:
-        return list(batches)
-    step = len(batches) / limit
-    return [batches[int(i * step)] for i in range(limit)]
+def _spread(batches, limit, max_tokens=MAX_TOKENS):
+    """At most ``limit`` batches / about ``max_tokens`` real tokens, spread over the
+    length-sorted list (short and long batches alike)."""
+    picked = list(batches)
+    if len(picked) > limit:
+        step = len(picked) / limit
+        picked = [picked[int(i * step)] for i in range(limit)]
+    while len(picked) > 1 and sum(int(sl.sum()) for _, sl in picked) > max_tokens:
+        picked = picked[::2]
+    return picked
 
 
 def measure(runners, batches, rounds=ROUNDS, max_batches=MAX_BATCHES):
