@@ -47,7 +47,7 @@ def gpu_status():
     ort_gpu = "CUDAExecutionProvider" in ort.get_available_providers()
     if not ort_gpu:
         reasons.append(f"onnxruntime {ort.__version__} has no CUDAExecutionProvider "
-                       f"(pip install ppvarlen[onnxruntime-gpu])")
+                       f"(the onnxruntime-gpu extra of setup.py, docs/PRECISION.md)")
     return paddle_gpu or ort_gpu, "; ".join(reasons)
 
 
