@@ -88,3 +88,19 @@ def test_export_timing_uses_a_bounded_spread_of_batches():
     lengths = [int(sl[0]) for _, sl in picked]
     assert len(picked) <= 16 and sum(10 * n for n in lengths) <= 3000
     assert lengths[0] == 1 and lengths == sorted(lengths) and len(set(lengths)) == len(lengths)
+
+
+def test_bf16_without_cpu_support_is_warned_and_never_auto(monkeypatch, caplog):
+    manifest = {"precision_measured": {"paddle": {
+        "fp32": {"verified": True, "examples_per_s": 100.0},
+        "bf16": {"verified": True, "examples_per_s": 120.0, "cpu_bf16": True}}}}
+    caplog.set_level(logging.WARNING, logger="ppvarlen.deploy.precision")
+    logging.getLogger("ppvarlen").propagate = True
+    monkeypatch.setattr(precision_choice, "cpu_supports_bf16", lambda: True)
+    assert precision_choice.resolve(manifest, "paddle", "auto") == "bf16"
+    assert precision_choice.resolve(manifest, "paddle", "bf16") == "bf16"
+    assert not [r for r in caplog.records if "no bf16 instructions" in r.getMessage()]
+    monkeypatch.setattr(precision_choice, "cpu_supports_bf16", lambda: False)
+    assert precision_choice.resolve(manifest, "paddle", "auto") == "fp32"
+    precision_choice.resolve(manifest, "paddle", "bf16")
+    assert [r for r in caplog.records if "no bf16 instructions" in r.getMessage()]

@@ -10,10 +10,19 @@ gates and how many examples/s it ran on the export host's CPU.
 * an explicit precision is served as asked; on CPU, one measured slower than fp32
   logs a warning with both numbers (fp16 with no measurement: a warning too,
   ONNX Runtime's fp16 kernels are for CUDA).
+* bf16 on a CPU without bf16 instructions (avx512_bf16 / AMX): Paddle Inference
+  logs "CPU does not support BFLOAT16 calculations" at glog level and runs fp32
+  kernels; that is said here as a warning, and ``auto`` never picks such a bf16.
 """
 from ppvarlen.utils.log import get_logger
 
 log = get_logger("deploy.precision")
+
+
+def cpu_supports_bf16():
+    from paddle.base import core
+
+    return bool(core.supports_bfloat16())
 
 
 def measured(manifest, backend):
@@ -28,7 +37,8 @@ def _speed(entry):
 
 def fastest(manifest, backend):
     """The verified precision with the most examples/s; fp32 when none was timed."""
-    timed = {p: _speed(e) for p, e in measured(manifest, backend).items() if _speed(e)}
+    timed = {p: _speed(e) for p, e in measured(manifest, backend).items()
+             if _speed(e) and (p != "bf16" or (e.get("cpu_bf16") and cpu_supports_bf16()))}
     if not timed:
         return "fp32"
     return max(sorted(timed), key=lambda p: timed[p])
@@ -49,6 +59,10 @@ def resolve(manifest, backend, precision, device="cpu"):
         return chosen
     if device == "cpu":
         warn_if_slower(manifest, backend, precision)
+        if precision == "bf16" and not cpu_supports_bf16():
+            log.warning("precision bf16 requested but this CPU has no bf16 instructions "
+                        "(avx512_bf16/AMX): Paddle Inference runs its fp32 kernels, so this is "
+                        "fp32 in effect; use --precision fp32 (or int8 with --backend onnx)")
     return precision
 
 

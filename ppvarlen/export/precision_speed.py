@@ -66,8 +66,11 @@ def measure(runners, batches, rounds=ROUNDS, max_batches=MAX_BATCHES):
 
 def host():
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    from paddle.base import core
+
     return {"machine": platform.machine(), "processor": platform.processor() or None,
-            "cpu_count": os.cpu_count(), "load_average_1m": load}
+            "cpu_count": os.cpu_count(), "load_average_1m": load,
+            "cpu_bf16": bool(core.supports_bfloat16()), "cpu_vnni": bool(core.supports_vnni())}
 
 
 def manifest_section(report):
@@ -87,5 +90,7 @@ def manifest_section(report):
         if "max_prob_diff" in r:
             entry["max_prob_diff"] = r["max_prob_diff"]
         entry.update((speed.get("runners") or {}).get(name, {}))
+        if precision == "bf16":  # without bf16 instructions Paddle silently runs fp32 kernels
+            entry["cpu_bf16"] = section["host"]["cpu_bf16"]
         section.setdefault(backend, {})[precision] = entry
     return section
