@@ -28,7 +28,7 @@ from .errors import ExportError
 INT8_OP_TYPES = ["MatMul", "Gemm"]
 WEIGHT_TYPES = ("qint8", "quint8")
 # Recorded in the manifest (backends.onnx.int8); the default measured fastest on the
-# AVX512-VNNI EPYC here (benchmarks/precision_throughput.py, docs/PRECISION.md).
+# AVX2 EPYC here, ahead of quint8 / per-channel / static QDQ (docs/PRECISION.md).
 DEFAULT_INT8 = {"method": "dynamic", "weight_type": "qint8", "per_channel": False}
 _QUANTIZED_OPS = ("MatMulInteger", "DynamicQuantizeMatMul", "QLinearMatMul", "QGemm",
                   "MatMulIntegerToFloat", "DequantizeLinear")
