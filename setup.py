@@ -65,6 +65,9 @@ setup(
         # ray 2.60.0 installs beside the pins above with `pip check` clean.
         "ray": RAY,
         "test": ["pytest>=7", "hypothesis>=6", "scikit-learn", "schemathesis>=4.30,<5", *RAY],
+        # ONNX Runtime's CUDA provider; both wheels install the same `onnxruntime` module:
+        # `pip uninstall onnxruntime` first (docs/PRECISION.md)
+        "onnxruntime-gpu": ["onnxruntime-gpu>=1.18"],
     },
     entry_points={"console_scripts": CONSOLE_SCRIPTS},
 )

@@ -182,7 +182,8 @@ def main_export(argv=None):
     parser.add_argument("--checkpoint", required=True, help="checkpoint dir, e.g. OUTPUT_DIR/best")
     parser.add_argument("--output", required=True, help="export directory to write")
     parser.add_argument("--format", type=_csv, help="paddle,onnx (default: Export.format)")
-    parser.add_argument("--precision", type=_csv, help="fp32,bf16,fp16 (default: Export.precision)")
+    parser.add_argument("--precision", type=_csv,
+                        help="fp32,bf16,fp16,int8 (default: Export.precision)")
     parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
                         help="run the parity report (default: Export.verify)")
     return _run(parser, argv, _export)
@@ -262,7 +263,9 @@ def main_infer(argv=None):
     parser.add_argument("--backend", choices=["paddle", "onnx"], default="paddle")
     parser.add_argument("--input", required=True, help=".txt (a text per line) or .jsonl")
     parser.add_argument("--output", default=None, help="JSONL predictions (default: stdout)")
-    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16", "int8", "auto"],
+                        default="fp32", help="auto: the fastest precision the export verified "
+                        "and measured (manifest precision_measured)")
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--tensorrt", action="store_true", help="paddle on GPU: TensorRT")
     parser.add_argument("--threads", type=_positive(int), default=1,

@@ -192,7 +192,7 @@ SCHEMA = {
     },
     "Export": {
         "format": ListOf(str, ["paddle", "onnx"], choices=["paddle", "onnx"]),
-        "precision": ListOf(str, ["fp32"], choices=["fp32", "bf16", "fp16"]),
+        "precision": ListOf(str, ["fp32"], choices=["fp32", "bf16", "fp16", "int8"]),
         "opset": Field(int, 13),
         "verify": Field(bool, True),
         "parity_max_examples": Field(int, None),
@@ -208,8 +208,10 @@ SCHEMA = {
         "max_texts_per_request": Field(int, 256), "max_body_bytes": Field(int, 1 << 20),
         "max_text_chars": Field(int, 20000, help="longest text (characters) a request may send"),
         "device": Field(str, "cpu", choices=["cpu", "gpu"]),
-        "precision": Field(str, "fp32", choices=["fp32", "bf16", "fp16"],
-                           help="bf16: paddle backend on CPU (oneDNN); fp16: onnx, or paddle on GPU"),
+        "precision": Field(str, "fp32", choices=["fp32", "bf16", "fp16", "int8", "auto"],
+                           help="bf16: paddle backend on CPU (oneDNN); fp16: onnx, or paddle on GPU; "
+                           "int8: onnx on CPU; auto: the fastest precision the export verified and "
+                           "measured (manifest.precision_measured)"),
         "tensorrt": Field(bool, False, help="paddle backend on GPU: TensorRT with the manifest's "
                           "shape ranges"),
         "split_long_sources": Field(bool, False, help="seq2seq exports: a source over the "

@@ -14,7 +14,7 @@ import numpy as np
 from .manifest import ExportError, require_listed
 
 STEP_INPUTS = ("tokens", "src_len", "self_k", "self_v", "cross_k", "cross_v")
-PRECISIONS = {"paddle": ("fp32", "bf16", "fp16"), "onnx": ("fp32", "fp16")}
+PRECISIONS = {"paddle": ("fp32", "bf16", "fp16"), "onnx": ("fp32", "fp16", "int8")}
 
 
 def _backend_entry(manifest, backend):
@@ -71,24 +71,28 @@ class PaddleEngine:
         if _predictor is not None:
             self._predictor = _predictor
             return
-        import paddle
         import paddle.inference as pi
 
         entry = _backend_entry(manifest, "paddle")
         check_precision(manifest, "paddle", precision)
         model = require_listed(export_dir, manifest, entry.get("model", "paddle/model.json"))
         params = require_listed(export_dir, manifest, entry.get("params", "paddle/model.pdiparams"))
-        config = pi.Config(model, params)
-        if device == "gpu":
-            if not paddle.device.is_compiled_with_cuda():
-                raise ValueError("device 'gpu' was requested but this Paddle build has no CUDA; "
-                                 "install paddlepaddle-gpu or use --device cpu")
-            half = precision == "fp16"
-            prec = pi.PrecisionType.Half if half else pi.PrecisionType.Float32
+        if device == "gpu":  # bf16 -> Bfloat16; TensorRT via paddle.tensorrt
+            from . import gpu
+
+            gpu.require_cuda_paddle()
+            prec = gpu.gpu_precision_type(precision)
+            if tensorrt:  # PIR programs take TensorRT only through paddle.tensorrt.convert
+                import tempfile
+
+                self._trt_dir = tempfile.TemporaryDirectory(prefix="ppvarlen-trt-")
+                prefix = gpu.convert_tensorrt(model, manifest, input_names(manifest), precision,
+                                              self._trt_dir.name)
+                model, params = prefix + ".json", prefix + ".pdiparams"
+            config = pi.Config(model, params)
             config.enable_use_gpu(256, gpu_id, prec)
-            if tensorrt:
-                self._enable_tensorrt(config, manifest, prec)
         else:
+            config = pi.Config(model, params)
             if precision == "fp16":
                 raise ValueError("fp16 has no CPU kernels in Paddle Inference; use bf16 on CPU, "
                                  "or --backend onnx --precision fp16")
@@ -105,21 +109,6 @@ class PaddleEngine:
                 config.enable_onednn_bfloat16()
         config.disable_glog_info()
         self._predictor = pi.create_predictor(config)
-
-    @staticmethod
-    def _enable_tensorrt(config, manifest, prec):
-        ranges = manifest.get("shape_ranges") or {}
-        names = input_names(manifest)
-        missing = [n for n in names if n not in ranges]
-        if missing:
-            raise ExportError(f"TensorRT needs manifest.shape_ranges for every input; missing "
-                              f"{missing} — re-export")
-        shapes = {k: {n: list(ranges[n][k]) for n in names} for k in ("min", "opt", "max")}
-        max_batch = int(shapes["max"][names[0]][0])
-        config.enable_tensorrt_engine(workspace_size=1 << 30, max_batch_size=max_batch,
-                                      min_subgraph_size=3, precision_mode=prec,
-                                      use_static=False, use_calib_mode=False)
-        config.set_trt_dynamic_shape_info(shapes["min"], shapes["max"], shapes["opt"])
 
     def clone(self):
         return PaddleEngine(None, {"outputs": self.output_names},
@@ -173,8 +162,8 @@ class OnnxEngine:
             return
         entry = _backend_entry(manifest, "onnx")
         check_precision(manifest, "onnx", precision)
-        rel = (entry.get("model_fp16", "onnx/model_fp16.onnx") if precision == "fp16"
-               else entry.get("model", "onnx/model.onnx"))
+        rel = entry.get(f"model_{precision}", f"onnx/model_{precision}.onnx")
+        rel = entry.get("model", "onnx/model.onnx") if precision == "fp32" else rel
         self._session = _ort_session(export_dir, manifest, rel, device, threads, gpu_id)
 
     def clone(self):

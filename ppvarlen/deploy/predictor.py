@@ -31,6 +31,7 @@ from ppvarlen.data.vocab import TextEncoder
 from ppvarlen.tasks import get_task
 from ppvarlen.utils.inputs import is_blank, validate_batch
 
+from . import precision_choice
 from .engines import build_engine, input_names
 from .manifest import ExportError, load_manifest, require_listed
 
@@ -129,8 +130,11 @@ class Predictor:
                     raise ExportError(f"max_len {self.max_len} exceeds the TensorRT shape range "
                                       f"(max length {top_len}) in the manifest; re-export")
                 self.max_batch_size = min(self.max_batch_size, int(top_batch))
-            self.engine = build_engine(export_dir, m, backend, device=device, precision=precision,
-                                       threads=threads, tensorrt=tensorrt)
+            # auto -> fastest verified; warns on a precision measured slower
+            self.precision = precision_choice.resolve(m, backend, precision, device)
+            self.engine = build_engine(export_dir, m, backend, device=device,
+                                       precision=self.precision, threads=threads,
+                                       tensorrt=tensorrt)
         # Counted over the arrays really run: padding efficiency = real / padded.
         self.real_tokens = 0
         self.padded_tokens = 0

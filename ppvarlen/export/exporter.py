@@ -15,6 +15,7 @@ from ..utils.io import atomic_dir, atomic_write_json
 from ..utils.log import get_logger
 from . import manifest as manifest_mod
 from . import parity
+from . import precision_speed
 from .errors import ExportError
 from .precision import PRECISIONS, convert_onnx_fp16
 from .static import crf_matrix_of, save_inference, save_program
@@ -41,6 +42,9 @@ def check_request(formats, precisions):
         raise ConfigError("--precision bf16 runs the Paddle Inference files; add paddle to --format")
     if "onnx" not in formats and "fp16" in precisions:
         raise ConfigError("--precision fp16 on CPU is an ONNX variant; add onnx to --format")
+    if "onnx" not in formats and "int8" in precisions:
+        raise ConfigError("--precision int8 is an ONNX Runtime variant (Paddle Inference int8 is "
+                          "not produced, docs/PRECISION.md); add onnx to --format")
     return formats, precisions
 
 
@@ -71,8 +75,8 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
         backends, report, table = view.write(model, meta, encoder, cfg, tmp, work, formats,
                                              precisions, verify, test_examples)
         # Paddle fp16 is the GPU half-precision setting (settings.gpu_fp16), not a file.
-        listed = {"paddle": list(precisions),
-                  "onnx": [p for p in precisions if p in ("fp32", "fp16")]}
+        listed = {"paddle": [p for p in precisions if p != "int8"],
+                  "onnx": [p for p in precisions if p in ("fp32", "fp16", "int8")]}
         precision_map = {b: listed[b] for b in backends}
 
         if verify:
@@ -88,6 +92,8 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
         manifest = manifest_mod.build_manifest(tmp, meta, cfg.Data, cfg.Deploy, backends,
                                                precision_map, tokenizer_files,
                                                view.decoding(model))
+        if verify and report.get("speed"):  # verified + measured, per backend and precision
+            manifest["precision_measured"] = precision_speed.manifest_section(report)
         atomic_write_json(os.path.join(tmp, "manifest.json"), manifest)
     log.info("export written to %s (%s; precisions %s)", output, ", ".join(backends), precisions)
     return manifest
@@ -125,7 +131,8 @@ class ForwardView:
         crf = crf_matrix_of(model)  # CRF taggers only; None for the others
         if "onnx" in formats:
             backends["onnx"] = _export_onnx(model, name, tmp, work, paddle_prefix, output_names,
-                                            crf, cfg.Export.opset, "fp16" in precisions)
+                                            crf, cfg.Export.opset, "fp16" in precisions,
+                                            "int8" in precisions)
         if not verify:
             return backends, None, ""
         report = parity.verify_forward(model, meta, encoder, cfg, tmp, paddle_prefix, formats,
@@ -133,7 +140,8 @@ class ForwardView:
         return backends, report, parity.format_table(report["results"])
 
 
-def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset, fp16):
+def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset, fp16,
+                 int8=False):
     from .onnx_export import check_loads, export_onnx
 
     os.makedirs(os.path.join(tmp, "onnx"), exist_ok=True)
@@ -155,6 +163,14 @@ def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset
                           os.path.join(tmp, "onnx", "model_fp16.onnx"))
         check_loads(os.path.join(tmp, "onnx", "model_fp16.onnx"), name + " (fp16)")
         entry["model_fp16"] = "onnx/model_fp16.onnx"
+    if int8:
+        from .quantize import DEFAULT_INT8, quantize_onnx
+
+        int8_path = os.path.join(tmp, "onnx", "model_int8.onnx")
+        entry["int8"] = quantize_onnx(os.path.join(tmp, "onnx", "model.onnx"), int8_path,
+                                      **DEFAULT_INT8)
+        check_loads(int8_path, name + " (int8)")
+        entry["model_int8"] = "onnx/model_int8.onnx"
     return entry
 
 

@@ -208,6 +208,7 @@ def split_batches(examples, collate, max_tokens, max_batch_size=64):
 class _Stats:
     def __init__(self):
         self.max_abs_diff, self.agree, self.total = 0.0, 0, 0
+        self.max_prob_diff = None  # classification: max |diff| of softmax
 
     def add(self, ref, got, seq_len):
         key = "logits" if "logits" in ref else "emissions"
@@ -216,6 +217,8 @@ class _Stats:
             raise ValueError(f"{key} shape {b.shape} != reference {a.shape}")
         if key == "logits":
             self.max_abs_diff = max(self.max_abs_diff, float(np.abs(a - b).max()))
+            prob_diff = float(np.abs(_softmax(a) - _softmax(b)).max())
+            self.max_prob_diff = max(self.max_prob_diff or 0.0, prob_diff)
             self.agree += int((a.argmax(-1) == b.argmax(-1)).sum())
             self.total += a.shape[0]
             return
@@ -230,9 +233,17 @@ class _Stats:
         self.total += int(real.sum())
 
     def as_dict(self):
-        return {"max_abs_diff": self.max_abs_diff,
-                "agreement": self.agree / self.total if self.total else None,
-                "compared": self.total}
+        out = {"max_abs_diff": self.max_abs_diff,
+               "agreement": self.agree / self.total if self.total else None,
+               "compared": self.total}
+        if self.max_prob_diff is not None:
+            out["max_prob_diff"] = self.max_prob_diff
+        return out
+
+
+def _softmax(logits):
+    z = np.exp(logits - logits.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
 
 
 def compare(reference, backends, batches, validate=None):
@@ -248,7 +259,7 @@ def compare(reference, backends, batches, validate=None):
 
 
 def check(results, precisions_of):
-    """Failures (list of str) of the parity gates; ``precisions_of[backend]`` -> fp32|bf16|fp16."""
+    """Failures (list of str) of the parity gates; ``precisions_of[backend]`` -> fp32|bf16|fp16|int8."""
     failures = []
     for part, per_backend in results.items():
         for name, r in per_backend.items():
@@ -447,10 +458,18 @@ def verify_forward(model, meta, encoder, cfg, export_dir, paddle_prefix, formats
         if "fp16" in precisions:
             backends["onnx_fp16"] = onnx_runner(os.path.join(onnx_dir, "model_fp16.onnx"), crf)
             precision_of["onnx_fp16"] = "fp16"
+        if "int8" in precisions:
+            backends["onnx_int8"] = onnx_runner(os.path.join(onnx_dir, "model_int8.onnx"), crf)
+            precision_of["onnx_int8"] = "int8"
     validate, grid, test_batches = parity_batches(meta, encoder, cfg, test_examples, "input_ids",
                                                   meta.get("max_position"))
     report = run_parity(dygraph_runner(model), backends, precision_of, grid, test_batches,
                         validate)
+    # a short interleaved timing of every verified backend on the same batches (manifest
+    # precision_measured: what --precision auto picks from)
+    from .precision_speed import measure
+
+    report["speed"] = measure(backends, test_batches or [(ids, sl) for _, _, ids, sl in grid])
     report["model_name"] = meta.get("model_name")
     return report
 

@@ -12,12 +12,14 @@
   errors).  They are blocked by NAME (node_block_list): with
   onnxconverter-common 1.16, ``Cast`` in op_block_list loops forever, since each
   Cast it inserts around a blocked node is itself a blocked Cast.
+* int8 - an ONNX copy with int8 MatMul/Gemm weights (export/quantize.py), CPU;
+  Paddle Inference int8 is not produced (docs/PRECISION.md says why).
 """
 import warnings
 
 import onnx
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 # Ops kept in fp32 in the fp16 ONNX file, on top of onnxconverter-common's defaults.
 FP16_KEEP_FP32_OPS = ["LSTM", "GRU", "RNN"]
 
@@ -81,15 +83,7 @@ def _gpu_settings(config, precision, shape_ranges):
     mode = {"fp32": PrecisionType.Float32, "fp16": PrecisionType.Half,
             "bf16": PrecisionType.Bfloat16}[precision]
     config.enable_use_gpu(256, 0, mode)
-    if shape_ranges:
-        config.enable_tensorrt_engine(workspace_size=1 << 30, max_batch_size=1,
-                                      min_subgraph_size=3, precision_mode=mode,
-                                      use_static=False, use_calib_mode=False)
-        config.set_trt_dynamic_shape_info(*trt_shape_dicts(shape_ranges))
-
-
-def trt_shape_dicts(shape_ranges):
-    """manifest ``shape_ranges`` -> (min, max, opt) dicts for ``set_trt_dynamic_shape_info``."""
-    return tuple({name: list(r[key]) for name, r in shape_ranges.items()}
-                 for key in ("min", "max", "opt"))
+    if shape_ranges:  # the legacy switch does not apply to PIR programs
+        raise ValueError("TensorRT on a PIR model.json goes through paddle.tensorrt.convert "
+                         "(ppvarlen.deploy.gpu.convert_tensorrt), not Config.enable_tensorrt_engine")
 

@@ -1,0 +1,231 @@
+"""Speed per precision: eager, Paddle Inference fp32/bf16, ONNX Runtime fp32/fp16/int8, one run.
+
+    # a trained checkpoint (e.g. configs/sentiment/transformer.yaml)
+    python benchmarks/precision_throughput.py -c configs/sentiment/transformer.yaml \\
+        --checkpoint output/sentiment_transformer/best --work output/bench/prec_transformer
+    # an ERNIE-3.0-medium-shaped PaddleNLP ErnieModel, random init (no download)
+    python benchmarks/precision_throughput.py -c configs/sentiment/transformer.yaml \\
+        --ernie-medium --work output/bench/prec_ernie_medium --max-examples 256
+
+Batches are the server's: the test split's texts (a random sample of
+``--max-examples``), length-sorted into ``Deploy.max_batch_tokens`` /
+``Deploy.max_batch_size`` batches, the way the predictor groups a queue of
+texts.  The model is exported through the ppvarlen exporter (fp32, bf16, fp16,
+int8; ``--verify`` off, agreement measured here against eager on the same
+batches), extra int8 variants are quantized next to it (quint8 weights,
+per-channel, static QDQ calibrated on train-split batches).  Every runner is
+warmed up, then ``--repeats`` passes run interleaved (so load from the other
+processes on the machine falls on all alike); the median pass is reported.
+Paddle Inference int8 is absent: see docs/PRECISION.md.
+Writes ``{work}/precision_throughput.json`` and ``.png``.
+"""
+import argparse
+import logging
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ppvarlen.config import add_config_args, load_config  # noqa: E402
+
+ERNIE_MEDIUM = {"hidden_size": 768, "num_hidden_layers": 6, "num_attention_heads": 12,
+                "intermediate_size": 3072, "hidden_act": "gelu", "max_position_embeddings": 2048}
+ERNIE_MEDIUM_VOCAB = 40000
+
+
+def ernie_medium(cfg, encoder, label_names, train_lengths):
+    """ppvarlen's ErnieClassifier (PaddleNLP ErnieModel + linear head) at ERNIE-3.0-medium size."""
+    import numpy as np
+    import paddle
+
+    from ppvarlen.models.ernie import ErnieClassifier, build_ernie_backbone
+
+    paddle.seed(0)
+    config = dict(ERNIE_MEDIUM)
+    max_position = config.pop("max_position_embeddings")
+    backbone = build_ernie_backbone(None, config, ERNIE_MEDIUM_VOCAB, encoder.pad_id, max_position)
+    model = ErnieClassifier(backbone, len(label_names), 0.1)
+    model.eval()
+    p = np.percentile(train_lengths, [50, 95, 99])
+    meta = {"task": "classification", "model_name": "ernie_medium_random",
+            "label_names": label_names, "num_labels": len(label_names),
+            "special_ids": {"pad": encoder.pad_id, "unk": encoder.unk_id, "cls": encoder.cls_id,
+                            "sep": encoder.sep_id, "bos": None, "eos": None},
+            "max_len": cfg.Data.max_len, "max_position": max_position, "long_text": "truncate",
+            "buckets": [], "length_profile": {"p50": float(p[0]), "p95": float(p[1]),
+                                              "p99": float(p[2]), "max": int(max(train_lengths))}}
+    return model, meta
+
+
+def one_pass(run, batches):
+    start = time.perf_counter()
+    for ids, lens in batches:
+        run(ids, lens)
+    return time.perf_counter() - start
+
+
+def interleaved(runners, batches, repeats):
+    """{name: [seconds per pass]}, passes round-robin (the agreement pass was the warm-up)."""
+    seconds = {name: [] for name in runners}
+    for r in range(repeats):
+        for name, run in runners.items():
+            seconds[name].append(one_pass(run, batches))
+            print(f"pass {r + 1}/{repeats} {name}: {seconds[name][-1]:.2f}s", file=sys.stderr,
+                  flush=True)
+    return seconds
+
+
+def build_runners(export_dir, model, threads, int8_variants, calibration):
+    from ppvarlen.export import parity
+    from ppvarlen.export.quantize import quantize_onnx
+
+    onnx_dir = os.path.join(export_dir, "onnx")
+    runners = {"eager": parity.dygraph_runner(model)}
+    for precision in ("fp32", "bf16"):
+        runners[f"paddle_{precision}"] = parity.paddle_inference_runner(
+            os.path.join(export_dir, "paddle"), precision, threads=threads)
+    for precision in ("fp32", "fp16", "int8"):
+        name = "model.onnx" if precision == "fp32" else f"model_{precision}.onnx"
+        runners[f"onnx_{precision}"] = parity.onnx_runner(os.path.join(onnx_dir, name),
+                                                          threads=threads)
+    variants = {"int8_quint8": dict(weight_type="quint8"),
+                "int8_per_channel": dict(per_channel=True),
+                "int8_static_qdq": dict(method="static", calibration_batches=calibration)}
+    for name in int8_variants:
+        path = os.path.join(export_dir, "bench", f"{name}.onnx")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if not os.path.exists(path):
+            quantize_onnx(os.path.join(onnx_dir, "model.onnx"), path, **variants[name])
+        runners[f"onnx_{name}"] = parity.onnx_runner(path, threads=threads)
+    return runners
+
+
+def agreement(runners, batches):
+    """Per runner vs eager on the benchmark batches: argmax agreement, max |diff| of probs.
+
+    Also the warm-up pass of every runner (oneDNN primitive caches, allocators)."""
+    from ppvarlen.export import parity
+
+    backends = {k: v for k, v in runners.items() if k != "eager"}
+    return parity.compare(runners["eager"], backends, batches)
+
+
+def plot(result, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["runners"])
+    speeds = [result["runners"][n]["examples_per_s"] for n in names]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    bars = ax.barh(names, speeds, color=["#888" if n == "eager" else "#36c" if "paddle" in n
+                                         else "#c63" for n in names])
+    for bar, n in zip(bars, names):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
+                f" {result['runners'][n]['vs_onnx_fp32']:.2f}x ORT fp32", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("examples/s (median of interleaved passes)")
+    ax.set_title(f"{result['model_name']}: {result['examples']} test texts, {result['batches']} "
+                 f"server batches, {result['threads']} threads (load {result['load_average'][0]:.1f})",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    parser = add_config_args(argparse.ArgumentParser(description=__doc__))
+    parser.add_argument("--checkpoint")
+    parser.add_argument("--ernie-medium", action="store_true")
+    parser.add_argument("--work", required=True, help="export dir + JSON/PNG go here")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-examples", type=int, default=None)
+    parser.add_argument("--int8-variants", default="int8_quint8,int8_per_channel,int8_static_qdq",
+                        help="extra int8 copies to time ('' for none)")
+    args = parser.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    import numpy as np
+    import paddle
+
+    from ppvarlen.data.collate import Collator
+    from ppvarlen.data.dataset import build_datasets
+    from ppvarlen.export import parity
+    from ppvarlen.export.exporter import export_model
+    from ppvarlen.utils.io import atomic_write_json
+
+    logging.getLogger().setLevel(logging.WARNING)  # onnxruntime.quantization logs per node
+    paddle.set_device("cpu")
+    cfg = load_config(args.config, args.override)
+    if args.checkpoint:
+        from ppvarlen.engine.checkpoint import load_for_inference
+
+        model, meta, encoder, _ = load_for_inference(args.checkpoint)
+        bundle = build_datasets(cfg.Data, task_hint=meta["task"], encoder=encoder,
+                                splits=("train", "test"))
+    elif args.ernie_medium:
+        bundle = build_datasets(cfg.Data, splits=("train", "test"))
+        encoder = bundle.encoder
+        train_lengths = [len(bundle.train[i]["input_ids"]) for i in range(len(bundle.train))]
+        model, meta = ernie_medium(cfg, encoder, bundle.label_names, train_lengths)
+    else:
+        parser.error("pass --checkpoint or --ernie-medium")
+    rng = np.random.RandomState(0)
+    test = [{"input_ids": bundle.test[i]["input_ids"]} for i in range(len(bundle.test))]
+    if args.max_examples and args.max_examples < len(test):
+        test = [test[i] for i in sorted(rng.choice(len(test), args.max_examples, replace=False))]
+    collate = Collator(encoder.pad_id)
+    _, server = parity.split_batches(test, collate, cfg.Deploy.max_batch_tokens,
+                                     cfg.Deploy.max_batch_size)
+    batches = [(b["input_ids"], b["seq_len"]) for b in server]
+    train_idx = rng.choice(len(bundle.train), min(256, len(bundle.train)), replace=False)
+    _, calib = parity.split_batches([{"input_ids": bundle.train[int(i)]["input_ids"]}
+                                     for i in train_idx], collate, 4096, 32)
+    calibration = [(b["input_ids"], b["seq_len"]) for b in calib]
+
+    export_dir = os.path.join(args.work, "export")
+    if not os.path.exists(os.path.join(export_dir, "manifest.json")):
+        export_model(model, meta, encoder, cfg, export_dir, ["paddle", "onnx"],
+                     ["fp32", "bf16", "fp16", "int8"], verify=False)
+    variants = [v for v in args.int8_variants.split(",") if v]
+    runners = build_runners(export_dir, model, args.threads, variants, calibration)
+    agree = agreement(runners, batches)
+    print(f"agreement pass done: {agree}", file=sys.stderr, flush=True)
+    seconds = interleaved(runners, batches, args.repeats)
+    examples = sum(len(sl) for _, sl in batches)
+    tokens = sum(int(sl.sum()) for _, sl in batches)
+    result = {"model_name": meta["model_name"], "examples": examples, "real_tokens": tokens,
+              "batches": len(batches), "batch_shapes": [list(ids.shape) for ids, _ in batches],
+              "max_batch_tokens": cfg.Deploy.max_batch_tokens,
+              "max_batch_size": cfg.Deploy.max_batch_size, "threads": args.threads,
+              "repeats": args.repeats, "cpu_count": os.cpu_count(),
+              "load_average": list(os.getloadavg()), "runners": {}}
+    for name, passes in seconds.items():
+        med = statistics.median(passes)
+        result["runners"][name] = {"examples_per_s": examples / med, "tokens_per_s": tokens / med,
+                                   "pass_seconds": passes, **(agree.get(name) or {})}
+    eager = result["runners"]["eager"]["examples_per_s"]
+    ort32 = result["runners"]["onnx_fp32"]["examples_per_s"]
+    pi32 = result["runners"]["paddle_fp32"]["examples_per_s"]
+    for r in result["runners"].values():
+        r["vs_eager"] = r["examples_per_s"] / eager
+        r["vs_onnx_fp32"] = r["examples_per_s"] / ort32
+        r["vs_paddle_fp32"] = r["examples_per_s"] / pi32
+    os.makedirs(args.work, exist_ok=True)
+    atomic_write_json(os.path.join(args.work, "precision_throughput.json"), result)
+    plot(result, os.path.join(args.work, "precision_throughput.png"))
+    print(f"{'runner':<24}{'ex/s':>9}{'tok/s':>10}{'vs eager':>9}{'vs ORT32':>9}{'vs PI32':>8}"
+          f"{'agree':>9}{'max|dp|':>9}")
+    for name, r in result["runners"].items():
+        agree_s = "-" if r.get("agreement") is None else f"{r['agreement']:.2%}"
+        dp = "-" if r.get("max_prob_diff") is None else f"{r['max_prob_diff']:.3g}"
+        print(f"{name:<24}{r['examples_per_s']:>9.1f}{r['tokens_per_s']:>10.0f}"
+              f"{r['vs_eager']:>9.2f}{r['vs_onnx_fp32']:>9.2f}{r['vs_paddle_fp32']:>8.2f}"
+              f"{agree_s:>9}{dp:>9}")
+    print(f"load average {result['load_average']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""``tools/check_gpu.py``: build every GPU configuration of an export, check it, time it.
+
+On a CUDA machine: for each configuration (Paddle Inference fp32 / fp16 / bf16 /
+TensorRT fp16, ONNX Runtime CUDA fp32 / fp16) build the deploy engine, compare it
+with the CPU fp32 reference (Paddle Inference, else ONNX Runtime) on the
+export's shape grid (parity.grid_batches from the manifest's max_len/buckets)
+and, with ``test_batches``, on real test data; then time it.  Writes
+``gpu_report.json``: one entry per configuration, ``status`` ok / failed (the
+exception named) / parity_failed (the gate named).  Nothing is skipped: a
+configuration the export lacks (e.g. no onnx backend) is reported as failed
+with the reason.
+
+Without a usable GPU (Paddle without CUDA or no device, and no CUDA provider in
+onnxruntime) it says so and returns exit code 2.  Lives on the export side
+because it reuses the parity grid and gates (deploy code never imports export).
+"""
+import time
+
+from ..utils.log import get_logger
+from . import parity
+
+log = get_logger("gpu_check")
+NO_GPU_EXIT = 2
+# (name, backend, precision, tensorrt)
+CONFIGURATIONS = [("paddle_gpu_fp32", "paddle", "fp32", False),
+                  ("paddle_gpu_fp16", "paddle", "fp16", False),
+                  ("paddle_gpu_bf16", "paddle", "bf16", False),
+                  ("paddle_tensorrt_fp16", "paddle", "fp16", True),
+                  ("onnx_cuda_fp32", "onnx", "fp32", False),
+                  ("onnx_cuda_fp16", "onnx", "fp16", False)]
+
+
+def gpu_status():
+    """(usable, why): is there a GPU that Paddle or onnxruntime can run on?"""
+    import onnxruntime as ort
+    import paddle
+
+    reasons = []
+    paddle_gpu = paddle.device.is_compiled_with_cuda()
+    if paddle_gpu:
+        count = paddle.device.cuda.device_count()
+        paddle_gpu = count > 0
+        if not count:
+            reasons.append("Paddle is built with CUDA but sees no GPU device")
+    else:
+        reasons.append(f"Paddle {paddle.__version__} is a CPU build (no CUDA)")
+    ort_gpu = "CUDAExecutionProvider" in ort.get_available_providers()
+    if not ort_gpu:
+        reasons.append(f"onnxruntime {ort.__version__} has no CUDAExecutionProvider "
+                       f"(the onnxruntime-gpu extra of setup.py, docs/PRECISION.md)")
+    return paddle_gpu or ort_gpu, "; ".join(reasons)
+
+
+def _engine_runner(engine):
+    def run(input_ids, seq_len):
+        return parity._named(list(engine.run(input_ids, seq_len).values()))
+    return run
+
+
+def _timed(run, batches, repeats=3):
+    run(*batches[0])
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for ids, sl in batches:
+            run(ids, sl)
+        best = min(best, time.perf_counter() - start)
+    examples = sum(len(sl) for _, sl in batches)
+    return {"examples_per_s": examples / best, "seconds": best}
+
+
+def check_export(export_dir, manifest, test_batches=None, gpu_id=0):
+    """The gpu_report dict (see module docstring)."""
+    from ..deploy.engines import build_engine
+
+    backends = manifest["backends"]
+    ref_backend = "paddle" if "paddle" in backends else "onnx"
+    reference = _engine_runner(build_engine(export_dir, manifest, ref_backend, device="cpu",
+                                            precision="fp32"))
+    tok = manifest["tokenizer"]
+    grid = parity.grid_batches(int(manifest["max_len"]), manifest.get("buckets"),
+                               int(tok["vocab_size"]), min(6, int(tok["vocab_size"]) - 1))
+    sources = {"grid": [(ids, sl) for _, _, ids, sl in grid]}
+    if test_batches:
+        sources["test"] = list(test_batches)
+    report = {"export_dir": export_dir, "reference": f"{ref_backend} cpu fp32",
+              "test_data": bool(test_batches), "configurations": {}}
+    for name, backend, precision, tensorrt in CONFIGURATIONS:
+        entry = {"backend": backend, "precision": precision, "tensorrt": tensorrt}
+        try:
+            engine = build_engine(export_dir, manifest, backend, tensorrt=tensorrt, device="gpu",
+                                  precision=precision, gpu_id=gpu_id)
+            run = _engine_runner(engine)
+            results = {part: parity.compare(reference, {name: run}, batches)
+                       for part, batches in sources.items()}
+            failures = parity.check(results, {name: precision})
+            entry.update(parity={p: r[name] for p, r in results.items()}, failures=failures,
+                         status="parity_failed" if failures else "ok",
+                         **_timed(run, sources.get("test") or sources["grid"]))
+        except Exception as e:  # each configuration's failure is named, the others still run
+            entry.update(status="failed", error=f"{type(e).__name__}: {e}")
+        log.info("%s: %s", name, entry["status"])
+        report["configurations"][name] = entry
+    report["passed"] = all(c["status"] == "ok" for c in report["configurations"].values())
+    return report
+
+
+def main(argv=None):
+    """Command line of tools/check_gpu.py; returns the exit code (2: no GPU / bad input)."""
+    import argparse
+    import sys
+
+    from ..config import ConfigError, load_config
+    from ..deploy.manifest import ExportError, load_manifest
+    from ..utils.io import atomic_write_json
+    from ..utils.log import setup_logging
+
+    parser = argparse.ArgumentParser(
+        description="Build each GPU configuration of an export, check parity against CPU fp32 "
+                    "and time it; writes gpu_report.json.  -c CONFIG adds its test split.")
+    parser.add_argument("-c", "--config", help="training config: adds its test split")
+    parser.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--export", required=True, help="export directory (tools/export.py)")
+    parser.add_argument("--report", default="gpu_report.json")
+    parser.add_argument("--gpu-id", type=int, default=0)
+    args = parser.parse_args(argv)
+    setup_logging()
+    usable, why = gpu_status()
+    if not usable:
+        print(f"no usable GPU on this machine: {why}. Nothing was checked; run this on a CUDA "
+              f"host with paddlepaddle-gpu and/or onnxruntime-gpu installed.", file=sys.stderr)
+        return NO_GPU_EXIT
+    try:
+        manifest = load_manifest(args.export)
+        test_batches = None
+        if args.config:
+            test_batches = _test_batches(load_config(args.config, args.override), args.export,
+                                         manifest)
+        report = check_export(args.export, manifest, test_batches, args.gpu_id)
+    except (ConfigError, ExportError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return NO_GPU_EXIT
+    atomic_write_json(args.report, report)
+    for name, entry in report["configurations"].items():
+        detail = entry.get("error") or "; ".join(entry.get("failures") or []) or \
+            f"{entry['examples_per_s']:.1f} examples/s"
+        print(f"{name:<22} {entry['status']:<14} {detail}")
+    print(f"report: {args.report}")
+    return 0 if report["passed"] else 1
+
+
+def _test_batches(cfg, export_dir, manifest):
+    from ..data.collate import Collator
+    from ..data.vocab import TextEncoder
+    from .exporter import load_test_split
+
+    tok = manifest["tokenizer"]
+    encoder = TextEncoder.load(export_dir, tok.get("kind"))
+    items = [{"input_ids": e["input_ids"]} for e in
+             load_test_split(cfg, encoder, manifest["task"])]
+    _, batches = parity.split_batches(items, Collator(encoder.pad_id), cfg.Data.eval_max_tokens)
+    return [(b["input_ids"], b["seq_len"]) for b in batches]

@@ -1,0 +1,96 @@
+"""Which precisions were verified AND how fast each ran on the export host (manifest data).
+
+``--verify`` already builds one runner per backend/precision for the parity
+report; ``measure`` times them on the same batches (the test split, length-sorted
+token-budget batches, else the shape grid), a few rounds interleaved so load from
+other processes falls on all alike, best round kept.  ``manifest_section`` turns
+parity + timings into ``manifest["precision_measured"]``::
+
+    {"host": {...}, "batches": n, "examples": n,
+     "paddle": {"fp32": {"verified": true, "agreement": 1.0, "max_abs_diff": 2e-6,
+                         "examples_per_s": 812.0}, "bf16": {...}},
+     "onnx":   {"fp32": {...}, "fp16": {...}, "int8": {...}}}
+
+The deploy side (ppvarlen/deploy/precision_choice.py) reads it for
+``--precision auto`` and for the slower-than-fp32 warning.
+"""
+import os
+import platform
+import time
+
+# parity backend name -> (manifest backend, precision).  ``paddle_inference`` (oneDNN off)
+# is a parity check only: the deploy engine runs oneDNN.
+PARITY_BACKENDS = {"paddle_inference_onednn": ("paddle", "fp32"),
+                   "paddle_inference_onednn_bf16": ("paddle", "bf16"),
+                   "onnx": ("onnx", "fp32"), "onnx_fp16": ("onnx", "fp16"),
+                   "onnx_int8": ("onnx", "int8")}
+MAX_BATCHES = 16
+# Bounds export time for big models (ERNIE-base: a few thousand tokens/s per runner on 2 cores).
+MAX_TOKENS = 20000
+ROUNDS = 3
+
+
+def _spread(batches, limit, max_tokens=MAX_TOKENS):
+    """At most ``limit`` batches / about ``max_tokens`` real tokens, spread over the
+    length-sorted list (short and long batches alike)."""
+    picked = list(batches)
+    if len(picked) > limit:
+        step = len(picked) / limit
+        picked = [picked[int(i * step)] for i in range(limit)]
+    while len(picked) > 1 and sum(int(sl.sum()) for _, sl in picked) > max_tokens:
+        picked = picked[::2]
+    return picked
+
+
+def measure(runners, batches, rounds=ROUNDS, max_batches=MAX_BATCHES):
+    """{runner name: {"examples_per_s", "tokens_per_s"}} for the deployable runners."""
+    timed = {name: run for name, run in runners.items() if name in PARITY_BACKENDS}
+    batches = _spread(batches, max_batches)
+    if not timed or not batches:
+        return {}
+    examples = sum(len(sl) for _, sl in batches)
+    tokens = sum(int(sl.sum()) for _, sl in batches)
+    for run in timed.values():  # warm-up: oneDNN primitive caches, allocator
+        run(*batches[0])
+    best = dict.fromkeys(timed, float("inf"))
+    for _ in range(rounds):
+        for name, run in timed.items():
+            start = time.perf_counter()
+            for ids, sl in batches:
+                run(ids, sl)
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {"batches": len(batches), "examples": examples, "tokens": tokens, "rounds": rounds,
+            "runners": {name: {"examples_per_s": examples / s, "tokens_per_s": tokens / s}
+                        for name, s in best.items()}}
+
+
+def host():
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    from paddle.base import core
+
+    return {"machine": platform.machine(), "processor": platform.processor() or None,
+            "cpu_count": os.cpu_count(), "load_average_1m": load,
+            "cpu_bf16": bool(core.supports_bfloat16()), "cpu_vnni": bool(core.supports_vnni())}
+
+
+def manifest_section(report):
+    """parity report (with ``speed``) -> ``manifest["precision_measured"]``."""
+    speed = report.get("speed") or {}
+    part = "test" if "test" in report["results"] else "grid"
+    results = report["results"][part]
+    failed = " ".join(report.get("failures") or [])
+    section = {"device": "cpu", "host": host(), "parity_on": part,
+               "batches": speed.get("batches"), "examples": speed.get("examples")}
+    for name, (backend, precision) in PARITY_BACKENDS.items():
+        if name not in results:
+            continue
+        r = results[name]
+        entry = {"verified": f"/{name}:" not in failed, "agreement": r["agreement"],
+                 "max_abs_diff": r["max_abs_diff"]}
+        if "max_prob_diff" in r:
+            entry["max_prob_diff"] = r["max_prob_diff"]
+        entry.update((speed.get("runners") or {}).get(name, {}))
+        if precision == "bf16":  # without bf16 instructions Paddle silently runs fp32 kernels
+            entry["cpu_bf16"] = section["host"]["cpu_bf16"]
+        section.setdefault(backend, {})[precision] = entry
+    return section

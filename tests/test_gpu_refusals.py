@@ -1,0 +1,76 @@
+"""GPU requests on a CPU machine: each is refused with a message, never silently run on CPU."""
+import os
+import subprocess
+import sys
+
+import paddle
+import pytest
+from paddle.inference import PrecisionType
+
+from ppvarlen.deploy import gpu
+from ppvarlen.deploy.engines import build_engine
+from ppvarlen.deploy.manifest import load_manifest
+from test_precision_choice import export_dir  # noqa: F401  (module fixture: a tiny onnx export)
+from test_quantize import int8_export  # noqa: F401
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_gpu_precision_mapping_keeps_bf16():
+    assert gpu.gpu_precision_type("bf16") == PrecisionType.Bfloat16
+    assert gpu.gpu_precision_type("fp16") == PrecisionType.Half
+    assert gpu.gpu_precision_type("fp32") == PrecisionType.Float32
+    with pytest.raises(ValueError, match="cannot run on GPU"):
+        gpu.gpu_precision_type("int8")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_paddle_gpu_without_cuda_is_refused(int8_export, precision):  # noqa: F811
+    out, _ = int8_export
+    manifest = load_manifest(str(out))
+    manifest["precisions"]["paddle"] = ["fp32", "bf16", "fp16"]  # as if exported with them
+    with pytest.raises(ValueError, match="no CUDA"):
+        build_engine(str(out), manifest, "paddle", device="gpu", precision=precision)
+
+
+def test_tensorrt_refused_off_gpu_and_without_paddle_tensorrt(int8_export, monkeypatch):  # noqa: F811
+    out, _ = int8_export
+    manifest = load_manifest(str(out))
+    manifest["precisions"]["paddle"] = ["fp32", "fp16"]  # as if exported with GPU fp16
+    with pytest.raises(ValueError, match="TensorRT runs only with --backend paddle --device gpu"):
+        build_engine(str(out), manifest, "paddle", tensorrt=True, device="cpu")
+    with pytest.raises(ValueError, match="no CUDA"):
+        build_engine(str(out), manifest, "paddle", tensorrt=True, device="gpu", precision="fp16")
+    # A CUDA build without paddle.tensorrt must refuse, not run plain GPU (this CPU build has
+    # no paddle.tensorrt, so pretending CUDA reaches exactly that branch).
+    monkeypatch.setattr(paddle.device, "is_compiled_with_cuda", lambda: True)
+    with pytest.raises(ValueError, match="no paddle.tensorrt"):
+        build_engine(str(out), manifest, "paddle", tensorrt=True, device="gpu", precision="fp16")
+    with pytest.raises(ValueError, match="needs a PIR program"):
+        gpu.convert_tensorrt(str(out / "paddle" / "model.pdmodel"), manifest,
+                             ["input_ids", "seq_len"], "fp16", str(out))
+
+
+def test_tensorrt_needs_shape_ranges():
+    with pytest.raises(Exception, match="shape_ranges .*missing \\['seq_len'\\]"):
+        gpu.tensorrt_shapes({"shape_ranges": {"input_ids": {"min": [1, 1], "opt": [4, 8],
+                                                            "max": [8, 16]}}},
+                            ["input_ids", "seq_len"])
+
+
+def test_onnx_cuda_without_provider_is_refused(export_dir):  # noqa: F811
+    manifest = load_manifest(str(export_dir))
+    for precision in ("fp32", "fp16"):
+        with pytest.raises(ValueError, match="no CUDAExecutionProvider"):
+            build_engine(str(export_dir), manifest, "onnx", device="gpu", precision=precision)
+
+
+def test_check_gpu_exits_2_without_a_gpu(export_dir, tmp_path):  # noqa: F811
+    report = tmp_path / "gpu_report.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "check_gpu.py"),
+                           "--export", str(export_dir), "--report", str(report)],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT),
+                          timeout=300)
+    assert proc.returncode == 2
+    assert "no usable GPU on this machine" in proc.stderr and "CPU build" in proc.stderr
+    assert not report.exists()
