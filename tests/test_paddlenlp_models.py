@@ -159,14 +159,16 @@ def test_to_static_traces_once(vocab_file, tmp_path):
 
 @pytest.fixture
 def no_pickle(monkeypatch):
+    import paddlenlp.transformers as pt  # imported first: its modules subclass pickle.Unpickler
+    import paddlenlp.transformers.model_utils as mu
+
     def refuse(*args, **kwargs):
         raise AssertionError("unpickling on a PaddleNLP directory path")
     for name in ("load", "loads", "Unpickler"):
         monkeypatch.setattr(pickle, name, refuse)
     monkeypatch.setattr(paddle, "load", refuse)
-    import paddlenlp.transformers.model_utils as mu
-
     monkeypatch.setattr(mu, "paddlenlp_load", refuse)
+    assert pt.AutoModelForSequenceClassification  # the loaders run with the patches above
 
 
 def test_loads_without_unpickling_and_keeps_the_head(vocab_file, tmp_path, no_pickle):
