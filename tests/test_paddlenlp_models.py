@@ -296,16 +296,25 @@ def test_export_from_directory_matches_paddlenlp_eager(arch, head, trained):
 
 
 def test_reduced_precisions_and_deploy_infer_serve_the_export(trained, tmp_path):
-    run, out, verify = trained("ernie", "seq")
+    _, out, _ = trained("ernie", "seq")
     manifest = json.load(open(out / "manifest.json"))
     assert manifest["precisions"] == {"paddle": ["fp32", "bf16", "fp16"], "onnx": ["fp32", "fp16"]}
     texts = tmp_path / "texts.txt"
-    texts.write_text("物流很快，包装完好\n质量太差了\n", encoding="utf-8")
-    preds = tmp_path / "preds.jsonl"
-    assert main_infer(["--model-dir", str(out), "--input", str(texts), "--output", str(preds),
-                       "--no-progress"]) == 0
-    rows = [json.loads(line) for line in open(preds, encoding="utf-8")]
-    assert [r["label"] in manifest["label_names"] for r in rows] == [True, True]
+    texts.write_text("物流很快，包装完好\n江泽民在北京会见了客人\n", encoding="utf-8")
+    for arch, head in (("ernie", "seq"), ("bert", "token")):
+        _, out, _ = trained(arch, head)
+        manifest = json.load(open(out / "manifest.json"))
+        preds = tmp_path / f"{arch}-{head}.jsonl"
+        assert main_infer(["--model-dir", str(out), "--backend", "onnx", "--input", str(texts),
+                           "--output", str(preds), "--no-progress"]) == 0
+        rows = [json.loads(line) for line in open(preds, encoding="utf-8")]
+        assert len(rows) == 2
+        for row, text in zip(rows, ("物流很快，包装完好", "江泽民在北京会见了客人")):
+            if head == "seq":
+                assert row["label"] in manifest["label_names"]
+            else:  # one tag per character, the [CLS]/[SEP] positions dropped
+                assert len(row["tags"]) == len(text)
+                assert set(row["tags"]) <= set(manifest["label_names"])
 
 
 def test_export_cli_errors_are_one_line(tmp_path, capsys):

@@ -26,7 +26,7 @@ dynamic shapes (one to_static trace for every batch shape):
   architecture).  Pad positions are rewritten to ``pad_token_id`` first, which is what the
   hook recognises; text never encodes to the pad id (data.vocab).
 
-``save_pretrained(directory, encoder, label_names)`` writes the trained model back as a
+``save_paddlenlp_dir(directory, encoder, label_names)`` writes the trained model back as a
 PaddleNLP directory (safetensors weights, config.json with the label names, tokenizer
 files) that ``AutoModelFor*.from_pretrained`` reloads with identical logits.
 """
@@ -139,7 +139,7 @@ class PaddleNLPModel(nn.Layer):
             out = out[0]
         return out.astype("float32")
 
-    def save_pretrained(self, directory, encoder, label_names):
+    def save_paddlenlp_dir(self, directory, encoder, label_names):
         """Write a PaddleNLP directory (safetensors, label names in config.json, tokenizer
         files) atomically; ``AutoModelFor*.from_pretrained(directory)`` reloads it."""
         from ..utils.io import atomic_dir
