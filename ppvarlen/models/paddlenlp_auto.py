@@ -30,7 +30,6 @@ dynamic shapes (one to_static trace for every batch shape):
 PaddleNLP directory (safetensors weights, config.json with the label names, tokenizer
 files) that ``AutoModelFor*.from_pretrained`` reloads with identical logits.
 """
-import json
 import os
 
 import paddle
@@ -150,9 +149,6 @@ class PaddleNLPModel(nn.Layer):
         with atomic_dir(directory) as tmp:
             self.net.save_pretrained(tmp, safe_serialization=True)
             encoder.save_pretrained_tokenizer(tmp)
-            with open(os.path.join(tmp, "ppvarlen.json"), "w", encoding="utf-8") as f:
-                json.dump({"auto_class": self.auto_class, "label_names": list(label_names)}, f,
-                          ensure_ascii=False, indent=2)
         return directory
 
 
