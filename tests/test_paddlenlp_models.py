@@ -323,3 +323,45 @@ def test_export_cli_errors_are_one_line(tmp_path, capsys):
     assert "not a local directory" in capsys.readouterr().err
     assert main_export(["--checkpoint", str(tmp_path), "--output", str(tmp_path / "o")]) == 2
     assert "needs -c" in capsys.readouterr().err
+
+
+def test_resume_after_interrupt_gives_identical_losses_and_weights(vocab_file, tmp_path,
+                                                                   monkeypatch):
+    import signal
+
+    from safetensors.numpy import load_file
+
+    import ppvarlen.engine.trainer as trainer_mod
+
+    directory = save_random_dir(tmp_path / "pretrained", "bert", "token", vocab_file)
+
+    def config(out, resume=None):
+        return load_config(os.path.join(REPO, HEADS["token"][1]), [
+            f"Model.pretrained_dir={directory}", f"Data.vocab_file={directory}",
+            f"Global.output_dir={out}", "Train.max_steps=4", "Data.limit=24", "Data.max_len=32",
+            "Data.max_tokens=256", "Data.stride=8", "Train.progress_bar=false", "Train.log_every=1",
+            "Train.eval_every=2", "Optimizer.lr=1e-3"] + ([f"Train.resume={resume}"] if resume else []))
+
+    def losses(out):
+        return [(r["step"], r["loss"]) for r in map(json.loads, open(out / "train_log.jsonl"))
+                if "loss" in r]
+
+    trainer_mod.train(config(tmp_path / "full"))
+    original = trainer_mod.Trainer.train_step
+
+    def interrupt_during_step_3(self, batch):
+        loss = original(self, batch)
+        if self.state["step"] == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return loss
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", interrupt_during_step_3)
+    assert trainer_mod.train(config(tmp_path / "cut")) == {"interrupted": True, "step": 3}
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", original)
+    trainer_mod.train(config(tmp_path / "cut", resume="auto"))
+    assert losses(tmp_path / "cut") == losses(tmp_path / "full")
+    a = load_file(str(tmp_path / "full" / "ckpt-4" / "model.safetensors"))
+    b = load_file(str(tmp_path / "cut" / "ckpt-4" / "model.safetensors"))
+    assert sorted(a) == sorted(b) and any(k.startswith("net.bert.") for k in a)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)

@@ -171,6 +171,16 @@ class PaddleNLPTokenClassifier(PaddleNLPModel):
     auto_class = "AutoModelForTokenClassification"
     architecture_suffix = "ForTokenClassification"
 
+    def __init__(self, net, max_position):
+        super().__init__(net, max_position)
+        # The backbone's [CLS] pooler is off the token head's path: it never gets a gradient,
+        # so the optimizer never makes its moments, and a resumed run (which creates moments
+        # for every trainable parameter) would not find them.  Frozen, it is simply not trained
+        # (as before) and still saved.
+        pooler = getattr(getattr(net, net.base_model_prefix, None), "pooler", None)
+        for param in pooler.parameters() if isinstance(pooler, nn.Layer) else ():
+            param.stop_gradient = True
+
     def forward(self, input_ids, seq_len, labels=None):
         emissions = self.logits(input_ids, seq_len)
         if labels is None:
