@@ -177,9 +177,30 @@ def main_export(argv=None):
     --verify compares every backend with the eager model on a shape grid and the test split and
     fails (exit 1, old export kept) if fp32 differs by > 1e-4 or any argmax differs, or bf16/fp16
     agree on < 99.5% of the test split.  Defaults come from the config's Export section.
+
+    Straight from a PaddleNLP save_pretrained directory (no ppvarlen training run behind it):
+
+        ppvarlen-export --pretrained-dir DIR --output OUT [--task classification|tagging]
+            [--verify-file labelled.jsonl] [-c CONFIG] [--format ...] [--precision ...]
+
+    DIR holds config.json, model.safetensors (pickle-only model_state.pdparams is refused)
+    and the tokenizer files; the head and label names (id2label) are the directory's, the
+    task comes from config.json's architectures (*ForSequenceClassification /
+    *ForTokenClassification) or --task; the tokenizer is AutoTokenizer's on DIR, texts are
+    encoded as [CLS] text [SEP].  -c is optional here (Data.max_len, Deploy shape ranges,
+    Export settings); parity runs on the shape grid and, with --verify-file, on that JSONL
+    file ({"text", "label"} or {"tokens", "tags"} lines, labels from id2label).
     """
     parser = _parser(main_export)
-    parser.add_argument("--checkpoint", required=True, help="checkpoint dir, e.g. OUTPUT_DIR/best")
+    parser._option_string_actions["-c"].required = False  # --pretrained-dir needs no config
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", help="checkpoint dir, e.g. OUTPUT_DIR/best (needs -c)")
+    source.add_argument("--pretrained-dir", help="a PaddleNLP save_pretrained directory")
+    parser.add_argument("--task", choices=["classification", "tagging"],
+                        help="--pretrained-dir: the head's task when config.json's architectures "
+                        "do not say it")
+    parser.add_argument("--verify-file", help="--pretrained-dir: labelled JSONL for the parity "
+                        "report besides the shape grid")
     parser.add_argument("--output", required=True, help="export directory to write")
     parser.add_argument("--format", type=_csv, help="paddle,onnx (default: Export.format)")
     parser.add_argument("--precision", type=_csv,
@@ -190,15 +211,25 @@ def main_export(argv=None):
 
 
 def _export(args):
+    if args.checkpoint and not args.config:
+        raise ConfigError("--checkpoint needs -c CONFIG (its Data section gives the test split "
+                          "of the parity report), e.g. -c OUTPUT_DIR/config.yaml")
+    if args.pretrained_dir is None and (args.task or args.verify_file):
+        raise ConfigError("--task and --verify-file go with --pretrained-dir")
     cfg = load_config(args.config, args.override)
-    from .export.exporter import check_request, export_checkpoint
+    from .export.exporter import check_request, export_checkpoint, export_pretrained_dir
     from .utils.log import setup_logging
 
     setup_logging()
     # a bad request fails before the checkpoint is even looked at
     check_request(args.format or cfg.Export.format, args.precision or cfg.Export.precision)
-    manifest = export_checkpoint(_checkpoint_dir(args.checkpoint), args.output, cfg, args.format,
-                                 args.precision, args.verify)
+    if args.pretrained_dir:
+        manifest = export_pretrained_dir(args.pretrained_dir, args.output, cfg, args.task,
+                                         args.format, args.precision, args.verify,
+                                         args.verify_file)
+    else:
+        manifest = export_checkpoint(_checkpoint_dir(args.checkpoint), args.output, cfg,
+                                     args.format, args.precision, args.verify)
     print(f"exported {manifest['model_name']} to {args.output}: backends "
           f"{sorted(manifest['backends'])}, precisions {manifest['precisions']}")
     return 0

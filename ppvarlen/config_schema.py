@@ -42,6 +42,9 @@ MODEL_KEYS = {
     "bigru_crf": ("emb_size", "hidden_size", "num_layers", "dropout", "max_position", "init_from"),
     "ernie_cls": _ERNIE_KEYS,
     "ernie_tagger": _ERNIE_KEYS,
+    # any PaddleNLP save_pretrained directory, its own head kept (models/paddlenlp_auto.py)
+    "paddlenlp_seq_cls": ("pretrained_dir", "max_position"),
+    "paddlenlp_token_cls": ("pretrained_dir", "max_position"),
     "seq2seq": _TRANSFORMER_KEYS + ("num_decoder_layers", "max_len_a", "max_len_b", "beam_size",
                                     "length_penalty"),
 }
@@ -122,7 +125,9 @@ SCHEMA = {
                          help="null = the model's default: cls (transformer_cls), last (rnn_cls); "
                          "ernie_cls has no such key: it always uses ERNIE's [CLS] pooler"),
         "cell": Field(str, "lstm", choices=["lstm", "gru"]),
-        "pretrained_dir": Field(str, None, help="local ERNIE/BERT dir: config + weights + vocab"),
+        "pretrained_dir": Field(str, None, help="local ERNIE/BERT dir: config + weights + vocab; "
+                                "paddlenlp_*: any PaddleNLP save_pretrained directory "
+                                "(config.json + model.safetensors + tokenizer files)"),
         "ernie_config": Field(dict, None, help="small ErnieConfig kwargs for random init"),
         "num_decoder_layers": Field(int, 2),
         "ngram_buckets": Field(int, 0, help="hashed char n-gram embedding table size for "

@@ -18,7 +18,9 @@ CONFIGS = ["configs/sentiment/transformer.yaml", "configs/sentiment/bilstm.yaml"
            "configs/sentiment/wide_deep.yaml"]
 # Configs tested in their own file with lighter data (tests/test_pretrain.py: without the
 # People's Daily text it adds, which Data.limit does not cut).
-OTHER_TOOL_CONFIGS = ["configs/sentiment/pretrain_mlm.yaml"]
+OTHER_TOOL_CONFIGS = ["configs/sentiment/pretrain_mlm.yaml",
+                      # need a PaddleNLP directory: tests/test_paddlenlp_models.py makes one
+                      "configs/sentiment/paddlenlp.yaml", "configs/ner/paddlenlp.yaml"]
 
 
 @pytest.mark.parametrize("path", CONFIGS)

@@ -11,8 +11,13 @@ such tokens are written escaped (``\\u3000``, ``\\t``; a backslash itself as ``\
 ``encoder.json`` records the escaping, so a vocab.txt without it (e.g. a BERT vocab)
 is read literally.
 
-``kind="pretrained"`` wraps PaddleNLP's ``ErnieTokenizer`` built from a local vocab.txt
-file only (never a model name that could download); only that path imports paddlenlp.
+``kind="pretrained"`` wraps a PaddleNLP tokenizer built from local files only (never a
+model name that could download); only that path imports paddlenlp.  A vocab.txt with a
+``tokenizer_config.json`` beside it (a PaddleNLP ``save_pretrained`` directory) is read with
+``AutoTokenizer`` and that file decides the tokenizer class and its options (do_lower_case,
+tokenize_chinese_chars, ...); ``save`` copies the tokenizer files (``TOKENIZER_FILES``) next to
+vocab.txt, so a checkpoint or export tokenizes exactly like ``AutoTokenizer`` on the
+directory.  A bare vocab.txt gets ``ErnieTokenizer(do_lower_case=Data.lowercase)``.
 """
 import hashlib
 import json
@@ -31,6 +36,8 @@ SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[BOS]", "[EOS]")
 PAD, UNK, CLS, SEP, BOS, EOS = SPECIAL_TOKENS
 KINDS = ("char", "word", "pretrained")
 ENCODER_FORMAT = 1
+# what PaddleNLP's save_pretrained writes for a WordPiece tokenizer besides vocab.txt
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 _UNESCAPE_RE = re.compile(r"\\(\\|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8})")
 
 
@@ -72,6 +79,7 @@ class TextEncoder:
         self.lowercase = lowercase
         self.tokens = list(tokens)
         self._tok = _pretrained
+        self.auto_tokenizer = False  # _tok came from AutoTokenizer (tokenizer_config.json)
         if _pretrained is None:
             if tuple(self.tokens[:len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
                 raise DataError(f"vocabulary must start with the special tokens "
@@ -265,8 +273,34 @@ class TextEncoder:
             tokens = [self._tok.vocab.to_tokens(i) for i in range(len(self._tok.vocab))]
             text = "".join(t + "\n" for t in tokens)  # verbatim: it is someone else's vocab
             meta["vocab_escape"] = None
+            meta["tokenizer_class"] = type(self._tok).__name__
+            meta["tokenizer_files"] = self._write_tokenizer_files(directory)
         atomic_write_text(os.path.join(directory, "vocab.txt"), text)
         atomic_write_json(os.path.join(directory, "encoder.json"), meta)
+
+    def _write_tokenizer_files(self, directory):
+        """An AutoTokenizer's files (not vocab.txt: ``save`` writes it) -> names written."""
+        if not self.auto_tokenizer:
+            return []
+        import tempfile
+
+        written = []
+        with tempfile.TemporaryDirectory() as tmp:
+            self._tok.save_pretrained(tmp)
+            for name in TOKENIZER_FILES:
+                if os.path.isfile(os.path.join(tmp, name)):
+                    with open(os.path.join(tmp, name), encoding="utf-8") as f:
+                        atomic_write_text(os.path.join(directory, name), f.read())
+                    written.append(name)
+        return written
+
+    def save_pretrained_tokenizer(self, directory):
+        """The tokenizer as PaddleNLP's ``save_pretrained`` writes it (vocab.txt,
+        tokenizer_config.json, ...): ``AutoTokenizer.from_pretrained(directory)`` reads it."""
+        if self._tok is None:
+            raise ConfigError("only a pretrained tokenizer (Data.tokenizer: pretrained) can be "
+                              "saved in PaddleNLP's format")
+        self._tok.save_pretrained(directory)
 
     @classmethod
     def load(cls, dir_or_file, kind=None, lowercase=None):
@@ -338,10 +372,37 @@ class TextEncoder:
         if missing:
             raise DataError(f"{vocab_path}: pretrained vocab lacks {missing}; a BERT/ERNIE "
                             f"vocab.txt lists [PAD], [UNK], [CLS] and [SEP]")
+        directory = os.path.dirname(os.path.abspath(vocab_path))
+        if os.path.isfile(os.path.join(directory, "tokenizer_config.json")):
+            tok = _auto_tokenizer(directory)
+            do_lower = bool(getattr(tok, "do_lower_case", False))
+            if lowercase and not do_lower:
+                raise ConfigError(f"Data.lowercase: true, but {directory}/tokenizer_config.json "
+                                  f"says do_lower_case: false, and that file decides how this "
+                                  f"tokenizer works; remove Data.lowercase")
+            enc = cls([], "pretrained", do_lower, _pretrained=tok)
+            enc.auto_tokenizer = True
+            return enc
         from paddlenlp.transformers import ErnieTokenizer  # heavy: only on this path
 
         tok = ErnieTokenizer(vocab_file=vocab_path, do_lower_case=lowercase)
         return cls([], "pretrained", lowercase, _pretrained=tok)
+
+
+def _auto_tokenizer(directory):
+    """``AutoTokenizer`` over a local directory (JSON + vocab files; nothing downloaded)."""
+    from paddlenlp.transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(directory, from_hf_hub=False, from_aistudio=False)
+    except (OSError, ValueError, KeyError, AssertionError) as e:
+        raise DataError(f"{directory}/tokenizer_config.json: PaddleNLP's AutoTokenizer cannot "
+                        f"load this directory ({e})") from None
+    vocab = getattr(tok, "vocab", None)
+    if not hasattr(vocab, "token_to_idx"):
+        raise DataError(f"{directory}: {type(tok).__name__} has no WordPiece vocabulary "
+                        f"(vocab.txt); ppvarlen reads BERT/ERNIE-style tokenizers")
+    return tok
 
 
 def vocab_sha256(encoder):

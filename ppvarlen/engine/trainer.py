@@ -403,6 +403,12 @@ class Trainer:
         }
         if self.main:
             result.update(self.task.write_artifacts(self.model, self.data, self.out))
+            # models wrapping a PaddleNLP model (models/paddlenlp_auto.py): the best weights also
+            # as a PaddleNLP directory, which AutoModelFor*.from_pretrained reads
+            save_paddlenlp_dir = getattr(self.model, "save_paddlenlp_dir", None)
+            if save_paddlenlp_dir is not None:
+                result["paddlenlp_dir"] = save_paddlenlp_dir(
+                    os.path.join(self.out, "paddlenlp"), self.data.encoder, self.data.label_names)
             atomic_write_json(os.path.join(self.out, "metrics.json"), result)
             self.logbook.plot(os.path.join(self.out, "curves.png"), metric)
             self.logbook.close()

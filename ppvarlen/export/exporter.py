@@ -279,3 +279,68 @@ def load_test_split(cfg, encoder, task):
 
     bundle = build_datasets(cfg.Data, task_hint=task, encoder=encoder, splits=("test",))
     return [bundle.test[i] for i in range(len(bundle.test))]
+
+
+def export_pretrained_dir(directory, output, cfg, task=None, formats=None, precisions=None,
+                          verify=None, verify_file=None):
+    """``tools/export.py --pretrained-dir``: a PaddleNLP ``save_pretrained`` directory, with no
+    ppvarlen training run behind it, exported like a checkpoint.
+
+    The model family (models/paddlenlp_auto.py) comes from config.json's ``architectures``
+    (``*ForSequenceClassification`` / ``*ForTokenClassification``) or from ``task``; the label
+    names from its ``id2label``; the tokenizer is the directory's own (AutoTokenizer, files
+    copied into the export).  ``verify_file``: a JSONL file of labelled examples (the corpus
+    format: {"text", "label"} / {"tokens", "tags"}) for the parity report besides the grid.
+    """
+    from ..config import load_config
+    from ..data.lengths import length_stats
+    from ..data.vocab import TextEncoder
+    from ..models import build_model
+    from ..models.paddlenlp_auto import label_names_of, model_name_for, read_config
+
+    config = read_config(directory, key="--pretrained-dir")
+    model_name, task_name = model_name_for(config, task, directory)
+    task = get_task(task_name)
+    label_names = label_names_of(config)
+    table = int(config.max_position_embeddings)
+    max_len = min(int(cfg.Data.max_len), table)
+    raw = cfg.to_dict()
+    raw["Model"] = {"name": model_name, "pretrained_dir": directory, "max_position": table}
+    # a PaddleNLP model was fine-tuned on tokenizer(text): [CLS] text [SEP]
+    raw["Data"].update(tokenizer="pretrained", vocab_file=directory, max_len=max_len,
+                       add_special_tokens=True, lowercase=False, label_names=label_names)
+    cfg = load_config(data=raw)
+    formats, precisions = check_request(formats or cfg.Export.format,
+                                        precisions or cfg.Export.precision)
+    encoder = TextEncoder.load(directory, "pretrained")
+    model = build_model(cfg.Model, encoder.vocab_size, len(label_names), encoder.pad_id, task.name)
+    model.eval()
+    verify = cfg.Export.verify if verify is None else verify
+    test_examples = profile = None
+    if verify_file:
+        test_examples = _encode_verify_file(cfg, encoder, task.name, verify_file, label_names)
+        stats = length_stats([len(e["input_ids"]) for e in test_examples])
+        profile = {k: stats[k] for k in ("p50", "p95", "p99", "max")}
+    meta = {"task": task.name, "model_name": model_name, "label_names": label_names,
+            "num_labels": len(label_names), "special_ids": dict(encoder.special_ids),
+            "tokenizer": "pretrained", "max_len": max_len, "max_position": table,
+            "long_text": cfg.Data.long_text, "buckets": [], "length_profile": profile,
+            "step": 0, "metrics": {}, "source": {"pretrained_dir": os.path.abspath(directory)},
+            **task.meta_extras(cfg)}
+    return export_model(model, meta, encoder, cfg, output, formats, precisions, verify,
+                        test_examples)
+
+
+def _encode_verify_file(cfg, encoder, task, path, label_names):
+    """The labelled JSONL file, encoded with the directory's tokenizer (all of it: test)."""
+    from ..config import load_config
+    from ..data.dataset import build_datasets
+
+    if not os.path.isfile(path):
+        raise ConfigError(f"--verify-file {path}: file not found")
+    raw = cfg.to_dict()
+    raw["Data"].update(corpus="jsonl", train_file=path, test_file=path, task=task,
+                       label_names=list(label_names))
+    bundle = build_datasets(load_config(data=raw).Data, task_hint=task, encoder=encoder,
+                            splits=("test",))
+    return [bundle.test[i] for i in range(len(bundle.test))]

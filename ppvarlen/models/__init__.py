@@ -18,6 +18,8 @@ MODEL_TASKS = {
     "bigru_crf": "tagging",
     "ernie_tagger": "tagging",
     "seq2seq": "seq2seq",
+    "paddlenlp_seq_cls": "classification",
+    "paddlenlp_token_cls": "tagging",
 }
 
 
@@ -86,8 +88,8 @@ def build_model(model_cfg, vocab_size, num_labels, pad_id, task, init_weights=Tr
                                      output_size=num_labels or None)
     if vocab_size < 1 or num_labels < 1:
         raise ValueError(f"build_model: vocab_size={vocab_size} and num_labels={num_labels} must be >= 1")
-    model = _BUILDERS[name](cfg, vocab_size, num_labels, pad_id)
-    if cfg["init_from"] and init_weights:
+    model = _BUILDERS[name](cfg, vocab_size, num_labels, pad_id, init_weights)
+    if cfg.get("init_from") and init_weights:
         _warm_start(model, cfg["init_from"])
     return model
 
@@ -103,7 +105,7 @@ def _warm_start(model, path):
              len(report["unexpected"]), report["unexpected"])
 
 
-def _transformer_cls(cfg, vocab_size, num_labels, pad_id):
+def _transformer_cls(cfg, vocab_size, num_labels, pad_id, init_weights=True):
     from .transformer_cls import TransformerClassifier
 
     return TransformerClassifier(
@@ -116,7 +118,7 @@ def _transformer_cls(cfg, vocab_size, num_labels, pad_id):
         token_dropout=cfg["token_dropout"], rdrop_alpha=cfg["rdrop_alpha"])
 
 
-def _rnn_cls(cfg, vocab_size, num_labels, pad_id):
+def _rnn_cls(cfg, vocab_size, num_labels, pad_id, init_weights=True):
     from .rnn_cls import RNNClassifier
 
     return RNNClassifier(
@@ -126,14 +128,14 @@ def _rnn_cls(cfg, vocab_size, num_labels, pad_id):
         ngram_orders=cfg["ngram_orders"], ngram_dropout=cfg["ngram_dropout"])
 
 
-def _bigru_crf(cfg, vocab_size, num_labels, pad_id):
+def _bigru_crf(cfg, vocab_size, num_labels, pad_id, init_weights=True):
     from .bigru_crf import BiGRUCRF
 
     return BiGRUCRF(vocab_size, num_labels, emb_size=cfg["emb_size"], hidden_size=cfg["hidden_size"],
                     num_layers=cfg["num_layers"], dropout=cfg["dropout"])
 
 
-def _ernie(cfg, vocab_size, num_labels, pad_id):
+def _ernie(cfg, vocab_size, num_labels, pad_id, init_weights=True):
     from .ernie import ErnieClassifier, ErnieTagger, build_ernie_backbone
 
     backbone = build_ernie_backbone(cfg["pretrained_dir"], cfg["ernie_config"], vocab_size, pad_id,
@@ -142,10 +144,23 @@ def _ernie(cfg, vocab_size, num_labels, pad_id):
     return model_class(backbone, num_labels, dropout=cfg["dropout"])
 
 
+def _paddlenlp(cfg, vocab_size, num_labels, pad_id, init_weights=True):
+    from . import paddlenlp_auto
+
+    model_class = {"paddlenlp_seq_cls": paddlenlp_auto.PaddleNLPSequenceClassifier,
+                   "paddlenlp_token_cls": paddlenlp_auto.PaddleNLPTokenClassifier}[cfg["name"]]
+    # without init_weights a ppvarlen checkpoint supplies every weight: config.json suffices
+    return paddlenlp_auto.build_paddlenlp_model(model_class, cfg["pretrained_dir"],
+                                                cfg["max_position"], vocab_size, num_labels,
+                                                init_weights)
+
+
 _BUILDERS = {
     "transformer_cls": _transformer_cls,
     "rnn_cls": _rnn_cls,
     "bigru_crf": _bigru_crf,
     "ernie_cls": _ernie,
     "ernie_tagger": _ernie,
+    "paddlenlp_seq_cls": _paddlenlp,
+    "paddlenlp_token_cls": _paddlenlp,
 }
