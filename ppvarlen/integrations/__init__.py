@@ -1,0 +1,1 @@
+"""Optional bridges to other frameworks; each module imports its framework itself."""
