@@ -217,14 +217,18 @@ def test_map_dataset_from_load_dataset(tmp_path):
         lengths_of(empty)
 
 
-def test_resume_sees_the_same_batches_and_losses(seq_dir, tmp_path):
-    """Interrupted in the middle of epoch 2 and resumed from the checkpoint: the resumed
-    steps train on the batches, and give the losses, of an uninterrupted run (dropout on)."""
+@pytest.mark.parametrize("where", ["mid_epoch", "epoch_end"])
+def test_resume_sees_the_same_batches_and_losses(seq_dir, tmp_path, where):
+    """Interrupted in epoch 2 (or right at the end of epoch 1) and resumed from the
+    checkpoint: the resumed steps train on the batches, and give the losses, of an
+    uninterrupted run (dropout on)."""
     model_dir, ds = seq_dir
     full = make_trainer(model_dir, ds, training_args(tmp_path / "full"))
     full.train()
     per_epoch = len(full.train_batch_sampler())
-    save_at = per_epoch + 3
+    ids = [sorted(example_ids(ds, ids)) for ids, _ in full.steps]
+    assert ids[:per_epoch] != ids[per_epoch:]  # epochs differ, so the resumed epoch matters
+    save_at = per_epoch + 3 if where == "mid_epoch" else per_epoch
     args = dict(save_strategy="steps", save_steps=save_at)
     first = make_trainer(model_dir, ds, training_args(tmp_path / "cut", **args))
     first.add_callback(StopAt(save_at + 2))  # it goes on past the checkpoint, then stops
@@ -237,7 +241,7 @@ def test_resume_sees_the_same_batches_and_losses(seq_dir, tmp_path):
     assert not any(f.endswith((".pdparams", ".pdopt")) and not f.startswith("scheduler")
                    for f in files), files
     resumed = make_trainer(model_dir, ds, training_args(tmp_path / "cut", **args))
-    resumed.train(resume_from_checkpoint=str(ckpt))
+    resumed.train(resume_from_checkpoint=str(ckpt) if where == "mid_epoch" else True)
     assert len(resumed.steps) == len(full.steps) - save_at
     for (ids, loss), (ids_full, loss_full) in zip(resumed.steps, full.steps[save_at:]):
         np.testing.assert_array_equal(ids, ids_full)

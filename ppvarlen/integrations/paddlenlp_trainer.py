@@ -21,7 +21,10 @@ What the stock Trainer lacks, and what this module does about it:
   interrupted run was in.  The Trainer then skips the batches already trained by
   iterating the loader (collation only, no forward), so the resumed run sees
   exactly the batches an uninterrupted run would.  No sampler state is stored:
-  batches are a pure function of (seed, epoch).
+  batches are a pure function of (seed, epoch).  Two PaddleNLP 2.8.1 resume gaps
+  are closed: at an epoch boundary (nothing to skip) it never restored the RNG
+  (dropout) state, and ``resume_from_checkpoint=True`` failed after loading the
+  weights; both work here.
 * The Trainer computes steps per epoch ONCE, so the number of batches must not
   change between epochs: token-budget training sorts the whole split
   (``pool_size=0``: random tie-breaks and batch order, same batch count every
@@ -44,7 +47,7 @@ import inspect
 import numpy as np
 from paddle.io import DataLoader
 from paddlenlp.trainer import Trainer, TrainerCallback
-from paddlenlp.trainer.trainer_utils import EvalLoopOutput
+from paddlenlp.trainer.trainer_utils import EvalLoopOutput, get_last_checkpoint
 
 from ..data.collate import IGNORE_INDEX, pad_sequences
 from ..data.errors import DataError
@@ -148,15 +151,14 @@ class ModelInputCollator:
         return batch
 
 
-class _SetSamplerEpoch(TrainerCallback):
-    """Trainer only calls set_epoch on paddle's DistributedBatchSampler; do it for ours."""
+class _EpochStart(TrainerCallback):
+    """Runs ``LengthBatchingTrainer._start_epoch`` when the Trainer begins an epoch."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
 
     def on_epoch_begin(self, args, state, control, train_dataloader=None, **kwargs):
-        sampler = getattr(train_dataloader, "batch_sampler", None)
-        if isinstance(sampler, _LengthBatchSampler):
-            # the Trainer's own resume formula (epochs_trained = global_step // steps per epoch)
-            steps_per_epoch = max(len(train_dataloader) // args.gradient_accumulation_steps, 1)
-            sampler.set_epoch(state.global_step // steps_per_epoch)
+        self.trainer._start_epoch(state, train_dataloader)
 
 
 class LengthBatchingTrainer(Trainer):
@@ -188,7 +190,37 @@ class LengthBatchingTrainer(Trainer):
         self._lengths = {}  # id(dataset) -> (dataset, lengths): computed once per dataset
         self._train_sampler = None
         self._gather_off = False
-        self.add_callback(_SetSamplerEpoch())
+        self._resume_from = None
+        self.add_callback(_EpochStart(self))
+
+    def train(self, resume_from_checkpoint=None, ignore_keys_for_eval=None):
+        """``Trainer.train``; ``resume_from_checkpoint=True`` picks the last checkpoint of
+        ``output_dir`` (PaddleNLP 2.8.1 resolves True for the weights only, then fails)."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(f"resume_from_checkpoint=True: no checkpoint-* directory in "
+                                 f"{self.args.output_dir}; train from scratch or give a path")
+        self._resume_from = resume_from_checkpoint or None
+        try:
+            return super().train(resume_from_checkpoint, ignore_keys_for_eval)
+        finally:
+            self._resume_from = None
+
+    def _start_epoch(self, state, train_dataloader):
+        """Set our sampler's epoch (the Trainer only does it for paddle's
+        DistributedBatchSampler), from the Trainer's own resume formula
+        ``epochs_trained = global_step // steps_per_epoch``."""
+        sampler = getattr(train_dataloader, "batch_sampler", None)
+        if not isinstance(sampler, _LengthBatchSampler):
+            return
+        steps_per_epoch = max(len(train_dataloader) // self.args.gradient_accumulation_steps, 1)
+        sampler.set_epoch(state.global_step // steps_per_epoch)
+        if self._resume_from is not None and state.global_step % steps_per_epoch == 0:
+            # Resuming exactly at an epoch boundary skips no batch, and PaddleNLP restores the
+            # RNG (dropout) state only after skipping: restore it here, as mid-epoch resume does.
+            self._load_rng_state(self._resume_from)
+        self._resume_from = None
 
     def dataset_lengths(self, dataset):
         """``lengths_of(dataset, length_field)``, computed once per dataset object."""

@@ -1,0 +1,183 @@
+"""Stock PaddleNLP Trainer vs Trainer + ppvarlen token budget: same model, data, examples.
+
+    PYTHONPATH=. python benchmarks/paddlenlp_trainer.py [--train 3000 --dev 800 --epochs 1 --rounds 2]
+
+* stock        — ``paddlenlp.trainer.Trainer``: its default shuffled sampler (batches of
+                 --batch-size) + ``DataCollatorWithPadding`` (pads to the batch's longest);
+* token_budget — ``LengthBatchingTrainer``: ppvarlen's ``TokenBudgetBatchSampler`` with the
+                 budget that gives the SAME number of batches per epoch as stock (so both
+                 take the same optimizer steps over the same examples) + ``ModelInputCollator``.
+
+Same random-init ERNIE (examples/paddlenlp_trainer_sentiment.py's model: no weights can be
+downloaded here), the sentiment corpus tokenised at max_length 512, same seed and learning
+rate.  Reported per scheme: real (non-pad) tokens per second of ``train()`` wall time,
+padding efficiency (real / padded tokens), dev accuracy after the same examples.  The schemes
+run in alternating order for --rounds rounds (the CPU is shared: medians, and the load
+average before/after each run, are recorded).  Writes paddlenlp_trainer.json and .png
+under --out.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+import numpy as np  # noqa: E402
+from paddlenlp.data import DataCollatorWithPadding  # noqa: E402
+from paddlenlp.trainer import Trainer, TrainingArguments  # noqa: E402
+from paddlenlp.transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: E402
+
+from paddlenlp_trainer_sentiment import accuracy, encode, sentiment_splits  # noqa: E402
+from ppvarlen.data.samplers import TokenBudgetBatchSampler  # noqa: E402
+from ppvarlen.integrations.paddlenlp_trainer import (LengthBatchingTrainer,  # noqa: E402
+                                                     ModelInputCollator, lengths_of,
+                                                     make_random_model_dir)
+from ppvarlen.utils.io import atomic_write_json  # noqa: E402
+
+MAX_LENGTH = 512
+
+
+class CountingCollator:
+    """Counts real and padded input_ids tokens of every training batch it builds."""
+
+    def __init__(self, collate):
+        self.collate = collate
+        self.real = self.padded = 0
+
+    def __call__(self, items):
+        batch = self.collate(items)
+        self.real += sum(len(item["input_ids"]) for item in items)
+        self.padded += int(np.prod(batch["input_ids"].shape))
+        return batch
+
+
+def budget_for_batches(lengths, num_batches):
+    """Smallest token budget whose whole-split packing has <= num_batches batches."""
+    lo, hi = int(lengths.max()), int(lengths.max()) * len(lengths)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(TokenBudgetBatchSampler(lengths, mid, pool_size=0, shuffle=False)) <= num_batches:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def run(scheme, model_dir, train, dev, args, out_dir, max_tokens):
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir)
+    targs = TrainingArguments(output_dir=out_dir, device="cpu", report_to=[],
+                              num_train_epochs=args.epochs, learning_rate=args.lr,
+                              per_device_train_batch_size=args.batch_size,
+                              per_device_eval_batch_size=args.batch_size, logging_steps=10 ** 6,
+                              save_strategy="no", disable_tqdm=True, seed=42)
+    if scheme == "stock":
+        train_collate = CountingCollator(DataCollatorWithPadding(tokenizer))
+        trainer = Trainer(model=model, args=targs, train_dataset=train, eval_dataset=dev,
+                          data_collator=train_collate, compute_metrics=accuracy)
+        eval_collate = DataCollatorWithPadding(tokenizer)
+    else:
+        train_collate = CountingCollator(ModelInputCollator(tokenizer, model))
+        trainer = LengthBatchingTrainer(model=model, args=targs, train_dataset=train,
+                                        eval_dataset=dev, data_collator=train_collate,
+                                        compute_metrics=accuracy, max_tokens=max_tokens,
+                                        eval_max_tokens=4 * max_tokens)
+        eval_collate = ModelInputCollator(tokenizer, model)
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+    result = trainer.train()
+    seconds = time.perf_counter() - t0
+    trainer.data_collator = eval_collate  # evaluation is not part of the throughput
+    dev_acc = trainer.evaluate()["eval_accuracy"]
+    return {"seconds": round(seconds, 2), "steps": result.global_step,
+            "real_tokens": train_collate.real, "padded_tokens": train_collate.padded,
+            "real_tokens_per_s": train_collate.real / seconds,
+            "padding_efficiency": train_collate.real / train_collate.padded,
+            "dev_accuracy": dev_acc, "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg()}
+
+
+def plot(report, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["median"])
+    panels = [("real_tokens_per_s", "real tokens / s"), ("padding_efficiency", "padding efficiency"),
+              ("dev_accuracy", "dev accuracy")]
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
+    for ax, (key, title) in zip(axes, panels):
+        values = [report["median"][n][key] for n in names]
+        ax.bar(names, values, color=["#999999", "#2a7ab0"])
+        ax.set_title(title)
+        for i, v in enumerate(values):
+            ax.text(i, v, f"{v:.3g}", ha="center", va="bottom")
+    fig.suptitle(f"PaddleNLP Trainer, sentiment, max_length {MAX_LENGTH} "
+                 f"(shared CPU, load {report['loadavg_start'][0]:.1f})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--train", type=int, default=3000, help="training examples")
+    ap.add_argument("--dev", type=int, default=800, help="dev examples")
+    ap.add_argument("--epochs", type=float, default=1)
+    ap.add_argument("--batch-size", type=int, default=32, help="stock Trainer batch size")
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", default="output/bench")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    loadavg_start = os.getloadavg()
+
+    splits, label_names = sentiment_splits()
+    texts = [ex["text"] for ex in splits["train"][:args.train]]
+    model_dir = make_random_model_dir(os.path.join(args.out, "paddlenlp_trainer_init"), texts,
+                                      num_labels=len(label_names))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    train = encode(tokenizer, splits["train"][:args.train], MAX_LENGTH)
+    dev = encode(tokenizer, splits["dev"][:args.dev], MAX_LENGTH)
+    stock_batches = -(-len(train) // args.batch_size)
+    max_tokens = budget_for_batches(lengths_of(train), stock_batches)
+
+    runs = {"stock": [], "token_budget": []}
+    for r in range(args.rounds):
+        order = list(runs) if r % 2 == 0 else list(runs)[::-1]
+        for scheme in order:
+            res = run(scheme, model_dir, train, dev, args,
+                      os.path.join(args.out, "paddlenlp_trainer_runs", scheme), max_tokens)
+            print(f"round {r} {scheme:>12}: {res['real_tokens_per_s']:8.0f} real tok/s  "
+                  f"padding eff {res['padding_efficiency']:.3f}  dev acc "
+                  f"{res['dev_accuracy']:.4f}  {res['seconds']}s  load {res['loadavg_after'][0]:.1f}",
+                  flush=True)
+            runs[scheme].append(res)
+    median = {s: {k: float(np.median([r[k] for r in rs]))
+                  for k in ("real_tokens_per_s", "padding_efficiency", "dev_accuracy", "seconds")}
+              for s, rs in runs.items()}
+    report = {
+        "max_length": MAX_LENGTH, "train_examples": len(train), "dev_examples": len(dev),
+        "epochs": args.epochs, "stock_batch_size": args.batch_size,
+        "token_budget_max_tokens": max_tokens, "batches_per_epoch": stock_batches,
+        "cpu_count": os.cpu_count(), "loadavg_start": loadavg_start,
+        "loadavg_end": os.getloadavg(),
+        "note": "CPU shared with other jobs: absolute numbers are contended; the schemes ran "
+                "alternately so both saw similar load",
+        "runs": runs, "median": median,
+        "speedup_real_tokens_per_s": median["token_budget"]["real_tokens_per_s"]
+        / median["stock"]["real_tokens_per_s"],
+    }
+    atomic_write_json(os.path.join(args.out, "paddlenlp_trainer.json"), report)
+    plot(report, os.path.join(args.out, "paddlenlp_trainer.png"))
+    print(f"token_budget / stock real tokens/s: x{report['speedup_real_tokens_per_s']:.2f} "
+          f"(budget {max_tokens} tokens, {stock_batches} batches per epoch each)")
+
+
+if __name__ == "__main__":
+    main()
