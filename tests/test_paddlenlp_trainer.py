@@ -301,3 +301,32 @@ def test_two_processes_get_equal_batch_counts(seq_dir, tmp_path):
         assert {i for batch in a + b for i in batch} == set(range(70))
     assert ranks[0]["steps"] == 2 * len(ranks[0]["batches"]["0"])
     assert ranks[0]["eval_acc"] == ranks[1]["eval_acc"]  # each rank evaluated the whole set
+
+
+def test_bucket_sampler_training_and_eval_guard(seq_dir, tmp_path):
+    model_dir, ds = seq_dir
+    bounds = [16, 32, 48]
+    trainer = make_trainer(model_dir, ds, training_args(tmp_path, num_train_epochs=1),
+                           bucket_boundaries=bounds)
+    trainer.train()
+    lengths = lengths_of(ds)
+    seen = []
+    for ids, _ in trainer.steps:
+        batch = example_ids(ds, ids)
+        buckets = {int(np.searchsorted(bounds, lengths[i])) for i in batch}
+        assert len(buckets) == 1  # one bucket per batch
+        seen += batch
+    assert sorted(seen) == list(range(len(ds)))
+    trainer.args.max_evaluate_steps = 2
+    with pytest.raises(ValueError, match="max_evaluate_steps"):
+        trainer.evaluate()
+
+
+def test_core_package_does_not_import_paddlenlp_trainer():
+    code = ("import sys, ppvarlen, ppvarlen.data.samplers, ppvarlen.data.collate, "
+            "ppvarlen.data.order, ppvarlen.config\n"
+            "bad = sorted(m for m in sys.modules if m.startswith('paddlenlp.trainer'))\n"
+            "assert not bad, bad")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                       env=dict(os.environ, PYTHONPATH=REPO))
+    assert r.returncode == 0, r.stderr[-2000:]
