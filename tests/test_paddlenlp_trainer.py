@@ -193,6 +193,16 @@ def test_collator_emits_exactly_the_forward_inputs(tmp_path):
         ModelInputCollator(tokenizer, IdsOnly())([{"input_ids": [1, 5, 2], "labels": [0, 1]}])
     with pytest.raises(DataError, match="no input_ids"):
         ModelInputCollator(tokenizer, IdsOnly())([{"text": "好"}])
+    with pytest.raises(DataError, match="batch item 1 has fields"):
+        ModelInputCollator(tokenizer, IdsOnly())([{"input_ids": [1], "label": 0},
+                                                  {"input_ids": [1]}])
+
+    class WithSpans(paddle.nn.Layer):
+        def forward(self, input_ids, spans=None):
+            return input_ids
+
+    with pytest.raises(DataError, match="field 'spans' holds sequences but its pad value"):
+        ModelInputCollator(tokenizer, WithSpans())([{"input_ids": [1, 2], "spans": [0, 1]}])
 
 
 def test_map_dataset_from_load_dataset(tmp_path):

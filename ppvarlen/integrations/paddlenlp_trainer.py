@@ -47,15 +47,16 @@ import inspect
 import numpy as np
 from paddle.io import DataLoader
 from paddlenlp.trainer import Trainer, TrainerCallback
-from paddlenlp.trainer.trainer_utils import EvalLoopOutput, get_last_checkpoint
+from paddlenlp.trainer.trainer_utils import EvalLoopOutput, EvalPrediction, get_last_checkpoint
 
 from ..data.collate import IGNORE_INDEX, pad_sequences
 from ..data.errors import DataError
 from ..data.order import restore_order
-from ..data.samplers import BucketBatchSampler, TokenBudgetBatchSampler, _LengthBatchSampler
+from ..data.samplers import BucketBatchSampler, TokenBudgetBatchSampler
 from ..utils.log import get_logger
 
 log = get_logger("integrations.paddlenlp_trainer")
+LENGTH_SAMPLERS = (TokenBudgetBatchSampler, BucketBatchSampler)
 
 # fields padded per token; their pad value (None = the tokenizer's pad id)
 _TOKEN_FIELD_PAD = {"input_ids": None, "token_type_ids": "type", "attention_mask": 0,
@@ -113,6 +114,7 @@ class ModelInputCollator:
                              "tokenizer.pad_token before batching")
         self.pad_type_id = int(getattr(tokenizer, "pad_token_type_id", 0) or 0)
         self.accepted = forward_parameters(model)
+        self._told = False  # fields left out are logged once
 
     def _takes(self, name):
         return self.accepted is None or name in self.accepted
@@ -129,14 +131,27 @@ class ModelInputCollator:
             if "input_ids" not in row:
                 raise DataError(f"batch item {i} has no input_ids (fields {sorted(row)}); "
                                 f"tokenise the dataset before training")
+            if set(row) != set(rows[0]):
+                raise DataError(f"batch item {i} has fields {sorted(row)} but item 0 has "
+                                f"{sorted(rows[0])}; all items must have the same fields")
             lens.append(len(row["input_ids"]))
+        left_out = sorted(k for k in rows[0] if not self._takes(k))
+        if left_out and not self._told:
+            log.info("ModelInputCollator: %s are not inputs of the model's forward; left out",
+                     left_out)
+            self._told = True
         width = max(lens)
         batch = {}
         for key in rows[0]:
             if not self._takes(key):
                 continue
             values = [row[key] for row in rows]
-            if key in _TOKEN_FIELD_PAD and isinstance(values[0], (list, tuple, np.ndarray)):
+            is_sequence = isinstance(values[0], (list, tuple, np.ndarray))
+            if is_sequence and key not in _TOKEN_FIELD_PAD:
+                raise DataError(f"ModelInputCollator: field {key!r} holds sequences but its pad "
+                                f"value is unknown (padded fields: {sorted(_TOKEN_FIELD_PAD)}); "
+                                f"drop it from the dataset or pad it yourself")
+            if is_sequence:
                 for i, (value, n) in enumerate(zip(values, lens)):
                     if len(value) != n:
                         raise DataError(f"batch item {i}: {key} has {len(value)} entries but "
@@ -212,7 +227,7 @@ class LengthBatchingTrainer(Trainer):
         DistributedBatchSampler), from the Trainer's own resume formula
         ``epochs_trained = global_step // steps_per_epoch``."""
         sampler = getattr(train_dataloader, "batch_sampler", None)
-        if not isinstance(sampler, _LengthBatchSampler):
+        if not isinstance(sampler, LENGTH_SAMPLERS):
             return
         steps_per_epoch = max(len(train_dataloader) // self.args.gradient_accumulation_steps, 1)
         sampler.set_epoch(state.global_step // steps_per_epoch)
@@ -289,7 +304,7 @@ class LengthBatchingTrainer(Trainer):
         if getattr(self, "_predicting", False):
             prediction_loss_only = False
         sampler = dataloader.batch_sampler
-        if not isinstance(sampler, _LengthBatchSampler):
+        if not isinstance(sampler, LENGTH_SAMPLERS):
             return super().evaluation_loop(dataloader, description, prediction_loss_only,
                                            ignore_keys, metric_key_prefix, max_eval_iters)
         if max_eval_iters is not None and max_eval_iters > 0:
@@ -309,8 +324,6 @@ class LengthBatchingTrainer(Trainer):
         labels = _in_input_order(out.label_ids, batches)
         metrics = dict(out.metrics)
         if compute_metrics is not None and preds is not None and labels is not None:
-            from paddlenlp.trainer.trainer_utils import EvalPrediction
-
             for key, value in compute_metrics(EvalPrediction(predictions=preds,
                                                              label_ids=labels)).items():
                 name = key if key.startswith(f"{metric_key_prefix}_") else \
