@@ -331,6 +331,19 @@ def test_bucket_sampler_training_and_eval_guard(seq_dir, tmp_path):
     with pytest.raises(ValueError, match="max_evaluate_steps"):
         trainer.evaluate()
 
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir)
+    collate = ModelInputCollator(AutoTokenizer.from_pretrained(model_dir), model)
+    fixed = LengthBatchingTrainer(model=model, data_collator=collate, train_dataset=ds,
+                                  args=training_args(tmp_path, per_device_train_batch_size=8),
+                                  bucket_boundaries=bounds)  # no max_tokens: 8 per batch
+    batches = fixed.train_batch_sampler().epoch_batches()
+    assert max(len(b) for b in batches) == 8
+    assert all(len({int(np.searchsorted(bounds, lengths[i])) for i in b}) == 1 for b in batches)
+    assert fixed.eval_batch_sampler(ds).max_tokens == 8 * int(lengths.max())  # eval default
+    with pytest.raises(ValueError, match="give max_tokens"):
+        LengthBatchingTrainer(model=model, data_collator=collate, train_dataset=ds,
+                              args=training_args(tmp_path))
+
 
 def test_core_package_does_not_import_paddlenlp_trainer():
     code = ("import sys, ppvarlen, ppvarlen.data.samplers, ppvarlen.data.collate, "

@@ -182,23 +182,28 @@ class LengthBatchingTrainer(Trainer):
     Extra keyword arguments (the rest go to ``Trainer``):
       max_tokens        padded-token budget per batch (size x longest), train and eval
       bucket_boundaries train with ``BucketBatchSampler`` over these length buckets
-                        (per-bucket size max_tokens // boundary) instead of token budget
+                        instead of token budget: per-bucket size max_tokens // boundary,
+                        or, with max_tokens=None, ``per_device_train_batch_size``
+                        examples per batch in every bucket
       max_sentences     optional cap on examples per batch
-      eval_max_tokens   budget for evaluate/predict (default: max_tokens; no
-                        gradients, so it can usually be larger)
+      eval_max_tokens   budget for evaluate/predict (default: max_tokens, else
+                        per_device_eval_batch_size x the dataset's longest example)
       length_field      example field giving the length (token list or int)
-    ``per_device_train_batch_size`` is not used for batching (the Trainer only
-    logs it).
+    In token-budget mode ``per_device_train_batch_size`` is not used for batching
+    (the Trainer only logs it).
     """
 
-    def __init__(self, *args, max_tokens, bucket_boundaries=None, max_sentences=None,
+    def __init__(self, *args, max_tokens=None, bucket_boundaries=None, max_sentences=None,
                  eval_max_tokens=None, length_field="input_ids", **kwargs):
         super().__init__(*args, **kwargs)
         if self.args.distributed_dataloader:
             raise ValueError("LengthBatchingTrainer: distributed_dataloader is not supported "
                              "(each rank reads its own shard); unset it")
-        self.max_tokens = int(max_tokens)
-        self.eval_max_tokens = int(eval_max_tokens or max_tokens)
+        if max_tokens is None and not bucket_boundaries:
+            raise ValueError("LengthBatchingTrainer: give max_tokens (token-budget batches), "
+                             "or bucket_boundaries (fixed-size batches per length bucket)")
+        self.max_tokens = None if max_tokens is None else int(max_tokens)
+        self.eval_max_tokens = eval_max_tokens or max_tokens
         self.bucket_boundaries = bucket_boundaries
         self.max_sentences = max_sentences
         self.length_field = length_field
@@ -252,8 +257,10 @@ class LengthBatchingTrainer(Trainer):
                           num_replicas=self.args.dataset_world_size, rank=self.args.dataset_rank)
             lengths = self.dataset_lengths(self.train_dataset)
             if self.bucket_boundaries:
-                self._train_sampler = BucketBatchSampler(
-                    lengths, self.bucket_boundaries, max_tokens=self.max_tokens, **common)
+                size = {"max_tokens": self.max_tokens} if self.max_tokens else \
+                    {"batch_size": self.args.per_device_train_batch_size}
+                self._train_sampler = BucketBatchSampler(lengths, self.bucket_boundaries,
+                                                         **size, **common)
             else:
                 # pool_size=0: whole-split sort, so the batch count is the same every epoch
                 # (the Trainer fixes steps per epoch from the first len())
@@ -263,8 +270,10 @@ class LengthBatchingTrainer(Trainer):
 
     def eval_batch_sampler(self, dataset):
         """Deterministic length-sorted batches over the whole ``dataset`` (every rank)."""
-        return TokenBudgetBatchSampler(self.dataset_lengths(dataset), self.eval_max_tokens,
-                                       shuffle=False, max_sentences=self.max_sentences)
+        lengths = self.dataset_lengths(dataset)
+        budget = self.eval_max_tokens or self.args.per_device_eval_batch_size * int(lengths.max())
+        return TokenBudgetBatchSampler(lengths, int(budget), shuffle=False,
+                                       max_sentences=self.max_sentences)
 
     def _loader(self, dataset, batch_sampler):
         return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=self.data_collator,
