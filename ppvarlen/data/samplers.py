@@ -121,6 +121,13 @@ class _LengthBatchSampler(BatchSampler):
         """Batches the next ``__iter__`` yields on this rank (full epoch unless resuming)."""
         return len(self._rank_batches()) - self._skip
 
+    @property
+    def batch_size(self):
+        """Largest batch this rank yields this epoch.  Paddle and PaddleNLP code reads
+        ``batch_sampler.batch_size`` (e.g. ``Trainer.evaluation_loop``); ours varies per
+        batch, so this is the upper bound, never a per-batch promise."""
+        return max(len(b) for b in self._rank_batches())
+
     def epoch_batches(self):
         """This rank's full batch list for the current epoch (analysis and tests)."""
         return [list(b) for b in self._rank_batches()]

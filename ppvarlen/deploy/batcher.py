@@ -16,6 +16,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
+from ppvarlen.config import ConfigError
 from ppvarlen.utils.log import get_logger
 
 log = get_logger("deploy.batcher")
@@ -75,13 +76,13 @@ class DynamicBatcher:
     def __init__(self, predictors, max_wait_ms=5.0, max_batch_tokens=8192, max_batch_size=64,
                  queue_size=1024, overhead_tokens=256):
         if not predictors:
-            raise ValueError("DynamicBatcher needs at least one predictor (one per worker)")
+            raise ConfigError("DynamicBatcher needs at least one predictor (one per worker)")
         for name, v in [("max_batch_tokens", max_batch_tokens), ("max_batch_size", max_batch_size),
                         ("queue_size", queue_size)]:
             if v < 1:
-                raise ValueError(f"Deploy.{name} must be >= 1, got {v}")
+                raise ConfigError(f"Deploy.{name} must be >= 1, got {v}")
         if max_wait_ms < 0 or overhead_tokens < 0:
-            raise ValueError(f"Deploy.max_wait_ms and batch_overhead_tokens must be >= 0, got "
+            raise ConfigError(f"Deploy.max_wait_ms and batch_overhead_tokens must be >= 0, got "
                              f"{max_wait_ms}, {overhead_tokens}")
         self.overhead_tokens = overhead_tokens
         self.max_wait = max_wait_ms / 1000.0

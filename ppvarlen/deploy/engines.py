@@ -11,6 +11,8 @@ Both are built from the export directory's manifest alone.  Seq2seq exports feed
 """
 import numpy as np
 
+from ppvarlen.config import ConfigError
+
 from .manifest import ExportError, require_listed
 
 STEP_INPUTS = ("tokens", "src_len", "self_k", "self_v", "cross_k", "cross_v")
@@ -46,7 +48,7 @@ def check_precision(manifest, backend, precision):
     ``manifest.precisions`` maps each backend to the precisions exported for it.
     """
     if precision not in PRECISIONS[backend]:
-        raise ValueError(f"precision {precision!r} is not available for backend {backend!r}; "
+        raise ConfigError(f"precision {precision!r} is not available for backend {backend!r}; "
                          f"choose one of {list(PRECISIONS[backend])}")
     listed = (manifest.get("precisions") or {}).get(backend, ["fp32"])
     if precision not in listed:
@@ -94,7 +96,7 @@ class PaddleEngine:
         else:
             config = pi.Config(model, params)
             if precision == "fp16":
-                raise ValueError("fp16 has no CPU kernels in Paddle Inference; use bf16 on CPU, "
+                raise ConfigError("fp16 has no CPU kernels in Paddle Inference; use bf16 on CPU, "
                                  "or --backend onnx --precision fp16")
             config.disable_gpu()
             # The exporter may turn oneDNN off for a graph it slows down (settings.fp32);
@@ -138,7 +140,7 @@ def _ort_session(export_dir, manifest, rel, device, threads, gpu_id):
     opts.log_severity_level = 3  # unused-initializer warnings from paddle2onnx graphs
     if device == "gpu":
         if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise ValueError("device 'gpu' was requested but onnxruntime has no "
+            raise ConfigError("device 'gpu' was requested but onnxruntime has no "
                              "CUDAExecutionProvider; install onnxruntime-gpu or use "
                              "--device cpu")
         providers = [("CUDAExecutionProvider", {"device_id": gpu_id}), "CPUExecutionProvider"]
@@ -228,11 +230,11 @@ class OnnxGreedyEngine:
 
 def build_engine(export_dir, manifest, backend, tensorrt=False, **kw):
     if tensorrt and (backend != "paddle" or kw.get("device") != "gpu"):
-        raise ValueError("TensorRT runs only with --backend paddle --device gpu")
+        raise ConfigError("TensorRT runs only with --backend paddle --device gpu")
     if backend == "paddle":
         return PaddleEngine(export_dir, manifest, tensorrt=tensorrt, **kw)
     if backend == "onnx" and _backend_entry(manifest, "onnx").get("decode") == "greedy_numpy":
         return OnnxGreedyEngine(export_dir, manifest, **kw)
     if backend == "onnx":
         return OnnxEngine(export_dir, manifest, **kw)
-    raise ValueError(f"unknown backend {backend!r}; choose paddle or onnx")
+    raise ConfigError(f"unknown backend {backend!r}; choose paddle or onnx")

@@ -19,6 +19,7 @@ never silently downgraded:
 """
 import os
 
+from ..config import ConfigError
 from .manifest import ExportError
 
 GPU_PRECISIONS = ("fp32", "fp16", "bf16")
@@ -28,7 +29,7 @@ def require_cuda_paddle():
     import paddle
 
     if not paddle.device.is_compiled_with_cuda():
-        raise ValueError("device 'gpu' was requested but this Paddle build has no CUDA; "
+        raise ConfigError("device 'gpu' was requested but this Paddle build has no CUDA; "
                          "install paddlepaddle-gpu or use --device cpu")
 
 
@@ -37,7 +38,7 @@ def gpu_precision_type(precision):
     from paddle.inference import PrecisionType
 
     if precision not in GPU_PRECISIONS:
-        raise ValueError(f"precision {precision!r} cannot run on GPU with the paddle backend; "
+        raise ConfigError(f"precision {precision!r} cannot run on GPU with the paddle backend; "
                          f"choose one of {list(GPU_PRECISIONS)}")
     return {"fp32": PrecisionType.Float32, "fp16": PrecisionType.Half,
             "bf16": PrecisionType.Bfloat16}[precision]
@@ -48,12 +49,12 @@ def tensorrt_module():
     import paddle
 
     if not paddle.device.is_compiled_with_cuda():
-        raise ValueError("--tensorrt needs a CUDA build of Paddle with TensorRT "
+        raise ConfigError("--tensorrt needs a CUDA build of Paddle with TensorRT "
                          "(paddlepaddle-gpu); this Paddle build has no CUDA")
     try:
         import paddle.tensorrt as trt
     except ImportError as e:
-        raise ValueError(f"--tensorrt: this Paddle build has no paddle.tensorrt ({e}); Paddle 3 "
+        raise ConfigError(f"--tensorrt: this Paddle build has no paddle.tensorrt ({e}); Paddle 3 "
                          f"runs TensorRT on PIR programs only through paddle.tensorrt.convert. "
                          f"Install a paddlepaddle-gpu wheel built with TensorRT, or drop "
                          f"--tensorrt") from None
@@ -78,11 +79,11 @@ def convert_tensorrt(model_json, manifest, names, precision, out_dir):
     ``TensorRTConfig(inputs=...)`` with ``precision_mode`` and ``save_model_dir``.
     """
     if not model_json.endswith(".json"):
-        raise ValueError(f"--tensorrt needs a PIR program (model.json); {model_json} is not one")
+        raise ConfigError(f"--tensorrt needs a PIR program (model.json); {model_json} is not one")
     trt = tensorrt_module()
     gpu_precision_type(precision)  # refuse int8 etc. before the slow conversion
     if precision == "bf16":
-        raise ValueError("--tensorrt with bf16 is not supported by paddle.tensorrt.PrecisionMode "
+        raise ConfigError("--tensorrt with bf16 is not supported by paddle.tensorrt.PrecisionMode "
                          "for this export; use --precision fp16 or fp32")
     inputs = []
     for name, (lo, opt, hi) in tensorrt_shapes(manifest, names).items():

@@ -23,6 +23,7 @@ import os
 
 import numpy as np
 
+from ppvarlen.config import ConfigError
 from ppvarlen.data import longtext
 from ppvarlen.data.collate import pad_sequences
 from ppvarlen.data.errors import DataError
@@ -102,7 +103,7 @@ class Predictor:
                 self.add_special_tokens = False
             self.decoding = m.get("decoding")
             if split_long_sources and not self.task.generates:
-                raise ValueError(f"split_long_sources is for seq2seq exports; {export_dir} is a "
+                raise ConfigError(f"split_long_sources is for seq2seq exports; {export_dir} is a "
                                  f"{self.task.name} export (its long-text policy is in the "
                                  f"manifest)")
             self.split_long_sources = bool(split_long_sources)
@@ -122,7 +123,7 @@ class Predictor:
             self.max_batch_tokens = int(max_batch_tokens)
             self.max_batch_size = int(max_batch_size)
             if self.max_batch_tokens < self.max_len:
-                raise ValueError(f"max_batch_tokens {self.max_batch_tokens} is below the export's "
+                raise ConfigError(f"max_batch_tokens {self.max_batch_tokens} is below the export's "
                                  f"max_len {self.max_len}; one full-length text must fit a batch")
             if tensorrt:  # TensorRT engines refuse shapes outside the exported ranges
                 top_batch, top_len = m["shape_ranges"][input_names(m)[0]]["max"]

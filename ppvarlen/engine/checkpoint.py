@@ -173,7 +173,7 @@ def load_for_inference(ckpt_dir):
 
     meta_file = os.path.join(ckpt_dir, "meta.json")
     if not os.path.isfile(meta_file):
-        raise ValueError(f"{ckpt_dir}: not a checkpoint directory (no meta.json); pass e.g. "
+        raise ConfigError(f"{ckpt_dir}: not a checkpoint directory (no meta.json); pass e.g. "
                          f"output/run/best")
     with open(meta_file, encoding="utf-8") as f:
         meta = json.load(f)

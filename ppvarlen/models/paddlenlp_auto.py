@@ -233,26 +233,3 @@ def model_name_for(config, task, directory):
             + (f"is not a {task} model" if by_arch else "do not say the task")
             + f"; pass --task ({' or '.join(sorted(served))}) matching the model's head")
     return names[0], MODEL_TASKS[names[0]]
-
-
-# Model.name -> wrapper class; ``architectures`` in config.json ends with the class's suffix
-FAMILY = {"paddlenlp_seq_cls": PaddleNLPSequenceClassifier,
-          "paddlenlp_token_cls": PaddleNLPTokenClassifier}
-
-
-def model_name_for(config, task, directory):
-    """(Model.name, task name) of a directory: from config.json's ``architectures``, else from
-    ``task``; ConfigError when neither decides or they disagree."""
-    from . import MODEL_TASKS
-
-    archs = list(getattr(config, "architectures", None) or [])
-    by_arch = [n for n, c in FAMILY.items() if any(a.endswith(c.architecture_suffix) for a in archs)]
-    by_task = [n for n in FAMILY if task is None or MODEL_TASKS[n] in (task,)]
-    names = [n for n in by_arch if n in by_task] if by_arch else by_task
-    if len(names) != 1:
-        served = {MODEL_TASKS[n] for n in FAMILY}
-        raise ConfigError(
-            f"--pretrained-dir {directory}: config.json architectures {archs or 'missing'} "
-            + (f"is not a {task} model" if by_arch else "do not say the task")
-            + f"; pass --task ({' or '.join(sorted(served))}) matching the model's head")
-    return names[0], MODEL_TASKS[names[0]]
