@@ -28,6 +28,7 @@ CONSOLE_SCRIPTS = [
     "ppvarlen-infer=ppvarlen.cli:main_infer",
     "ppvarlen-serve=ppvarlen.cli:main_serve",
     "ppvarlen-bench=ppvarlen.cli:main_bench",
+    "ppvarlen-check-gpu=ppvarlen.cli:main_check_gpu",
 ]
 
 setup(

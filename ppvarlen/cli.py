@@ -357,6 +357,40 @@ def _serve(args):
     return 0
 
 
+def main_check_gpu(argv=None):
+    """Check every GPU configuration of an export on a CUDA machine; writes gpu_report.json.
+
+        ppvarlen-check-gpu --export output/export/sentiment [-c CONFIG] [--report gpu_report.json]
+        python tools/check_gpu.py ...                                  # the same command
+
+    Paddle Inference fp32 / fp16 / bf16 / TensorRT fp16 and ONNX Runtime CUDA fp32 / fp16, each
+    compared with CPU fp32 on the export's shape grid (+ the config's test split with -c) and
+    timed.  Exit 0 all ok, 1 a configuration failed (named in the report), 2 no GPU here (or a
+    bad export / config).
+    """
+    parser = _parser(main_check_gpu, config=False)
+    parser.add_argument("-c", "--config", help="training config: adds its test split")
+    parser.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key of that config")
+    parser.add_argument("--export", required=True, help="export directory (tools/export.py)")
+    parser.add_argument("--report", default="gpu_report.json")
+    parser.add_argument("--gpu-id", type=int, default=0)
+    return _run(parser, argv, _check_gpu)
+
+
+def _check_gpu(args):
+    from .export.gpu_check import NoGpu, run
+    from .utils.log import setup_logging
+
+    setup_logging()
+    cfg = load_config(args.config, args.override) if args.config else None
+    try:
+        return 0 if run(args.export, args.report, cfg, args.gpu_id) else 1
+    except NoGpu as e:
+        print(f"{os.path.basename(sys.argv[0])}: {e}", file=sys.stderr)
+        return 2
+
+
 def main_bench(argv=None):
     """Load-test the HTTP server: dynamic batching on vs off (max_batch_size=1) in one run.
 

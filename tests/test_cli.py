@@ -16,12 +16,13 @@ from ppvarlen.deploy.manifest import ExportError as UnservableExport
 from ppvarlen.export.errors import ExportError as ExportFailed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMMANDS = {"train", "eval", "export", "lengths", "pretrain", "infer", "serve", "bench"}
+COMMANDS = {"train", "eval", "export", "lengths", "pretrain", "infer", "serve", "bench",
+            "check-gpu"}
 # shim -> the console script it is the same command as
 SHIMS = {"tools/train.py": "train", "tools/eval.py": "eval", "tools/export.py": "export",
          "tools/analyze_lengths.py": "lengths", "tools/pretrain.py": "pretrain",
          "deploy/python/infer.py": "infer", "deploy/python/serve.py": "serve",
-         "deploy/python/bench_client.py": "bench"}
+         "deploy/python/bench_client.py": "bench", "tools/check_gpu.py": "check_gpu"}
 # tools/quickstart.py is not a command of its own: it runs the shims above by path, as a user would
 NOT_SHIMS = {"tools/quickstart.py"}
 
@@ -43,7 +44,7 @@ def test_every_console_script_is_declared_and_resolves_to_a_callable():
     for name, target in scripts.items():
         module, func = target.split(":")
         assert callable(getattr(importlib.import_module(module), func)), name
-        assert func == f"main_{name.removeprefix('ppvarlen-')}"
+        assert func == f"main_{name.removeprefix('ppvarlen-').replace('-', '_')}"
 
 
 def test_shipped_scripts_are_shims_over_the_cli():
@@ -59,7 +60,7 @@ def test_shipped_scripts_are_shims_over_the_cli():
 
 def test_help_of_every_command_is_fast_and_paddle_free():
     code = ("import sys, time\nfrom ppvarlen import cli\nfor c in sys.argv[1:]:\n"
-            "    t = time.perf_counter()\n    try:\n        getattr(cli, 'main_' + c)(['--help'])\n"
+            "    t = time.perf_counter()\n    try:\n        getattr(cli, 'main_' + c.replace('-', '_'))(['--help'])\n"
             "    except SystemExit as e:\n        assert e.code == 0, (c, e.code)\n"
             "    print('TIME', c, time.perf_counter() - t, file=sys.stderr)\n"
             "print('PADDLE', 'paddle' in sys.modules, file=sys.stderr)\n")

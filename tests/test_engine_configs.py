@@ -7,7 +7,7 @@ import os
 import pytest
 import yaml
 
-from ppvarlen.config import load_config
+from ppvarlen.config import ConfigError, load_config
 from ppvarlen.config_schema import MODEL_KEYS, SCHEMA
 from ppvarlen.engine import train
 
@@ -50,6 +50,13 @@ def test_shipped_config_builds_its_model_from_its_own_keys(path):
     name = cfg.Model.name
     assert set(cfg.Model.to_dict()) == {"name", *MODEL_KEYS[name]}
     task = MODEL_TASKS[name]
+    if "pretrained_dir" in MODEL_KEYS[name] and cfg.Model.pretrained_dir is None:
+        # a PaddleNLP directory model: the config names none (it is given with -o); building
+        # without one must say so, never fetch anything (tests/test_paddlenlp_models.py builds
+        # them from real save_pretrained directories)
+        with pytest.raises(ConfigError, match="not a local directory"):
+            build_model(cfg.Model, 64, 3, 0, task)
+        return
     model = build_model(cfg.Model, 64, 0 if task == "seq2seq" else 3, 0, task)
     assert sum(p.size for p in model.parameters()) > 0
 

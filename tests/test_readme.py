@@ -33,7 +33,8 @@ README_COMMANDS = {"tools/train.py": "main_train", "tools/eval.py": "main_eval",
                    "tools/export.py": "main_export", "tools/analyze_lengths.py": "main_lengths",
                    "tools/pretrain.py": "main_pretrain", "deploy/python/infer.py": "main_infer",
                    "deploy/python/serve.py": "main_serve",
-                   "deploy/python/bench_client.py": "main_bench"}
+                   "deploy/python/bench_client.py": "main_bench",
+                   "tools/check_gpu.py": "main_check_gpu"}
 
 
 def test_readme_commands_use_flags_their_command_accepts(monkeypatch):

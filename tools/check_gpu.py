@@ -1,19 +1,14 @@
-"""Check every GPU configuration of an export on a CUDA machine; writes gpu_report.json.
+"""Check every GPU configuration of an export: ``python tools/check_gpu.py -h``, the same command as ``ppvarlen-check-gpu``.
 
-    python tools/check_gpu.py --export output/export/sentiment_transformer \\
-        [-c configs/sentiment/transformer.yaml] [--report gpu_report.json] [--gpu-id 0]
-
-Paddle Inference fp32 / fp16 / bf16 / TensorRT fp16 and ONNX Runtime CUDA fp32 / fp16,
-each compared with CPU fp32 on the export's shape grid (+ the config's test split with -c)
-and timed.  Exit 0 all ok, 1 a configuration failed (named in the report), 2 no GPU here.
-Logic: ppvarlen/export/gpu_check.py.
+The logic lives in ppvarlen/cli.py; the package must be installed (``pip install -e .``).
 """
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from ppvarlen.export.gpu_check import main  # noqa: E402
+try:
+    from ppvarlen.cli import main_check_gpu as main
+except ModuleNotFoundError as e:  # no ppvarlen, or an older one; any other module: a bug
+    raise SystemExit(f"{e}: install this checkout's ppvarlen with `pip install -e .` in the "
+                     f"repository root") if (e.name or "").split(".")[0] == "ppvarlen" else e
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -105,48 +105,30 @@ def check_export(export_dir, manifest, test_batches=None, gpu_id=0):
     return report
 
 
-def main(argv=None):
-    """Command line of tools/check_gpu.py; returns the exit code (2: no GPU / bad input)."""
-    import argparse
-    import sys
+class NoGpu(Exception):
+    """This machine has no usable GPU: nothing can be checked (exit code NO_GPU_EXIT)."""
 
-    from ..config import ConfigError, load_config
-    from ..deploy.manifest import ExportError, load_manifest
+
+def run(export_dir, report_path, cfg=None, gpu_id=0):
+    """Check every GPU configuration of ``export_dir`` (plus ``cfg``'s test split when given),
+    write ``report_path`` and print one line per configuration -> True when all passed."""
+    from ..deploy.manifest import load_manifest
     from ..utils.io import atomic_write_json
-    from ..utils.log import setup_logging
 
-    parser = argparse.ArgumentParser(
-        description="Build each GPU configuration of an export, check parity against CPU fp32 "
-                    "and time it; writes gpu_report.json.  -c CONFIG adds its test split.")
-    parser.add_argument("-c", "--config", help="training config: adds its test split")
-    parser.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--export", required=True, help="export directory (tools/export.py)")
-    parser.add_argument("--report", default="gpu_report.json")
-    parser.add_argument("--gpu-id", type=int, default=0)
-    args = parser.parse_args(argv)
-    setup_logging()
     usable, why = gpu_status()
     if not usable:
-        print(f"no usable GPU on this machine: {why}. Nothing was checked; run this on a CUDA "
-              f"host with paddlepaddle-gpu and/or onnxruntime-gpu installed.", file=sys.stderr)
-        return NO_GPU_EXIT
-    try:
-        manifest = load_manifest(args.export)
-        test_batches = None
-        if args.config:
-            test_batches = _test_batches(load_config(args.config, args.override), args.export,
-                                         manifest)
-        report = check_export(args.export, manifest, test_batches, args.gpu_id)
-    except (ConfigError, ExportError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return NO_GPU_EXIT
-    atomic_write_json(args.report, report)
+        raise NoGpu(f"no usable GPU on this machine: {why}. Nothing was checked; run this on a "
+                    f"CUDA host with paddlepaddle-gpu and/or onnxruntime-gpu installed.")
+    manifest = load_manifest(export_dir)
+    test_batches = _test_batches(cfg, export_dir, manifest) if cfg is not None else None
+    report = check_export(export_dir, manifest, test_batches, gpu_id)
+    atomic_write_json(report_path, report)
     for name, entry in report["configurations"].items():
         detail = entry.get("error") or "; ".join(entry.get("failures") or []) or \
             f"{entry['examples_per_s']:.1f} examples/s"
         print(f"{name:<22} {entry['status']:<14} {detail}")
-    print(f"report: {args.report}")
-    return 0 if report["passed"] else 1
+    print(f"report: {report_path}")
+    return report["passed"]
 
 
 def _test_batches(cfg, export_dir, manifest):
