@@ -258,16 +258,23 @@ class PaddleNLPRecipe(TrainerVariant):
 
 
 def interleaved(variants, steps, warmup=2):
-    """Round-robin one step of every variant at a time; per variant: real tok/s of step time."""
+    """Round-robin one step of every variant at a time (order reversed every other round);
+    per variant: real tok/s of step time."""
     stats = {name: {"seconds": 0.0, "real_tokens": 0, "padded_tokens": 0, "steps": 0}
              for name in variants}
+    times = {name: [] for name in variants}  # per measured step, for the paired comparison
+    shapes = {name: [] for name in variants}
     for i in range(warmup + steps):
-        for name, v in variants.items():
+        names = list(variants) if i % 2 == 0 else list(variants)[::-1]  # no fixed first/last
+        for name in names:
+            v = variants[name]
             batch = v.next_batch()
             t0 = time.perf_counter()
             v.step(batch)
             dt = time.perf_counter() - t0
             if i >= warmup:
+                times[name].append(dt)
+                shapes[name].append(tuple(a.shape for a in batch.values()))
                 s = stats[name]
                 s["seconds"] += dt
                 s["steps"] += 1
@@ -275,10 +282,24 @@ def interleaved(variants, steps, warmup=2):
                 s["padded_tokens"] += sum(int(a.size) for k, a in batch.items()
                                           if k in ("input_ids", "src_ids", "tgt_in"))
     for name, s in stats.items():
+        s["step_seconds"] = [round(t, 4) for t in times[name]]
         s["real_tokens_per_s"] = s["real_tokens"] / s["seconds"]
         s["padding_efficiency"] = s["real_tokens"] / s["padded_tokens"]
         s.update(variants[name].info())
-    return stats
+    return stats, shapes
+
+
+def paired_speedups(stats, shapes, baseline):
+    """Median over steps of (baseline step time / variant step time) on the SAME batch.
+
+    Variants built from one config replay the same batches in the same round, so each
+    round is a paired measurement; its median shrugs off the load bursts of a shared CPU.
+    """
+    base = stats[baseline]["step_seconds"]
+    for name, s in stats.items():
+        if name != baseline and shapes[name] == shapes[baseline]:
+            ratios = sorted(b / t for b, t in zip(base, s["step_seconds"]))
+            s[f"median_paired_speedup_vs_{baseline}"] = ratios[len(ratios) // 2]
 
 
 def build_variants(config, overrides, out_dir, names):
@@ -304,14 +325,16 @@ def compare(args, configs, overrides, names, baseline, tag):
         variants, failed = build_variants(config, overrides, os.path.join(
             args.out, f"train_throughput_{tag}_runs", os.path.basename(os.path.dirname(config)) +
             "_" + os.path.basename(config)[:-5]), names)
-        stats = interleaved(variants, args.steps)
+        stats, shapes = interleaved(variants, args.steps)
+        paired_speedups(stats, shapes, baseline)
         base = stats[baseline]["real_tokens_per_s"]
         for s in stats.values():
             s[f"speedup_vs_{baseline}"] = s["real_tokens_per_s"] / base
         results[config] = {"variants": stats, "failed": failed, "loadavg_before": load,
                            "loadavg_after": os.getloadavg()}
         print(config, {n: f"{s['real_tokens_per_s']:.0f} tok/s x{s[f'speedup_vs_{baseline}']:.2f}"
-                       for n, s in stats.items()}, failed or "", flush=True)
+                       f" (paired median x{s.get(f'median_paired_speedup_vs_{baseline}', 1):.2f})"
+                       for n, s in stats.items()}, failed or "", os.getloadavg(), flush=True)
     return results
 
 
@@ -322,7 +345,7 @@ def write_report(args, tag, results, overrides, baseline, title):
     import matplotlib.pyplot as plt
 
     report = {"what": tag, "steps_per_variant": args.steps, "warmup_steps": 2,
-              "interleaved": "one step of each variant in turn", "overrides": overrides,
+              "interleaved": "one step of each variant in turn, order reversed every other round", "overrides": overrides,
               "cpu_count": os.cpu_count(), "results": results}
     from ppvarlen.utils.io import atomic_write_json
 

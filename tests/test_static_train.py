@@ -143,6 +143,12 @@ def test_exact_resume_with_dropout_after_sigint(tmp_path, monkeypatch):
     b = load_file(os.path.join(part, "ckpt-8", "model.safetensors"))
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    # the checkpoint holds the plain model (no wrapper names): it exports as before
+    from ppvarlen.export.exporter import export_checkpoint
+
+    manifest = export_checkpoint(os.path.join(full, "best"), str(tmp_path / "export"),
+                                 formats=["paddle"], precisions=["fp32"], verify=True)
+    assert os.path.isfile(tmp_path / "export" / "manifest.json") and manifest
 
 
 def test_clipping_and_amp_setting_keep_working(tmp_path, capfd):
