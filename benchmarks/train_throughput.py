@@ -166,37 +166,64 @@ class WholeStepVariant(TrainerVariant):
     def __init__(self, config, overrides, out_dir):
         import paddle
 
-        from ppvarlen.engine.optim import build_optimizer
         from ppvarlen.engine.static_step import fields_read
-        from ppvarlen.models import build_model
 
         super().__init__(config, overrides, out_dir, False)
-        t, enc = self.t, self.t.data.encoder
+        t = self.t
         probe = t.collate([t.data.train[i] for i in range(2)])
         self.fields = fields_read(t._batch_loss, t.model, probe)
+        self.exe = paddle.static.Executor(paddle.CPUPlace())
         paddle.enable_static()
         try:
-            self.main, startup = paddle.static.Program(), paddle.static.Program()
-            with paddle.static.program_guard(self.main, startup):
-                feeds = {n: paddle.static.data(n, [None] * nd, dt) for n, dt, nd in self.fields}
-                model = build_model(t.cfg.Model, enc.vocab_size, t.num_labels, enc.pad_id, t.task)
-                model.label_smoothing = t.cfg.Train.label_smoothing  # seq2seq reads it
-                model.train()
-                self.loss = t._batch_loss(model, feeds)
-                optimizer, self.scheduler = build_optimizer(model, t.cfg.Optimizer, t.total_steps)
-                optimizer.minimize(self.loss)
-            self.exe = paddle.static.Executor(paddle.CPUPlace())
-            self.exe.run(startup)
+            # what is timed must compute eager's loss: an eval-mode (no dropout) twin of the
+            # program, given the eager model's weights, must give its loss on the same batch
+            check, check_loss, check_model = self._build(train=False)
+            scope = paddle.static.global_scope()
+            for k, v in t.model.state_dict().items():
+                scope.find_var(check_model.state_dict()[k].name).get_tensor().set(
+                    v.numpy(), paddle.CPUPlace())
+            static_loss = float(self.exe.run(check, feed=self._feed(probe),
+                                             fetch_list=[check_loss])[0])
+            self.main, self.loss, _ = self._build(train=True)
         finally:
             paddle.disable_static()
+        t.model.eval()
+        with paddle.no_grad():
+            eager_loss = float(t._batch_loss(t.model, probe))
+        t.model.train()
+        if not abs(static_loss - eager_loss) <= 1e-4 * max(1.0, abs(eager_loss)):
+            raise ValueError(f"the whole-step program computes another loss than eager "
+                             f"({static_loss:.6f} vs {eager_loss:.6f}, same batch and weights)")
+
+    def _build(self, train):
+        import paddle
+
+        from ppvarlen.engine.optim import build_optimizer
+        from ppvarlen.models import build_model
+
+        t, enc = self.t, self.t.data.encoder
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup):
+            feeds = {n: paddle.static.data(n, [None] * nd, dt) for n, dt, nd in self.fields}
+            model = build_model(t.cfg.Model, enc.vocab_size, t.num_labels, enc.pad_id, t.task)
+            model.label_smoothing = t.cfg.Train.label_smoothing  # seq2seq reads it
+            model.train() if train else model.eval()
+            loss = t._batch_loss(model, feeds)
+            if train:
+                optimizer, self.scheduler = build_optimizer(model, t.cfg.Optimizer, t.total_steps)
+                optimizer.minimize(loss)
+        self.exe.run(startup)
+        return main, loss, model
+
+    def _feed(self, batch):
+        return {n: batch[n] for n, _, _ in self.fields}
 
     def step(self, batch):
         import paddle
 
         paddle.enable_static()
         try:
-            self.exe.run(self.main, feed={n: batch[n] for n, _, _ in self.fields},
-                         fetch_list=[self.loss])
+            self.exe.run(self.main, feed=self._feed(batch), fetch_list=[self.loss])
         finally:
             paddle.disable_static()
         self.scheduler.step()
