@@ -123,8 +123,13 @@ def test_exact_resume_with_dropout_after_sigint(tmp_path, monkeypatch):
     trainer_mod.train(tiny_cfg(full))
     no_dropout = tmp_path / "no_dropout"
     trainer_mod.train(tiny_cfg(no_dropout, dropout=0.0, max_steps=3, eval_every=0))
-    # dropout really acts inside the program (the per-step paddle.seed drives it)
+    # dropout really acts inside the program (the per-step paddle.seed drives it) and draws
+    # the masks eager draws: the program's dropout ops use the same generator in the same order
     assert logged_losses(no_dropout)[1:] != logged_losses(full)[1:3]
+    eager = tmp_path / "eager"
+    trainer_mod.train(tiny_cfg(eager, to_static=False))
+    np.testing.assert_allclose([l for _, l in logged_losses(full)],
+                               [l for _, l in logged_losses(eager)], rtol=1e-5)
     original = trainer_mod.Trainer.train_step
 
     def interrupt_in_step_5(self, batch):
