@@ -1,6 +1,10 @@
-"""Real tokens/s of the sentiment Transformer under three batching schemes, side by side.
+"""Training throughput (real tokens/s), side by side.
 
-    python benchmarks/train_throughput.py [--steps 10] [--out output/bench]
+    python benchmarks/train_throughput.py [--steps 10] [--out output/bench]           # batching
+    python benchmarks/train_throughput.py --what static [--steps 15] [--configs ...]   # to_static
+    python benchmarks/train_throughput.py --what anchor [--steps 20]                   # vs PaddleNLP
+
+--what batching (the default): the sentiment Transformer under three batching schemes:
 
 * pad_to_512   — every example padded to Data.max_len=512 (32 per batch): the naive baseline;
 * random       — shuffled fixed batches of 32, padded to the batch's longest (dynamic padding);
@@ -9,6 +13,27 @@
 Each scheme trains the same model (configs/sentiment/transformer.yaml, max_len 512) for
 --steps optimizer steps after 2 warm-up steps and counts REAL (non-pad) tokens per second
 of step time.  Writes train_throughput.json and train_throughput.png under --out.
+
+--what static: for each shipped config, three variants trained side by side on the config's
+own batches, INTERLEAVED step by step (variant A step, variant B step, ...) so that load from
+other jobs hits all alike:
+* eager       — the trainer as shipped (dygraph);
+* static      — Train.to_static=true: forward + loss as one static program, backward through
+                it, AdamW eager (ppvarlen/engine/static_step.py);
+* whole_step  — forward, backward, gradient clipping and AdamW as ONE static program
+                (paddle.static + optimizer.minimize, run by an Executor).  Paddle 3.3.1's
+                to_static cannot do this (a traced loss has no .backward()); the model classes
+                are built directly in static mode instead.  A model that cannot is recorded.
+Writes train_throughput_static.json / .png.
+
+--what anchor: the issue-16 anchor model (transformer.yaml at 2 layers x d128, 4 heads, ffn
+512, max_len 512) trained by ppvarlen eager, ppvarlen Train.to_static, and the plain PaddleNLP
+recipe: SamplerHelper shuffle -> sort in pools -> token-budget batch (the same Data.max_tokens
+and pool size), paddlenlp.data.Pad, the same model and AdamW, eager.  Interleaved likewise.
+Writes train_throughput_anchor.json / .png.
+
+Every mode times the optimizer step only (collation excluded for every variant alike), after
+2 warm-up steps per variant, and counts REAL (non-pad) tokens (seq2seq: both sides).
 The CPU may be shared with other jobs: the JSON records the load average before and after.
 """
 import argparse
@@ -52,13 +77,7 @@ def measure(config, overrides, steps, out_dir):
             "padding_efficiency": real / padded}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-c", "--config", default="configs/sentiment/transformer.yaml")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--out", default="output/bench")
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
+def batching(args):
     load_before = os.getloadavg()
     results = {name: measure(args.config, ov, args.steps, os.path.join(args.out, "train_throughput_runs", name))
                for name, ov in SCHEMES.items()}
@@ -87,6 +106,325 @@ def main():
     ax.set_title("sentiment Transformer, CPU")
     fig.tight_layout()
     fig.savefig(os.path.join(args.out, "train_throughput.png"), dpi=100)
+
+# ---------------------------------------------------------------- eager vs static, interleaved
+
+SHIPPED = ["configs/sentiment/transformer.yaml", "configs/g2p/transformer.yaml",
+           "configs/sentiment/transformer_ngram.yaml", "configs/sentiment/wide_deep.yaml",
+           "configs/sentiment/bilstm.yaml", "configs/sentiment/ernie_tiny.yaml",
+           "configs/ner/bigru_crf.yaml"]  # pretrain_mlm.yaml trains through tools/pretrain.py
+ANCHOR = ["Data.max_len=512", "Model.max_position=512", "Model.hidden_size=128",
+          "Model.num_layers=2", "Model.num_heads=4", "Model.ffn_size=512"]
+
+
+def build_trainer(config, overrides, out_dir, to_static):
+    from ppvarlen.config import load_config
+    from ppvarlen.engine.trainer import Trainer
+
+    cfg = load_config(config, overrides + ["Train.progress_bar=false", f"Global.output_dir={out_dir}",
+                                           f"Train.to_static={str(to_static).lower()}"])
+    return Trainer(cfg)
+
+
+def endless(sampler):
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from sampler
+        epoch += 1
+
+
+class TrainerVariant:
+    """The ppvarlen trainer (eager, or Train.to_static) on its own batches."""
+
+    def __init__(self, config, overrides, out_dir, to_static):
+        self.t = build_trainer(config, overrides, out_dir, to_static)
+        self.t.ddp_model.train()
+        self.order = endless(self.t.sampler)
+
+    def next_batch(self):
+        return self.t.collate([self.t.data.train[i] for i in next(self.order)])
+
+    def step(self, batch):
+        self.t.train_step(batch)
+
+    def real_tokens(self, batch):
+        from ppvarlen.engine.steps import token_counts
+
+        return token_counts(batch)[0]
+
+    def info(self):
+        sl = self.t.static_loss
+        return {"traced_count": sl.traced_count()} if sl is not None else {}
+
+
+class WholeStepVariant(TrainerVariant):
+    """Forward + backward + clipping + AdamW as one paddle.static program (Executor.run)."""
+
+    def __init__(self, config, overrides, out_dir):
+        import paddle
+
+        from ppvarlen.engine.static_step import fields_read
+
+        super().__init__(config, overrides, out_dir, False)
+        t = self.t
+        probe = t.collate([t.data.train[i] for i in range(2)])
+        self.fields = fields_read(t._batch_loss, t.model, probe)
+        self.exe = paddle.static.Executor(paddle.CPUPlace())
+        paddle.enable_static()
+        try:
+            # what is timed must compute eager's loss: an eval-mode (no dropout) twin of the
+            # program, given the eager model's weights, must give its loss on the same batch
+            check, check_loss, check_model = self._build(train=False)
+            scope = paddle.static.global_scope()
+            for k, v in t.model.state_dict().items():
+                scope.find_var(check_model.state_dict()[k].name).get_tensor().set(
+                    v.numpy(), paddle.CPUPlace())
+            static_loss = float(self.exe.run(check, feed=self._feed(probe),
+                                             fetch_list=[check_loss])[0])
+            self.main, self.loss, _ = self._build(train=True)
+        finally:
+            paddle.disable_static()
+        t.model.eval()
+        with paddle.no_grad():
+            eager_loss = float(t._batch_loss(t.model, probe))
+        t.model.train()
+        if not abs(static_loss - eager_loss) <= 1e-4 * max(1.0, abs(eager_loss)):
+            raise ValueError(f"the whole-step program computes another loss than eager "
+                             f"({static_loss:.6f} vs {eager_loss:.6f}, same batch and weights)")
+
+    def _build(self, train):
+        import paddle
+
+        from ppvarlen.engine.optim import build_optimizer
+        from ppvarlen.models import build_model
+
+        t, enc = self.t, self.t.data.encoder
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup):
+            feeds = {n: paddle.static.data(n, [None] * nd, dt) for n, dt, nd in self.fields}
+            model = build_model(t.cfg.Model, enc.vocab_size, t.num_labels, enc.pad_id, t.task)
+            model.label_smoothing = t.cfg.Train.label_smoothing  # seq2seq reads it
+            model.train() if train else model.eval()
+            loss = t._batch_loss(model, feeds)
+            if train:
+                optimizer, self.scheduler = build_optimizer(model, t.cfg.Optimizer, t.total_steps)
+                optimizer.minimize(loss)
+        self.exe.run(startup)
+        return main, loss, model
+
+    def _feed(self, batch):
+        return {n: batch[n] for n, _, _ in self.fields}
+
+    def step(self, batch):
+        import paddle
+
+        paddle.enable_static()
+        try:
+            self.exe.run(self.main, feed=self._feed(batch), fetch_list=[self.loss])
+        finally:
+            paddle.disable_static()
+        self.scheduler.step()
+
+    def info(self):
+        return {}
+
+
+class PaddleNLPRecipe(TrainerVariant):
+    """The plain PaddleNLP recipe on the same encoded train split, model and optimizer."""
+
+    def __init__(self, config, overrides, out_dir):
+        import paddle
+        from paddlenlp.data import Pad, SamplerHelper, Stack
+        from paddlenlp.datasets import MapDataset
+
+        from ppvarlen.engine.optim import build_optimizer
+        from ppvarlen.models import build_model
+
+        super().__init__(config, overrides, out_dir, False)
+        t, enc, d = self.t, self.t.data.encoder, self.t.cfg.Data
+        paddle.seed(t.cfg.Global.seed)
+        self.model = build_model(t.cfg.Model, enc.vocab_size, t.num_labels, enc.pad_id, t.task)
+        self.model.train()
+        self.optimizer, self.scheduler = build_optimizer(self.model, t.cfg.Optimizer, t.total_steps)
+        items = t.data.train.items
+        self.examples = MapDataset([(it["input_ids"], len(it["input_ids"]), it["label"])
+                                    for it in items])
+        pad, stack = Pad(axis=0, pad_val=enc.pad_id, dtype="int64"), Stack(dtype="int64")
+        self.collate_fn = lambda rows: (pad([r[0] for r in rows]), stack([r[1] for r in rows]),
+                                        stack([r[2] for r in rows]))
+        # the PaddleNLP machine-translation batching: longest-in-batch x count <= max_tokens
+        self.sampler = (SamplerHelper(self.examples).shuffle(seed=t.cfg.Global.seed)
+                        .sort(key=lambda i, ds: ds[i][1], buffer_size=d.max_tokens // 64 * d.pool_size)
+                        .batch(batch_size=d.max_tokens, batch_size_fn=lambda new, count, sofar,
+                               ds: max(sofar, ds[new][1]), key=lambda sofar, count: sofar * count)
+                        .shuffle(seed=t.cfg.Global.seed))
+        self.order = self._endless()
+
+    def _endless(self):
+        while True:
+            yield from self.sampler
+
+    def next_batch(self):
+        ids, seq_len, labels = self.collate_fn([self.examples[i] for i in next(self.order)])
+        return {"input_ids": ids, "seq_len": seq_len, "labels": labels}
+
+    def step(self, batch):
+        import paddle
+
+        loss, _ = self.model(*(paddle.to_tensor(batch[k]) for k in ("input_ids", "seq_len", "labels")))
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.clear_grad()
+        self.scheduler.step()
+
+    def info(self):
+        return {}
+
+
+def interleaved(variants, steps, warmup=2):
+    """Round-robin one step of every variant at a time (order reversed every other round);
+    per variant: real tok/s of step time."""
+    stats = {name: {"seconds": 0.0, "real_tokens": 0, "padded_tokens": 0, "steps": 0}
+             for name in variants}
+    times = {name: [] for name in variants}  # per measured step, for the paired comparison
+    shapes = {name: [] for name in variants}
+    for i in range(warmup + steps):
+        names = list(variants) if i % 2 == 0 else list(variants)[::-1]  # no fixed first/last
+        for name in names:
+            v = variants[name]
+            batch = v.next_batch()
+            t0 = time.perf_counter()
+            v.step(batch)
+            dt = time.perf_counter() - t0
+            if i >= warmup:
+                times[name].append(dt)
+                shapes[name].append(tuple(a.shape for a in batch.values()))
+                s = stats[name]
+                s["seconds"] += dt
+                s["steps"] += 1
+                s["real_tokens"] += v.real_tokens(batch)
+                s["padded_tokens"] += sum(int(a.size) for k, a in batch.items()
+                                          if k in ("input_ids", "src_ids", "tgt_in"))
+    for name, s in stats.items():
+        s["step_seconds"] = [round(t, 4) for t in times[name]]
+        s["real_tokens_per_s"] = s["real_tokens"] / s["seconds"]
+        s["padding_efficiency"] = s["real_tokens"] / s["padded_tokens"]
+        s.update(variants[name].info())
+    return stats, shapes
+
+
+def paired_speedups(stats, shapes, baseline):
+    """Median over steps of (baseline step time / variant step time) on the SAME batch.
+
+    Variants built from one config replay the same batches in the same round, so each
+    round is a paired measurement; its median shrugs off the load bursts of a shared CPU.
+    """
+    base = stats[baseline]["step_seconds"]
+    for name, s in stats.items():
+        if name != baseline and shapes[name] == shapes[baseline]:
+            ratios = sorted(b / t for b, t in zip(base, s["step_seconds"]))
+            s[f"median_paired_speedup_vs_{baseline}"] = ratios[len(ratios) // 2]
+
+
+def build_variants(config, overrides, out_dir, names):
+    made, failed = {}, {}
+    for name in names:
+        where = os.path.join(out_dir, name)
+        try:
+            if name == "whole_step":
+                made[name] = WholeStepVariant(config, overrides, where)
+            elif name == "paddlenlp_recipe":
+                made[name] = PaddleNLPRecipe(config, overrides, where)
+            else:
+                made[name] = TrainerVariant(config, overrides, where, name == "static")
+        except Exception as e:  # recorded in the JSON: which variant cannot run and why
+            failed[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"
+    return made, failed
+
+
+def compare(args, configs, overrides, names, baseline, tag):
+    results = {}
+    for config in configs:
+        load = os.getloadavg()
+        variants, failed = build_variants(config, overrides, os.path.join(
+            args.out, f"train_throughput_{tag}_runs", os.path.basename(os.path.dirname(config)) +
+            "_" + os.path.basename(config)[:-5]), names)
+        stats, shapes = interleaved(variants, args.steps)
+        paired_speedups(stats, shapes, baseline)
+        base = stats[baseline]["real_tokens_per_s"]
+        for s in stats.values():
+            s[f"speedup_vs_{baseline}"] = s["real_tokens_per_s"] / base
+        results[config] = {"variants": stats, "failed": failed, "loadavg_before": load,
+                           "loadavg_after": os.getloadavg()}
+        print(config, {n: f"{s['real_tokens_per_s']:.0f} tok/s x{s[f'speedup_vs_{baseline}']:.2f}"
+                       f" (paired median x{s.get(f'median_paired_speedup_vs_{baseline}', 1):.2f})"
+                       for n, s in stats.items()}, failed or "", os.getloadavg(), flush=True)
+    return results
+
+
+def write_report(args, tag, results, overrides, baseline, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    report = {"what": tag, "steps_per_variant": args.steps, "warmup_steps": 2,
+              "interleaved": "one step of each variant in turn, order reversed every other round", "overrides": overrides,
+              "cpu_count": os.cpu_count(), "results": results}
+    from ppvarlen.utils.io import atomic_write_json
+
+    atomic_write_json(os.path.join(args.out, f"train_throughput_{tag}.json"), report)
+    names = sorted({n for r in results.values() for n in r["variants"]},
+                   key=lambda n: (n != baseline, n))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(results) + 2), 3.8))
+    width = 0.8 / len(names)
+    for j, n in enumerate(names):
+        xs = [i + j * width for i in range(len(results))]
+        ys = [r["variants"].get(n, {}).get("real_tokens_per_s", 0) for r in results.values()]
+        ax.bar(xs, ys, width, label=n, color=f"C{j}")
+        for x, r in zip(xs, results.values()):
+            s = r["variants"].get(n)
+            if s:
+                ax.text(x, s["real_tokens_per_s"], f"x{s[f'speedup_vs_{baseline}']:.2f}",
+                        ha="center", va="bottom", fontsize=7)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(results))])
+    ax.set_xticklabels([c.replace("configs/", "").replace(".yaml", "") for c in results],
+                       rotation=20, fontsize=7)
+    ax.set_ylabel("real tokens / s (training)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, f"train_throughput_{tag}.png"), dpi=100)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--what", choices=["batching", "static", "anchor"], default="batching")
+    ap.add_argument("-c", "--config", default="configs/sentiment/transformer.yaml",
+                    help="batching: the config measured")
+    ap.add_argument("--configs", nargs="+", default=SHIPPED, help="static: the configs compared")
+    ap.add_argument("--steps", type=int, default=10, help="measured steps per variant")
+    ap.add_argument("--out", default="output/bench")
+    ap.add_argument("-o", "--override", action="append", default=[],
+                    help="static/anchor: extra config overrides for every variant (quick checks)")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    if args.what == "batching":
+        return batching(args)
+    load = os.getloadavg()
+    if args.what == "static":
+        names, baseline, configs, overrides = ["eager", "static", "whole_step"], "eager", args.configs, []
+        title = "eager vs Train.to_static vs whole step as one program (interleaved, CPU)"
+    else:
+        names, baseline = ["paddlenlp_recipe", "eager", "static", "whole_step"], "paddlenlp_recipe"
+        configs, overrides = ["configs/sentiment/transformer.yaml"], ANCHOR
+        title = "anchor: 2 x d128 Transformer, max_len 512 (interleaved, CPU)"
+    overrides = overrides + args.override
+    results = compare(args, configs, overrides, names, baseline, args.what)
+    for r in results.values():
+        r["loadavg_run_start"] = load
+    write_report(args, args.what, results, overrides, baseline, title)
 
 
 if __name__ == "__main__":

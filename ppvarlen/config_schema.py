@@ -183,6 +183,10 @@ SCHEMA = {
                                 "per-batch mean"),
         "progress_bar": Field(bool, True),
         "visualdl": Field(bool, False),
+        "to_static": Field(bool, False, help="forward + loss as one static program (paddle.jit."
+                           "to_static, dynamic batch/length dims, traced once per run; backward "
+                           "through it, optimizer eager); a model that cannot be converted fails "
+                           "at start. Same losses as eager with dropout off"),
         "amp": {
             "enable": Field(bool, False),
             "level": Field(str, "O1", choices=["O1", "O2"]),

@@ -140,7 +140,10 @@ class Trainer:
         resume_dir = ckpt.resolve_resume(cfg.Train.resume, self.out)
         if resume_dir:
             self._resume(resume_dir)
-        self.ddp_model = wrap_model(self.model, self.world)
+        # Train.to_static (engine/static_step.py): forward + loss as one program, probed here
+        self.static_loss = self._compile_static_loss() if cfg.Train.to_static else None
+        self.ddp_model = wrap_model(self.model if self.static_loss is None else self.static_loss,
+                                    self.world)
         if self.main:
             os.makedirs(self.out, exist_ok=True)
             save_config(cfg, os.path.join(self.out, "config.yaml"))
@@ -247,15 +250,32 @@ class Trainer:
 
     # ------------------------------------------------------------ one step
 
+    def _batch_loss(self, model, batch):
+        return self.task.loss(model, batch, self.cfg.Train.label_smoothing)
+
+    def _autocast(self):
+        return paddle.amp.auto_cast(True, level=self.amp["level"], dtype=self.amp["dtype"])
+
+    def _compile_static_loss(self):  # Train.to_static: fails at start if the model cannot
+        from .static_step import compile_loss
+
+        probe = self.collate([self.data.train[i] for i in range(min(2, len(self.data.train)))])
+        return compile_loss(self.model, self._batch_loss, probe, self.cfg.Model.name,
+                            self._autocast if self.amp else None)
+
     def _loss(self, batch):
-        return self.task.loss(self.ddp_model, batch, self.cfg.Train.label_smoothing)
+        if self.static_loss is not None:  # Train.to_static: ddp_model wraps the static loss
+            loss = self.ddp_model(*self.static_loss.inputs(batch))
+            self.static_loss.check_traced_once()
+            return loss
+        return self._batch_loss(self.ddp_model, batch)
 
     def train_step(self, batch):
         """One optimizer step; returns the batch's mean loss (unscaled, for the log)."""
         step = self.state["step"]
         paddle.seed(self.cfg.Global.seed * 1_000_003 + self.rank * 7_919 + step)
         if self.amp:
-            with paddle.amp.auto_cast(True, level=self.amp["level"], dtype=self.amp["dtype"]):
+            with self._autocast():
                 loss = self._loss(batch)
         else:
             loss = self._loss(batch)
