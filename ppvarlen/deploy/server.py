@@ -247,14 +247,11 @@ def _example(predictor):
         return None
 
 
-def serve(export_dir, deploy_cfg, host=None, port=None, backend=None):
-    """Load the export and serve it until SIGINT/SIGTERM (then drain the queue and exit)."""
-    import uvicorn
-
+def app_from_config(export_dir, deploy_cfg, backend=None):
+    """The app for ``export_dir`` with the ``Deploy`` settings: predictor, limits, batcher
+    (``serve`` runs it with uvicorn; each Ray Serve replica runs its own copy)."""
     from .predictor import Predictor
 
-    if host is not None and host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("binding %s: the server is reachable from other machines", host)
     predictor = Predictor(export_dir, backend or deploy_cfg.backend, device=deploy_cfg.device,
                           precision=deploy_cfg.precision, threads=deploy_cfg.threads,
                           max_batch_tokens=deploy_cfg.max_batch_tokens,
@@ -262,9 +259,18 @@ def serve(export_dir, deploy_cfg, host=None, port=None, backend=None):
                           split_long_sources=deploy_cfg.split_long_sources)
     limits = Limits(deploy_cfg.max_texts_per_request, deploy_cfg.max_body_bytes,
                     deploy_cfg.max_text_chars)
-    app = create_app(predictor, deploy_cfg.workers, deploy_cfg.max_wait_ms,
-                     deploy_cfg.max_batch_tokens, deploy_cfg.max_batch_size,
-                     deploy_cfg.queue_size, limits, deploy_cfg.drain_timeout_s,
-                     deploy_cfg.batch_overhead_tokens)
+    return create_app(predictor, deploy_cfg.workers, deploy_cfg.max_wait_ms,
+                      deploy_cfg.max_batch_tokens, deploy_cfg.max_batch_size,
+                      deploy_cfg.queue_size, limits, deploy_cfg.drain_timeout_s,
+                      deploy_cfg.batch_overhead_tokens)
+
+
+def serve(export_dir, deploy_cfg, host=None, port=None, backend=None):
+    """Load the export and serve it until SIGINT/SIGTERM (then drain the queue and exit)."""
+    import uvicorn
+
+    if host is not None and host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("binding %s: the server is reachable from other machines", host)
+    app = app_from_config(export_dir, deploy_cfg, backend)
     uvicorn.run(app, host=host or deploy_cfg.host, port=port or deploy_cfg.port,
                 log_level="warning", timeout_graceful_shutdown=int(deploy_cfg.drain_timeout_s))

@@ -47,21 +47,11 @@ class PpvarlenReplica:
     """One replica: a predictor and ``create_app`` around it (built after the constructor)."""
 
     def __init__(self, model_dir, backend=None, deploy=None):
-        from ppvarlen.deploy.predictor import Predictor
-        from ppvarlen.deploy.server import Limits, create_app
+        from ppvarlen.deploy.server import app_from_config
 
-        cfg = deploy_settings(deploy)
-        predictor = Predictor(model_dir, backend or cfg.backend, device=cfg.device,
-                              precision=cfg.precision, threads=cfg.threads,
-                              max_batch_tokens=cfg.max_batch_tokens,
-                              max_batch_size=cfg.max_batch_size, tensorrt=cfg.tensorrt,
-                              split_long_sources=cfg.split_long_sources)
-        limits = Limits(cfg.max_texts_per_request, cfg.max_body_bytes, cfg.max_text_chars)
         # create_app's lifespan (warm-up, overhead measurement, batcher) runs when Serve
         # starts the replica's ASGI app, and drains the batcher when Serve stops it.
-        self._app = create_app(predictor, cfg.workers, cfg.max_wait_ms, cfg.max_batch_tokens,
-                               cfg.max_batch_size, cfg.queue_size, limits, cfg.drain_timeout_s,
-                               cfg.batch_overhead_tokens)
+        self._app = app_from_config(model_dir, deploy_settings(deploy), backend)
 
     def __serve_build_asgi_app__(self):
         return self._app
