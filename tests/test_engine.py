@@ -168,3 +168,19 @@ def test_rdrop_with_label_smoothing_and_foreign_warm_start_are_config_errors(tmp
     base["Model"]["init_from"] = path
     with pytest.raises(ConfigError, match="different vocabulary"):
         trainer_mod.Trainer(load_config(data=base))
+
+
+def test_max_len_beyond_the_position_table_is_refused_before_training(tmp_path):
+    """PITFALLS 17: Data.max_len > Model.max_position would index past the position table at the
+    first long batch; the trainer refuses it first, naming both keys (seq2seq: max_source_len)."""
+    from ppvarlen.config import ConfigError
+
+    base = tiny_cfg(tmp_path).to_dict()
+    base["Data"]["max_len"] = 65
+    with pytest.raises(ConfigError, match=r"Data.max_len=65 .*Model.max_position=64"):
+        trainer_mod.Trainer(load_config(data=base))
+    seq2seq = load_config(os.path.join(REPO, "configs/g2p/transformer.yaml"),
+                          ["Data.max_source_len=65", "Model.max_position=64"])
+    with pytest.raises(ConfigError, match=r"Data.max_source_len=65"):
+        get_task("seq2seq").check_lengths(seq2seq)
+    get_task("seq2seq").check_lengths(load_config(os.path.join(REPO, "configs/g2p/transformer.yaml")))

@@ -106,6 +106,7 @@ class Trainer:
                                    extra_corpora=cfg.Pretrain.extra_corpora)
         self.task = get_task(self.data.task)
         self.task.check_train_config(cfg)
+        self.task.check_lengths(cfg)
         enc = self.data.encoder
         if cfg.Train.label_smoothing and cfg.Model.get("rdrop_alpha"):
             raise ConfigError("Model.rdrop_alpha lives in the model's own loss, which "

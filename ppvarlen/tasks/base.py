@@ -71,6 +71,18 @@ class Task:
     def check_train_config(self, cfg):
         """Refuse Train/Model combinations the task's loss cannot honour."""
 
+    length_key = "max_len"  # the Data key that bounds an item's tokens
+
+    def check_lengths(self, cfg):
+        """An item of ``Data.<length_key>`` tokens must fit the model's position table (else an
+        index error deep inside a kernel at the first long batch, PITFALLS 17)."""
+        table, longest = cfg.Model.get("max_position"), cfg.Data.get(self.length_key)
+        if table is not None and longest is not None and longest > table:
+            raise ConfigError(f"Data.{self.length_key}={longest} is longer than "
+                              f"Model.max_position={table} ({cfg.Model.name} reads at most "
+                              f"{table} positions); lower Data.{self.length_key} or raise "
+                              f"Model.max_position")
+
     def num_labels(self, encoder, label_names):
         return len(label_names)
 

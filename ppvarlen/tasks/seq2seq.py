@@ -40,6 +40,8 @@ class Seq2SeqTask(Task):
                               "BERT/ERNIE vocabulary has none: use tokenizer: char")
 
     # ------------------------------------------------------------ training
+    length_key = "max_source_len"  # what a deployed model receives
+
     def check_train_config(self, cfg):
         if cfg.Data.padding_side != "right":
             raise ConfigError("Data.padding_side: the seq2seq model builds its masks for right "
