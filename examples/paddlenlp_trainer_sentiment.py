@@ -13,17 +13,14 @@ The trained model and tokenizer end in OUT/model (save_pretrained, safetensors).
 import argparse
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from paddlenlp.datasets import MapDataset
+from paddlenlp.trainer import TrainingArguments
+from paddlenlp.transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from paddlenlp.datasets import MapDataset  # noqa: E402
-from paddlenlp.trainer import TrainingArguments  # noqa: E402
-from paddlenlp.transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: E402
-
-from ppvarlen.config import load_config  # noqa: E402
-from ppvarlen.data.corpora import load_corpus  # noqa: E402
-from ppvarlen.integrations.paddlenlp_trainer import (LengthBatchingTrainer,  # noqa: E402
+from ppvarlen.config import load_config
+from ppvarlen.data.corpora import load_corpus
+from ppvarlen.integrations.paddlenlp_trainer import (LengthBatchingTrainer,
                                                      ModelInputCollator, make_random_model_dir)
 
 

@@ -191,7 +191,7 @@ def test_every_module_imports():
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-SCRIPT_DIRS = ["ppvarlen", "tools", "deploy", "benchmarks"]
+SCRIPT_DIRS = ["ppvarlen", "tools", "deploy", "benchmarks", "examples"]
 
 
 def test_no_sys_path_edits_in_shipped_scripts():
