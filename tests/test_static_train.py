@@ -13,6 +13,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from ppvarlen.config import ConfigError, load_config
+from ppvarlen.config_schema import MODEL_KEYS
 from ppvarlen.engine import trainer as trainer_mod
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,10 +40,18 @@ FAMILIES = {
 }
 
 
+def _own_model_keys(config, overrides):
+    """``overrides`` without Model keys the config's model does not read (per-model keys)."""
+    name = next((o.split("=", 1)[1] for o in overrides if o.startswith("Model.name=")), None)
+    name = name or load_config(os.path.join(REPO, config)).Model.name
+    return [o for o in overrides if not o.startswith("Model.")
+            or o.split("=", 1)[0][len("Model."):] in ("name", *MODEL_KEYS[name])]
+
+
 def trainer(config, out, extra, to_static):
-    cfg = load_config(os.path.join(REPO, config), [
+    cfg = load_config(os.path.join(REPO, config), _own_model_keys(config, [
         "Data.limit=48", "Data.max_tokens=1024", "Train.progress_bar=false", "Train.max_steps=40",
-        f"Global.output_dir={out}", f"Train.to_static={str(to_static).lower()}"] + extra)
+        f"Global.output_dir={out}", f"Train.to_static={str(to_static).lower()}"] + extra))
     return trainer_mod.Trainer(cfg)
 
 
