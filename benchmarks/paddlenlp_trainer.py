@@ -1,6 +1,6 @@
 """Stock PaddleNLP Trainer vs Trainer + ppvarlen token budget: same model, data, examples.
 
-    PYTHONPATH=. python benchmarks/paddlenlp_trainer.py [--train 1500 --dev 400 --epochs 3 --rounds 1 --lr 2e-3]
+    python benchmarks/paddlenlp_trainer.py [--train 1500 --dev 400 --epochs 3 --rounds 1 --lr 2e-3]
 
 * stock        — ``paddlenlp.trainer.Trainer``: its default shuffled sampler (batches of
                  --batch-size) + ``DataCollatorWithPadding`` (pads to the batch's longest);

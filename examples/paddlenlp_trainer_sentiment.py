@@ -1,7 +1,7 @@
 """Fine-tune a PaddleNLP model with paddlenlp's Trainer + ppvarlen's token-budget batching.
 
-    PYTHONPATH=. python examples/paddlenlp_trainer_sentiment.py --out output/pnlp_sentiment
-    PYTHONPATH=. python examples/paddlenlp_trainer_sentiment.py --model-dir DIR --out OUT
+    python examples/paddlenlp_trainer_sentiment.py --out output/pnlp_sentiment
+    python examples/paddlenlp_trainer_sentiment.py --model-dir DIR --out OUT
 
 Data: ppvarlen's built-in Chinese sentiment corpus (train/dev/test).  Model: a
 ``save_pretrained`` directory (``--model-dir``: e.g. a downloaded ernie-3.0 model,
