@@ -12,16 +12,9 @@ processes falls on both alike.  Prints examples/s per backend and the ratios.
 import argparse
 import json
 import os
-import time
 
 from ppvarlen.config import add_config_args, load_config
-
-
-def one_pass(run, batches):
-    start = time.perf_counter()
-    for ids, lens in batches:
-        run(ids, lens)
-    return time.perf_counter() - start
+from ppvarlen.export.precision_speed import one_pass
 
 
 def timed(runners, batches, repeats):

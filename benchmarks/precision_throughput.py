@@ -24,9 +24,9 @@ import logging
 import os
 import statistics
 import sys
-import time
 
 from ppvarlen.config import add_config_args, load_config
+from ppvarlen.export.precision_speed import one_pass
 
 ERNIE_MEDIUM = {"hidden_size": 768, "num_hidden_layers": 6, "num_attention_heads": 12,
                 "intermediate_size": 3072, "hidden_act": "gelu", "max_position_embeddings": 2048}
@@ -55,13 +55,6 @@ def ernie_medium(cfg, encoder, label_names, train_lengths):
             "buckets": [], "length_profile": {"p50": float(p[0]), "p95": float(p[1]),
                                               "p99": float(p[2]), "max": int(max(train_lengths))}}
     return model, meta
-
-
-def one_pass(run, batches):
-    start = time.perf_counter()
-    for ids, lens in batches:
-        run(ids, lens)
-    return time.perf_counter() - start
 
 
 def interleaved(runners, batches, repeats):

@@ -14,6 +14,7 @@ import numpy as np
 import paddle
 import pytest
 
+from interrupt_helper import interrupt_during_step
 from ppvarlen.cli import main_export, main_infer, main_train
 from ppvarlen.config import ConfigError, load_config
 from ppvarlen.data.corpora import load_corpus
@@ -327,8 +328,6 @@ def test_export_cli_errors_are_one_line(tmp_path, capsys):
 
 def test_resume_after_interrupt_gives_identical_losses_and_weights(vocab_file, tmp_path,
                                                                    monkeypatch):
-    import signal
-
     from safetensors.numpy import load_file
 
     import ppvarlen.engine.trainer as trainer_mod
@@ -347,15 +346,7 @@ def test_resume_after_interrupt_gives_identical_losses_and_weights(vocab_file, t
                 if "loss" in r]
 
     trainer_mod.train(config(tmp_path / "full"))
-    original = trainer_mod.Trainer.train_step
-
-    def interrupt_during_step_3(self, batch):
-        loss = original(self, batch)
-        if self.state["step"] == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-        return loss
-
-    monkeypatch.setattr(trainer_mod.Trainer, "train_step", interrupt_during_step_3)
+    original = interrupt_during_step(monkeypatch, trainer_mod, 3)
     assert trainer_mod.train(config(tmp_path / "cut")) == {"interrupted": True, "step": 3}
     monkeypatch.setattr(trainer_mod.Trainer, "train_step", original)
     trainer_mod.train(config(tmp_path / "cut", resume="auto"))

@@ -8,6 +8,7 @@ import numpy as np
 import paddle
 import pytest
 
+from interrupt_helper import interrupt_during_step
 from ppvarlen.config import ConfigError, load_config
 from ppvarlen.data.vocab import vocab_sha256
 from ppvarlen.engine import train
@@ -135,21 +136,11 @@ def test_pretrain_config_errors(tmp_path):
 
 def test_pretraining_resumes_exactly(tmp_path, monkeypatch):
     """The Trainer's exact resume holds for masked-LM too (masks drawn from the step's seed)."""
-    import signal
-
     from ppvarlen.engine import trainer as trainer_mod
 
     train_cfg = {"eval_every": 2, "log_every": 1}
     full = train(_config(tmp_path / "full", Train=train_cfg))
-    original = trainer_mod.Trainer.train_step
-
-    def interrupt_during_step_3(self, batch):
-        loss = original(self, batch)
-        if self.state["step"] == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-        return loss
-
-    monkeypatch.setattr(trainer_mod.Trainer, "train_step", interrupt_during_step_3)
+    original = interrupt_during_step(monkeypatch, trainer_mod, 3)
     assert train(_config(tmp_path / "cut", Train=train_cfg)) == {"interrupted": True, "step": 3}
     monkeypatch.setattr(trainer_mod.Trainer, "train_step", original)
     resumed = train(_config(tmp_path / "cut", Train=dict(train_cfg, resume="auto")))

@@ -5,13 +5,13 @@ Trainer builds in seconds; the same batches go through an eager and a static Tra
 """
 import json
 import os
-import signal
 
 import numpy as np
 import paddle
 import pytest
 from safetensors.numpy import load_file
 
+from interrupt_helper import interrupt_during_step
 from ppvarlen.config import ConfigError, load_config
 from ppvarlen.config_schema import MODEL_KEYS
 from ppvarlen.engine import trainer as trainer_mod
@@ -139,15 +139,7 @@ def test_exact_resume_with_dropout_after_sigint(tmp_path, monkeypatch):
     trainer_mod.train(tiny_cfg(eager, to_static=False))
     np.testing.assert_allclose([l for _, l in logged_losses(full)],
                                [l for _, l in logged_losses(eager)], rtol=1e-5)
-    original = trainer_mod.Trainer.train_step
-
-    def interrupt_in_step_5(self, batch):
-        loss = original(self, batch)
-        if self.state["step"] == 4:
-            os.kill(os.getpid(), signal.SIGINT)
-        return loss
-
-    monkeypatch.setattr(trainer_mod.Trainer, "train_step", interrupt_in_step_5)
+    original = interrupt_during_step(monkeypatch, trainer_mod, 5)
     part = tmp_path / "part"
     assert trainer_mod.train(tiny_cfg(part)) == {"interrupted": True, "step": 5}
     monkeypatch.setattr(trainer_mod.Trainer, "train_step", original)

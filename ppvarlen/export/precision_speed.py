@@ -42,6 +42,14 @@ def _spread(batches, limit, max_tokens=MAX_TOKENS):
     return picked
 
 
+def one_pass(run, batches):
+    """Seconds ``run(ids, seq_len)`` takes over ``batches``."""
+    start = time.perf_counter()
+    for ids, lens in batches:
+        run(ids, lens)
+    return time.perf_counter() - start
+
+
 def measure(runners, batches, rounds=ROUNDS, max_batches=MAX_BATCHES):
     """{runner name: {"examples_per_s", "tokens_per_s"}} for the deployable runners."""
     timed = {name: run for name, run in runners.items() if name in PARITY_BACKENDS}
@@ -55,10 +63,7 @@ def measure(runners, batches, rounds=ROUNDS, max_batches=MAX_BATCHES):
     best = dict.fromkeys(timed, float("inf"))
     for _ in range(rounds):
         for name, run in timed.items():
-            start = time.perf_counter()
-            for ids, sl in batches:
-                run(ids, sl)
-            best[name] = min(best[name], time.perf_counter() - start)
+            best[name] = min(best[name], one_pass(run, batches))
     return {"batches": len(batches), "examples": examples, "tokens": tokens, "rounds": rounds,
             "runners": {name: {"examples_per_s": examples / s, "tokens_per_s": tokens / s}
                         for name, s in best.items()}}
