@@ -1,14 +1,14 @@
 """Train a model from a config: ``python tools/train.py -h``, the same command as ``ppvarlen-train``.
 
-The logic lives in ppvarlen/cli.py; the package must be installed (``pip install -e .``).
+The logic lives in ppvarlen/cli.py; the package must be installed (README, Quickstart).
 """
 import sys
 
 try:
     from ppvarlen.cli import main_train as main
 except ModuleNotFoundError as e:  # no ppvarlen, or an older one; any other module: a bug
-    raise SystemExit(f"{e}: install this checkout's ppvarlen with `pip install -e .` in the "
-                     f"repository root") if (e.name or "").split(".")[0] == "ppvarlen" else e
+    raise SystemExit(f"{e}: install this checkout's ppvarlen first (README, Quickstart: the "
+                     f"editable install in the repository root)") if (e.name or "").split(".")[0] == "ppvarlen" else e
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -81,14 +81,10 @@ def build_model(model_cfg, vocab_size, num_labels, pad_id, task, init_weights=Tr
                             init_weights)
         return getattr(importlib.import_module(f"ppvarlen.models.{module}"), layer)(inner)
     _check_task(name, task)
-    if name == "seq2seq":  # owned by the seq2seq module; imported only when asked for
-        # num_labels = the output vocabulary (ids < num_labels can be generated); 0 = all ids
-        seq2seq = importlib.import_module("ppvarlen.models.seq2seq")
-        return seq2seq.build_seq2seq(Config(cfg), vocab_size, pad_id=pad_id,
-                                     output_size=num_labels or None)
-    if vocab_size < 1 or num_labels < 1:
+    builder = _BUILDERS[name]
+    if vocab_size < 1 or num_labels < getattr(builder, "min_labels", 1):
         raise ValueError(f"build_model: vocab_size={vocab_size} and num_labels={num_labels} must be >= 1")
-    model = _BUILDERS[name](cfg, vocab_size, num_labels, pad_id, init_weights)
+    model = builder(cfg, vocab_size, num_labels, pad_id, init_weights)
     if cfg.get("init_from") and init_weights:
         _warm_start(model, cfg["init_from"])
     return model
@@ -155,6 +151,15 @@ def _paddlenlp(cfg, vocab_size, num_labels, pad_id, init_weights=True):
                                                 init_weights)
 
 
+def _seq2seq(cfg, vocab_size, num_labels, pad_id, init_weights):
+    # num_labels = the output vocabulary (ids < num_labels can be generated); 0 = all ids
+    from .seq2seq import build_seq2seq
+
+    return build_seq2seq(Config(cfg), vocab_size, pad_id=pad_id, output_size=num_labels or None)
+
+
+_seq2seq.min_labels = 0
+
 _BUILDERS = {
     "transformer_cls": _transformer_cls,
     "rnn_cls": _rnn_cls,
@@ -163,4 +168,5 @@ _BUILDERS = {
     "ernie_tagger": _ernie,
     "paddlenlp_seq_cls": _paddlenlp,
     "paddlenlp_token_cls": _paddlenlp,
+    "seq2seq": _seq2seq,
 }
