@@ -1,4 +1,6 @@
 """Tagging: one tag per token (CRF taggers decode in the graph; ONNX exports in numpy)."""
+import functools
+
 import numpy as np
 
 from ..config import ConfigError
@@ -6,6 +8,11 @@ from ..data.errors import DataError
 from ..data import tagschemes
 from ..data.longtext import aggregate_tokens
 from .base import Task, unpad
+
+
+@functools.lru_cache(maxsize=8)
+def _scheme_of(label_names):
+    return tagschemes.detect(label_names)
 
 
 def entities(tags, spans, text, scheme):
@@ -92,7 +99,7 @@ class TaggingTask(Task):
         content = [t[specials:len(t) - specials] for t in outputs]
         _, merged = aggregate_tokens([0] * len(content), item.offsets, content)
         tags = [predictor.label_names[int(t)] for t in merged[0]]  # every kept token
-        scheme = tagschemes.detect(predictor.label_names)
+        scheme = _scheme_of(tuple(predictor.label_names))  # once per label set, not per text
         return {"entities": entities(tags, item.spans[:len(tags)], item.text, scheme), "tags": tags,
                 "num_tokens": item.num_tokens, "truncated": item.truncated}
 
