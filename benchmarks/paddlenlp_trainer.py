@@ -4,9 +4,10 @@
 
 * stock        — ``paddlenlp.trainer.Trainer``: its default shuffled sampler (batches of
                  --batch-size) + ``DataCollatorWithPadding`` (pads to the batch's longest);
-* token_budget — ``LengthBatchingTrainer``: ppvarlen's ``TokenBudgetBatchSampler`` with the
-                 budget that gives the SAME number of batches per epoch as stock (so both
-                 take the same optimizer steps over the same examples) + ``ModelInputCollator``;
+* token_budget — ``LengthBatchingTrainer``: ppvarlen's ``TokenBudgetBatchSampler`` (sorted
+                 within shuffled pools of --pool-size batches) with the smallest budget that
+                 gives no more batches per epoch than stock (so both take about the same
+                 optimizer steps over the same examples) + ``ModelInputCollator``;
 * bucket       — ``LengthBatchingTrainer`` with 8 optimal length buckets and a fixed 32
                  examples per batch (random within a bucket).
 
@@ -54,6 +55,7 @@ _EXAMPLE = _example()
 accuracy, encode, sentiment_splits = _EXAMPLE.accuracy, _EXAMPLE.encode, _EXAMPLE.sentiment_splits
 
 MAX_LENGTH = 512
+SEED = 42
 
 
 class CountingCollator:
@@ -70,13 +72,15 @@ class CountingCollator:
         return batch
 
 
-def budget_for_batches(lengths, num_batches, max_sentences=None):
-    """Smallest token budget whose whole-split packing has <= num_batches batches."""
+def budget_for_batches(lengths, num_batches, max_sentences, pool_size, epochs, seed):
+    """Smallest token budget whose pooled packing has <= num_batches batches in each of the
+    run's epochs (the trainer's sampler, same seed)."""
     lo, hi = int(lengths.max()), int(lengths.max()) * len(lengths)
     while lo < hi:
         mid = (lo + hi) // 2
-        if len(TokenBudgetBatchSampler(lengths, mid, pool_size=0, shuffle=False,
-                                       max_sentences=max_sentences)) <= num_batches:
+        sampler = TokenBudgetBatchSampler(lengths, mid, pool_size=pool_size, seed=seed,
+                                          max_sentences=max_sentences)
+        if max(sampler.batch_counts(range(epochs))) <= num_batches:
             hi = mid
         else:
             lo = mid + 1
@@ -90,7 +94,7 @@ def run(scheme, model_dir, train, dev, args, out_dir, max_tokens):
                               num_train_epochs=args.epochs, learning_rate=args.lr,
                               per_device_train_batch_size=args.batch_size,
                               per_device_eval_batch_size=args.batch_size, logging_steps=10 ** 6,
-                              save_strategy="no", disable_tqdm=True, seed=42)
+                              save_strategy="no", disable_tqdm=True, seed=SEED)
     if scheme == "stock":
         train_collate = CountingCollator(DataCollatorWithPadding(tokenizer))
         trainer = Trainer(model=model, args=targs, train_dataset=train, eval_dataset=dev,
@@ -110,6 +114,7 @@ def run(scheme, model_dir, train, dev, args, out_dir, max_tokens):
                                         eval_dataset=dev, data_collator=train_collate,
                                         compute_metrics=accuracy, max_tokens=max_tokens,
                                         max_sentences=args.max_sentences,
+                                        pool_size=args.pool_size,
                                         eval_max_tokens=4 * max_tokens)
         eval_collate = ModelInputCollator(tokenizer, model)
     load_before = os.getloadavg()
@@ -163,6 +168,8 @@ def main():
     ap.add_argument("--max-sentences", type=int, default=64,
                     help="cap on examples per token-budget batch (uncapped, the whole-split "
                          "sort packs hundreds of the shortest texts into one batch)")
+    ap.add_argument("--pool-size", type=int, default=16,
+                    help="token budget: sort within shuffled pools of this many batches")
     ap.add_argument("--buckets", type=int, default=8, help="length buckets of the bucket scheme")
     ap.add_argument("--schemes", default="stock,token_budget,bucket")
     ap.add_argument("--out", default="output/bench")
@@ -178,12 +185,14 @@ def main():
     train = encode(tokenizer, splits["train"][:args.train], MAX_LENGTH)
     dev = encode(tokenizer, splits["dev"][:args.dev], MAX_LENGTH)
     stock_batches = -(-len(train) // args.batch_size)
-    max_tokens = budget_for_batches(lengths_of(train), stock_batches, args.max_sentences)
+    max_tokens = budget_for_batches(lengths_of(train), stock_batches, args.max_sentences,
+                                    args.pool_size, int(np.ceil(args.epochs)), SEED)
 
     setup = {"max_length": MAX_LENGTH, "train_examples": len(train), "dev_examples": len(dev),
              "epochs": args.epochs, "stock_batch_size": args.batch_size,
              "token_budget_max_tokens": max_tokens, "batches_per_epoch": stock_batches,
-             "token_budget_max_sentences": args.max_sentences, "lr": args.lr,
+             "token_budget_max_sentences": args.max_sentences,
+             "token_budget_pool_size": args.pool_size, "lr": args.lr,
              "cpu_count": os.cpu_count(), "loadavg_start": loadavg_start,
              "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
     runs = {name: [] for name in args.schemes.split(",")}

@@ -104,7 +104,29 @@ def test_epochs_reshuffle_and_cover_the_data(seq_dir, tmp_path):
     for ids, _ in trainer.steps:
         assert ids.size <= MAX_TOKENS
     assert epochs[0] != epochs[1]  # reshuffled
-    assert trainer.train_batch_sampler().epoch == 1
+    sampler = trainer.train_batch_sampler()
+    assert sampler.epoch == 1
+    # pooled packing: the fixed count is the largest natural count of the run's epochs
+    assert sampler.pool_size == 16 and sampler.num_batches == max(sampler.batch_counts([0, 1]))
+
+
+def test_example_loss_weighting_scales_by_targets_per_batch(seq_dir, tmp_path):
+    model_dir, ds = seq_dir
+    weighted = make_trainer(model_dir, ds, training_args(tmp_path))
+    plain = make_trainer(model_dir, ds, training_args(tmp_path), loss_weighting="batch")
+    mean = len(ds) / len(weighted.train_batch_sampler())
+    assert weighted.targets_per_batch() == pytest.approx(mean)
+    small = min(weighted.train_batch_sampler().epoch_batches(), key=len)
+    batch = weighted.data_collator([ds[i] for i in small])
+    losses = []
+    for trainer in (weighted, plain):
+        trainer.model.train()
+        paddle.seed(3)  # the same dropout masks
+        losses.append(float(trainer.compute_loss(trainer.model, {
+            k: paddle.to_tensor(v) for k, v in batch.items()})))
+    assert losses[0] == pytest.approx(losses[1] * len(small) / mean, rel=1e-5)
+    with pytest.raises(ValueError, match="loss_weighting"):
+        make_trainer(model_dir, ds, training_args(tmp_path), loss_weighting="token")
 
 
 def test_evaluate_and_predict_are_in_dataset_order(seq_dir, tmp_path):

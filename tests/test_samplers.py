@@ -116,6 +116,36 @@ def test_resume_from_any_step_reproduces_rest_of_epoch(name, lengths, data):
     assert list(fresh) == full  # the next pass is a full epoch again
 
 
+@PROPS
+@given(lengths=st.lists(st.integers(1, 300), min_size=2, max_size=250), seed=st.integers(0, 3),
+       extra=st.integers(0, 6), replicas=st.integers(1, 3))
+def test_fixed_batch_count_every_epoch_keeps_coverage_and_budget(lengths, seed, extra, replicas):
+    counts = token_budget(lengths, pool_size=2, seed=seed).batch_counts(range(4))
+    n = min(max(counts) + extra, len(lengths))
+    assume(n >= max(counts))
+    for rank in range(replicas):
+        s = token_budget(lengths, pool_size=2, seed=seed, num_batches=n,
+                         num_replicas=replicas, rank=rank)
+        for epoch in range(4):
+            s.set_epoch(epoch)
+            assert len(s) == -(-n // replicas)  # the same every epoch, on every rank
+    s = token_budget(lengths, pool_size=2, seed=seed, num_batches=n)
+    for epoch in range(4):
+        s.set_epoch(epoch)
+        batches = s.epoch_batches()
+        assert len(batches) == n
+        assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+        assert all(padded_cost(s, b) <= 600 or len(b) == 1 for b in batches)
+
+
+def test_fixed_batch_count_below_an_epochs_count_is_refused():
+    lengths = np.random.default_rng(0).integers(1, 300, size=400)
+    counts = token_budget(lengths, pool_size=2).batch_counts(range(3))
+    s = token_budget(lengths, pool_size=2, num_batches=min(counts) - 1)
+    with pytest.raises(DataError, match="num_batches"):
+        s.epoch_batches()
+
+
 def test_state_dict_takes_consumed_count_and_resets_on_new_epoch():
     s = token_budget(list(range(1, 200)), seed=1)
     it = iter(s)

@@ -170,11 +170,23 @@ class TokenBudgetBatchSampler(_LengthBatchSampler):
     tie-breaks and batch order).  Not shuffled: global stable sort, no
     randomness (eval).  ``lengths`` may be [n, 2] (source, target) for seq2seq:
     the cost is then size x (max_src + max_tgt).
+
+    ``num_batches``: every epoch yields exactly this many (global) batches, for
+    loops that fix the steps per epoch once (PaddleNLP's Trainer).  Pooled
+    packing gives a slightly different count each epoch; an epoch with fewer
+    batches has its largest batches halved until the count is reached (halves
+    stay within the budget); an epoch with more is an error.  ``batch_counts``
+    gives the natural count of any epochs, to choose it.
     """
 
     def __init__(self, lengths, max_tokens, shuffle=True, pool_size=100, max_sentences=None,
-                 batch_size_multiple=1, oversize="own_batch", seed=0, num_replicas=1, rank=0):
+                 batch_size_multiple=1, oversize="own_batch", seed=0, num_replicas=1, rank=0,
+                 num_batches=None):
         super().__init__(lengths, shuffle, seed, num_replicas, rank)
+        self.num_batches = None if num_batches is None else int(num_batches)
+        if self.num_batches is not None and int(batch_size_multiple) > 1:
+            raise ValueError("num_batches halves batches, which breaks batch_size_multiple; "
+                             "use one of them")
         self.max_tokens = int(max_tokens)
         self.pool_size = int(pool_size or 0)
         self.max_sentences = max_sentences
@@ -190,6 +202,31 @@ class TokenBudgetBatchSampler(_LengthBatchSampler):
                               self.batch_size_multiple)
 
     def _global_batches(self, rng):
+        batches = self._packed_batches(rng)
+        return batches if self.num_batches is None else self._to_count(batches)
+
+    def batch_counts(self, epochs):
+        """Natural (global) batch count of each epoch in ``epochs``, ignoring ``num_batches``."""
+        return [len(self._packed_batches(np.random.default_rng([self.seed, int(e)])
+                                         if self.shuffle else None)) for e in epochs]
+
+    def _to_count(self, batches):
+        if len(batches) > self.num_batches:
+            raise DataError(f"num_batches={self.num_batches} but epoch {self.epoch} packs into "
+                            f"{len(batches)} batches of max_tokens={self.max_tokens}; set "
+                            f"num_batches >= max(batch_counts(epochs))")
+        batches = list(batches)
+        while len(batches) < self.num_batches:
+            # halve the batch with the most examples (the first one on ties): deterministic
+            i = max(range(len(batches)), key=lambda j: len(batches[j]))
+            if len(batches[i]) < 2:
+                raise DataError(f"num_batches={self.num_batches} is more than the "
+                                f"{len(self.lengths)} examples")
+            half = len(batches[i]) // 2
+            batches[i:i + 1] = [batches[i][:half], batches[i][half:]]
+        return batches
+
+    def _packed_batches(self, rng):
         if rng is None:
             return self._pack(np.argsort(self._key, kind="stable"))
         perm = rng.permutation(len(self._key))

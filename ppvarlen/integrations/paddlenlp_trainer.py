@@ -25,10 +25,15 @@ What the stock Trainer lacks, and what this module does about it:
   are closed: at an epoch boundary (nothing to skip) it never restored the RNG
   (dropout) state, and ``resume_from_checkpoint=True`` failed after loading the
   weights; both work here.
-* The Trainer computes steps per epoch ONCE, so the number of batches must not
-  change between epochs: token-budget training sorts the whole split
-  (``pool_size=0``: random tie-breaks and batch order, same batch count every
-  epoch); bucket counts are fixed by construction.
+* Token-budget batches are packed within shuffled pools of ``pool_size``
+  batches (sorted by length inside a pool), so every epoch groups different
+  examples.  Sorting the whole split instead (``pool_size=0``) pads least but puts
+  the same neighbours together every epoch, and a random-init model trained that
+  way stayed at chance on the sentiment benchmark (docs/PADDLENLP.md).  The
+  Trainer computes steps per epoch ONCE, so the sampler is given a fixed
+  ``num_batches``: the largest natural count over the epochs the run will do
+  (epochs with fewer have their largest batches halved); bucket counts are fixed
+  by construction.
 * ``evaluation_loop`` reads ``batch_sampler.batch_size`` (our samplers expose
   the largest batch) and concatenates outputs in batch order: evaluation and
   prediction run on length-sorted batches and ``predictions`` / ``label_ids``
@@ -37,12 +42,19 @@ What the stock Trainer lacks, and what this module does about it:
   the whole set (no gather of unequal batch shapes); results are identical.
 * ``model(**inputs)`` rejects unknown keys: ``ModelInputCollator`` emits only
   fields the model's ``forward`` takes.
+* The model's loss is a mean over its batch, so with batches of 5 long or 64
+  short examples every step would weigh a long text 13x a short one.  With
+  ``loss_weighting="example"`` (the default) each training loss is scaled by the
+  batch's labelled targets (examples, or non-ignored tokens for token
+  classification) over their mean per batch, as ppvarlen's own trainer does:
+  every target weighs the same, whatever batch it lands in.
 
 Datasets: anything indexable with ``len`` whose items are dicts (a PaddleNLP
 ``MapDataset`` from ``load_dataset(read_fn, lazy=False)``, a list, ...), already
 tokenised.  Lengths are computed once per dataset by ``lengths_of``.
 """
 import inspect
+import math
 
 import numpy as np
 from paddle.io import DataLoader
@@ -185,17 +197,27 @@ class LengthBatchingTrainer(Trainer):
                         instead of token budget: per-bucket size max_tokens // boundary,
                         or, with max_tokens=None, ``per_device_train_batch_size``
                         examples per batch in every bucket
+      pool_size         token budget: examples are sorted by length within shuffled pools
+                        of this many batches (default 16; 0 = the whole split)
       max_sentences     optional cap on examples per batch
       eval_max_tokens   budget for evaluate/predict (default: max_tokens, else
                         per_device_eval_batch_size x the dataset's longest example)
       length_field      example field giving the length (token list or int)
+      loss_weighting    "example" (default): scale each training batch's mean loss by its
+                        labelled targets / their mean per batch; "batch": every batch
+                        weighs the same (the stock Trainer's behaviour)
     In token-budget mode ``per_device_train_batch_size`` is not used for batching
     (the Trainer only logs it).
     """
 
-    def __init__(self, *args, max_tokens=None, bucket_boundaries=None, max_sentences=None,
-                 eval_max_tokens=None, length_field="input_ids", **kwargs):
+    def __init__(self, *args, max_tokens=None, bucket_boundaries=None, pool_size=16,
+                 max_sentences=None,
+                 eval_max_tokens=None, length_field="input_ids", loss_weighting="example",
+                 **kwargs):
         super().__init__(*args, **kwargs)
+        if loss_weighting not in ("example", "batch"):
+            raise ValueError(f"LengthBatchingTrainer: loss_weighting must be 'example' or "
+                             f"'batch', got {loss_weighting!r}")
         if self.args.distributed_dataloader:
             raise ValueError("LengthBatchingTrainer: distributed_dataloader is not supported "
                              "(each rank reads its own shard); unset it")
@@ -206,7 +228,10 @@ class LengthBatchingTrainer(Trainer):
         self.eval_max_tokens = eval_max_tokens or max_tokens
         self.bucket_boundaries = bucket_boundaries
         self.max_sentences = max_sentences
+        self.pool_size = int(pool_size)
         self.length_field = length_field
+        self.loss_weighting = loss_weighting
+        self._targets_per_batch = None  # mean labelled targets per training batch
         self._lengths = {}  # id(dataset) -> (dataset, lengths): computed once per dataset
         self._train_sampler = None
         self._gather_off = False
@@ -249,6 +274,32 @@ class LengthBatchingTrainer(Trainer):
             self._lengths[key] = (dataset, lengths_of(dataset, self.length_field))
         return self._lengths[key][1]
 
+    # ------------------------------------------------------------ loss weighting
+    def targets_per_batch(self):
+        """Mean labelled targets (examples, or non-ignored label tokens) per training batch
+        of an epoch: the whole split's targets over the global batch count, which is the
+        same every epoch (read once)."""
+        if self._targets_per_batch is None:
+            sampler = self.train_batch_sampler()
+            total = sum(_count_targets(self.train_dataset[i])
+                        for i in range(len(self.train_dataset)))
+            batches = len(sampler._rank_batches()) * sampler.num_replicas
+            self._targets_per_batch = total / batches
+        return self._targets_per_batch
+
+    def compute_loss(self, model, inputs, return_outputs=False):
+        labels = inputs.get("labels")
+        weight = None
+        if self.loss_weighting == "example" and model.training and labels is not None:
+            # counted before the forward: a criterion may pop labels from inputs
+            weight = _count_targets({"labels": labels}) / self.targets_per_batch()
+        result = super().compute_loss(model, inputs, return_outputs)
+        if weight is None:
+            return result
+        if return_outputs:
+            return result[0] * weight, result[1]
+        return result * weight
+
     # ------------------------------------------------------------ samplers and loaders
     def train_batch_sampler(self):
         """This rank's training sampler (built once; the callback moves its epoch)."""
@@ -262,11 +313,22 @@ class LengthBatchingTrainer(Trainer):
                 self._train_sampler = BucketBatchSampler(lengths, self.bucket_boundaries,
                                                          **size, **common)
             else:
-                # pool_size=0: whole-split sort, so the batch count is the same every epoch
-                # (the Trainer fixes steps per epoch from the first len())
-                self._train_sampler = TokenBudgetBatchSampler(lengths, self.max_tokens,
-                                                              pool_size=0, **common)
+                sampler = TokenBudgetBatchSampler(lengths, self.max_tokens,
+                                                  pool_size=self.pool_size, **common)
+                sampler.num_batches = max(sampler.batch_counts(range(self._planned_epochs(
+                    sampler))))
+                self._train_sampler = sampler
         return self._train_sampler
+
+    def _planned_epochs(self, sampler):
+        """Epochs this run can start (``num_train_epochs``, or enough for ``max_steps``): the
+        fixed batch count must cover each of them."""
+        if self.args.max_steps <= 0:
+            return max(1, math.ceil(self.args.num_train_epochs))
+        first = math.ceil(sampler.batch_counts([0])[0] / sampler.num_replicas)
+        steps_per_epoch = max(first // self.args.gradient_accumulation_steps, 1)
+        # the fixed count is >= epoch 0's, so epochs are no shorter than this estimate
+        return math.ceil(self.args.max_steps / steps_per_epoch) + 1
 
     def eval_batch_sampler(self, dataset):
         """Deterministic length-sorted batches over the whole ``dataset`` (every rank)."""
@@ -340,6 +402,19 @@ class LengthBatchingTrainer(Trainer):
                 metrics[name] = value
         return EvalLoopOutput(predictions=preds, label_ids=labels, metrics=metrics,
                               num_samples=out.num_samples)
+
+
+def _count_targets(example):
+    """Labelled targets of an example or batch: its scalar labels, or its per-token labels
+    that are not IGNORE_INDEX (padding, sub-word continuations)."""
+    labels = example.get("labels", example.get("label"))
+    if labels is None:
+        raise DataError("loss_weighting='example' needs labels: the example has none (fields "
+                        f"{sorted(example)}); label the data or pass loss_weighting='batch'")
+    labels = np.asarray(labels.numpy() if hasattr(labels, "numpy") else labels)
+    if labels.ndim == 0:
+        return 1
+    return int((labels != IGNORE_INDEX).sum())
 
 
 def _in_input_order(outputs, batches):
