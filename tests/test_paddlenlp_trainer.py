@@ -1,6 +1,7 @@
 """ppvarlen samplers + collator inside paddlenlp.trainer.Trainer (tiny random-init models, CPU)."""
 import json
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -250,7 +251,7 @@ def test_map_dataset_from_load_dataset(tmp_path):
 
 
 @pytest.mark.parametrize("where", ["mid_epoch", "epoch_end"])
-def test_resume_sees_the_same_batches_and_losses(seq_dir, tmp_path, where):
+def test_resume_sees_the_same_batches_and_losses(seq_dir, tmp_path, where, monkeypatch):
     """Interrupted in epoch 2 (or right at the end of epoch 1) and resumed from the
     checkpoint: the resumed steps train on the batches, and give the losses, of an
     uninterrupted run (dropout on)."""
@@ -273,11 +274,47 @@ def test_resume_sees_the_same_batches_and_losses(seq_dir, tmp_path, where):
     assert not any(f.endswith((".pdparams", ".pdopt")) and not f.startswith("scheduler")
                    for f in files), files
     resumed = make_trainer(model_dir, ds, training_args(tmp_path / "cut", **args))
+    no_pickle(monkeypatch)  # the checkpoint's rng_state / scheduler files: plain data only
     resumed.train(resume_from_checkpoint=str(ckpt) if where == "mid_epoch" else True)
     assert len(resumed.steps) == len(full.steps) - save_at
     for (ids, loss), (ids_full, loss_full) in zip(resumed.steps, full.steps[save_at:]):
         np.testing.assert_array_equal(ids, ids_full)
         assert loss == pytest.approx(loss_full, abs=1e-6)
+
+
+def no_pickle(monkeypatch):
+    """Any unrestricted unpickling (pickle.load/loads, a fresh Unpickler) fails the test."""
+    def refuse(*a, **kw):
+        raise AssertionError("unrestricted unpickling during resume")
+
+    for name in ("load", "loads", "Unpickler"):
+        monkeypatch.setattr(pickle, name, refuse)
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > pwned.txt",))
+
+
+def test_resume_refuses_code_in_checkpoint_pickles_and_non_unified(seq_dir, tmp_path,
+                                                                  monkeypatch):
+    model_dir, ds = seq_dir
+    args = dict(save_strategy="steps", save_steps=2)
+    first = make_trainer(model_dir, ds, training_args(tmp_path / "run", **args))
+    first.add_callback(StopAt(2))
+    first.train()
+    ckpt = tmp_path / "run" / "checkpoint-2"
+    with open(ckpt / "scheduler.pdparams", "wb") as f:
+        pickle.dump({"last_epoch": _RunsCode()}, f)
+    monkeypatch.chdir(tmp_path)
+    resumed = make_trainer(model_dir, ds, training_args(tmp_path / "run", **args))
+    with pytest.raises(pickle.UnpicklingError,
+                       match=r"scheduler.pdparams: refusing to unpickle posix.system"):
+        resumed.train(resume_from_checkpoint=str(ckpt))
+    assert not (tmp_path / "pwned.txt").exists()
+    legacy = make_trainer(model_dir, ds, training_args(tmp_path / "run", unified_checkpoint=False))
+    with pytest.raises(ValueError, match="unified_checkpoint=True"):
+        legacy.train(resume_from_checkpoint=str(ckpt))
 
 
 DRIVER = textwrap.dedent('''

@@ -49,14 +49,24 @@ What the stock Trainer lacks, and what this module does about it:
   classification) over their mean per batch, as ppvarlen's own trainer does:
   every target weighs the same, whatever batch it lands in.
 
+* Resume reads two files PaddleNLP writes with ``paddle.save`` (pickle) even
+  with ``unified_checkpoint=True``: ``rng_state*.pth`` and ``scheduler.pdparams``.
+  They are read here by an unpickler that builds plain data only (numbers,
+  strings, containers, numpy arrays, Paddle's RNG state) and refuses anything
+  else, naming the file; resume requires ``unified_checkpoint=True`` so that the
+  weights and optimizer state are safetensors.
+
 Datasets: anything indexable with ``len`` whose items are dicts (a PaddleNLP
 ``MapDataset`` from ``load_dataset(read_fn, lazy=False)``, a list, ...), already
 tokenised.  Lengths are computed once per dataset by ``lengths_of``.
 """
+import contextlib
 import inspect
 import math
+import pickle
 
 import numpy as np
+import paddle
 from paddle.io import DataLoader
 from paddlenlp.trainer import Trainer, TrainerCallback
 from paddlenlp.trainer.trainer_utils import EvalLoopOutput, EvalPrediction, get_last_checkpoint
@@ -246,6 +256,11 @@ class LengthBatchingTrainer(Trainer):
             if resume_from_checkpoint is None:
                 raise ValueError(f"resume_from_checkpoint=True: no checkpoint-* directory in "
                                  f"{self.args.output_dir}; train from scratch or give a path")
+        if resume_from_checkpoint and not self.args.unified_checkpoint:
+            raise ValueError("LengthBatchingTrainer: resuming reads the checkpoint without "
+                             "unpickling weights, which needs unified_checkpoint=True "
+                             "(safetensors); set it in TrainingArguments for the run that "
+                             "saves the checkpoint and for the resumed one")
         self._resume_from = resume_from_checkpoint or None
         try:
             return super().train(resume_from_checkpoint, ignore_keys_for_eval)
@@ -266,6 +281,14 @@ class LengthBatchingTrainer(Trainer):
             # RNG (dropout) state only after skipping: restore it here, as mid-epoch resume does.
             self._load_rng_state(self._resume_from)
         self._resume_from = None
+
+    def _load_rng_state(self, checkpoint):
+        with _plain_data_paddle_load():
+            return super()._load_rng_state(checkpoint)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        with _plain_data_paddle_load():
+            return super()._load_optimizer_and_scheduler(checkpoint)
 
     def dataset_lengths(self, dataset):
         """``lengths_of(dataset, length_field)``, computed once per dataset object."""
@@ -402,6 +425,44 @@ class LengthBatchingTrainer(Trainer):
                 metrics[name] = value
         return EvalLoopOutput(predictions=preds, label_ids=labels, metrics=metrics,
                               num_samples=out.num_samples)
+
+
+# what paddle.save writes for the Trainer's RNG state and LR scheduler: numpy arrays
+# (reconstruct, ndarray, dtype) and Paddle's generator state; builtins need no lookup
+_PLAIN_DATA_GLOBALS = {("numpy._core.multiarray", "_reconstruct"),
+                       ("numpy.core.multiarray", "_reconstruct"), ("numpy", "ndarray"),
+                       ("numpy", "dtype"), ("paddle.base.libpaddle", "GeneratorState")}
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    def __init__(self, file, path):
+        super().__init__(file, encoding="latin1")
+        self.path = path
+
+    def find_class(self, module, name):
+        if (module, name) not in _PLAIN_DATA_GLOBALS:
+            raise pickle.UnpicklingError(
+                f"{self.path}: refusing to unpickle {module}.{name}; ppvarlen reads only plain "
+                f"data (numbers, strings, lists, dicts, numpy arrays, Paddle RNG state) from a "
+                f"Trainer checkpoint. Was this checkpoint written by paddlenlp's Trainer?")
+        return super().find_class(module, name)
+
+
+def load_plain_data(path, **_configs):
+    """``paddle.load`` for the Trainer's rng_state / scheduler files, without running code."""
+    with open(path, "rb") as f:
+        return _PlainDataUnpickler(f, path).load()
+
+
+@contextlib.contextmanager
+def _plain_data_paddle_load():
+    """The Trainer's resume methods call ``paddle.load`` (pickle): for the duration of
+    the call it is ``load_plain_data`` (patched, since the calls are inside PaddleNLP)."""
+    saved, paddle.load = paddle.load, load_plain_data
+    try:
+        yield
+    finally:
+        paddle.load = saved
 
 
 def _count_targets(example):
