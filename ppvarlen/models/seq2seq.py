@@ -17,6 +17,7 @@ Where padding goes wrong on the target side, and what this file does about it:
   cross-attention keys/values of the memory (computed once), stacked per layer so a single
   step is a plain tensor function (``decode_step``) that ``paddle.jit.to_static`` can trace.
 """
+import numpy as np
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
@@ -90,9 +91,12 @@ class Seq2SeqTransformer(nn.Layer):
         # added to the next-token log-probs: PAD and BOS are never generated (not a weight).
         # Added after log_softmax because Paddle's CPU log_softmax clamps at about -64 (a
         # logit of -1e9 comes out as -64, not -1e9), while oneDNN does not.
-        never = paddle.zeros([output_size], dtype="float32")
-        never[pad_id] = never[bos_id] = -1e9
-        self.register_buffer("never_generated", never, persistable=False)
+        never = np.zeros([output_size], dtype="float32")
+        never[[pad_id, bos_id]] = -1e9
+        if paddle.in_dynamic_mode():
+            self.register_buffer("never_generated", paddle.to_tensor(never), persistable=False)
+        else:  # built straight into a static program (the whole-step training benchmark)
+            self.never_generated = paddle.to_tensor(never)
 
     # ------------------------------------------------------------ building blocks
 
