@@ -22,8 +22,11 @@ other jobs hits all alike:
                 it, AdamW eager (ppvarlen/engine/static_step.py);
 * whole_step  — forward, backward, gradient clipping and AdamW as ONE static program
                 (paddle.static + optimizer.minimize, run by an Executor).  Paddle 3.3.1's
-                to_static cannot do this (a traced loss has no .backward()); the model classes
-                are built directly in static mode instead.  A model that cannot is recorded.
+                to_static cannot do this: a traced loss (pir.Value) has no .backward(), and
+                optimizer.minimize inside a to_static function fails in ir_backward ("Value
+                Wrapper is only support None and pir.Value": the layer's parameters stay
+                dygraph tensors).  The model classes are built directly in static mode
+                instead.  A model that cannot is recorded.
 Writes train_throughput_static.json / .png.
 
 --what anchor: the issue-16 anchor model (transformer.yaml at 2 layers x d128, 4 heads, ffn
