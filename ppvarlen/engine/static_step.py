@@ -97,6 +97,10 @@ def compile_loss(model, batch_loss, probe_batch, model_name, autocast=None):
     """
     model.train()
     fields = fields_read(batch_loss, model, probe_batch)
+    # let the program's interpreter reuse buffers in place (Paddle 3.3.1 CPU default: off);
+    # the values are the same (loss-match tests), the step cheaper: g2p to_static/eager
+    # x1.15 vs x1.10 in CPU time, x1.22 vs x1.15 wall (one interleaved 30-step run each)
+    paddle.set_flags({"FLAGS_new_executor_use_inplace": True})
     try:
         static = StaticLoss(model, batch_loss, fields)
         static.train()
