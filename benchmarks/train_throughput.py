@@ -22,8 +22,11 @@ other jobs hits all alike:
                 it, AdamW eager (ppvarlen/engine/static_step.py);
 * whole_step  — forward, backward, gradient clipping and AdamW as ONE static program
                 (paddle.static + optimizer.minimize, run by an Executor).  Paddle 3.3.1's
-                to_static cannot do this (a traced loss has no .backward()); the model classes
-                are built directly in static mode instead.  A model that cannot is recorded.
+                to_static cannot do this: a traced loss (pir.Value) has no .backward(), and
+                optimizer.minimize inside a to_static function fails in ir_backward ("Value
+                Wrapper is only support None and pir.Value": the layer's parameters stay
+                dygraph tensors).  The model classes are built directly in static mode
+                instead.  A model that cannot is recorded.
 Writes train_throughput_static.json / .png.
 
 --what anchor: the issue-16 anchor model (transformer.yaml at 2 layers x d128, 4 heads, ffn
@@ -34,7 +37,8 @@ Writes train_throughput_anchor.json / .png.
 
 Every mode times the optimizer step only (collation excluded for every variant alike), after
 2 warm-up steps per variant, and counts REAL (non-pad) tokens (seq2seq: both sides).
-The CPU may be shared with other jobs: the JSON records the load average before and after.
+The CPU may be shared with other jobs: the JSON records the load average before and after, and
+each variant's process CPU time beside its wall time (real_tokens_per_cpu_s, cpu_time_speedup_*).
 """
 import argparse
 import json
@@ -149,9 +153,7 @@ class TrainerVariant:
         self.t.train_step(batch)
 
     def real_tokens(self, batch):
-        from ppvarlen.engine.steps import token_counts
-
-        return token_counts(batch)[0]
+        return self.t.task.token_counts(batch)[0]
 
     def info(self):
         sl = self.t.static_loss
@@ -203,8 +205,8 @@ class WholeStepVariant(TrainerVariant):
         main, startup = paddle.static.Program(), paddle.static.Program()
         with paddle.static.program_guard(main, startup):
             feeds = {n: paddle.static.data(n, [None] * nd, dt) for n, dt, nd in self.fields}
-            model = build_model(t.cfg.Model, enc.vocab_size, t.num_labels, enc.pad_id, t.task)
-            model.label_smoothing = t.cfg.Train.label_smoothing  # seq2seq reads it
+            model = build_model(t.cfg.Model, enc.vocab_size, t.num_labels, enc.pad_id, t.task.name)
+            t.task.configure_model(model, t.cfg, enc)  # seq2seq: its label smoothing
             model.train() if train else model.eval()
             loss = t._batch_loss(model, feeds)
             if train:
@@ -244,7 +246,7 @@ class PaddleNLPRecipe(TrainerVariant):
         super().__init__(config, overrides, out_dir, False)
         t, enc, d = self.t, self.t.data.encoder, self.t.cfg.Data
         paddle.seed(t.cfg.Global.seed)
-        self.model = build_model(t.cfg.Model, enc.vocab_size, t.num_labels, enc.pad_id, t.task)
+        self.model = build_model(t.cfg.Model, enc.vocab_size, t.num_labels, enc.pad_id, t.task.name)
         self.model.train()
         self.optimizer, self.scheduler = build_optimizer(self.model, t.cfg.Optimizer, t.total_steps)
         items = t.data.train.items
@@ -285,8 +287,8 @@ class PaddleNLPRecipe(TrainerVariant):
 def interleaved(variants, steps, warmup=2):
     """Round-robin one step of every variant at a time (order reversed every other round);
     per variant: real tok/s of step time."""
-    stats = {name: {"seconds": 0.0, "real_tokens": 0, "padded_tokens": 0, "steps": 0}
-             for name in variants}
+    stats = {name: {"seconds": 0.0, "cpu_seconds": 0.0, "real_tokens": 0, "padded_tokens": 0,
+                    "steps": 0} for name in variants}
     times = {name: [] for name in variants}  # per measured step, for the paired comparison
     shapes = {name: [] for name in variants}
     for i in range(warmup + steps):
@@ -294,14 +296,15 @@ def interleaved(variants, steps, warmup=2):
         for name in names:
             v = variants[name]
             batch = v.next_batch()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             v.step(batch)
-            dt = time.perf_counter() - t0
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
             if i >= warmup:
                 times[name].append(dt)
                 shapes[name].append(tuple(a.shape for a in batch.values()))
                 s = stats[name]
                 s["seconds"] += dt
+                s["cpu_seconds"] += cpu
                 s["steps"] += 1
                 s["real_tokens"] += v.real_tokens(batch)
                 s["padded_tokens"] += sum(int(a.size) for k, a in batch.items()
@@ -309,6 +312,9 @@ def interleaved(variants, steps, warmup=2):
     for name, s in stats.items():
         s["step_seconds"] = [round(t, 4) for t in times[name]]
         s["real_tokens_per_s"] = s["real_tokens"] / s["seconds"]
+        # this process's CPU time (all its threads): what a step costs when other jobs
+        # take the cores away; on a loaded machine it is steadier than wall time
+        s["real_tokens_per_cpu_s"] = s["real_tokens"] / s["cpu_seconds"]
         s["padding_efficiency"] = s["real_tokens"] / s["padded_tokens"]
         s.update(variants[name].info())
     return stats, shapes
@@ -353,12 +359,15 @@ def compare(args, configs, overrides, names, baseline, tag):
         stats, shapes = interleaved(variants, args.steps)
         paired_speedups(stats, shapes, baseline)
         base = stats[baseline]["real_tokens_per_s"]
+        base_cpu = stats[baseline]["real_tokens_per_cpu_s"]
         for s in stats.values():
             s[f"speedup_vs_{baseline}"] = s["real_tokens_per_s"] / base
+            s[f"cpu_time_speedup_vs_{baseline}"] = s["real_tokens_per_cpu_s"] / base_cpu
         results[config] = {"variants": stats, "failed": failed, "loadavg_before": load,
                            "loadavg_after": os.getloadavg()}
         print(config, {n: f"{s['real_tokens_per_s']:.0f} tok/s x{s[f'speedup_vs_{baseline}']:.2f}"
-                       f" (paired median x{s.get(f'median_paired_speedup_vs_{baseline}', 1):.2f})"
+                       f" (paired median x{s.get(f'median_paired_speedup_vs_{baseline}', 1):.2f},"
+                       f" CPU time x{s[f'cpu_time_speedup_vs_{baseline}']:.2f})"
                        for n, s in stats.items()}, failed or "", os.getloadavg(), flush=True)
     return results
 
