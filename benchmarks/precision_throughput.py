@@ -13,7 +13,8 @@ Batches are the server's: the test split's texts (a random sample of
 texts.  The model is exported through the ppvarlen exporter (fp32, bf16, fp16,
 int8; ``--verify`` off, agreement measured here against eager on the same
 batches), extra int8 variants are quantized next to it (quint8 weights,
-per-channel, static QDQ calibrated on train-split batches).  Every runner is
+per-channel, static QDQ calibrated on train-split batches, and 8-bit
+weights without ``reduce_range``).  Every runner is
 warmed up, then ``--repeats`` passes run interleaved (so load from the other
 processes on the machine falls on all alike); the median pass is reported.
 Paddle Inference int8 is absent: see docs/PRECISION.md.
@@ -88,7 +89,8 @@ def build_runners(export_dir, model, threads, int8_variants, calibration):
         name = "model.onnx" if precision == "fp32" else f"model_{precision}.onnx"
         runners[f"onnx_{precision}"] = parity.onnx_runner(os.path.join(onnx_dir, name),
                                                           threads=threads)
-    variants = {"int8_quint8": dict(weight_type="quint8"),
+    variants = {"int8_full_range": dict(reduce_range=False),
+                "int8_quint8": dict(weight_type="quint8"),
                 "int8_per_channel": dict(per_channel=True),
                 "int8_static_qdq": dict(method="static", calibration_batches=calibration)}
     for name in int8_variants:
@@ -141,7 +143,8 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-examples", type=int, default=None)
-    parser.add_argument("--int8-variants", default="int8_quint8,int8_per_channel,int8_static_qdq",
+    parser.add_argument("--int8-variants",
+                        default="int8_full_range,int8_quint8,int8_per_channel,int8_static_qdq",
                         help="extra int8 copies to time ('' for none)")
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)

@@ -110,3 +110,22 @@ def test_tagger_int8_reports_tag_agreement_over_real_tokens(tmp_path):
     assert int8["compared"] == sum(len(x["input_ids"]) for x in items)  # tags, not padding
     assert int8["agreement"] >= 0.995 and int8["max_abs_diff"] > 1e-6  # int8 emissions differ
     assert manifest["precision_measured"]["onnx"]["int8"]["verified"]
+
+
+def _int8_weight_extremes(path):
+    """Largest |value| over the int8 weight initializers of a quantized graph."""
+    from onnx import numpy_helper
+
+    graph = onnx.load(path).graph
+    return max(int(np.abs(numpy_helper.to_array(i).astype(np.int32)).max())
+               for i in graph.initializer if i.data_type == onnx.TensorProto.INT8 and i.dims)
+
+
+def test_int8_weights_use_reduce_range_by_default(int8_export, tmp_path):
+    """7-bit weights: AVX2 (non-VNNI) u8s8 kernels saturate int16 pair sums with 8-bit ones."""
+    out, manifest = int8_export
+    assert manifest["backends"]["onnx"]["int8"]["reduce_range"] is True
+    assert _int8_weight_extremes(out / "onnx" / "model_int8.onnx") <= 64
+    full = quantize_onnx(str(out / "onnx" / "model.onnx"), str(tmp_path / "full.onnx"),
+                         reduce_range=False)
+    assert full["reduce_range"] is False and _int8_weight_extremes(tmp_path / "full.onnx") == 127
