@@ -6,6 +6,10 @@
     # an ERNIE-3.0-medium-shaped PaddleNLP ErnieModel, random init (no download)
     python benchmarks/precision_throughput.py -c configs/sentiment/transformer.yaml \\
         --ernie-medium --work output/bench/prec_ernie_medium --max-examples 256
+    # int8 vs ORT fp32 only (eager ERNIE-medium takes ~18 min per 256 texts)
+    python benchmarks/precision_throughput.py -c configs/sentiment/transformer.yaml \
+        --ernie-medium --work output/bench/prec_ernie_medium --max-examples 256 \
+        --int8-variants int8_full_range --only onnx_int8,onnx_int8_full_range
 
 Batches are the server's: the test split's texts (a random sample of
 ``--max-examples``), length-sorted into ``Deploy.max_batch_tokens`` /
@@ -76,40 +80,54 @@ def interleaved(runners, batches, repeats):
     return seconds, cpu
 
 
-def build_runners(export_dir, model, threads, int8_variants, calibration):
+def build_runners(export_dir, model, threads, int8_variants, calibration, only=None):
+    """{name: runner}; with ``only`` (a set of names) just those are built."""
     from ppvarlen.export import parity
     from ppvarlen.export.quantize import quantize_onnx
 
     onnx_dir = os.path.join(export_dir, "onnx")
-    runners = {"eager": parity.dygraph_runner(model)}
+    paddle_dir = os.path.join(export_dir, "paddle")
+    builders = {"eager": lambda: parity.dygraph_runner(model)}
     for precision in ("fp32", "bf16"):
-        runners[f"paddle_{precision}"] = parity.paddle_inference_runner(
-            os.path.join(export_dir, "paddle"), precision, threads=threads)
+        builders[f"paddle_{precision}"] = (lambda p=precision: parity.paddle_inference_runner(
+            paddle_dir, p, threads=threads))
     for precision in ("fp32", "fp16", "int8"):
         name = "model.onnx" if precision == "fp32" else f"model_{precision}.onnx"
-        runners[f"onnx_{precision}"] = parity.onnx_runner(os.path.join(onnx_dir, name),
-                                                          threads=threads)
+        builders[f"onnx_{precision}"] = (lambda n=name: parity.onnx_runner(
+            os.path.join(onnx_dir, n), threads=threads))
     variants = {"int8_full_range": dict(reduce_range=False),
                 "int8_quint8": dict(weight_type="quint8"),
                 "int8_per_channel": dict(per_channel=True),
                 "int8_static_qdq": dict(method="static", calibration_batches=calibration)}
-    for name in int8_variants:
+
+    def variant(name):
         path = os.path.join(export_dir, "bench", f"{name}.onnx")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if not os.path.exists(path):
             quantize_onnx(os.path.join(onnx_dir, "model.onnx"), path, **variants[name])
-        runners[f"onnx_{name}"] = parity.onnx_runner(path, threads=threads)
-    return runners
+        return parity.onnx_runner(path, threads=threads)
+    for name in int8_variants:
+        builders[f"onnx_{name}"] = lambda n=name: variant(n)
+    unknown = set(only or ()) - set(builders)
+    if unknown:
+        raise SystemExit(f"--only: no runner(s) {sorted(unknown)}; choose from {sorted(builders)}")
+    return {name: build() for name, build in builders.items() if not only or name in only}
 
 
 def agreement(runners, batches):
-    """Per runner vs eager on the benchmark batches: argmax agreement, max |diff| of probs.
+    """Per runner vs eager (vs onnx_fp32 without eager) on the benchmark batches: argmax
+    agreement, max |diff| of probs.
 
     Also the warm-up pass of every runner (oneDNN primitive caches, allocators)."""
     from ppvarlen.export import parity
 
-    backends = {k: v for k, v in runners.items() if k != "eager"}
-    return parity.compare(runners["eager"], backends, batches)
+    reference = "eager" if "eager" in runners else "onnx_fp32"
+    backends = {k: v for k, v in runners.items() if k != reference}
+    return parity.compare(runners[reference], backends, batches)
+
+
+def _ratio(value):
+    return "-" if value is None else f"{value:.2f}"
 
 
 def plot(result, path):
@@ -143,6 +161,10 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-examples", type=int, default=None)
+    parser.add_argument("--only", default="",
+                        help="time only these runners (+ onnx_fp32, the reference without "
+                             "eager), e.g. onnx_int8: eager ERNIE-medium takes ~18 min per "
+                             "256 texts")
     parser.add_argument("--int8-variants",
                         default="int8_full_range,int8_quint8,int8_per_channel,int8_static_qdq",
                         help="extra int8 copies to time ('' for none)")
@@ -191,7 +213,8 @@ def main():
         export_model(model, meta, encoder, cfg, export_dir, ["paddle", "onnx"],
                      ["fp32", "bf16", "fp16", "int8"], verify=False)
     variants = [v for v in args.int8_variants.split(",") if v]
-    runners = build_runners(export_dir, model, args.threads, variants, calibration)
+    only = set(args.only.split(",")) | {"onnx_fp32"} if args.only else None
+    runners = build_runners(export_dir, model, args.threads, variants, calibration, only)
     agree = agreement(runners, batches)
     print(f"agreement pass done: {agree}", file=sys.stderr, flush=True)
     seconds, cpu_seconds = interleaved(runners, batches, args.repeats)
@@ -210,14 +233,14 @@ def main():
                                    "examples_per_cpu_s": examples / cpu_med,
                                    "pass_seconds": passes, "pass_cpu_seconds": cpu_seconds[name],
                                    **(agree.get(name) or {})}
-    eager = result["runners"]["eager"]["examples_per_s"]
+    eager = (result["runners"].get("eager") or {}).get("examples_per_s")
     ort32 = result["runners"]["onnx_fp32"]["examples_per_s"]
-    pi32 = result["runners"]["paddle_fp32"]["examples_per_s"]
+    pi32 = (result["runners"].get("paddle_fp32") or {}).get("examples_per_s")
     ort_cpu = result["runners"]["onnx_fp32"]["examples_per_cpu_s"]
     for r in result["runners"].values():
-        r["vs_eager"] = r["examples_per_s"] / eager
+        r["vs_eager"] = r["examples_per_s"] / eager if eager else None
         r["vs_onnx_fp32"] = r["examples_per_s"] / ort32
-        r["vs_paddle_fp32"] = r["examples_per_s"] / pi32
+        r["vs_paddle_fp32"] = r["examples_per_s"] / pi32 if pi32 else None
         r["cpu_vs_onnx_fp32"] = r["examples_per_cpu_s"] / ort_cpu
     os.makedirs(args.work, exist_ok=True)
     atomic_write_json(os.path.join(args.work, "precision_throughput.json"), result)
@@ -228,7 +251,8 @@ def main():
         agree_s = "-" if r.get("agreement") is None else f"{r['agreement']:.2%}"
         dp = "-" if r.get("max_prob_diff") is None else f"{r['max_prob_diff']:.3g}"
         print(f"{name:<24}{r['examples_per_s']:>9.1f}{r['tokens_per_s']:>10.0f}"
-              f"{r['vs_eager']:>9.2f}{r['vs_onnx_fp32']:>9.2f}{r['vs_paddle_fp32']:>8.2f}"
+              f"{_ratio(r['vs_eager']):>9}{_ratio(r['vs_onnx_fp32']):>9}"
+              f"{_ratio(r['vs_paddle_fp32']):>8}"
               f"{r['cpu_vs_onnx_fp32']:>13.2f}{agree_s:>9}{dp:>9}")
     print(f"load average {result['load_average']}")
 
