@@ -51,6 +51,14 @@ def test_auto_serves_the_fastest_verified_precision(export_dir, speeds, expected
     assert predictor.predict(["一丁"])[0]["label"] == "a"
 
 
+def test_auto_keeps_fp32_unless_a_precision_is_clearly_faster():
+    gain = precision_choice.AUTO_MIN_GAIN
+    within_noise = {"precision_measured": _measured(100.0, 50.0, 100.0 * gain - 1)}
+    assert precision_choice.resolve(within_noise, "onnx", "auto") == "fp32"
+    clearly = {"precision_measured": _measured(100.0, 50.0, 100.0 * gain + 1)}
+    assert precision_choice.resolve(clearly, "onnx", "auto") == "int8"
+
+
 def test_auto_ignores_an_unverified_precision():
     manifest = {"precision_measured": _measured(100.0, 50.0, 900.0, int8_verified=False)}
     assert precision_choice.resolve(manifest, "onnx", "auto") == "fp32"

@@ -14,7 +14,7 @@ from ppvarlen.export import parity
 from ppvarlen.export.exporter import check_request, export_model
 from ppvarlen.export.quantize import non_initializer_weights, quantize_onnx, quantized_node_count
 from test_export import CFG, _encoder, _meta, _test_items
-from test_export_models import TinyTransformer
+from test_export_models import TinyCRFTagger, TinyTransformer
 
 # 2 encoder layers: Q.K^T and attn.V per layer multiply two activations (no weight to quantize)
 ACTIVATION_MATMULS = 4
@@ -89,3 +89,43 @@ def test_low_int8_agreement_fails_the_gate():
                "grid": {"onnx_int8": {"max_abs_diff": 0.9, "agreement": 0.5, "compared": 100}}}
     failures = parity.check(results, {"onnx_int8": "int8"})
     assert failures == ["test/onnx_int8: agreement 99.0000% < 99.5%"]  # grid reported, not gated
+
+
+def test_tagger_int8_reports_tag_agreement_over_real_tokens(tmp_path):
+    """A BiGRU-CRF tagger: int8 quantizes the emission head (ONNX Runtime's dynamic
+    quantization has no GRU kernel), and --verify compares Viterbi TAGS on real tokens."""
+    paddle.seed(3)
+    tagger = TinyCRFTagger()
+    tagger.head.bias.set_value(paddle.to_tensor([20.0, 0, 0, 0, 0]))  # no near-ties to flip
+    items = _test_items(30, seed=2)
+    out = tmp_path / "export"
+    manifest = export_model(tagger, _meta("tagging", "bigru_crf", ["O", "B", "I", "E", "S"]),
+                            _encoder(), CFG, str(out), ["onnx"], ["fp32", "int8"], verify=True,
+                            test_examples=items)
+    int8_graph = onnx.load(out / "onnx" / "model_int8.onnx")
+    assert manifest["backends"]["onnx"]["int8"]["quantized_nodes"] == quantized_node_count(int8_graph) > 0
+    assert any(n.op_type == "GRU" for n in int8_graph.graph.node)  # the recurrence stays float
+    report = json.loads((out / "parity.json").read_text())
+    int8 = report["results"]["test"]["onnx_int8"]
+    assert int8["compared"] == sum(len(x["input_ids"]) for x in items)  # tags, not padding
+    assert int8["agreement"] >= 0.995 and int8["max_abs_diff"] > 1e-6  # int8 emissions differ
+    assert manifest["precision_measured"]["onnx"]["int8"]["verified"]
+
+
+def _int8_weight_extremes(path):
+    """Largest |value| over the int8 weight initializers of a quantized graph."""
+    from onnx import numpy_helper
+
+    graph = onnx.load(path).graph
+    return max(int(np.abs(numpy_helper.to_array(i).astype(np.int32)).max())
+               for i in graph.initializer if i.data_type == onnx.TensorProto.INT8 and i.dims)
+
+
+def test_int8_weights_use_reduce_range_by_default(int8_export, tmp_path):
+    """7-bit weights: AVX2 (non-VNNI) u8s8 kernels saturate int16 pair sums with 8-bit ones."""
+    out, manifest = int8_export
+    assert manifest["backends"]["onnx"]["int8"]["reduce_range"] is True
+    assert _int8_weight_extremes(out / "onnx" / "model_int8.onnx") <= 64
+    full = quantize_onnx(str(out / "onnx" / "model.onnx"), str(tmp_path / "full.onnx"),
+                         reduce_range=False)
+    assert full["reduce_range"] is False and _int8_weight_extremes(tmp_path / "full.onnx") == 127

@@ -5,8 +5,8 @@ ppvarlen/export/precision_speed.py) says whether the precision passed the parity
 gates and how many examples/s it ran on the export host's CPU.
 
 * ``resolve(manifest, backend, "auto", device)`` -> the fastest verified precision
-  of that backend (fp32 when nothing was measured, or on GPU: CPU timings say
-  nothing about a GPU).
+  of that backend, a reduced one only when >= ``AUTO_MIN_GAIN`` x fp32 (fp32 when
+  nothing was measured, or on GPU: CPU timings say nothing about a GPU).
 * an explicit precision is served as asked; on CPU, one measured slower than fp32
   logs a warning with both numbers (fp16 with no measurement: a warning too,
   ONNX Runtime's fp16 kernels are for CUDA).
@@ -35,10 +35,20 @@ def _speed(entry):
     return (entry or {}).get("examples_per_s")
 
 
+# ``auto`` leaves fp32 only for a precision at least this much faster on the export host:
+# the export's timing is a few interleaved rounds on a possibly shared CPU, and e.g. int8 of
+# the BiGRU-CRF tagger (only its emission head quantizes) timed 1.04x fp32, within noise,
+# for tags that differ from fp32's on 0.005% of tokens (docs/PRECISION.md).
+AUTO_MIN_GAIN = 1.10
+
+
 def fastest(manifest, backend):
-    """The verified precision with the most examples/s; fp32 when none was timed."""
+    """The verified precision with the most examples/s; a reduced precision only when it
+    beat fp32 by ``AUTO_MIN_GAIN`` (fp32 when none was timed)."""
     timed = {p: _speed(e) for p, e in measured(manifest, backend).items()
              if _speed(e) and (p != "bf16" or (e.get("cpu_bf16") and cpu_supports_bf16()))}
+    if "fp32" in timed:
+        timed = {p: v for p, v in timed.items() if p == "fp32" or v >= AUTO_MIN_GAIN * timed["fp32"]}
     if not timed:
         return "fp32"
     return max(sorted(timed), key=lambda p: timed[p])

@@ -1,4 +1,5 @@
 """Dygraph -> static: one program for every (batch, length), saved for Paddle Inference."""
+import contextlib
 import os
 
 import paddle
@@ -44,12 +45,41 @@ def traced_count(static_layer):
     return static_layer.forward.get_traced_count()
 
 
+@contextlib.contextmanager
+def dropout_left_out(layer):
+    """Trace ``layer`` with its eval-mode dropouts left out of the program.
+
+    In eval mode an ``upscale_in_train`` dropout is the identity, but traced it
+    stays a ``pd_op.dropout`` (is_test) op that copies its input, and Paddle
+    Inference 3.3.1's CPU/oneDNN pipeline does not delete it: with each op a
+    oneDNN -> Paddle layout change too, they cost ~20% of the Paddle Inference
+    CPU time of the sentiment transformer (docs/PRECISION.md).  ``F.dropout``
+    returns its input for ``p == 0``, so p is 0 while tracing, restored after.
+    (``downscale_in_infer`` scales in eval: left as it is.)  Yields the count.
+    """
+    saved = []
+    for sub in layer.sublayers(include_self=True):
+        if isinstance(sub, paddle.nn.Dropout) and sub.mode == "upscale_in_train" and sub.p:
+            saved.append((sub, "p", sub.p))
+        elif isinstance(sub, paddle.nn.MultiHeadAttention) and sub.dropout:
+            saved.append((sub, "dropout", sub.dropout))  # attention weights, upscale_in_train
+    for sub, name, _ in saved:
+        setattr(sub, name, 0.0)
+    try:
+        yield len(saved)
+    finally:
+        for sub, name, value in saved:
+            setattr(sub, name, value)
+
+
 def save_program(layer, prefix, spec):
     """to_static (one program for all shapes) + ``paddle.jit.save`` -> ``{prefix}.json`` (PIR
-    program) + ``{prefix}.pdiparams``; returns the static layer."""
+    program) + ``{prefix}.pdiparams``; returns the static layer.  Eval-mode dropouts are
+    left out of the program (``dropout_left_out``)."""
     layer.eval()
-    static_layer = paddle.jit.to_static(layer, input_spec=spec, full_graph=True)
-    paddle.jit.save(static_layer, prefix, input_spec=spec)
+    with dropout_left_out(layer):
+        static_layer = paddle.jit.to_static(layer, input_spec=spec, full_graph=True)
+        paddle.jit.save(static_layer, prefix, input_spec=spec)
     missing = [f for f in (prefix + ".json", prefix + ".pdiparams") if not os.path.isfile(f)]
     if missing:
         raise RuntimeError(f"paddle.jit.save did not write {missing}; is PIR enabled "
