@@ -31,8 +31,9 @@ def main():
     from ppvarlen.tasks.seq2seq_metrics import seq2seq_metrics
 
     predictor = Predictor(args.model_dir, args.backend)
-    if predictor.task != "seq2seq":
-        raise SystemExit(f"error: {args.model_dir} is a {predictor.task} export; give a g2p export")
+    if not predictor.task.generates:
+        raise SystemExit(f"error: {args.model_dir} is a {predictor.task.name} export; give a g2p "
+                         f"export")
     corpus = load_corpus({"corpus": "g2p", "max_source_len": predictor.max_len,
                           "max_target_len": args.max_target_len})
     test = [(ex["source"], ex["target"]) for ex in corpus.splits["test"]]

@@ -19,23 +19,17 @@ TIMED = ["pad_to_max_len", "random_dynamic", "group_by_length", "optimal_buckets
          "token_budget_pool100", "fairseq"]
 
 
-def time_strategy(model, dataset, batches, pads, n):
-    import numpy as np
-    import paddle
-
-    from ppvarlen.data.collate import pad_sequences
+def time_strategy(task, model, dataset, batches, pads, n):
+    from ppvarlen.data.collate import Collator
 
     real = 0
     t0 = time.perf_counter()
     for idx, pad in list(zip(batches, pads))[:n]:
-        items = [dataset[i] for i in idx]
-        ids = paddle.to_tensor(pad_sequences([it["input_ids"] for it in items], dataset.pad_id, pad))
-        seq_len = paddle.to_tensor(np.asarray([len(it["input_ids"]) for it in items]))
-        labels = paddle.to_tensor(np.asarray([it["label"] for it in items]))
-        loss, _ = model(ids, seq_len, labels)
-        loss.backward()
+        # a single boundary at the strategy's pad length: padded exactly as the strategy pads
+        batch = Collator(dataset.pad_id, bucket_boundaries=[pad])([dataset[i] for i in idx])
+        task.loss(model, batch).backward()
         model.clear_gradients()
-        real += int(seq_len.sum())
+        real += task.token_counts(batch)[0]
     return real / (time.perf_counter() - t0)
 
 
@@ -50,6 +44,7 @@ def main():
 
     from ppvarlen.data.dataset import build_datasets
     from ppvarlen.data.report import compare_strategies, strategy_batches
+    from ppvarlen.tasks import get_task
     from ppvarlen.utils.io import atomic_write_json
 
     cfg = load_config(args.config, args.override)
@@ -66,18 +61,20 @@ def main():
     print(f"  {'strategy':<24}{'mean eff':>9}{'min':>8}{'max':>8}{'batches':>9}{'real tok/s':>12}"
           f"{'s/epoch':>9}")
     timed = {}
-    if args.time_batches and bundle.task == "classification":
+    task = get_task(bundle.task)
+    if args.time_batches and not task.pairs:  # the strategies batch one length per example
         import paddle
 
         from ppvarlen.models import build_model
 
         paddle.seed(0)
-        model = build_model(cfg.Model, bundle.encoder.vocab_size, len(bundle.label_names),
+        model = build_model(cfg.Model, bundle.encoder.vocab_size,
+                            task.num_labels(bundle.encoder, bundle.label_names),
                             bundle.encoder.pad_id, bundle.task)
         model.train()
         batches, _ = strategy_batches(ds.lengths, d.max_len, 32, d.max_tokens, d.num_buckets)
         for name in TIMED:
-            timed[name] = time_strategy(model, ds, *batches[name], args.time_batches)
+            timed[name] = time_strategy(task, model, ds, *batches[name], args.time_batches)
     for name in runs[0]:
         eff = np.array([r[name]["padding_efficiency"] for r in runs])
         row = {"padding_efficiency": round(float(eff.mean()), 4), "min": float(eff.min()),
