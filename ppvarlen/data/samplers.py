@@ -88,8 +88,7 @@ class _LengthBatchSampler(BatchSampler):
     def _rank_batches(self):
         if self._cache is not None and self._cache[0] == self.epoch:
             return self._cache[1]
-        rng = np.random.default_rng([self.seed, self.epoch]) if self.shuffle else None
-        batches = self._global_batches(rng)
+        batches = self._global_batches(self._epoch_rng(self.epoch))
         pad = -len(batches) % self.num_replicas
         extra = [batches[i % len(batches)] for i in range(pad)]
         self.num_repeated_batches = pad
@@ -97,6 +96,11 @@ class _LengthBatchSampler(BatchSampler):
         mine = (batches + extra)[self.rank::self.num_replicas]
         self._cache = (self.epoch, mine)
         return mine
+
+    def _epoch_rng(self, epoch):
+        """The random stream of one epoch (None when not shuffling): batches are a pure
+        function of (seed, epoch)."""
+        return np.random.default_rng([self.seed, int(epoch)]) if self.shuffle else None
 
     def set_epoch(self, epoch):
         """Select the epoch (reshuffles); a pending resume position is kept only for its epoch."""
@@ -207,8 +211,7 @@ class TokenBudgetBatchSampler(_LengthBatchSampler):
 
     def batch_counts(self, epochs):
         """Natural (global) batch count of each epoch in ``epochs``, ignoring ``num_batches``."""
-        return [len(self._packed_batches(np.random.default_rng([self.seed, int(e)])
-                                         if self.shuffle else None)) for e in epochs]
+        return [len(self._packed_batches(self._epoch_rng(e))) for e in epochs]
 
     def _to_count(self, batches):
         if len(batches) > self.num_batches:

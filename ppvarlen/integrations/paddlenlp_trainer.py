@@ -306,7 +306,7 @@ class LengthBatchingTrainer(Trainer):
             sampler = self.train_batch_sampler()
             total = sum(_count_targets(self.train_dataset[i])
                         for i in range(len(self.train_dataset)))
-            batches = len(sampler._rank_batches()) * sampler.num_replicas
+            batches = len(sampler.epoch_batches()) * sampler.num_replicas
             self._targets_per_batch = total / batches
         return self._targets_per_batch
 

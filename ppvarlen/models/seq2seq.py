@@ -51,11 +51,6 @@ def target_mask(tgt_len, tgt_max_len):
     return additive(paddle.logical_and(causal.unsqueeze([0, 1]), real_keys))
 
 
-def smoothed_loss(logits, labels, smoothing):
-    """Cross entropy over labels != -100, with optional label smoothing (uniform over vocab)."""
-    return masked_cross_entropy(logits, labels, smoothing=smoothing)
-
-
 class Seq2SeqTransformer(nn.Layer):
     def __init__(self, vocab_size, hidden_size=128, num_heads=4, ffn_size=512, num_layers=2,
                  num_decoder_layers=2, dropout=0.1, max_position=512, pad_id=0, bos_id=4,
@@ -123,7 +118,7 @@ class Seq2SeqTransformer(nn.Layer):
         logits = self.forward_decoder(tgt_in, memory, src_len, tgt_len)
         if tgt_out is None:
             return logits
-        return smoothed_loss(logits, tgt_out, self.label_smoothing), logits
+        return masked_cross_entropy(logits, tgt_out, smoothing=self.label_smoothing), logits
 
     def forward_decoder(self, tgt_in, memory, src_len, tgt_len):
         """Teacher-forced logits [B, T, V] float32 over a whole target prefix."""
