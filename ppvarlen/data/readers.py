@@ -23,7 +23,6 @@ logger = get_logger("data.readers")
 
 _SKIP_HINT = "(or set Data.skip_invalid: true to skip such lines and count them)"
 DEFAULT_TASK = "classification"  # a JSONL file whose first line tells no task; TSV files
-TSV_TASKS = (DEFAULT_TASK,)  # a TSV line is text<TAB>label
 
 
 class BadLine(Exception):
@@ -181,7 +180,7 @@ def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto"):
     """
     if fmt == "tsv":
         task = task or DEFAULT_TASK
-        if task not in TSV_TASKS:
+        if not TASKS[task].tsv:
             raise DataError(f"{path}: TSV files hold text<TAB>label (classification), but the task "
                             f"is {task!r}; use a JSONL file with {TASKS[task].fields} fields")
     out = FileData(path=path, task=task)
@@ -422,11 +421,12 @@ class JsonTask:
     parse: Callable       # JSON object -> example dict; raises BadLine
     map_labels: Callable  # (files, label_names, skip_invalid, tag_scheme) -> Labels
     check_file: Callable = lambda fd, skip_invalid, tag_scheme: None  # after reading one file
+    tsv: bool = False     # a TSV line text<TAB>label holds its examples
 
 
 TASKS = {
     "classification": JsonTask(("text", "label"), '{"text": "这本书很好", "label": "positive"}',
-                               _parse_classification, _map_class_labels),
+                               _parse_classification, _map_class_labels, tsv=True),
     "tagging": JsonTask(("tokens", "tags"),
                         '{"tokens": ["江", "泽", "民"], "tags": ["B-PER", "I-PER", "I-PER"]}',
                         _parse_tagging, _map_tags,
