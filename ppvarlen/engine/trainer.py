@@ -13,6 +13,7 @@ import time
 import numpy as np
 import paddle
 
+from .. import _mkl
 from ..config import ConfigError, save_config
 from ..utils.io import atomic_write_json
 from ..utils.log import get_logger, setup_logging
@@ -311,6 +312,7 @@ class Trainer:
         self.ddp_model.train()
         log.info("training %s on %s for %d steps (%d batches/epoch, %d process(es))",
                  self.cfg.Model.name, self.device, self.total_steps, len(self.sampler), self.world)
+        log.info("%s", _mkl.describe())
         while st["step"] < self.total_steps:
             self.sampler.set_epoch(st["epoch"])  # keeps a resumed mid-epoch position
             for idxs in self.sampler:

@@ -1,0 +1,64 @@
+"""MKL's AVX2 kernels on AMD CPUs.
+
+Paddle's CPU wheel (3.3.1) links MKL 2019.0 Update 5, which picks its kernels by CPU vendor: on
+an AMD CPU it takes a generic path.  On this project's 2-core AMD EPYC host an fp32 GEMM
+(2048x512 @ 512x2048) ran 4.4x slower through Paddle than through numpy's OpenBLAS, and training
+the anchor Transformer 1.48x slower (benchmarks/train_throughput.py --what anchor).  MKL up to
+2020.0 honours ``MKL_DEBUG_CPU_TYPE=5``: use the AVX2 kernels.  Setting it at ``import ppvarlen``
+reaches every Paddle kernel in the process and in the processes it starts (data-parallel
+workers, export subprocesses), because MKL reads the variable at its first call, not at load.
+
+Only set when the CPU is AMD with AVX2 and FMA (the kernels need both) and the variable is unset;
+on Intel it would cap MKL at AVX2, so it is left alone there.  ``PPVARLEN_MKL_AVX2=0`` keeps MKL's
+own choice.  ``describe()`` is the line the trainer logs.  Newer MKL ignores the variable.
+"""
+import os
+
+OPT_OUT = "PPVARLEN_MKL_AVX2"
+VARIABLE = "MKL_DEBUG_CPU_TYPE"
+
+
+def cpu_flags(cpuinfo_text):
+    """(vendor, set of flags) of the first processor in a /proc/cpuinfo text."""
+    vendor, flags = "", set()
+    for line in cpuinfo_text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "vendor_id" and not vendor:
+            vendor = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    return vendor, flags
+
+
+def decide(cpuinfo_text, environ):
+    """(value to set or None, why) for MKL_DEBUG_CPU_TYPE."""
+    if environ.get(OPT_OUT, "").strip().lower() in ("0", "false", "no", "off"):
+        return None, f"{OPT_OUT}={environ[OPT_OUT]}: MKL chooses its own kernels"
+    if VARIABLE in environ:
+        return None, f"{VARIABLE}={environ[VARIABLE]} was set before ppvarlen: kept"
+    vendor, flags = cpu_flags(cpuinfo_text)
+    if vendor != "AuthenticAMD":
+        return None, f"CPU vendor {vendor or 'unknown'}: MKL chooses its own kernels"
+    if not {"avx2", "fma"} <= flags:
+        return None, "AMD CPU without AVX2+FMA: MKL chooses its own kernels"
+    return "5", (f"AMD CPU with AVX2: {VARIABLE}=5 (MKL's AVX2 kernels; {OPT_OUT}=0 keeps MKL's "
+                 f"generic path)")
+
+
+def _read_cpuinfo():
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:  # not Linux: nothing to decide from
+        return ""
+
+
+_value, _why = decide(_read_cpuinfo(), os.environ)
+if _value is not None:
+    os.environ[VARIABLE] = _value
+
+
+def describe():
+    """What was decided at import, for the run log."""
+    return "MKL: " + _why

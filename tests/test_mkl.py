@@ -1,0 +1,49 @@
+"""ppvarlen._mkl: MKL's AVX2 kernels on AMD CPUs, decided from /proc/cpuinfo and the environment."""
+import os
+import subprocess
+import sys
+
+from ppvarlen import _mkl
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cpuinfo(vendor, flags):
+    one = f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: {' '.join(flags)}\n\n"
+    return one + one.replace("processor\t: 0", "processor\t: 1")
+
+
+def test_amd_with_avx2_gets_the_avx2_kernels():
+    value, why = _mkl.decide(cpuinfo("AuthenticAMD", ["sse2", "avx", "avx2", "fma"]), {})
+    assert value == "5" and "MKL_DEBUG_CPU_TYPE=5" in why
+
+
+def test_intel_and_old_amd_and_unknown_cpus_are_left_alone():
+    for text in (cpuinfo("GenuineIntel", ["avx2", "fma", "avx512f"]),
+                 cpuinfo("AuthenticAMD", ["sse2", "avx"]), ""):
+        value, why = _mkl.decide(text, {})
+        assert value is None and "MKL chooses its own kernels" in why
+
+
+def test_a_users_setting_and_the_opt_out_win():
+    amd = cpuinfo("AuthenticAMD", ["avx2", "fma"])
+    assert _mkl.decide(amd, {"MKL_DEBUG_CPU_TYPE": "2"}) == (
+        None, "MKL_DEBUG_CPU_TYPE=2 was set before ppvarlen: kept")
+    value, why = _mkl.decide(amd, {"PPVARLEN_MKL_AVX2": "0"})
+    assert value is None and why.startswith("PPVARLEN_MKL_AVX2=0")
+
+
+def test_import_sets_the_variable_for_this_host_and_children_inherit_it():
+    """What `import ppvarlen` does on the machine running the tests matches the decision."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MKL_DEBUG_CPU_TYPE", "PPVARLEN_MKL_AVX2")}
+    code = ("import os, subprocess, sys, ppvarlen\n"
+            "print(os.environ.get('MKL_DEBUG_CPU_TYPE'))\n"
+            "print(subprocess.run([sys.executable, '-c', 'import os; print(os.environ.get(\"MKL_DEBUG_CPU_TYPE\"))'],"
+            " capture_output=True, text=True).stdout.strip())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env)
+    assert r.returncode == 0, r.stderr
+    expected, _ = _mkl.decide(_mkl._read_cpuinfo(), {})
+    assert r.stdout.split() == [str(expected)] * 2
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                       env={**env, "PPVARLEN_MKL_AVX2": "0"})
+    assert r.stdout.split() == ["None", "None"]
