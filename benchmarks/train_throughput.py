@@ -14,12 +14,14 @@ Each scheme trains the same model (configs/sentiment/transformer.yaml, max_len 5
 --steps optimizer steps after 2 warm-up steps and counts REAL (non-pad) tokens per second
 of step time.  Writes train_throughput.json and train_throughput.png under --out.
 
---what static: for each shipped config, three variants trained side by side on the config's
+--what static: for each shipped config, four variants trained side by side on the config's
 own batches, INTERLEAVED step by step (variant A step, variant B step, ...) so that load from
 other jobs hits all alike:
-* eager       — the trainer as shipped (dygraph);
-* static      — Train.to_static=true: forward + loss as one static program, backward through
-                it, AdamW eager (ppvarlen/engine/static_step.py);
+* eager           — the trainer with Train.to_static=false (dygraph);
+* static_serial   — Train.to_static=true: forward + loss as one static program, backward
+                    through it, AdamW eager (ppvarlen/engine/static_step.py), the programs'
+                    ops on one thread (Train.static_executor=serial);
+* static_threaded — the same on Paddle's thread pool (Train.static_executor=threaded);
 * whole_step  — forward, backward, gradient clipping and AdamW as ONE static program
                 (paddle.static + optimizer.minimize, run by an Executor).  Paddle 3.3.1's
                 to_static cannot do this: a traced loss (pir.Value) has no .backward(), and
@@ -30,9 +32,14 @@ other jobs hits all alike:
 Writes train_throughput_static.json / .png.
 
 --what anchor: the issue-16 anchor model (transformer.yaml at 2 layers x d128, 4 heads, ffn
-512, max_len 512) trained by ppvarlen eager, ppvarlen Train.to_static, and the plain PaddleNLP
-recipe: SamplerHelper shuffle -> sort in pools -> token-budget batch (the same Data.max_tokens
-and pool size), paddlenlp.data.Pad, the same model and AdamW, eager.  Interleaved likewise.
+512, max_len 512) trained by ppvarlen eager and Train.to_static (both executors), and the plain
+PaddleNLP recipe: SamplerHelper shuffle -> sort in pools -> token-budget batch (the same
+Data.max_tokens and pool size), paddlenlp.data.Pad, the same model and AdamW, eager -- twice:
+* paddlenlp_recipe_plain — in a process of its own with MKL as Paddle sets it up (the baseline:
+  what a PaddleNLP user runs; ppvarlen/_mkl.py selects MKL's AVX2 kernels on AMD CPUs at import);
+* paddlenlp_recipe       — in this process, so with ppvarlen's MKL setting too (ratios against
+  it are printed as well: what to_static and batching give without the MKL setting).
+Interleaved likewise.
 Writes train_throughput_anchor.json / .png.
 
 Every mode times the optimizer step only (collation excluded for every variant alike), after
@@ -139,10 +146,12 @@ def endless(sampler):
 
 
 class TrainerVariant:
-    """The ppvarlen trainer (eager, or Train.to_static) on its own batches."""
+    """The ppvarlen trainer (eager, or Train.to_static with a Train.static_executor) on its own
+    batches."""
 
-    def __init__(self, config, overrides, out_dir, to_static):
-        self.t = build_trainer(config, overrides, out_dir, to_static)
+    def __init__(self, config, overrides, out_dir, to_static, executor="serial"):
+        self.t = build_trainer(config, overrides + [f"Train.static_executor={executor}"],
+                               out_dir, to_static)
         self.t.ddp_model.train()
         self.order = endless(self.t.sampler)
 
@@ -404,12 +413,14 @@ def build_variants(config, overrides, out_dir, names):
         try:
             if name == "whole_step":
                 made[name] = WholeStepVariant(config, overrides, where)
+            elif name.startswith("static_"):  # static_serial, static_threaded
+                made[name] = TrainerVariant(config, overrides, where, True, name[len("static_"):])
             elif name == "paddlenlp_recipe":
                 made[name] = PaddleNLPRecipe(config, overrides, where)
             elif name == "paddlenlp_recipe_plain":
                 made[name] = PlainProcessRecipe(config, overrides, where)
             else:
-                made[name] = TrainerVariant(config, overrides, where, name == "static")
+                made[name] = TrainerVariant(config, overrides, where, False)
         except Exception as e:  # recorded in the JSON: which variant cannot run and why
             failed[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"
     return made, failed
@@ -489,10 +500,11 @@ def main():
         return batching(args)
     load = os.getloadavg()
     if args.what == "static":
-        names, baseline, configs, overrides = ["eager", "static", "whole_step"], "eager", args.configs, []
+        names, baseline = ["eager", "static_serial", "static_threaded", "whole_step"], "eager"
+        configs, overrides = args.configs, []
         title = "eager vs Train.to_static vs whole step as one program (interleaved, CPU)"
     else:
-        names = ["paddlenlp_recipe_plain", "paddlenlp_recipe", "eager", "static", "whole_step"]
+        names = ["paddlenlp_recipe_plain", "paddlenlp_recipe", "eager", "static_serial", "static_threaded"]
         baseline = "paddlenlp_recipe_plain"
         configs, overrides = ["configs/sentiment/transformer.yaml"], ANCHOR
         title = "anchor: 2 x d128 Transformer, max_len 512 (interleaved, CPU)"

@@ -187,6 +187,12 @@ SCHEMA = {
                            "to_static, dynamic batch/length dims, traced once per run; backward "
                            "through it, optimizer eager); a model that cannot be converted fails "
                            "at start. Same losses as eager with dropout off"),
+        "static_executor": Field(str, "serial", choices=["serial", "threaded"],
+                                 help="Train.to_static: run the step programs' ops on one thread "
+                                      "in order (serial), or on Paddle's thread pool (threaded: "
+                                      "faster where the program has independent branches, e.g. "
+                                      "encoder-decoder); measured per config by benchmarks/"
+                                      "train_throughput.py --what static"),
         "amp": {
             "enable": Field(bool, False),
             "level": Field(str, "O1", choices=["O1", "O2"]),

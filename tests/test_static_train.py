@@ -244,3 +244,21 @@ def test_two_process_data_parallel(tmp_path):
         np.testing.assert_array_equal(static0[k], static1[k], err_msg=k)
         np.testing.assert_allclose(static0[k], weights["eager"][0][k], rtol=1e-4, atol=1e-5,
                                    err_msg=k)
+
+
+def test_executor_flags_hold_only_while_each_trainer_steps(tmp_path):
+    """Paddle's executor flags (Train.static_executor) are process-wide and a program built with
+    serial_run cannot run without it: each trainer sets its own around its steps, so a serial and
+    a threaded trainer can step in turn, and the process keeps its flags between steps."""
+    names = ["FLAGS_new_executor_serial_run", "FLAGS_new_executor_use_inplace"]
+    before = paddle.get_flags(names)
+    config, extra = FAMILIES["transformer_cls"]
+    serial = trainer(config, tmp_path / "serial", extra + ["Train.static_executor=serial"], True)
+    threaded = trainer(config, tmp_path / "threaded", extra + ["Train.static_executor=threaded"], True)
+    assert paddle.get_flags(names) == before
+    data = batches(serial, 4)
+    for batch in data:
+        for t in (serial, threaded, serial):
+            assert np.isfinite(t.train_step(batch))
+            assert paddle.get_flags(names) == before
+    assert serial.static_loss.traced_count() == threaded.static_loss.traced_count() == 1

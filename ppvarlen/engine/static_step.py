@@ -15,6 +15,7 @@ list them; they become the program's inputs, in that order.
 Dropout: the program's dropout ops draw from the global generator, so the trainer's per-step
 ``paddle.seed`` makes static steps reproducible (exact resume) just as eager ones.
 """
+import contextlib
 import re
 
 import paddle
@@ -61,8 +62,9 @@ class StaticLoss(paddle.nn.Layer):
     model) for multi-process runs, so one reducer sees the program's gradients.
     """
 
-    def __init__(self, model, batch_loss, fields):
+    def __init__(self, model, batch_loss, fields, executor="serial"):
         super().__init__()
+        self.executor = executor
         self.model = model
         self.batch_loss = batch_loss
         self.names = [name for name, _, _ in fields]
@@ -71,6 +73,10 @@ class StaticLoss(paddle.nn.Layer):
 
     def forward(self, tensors):
         return self.batch_loss(self.model, dict(zip(self.names, tensors)))
+
+    def running(self):
+        """Context for the forward AND backward of every step (Paddle's executor flags)."""
+        return executor_flags(self.executor)
 
     def inputs(self, batch):
         return [[paddle.to_tensor(batch[name]) for name in self.names]]
@@ -87,31 +93,56 @@ class StaticLoss(paddle.nn.Layer):
                                f"field's dtype or rank change, or the train/eval mode?)")
 
 
-def compile_loss(model, batch_loss, probe_batch, model_name, autocast=None):
+# Paddle's executor flags for the step programs.  Paddle reads them when a program's interpreter
+# is built (its first run) AND at each run, and a program built with serial_run fails when run
+# without it ("Workqueue of index 0 is not initialized"), so they are set around every use of
+# the programs (``StaticLoss.running``) and put back after: other programs of the process (an
+# export after training, another trainer) see their own.
+# * use_inplace: reuse buffers in place (CPU default: off);
+# * serial_run (Train.static_executor): ops on one thread, in order ("serial"), or spread over
+#   Paddle's thread pool ("threaded", its default).  Which wins depends on the program: on the
+#   2-core host the pool cost the chain-shaped classifier more than it overlapped, and paid
+#   off for the encoder-decoder (benchmarks/train_throughput.py --what static measures both).
+EXECUTOR_FLAGS = {
+    "serial": {"FLAGS_new_executor_use_inplace": True, "FLAGS_new_executor_serial_run": True},
+    "threaded": {"FLAGS_new_executor_use_inplace": True, "FLAGS_new_executor_serial_run": False},
+}
+
+
+@contextlib.contextmanager
+def executor_flags(executor):
+    flags = EXECUTOR_FLAGS[executor]
+    previous = paddle.get_flags(list(flags))
+    paddle.set_flags(flags)
+    try:
+        yield
+    finally:
+        paddle.set_flags(previous)
+
+
+def compile_loss(model, batch_loss, probe_batch, model_name, autocast=None, executor="serial"):
     """Convert ``batch_loss`` for ``model`` and run one forward + backward on ``probe_batch``.
 
     Any failure (conversion, the static forward, its backward) is a ConfigError naming the
     model and Paddle's reason: a model that cannot be converted fails here, at start, never
     falls back to eager.  Gradients of the probe are cleared.  ``autocast`` is a context
     manager factory (AMP) the steps will also run under, so the probe traces what they run.
+    ``executor`` is Train.static_executor (EXECUTOR_FLAGS).
     """
     model.train()
     fields = fields_read(batch_loss, model, probe_batch)
-    # let the program's interpreter reuse buffers in place (Paddle 3.3.1 CPU default: off);
-    # the values are the same (loss-match tests), the step cheaper: g2p to_static/eager
-    # x1.15 vs x1.10 in CPU time, x1.22 vs x1.15 wall (one interleaved 30-step run each)
-    paddle.set_flags({"FLAGS_new_executor_use_inplace": True})
     try:
-        static = StaticLoss(model, batch_loss, fields)
+        static = StaticLoss(model, batch_loss, fields, executor)
         static.train()
-        if autocast is not None:
-            with autocast():
+        with static.running():
+            if autocast is not None:
+                with autocast():
+                    loss = static(*static.inputs(probe_batch))
+            else:
                 loss = static(*static.inputs(probe_batch))
-        else:
-            loss = static(*static.inputs(probe_batch))
-        if loss.size != 1 or loss.dtype != paddle.float32:
-            raise TypeError(f"the loss must be a float32 scalar, got {loss.dtype} {loss.shape}")
-        loss.backward()
+            if loss.size != 1 or loss.dtype != paddle.float32:
+                raise TypeError(f"the loss must be a float32 scalar, got {loss.dtype} {loss.shape}")
+            loss.backward()
     except Exception as e:  # noqa: BLE001 -- every reason becomes the one start-up error
         raise ConfigError(f"Train.to_static: Model.name={model_name} cannot run as one static "
                           f"program ({_first_lines(e)}); set "

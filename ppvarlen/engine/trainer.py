@@ -263,7 +263,7 @@ class Trainer:
 
         probe = self.collate([self.data.train[i] for i in range(min(2, len(self.data.train)))])
         return compile_loss(self.model, self._batch_loss, probe, self.cfg.Model.name,
-                            self._autocast if self.amp else None)
+                            self._autocast if self.amp else None, self.cfg.Train.static_executor)
 
     def _loss(self, batch):
         if self.static_loss is not None:  # Train.to_static: ddp_model wraps the static loss
@@ -276,6 +276,12 @@ class Trainer:
         """One optimizer step; returns the batch's mean loss (unscaled, for the log)."""
         step = self.state["step"]
         paddle.seed(self.cfg.Global.seed * 1_000_003 + self.rank * 7_919 + step)
+        if self.static_loss is None:
+            return self._step(batch)
+        with self.static_loss.running():  # Paddle's executor flags for its forward AND backward
+            return self._step(batch)
+
+    def _step(self, batch):
         if self.amp:
             with self._autocast():
                 loss = self._loss(batch)
