@@ -450,6 +450,7 @@ def compare(args, configs, overrides, names, baseline, tag):
 
 
 def write_report(args, tag, results, overrides, baseline, title):
+    from ppvarlen import _mkl
     import matplotlib
 
     matplotlib.use("Agg")
@@ -458,7 +459,6 @@ def write_report(args, tag, results, overrides, baseline, title):
     report = {"what": tag, "steps_per_variant": args.steps, "warmup_steps": 2,
               "interleaved": "one step of each variant in turn, order reversed every other round", "overrides": overrides,
               "cpu_count": os.cpu_count(), "mkl": _mkl.describe(), "results": results}
-    from ppvarlen import _mkl
     from ppvarlen.utils.io import atomic_write_json
 
     atomic_write_json(os.path.join(args.out, f"train_throughput_{tag}.json"), report)
