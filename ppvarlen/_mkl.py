@@ -21,12 +21,13 @@ VARIABLE = "MKL_DEBUG_CPU_TYPE"
 def cpu_flags(cpuinfo_text):
     """(vendor, set of flags) of the first processor in a /proc/cpuinfo text."""
     vendor, flags = "", set()
-    for line in cpuinfo_text.splitlines():
+    first = cpuinfo_text.split("\n\n", 1)[0]  # every processor repeats them: read one block
+    for line in first.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
-        if key == "vendor_id" and not vendor:
+        if key == "vendor_id":
             vendor = value.strip()
-        elif key == "flags" and not flags:
+        elif key == "flags":
             flags = set(value.split())
     return vendor, flags
 
