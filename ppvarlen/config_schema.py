@@ -189,10 +189,18 @@ SCHEMA = {
                            "at start. Same losses as eager with dropout off"),
         "static_executor": Field(str, "serial", choices=["serial", "threaded"],
                                  help="Train.to_static: run the step programs' ops on one thread "
-                                      "in order (serial), or on Paddle's thread pool (threaded: "
-                                      "faster where the program has independent branches, e.g. "
-                                      "encoder-decoder); measured per config by benchmarks/"
-                                      "train_throughput.py --what static"),
+                                      "in order (serial; the math library then uses "
+                                      "Train.cpu_threads), or on Paddle's thread pool (threaded: "
+                                      "one math thread unless Train.cpu_threads says otherwise); "
+                                      "measured per config by benchmarks/train_throughput.py "
+                                      "--what static"),
+        "cpu_threads": Field(int, None, help="CPU: math-library threads (MKL GEMMs, OpenMP "
+                             "kernels) per training process; null = the usable cores / the "
+                             "training processes on this host (Paddle's own default is 1)"),
+        "keep_freed_memory": Field(bool, True, help="CPU, glibc: malloc keeps freed blocks for "
+                                   "the next step instead of returning them to the OS (each "
+                                   "step otherwise page-faults its tensors back in); resident "
+                                   "memory stays near the run's peak"),
         "amp": {
             "enable": Field(bool, False),
             "level": Field(str, "O1", choices=["O1", "O2"]),

@@ -100,9 +100,10 @@ class StaticLoss(paddle.nn.Layer):
 # export after training, another trainer) see their own.
 # * use_inplace: reuse buffers in place (CPU default: off);
 # * serial_run (Train.static_executor): ops on one thread, in order ("serial"), or spread over
-#   Paddle's thread pool ("threaded", its default).  Which wins depends on the program: on the
-#   2-core host the pool cost the chain-shaped classifier more than it overlapped, and paid
-#   off for the encoder-decoder (benchmarks/train_throughput.py --what static measures both).
+#   Paddle's thread pool ("threaded", its default).  On the 2-core host the pool cost the
+#   chain-shaped classifiers more than it overlapped; with one math thread it paid off for the
+#   encoder-decoder, but serial ops with MKL on both cores (Train.cpu_threads, engine/
+#   cpu_settings.py) beat it on every shipped config (benchmarks/train_throughput.py --what static).
 EXECUTOR_FLAGS = {
     "serial": {"FLAGS_new_executor_use_inplace": True, "FLAGS_new_executor_serial_run": True},
     "threaded": {"FLAGS_new_executor_use_inplace": True, "FLAGS_new_executor_serial_run": False},

@@ -18,6 +18,7 @@ from ..config import ConfigError, save_config
 from ..utils.io import atomic_write_json
 from ..utils.log import get_logger, setup_logging
 from . import checkpoint as ckpt
+from . import cpu_settings
 from .distributed import all_reduce_sum, barrier, init_distributed, wrap_model
 from .evaluate import decoding_of, evaluate
 from .logbook import Logbook
@@ -100,6 +101,7 @@ class Trainer:
         self.world, self.rank = init_distributed()
         self.main = self.rank == 0
         self.device = select_device(cfg.Global.device)
+        self.cpu_settings = cpu_settings.configure(cfg.Train, self.world, self.device)
         paddle.seed(cfg.Global.seed)
         np.random.seed(cfg.Global.seed)
 
@@ -318,7 +320,8 @@ class Trainer:
         self.ddp_model.train()
         log.info("training %s on %s for %d steps (%d batches/epoch, %d process(es))",
                  self.cfg.Model.name, self.device, self.total_steps, len(self.sampler), self.world)
-        log.info("%s", _mkl.describe())
+        for line in (_mkl.describe(), *self.cpu_settings):
+            log.info("%s", line)
         while st["step"] < self.total_steps:
             self.sampler.set_epoch(st["epoch"])  # keeps a resumed mid-epoch position
             for idxs in self.sampler:

@@ -1,0 +1,100 @@
+"""A CPU training process's math threads and C heap.
+
+``Train.cpu_threads`` and ``Train.keep_freed_memory``, set once when a Trainer starts.
+
+Two of Paddle 3.3.1's CPU defaults cost every training step, eager and ``Train.to_static``
+alike (``benchmarks/train_throughput.py --what cpu`` measures each, interleaved):
+
+* Math threads.  Paddle runs MKL's GEMMs and its OpenMP kernels on ONE thread
+  (``FLAGS_paddle_num_threads=1``): the other cores idle.  ``Train.cpu_threads`` (null = the
+  usable cores / the training processes on this host, so 2-process data parallel on 2 cores
+  keeps one each) is set through Paddle's own ``SetNumThreads`` (``paddle.base.core.
+  set_num_threads``: MKL's and OpenMP's thread counts; Paddle has no public training API for it).
+* The C heap.  A step allocates and frees tensors of up to tens of MB.  glibc's malloc returns
+  large freed blocks to the OS (mmap'd blocks at once, the heap top past 128 KB), so every step
+  page-faults its working set back in: ~6,900 minor faults per sentiment Transformer step, 13%
+  of its time in the kernel.  ``Train.keep_freed_memory`` raises glibc's thresholds (``mallopt``)
+  so blocks up to 32 MB come from the heap and up to 1 GiB of freed heap stays in the process
+  for the next step (~500 faults per step).  The resident size then stays near the run's peak.
+
+Both are process-wide and stay after training (an export in the same process keeps them; the
+last Trainer started in a process sets them).  Only on CPU: on a GPU the device does the math
+and these are left as they are.
+"""
+import ctypes
+import ctypes.util
+import os
+import platform
+
+from ..config import ConfigError
+
+# glibc's mallopt parameters (malloc.h) and the values set; glibc accepts at most 32 MB
+# (HEAP_MAX_SIZE / 2) as the mmap threshold, and setting any of them ends its own
+# adjustment of the thresholds, so all three are set together
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+HEAP_SETTINGS = ((M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, 1 << 30), (M_TOP_PAD, 64 << 20))
+
+
+def usable_cores():
+    """Cores this process may run on (its affinity mask, e.g. a container's or taskset's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def processes_on_host(world_size, environ=os.environ):
+    """Training processes sharing this host: paddle.distributed.launch's PADDLE_LOCAL_SIZE."""
+    return max(1, int(environ.get("PADDLE_LOCAL_SIZE", world_size)))
+
+
+def math_threads(setting, world_size, op_pool=False, cores=None, environ=os.environ):
+    """``Train.cpu_threads`` -> the thread count: the setting, or cores / processes on the host.
+
+    ``op_pool``: the ops already run on Paddle's thread pool (Train.static_executor: threaded),
+    which takes the cores; math threads on top of it oversubscribe them (measured slower), so
+    null means 1 there."""
+    if setting is None:
+        if op_pool:
+            return 1
+        return max(1, (cores or usable_cores()) // processes_on_host(world_size, environ))
+    if setting < 1:
+        raise ConfigError(f"Train.cpu_threads={setting}: use a thread count >= 1, or null for "
+                          f"the usable cores / the training processes on this host")
+    return setting
+
+
+def keep_freed_memory():
+    """Apply HEAP_SETTINGS with glibc's mallopt; -> what was done, for the log."""
+    if platform.libc_ver()[0] != "glibc":
+        return "not glibc: the C heap keeps its own policy"
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    refused = [param for param, value in HEAP_SETTINGS if libc.mallopt(param, value) != 1]
+    if refused:  # glibc answers 0 for a value out of its range: say so rather than pretend
+        raise RuntimeError(f"glibc mallopt refused parameters {refused} of {HEAP_SETTINGS}")
+    return ("glibc malloc keeps freed memory (mmap threshold 32 MB, trim threshold 1 GiB, top "
+            "pad 64 MB; Train.keep_freed_memory: false leaves glibc's defaults)")
+
+
+def configure(train_cfg, world_size, device):
+    """Set this process's math threads and heap per ``train_cfg``; -> the lines to log."""
+    op_pool = train_cfg.to_static and train_cfg.static_executor == "threaded"
+    threads = math_threads(train_cfg.cpu_threads, world_size, op_pool)  # refused on any device
+    if device != "cpu":
+        return [f"CPU settings: device {device}: math threads and heap left as Paddle sets them"]
+    from paddle.base import core
+
+    core.set_num_threads(threads)
+    if train_cfg.cpu_threads is not None:
+        how = "Train.cpu_threads"
+    elif op_pool:
+        how = "Train.static_executor: threaded runs the ops on Paddle's thread pool"
+    else:
+        how = (f"{usable_cores()} usable cores / {processes_on_host(world_size)} process(es) "
+               f"on this host")
+    lines = [f"CPU math threads: {threads} ({how})"]
+    if train_cfg.keep_freed_memory:
+        lines.append("C heap: " + keep_freed_memory())
+    else:
+        lines.append("C heap: glibc's defaults (Train.keep_freed_memory: false)")
+    return lines
