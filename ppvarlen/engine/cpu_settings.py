@@ -54,14 +54,21 @@ def math_threads(setting, world_size, op_pool=False, cores=None, environ=os.envi
     ``op_pool``: the ops already run on Paddle's thread pool (Train.static_executor: threaded),
     which takes the cores; math threads on top of it oversubscribe them (measured slower), so
     null means 1 there."""
-    if setting is None:
-        if op_pool:
-            return 1
-        return max(1, (cores or usable_cores()) // processes_on_host(world_size, environ))
-    if setting < 1:
-        raise ConfigError(f"Train.cpu_threads={setting}: use a thread count >= 1, or null for "
-                          f"the usable cores / the training processes on this host")
-    return setting
+    return _thread_choice(setting, world_size, op_pool, cores, environ)[0]
+
+
+def _thread_choice(setting, world_size, op_pool, cores=None, environ=os.environ):
+    """(thread count, why) -- the one place the decision is made, for math_threads and the log."""
+    if setting is not None:
+        if setting < 1:
+            raise ConfigError(f"Train.cpu_threads={setting}: use a thread count >= 1, or null "
+                              f"for the usable cores / the training processes on this host")
+        return setting, "Train.cpu_threads"
+    if op_pool:
+        return 1, "Train.static_executor: threaded runs the ops on Paddle's thread pool"
+    cores, processes = cores or usable_cores(), processes_on_host(world_size, environ)
+    return (max(1, cores // processes),
+            f"{cores} usable cores / {processes} process(es) on this host")
 
 
 def keep_freed_memory():
@@ -72,26 +79,20 @@ def keep_freed_memory():
     refused = [param for param, value in HEAP_SETTINGS if libc.mallopt(param, value) != 1]
     if refused:  # glibc answers 0 for a value out of its range: say so rather than pretend
         raise RuntimeError(f"glibc mallopt refused parameters {refused} of {HEAP_SETTINGS}")
-    return ("glibc malloc keeps freed memory (mmap threshold 32 MB, trim threshold 1 GiB, top "
-            "pad 64 MB; Train.keep_freed_memory: false leaves glibc's defaults)")
+    mmap, trim, pad = (value >> 20 for _, value in HEAP_SETTINGS)
+    return (f"glibc malloc keeps freed memory (mmap threshold {mmap} MB, trim threshold {trim} "
+            f"MB, top pad {pad} MB; Train.keep_freed_memory: false leaves glibc's defaults)")
 
 
 def configure(train_cfg, world_size, device):
     """Set this process's math threads and heap per ``train_cfg``; -> the lines to log."""
     op_pool = train_cfg.to_static and train_cfg.static_executor == "threaded"
-    threads = math_threads(train_cfg.cpu_threads, world_size, op_pool)  # refused on any device
+    threads, how = _thread_choice(train_cfg.cpu_threads, world_size, op_pool)  # refused anywhere
     if device != "cpu":
         return [f"CPU settings: device {device}: math threads and heap left as Paddle sets them"]
     from paddle.base import core
 
     core.set_num_threads(threads)
-    if train_cfg.cpu_threads is not None:
-        how = "Train.cpu_threads"
-    elif op_pool:
-        how = "Train.static_executor: threaded runs the ops on Paddle's thread pool"
-    else:
-        how = (f"{usable_cores()} usable cores / {processes_on_host(world_size)} process(es) "
-               f"on this host")
     lines = [f"CPU math threads: {threads} ({how})"]
     if train_cfg.keep_freed_memory:
         lines.append("C heap: " + keep_freed_memory())
