@@ -10,6 +10,15 @@ Cost of a batch = batch size x longest example in it (padding counted).
 import numpy as np
 
 
+def _check_budget(max_tokens, max_batch_size, batch_size_multiple):
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if max_batch_size is not None and max_batch_size < 1:
+        raise ValueError(f"max_batch_size / max_sentences must be >= 1, got {max_batch_size}")
+    if batch_size_multiple < 1:
+        raise ValueError(f"batch_size_multiple must be >= 1, got {batch_size_multiple}")
+
+
 def pack_by_budget(order, lengths, max_tokens, max_batch_size=None, batch_size_multiple=1):
     """Cut ``order`` (indices, usually sorted by length) into consecutive batches.
 
@@ -23,39 +32,186 @@ def pack_by_budget(order, lengths, max_tokens, max_batch_size=None, batch_size_m
     multiple of m and the rest starts the next batch (as fairseq does).
     Returns a list of lists of int indices; every index appears exactly once.
     """
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    if max_batch_size is not None and max_batch_size < 1:
-        raise ValueError(f"max_batch_size / max_sentences must be >= 1, got {max_batch_size}")
-    if batch_size_multiple < 1:
-        raise ValueError(f"batch_size_multiple must be >= 1, got {batch_size_multiple}")
-    cap = max_batch_size or len(order) + 1
-    rows = np.asarray(lengths, dtype=np.int64)
-    rows = (rows.reshape(-1, 1) if rows.ndim == 1 else rows).tolist()  # python ints: fast loop
+    _check_budget(max_tokens, max_batch_size, batch_size_multiple)
+    order = np.asarray(order, dtype=np.int64).reshape(-1)
+    if order.size == 0:
+        return []
+    rows = np.asarray(lengths)
+    rows = rows[order] if rows.ndim == 2 else rows.reshape(-1)[order]
+    ends = budget_cuts(rows, max_tokens, max_batch_size, batch_size_multiple)
+    flat = order.tolist()
+    return [flat[a:b] for a, b in zip([0] + ends[:-1].tolist(), ends.tolist())]
 
-    def widest(indices):  # per-column max over a batch
-        if not indices:
-            return [0] * len(rows[0])
-        return [max(col) for col in zip(*(rows[i] for i in indices))]
 
-    batches, cur = [], []
-    cur_max = widest(cur) if rows else []
-    for idx in order:
-        idx = int(idx)
-        new_max = [max(a, b) for a, b in zip(cur_max, rows[idx])]
-        while cur and (len(cur) + 1 > cap or (len(cur) + 1) * sum(new_max) > max_tokens):
-            keep = len(cur)
-            if batch_size_multiple > 1 and keep > batch_size_multiple:
-                keep -= keep % batch_size_multiple
-            batches.append(cur[:keep])
-            cur = cur[keep:]
-            cur_max = widest(cur)
-            new_max = [max(a, b) for a, b in zip(cur_max, rows[idx])]
-        cur.append(idx)
-        cur_max = new_max
-    if cur:
-        batches.append(cur)
-    return batches
+def budget_cuts(rows, max_tokens, max_batch_size=None, batch_size_multiple=1, segment_ends=None):
+    """``pack_by_budget`` on rows already in packing order, as batch end offsets.
+
+    ``rows``: [n] or [n, k] non-negative integer lengths in the order to pack;
+    ``segment_ends``: increasing ends of runs packed independently (the sampler's
+    pools; default one run of n).  Returns an int64 array: batch i is
+    ``rows[ends[i-1]:ends[i]]`` (``ends[-1] == n``).  Cost O(n log(max_tokens)) for
+    [n] lengths sorted within each run, O(n) numpy work plus one small numpy step per
+    batch otherwise (the greedy rule is sequential, so it runs batch by batch).
+    """
+    _check_budget(max_tokens, max_batch_size, batch_size_multiple)
+    rows = np.asarray(rows)
+    if not np.issubdtype(rows.dtype, np.integer):
+        rows = rows.astype(np.int64)  # e.g. float lengths: truncated as before
+    if rows.ndim == 2 and rows.shape[1] == 1:
+        rows = rows[:, 0]
+    n = rows.shape[0]
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if rows.min() < 0:
+        raise ValueError("lengths must be >= 0 to be packed by a token budget")
+    ends = np.asarray([n] if segment_ends is None else segment_ends, dtype=np.int64)
+    if ends.size == 0 or ends[-1] != n or np.any(np.diff(ends) <= 0) or ends[0] <= 0:
+        raise ValueError(f"segment_ends must increase to n={n}, got {ends[:5]}...")
+    cap = int(max_batch_size or n + 1)
+    run_end = np.repeat(ends, np.diff(ends, prepend=0))
+    # limit[s]: examples the batch starting at s may hold at most (cap, end of its run)
+    limit = np.minimum(run_end - np.arange(n, dtype=np.int64), cap)
+    if rows.ndim == 1 and _sorted_within(rows, ends):
+        size = _sizes_sorted(rows, ends, int(max_tokens), limit)
+    else:
+        rows = rows.reshape(n, -1)
+        key = rows.sum(axis=1, dtype=np.int64)
+        if key.min() == 0 or min(cap, int(max_tokens) // int(key.min()) + 1) > _MAX_LIFT:
+            # zero lengths (no bound on a batch's size) or very large batches
+            return _cuts_any(rows, ends, int(max_tokens), cap, int(batch_size_multiple))
+        size = _sizes_lifted(rows, key, int(max_tokens), limit)
+    return _walk(size, run_end, int(batch_size_multiple))
+
+
+_MAX_LIFT = 1 << 14  # largest batch the doubling table serves (beyond: batch-by-batch loop)
+_BLOCK = 1 << 19     # starts per block of the doubling table (bounds its memory)
+
+
+def _sorted_within(rows, ends):
+    """True when every run of ``rows`` is non-decreasing."""
+    steps = np.diff(rows) >= 0
+    steps[ends[:-1] - 1] = True  # a run's first item may be shorter than the last one's
+    return bool(steps.all())
+
+
+def _trim(size, multiple):
+    """Examples a closed batch keeps (the rest starts the next batch)."""
+    return size - size % multiple if multiple > 1 and size > multiple else size
+
+
+def _walk(size, run_end, multiple):
+    """Batch ends from ``size[s]`` (examples the batch starting at s takes before the first
+    one that does not fit).  A batch closed by a misfit is trimmed to ``multiple``; the
+    trimmed-off examples start the next batch, and re-planning that batch from its own start
+    is exact because a subset of a batch that fit fits again.  One step per batch."""
+    n = len(size)
+    out, s = [], 0
+    while s < n:
+        k = int(size[s])
+        end = int(run_end[s])
+        s += _trim(k, multiple) if s + k < end else k  # a run's last batch: untrimmed
+        out.append(s)
+    return np.asarray(out, dtype=np.int64)
+
+
+def _sizes_sorted(rows, ends, max_tokens, limit):
+    """``size[s]`` for every start s of [n] lengths sorted within each run, by one search.
+
+    Example j does not fit a batch starting at s when (j - s + 1) * rows[j] > max_tokens,
+    i.e. s <= j - fit[j] with fit[j] = max_tokens // rows[j] (the most examples of that
+    length a batch holds).  rows[j] grows along a run, so fit[j] shrinks and j - fit[j]
+    strictly grows: the first misfit after s is a ``searchsorted``.  Runs are kept apart by
+    an offset per run in the searched key."""
+    n = rows.shape[0]
+    index = np.arange(n, dtype=np.int64)
+    lengths = rows.astype(np.int64, copy=False)
+    fit = np.where(lengths > 0, max_tokens // np.maximum(lengths, 1), max_tokens + 1)
+    run = np.repeat(np.arange(len(ends), dtype=np.int64), np.diff(ends, prepend=0))
+    stride = n + max_tokens + 2  # (index - fit) + max_tokens + 1 lies in [0, stride)
+    misfit_key = run * stride + (index - fit + max_tokens + 1)
+    first_misfit = np.searchsorted(misfit_key, run * stride + index + max_tokens + 1, "left")
+    first_misfit = np.maximum(first_misfit, index + 1)  # the first example always goes in
+    return np.minimum(first_misfit - index, limit)
+
+
+def _sizes_lifted(rows, key, max_tokens, limit):
+    """``size[s]`` for every start s of [n, k] lengths in any order, by binary lifting.
+
+    A batch's cost only grows as it takes more examples, so its size is the largest count
+    whose cost fits, found bit by bit from a table of column maxima over 2**i examples
+    (built per block of starts to bound memory).  A batch from s holds at most
+    max_tokens // key[s] examples (key = row sum), which bounds the bits per block."""
+    n = rows.shape[0]
+    size = np.empty(n, dtype=np.int64)
+    narrow = np.int32 if int(key.max()) < 1 << 30 else np.int64
+    for b0 in range(0, n, _BLOCK):
+        b1 = min(n, b0 + _BLOCK)
+        longest = min(int(limit[b0:b1].max()), max_tokens // int(key[b0:b1].min()) + 1)
+        levels = max(1, longest.bit_length())
+        end = min(n, b1 + (1 << levels))
+        # tables[c][i][s]: max of column c over examples s .. s + 2**i - 1 (from block start)
+        tables = []
+        for c in range(rows.shape[1]):
+            level = [rows[b0:end, c].astype(narrow)]
+            for i in range(1, levels):
+                prev, step = level[-1], 1 << (i - 1)
+                nxt = prev.copy()  # windows cut short by the span's end: never read
+                if step < len(prev):
+                    np.maximum(prev[:-step], prev[step:], out=nxt[:-step])
+                level.append(nxt)
+            tables.append(level)
+        m = b1 - b0
+        count = np.zeros(m, dtype=np.int64)
+        widest = [np.zeros(m, dtype=np.int64) for _ in tables]
+        lim = limit[b0:b1]
+        local = np.arange(m, dtype=np.int64)
+        for i in range(levels - 1, -1, -1):
+            grown = count + (1 << i)
+            at = np.minimum(local + count, end - b0 - 1)
+            wider = [np.maximum(w, level[i][at]) for w, level in zip(widest, tables)]
+            cost = sum(wider[1:], wider[0]) * grown
+            ok = (grown <= lim) & (cost <= max_tokens)
+            np.copyto(count, grown, where=ok)
+            for w, wide in zip(widest, wider):
+                np.copyto(w, wide, where=ok)
+        size[b0:b1] = np.maximum(count, 1)  # an example over the budget gets a batch alone
+    return size
+
+
+def _cuts_any(rows, ends, max_tokens, cap, multiple):
+    """Greedy cuts batch by batch (lengths with zeros, or batches too large for the doubling
+    table): one numpy step per batch over a window that doubles until the example that does
+    not fit is inside it."""
+    out = []
+    counts = np.arange(1, 65, dtype=np.int64)
+    window = 64
+    run_start = 0
+    for run_end in ends.tolist():
+        s, forced = run_start, run_start + 1  # examples before ``forced`` are already in
+        while s < run_end:
+            while True:
+                e = min(run_end, s + window)
+                if counts.size < e - s:
+                    counts = np.arange(1, 2 * (e - s) + 1, dtype=np.int64)
+                widest = np.maximum.accumulate(rows[s:e], axis=0).sum(axis=1, dtype=np.int64)
+                over = widest * counts[:e - s] > max_tokens
+                over[cap:] = True  # example number cap + 1 opens a new batch
+                over[:forced - s] = False
+                j = int(over.argmax())
+                if over[j]:
+                    j += s
+                    break
+                if e == run_end:
+                    j = run_end
+                    break
+                window *= 2
+            window = max(64, 2 * (j - s))
+            keep = _trim(j - s, multiple) if j < run_end else j - s
+            s += keep
+            forced = max(j, s + 1)
+            out.append(s)
+        run_start = run_end
+    return np.asarray(out, dtype=np.int64)
 
 
 def batch_cost(batch, lengths):

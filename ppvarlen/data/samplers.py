@@ -13,7 +13,13 @@ Shared behaviour (``_LengthBatchSampler``): batches are a pure function of
 batch list is padded by repeating batches from its start, counted in
 ``num_repeated_batches`` / ``num_repeated_examples``); ``state_dict`` /
 ``load_state_dict`` resume mid-epoch exactly.
+
+Planning an epoch is O(N log N) numpy work (one sort) plus one small step per batch;
+an epoch's batches are kept as ONE index array cut by (start, stop) offsets
+(``_Batches``), turned into Python lists only when a batch is handed out.
 """
+import heapq
+
 import numpy as np
 from paddle.io import BatchSampler
 
@@ -21,23 +27,77 @@ from ..config import ConfigError
 from ..utils.log import get_logger
 from .errors import DataError
 from .lengths import bucket_index
-from .order import pack_by_budget
+from .order import budget_cuts
 
 log = get_logger("data.samplers")
 
 
 def _check_lengths(lengths):
+    """The lengths as given (any integer dtype, memory-mapped or not: never copied)."""
     arr = np.asarray(lengths)
     if arr.ndim not in (1, 2) or arr.shape[0] == 0:
         raise ValueError(f"lengths must be a non-empty [n] or [n, k] array, got shape {arr.shape}")
     if not np.issubdtype(arr.dtype, np.integer) or arr.min() < 1:
         raise ValueError("lengths must be positive integers (drop empty examples before batching)")
-    return arr.astype(np.int64)
+    return arr
 
 
 def _cost_key(lengths):
     """1-D sort / oversize key: the row sum for [n, k] lengths."""
-    return lengths if lengths.ndim == 1 else lengths.sum(axis=1)
+    return lengths if lengths.ndim == 1 else lengths.sum(axis=1, dtype=np.int64)
+
+
+def _narrow(key):
+    """``key`` as the narrowest unsigned type holding it: numpy's stable sort is a radix sort
+    for 16-bit keys (same order, several times faster)."""
+    top = int(key.max())
+    for dtype in (np.uint16, np.uint32):
+        if top <= np.iinfo(dtype).max:
+            return key.astype(dtype)
+    return key
+
+
+def _stable_order(key, step):
+    """Indices sorting ``key`` stably within consecutive pools of ``step`` (the last one
+    shorter): one batched sort of the full pools."""
+    key = _narrow(key)
+    n = len(key)
+    full = n // step * step if step < n else 0
+    order = np.empty(n, dtype=np.int64)
+    if full:
+        pools = np.argsort(key[:full].reshape(-1, step), axis=1, kind="stable")
+        pools += np.arange(0, full, step, dtype=np.int64)[:, None]
+        order[:full] = pools.reshape(-1)
+    order[full:] = np.argsort(key[full:], kind="stable") + full
+    return order
+
+
+class _Batches:
+    """Batch b of an epoch = ``order[starts[b]:stops[b]]`` (one shared index array)."""
+
+    def __init__(self, order, starts, stops):
+        self.order, self.starts, self.stops = order, starts, stops
+
+    @classmethod
+    def from_cuts(cls, order, ends):
+        return cls(order, np.concatenate([[0], ends[:-1]]).astype(np.int64), ends)
+
+    def __len__(self):
+        return len(self.starts)
+
+    def __getitem__(self, b):
+        return self.order[self.starts[b]:self.stops[b]].tolist()
+
+    def sizes(self):
+        return self.stops - self.starts
+
+    def take(self, picks):
+        """The batches ``picks`` (indices into this list), in that order."""
+        return _Batches(self.order, self.starts[picks], self.stops[picks])
+
+    def lists(self):
+        flat = self.order.tolist() if len(self.order) else []
+        return [flat[a:b] for a, b in zip(self.starts.tolist(), self.stops.tolist())]
 
 
 def _check_oversize(key, max_tokens, policy):
@@ -81,19 +141,23 @@ class _LengthBatchSampler(BatchSampler):
 
     # ---------------------------------------------------------------- subclass hook
     def _global_batches(self, rng):
-        """All batches of one epoch, for all ranks; ``rng`` is None when not shuffling."""
+        """All batches of one epoch, for all ranks, as ``_Batches``; ``rng`` is None when
+        not shuffling."""
         raise NotImplementedError
 
     # ---------------------------------------------------------------- epoch
     def _rank_batches(self):
+        """This rank's ``_Batches`` of the current epoch (planned once per epoch)."""
         if self._cache is not None and self._cache[0] == self.epoch:
             return self._cache[1]
         batches = self._global_batches(self._epoch_rng(self.epoch))
-        pad = -len(batches) % self.num_replicas
-        extra = [batches[i % len(batches)] for i in range(pad)]
+        total = len(batches)
+        pad = -total % self.num_replicas
+        # the global list padded by repeating batches from its start, dealt round-robin
+        picks = np.arange(total + pad) % total
         self.num_repeated_batches = pad
-        self.num_repeated_examples = sum(len(b) for b in extra)
-        mine = (batches + extra)[self.rank::self.num_replicas]
+        self.num_repeated_examples = int(batches.sizes()[picks[total:]].sum())
+        mine = batches.take(picks[self.rank::self.num_replicas])
         self._cache = (self.epoch, mine)
         return mine
 
@@ -114,12 +178,12 @@ class _LengthBatchSampler(BatchSampler):
         batches = self._rank_batches()
         start, self._skip = self._skip, 0
         self._yielded = start
-        return self._generate(batches[start:])
+        return self._generate(batches.take(np.arange(start, len(batches))))
 
     def _generate(self, batches):
-        for batch in batches:
+        for b in range(len(batches)):
             self._yielded += 1
-            yield list(batch)
+            yield batches[b]
 
     def __len__(self):
         """Batches the next ``__iter__`` yields on this rank (full epoch unless resuming)."""
@@ -130,11 +194,11 @@ class _LengthBatchSampler(BatchSampler):
         """Largest batch this rank yields this epoch.  Paddle and PaddleNLP code reads
         ``batch_sampler.batch_size`` (e.g. ``Trainer.evaluation_loop``); ours varies per
         batch, so this is the upper bound, never a per-batch promise."""
-        return max(len(b) for b in self._rank_batches())
+        return int(self._rank_batches().sizes().max())
 
     def epoch_batches(self):
         """This rank's full batch list for the current epoch (analysis and tests)."""
-        return [list(b) for b in self._rank_batches()]
+        return self._rank_batches().lists()
 
     # ---------------------------------------------------------------- resume
     def state_dict(self, batches_consumed=None):
@@ -195,51 +259,92 @@ class TokenBudgetBatchSampler(_LengthBatchSampler):
         self.pool_size = int(pool_size or 0)
         self.max_sentences = max_sentences
         self.batch_size_multiple = int(batch_size_multiple)
-        self.num_oversize = _check_oversize(_cost_key(self.lengths), self.max_tokens, oversize)
         self._key = _cost_key(self.lengths)
-        sorted_batches = self._pack(np.argsort(self._key, kind="stable"))
+        self.num_oversize = _check_oversize(self._key, self.max_tokens, oversize)
+        self._sorted = self._pack(_stable_order(self._key, len(self._key)))  # unshuffled epoch
         # pool_size counts batches; convert to examples with the sorted packing's mean batch size
-        self.pool_examples = max(1, round(self.pool_size * len(self._key) / len(sorted_batches)))
+        self.pool_examples = max(1, round(self.pool_size * len(self._key) / len(self._sorted)))
+        self._packed = None   # ((seed, epoch), natural batches) of the last epoch packed
+        self._counts = {}     # (seed, epoch) -> natural batch count (batch_counts)
 
-    def _pack(self, order):
-        return pack_by_budget(order, self.lengths, self.max_tokens, self.max_sentences,
-                              self.batch_size_multiple)
+    def _pack(self, order, pool=None):
+        """``_Batches`` of ``order`` packed by budget, runs of ``pool`` examples apart."""
+        n = len(order)
+        rows = self.lengths[order]
+        runs = None if pool is None or pool >= n else np.append(np.arange(pool, n, pool), n)
+        return _Batches.from_cuts(order, budget_cuts(rows, self.max_tokens, self.max_sentences,
+                                                     self.batch_size_multiple, runs))
 
     def _global_batches(self, rng):
         batches = self._packed_batches(rng)
         return batches if self.num_batches is None else self._to_count(batches)
 
     def batch_counts(self, epochs):
-        """Natural (global) batch count of each epoch in ``epochs``, ignoring ``num_batches``."""
-        return [len(self._packed_batches(self._epoch_rng(e))) for e in epochs]
+        """Natural (global) batch count of each epoch in ``epochs``, ignoring ``num_batches``
+        (each epoch is packed once; its count is kept)."""
+        return [self._count(int(e)) for e in epochs]
+
+    def _count(self, epoch):
+        if (self.seed, epoch) not in self._counts:
+            self._packed_batches(self._epoch_rng(epoch), epoch)
+        return self._counts[self.seed, epoch]
 
     def _to_count(self, batches):
+        """Halve the batch with the most examples (the first one on ties) until there are
+        ``num_batches``.  Only the ``missing`` largest batches can be halved, so a heap over
+        them, keyed by (-size, batch, offset), replays the list-order tie-break exactly."""
         if len(batches) > self.num_batches:
             raise DataError(f"num_batches={self.num_batches} but epoch {self.epoch} packs into "
                             f"{len(batches)} batches of max_tokens={self.max_tokens}; set "
                             f"num_batches >= max(batch_counts(epochs))")
-        batches = list(batches)
-        while len(batches) < self.num_batches:
-            # halve the batch with the most examples (the first one on ties): deterministic
-            i = max(range(len(batches)), key=lambda j: len(batches[j]))
-            if len(batches[i]) < 2:
+        missing = self.num_batches - len(batches)
+        if missing == 0:
+            return batches
+        sizes = batches.sizes()
+        largest = np.lexsort((np.arange(len(sizes)), -sizes))[:missing]
+        heap = [(-int(sizes[b]), int(b), int(batches.starts[b]), int(batches.stops[b]))
+                for b in largest]
+        heapq.heapify(heap)
+        for _ in range(missing):
+            size, b, start, stop = heapq.heappop(heap)
+            if -size < 2:
                 raise DataError(f"num_batches={self.num_batches} is more than the "
                                 f"{len(self.lengths)} examples")
-            half = len(batches[i]) // 2
-            batches[i:i + 1] = [batches[i][:half], batches[i][half:]]
-        return batches
+            mid = start + (-size) // 2
+            heapq.heappush(heap, (start - mid, b, start, mid))
+            heapq.heappush(heap, (mid - stop, b, mid, stop))
+        pieces = {}
+        for _, b, start, stop in heap:
+            pieces.setdefault(b, []).append((start, stop))
+        per_batch = np.ones(len(sizes), dtype=np.int64)
+        split = np.asarray(sorted(pieces), dtype=np.int64)
+        per_batch[split] = [len(pieces[b]) for b in split.tolist()]
+        starts, stops = np.repeat(batches.starts, per_batch), np.repeat(batches.stops, per_batch)
+        first = np.cumsum(per_batch) - per_batch  # where each batch's pieces begin
+        for b in split.tolist():
+            spans = np.asarray(sorted(pieces[b]), dtype=np.int64)
+            starts[first[b]:first[b] + len(spans)] = spans[:, 0]
+            stops[first[b]:first[b] + len(spans)] = spans[:, 1]
+        return _Batches(batches.order, starts, stops)
 
-    def _packed_batches(self, rng):
+    def _packed_batches(self, rng, epoch=None):
+        """The natural batches of an epoch: shuffle, sort within pools, pack, shuffle batches."""
+        epoch = self.epoch if epoch is None else epoch
         if rng is None:
-            return self._pack(np.argsort(self._key, kind="stable"))
-        perm = rng.permutation(len(self._key))
-        step = len(perm) if self.pool_size <= 0 else self.pool_examples
-        batches = []
-        for start in range(0, len(perm), step):
-            pool = perm[start:start + step]
-            # stable sort keeps the random order among equal lengths (random tie-breaks)
-            batches += self._pack(pool[np.argsort(self._key[pool], kind="stable")])
-        return [batches[i] for i in rng.permutation(len(batches))]
+            self._counts[self.seed, epoch] = len(self._sorted)
+            return self._sorted
+        if self._packed is not None and self._packed[0] == (self.seed, epoch):
+            return self._packed[1]
+        n = len(self._key)
+        perm = rng.permutation(n)
+        step = n if self.pool_size <= 0 else self.pool_examples
+        # a stable sort of each pool keeps the random order among equal lengths
+        order = perm[_stable_order(self._key[perm], step)]
+        batches = self._pack(order, step)
+        batches = batches.take(rng.permutation(len(batches)))
+        self._packed = ((self.seed, epoch), batches)
+        self._counts[self.seed, epoch] = len(batches)
+        return batches
 
 
 class BucketBatchSampler(_LengthBatchSampler):
@@ -282,14 +387,20 @@ class BucketBatchSampler(_LengthBatchSampler):
         self.bucket_batch_sizes = [int(s) for s in sizes]
 
     def _global_batches(self, rng):
-        batches = []
-        for k, size in enumerate(self.bucket_batch_sizes):
-            members = np.flatnonzero(self.bucket_of == k)
+        # members of every bucket in index order, buckets one after the other
+        order = np.argsort(self.bucket_of, kind="stable")
+        ends = np.cumsum(np.bincount(self.bucket_of, minlength=len(self.bucket_batch_sizes)))
+        starts, stops, begin = [], [], 0
+        for end, size in zip(ends.tolist(), self.bucket_batch_sizes):
             if rng is not None:
-                members = rng.permutation(members)
-            batches += [members[i:i + size].tolist() for i in range(0, len(members), size)]
+                order[begin:end] = rng.permutation(order[begin:end])
+            first = np.arange(begin, end, size, dtype=np.int64)
+            starts.append(first)
+            stops.append(np.minimum(first + size, end))
+            begin = end
+        batches = _Batches(order, np.concatenate(starts), np.concatenate(stops))
         if rng is not None:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
+            batches = batches.take(rng.permutation(len(batches)))
         return batches
 
     def pad_length(self, batch):
@@ -312,7 +423,9 @@ def build_batch_sampler(dataset, data_cfg, shuffle, num_replicas=1, rank=0, seed
     """
     from .lengths import optimal_boundaries, quantile_boundaries
 
-    lengths = np.asarray(dataset.lengths, dtype=np.int64)
+    lengths = np.asarray(dataset.lengths)  # any integer dtype, memory-mapped too: not copied
+    if not np.issubdtype(lengths.dtype, np.integer):
+        lengths = lengths.astype(np.int64)
     kind = data_cfg.sampler
     common = dict(shuffle=shuffle, seed=seed, num_replicas=num_replicas, rank=rank)
     if kind == "token_budget":
