@@ -358,3 +358,46 @@ def test_pack_by_budget_matches_the_oracle_for_any_order(lengths, max_tokens, ca
     if lengths.ndim == 1:
         assert length_sorted_batches(lengths, max_tokens, cap) == _old_pack_by_budget(
             np.argsort(lengths, kind="stable"), lengths, max_tokens, cap)
+
+
+@PROPS
+@given(rows=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 60)), min_size=1,
+                     max_size=200),
+       two=st.booleans(), max_tokens=st.integers(1, 500), cap=st.none() | st.integers(1, 30),
+       multiple=st.integers(1, 5), order_seed=st.integers(0, 2**31), shuffled=st.booleans())
+def test_pack_by_budget_with_zero_lengths_matches_the_oracle(rows, two, max_tokens, cap, multiple,
+                                                             order_seed, shuffled):
+    lengths = np.asarray(rows) if two else np.asarray(rows)[:, 0]
+    key = lengths if lengths.ndim == 1 else lengths.sum(axis=1)
+    order = np.random.default_rng(order_seed).permutation(len(key)) if shuffled \
+        else np.argsort(key, kind="stable")
+    assert pack_by_budget(order, lengths, max_tokens, cap, multiple) == _old_pack_by_budget(
+        order, lengths, max_tokens, cap, multiple)
+
+
+@pytest.mark.parametrize("two", [False, True])
+def test_batches_larger_than_the_doubling_table_match_the_oracle(two):
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 3, 40_000)
+    lengths = np.stack([lengths, np.ones_like(lengths)], axis=1) if two else lengths
+    order = rng.permutation(len(lengths))
+    for cap, multiple in ((None, 1), (30_000, 7)):
+        got = pack_by_budget(order, lengths, 60_000, cap, multiple)
+        assert got == _old_pack_by_budget(order, lengths, 60_000, cap, multiple)
+        assert max(len(b) for b in got) > 16_384  # the batch-by-batch path, not the table
+
+
+def test_shipped_settings_on_int32_and_memory_mapped_lengths(tmp_path):
+    one, two = synthetic_lengths()
+    for lengths in (one, two):
+        path = tmp_path / f"lengths{lengths.ndim}.npy"
+        np.save(path, lengths.astype(np.int32))
+        mapped = np.load(path, mmap_mode="r")
+        a = TokenBudgetBatchSampler(mapped, 2048, pool_size=100, seed=42, num_replicas=2,
+                                    rank=1)
+        assert np.shares_memory(a.lengths, mapped)  # not copied
+        b = TokenBudgetBatchSampler(lengths.tolist(), 2048, pool_size=100, seed=42,
+                                    num_replicas=2, rank=1)
+        a.set_epoch(1), b.set_epoch(1)
+        natural = _old_token_budget_natural(lengths, 2048, True, 100, None, 1, 42, 1)
+        assert a.epoch_batches() == b.epoch_batches() == _old_rank_split(natural, 2, 1)[0]

@@ -284,3 +284,77 @@ def test_pack_by_budget_caps_multiples_and_budget(lengths, cap, multiple, max_to
         assert batch_cost(b, arr) <= max_tokens or len(b) == 1
         if k < len(batches) - 1:  # closed batches: trimmed to a multiple unless already small
             assert len(b) <= multiple or len(b) % multiple == 0
+
+
+def test_each_epoch_is_packed_once(monkeypatch):
+    from ppvarlen.data import samplers
+
+    packs = []
+    real = samplers.budget_cuts
+    monkeypatch.setattr(samplers, "budget_cuts", lambda *a, **k: packs.append(1) or real(*a, **k))
+    lengths = np.random.default_rng(0).integers(1, 300, 2000)
+    s = token_budget(lengths, pool_size=3, seed=1)
+    assert len(packs) == 1  # the sorted split: pool size in examples
+    counts = s.batch_counts(range(3))
+    assert len(packs) == 4 and s.batch_counts([2, 0]) == [counts[2], counts[0]]
+    assert len(packs) == 4  # counts are kept
+    s.num_batches = max(counts) + 2
+    for epoch in (0, 1):
+        s.set_epoch(epoch)
+        before = len(packs)
+        n = len(s)
+        assert list(s) == s.epoch_batches() and len(s) == n and s.batch_size > 0
+        s.load_state_dict(s.state_dict(batches_consumed=1))
+        assert len(s) == n - 1
+        assert len(packs) - before <= 1
+    ev = token_budget(lengths, shuffle=False)
+    before = len(packs)
+    assert list(ev) == ev.epoch_batches() and ev.batch_counts([0, 1]) == [len(ev)] * 2
+    assert len(packs) == before  # the unshuffled epoch is the one packed at construction
+
+
+def test_pack_by_budget_rejects_bad_lengths_and_runs():
+    from ppvarlen.data.order import budget_cuts, pack_by_budget
+
+    with pytest.raises(ValueError, match=">= 0"):
+        pack_by_budget([0, 1], [3, -1], 10)
+    for bad in ([2], [3, 3], [0, 3], [2, 1, 3]):
+        with pytest.raises(ValueError, match="segment_ends"):
+            budget_cuts(np.array([1, 2, 3]), 10, segment_ends=bad)
+    assert pack_by_budget([], [1, 2], 10) == []
+    # hand-worked, budget 10: 2,3 (+4: 3 x 4 = 12 closes), 4,5 (2 x 5 = 10 fits)
+    assert pack_by_budget([0, 1, 2, 3], [2, 3, 4, 5], 10) == [[0, 1], [2, 3]]
+    # 2,2,2 (+5: 4 x 5 = 20 closes), 5; in runs [0:1] and [1:4]: 2 | 2,2 (+5: 15 closes), 5
+    assert budget_cuts(np.array([2, 2, 2, 5]), 10).tolist() == [3, 4]
+    assert budget_cuts(np.array([2, 2, 2, 5]), 10, segment_ends=[1, 4]).tolist() == [1, 3, 4]
+    # unsorted order, cap 2, multiple 2: 5,1 | 1,1 | 9 alone (over the budget) | 1
+    assert pack_by_budget([0, 1, 2, 3, 4, 5], [5, 1, 1, 1, 9, 1], 10, 2, 2) == \
+        [[0, 1], [2, 3], [4], [5]]
+    # [n, 2]: cost = size x (max_src + max_tgt): (1,4),(4,1) -> 2 x 8 = 16 > 10
+    assert pack_by_budget([0, 1, 2], [[1, 4], [4, 1], [1, 1]], 10) == [[0], [1, 2]]
+
+
+def test_length_sorted_batches_sorts_pairs_by_their_sum_and_rejects_other_shapes():
+    # sums 6, 2, 4 -> order 1, 2, 0; budget 8: [1] + [2] costs 2 x (2 + 2) = 8, + [0] 3 x 7 = 21
+    assert length_sorted_batches([[5, 1], [1, 1], [2, 2]], 8) == [[1, 2], [0]]
+    assert length_sorted_batches([[5, 1], [1, 1], [2, 2]], 100) == [[1, 2, 0]]
+    assert length_sorted_batches([3, 1, 2, 1], 4, max_batch_size=2) == [[1, 3], [2], [0]]
+    with pytest.raises(ValueError, match=r"\[n\] or \[n, k\], got shape \(1, 2, 2\)"):
+        length_sorted_batches(np.ones((1, 2, 2), dtype=int), 8)
+
+
+def test_restore_order_names_each_mismatch():
+    with pytest.raises(ValueError, match="restore_order: 2 batches but 1 outputs"):
+        restore_order([[0], [1]], [[5]])
+    for bad in ([[0, 2]], [[-1, 0]]):  # out of range at either end
+        with pytest.raises(ValueError, match="index -?[0-9] in batch 0 is out of range"):
+            restore_order(bad, [[5, 6]])
+    assert restore_order([[1], [0]], [["b"], ["a"]]) == ["a", "b"]
+
+
+def test_resume_past_the_epoch_end_is_refused_with_the_counts():
+    s = token_budget(list(range(1, 200)), seed=1)
+    state = s.state_dict(batches_consumed=len(s) + 1)
+    with pytest.raises(ValueError, match=rf"batches_yielded={len(s) + 1} but epoch 0 has "
+                                         rf"{len(s)} batches on this rank"):
+        token_budget(list(range(1, 200))).load_state_dict(state)
