@@ -151,6 +151,9 @@ def test_state_dict_takes_consumed_count_and_resets_on_new_epoch():
     it = iter(s)
     next(it), next(it), next(it)
     assert s.state_dict(batches_consumed=1)["batches_yielded"] == 1
+    assert token_budget(list(range(1, 50)), num_replicas=3, rank=2).state_dict() == {
+        "epoch": 0, "seed": 0, "batches_yielded": 0, "num_replicas": 3, "rank": 2,
+        "num_examples": 49}
     assert s.state_dict()["batches_yielded"] == 3
     s.set_epoch(1)
     assert s.state_dict()["batches_yielded"] == 0
@@ -322,6 +325,9 @@ def test_pack_by_budget_rejects_bad_lengths_and_runs():
         with pytest.raises(ValueError, match="segment_ends"):
             budget_cuts(np.array([1, 2, 3]), 10, segment_ends=bad)
     assert pack_by_budget([], [1, 2], 10) == []
+    for bad in ({"max_tokens": 0}, {"max_batch_size": 0}, {"batch_size_multiple": 0}):
+        with pytest.raises(ValueError, match="must be >= 1"):  # checked even with nothing to pack
+            pack_by_budget([], [1, 2], **{"max_tokens": 10, **bad})
     # hand-worked, budget 10: 2,3 (+4: 3 x 4 = 12 closes), 4,5 (2 x 5 = 10 fits)
     assert pack_by_budget([0, 1, 2, 3], [2, 3, 4, 5], 10) == [[0, 1], [2, 3]]
     # 2,2,2 (+5: 4 x 5 = 20 closes), 5; in runs [0:1] and [1:4]: 2 | 2,2 (+5: 15 closes), 5
