@@ -361,9 +361,10 @@ def test_pack_by_budget_matches_the_oracle_for_any_order(lengths, max_tokens, ca
 
 
 @PROPS
-@given(rows=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 60)), min_size=1,
-                     max_size=200),
-       two=st.booleans(), max_tokens=st.integers(1, 500), cap=st.none() | st.integers(1, 30),
+@given(rows=st.lists(st.tuples(st.sampled_from([0, 0, 1]) | st.integers(0, 60),
+                               st.sampled_from([0, 0, 1]) | st.integers(0, 60)),
+                     min_size=1, max_size=200),
+       two=st.booleans(), max_tokens=st.integers(1, 6) | st.integers(1, 500), cap=st.none() | st.integers(1, 30),
        multiple=st.integers(1, 5), order_seed=st.integers(0, 2**31), shuffled=st.booleans())
 def test_pack_by_budget_with_zero_lengths_matches_the_oracle(rows, two, max_tokens, cap, multiple,
                                                              order_seed, shuffled):
@@ -401,3 +402,17 @@ def test_shipped_settings_on_int32_and_memory_mapped_lengths(tmp_path):
         a.set_epoch(1), b.set_epoch(1)
         natural = _old_token_budget_natural(lengths, 2048, True, 100, None, 1, 42, 1)
         assert a.epoch_batches() == b.epoch_batches() == _old_rank_split(natural, 2, 1)[0]
+
+
+@pytest.mark.parametrize("two", [False, True])
+def test_blocked_doubling_table_matches_the_oracle(monkeypatch, two):
+    from ppvarlen.data import order as order_module
+
+    monkeypatch.setattr(order_module, "_BLOCK", 64)  # many blocks on a small input
+    rng = np.random.default_rng(11)
+    lengths = rng.integers(1, 40, 1000)
+    lengths = np.stack([lengths, rng.integers(1, 40, 1000)], axis=1) if two else lengths
+    for order in (rng.permutation(1000), np.arange(1000)):
+        for cap, multiple in ((None, 1), (7, 3)):
+            assert pack_by_budget(order, lengths, 300, cap, multiple) == _old_pack_by_budget(
+                order, lengths, 300, cap, multiple)

@@ -364,3 +364,43 @@ def test_resume_past_the_epoch_end_is_refused_with_the_counts():
     with pytest.raises(ValueError, match=rf"batches_yielded={len(s) + 1} but epoch 0 has "
                                          rf"{len(s)} batches on this rank"):
         token_budget(list(range(1, 200))).load_state_dict(state)
+
+
+def test_batch_cost_counts_each_columns_padding():
+    assert batch_cost([0, 1], [[1, 4], [4, 1]]) == 2 * (4 + 4)  # B x (max_src + max_tgt)
+    assert batch_cost([2, 0], [3, 1, 5]) == 2 * 5
+
+
+def test_zero_lengths_never_close_a_batch():
+    from ppvarlen.data.order import pack_by_budget
+
+    # cost 0 however many: one batch (a budget of 3 counts tokens, not examples)
+    assert pack_by_budget(range(6), [0] * 6, 3) == [list(range(6))]
+    # the first length-1 example makes 5 x 1 = 5 > 3: it opens the next batch (2 x 1 fits)
+    assert pack_by_budget(range(6), [0, 0, 0, 0, 1, 1], 3) == [[0, 1, 2, 3], [4, 5]]
+
+
+def test_bucket_sampler_refuses_bad_lengths_and_boundaries():
+    with pytest.raises(ValueError, match="BucketBatchSampler needs 1-D lengths"):
+        BucketBatchSampler([[1, 2]], [10], batch_size=2)
+    with pytest.raises(ValueError, match=r"strictly increasing positive ints, got \[30, 20\]"):
+        BucketBatchSampler([5], [30, 20], batch_size=2)
+    # a boundary over the budget: one example per batch (each alone costs > max_tokens)
+    assert BucketBatchSampler([250, 260], [300], max_tokens=100).bucket_batch_sizes == [1]
+
+
+def test_build_batch_sampler_passes_caps_multiples_and_bucket_method():
+    lengths = np.random.default_rng(2).integers(1, 300, 400)
+    cfg = load_config(data={"Data": {"sampler": "bucket", "max_tokens": 800, "buckets": [100, 300],
+                                     "max_sentences": 5, "batch_size_multiple": 2}})
+    # 800 // 100 = 8, capped at 5, down to a multiple of 2: 4; 800 // 300 = 2
+    assert build_batch_sampler(_Lengths(lengths), cfg.Data, True).bucket_batch_sizes == [4, 2]
+    cfg = load_config(data={"Data": {"max_tokens": 800, "pool_size": 2, "max_sentences": 3,
+                                     "batch_size_multiple": 2}})
+    s = build_batch_sampler(_Lengths(lengths), cfg.Data, shuffle=True, seed=5)
+    sizes = [len(b) for b in s]
+    assert max(sizes) <= 3 and sizes.count(3) < sizes.count(2)  # capped, then trimmed to 2
+    cfg = load_config(data={"Data": {"sampler": "bucket", "bucket_method": "quantile",
+                                     "num_buckets": 3, "pad_to_multiple_of": 8}})
+    s = build_batch_sampler(_Lengths(lengths), cfg.Data, shuffle=True)
+    assert all(b % 8 == 0 for b in s.boundaries) and s.boundaries[-1] >= lengths.max()

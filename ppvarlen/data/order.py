@@ -119,17 +119,18 @@ def _sizes_sorted(rows, ends, max_tokens, limit):
 
     Example j does not fit a batch starting at s when (j - s + 1) * rows[j] > max_tokens,
     i.e. s <= j - fit[j] with fit[j] = max_tokens // rows[j] (the most examples of that
-    length a batch holds).  rows[j] grows along a run, so fit[j] shrinks and j - fit[j]
+    length a batch holds; a zero length never misfits).  rows[j] grows along a run, so fit[j] shrinks and j - fit[j]
     strictly grows: the first misfit after s is a ``searchsorted``.  Runs are kept apart by
     an offset per run in the searched key."""
     n = rows.shape[0]
     index = np.arange(n, dtype=np.int64)
     lengths = rows.astype(np.int64, copy=False)
-    fit = np.where(lengths > 0, max_tokens // np.maximum(lengths, 1), max_tokens + 1)
+    never = n + max_tokens + 1  # zero lengths never misfit: fit beyond any batch
+    fit = np.where(lengths > 0, max_tokens // np.maximum(lengths, 1), never)
     run = np.repeat(np.arange(len(ends), dtype=np.int64), np.diff(ends, prepend=0))
-    stride = n + max_tokens + 2  # (index - fit) + max_tokens + 1 lies in [0, stride)
-    misfit_key = run * stride + (index - fit + max_tokens + 1)
-    first_misfit = np.searchsorted(misfit_key, run * stride + index + max_tokens + 1, "left")
+    stride = n + 2 * never  # index - fit + never lies in [0, stride)
+    misfit_key = run * stride + (index - fit + never)
+    first_misfit = np.searchsorted(misfit_key, run * stride + index + never, "left")
     first_misfit = np.maximum(first_misfit, index + 1)  # the first example always goes in
     return np.minimum(first_misfit - index, limit)
 
