@@ -404,3 +404,20 @@ def test_build_batch_sampler_passes_caps_multiples_and_bucket_method():
                                      "num_buckets": 3, "pad_to_multiple_of": 8}})
     s = build_batch_sampler(_Lengths(lengths), cfg.Data, shuffle=True)
     assert all(b % 8 == 0 for b in s.boundaries) and s.boundaries[-1] >= lengths.max()
+
+
+def test_batch_by_batch_path_checks_a_batchs_second_example():
+    from ppvarlen.data.order import budget_cuts, pack_by_budget
+
+    # [n, 2] with a zero length takes the batch-by-batch path; budget 10:
+    # 0,5 (2 x 5 = 10 fits; + 9: 27) | 9 (+ 9: 2 x 9 = 18 > 10) | 9
+    pairs = [[0, 0], [5, 0], [9, 0], [9, 0]]
+    assert pack_by_budget([0, 1, 2, 3], pairs, 10) == [[0, 1], [2], [3]]
+    assert budget_cuts(np.zeros(0, dtype=np.int64), 10).tolist() == []
+
+
+def test_oversize_error_lists_five_and_says_there_are_more():
+    with pytest.raises(DataError, match=r"6 example\(s\).*#4 \(900 tokens\) \.\.\.\. Raise"):
+        token_budget([900] * 6 + [10], oversize="error")
+    with pytest.raises(DataError, match=r"#4 \(900 tokens\)\. Raise"):
+        token_budget([900] * 5 + [10], oversize="error")
