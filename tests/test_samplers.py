@@ -344,7 +344,8 @@ def test_length_sorted_batches_sorts_pairs_by_their_sum_and_rejects_other_shapes
     # sums 6, 2, 4 -> order 1, 2, 0; budget 8: [1] + [2] costs 2 x (2 + 2) = 8, + [0] 3 x 7 = 21
     assert length_sorted_batches([[5, 1], [1, 1], [2, 2]], 8) == [[1, 2], [0]]
     assert length_sorted_batches([[5, 1], [1, 1], [2, 2]], 100) == [[1, 2, 0]]
-    assert length_sorted_batches([3, 1, 2, 1], 4, max_batch_size=2) == [[1, 3], [2], [0]]
+    assert length_sorted_batches([3, 1, 2, 1], 4) == [[1, 3], [2], [0]]
+    assert length_sorted_batches([1, 1, 1, 1, 1], 100, max_batch_size=2) == [[0, 1], [2, 3], [4]]
     with pytest.raises(ValueError, match=r"\[n\] or \[n, k\], got shape \(1, 2, 2\)"):
         length_sorted_batches(np.ones((1, 2, 2), dtype=int), 8)
 
