@@ -49,9 +49,11 @@ def budget_cuts(rows, max_tokens, max_batch_size=None, batch_size_multiple=1, se
     ``rows``: [n] or [n, k] non-negative integer lengths in the order to pack;
     ``segment_ends``: increasing ends of runs packed independently (the sampler's
     pools; default one run of n).  Returns an int64 array: batch i is
-    ``rows[ends[i-1]:ends[i]]`` (``ends[-1] == n``).  Cost O(n log(max_tokens)) for
-    [n] lengths sorted within each run, O(n) numpy work plus one small numpy step per
-    batch otherwise (the greedy rule is sequential, so it runs batch by batch).
+    ``rows[ends[i-1]:ends[i]]`` (``ends[-1] == n``).  The size of the batch starting at
+    every position is computed at once (one ``searchsorted`` for [n] lengths sorted
+    within each run, binary lifting over column maxima otherwise: O(n log n) numpy
+    work), then a walk of one step per batch applies the greedy rule.  Zero lengths or
+    batches over ``_MAX_LIFT`` examples fall back to a numpy step per batch.
     """
     _check_budget(max_tokens, max_batch_size, batch_size_multiple)
     rows = np.asarray(rows)
