@@ -159,3 +159,17 @@ def test_hot_reload_under_load(cls_export, tmp_path):  # noqa: F811
     print(f"RSS with one version {one_version / 2**20:.1f} MiB, after the swap and the "
           f"unload {unloaded / 2**20:.1f} MiB ({unloaded / one_version - 1:+.1%})")
     assert unloaded <= 1.10 * one_version
+
+
+def test_serve_script_refuses_an_empty_repository(tmp_path):
+    import subprocess
+    import sys
+
+    from test_server import REPO
+
+    (tmp_path / "tiny" / "latest").mkdir(parents=True)  # not a version number
+    r = subprocess.run([sys.executable, os.path.join(REPO, "deploy/python/serve.py"),
+                        "--model-repository", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "no NAME/VERSION/" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

@@ -17,9 +17,12 @@ from ppvarlen.deploy.server import Limits, create_app
 
 # mixed lengths: 1 to 26 characters, one beyond the exports' max_len of 16 tokens
 MIXED_TEXTS = TEXTS + ["好", "北京", "这是一段非常非常非常非常长的句子，超过了最大长度"]
-OUTPUTS = {"classification": ["label", "label_id", "probabilities", "num_tokens", "truncated"],
-           "tagging": ["tags", "entities", "num_tokens", "truncated"],
-           "seq2seq": ["output", "output_ids", "pieces", "num_tokens", "truncated"]}
+OUTPUTS = {"classification": ["label", "label_id", "probs", "num_tokens", "truncated"],
+           "tagging": ["entities", "tags", "num_tokens", "truncated"],
+           "seq2seq": ["output", "output_ids", "num_tokens", "truncated", "pieces"]}
+DATATYPES = {"label": "BYTES", "label_id": "INT64", "probs": "FP32", "num_tokens": "INT64",
+             "truncated": "BOOL", "entities": "BYTES", "tags": "BYTES", "output": "BYTES",
+             "output_ids": "BYTES", "pieces": "INT64"}
 
 
 @pytest.fixture(scope="module")
@@ -48,17 +51,11 @@ def _as_text(value):
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
-def _expected(task, prediction, labels):
-    """The OIP rows /predict's prediction stands for, output by output."""
-    out = {"num_tokens": prediction["num_tokens"], "truncated": prediction["truncated"]}
-    if task == "classification":
-        out.update(label=prediction["label"], label_id=prediction["label_id"],
-                   probabilities=[prediction["probs"][n] for n in labels])
-    elif task == "tagging":
-        out.update(tags=prediction["tags"], entities=prediction["entities"])
-    else:
-        out.update(output=prediction["output"], output_ids=prediction["output_ids"],
-                   pieces=prediction["pieces"])
+def _expected(prediction, labels):
+    """The OIP rows /predict's prediction stands for (probabilities in the labels' order)."""
+    out = dict(prediction)
+    if "probs" in out:
+        out["probs"] = [prediction["probs"][n] for n in labels]
     return out
 
 
@@ -86,6 +83,7 @@ def test_tritonclient_infer_equals_predict(served, binary):
     metadata = client.get_model_metadata(name)
     assert metadata["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
     assert [o["name"] for o in metadata["outputs"]] == OUTPUTS[task]
+    assert all(o["datatype"] == DATATYPES[o["name"]] for o in metadata["outputs"])
     assert metadata["versions"] == ["1"]
     labels = httpx.get(srv.url + "/health").json()["labels"]
 
@@ -99,10 +97,10 @@ def test_tritonclient_infer_equals_predict(served, binary):
     want = httpx.post(srv.url + "/predict", json={"texts": texts}, timeout=120).json()
     assert want["model_version"] == "1"
     for i, prediction in enumerate(want["predictions"]):
-        expected = _expected(task, prediction, labels)
+        expected = _expected(prediction, labels)
         for out in OUTPUTS[task]:
             got = _rows(task, result, out, len(texts))[i]
-            if out == "probabilities":
+            if out == "probs":
                 assert np.allclose(got, expected[out], atol=1e-6), (i, got, expected[out])
             else:
                 assert got == expected[out], (out, i, got, expected[out])

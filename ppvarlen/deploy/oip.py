@@ -1,17 +1,22 @@
 """Open Inference Protocol v2 (KServe / Triton REST): tensors in and out of ppvarlen's results.
 
 The model takes one input, ``text`` (``BYTES``, shape ``[-1]``: a batch of UTF-8 texts) and
-answers with the task's outputs, one row per text (``OUTPUTS``): typed tensors where the
-protocol has a type, JSON strings in ``BYTES`` where it has none (tags, entities).  Both JSON
+answers with one output per field of the task's ``/predict`` prediction, one row per text
+(``outputs``): typed tensors where the protocol has a type (a ``{label: probability}`` map is
+an ``FP32`` ``[-1, C]`` tensor), JSON strings in ``BYTES`` where it has none (tags, entities).  Both JSON
 tensor data and Triton's binary tensor data extension (``Inference-Header-Content-Length``:
 the JSON header, then each binary tensor in order; ``BYTES`` elements as a 4-byte
 little-endian length and the bytes) are read and written.  Errors are ``ApiError`` with the
 server's statuses; the server renders them as the protocol's ``{"error": "..."}``.
 """
+import functools
 import json
 import struct
+import typing
 
 import numpy as np
+
+from ppvarlen.tasks import get_task
 
 from .errors import ApiError
 
@@ -23,32 +28,39 @@ REQUEST_PARAMETERS = {"long_text", "binary_data_output"}
 NUMPY = {"FP32": "<f4", "INT64": "<i8", "BOOL": "?"}
 
 
-def _json_list(value):
+def _json_text(value):
     return json.dumps(value, ensure_ascii=False)
 
 
-def _common(extra):
-    return extra + [("num_tokens", "INT64", [], lambda r: r["num_tokens"]),
-                    ("truncated", "BOOL", [], lambda r: r["truncated"])]
+def _tensor_of(name, annotation, label_names):
+    """(datatype, shape after the batch dim, result -> value) of one prediction field."""
+    origin = typing.get_origin(annotation)
+    if origin is dict:  # {label: probability}: a row of C floats in the labels' order
+        return "FP32", [len(label_names)], lambda r: [r[name][n] for n in label_names]
+    if origin is list:  # tags, entities, ids: JSON text, the protocol has no nested type
+        return "BYTES", [], lambda r: _json_text(r[name])
+    if annotation is bool:
+        return "BOOL", [], lambda r: r[name]
+    if annotation is int:
+        return "INT64", [], lambda r: r[name]
+    if annotation is float:
+        return "FP32", [], lambda r: r[name]
+    if annotation is str or origin is typing.Literal:
+        return "BYTES", [], lambda r: r[name]
+    return "BYTES", [], lambda r: _json_text(r[name])
+
+
+@functools.lru_cache(maxsize=64)
+def _outputs(task_name, label_names):
+    prediction = get_task(task_name).prediction_model(list(label_names))
+    return [(name, *_tensor_of(name, field.annotation, label_names))
+            for name, field in prediction.model_fields.items()]
 
 
 def outputs(task_name, label_names):
-    """[(name, datatype, shape after the batch dim, result -> value)] of a task."""
-    if task_name == "classification":
-        return _common([
-            ("label", "BYTES", [], lambda r: r["label"]),
-            ("label_id", "INT64", [], lambda r: r["label_id"]),
-            ("probabilities", "FP32", [len(label_names)],
-             lambda r: [r["probs"][n] for n in label_names]),
-        ])
-    if task_name == "tagging":
-        return _common([("tags", "BYTES", [], lambda r: _json_list(r["tags"])),
-                        ("entities", "BYTES", [], lambda r: _json_list(r["entities"]))])
-    if task_name == "seq2seq":
-        return _common([("output", "BYTES", [], lambda r: r["output"]),
-                        ("output_ids", "BYTES", [], lambda r: _json_list(r["output_ids"])),
-                        ("pieces", "INT64", [], lambda r: r["pieces"])])
-    raise ValueError(f"no Open Inference Protocol outputs for task {task_name!r}")
+    """[(name, datatype, shape after the batch dim, result -> value)]: one tensor per field
+    of the task's /predict prediction, so both answer the same values under the same names."""
+    return _outputs(task_name, tuple(label_names))
 
 
 def model_metadata(name, versions, model):

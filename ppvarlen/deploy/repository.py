@@ -269,6 +269,9 @@ class Repository:
         if not os.path.isdir(root):
             raise ExportError(f"model repository not found: {root}; pass a directory holding "
                               f"NAME/VERSION/ export directories")
+        if not any(scan(root).values()):
+            raise ExportError(f"model repository {root} holds no NAME/VERSION/ export "
+                              f"directories (VERSION a positive integer, e.g. {root}/NAME/1/)")
         self.root, self.registry, self.settings = root, registry, settings
         self.load_predictor = load_predictor  # export dir -> Predictor (verifies the manifest)
         self.metrics, self.poll_s = metrics, poll_s

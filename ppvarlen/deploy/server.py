@@ -278,7 +278,8 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
 
     @app.get("/health")
     async def health():
-        model = model_or_404()
+        names = registry.names()  # a repository of several models: the first one's details
+        model = model_or_404(names[0] if names else None)
         body = {"status": "draining" if state["draining"] else "ok", "task": model.task_name,
                 "backend": model.backend, "model_name": model.name,
                 "model_version": model.version, "labels": model.label_names,
