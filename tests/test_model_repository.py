@@ -156,8 +156,10 @@ def test_hot_reload_under_load(cls_export, tmp_path):  # noqa: F811
     assert value(metrics, "ppvarlen_model_version_loaded", model="tiny", version="2") == 1
     logging.getLogger("ppvarlen.deploy.repository").removeHandler(log)
     assert any("version 3 refused" in m and "sha256" in m for m in log.messages), log.messages
-    print(f"RSS with one version {one_version / 2**20:.1f} MiB, after the swap and the "
-          f"unload {unloaded / 2**20:.1f} MiB ({unloaded / one_version - 1:+.1%})")
+    print(f"{len(versions)} answers ({versions.count('1')} from version 1, "
+          f"{versions.count('2')} from version 2), 0 failed; RSS with one version "
+          f"{one_version / 2**20:.1f} MiB, after the swap and the unload "
+          f"{unloaded / 2**20:.1f} MiB ({unloaded / one_version - 1:+.1%})")
     assert unloaded <= 1.10 * one_version
 
 
