@@ -60,13 +60,15 @@ setup(
         "fastapi",
         "uvicorn[standard]",  # httptools + uvloop: the pure-Python h11 parser caps QPS
         "httpx",
+        "prometheus-client>=0.17",  # GET /metrics (ppvarlen/deploy/prom.py)
     ],
     extras_require={
         # Ray Data batch inference and Ray Serve (ppvarlen.integrations, deploy/ray/);
         # ray 2.60.0 installs beside the pins above with `pip check` clean.
         "ray": RAY,
         # pytest-xdist: the README's test command runs the suite on 2 workers (whole files)
-        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "scikit-learn", "schemathesis>=4.30,<5", *RAY],
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "scikit-learn", "schemathesis>=4.30,<5",
+                 "tritonclient[http]>=2.40", *RAY],
         # ONNX Runtime's CUDA provider; both wheels install the same `onnxruntime` module:
         # `pip uninstall onnxruntime` first (docs/PRECISION.md)
         "onnxruntime-gpu": ["onnxruntime-gpu>=1.18"],

@@ -58,7 +58,7 @@ def serving_numbers(model_dir, backend, texts, concurrency, requests):
         asyncio.run(bench.drive(url, texts, concurrency, 50, 60, seed=1))  # warm-up
         lat, statuses, wall = asyncio.run(bench.drive(url, texts, concurrency, requests, 120))
         out = bench.summarize(lat, statuses, wall)
-        out["server_padding_efficiency"] = httpx.get(url + "/metrics").json()["padding_efficiency"]
+        out["server_padding_efficiency"] = httpx.get(url + "/metrics.json").json()["padding_efficiency"]
         return out
 
     results = {"concurrency": concurrency}

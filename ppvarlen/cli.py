@@ -332,11 +332,16 @@ def main_serve(argv=None):
             [--backend paddle|onnx] [-o Deploy.max_wait_ms=5 -o Deploy.max_batch_size=64 ...]
         python deploy/python/serve.py ...                          # the same command
 
-    POST /predict {"texts": [...]}, GET /health, GET /metrics.  Ctrl-C / SIGTERM stop
+    POST /predict {"texts": [...]}, GET /health, GET /metrics (Prometheus), /metrics.json,
+    the Open Inference Protocol v2 under /v2 (docs/SERVING.md).  Ctrl-C / SIGTERM stop
     taking requests and finish the queued ones before exiting.
     """
     parser = _parser(main_serve, config=False)
-    parser.add_argument("--model-dir", required=True, help="export directory (has manifest.json)")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--model-dir", help="export directory (has manifest.json)")
+    where.add_argument("--model-repository", help="directory of NAME/VERSION/ export "
+                       "directories: the newest verified version serves, new ones hot-reload "
+                       "(docs/SERVING.md)")
     parser.add_argument("--backend", choices=["paddle", "onnx"], default=None,
                         help="default: Deploy.backend (paddle)")
     parser.add_argument("--host", default=None, help="default: Deploy.host (127.0.0.1)")
@@ -353,7 +358,7 @@ def _serve(args):
     cfg = _deploy_overrides(args.override, "serve")
     from .deploy.server import serve
 
-    serve(args.model_dir, cfg.Deploy, args.host, args.port, args.backend)
+    serve(args.model_dir, cfg.Deploy, args.host, args.port, args.backend, args.model_repository)
     return 0
 
 

@@ -242,6 +242,9 @@ SCHEMA = {
                                     "decoded and joined (result 'pieces'); false = the export's "
                                     "long_text policy (g2p: error)"),
         "drain_timeout_s": Field(float, 30.0, help="on shutdown, wait this long for queued texts"),
+        "repository_poll_s": Field(float, 10.0, help="--model-repository: look for new model "
+                                   "versions this often (seconds); null or 0 = only on "
+                                   "POST /v2/repository/models/NAME/load"),
         "batch_overhead_tokens": Field(int, None, help="padding worth one extra forward pass when "
                                        "the batcher groups texts by length; null = measured at "
                                        "start-up"),

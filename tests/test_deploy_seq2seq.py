@@ -152,7 +152,7 @@ def test_server_splits_long_sources_when_told_and_counts_them(s2s_export, tmp_pa
     app = create_app(Predictor(export_dir, "onnx", split_long_sources=True), max_wait_ms=1)
     with RunningServer(app) as srv:
         r = post(srv.url, {"texts": ["好", LONG]})
-        metrics = httpx.get(srv.url + "/metrics").json()
+        metrics = httpx.get(srv.url + "/metrics.json").json()
     assert r.status_code == 200, r.text
     assert r.json()["predictions"] == want and want[1]["pieces"] == 2
     assert metrics["split_texts"] == 1 and metrics["truncated_texts"] == 0
@@ -172,7 +172,7 @@ def test_server_concurrent_requests_match_predictor(s2s_export):
     with RunningServer(app) as srv:
         replies = run_concurrently(lambda texts: post(srv.url, {"texts": texts}),
                                    [(r,) for r in requests])
-        metrics = httpx.get(srv.url + "/metrics").json()
+        metrics = httpx.get(srv.url + "/metrics.json").json()
         health = httpx.get(srv.url + "/health").json()
     for texts, reply in zip(requests, replies):
         assert reply.status_code == 200, reply.text

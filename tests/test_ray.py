@@ -185,7 +185,7 @@ def test_serve_two_replicas_answer_like_the_single_process_server(cluster, expor
     try:
         got = run_concurrently(lambda r: post(url, r), [(r,) for r in requests])
         health = httpx.get(url + "/health").json()
-        metrics = httpx.get(url + "/metrics").json()
+        metrics = httpx.get(url + "/metrics.json").json()
         bad_json = post(url, content=b'{"texts": [')
     finally:
         serve.delete("ppvarlen")

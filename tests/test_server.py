@@ -100,7 +100,7 @@ def test_concurrent_requests_keep_order_and_match_predictor(cls_export, tag_expo
     with RunningServer(app) as srv:
         replies = run_concurrently(lambda texts: post(srv.url, {"texts": texts}),
                                    [(r,) for r in requests])
-        metrics = httpx.get(srv.url + "/metrics").json()
+        metrics = httpx.get(srv.url + "/metrics.json").json()
         health = httpx.get(srv.url + "/health").json()
     for texts, reply in zip(requests, replies):
         assert reply.status_code == 200, reply.text
@@ -177,7 +177,7 @@ def test_overload_gets_503_while_accepted_requests_succeed(cls_export):  # noqa:
                 assert r.status_code == 200 and r.json()["predictions"] == [want[t]]
         # once the burst is over the server answers normally again
         assert post(srv.url, {"texts": [TEXTS[0]]}).json()["predictions"] == [want[TEXTS[0]]]
-        assert httpx.get(srv.url + "/metrics").json()["responses"]["503"] == statuses.count(503)
+        assert httpx.get(srv.url + "/metrics.json").json()["responses"]["503"] == statuses.count(503)
 
 
 def test_shutdown_drains_accepted_requests(cls_export):  # noqa: F811
@@ -190,7 +190,7 @@ def test_shutdown_drains_accepted_requests(cls_export):  # noqa: F811
     for t in threads:
         t.start()
     deadline = time.monotonic() + 10
-    while httpx.get(srv.url + "/metrics").json()["requests"] < 4:
+    while httpx.get(srv.url + "/metrics.json").json()["requests"] < 4:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     srv.stop()  # what SIGINT/SIGTERM does: stop accepting, finish in-flight requests

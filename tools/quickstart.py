@@ -65,7 +65,7 @@ def serve_demo(export_dir, texts):
         out = http("POST", base + "/predict", {"texts": texts})
         for text, pred in zip(texts, out["predictions"]):
             print(f"  {pred['label']:>9} p={pred['probs'][pred['label']]:.3f}  {text}")
-        print("metrics:", json.dumps(http("GET", base + "/metrics"), ensure_ascii=False))
+        print("metrics:", json.dumps(http("GET", base + "/metrics.json"), ensure_ascii=False))
     finally:
         server.terminate()
         try:

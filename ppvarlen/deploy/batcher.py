@@ -71,10 +71,12 @@ class DynamicBatcher:
 
     ``predictors``: one per worker thread (e.g. ``[p, p.clone()]``).  Each item
     passed to ``submit`` must have a ``.num_tokens`` (its padded cost per row).
+    ``on_batch(size, real_tokens, padded_tokens, queue_waits_s)`` is called after each
+    batch that ran (metrics).
     """
 
     def __init__(self, predictors, max_wait_ms=5.0, max_batch_tokens=8192, max_batch_size=64,
-                 queue_size=1024, overhead_tokens=256):
+                 queue_size=1024, overhead_tokens=256, on_batch=None):
         if not predictors:
             raise ConfigError("DynamicBatcher needs at least one predictor (one per worker)")
         for name, v in [("max_batch_tokens", max_batch_tokens), ("max_batch_size", max_batch_size),
@@ -93,6 +95,7 @@ class DynamicBatcher:
         self._cond = threading.Condition()
         self._closed = False
         self._predictors = list(predictors)
+        self._on_batch = on_batch
         self._stats = {"batches": 0, "items": 0, "failed_items": 0}
         self._workers = [threading.Thread(target=self._work, args=(p,), name=f"batcher-{i}",
                                           daemon=True) for i, p in enumerate(predictors)]
@@ -187,6 +190,8 @@ class DynamicBatcher:
             self._run(predictor, batch)
 
     def _run(self, predictor, batch):
+        started = time.monotonic()
+        before = (predictor.real_tokens, predictor.padded_tokens)
         try:
             results, error = predictor.predict_encoded([j.item for j in batch]), None
         except Exception as e:  # noqa: BLE001 - isolate the bad text below
@@ -205,5 +210,12 @@ class DynamicBatcher:
             log.warning("prediction failed for one text: %s", error)
             batch[0].future.set_exception(error)
             return
+        if self._on_batch is not None:
+            try:
+                self._on_batch(len(batch), predictor.real_tokens - before[0],
+                               predictor.padded_tokens - before[1],
+                               [started - j.enqueued for j in batch])
+            except Exception:  # noqa: BLE001 - a metrics bug must not lose the answers
+                log.exception("on_batch callback failed")
         for j, r in zip(batch, results):
             j.future.set_result(r)

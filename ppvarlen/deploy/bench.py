@@ -185,10 +185,10 @@ def run_benchmark(export_dir, out_dir, backend="paddle", concurrency=16, max_req
                                  free_port())
         try:
             asyncio.run(drive(url, texts, concurrency, warmup_requests, 60, seed + 1))
-            before = httpx.get(url + "/metrics").json()
+            before = httpx.get(url + "/metrics.json").json()
             lat, statuses, wall = asyncio.run(drive(url, texts, concurrency, max_requests,
                                                     duration_s, seed))
-            after = httpx.get(url + "/metrics").json()
+            after = httpx.get(url + "/metrics.json").json()
         finally:
             stop_server(proc)
         summary = summarize(lat, statuses, wall)

@@ -208,8 +208,12 @@ class Predictor:
         return int(np.clip(fixed / per_token, 0, cap))
 
     # ------------------------------------------------------------ text -> ids
-    def encode(self, text):
-        """``EncodedText`` for one text; DataError for a text this export cannot take."""
+    def encode(self, text, long_text=None):
+        """``EncodedText`` for one text; DataError for a text this export cannot take.
+
+        ``long_text``: a request's own policy (error | truncate | window) instead of the
+        manifest's."""
+        policy = long_text or self.long_text
         if not isinstance(text, str):
             raise DataError(f"text must be a string, got {type(text).__name__}")
         if is_blank(text):
@@ -224,20 +228,20 @@ class Predictor:
         if self.split_long_sources and len(ids) > max_content:
             spans = longtext.clause_spans(tokens, max_content)
             return EncodedText(text, [ids[s:e] for s, e in spans], [s for s, _ in spans], None, False)
-        if self.long_text == "error" and len(ids) > max_content:
+        if policy == "error" and len(ids) > max_content:
             fix = self.task.too_long_fix()
             raise DataError(f"text has {len(ids)} tokens but this export takes at most "
-                            f"{max_content} (max_len {self.max_len}) and its long_text policy is "
+                            f"{max_content} (max_len {self.max_len}) and the long_text policy is "
                             f"'error'; {fix}")
         windows, offsets = [], []
-        for start, end in longtext.plan_spans(len(ids), max_content, self.long_text, self.stride,
+        for start, end in longtext.plan_spans(len(ids), max_content, policy, self.stride,
                                               where="text"):
             chunk = ids[start:end]
             if self.add_special_tokens:
                 chunk = [self.encoder.cls_id] + chunk + [self.encoder.sep_id]
             windows.append(chunk)
             offsets.append(start)
-        truncated = self.long_text == "truncate" and len(ids) > max_content
+        truncated = policy == "truncate" and len(ids) > max_content
         spans = char_spans(text, tokens, self.encoder.lowercase) if self.task.token_spans else None
         return EncodedText(text, windows, offsets, spans, truncated)
 

@@ -1,7 +1,10 @@
-"""HTTP serving: FastAPI app over a ``DynamicBatcher``; run with uvicorn.
+"""HTTP serving: FastAPI app over a ``DynamicBatcher`` per model version; run with uvicorn.
 
-``POST /predict {"texts": [...]}`` -> ``{"predictions": [...]}`` (input order);
-``GET /health``; ``GET /metrics``.  Every input is bounded: body size, number of
+``POST /predict {"texts": [...]}`` -> ``{"predictions": [...], "model_version": "1"}``
+(input order); ``GET /health``; ``GET /metrics`` (Prometheus text format; the JSON
+counters at ``GET /metrics.json``); the Open Inference Protocol v2 (``/v2/...``, see
+``oip.py``); with a model repository, hot reload (``repository.py``).  Every answer names
+the version that produced it (``X-Model-Version`` header).  Every input is bounded: body size, number of
 texts, characters per text, and the queue (503 + Retry-After when full).  A bad
 request is refused before it reaches the queue, so it never touches the batch
 its neighbours run in; errors are JSON ``{"error": message, "field": name}``.
@@ -9,6 +12,7 @@ its neighbours run in; errors are JSON ``{"error": message, "field": name}``.
 import asyncio
 import collections
 import json
+import re
 import threading
 import time
 
@@ -17,16 +21,14 @@ import numpy as np
 from ppvarlen.data.errors import DataError
 from ppvarlen.utils.log import get_logger
 
-from . import api
-from .batcher import BatcherClosed, DynamicBatcher, QueueFull
+from . import api, oip
+from .batcher import BatcherClosed, QueueFull
+from .errors import ApiError
+from .manifest import ExportError
+from .prom import PromMetrics
+from .repository import BatchSettings, ModelRegistry, NotServed, Repository, ServedModel
 
 log = get_logger("deploy.server")
-
-
-class ApiError(Exception):
-    def __init__(self, status, message, field=None, headers=None):
-        super().__init__(message)
-        self.status, self.message, self.field, self.headers = status, message, field, headers
 
 
 class Limits:
@@ -102,7 +104,8 @@ def validate_payload(payload, limits):
                            f"texts[{i}]")
         if len(t) > limits.max_text_chars:
             raise ApiError(422, f"texts[{i}] has {len(t)} characters; at most "
-                           f"{limits.max_text_chars} (Deploy.max_text_chars)", f"texts[{i}]")
+                           f"{limits.max_text_chars} (Deploy.max_text_chars)", f"texts[{i}]",
+                           refused_texts=1)
     return texts
 
 
@@ -123,109 +126,286 @@ async def _read_body(request, limit):
     return b"".join(chunks)
 
 
-def create_app(predictor, workers=1, max_wait_ms=5.0, max_batch_tokens=8192, max_batch_size=64,
-               queue_size=1024, limits=None, drain_timeout_s=30.0, overhead_tokens=None):
-    """The FastAPI app; the batcher (one predictor clone per worker) lives in its lifespan."""
+def model_name_of(predictor):
+    """The name OIP paths use for a single export: the manifest's model_name if path-safe."""
+    name = predictor.manifest.get("model_name") or "model"
+    return name if re.fullmatch(r"[A-Za-z0-9_.-]+", name) else "model"
+
+
+class _CountRequests:
+    """ASGI middleware: every answer's route template, status and time (Prometheus)."""
+
+    def __init__(self, app, prom):
+        self.app, self.prom = app, prom
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, status = time.perf_counter(), [500]
+
+        async def send_status(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.prom.observe_request(route, status[0], time.perf_counter() - start)
+
+
+def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192,
+               max_batch_size=64, queue_size=1024, limits=None, drain_timeout_s=30.0,
+               overhead_tokens=None, repository=None, load_predictor=None, poll_s=None):
+    """The FastAPI app: one export (``predictor``, served as version 1 of its manifest's
+    model_name) or a model repository (``repository`` dir, ``load_predictor(export_dir)``);
+    batchers (one predictor clone per worker) live in its lifespan."""
     import contextlib
 
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, Response
 
+    if (predictor is None) == (repository is None):
+        raise ValueError("create_app serves either a predictor or a model repository")
     limits = limits or Limits()
     metrics = ServerMetrics()
-    state = {"batcher": None, "draining": False, "overhead_tokens": overhead_tokens,
-             "example": None, "openapi": None}
+    prom = PromMetrics()
+    registry = ModelRegistry()
+    prom.queue_depth.set_function(registry.queue_depth)
+    settings = BatchSettings(workers, max_wait_ms, max_batch_tokens, max_batch_size, queue_size,
+                             overhead_tokens, drain_timeout_s)
+    repo = None
+    if repository is not None:
+        repo = Repository(repository, load_predictor, registry, settings, prom, poll_s)
+    state = {"draining": False, "openapi": None}
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        predictors = [predictor] + [predictor.clone() for _ in range(workers - 1)]
-        for p in predictors:
-            await asyncio.to_thread(p.warmup)
-        if state["overhead_tokens"] is None:
-            state["overhead_tokens"] = await asyncio.to_thread(predictor.measure_overhead_tokens)
-        state["example"] = await asyncio.to_thread(_example, predictor)
-        state["batcher"] = DynamicBatcher(predictors, max_wait_ms, max_batch_tokens,
-                                          max_batch_size, queue_size, state["overhead_tokens"])
-        log.info("serving %s (%s backend) with %d worker(s); a forward pass costs as much as "
-                 "%d tokens", predictor.task.name, predictor.backend, workers, state["overhead_tokens"])
+        if repo is not None:
+            await asyncio.to_thread(repo.load_all)
+            repo.start_polling()
+        else:
+            model = ServedModel(model_name_of(predictor), "1", predictor)
+            await asyncio.to_thread(model.start, settings, prom)
+            registry.add(model)
+            prom.model_loaded.labels(model.name, model.version).set(1)
         yield
         state["draining"] = True
-        drained = await asyncio.to_thread(state["batcher"].close, True, drain_timeout_s)
+        if repo is not None:
+            await asyncio.to_thread(repo.stop)
+        drained = True
+        for m in registry.models():
+            drained &= await asyncio.to_thread(m.close, drain_timeout_s)
         log.info("shutdown: queue %s", "drained" if drained else "NOT drained before timeout")
 
     app = FastAPI(title="ppvarlen", lifespan=lifespan)
+    app.add_middleware(_CountRequests, prom=prom)
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc):
         metrics.record(exc.status)
-        return JSONResponse({"error": exc.message, "field": exc.field}, status_code=exc.status,
-                            headers=exc.headers)
+        if exc.refused_texts:
+            prom.texts.labels("refused").inc(exc.refused_texts)
+        oip_route = request.url.path.startswith("/v2")
+        body = {"error": exc.message} if oip_route else {"error": exc.message, "field": exc.field}
+        return JSONResponse(body, status_code=exc.status, headers=exc.headers)
+
+    def check_open():
+        if state["draining"]:
+            raise ApiError(503, "server is shutting down", None, {"Retry-After": "1"})
+
+    def model_or_404(name=None, version=None):
+        try:
+            return registry.get(name, version)
+        except NotServed as e:
+            raise ApiError(404, str(e), None) from None
+
+    async def run_texts(texts, name=None, version=None, long_text=None, where="texts"):
+        """Encode with the chosen version's vocab, batch, wait -> (model, results)."""
+        def encode(p):
+            items = []
+            for i, t in enumerate(texts):
+                try:
+                    items.append(p.encode(t, long_text))
+                except DataError as e:
+                    raise ApiError(422, f"{where}[{i}]: {e}", f"{where}[{i}]",
+                                   refused_texts=1) from None
+            return items
+
+        try:
+            model, futures = registry.submit(encode, name, version)
+        except NotServed as e:
+            raise ApiError(404, str(e), None) from None
+        except QueueFull as e:
+            raise ApiError(503, f"overloaded: {e}; retry later", None,
+                           {"Retry-After": "1"}) from None
+        except BatcherClosed:
+            raise ApiError(503, "server is shutting down or the version was unloaded; retry",
+                           None, {"Retry-After": "1"}) from None
+        results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures),
+                                       return_exceptions=True)
+        for i, r in enumerate(results):
+            if isinstance(r, BaseException):
+                log.error("%s[%d] failed: %r", where, i, r)
+                raise ApiError(500, f"prediction failed for {where}[{i}]: {type(r).__name__}",
+                               f"{where}[{i}]")
+        truncated = sum(bool(r.get("truncated")) for r in results)
+        split = sum(r.get("pieces", 1) > 1 for r in results)
+        prom.texts.labels("served").inc(len(results))
+        prom.texts.labels("truncated").inc(truncated)
+        prom.texts.labels("split").inc(split)
+        return model, results, truncated, split
+
+    def version_headers(model):
+        return {"X-Model-Name": model.name, "X-Model-Version": model.version}
 
     @app.post("/predict")
     async def predict(request: Request):
         start = time.perf_counter()
         metrics.count_request()
-        if state["draining"]:
-            raise ApiError(503, "server is shutting down", None, {"Retry-After": "1"})
+        check_open()
         body = await _read_body(request, limits.max_body_bytes)
         try:
             payload = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ApiError(400, f"body is not valid JSON: {e}", "body") from None
         texts = validate_payload(payload, limits)
-        items = []
-        for i, t in enumerate(texts):
-            try:
-                items.append(predictor.encode(t))
-            except DataError as e:
-                raise ApiError(422, f"texts[{i}]: {e}", f"texts[{i}]") from None
-        try:
-            futures = state["batcher"].submit(items)
-        except QueueFull as e:
-            raise ApiError(503, f"overloaded: {e}; retry later", None,
-                           {"Retry-After": "1"}) from None
-        except BatcherClosed:
-            raise ApiError(503, "server is shutting down", None, {"Retry-After": "1"}) from None
-        results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures),
-                                       return_exceptions=True)
-        for i, r in enumerate(results):
-            if isinstance(r, BaseException):
-                log.error("texts[%d] failed: %r", i, r)
-                raise ApiError(500, f"prediction failed for texts[{i}]: {type(r).__name__}",
-                               f"texts[{i}]")
-        metrics.record(200, time.perf_counter() - start, len(texts),
-                       sum(bool(r.get("truncated")) for r in results),
-                       sum(r.get("pieces", 1) > 1 for r in results))
-        return {"predictions": results}
+        model, results, truncated, split = await run_texts(texts)
+        metrics.record(200, time.perf_counter() - start, len(texts), truncated, split)
+        return JSONResponse({"predictions": results, "model_version": model.version},
+                            headers=version_headers(model))
 
     @app.get("/health")
     async def health():
-        batcher = state["batcher"]
-        body = {"status": "draining" if state["draining"] else "ok", "task": predictor.task.name,
-                "backend": predictor.backend, "model_name": predictor.manifest.get("model_name"),
-                "labels": predictor.label_names, "workers": workers,
-                "queue_depth": batcher.queue_depth() if batcher else 0}
+        names = registry.names()  # a repository of several models: the first one's details
+        model = model_or_404(names[0] if names else None)
+        body = {"status": "draining" if state["draining"] else "ok", "task": model.task_name,
+                "backend": model.backend, "model_name": model.name,
+                "model_version": model.version, "labels": model.label_names,
+                "workers": workers, "queue_depth": registry.queue_depth()}
         return JSONResponse(body, status_code=503 if state["draining"] else 200)
 
     @app.get("/metrics")
     async def get_metrics():
+        body, content_type = prom.exposition()
+        return Response(body, media_type=content_type)
+
+    @app.get("/metrics.json")
+    async def get_metrics_json():
         out = metrics.snapshot()
-        out.update(state["batcher"].metrics())
+        batchers = [m.batcher.metrics() for m in registry.models() if m.batcher is not None]
+        out.update(batchers[0] if len(batchers) == 1 else {"models": batchers})
         out["settings"] = {"max_wait_ms": max_wait_ms, "max_batch_tokens": max_batch_tokens,
                            "max_batch_size": max_batch_size, "queue_size": queue_size,
-                           "workers": workers, "overhead_tokens": state["overhead_tokens"]}
+                           "workers": workers, "overhead_tokens": [
+                               m.overhead_tokens for m in registry.models()][0]
+                           if registry.models() else None}
         return out
 
+    # ------------------------------------------------------------ Open Inference Protocol v2
+    @app.get("/v2")
+    async def server_metadata():
+        return {"name": "ppvarlen", "version": _version(), "extensions": oip.EXTENSIONS}
+
+    @app.get("/v2/health/live")
+    async def live():
+        return {"live": True}
+
+    @app.get("/v2/health/ready")
+    async def ready():
+        ok = not state["draining"] and bool(registry.names())
+        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+    async def model_metadata(name: str, version: str = None):
+        model = model_or_404(name, version)
+        return JSONResponse(oip.model_metadata(name, registry.versions(name), model),
+                            headers=version_headers(model))
+
+    async def model_ready(name: str, version: str = None):
+        model = model_or_404(name, version)
+        if state["draining"]:
+            return JSONResponse({"name": name, "ready": False}, status_code=503)
+        return JSONResponse({"name": name, "ready": True}, headers=version_headers(model))
+
+    async def infer(request: Request, name: str, version: str = None):
+        start = time.perf_counter()
+        metrics.count_request()
+        check_open()
+        body = await _read_body(request, limits.max_body_bytes)
+        head, binary = oip.split_body(body, request.headers.get(oip.HEADER_LENGTH))
+        try:
+            payload = json.loads(head)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ApiError(400, f"body is not valid JSON: {e}", "body") from None
+        model = model_or_404(name, version)
+        texts, request_id, params, wanted = oip.parse_infer(payload, binary, limits, model)
+        model, results, truncated, split = await run_texts(
+            texts, name, version, params.get("long_text"), where="inputs[0].data")
+        metrics.record(200, time.perf_counter() - start, len(texts), truncated, split)
+        content, headers = oip.infer_response(model, request_id, params, wanted, results)
+        return Response(content, headers={**headers, **version_headers(model)})
+
+    for path, handler, methods in [
+            ("/v2/models/{name}", model_metadata, ["GET"]),
+            ("/v2/models/{name}/versions/{version}", model_metadata, ["GET"]),
+            ("/v2/models/{name}/ready", model_ready, ["GET"]),
+            ("/v2/models/{name}/versions/{version}/ready", model_ready, ["GET"]),
+            ("/v2/models/{name}/infer", infer, ["POST"]),
+            ("/v2/models/{name}/versions/{version}/infer", infer, ["POST"])]:
+        app.add_api_route(path, handler, methods=methods)
+
+    if repo is not None:
+        @app.post("/v2/repository/index")
+        async def repository_index():
+            return registry.index()
+
+        @app.post("/v2/repository/models/{name}/load")
+        async def repository_load(name: str):
+            """Load NAME's newest version now (verified before it takes traffic)."""
+            try:
+                status = await asyncio.to_thread(repo.refresh, name)
+            except ExportError as e:
+                raise ApiError(404, str(e), None) from None
+            if status["state"] != "READY":
+                raise ApiError(409, f"model {name!r} version {status['version']} refused: "
+                               f"{status['reason']}; still serving "
+                               f"{registry.versions(name) or 'nothing'}", None)
+            return status
+
     def openapi():
-        if state["openapi"] is None:
-            request = api.request_model(limits, _max_text_chars(predictor, limits))
-            prediction = predictor.task.prediction_model(predictor.label_names)
-            state["openapi"] = api.openapi_document(app, request, api.response_model(prediction),
-                                                    state["example"])
-        return state["openapi"]
+        models = registry.models()
+        key = tuple(sorted((m.name, m.version) for m in models))
+        if state["openapi"] is None or state["openapi"][0] != key:
+            model = registry.get(models[0].name) if models else None
+            p = model.predictor if model is not None else None
+            if p is None:
+                return app.openapi_schema or {}
+            request = api.request_model(limits, _max_text_chars(p, limits))
+            prediction = p.task.prediction_model(p.label_names)
+            doc = api.openapi_document(app, request, api.response_model(prediction),
+                                       model.example)
+            api.add_oip(doc, {n: registry.versions(n) for n in registry.names()},
+                        oip.model_metadata(model.name, registry.versions(model.name), model),
+                        limits, _max_text_chars(p, limits), oip.long_text_choices(model),
+                        repo is not None)
+            state["openapi"] = (key, doc)
+        return state["openapi"][1]
 
     app.openapi = openapi
+    app.state.registry = registry
+    app.state.prom = prom
+    app.state.repository = repo
     return app
+
+
+def _version():
+    try:
+        from importlib.metadata import version
+
+        return version("ppvarlen")
+    except Exception:  # noqa: BLE001 - a source checkout without metadata
+        return "unknown"
 
 
 def _max_text_chars(predictor, limits):
@@ -237,40 +417,40 @@ def _max_text_chars(predictor, limits):
     return min(limits.max_text_chars, predictor.max_len - specials)
 
 
-def _example(predictor):
-    """A request and the answer this model really gives it, for /docs."""
-    texts = predictor.task.examples
-    try:
-        return {"request": {"texts": texts}, "response": {"predictions": predictor.predict(texts)}}
-    except DataError as e:  # e.g. an export whose max_len is shorter than the example
-        log.warning("no /docs example: the example texts do not fit this export (%s)", e)
-        return None
+def app_from_config(export_dir, deploy_cfg, backend=None, repository=None):
+    """The app for ``export_dir`` (or the model ``repository`` dir) with the ``Deploy``
+    settings: predictor(s), limits, batcher (``serve`` runs it with uvicorn; each Ray Serve
+    replica runs its own copy)."""
+    import functools
 
-
-def app_from_config(export_dir, deploy_cfg, backend=None):
-    """The app for ``export_dir`` with the ``Deploy`` settings: predictor, limits, batcher
-    (``serve`` runs it with uvicorn; each Ray Serve replica runs its own copy)."""
     from .predictor import Predictor
 
-    predictor = Predictor(export_dir, backend or deploy_cfg.backend, device=deploy_cfg.device,
-                          precision=deploy_cfg.precision, threads=deploy_cfg.threads,
-                          max_batch_tokens=deploy_cfg.max_batch_tokens,
-                          max_batch_size=deploy_cfg.max_batch_size, tensorrt=deploy_cfg.tensorrt,
-                          split_long_sources=deploy_cfg.split_long_sources)
+    load = functools.partial(Predictor, backend=backend or deploy_cfg.backend,
+                             device=deploy_cfg.device, precision=deploy_cfg.precision,
+                             threads=deploy_cfg.threads,
+                             max_batch_tokens=deploy_cfg.max_batch_tokens,
+                             max_batch_size=deploy_cfg.max_batch_size,
+                             tensorrt=deploy_cfg.tensorrt,
+                             split_long_sources=deploy_cfg.split_long_sources)
     limits = Limits(deploy_cfg.max_texts_per_request, deploy_cfg.max_body_bytes,
                     deploy_cfg.max_text_chars)
-    return create_app(predictor, deploy_cfg.workers, deploy_cfg.max_wait_ms,
-                      deploy_cfg.max_batch_tokens, deploy_cfg.max_batch_size,
-                      deploy_cfg.queue_size, limits, deploy_cfg.drain_timeout_s,
-                      deploy_cfg.batch_overhead_tokens)
+    common = dict(workers=deploy_cfg.workers, max_wait_ms=deploy_cfg.max_wait_ms,
+                  max_batch_tokens=deploy_cfg.max_batch_tokens,
+                  max_batch_size=deploy_cfg.max_batch_size, queue_size=deploy_cfg.queue_size,
+                  limits=limits, drain_timeout_s=deploy_cfg.drain_timeout_s,
+                  overhead_tokens=deploy_cfg.batch_overhead_tokens)
+    if repository is not None:
+        return create_app(repository=repository, load_predictor=load,
+                          poll_s=deploy_cfg.repository_poll_s, **common)
+    return create_app(load(export_dir), **common)
 
 
-def serve(export_dir, deploy_cfg, host=None, port=None, backend=None):
-    """Load the export and serve it until SIGINT/SIGTERM (then drain the queue and exit)."""
+def serve(export_dir, deploy_cfg, host=None, port=None, backend=None, repository=None):
+    """Serve the export (or the model repository) until SIGINT/SIGTERM (then drain and exit)."""
     import uvicorn
 
     if host is not None and host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("binding %s: the server is reachable from other machines", host)
-    app = app_from_config(export_dir, deploy_cfg, backend)
+    app = app_from_config(export_dir, deploy_cfg, backend, repository)
     uvicorn.run(app, host=host or deploy_cfg.host, port=port or deploy_cfg.port,
                 log_level="warning", timeout_graceful_shutdown=int(deploy_cfg.drain_timeout_s))

@@ -2,16 +2,19 @@
 
 Each replica loads one ``Predictor`` and serves the app ``deploy/python/serve.py``
 serves (``ppvarlen.deploy.server.create_app``): the same token-budget
-``DynamicBatcher``, ``POST /predict``, ``/health``, ``/metrics``, error JSON and
+``DynamicBatcher``, ``POST /predict``, ``/health``, ``/metrics`` (Prometheus),
+``/metrics.json``, the Open Inference Protocol v2 routes under ``/v2``, error JSON and
 statuses, so every existing client works unchanged.  Serve's proxy spreads requests
-over the replicas; ``/health`` and ``/metrics`` describe the replica that answered.
+over the replicas; ``/health`` and the metrics describe the replica that answered.
 
 Replicas, CPUs per replica and autoscaling bounds come from a config in Ray Serve's
 own format (``deploy/ray/serve.yaml``), usable as is with ``serve run`` / ``serve
 deploy``, or with ``deploy/ray/serve.py`` (``run_config`` below: the same through
 Serve's public Python API, plus ``--model-dir``).  ``args`` of the application:
-``model_dir`` (required), ``backend``, ``deploy`` (Deploy config keys, as serve.py's
-``-o Deploy.KEY=V``; host/port belong to ``http_options``).
+``model_dir`` or ``model_repository`` (one of them: an export directory, or a
+``NAME/VERSION/`` repository each replica polls and hot-reloads, docs/SERVING.md),
+``backend``, ``deploy`` (Deploy config keys, as serve.py's ``-o Deploy.KEY=V``; host/port
+belong to ``http_options``).
 
 A replica that cannot load the export raises the predictor's own error (e.g. the
 manifest's sha256 mismatch); Serve retries the constructor a few times, then marks
@@ -27,7 +30,7 @@ from ppvarlen.config import ConfigError, load_config
 
 IMPORT_PATH = "ppvarlen.integrations.ray_serve:build_app"
 DEPLOYMENT = "ppvarlen"
-ARGS = ("model_dir", "backend", "deploy")
+ARGS = ("model_dir", "model_repository", "backend", "deploy")
 
 
 def deploy_settings(deploy):
@@ -46,12 +49,13 @@ def deploy_settings(deploy):
 class PpvarlenReplica:
     """One replica: a predictor and ``create_app`` around it (built after the constructor)."""
 
-    def __init__(self, model_dir, backend=None, deploy=None):
+    def __init__(self, model_dir, backend=None, deploy=None, model_repository=None):
         from ppvarlen.deploy.server import app_from_config
 
         # create_app's lifespan (warm-up, overhead measurement, batcher) runs when Serve
         # starts the replica's ASGI app, and drains the batcher when Serve stops it.
-        self._app = app_from_config(model_dir, deploy_settings(deploy), backend)
+        self._app = app_from_config(model_dir, deploy_settings(deploy), backend,
+                                    model_repository)
 
     def __serve_build_asgi_app__(self):
         return self._app
@@ -61,13 +65,16 @@ def build_app(args, deployment_options=None):
     """Serve application builder (``import_path: ppvarlen.integrations.ray_serve:build_app``)."""
     args = dict(args or {})
     unknown = sorted(set(args) - set(ARGS))
-    if unknown or "model_dir" not in args:
-        what = f"unknown {unknown}" if unknown else "model_dir is missing"
+    where = [k for k in ("model_dir", "model_repository") if args.get(k)]
+    if unknown or len(where) != 1:
+        what = f"unknown {unknown}" if unknown else (
+            "model_dir is missing" if not where else "both model_dir and model_repository")
         raise ConfigError(f"Serve config args: {what}; ppvarlen takes {list(ARGS)} (model_dir "
-                          f"required)")
+                          f"or model_repository required)")
     deploy_settings(args.get("deploy"))  # a bad Deploy key fails here, not in every replica
     deployment = PpvarlenReplica.options(**(deployment_options or {}))
-    return deployment.bind(args["model_dir"], args.get("backend"), args.get("deploy") or {})
+    return deployment.bind(args.get("model_dir"), args.get("backend"), args.get("deploy") or {},
+                           args.get("model_repository"))
 
 
 class ReplicaStartError(RuntimeError):
@@ -165,7 +172,8 @@ def main(argv=None):
         signal.signal(sig, lambda *_: stop.set())
     try:
         url = run_config(config)
-        print(f"serving on {url} (POST /predict, GET /health, GET /metrics); Ctrl-C stops",
+        print(f"serving on {url} (POST /predict, /v2/..., GET /health, GET /metrics); "
+              f"Ctrl-C stops",
               file=sys.stderr)
         stop.wait()
     except (ConfigError, ReplicaStartError) as e:

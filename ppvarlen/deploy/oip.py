@@ -1,0 +1,246 @@
+"""Open Inference Protocol v2 (KServe / Triton REST): tensors in and out of ppvarlen's results.
+
+The model takes one input, ``text`` (``BYTES``, shape ``[-1]``: a batch of UTF-8 texts) and
+answers with one output per field of the task's ``/predict`` prediction, one row per text
+(``outputs``): typed tensors where the protocol has a type (a ``{label: probability}`` map is
+an ``FP32`` ``[-1, C]`` tensor), JSON strings in ``BYTES`` where it has none (tags, entities).  Both JSON
+tensor data and Triton's binary tensor data extension (``Inference-Header-Content-Length``:
+the JSON header, then each binary tensor in order; ``BYTES`` elements as a 4-byte
+little-endian length and the bytes) are read and written.  Errors are ``ApiError`` with the
+server's statuses; the server renders them as the protocol's ``{"error": "..."}``.
+"""
+import functools
+import json
+import struct
+import typing
+
+import numpy as np
+
+from ppvarlen.tasks import get_task
+
+from .errors import ApiError
+
+INPUT = "text"
+HEADER_LENGTH = "Inference-Header-Content-Length"
+EXTENSIONS = ["binary_tensor_data", "parameters", "model_repository"]
+# request parameters with a meaning here; the tasks' long-text policies a request may choose
+REQUEST_PARAMETERS = {"long_text", "binary_data_output"}
+NUMPY = {"FP32": "<f4", "INT64": "<i8", "BOOL": "?"}
+
+
+def _json_text(value):
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _tensor_of(name, annotation, label_names):
+    """(datatype, shape after the batch dim, result -> value) of one prediction field."""
+    origin = typing.get_origin(annotation)
+    if origin is dict:  # {label: probability}: a row of C floats in the labels' order
+        return "FP32", [len(label_names)], lambda r: [r[name][n] for n in label_names]
+    if origin is list:  # tags, entities, ids: JSON text, the protocol has no nested type
+        return "BYTES", [], lambda r: _json_text(r[name])
+    if annotation is bool:
+        return "BOOL", [], lambda r: r[name]
+    if annotation is int:
+        return "INT64", [], lambda r: r[name]
+    if annotation is float:
+        return "FP32", [], lambda r: r[name]
+    if annotation is str or origin is typing.Literal:
+        return "BYTES", [], lambda r: r[name]
+    return "BYTES", [], lambda r: _json_text(r[name])
+
+
+@functools.lru_cache(maxsize=64)
+def _outputs(task_name, label_names):
+    prediction = get_task(task_name).prediction_model(list(label_names))
+    return [(name, *_tensor_of(name, field.annotation, label_names))
+            for name, field in prediction.model_fields.items()]
+
+
+def outputs(task_name, label_names):
+    """[(name, datatype, shape after the batch dim, result -> value)]: one tensor per field
+    of the task's /predict prediction, so both answer the same values under the same names."""
+    return _outputs(task_name, tuple(label_names))
+
+
+def model_metadata(name, versions, model):
+    return {"name": name, "versions": list(versions), "platform": f"ppvarlen_{model.backend}",
+            "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1]}],
+            "outputs": [{"name": n, "datatype": d, "shape": [-1] + tail}
+                        for n, d, tail, _ in outputs(model.task_name, model.label_names)]}
+
+
+def long_text_choices(model):
+    """Policies a request may ask for: refuse or cut a long text; windows only where the
+    export was made for them (its manifest holds their stride)."""
+    return ["error", "truncate"] + (["window"] if model.long_text == "window" else [])
+
+
+# ---------------------------------------------------------------- requests
+
+def _fail(message, status=422, refused_texts=0):
+    raise ApiError(status, message, None, refused_texts=refused_texts)
+
+
+def _object(value, where, allowed):
+    if not isinstance(value, dict):
+        _fail(f"{where} must be a JSON object, got {type(value).__name__}")
+    unknown = sorted(set(value) - set(allowed))
+    if unknown:
+        _fail(f"{where}: unknown field(s) {unknown}; allowed: {sorted(allowed)}")
+    return value
+
+
+def _is_integer(value):
+    """JSON's integers: 3 and 3.0 alike (JSON Schema counts both), never true/false."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
+def split_body(body, header_length):
+    """(JSON bytes, binary bytes) of a request (binary extension: header length given)."""
+    if header_length is None:
+        return body, b""
+    if not header_length.isdigit() or int(header_length) > len(body):
+        raise ApiError(400, f"bad {HEADER_LENGTH} header {header_length!r}: the JSON part's "
+                       f"length in bytes, at most the body's {len(body)}", HEADER_LENGTH)
+    n = int(header_length)
+    return body[:n], body[n:]
+
+
+def decode_bytes_tensor(raw, count, where):
+    """``count`` elements of the binary BYTES format -> list of str."""
+    texts, pos = [], 0
+    for i in range(count):
+        if pos + 4 > len(raw):
+            _fail(f"{where}: binary data ends before element {i} of {count}")
+        (n,) = struct.unpack_from("<I", raw, pos)
+        pos += 4
+        if pos + n > len(raw):
+            _fail(f"{where}: element {i} says {n} bytes but the binary data ends first")
+        try:
+            texts.append(raw[pos:pos + n].decode("utf-8"))
+        except UnicodeDecodeError:
+            _fail(f"{where}[{i}] is not valid UTF-8")
+        pos += n
+    if pos != len(raw):
+        _fail(f"{where}: {len(raw) - pos} bytes of binary data after the {count} elements")
+    return texts
+
+
+def parse_infer(payload, binary, limits, model):
+    """The infer request -> (texts, id, parameters, [(output name, binary?)])."""
+    _object(payload, "body", {"id", "parameters", "inputs", "outputs"})
+    request_id = payload.get("id")
+    if "id" in payload and not isinstance(request_id, str):
+        _fail(f"id must be a string, got {type(request_id).__name__}")
+    params = _object(payload.get("parameters", {}), "parameters", REQUEST_PARAMETERS)
+    policy = params.get("long_text")
+    if "long_text" in params and policy not in long_text_choices(model):
+        _fail(f"parameters.long_text {policy!r}: one of {long_text_choices(model)}")
+    binary_default = params.get("binary_data_output", False)
+    if not isinstance(binary_default, bool):
+        _fail("parameters.binary_data_output must be true or false")
+    inputs = payload.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) != 1:
+        _fail(f"inputs must be a list of exactly one tensor, {INPUT!r} (BYTES, shape [N])")
+    tensor = _object(inputs[0], "inputs[0]", {"name", "shape", "datatype", "parameters", "data"})
+    if tensor.get("name") != INPUT:
+        _fail(f"inputs[0].name {tensor.get('name')!r}: this model's only input is {INPUT!r}")
+    if tensor.get("datatype") != "BYTES":
+        _fail(f"inputs[0].datatype {tensor.get('datatype')!r}: {INPUT!r} is BYTES (UTF-8 texts)")
+    shape = tensor.get("shape")
+    if (not isinstance(shape, list) or len(shape) != 1 or not _is_integer(shape[0])
+            or shape[0] < 1):
+        _fail(f"inputs[0].shape {shape!r}: must be [N], N >= 1 texts")
+    count = int(shape[0])
+    if count > limits.max_texts_per_request:
+        _fail(f"{count} texts in one request; at most {limits.max_texts_per_request} "
+              f"(Deploy.max_texts_per_request) — split the request")
+    tparams = _object(tensor.get("parameters", {}), "inputs[0].parameters",
+                      {"binary_data_size"})
+    if "binary_data_size" in tparams:
+        size = tparams["binary_data_size"]
+        if not _is_integer(size) or size != len(binary):
+            _fail(f"inputs[0].parameters.binary_data_size {size!r} does not match the "
+                  f"{len(binary)} bytes after the JSON header")
+        if "data" in tensor:
+            _fail("inputs[0] has both data and binary_data_size; send one")
+        texts = decode_bytes_tensor(binary, count, "inputs[0]")
+    else:
+        if binary:
+            _fail(f"{len(binary)} bytes after the JSON header but no input has binary_data_size")
+        data = tensor.get("data")
+        if not isinstance(data, list):
+            _fail("inputs[0].data must be a list of strings (or use the binary extension)")
+        if len(data) != count:
+            _fail(f"inputs[0].shape says {count} texts but data has {len(data)}")
+        for i, t in enumerate(data):
+            if not isinstance(t, str):
+                _fail(f"inputs[0].data[{i}] must be a string, got {type(t).__name__}")
+        texts = data
+    for i, t in enumerate(texts):
+        if len(t) > limits.max_text_chars:
+            _fail(f"inputs[0].data[{i}] has {len(t)} characters; at most "
+                  f"{limits.max_text_chars} (Deploy.max_text_chars)", refused_texts=1)
+    names = [n for n, *_ in outputs(model.task_name, model.label_names)]
+    requested = payload.get("outputs")
+    if "outputs" not in payload:
+        wanted = [(n, binary_default) for n in names]
+    else:
+        if not isinstance(requested, list) or not requested:
+            _fail("outputs must be a non-empty list of {\"name\": ...} (or left out: all)")
+        wanted = []
+        for k, out in enumerate(requested):
+            _object(out, f"outputs[{k}]", {"name", "parameters"})
+            if out.get("name") not in names:
+                _fail(f"outputs[{k}].name {out.get('name')!r}: this model's outputs are {names}")
+            oparams = _object(out.get("parameters", {}), f"outputs[{k}].parameters",
+                              {"binary_data"})
+            flag = oparams.get("binary_data", binary_default)
+            if not isinstance(flag, bool):
+                _fail(f"outputs[{k}].parameters.binary_data must be true or false")
+            wanted.append((out["name"], flag))
+    return texts, request_id, params, wanted
+
+
+# ---------------------------------------------------------------- responses
+
+def _binary(datatype, values):
+    if datatype == "BYTES":
+        parts = []
+        for v in values:
+            raw = v.encode("utf-8")
+            parts.append(struct.pack("<I", len(raw)) + raw)
+        return b"".join(parts)
+    return np.asarray(values, dtype=NUMPY[datatype]).tobytes()
+
+
+def infer_response(model, request_id, params, wanted, results):
+    """(body bytes, headers) of the infer answer for ``results`` (one per text)."""
+    specs = {n: (d, tail, get) for n, d, tail, get in outputs(model.task_name,
+                                                              model.label_names)}
+    out_json, blobs = [], []
+    for name, as_binary in wanted:
+        datatype, tail, get = specs[name]
+        values = [get(r) for r in results]
+        flat = [x for v in values for x in v] if tail else values
+        tensor = {"name": name, "datatype": datatype, "shape": [len(results)] + tail}
+        if as_binary:
+            blob = _binary(datatype, flat)
+            tensor["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            tensor["data"] = flat
+        out_json.append(tensor)
+    body = {"model_name": model.name, "model_version": model.version, "outputs": out_json}
+    if request_id is not None:
+        body["id"] = request_id
+    if params.get("long_text"):
+        body["parameters"] = {"long_text": params["long_text"]}
+    header = json.dumps(body, ensure_ascii=False).encode("utf-8")
+    if not blobs:
+        return header, {"content-type": "application/json"}
+    return header + b"".join(blobs), {"content-type": "application/octet-stream",
+                                      HEADER_LENGTH: str(len(header))}

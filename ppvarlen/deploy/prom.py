@@ -1,0 +1,84 @@
+"""Prometheus metrics of the server (``GET /metrics``, the text format scrapers read).
+
+Built with ``prometheus_client`` on a registry of the app's own (two apps in one process,
+e.g. tests or one per Ray Serve replica process, never share counts).  One server process
+holds every batcher thread (``Deploy.workers`` are threads), so its counts are the
+server's.  Names (all prefixed ``ppvarlen_``) are listed in docs/SERVING.md.
+"""
+import threading
+
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge,
+                               Histogram, ProcessCollector, generate_latest)
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                   30.0)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
+TEXT_OUTCOMES = ("served", "truncated", "split", "refused")
+
+
+class PromMetrics:
+    """The server's metric families on a registry of its own."""
+
+    def __init__(self):
+        self.registry = r = CollectorRegistry()
+        ProcessCollector(registry=r)
+        self.requests = Counter("ppvarlen_requests", "HTTP requests answered, by route template "
+                                "and status", ["route", "status"], registry=r)
+        self.request_seconds = Histogram("ppvarlen_request_duration_seconds",
+                                         "time from request to answer, by route template",
+                                         ["route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_seconds = Histogram("ppvarlen_queue_wait_seconds", "time a text waited in "
+                                       "the batcher's queue before its batch ran",
+                                       ["model", "version"], buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("ppvarlen_batch_size", "texts per forward batch",
+                                    ["model", "version"], buckets=BATCH_SIZE_BUCKETS, registry=r)
+        self.batch_tokens = Histogram("ppvarlen_batch_tokens", "real (unpadded) tokens per batch",
+                                      ["model", "version"], buckets=TOKEN_BUCKETS, registry=r)
+        self.real_tokens = Counter("ppvarlen_real_tokens", "tokens of the texts run",
+                                   ["model", "version"], registry=r)
+        self.padded_tokens = Counter("ppvarlen_padded_tokens", "tokens of the padded arrays run "
+                                     "(real + padding)", ["model", "version"], registry=r)
+        self.padding_efficiency = Gauge("ppvarlen_padding_efficiency", "real / padded tokens "
+                                        "since the version loaded", ["model", "version"],
+                                        registry=r)
+        self.texts = Counter("ppvarlen_texts", "texts by outcome: served, truncated (cut to "
+                             "max_len), split (seq2seq pieces), refused (422)", ["outcome"],
+                             registry=r)
+        self.queue_depth = Gauge("ppvarlen_queue_depth", "texts waiting in the batchers' queues",
+                                 registry=r)
+        self.model_loaded = Gauge("ppvarlen_model_version_loaded", "1 while a model version "
+                                  "takes traffic, 0 once unloaded", ["model", "version"],
+                                  registry=r)
+        self.load_failures = Counter("ppvarlen_model_load_failures", "model versions refused at "
+                                     "load, by reason (manifest, parity, load)",
+                                     ["model", "version", "reason"], registry=r)
+        for outcome in TEXT_OUTCOMES:
+            self.texts.labels(outcome)  # present (at 0) before the first request
+        self._totals = {}
+        self._lock = threading.Lock()  # batcher threads report concurrently
+
+    def observe_request(self, route, status, seconds):
+        self.requests.labels(route, str(status)).inc()
+        self.request_seconds.labels(route).observe(seconds)
+
+    def observe_batch(self, model, version, size, real, padded, waits):
+        """One batch a worker ran: its size, tokens and each text's queue wait."""
+        labels = (model, version)
+        self.batch_size.labels(*labels).observe(size)
+        self.batch_tokens.labels(*labels).observe(real)
+        self.real_tokens.labels(*labels).inc(real)
+        self.padded_tokens.labels(*labels).inc(padded)
+        q = self.queue_seconds.labels(*labels)
+        for w in waits:
+            q.observe(w)
+        with self._lock:
+            total = self._totals.setdefault(labels, [0, 0])
+            total[0] += real
+            total[1] += padded
+            if total[1]:
+                self.padding_efficiency.labels(*labels).set(total[0] / total[1])
+
+    def exposition(self):
+        """(body, content type) of the text format."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,375 @@
+"""Served models: one batcher per loaded model version, and a model repository with hot reload.
+
+``ServedModel``: a predictor (plus one clone per extra worker thread) and its
+``DynamicBatcher``.  ``ModelRegistry``: the versions taking traffic, by model name; a
+request picks one (the newest, or the version its path names), encodes with that version's
+vocabulary and submits to that version's batcher — a version retired in between refuses the
+submit (``BatcherClosed``) and the request simply picks again, so no request is lost.
+
+``Repository``: ``DIR/NAME/VERSION/`` export directories (VERSION a positive integer, as in
+Triton's and TF Serving's repositories).  A version that appears is loaded and verified
+*before* it takes traffic — every file against the manifest's sha256 (``load_manifest``), then
+``smoke_check``: on the manifest's shape grid each row must give the same output alone and
+batched with neighbours of other lengths (the padding invariance the exporter's parity gate
+checks).  Then it takes traffic, and the older version drains (queued texts finish) and is
+unloaded.  A version that fails is refused with the reason (log, metrics, repository index)
+and the old one keeps serving; a refused version is retried only when its manifest.json
+changes.  New versions are found by polling (``Deploy.repository_poll_s``) and by
+``POST /v2/repository/models/NAME/load``.  Copy a version elsewhere and rename it into place:
+a half-copied directory fails the hash check and is refused until its manifest changes.
+"""
+import ctypes
+import gc
+import os
+import threading
+import time
+
+import numpy as np
+
+from ppvarlen.data.errors import DataError
+from ppvarlen.utils.log import get_logger
+
+from .batcher import BatcherClosed, DynamicBatcher
+from .manifest import MANIFEST, ExportError
+
+log = get_logger("deploy.repository")
+GRID_BATCH = 4  # a grid row is checked alone and with this many rows in all
+
+
+class BatchSettings:
+    """The batcher settings every loaded version uses (the Deploy keys of the same names)."""
+
+    def __init__(self, workers=1, max_wait_ms=5.0, max_batch_tokens=8192, max_batch_size=64,
+                 queue_size=1024, overhead_tokens=None, drain_timeout_s=30.0):
+        self.workers, self.max_wait_ms = workers, max_wait_ms
+        self.max_batch_tokens, self.max_batch_size = max_batch_tokens, max_batch_size
+        self.queue_size, self.overhead_tokens = queue_size, overhead_tokens
+        self.drain_timeout_s = drain_timeout_s
+
+
+class ServedModel:
+    """One model version: predictor(s) and the batcher they take work from."""
+
+    def __init__(self, name, version, predictor):
+        self.name, self.version, self.predictor = name, str(version), predictor
+        self.task_name, self.label_names = predictor.task.name, list(predictor.label_names)
+        self.backend, self.long_text = predictor.backend, predictor.long_text
+        self.batcher = None
+        self.example = None
+        self.overhead_tokens = None
+
+    def start(self, settings, metrics=None):
+        """Warm up, measure the batching overhead, start the batcher (blocking)."""
+        p = self.predictor
+        predictors = [p] + [p.clone() for _ in range(settings.workers - 1)]
+        for q in predictors:
+            q.warmup()
+        self.overhead_tokens = settings.overhead_tokens
+        if self.overhead_tokens is None:
+            self.overhead_tokens = p.measure_overhead_tokens()
+        self.example = _example(self)
+        p._reset_counters()  # the example is not traffic
+        on_batch = None
+        if metrics is not None:
+            def on_batch(size, real, padded, waits):
+                metrics.observe_batch(self.name, self.version, size, real, padded, waits)
+        self.batcher = DynamicBatcher(predictors, settings.max_wait_ms, settings.max_batch_tokens,
+                                      settings.max_batch_size, settings.queue_size,
+                                      self.overhead_tokens, on_batch)
+        log.info("model %s version %s ready (%s, %s backend, %d worker(s)); a forward pass "
+                 "costs as much as %d tokens", self.name, self.version, p.task.name, p.backend,
+                 settings.workers, self.overhead_tokens)
+        return self
+
+    def submit(self, items):
+        batcher = self.batcher
+        if batcher is None:
+            raise BatcherClosed(f"model {self.name} version {self.version} is unloaded")
+        return batcher.submit(items)
+
+    def close(self, timeout):
+        """Drain the queue, stop the workers, drop the engines; True when drained in time."""
+        drained = self.batcher.close(True, timeout) if self.batcher is not None else True
+        self.batcher = None
+        self.predictor = None
+        return drained
+
+
+def _example(model):
+    """A request and the answer this version really gives it, for /docs."""
+    texts = model.predictor.task.examples
+    try:
+        predictions = model.predictor.predict(texts)
+    except DataError as e:  # e.g. an export whose max_len is shorter than the example
+        log.warning("no /docs example: the example texts do not fit this export (%s)", e)
+        return None
+    return {"request": {"texts": texts},
+            "response": {"predictions": predictions, "model_version": model.version}}
+
+
+class NotServed(LookupError):
+    """No ready model or version answers to this name; the message says what is served."""
+
+
+class ModelRegistry:
+    """Model versions taking traffic, by name (thread-safe)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._ready = {}  # name -> {version: ServedModel}
+        self.status = {}  # (name, version) -> {"state": ..., "reason": ...}
+
+    def add(self, model):
+        with self._lock:
+            self._ready.setdefault(model.name, {})[model.version] = model
+            self.status[(model.name, model.version)] = {"state": "READY", "reason": ""}
+
+    def withdraw(self, model):
+        """Take ``model`` out of routing (requests already queued in its batcher still run)."""
+        with self._lock:
+            self._ready.get(model.name, {}).pop(model.version, None)
+            self.status[(model.name, model.version)] = {"state": "UNAVAILABLE",
+                                                        "reason": "unloaded"}
+
+    def refuse(self, name, version, reason):
+        with self._lock:
+            self.status[(name, str(version))] = {"state": "UNAVAILABLE", "reason": reason}
+
+    def names(self):
+        with self._lock:
+            return sorted(n for n, vs in self._ready.items() if vs)
+
+    def versions(self, name):
+        with self._lock:
+            return sorted(self._ready.get(name, {}), key=int)
+
+    def models(self):
+        with self._lock:
+            return [m for vs in self._ready.values() for m in vs.values()]
+
+    def get(self, name=None, version=None):
+        """The version named, or the newest ready one; ``name`` None = the only model served."""
+        with self._lock:
+            served = sorted(n for n, vs in self._ready.items() if vs)
+            if name is None:
+                if len(served) != 1:
+                    raise NotServed(f"this server holds models {served}; address one as "
+                                    f"/v2/models/NAME/infer")
+                name = served[0]
+            versions = self._ready.get(name) or {}
+            if not versions:
+                raise NotServed(f"model {name!r} is not served; served models: {served}")
+            if version is None:
+                return versions[max(versions, key=int)]
+            if str(version) not in versions:
+                state = self.status.get((name, str(version)))
+                why = f" ({state['reason']})" if state and state["reason"] else ""
+                raise NotServed(f"model {name!r} has no ready version {version!r}{why}; ready "
+                                f"versions: {sorted(versions, key=int)}")
+            return versions[str(version)]
+
+    def submit(self, encode, name=None, version=None, attempts=5):
+        """Pick a version, ``encode(predictor)`` the texts, queue them -> (model, futures).
+
+        A version withdrawn between the pick and the submit refuses it; pick again (the
+        version that replaced it is ready by then).  ``encode`` may raise (bad texts)."""
+        for attempt in range(attempts):
+            model = self.get(name, version)
+            predictor = model.predictor  # None once unloaded
+            try:
+                if predictor is None:
+                    raise BatcherClosed(f"model {model.name} version {model.version} is unloaded")
+                return model, model.submit(encode(predictor))
+            except BatcherClosed:
+                if version is not None or attempt == attempts - 1:
+                    raise
+
+    def queue_depth(self):
+        return sum(m.batcher.queue_depth() for m in self.models() if m.batcher is not None)
+
+    def index(self):
+        with self._lock:
+            return [{"name": n, "version": v, **s} for (n, v), s in sorted(self.status.items())]
+
+
+# ---------------------------------------------------------------- verification
+
+def grid_lengths(max_len, buckets):
+    """The shape grid the exporter's parity gate uses (export.parity.grid_lengths; deploy does
+    not import export, which needs the training stack)."""
+    lengths = {1, 2, 7, max_len}
+    for b in buckets or []:
+        lengths.update({b - 1, b, b + 1})
+    return sorted(n for n in lengths if 1 <= n <= max_len)
+
+
+def smoke_check(predictor, seed=0):
+    """Each grid length must give the same output alone as batched with neighbours of other
+    lengths, and finite numbers; raises ExportError naming the length that does not."""
+    m = predictor.manifest
+    rng = np.random.RandomState(seed)
+    first = max(int(v) for v in m["special_ids"].values()) + 1
+    high = predictor.encoder.vocab_size
+    try:
+        for n in grid_lengths(predictor.max_len, m.get("buckets")):
+            rows = [list(rng.randint(first, high, size=k))
+                    for k in [n] + list(rng.randint(1, predictor.max_len + 1, GRID_BATCH - 1))]
+            alone = np.asarray(predictor._run_rows(rows[:1])[0])
+            batched = np.asarray(predictor._run_rows(rows)[0])
+            if alone.dtype.kind == "f":
+                if not np.all(np.isfinite(alone)):
+                    raise ExportError(f"length {n}: non-finite outputs")
+                same = alone.shape == batched.shape and np.allclose(alone, batched, rtol=1e-4,
+                                                                    atol=1e-4)
+            else:
+                same = np.array_equal(alone, batched)
+            if not same:
+                raise ExportError(f"length {n}: the output alone differs from the output "
+                                  f"batched with other lengths (padding changes the answer)")
+    finally:
+        predictor._reset_counters()
+
+
+def release_memory():
+    """Return freed heap to the OS after an unload (glibc keeps it otherwise)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
+# ---------------------------------------------------------------- repository
+
+def scan(root):
+    """{name: [version, ...]} of ``root/NAME/VERSION/`` directories (VERSION an integer)."""
+    out = {}
+    for name in sorted(os.listdir(root)):
+        model_dir = os.path.join(root, name)
+        if name.startswith(".") or not os.path.isdir(model_dir):
+            continue
+        versions = [v for v in os.listdir(model_dir)
+                    if v.isdigit() and int(v) > 0 and os.path.isdir(os.path.join(model_dir, v))]
+        out[name] = sorted(versions, key=int)
+    return out
+
+
+def _fingerprint(path):
+    try:
+        st = os.stat(os.path.join(path, MANIFEST))
+        return st.st_mtime_ns, st.st_size
+    except OSError:
+        return None
+
+
+class Repository:
+    """Loads, verifies, swaps in and unloads versions of ``root/NAME/VERSION/``."""
+
+    def __init__(self, root, load_predictor, registry, settings, metrics=None, poll_s=None):
+        if not os.path.isdir(root):
+            raise ExportError(f"model repository not found: {root}; pass a directory holding "
+                              f"NAME/VERSION/ export directories")
+        if not any(scan(root).values()):
+            raise ExportError(f"model repository {root} holds no NAME/VERSION/ export "
+                              f"directories (VERSION a positive integer, e.g. {root}/NAME/1/)")
+        self.root, self.registry, self.settings = root, registry, settings
+        self.load_predictor = load_predictor  # export dir -> Predictor (verifies the manifest)
+        self.metrics, self.poll_s = metrics, poll_s
+        self._refused = {}  # (name, version) -> manifest fingerprint when refused
+        self._lock = threading.Lock()  # one load at a time
+        self._stop = threading.Event()
+        self._thread = None
+
+    def load_all(self):
+        """Start-up: each model's newest version that passes (older ones tried if it fails)."""
+        for name in scan(self.root):
+            self.refresh(name)
+        if not self.registry.names():
+            raise ExportError(f"no servable version in the model repository {self.root}: "
+                              f"{self.registry.index() or 'no NAME/VERSION/ directories'}")
+
+    def refresh(self, name):
+        """Load ``name``'s newest new version if it is newer than the one served; returns the
+        registry status of the newest version (READY, or UNAVAILABLE with the reason)."""
+        with self._lock:
+            versions = scan(self.root).get(name)
+            if not versions:
+                raise ExportError(f"no model {name!r} in the repository {self.root}")
+            served = self.registry.versions(name)
+            newest_served = int(served[-1]) if served else 0
+            for v in reversed(versions):
+                if int(v) <= newest_served:
+                    break
+                path = os.path.join(self.root, name, v)
+                if self._refused.get((name, v), False) == _fingerprint(path):
+                    continue  # refused before and unchanged
+                if self._load(name, v, path):
+                    self._retire_older(name, v)
+                    break
+            newest = versions[-1]
+            return {"name": name, "version": newest,
+                    **self.registry.status.get((name, newest), {"state": "UNAVAILABLE",
+                                                                "reason": "not loaded"})}
+
+    def _load(self, name, version, path):
+        start = time.monotonic()
+        reason, model = None, None
+        try:
+            predictor = self.load_predictor(path)
+        except (ExportError, DataError, OSError, ValueError) as e:
+            reason, kind = str(e), "manifest"
+        else:
+            try:
+                smoke_check(predictor)
+                model = ServedModel(name, version, predictor).start(self.settings, self.metrics)
+            except ExportError as e:
+                reason, kind = f"smoke test: {e}", "parity"
+            except Exception as e:  # noqa: BLE001 - any failure refuses the version
+                reason, kind = f"{type(e).__name__}: {e}", "load"
+        if reason is not None:
+            log.error("model %s version %s refused (%s): %s; still serving %s", name, version,
+                      kind, reason, self.registry.versions(name) or "nothing")
+            self._refused[(name, version)] = _fingerprint(path)
+            self.registry.refuse(name, version, reason)
+            if self.metrics is not None:
+                self.metrics.load_failures.labels(name, version, kind).inc()
+            release_memory()
+            return False
+        self.registry.add(model)
+        if self.metrics is not None:
+            self.metrics.model_loaded.labels(name, version).set(1)
+        log.info("model %s version %s verified and serving (%.1fs)", name, version,
+                 time.monotonic() - start)
+        return True
+
+    def _retire_older(self, name, version):
+        for old in self.registry.versions(name):
+            if int(old) < int(version):
+                model = self.registry.get(name, old)
+                self.registry.withdraw(model)  # new requests go to `version` from now on
+                drained = model.close(self.settings.drain_timeout_s)
+                if self.metrics is not None:
+                    self.metrics.model_loaded.labels(name, old).set(0)
+                log.info("model %s version %s unloaded (%s)", name, old,
+                         "queue drained" if drained else "NOT drained before the timeout")
+        release_memory()
+
+    # ------------------------------------------------------------ polling
+    def start_polling(self):
+        if not self.poll_s:
+            return
+        self._thread = threading.Thread(target=self._poll, name="repository-poll", daemon=True)
+        self._thread.start()
+
+    def _poll(self):
+        while not self._stop.wait(self.poll_s):
+            try:
+                for name in scan(self.root):
+                    self.refresh(name)
+            except Exception:  # noqa: BLE001 - the poller must outlive a bad scan
+                log.exception("model repository scan failed")
+
+    def stop(self):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(60)
