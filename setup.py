@@ -29,6 +29,7 @@ CONSOLE_SCRIPTS = [
     "ppvarlen-serve=ppvarlen.cli:main_serve",
     "ppvarlen-bench=ppvarlen.cli:main_bench",
     "ppvarlen-check-gpu=ppvarlen.cli:main_check_gpu",
+    "ppvarlen-config=ppvarlen.cli:main_config",
 ]
 
 setup(
