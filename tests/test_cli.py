@@ -214,3 +214,24 @@ def test_config_show_a_section_and_bad_names(capsys):
     assert "'rnn_cls'" in capsys.readouterr().err
     assert cli.main_config(["show", "Data", "--model", "rnn_cls"]) == 2
     assert "ppvarlen-config show Model --model rnn_cls" in capsys.readouterr().err
+
+
+def test_export_output_is_not_buried_in_paddle_and_paddlenlp_noise(tmp_path):
+    """Paddle's glog 'PIR not support input out tensor', its 'place' UserWarning and PaddleNLP's
+    coloured INFO lines used to fill an export's stderr; the commands quiet them at start."""
+    env = {**os.environ, "PYTHONPATH": REPO}
+    env.pop("GLOG_minloglevel", None)
+    model_dir = tmp_path / "ernie"
+    build = ("import sys\nfrom ppvarlen.integrations.paddlenlp_trainer import make_random_model_dir\n"
+             "make_random_model_dir(sys.argv[1], ['很好的酒店', '太差了'], 2, vocab_size=20, "
+             "hidden_size=16, max_position=64)\n")
+    subprocess.run([sys.executable, "-c", build, str(model_dir)], check=True, env=env,
+                   capture_output=True, timeout=300)
+    run = subprocess.run([sys.executable, "-c", "import sys\nfrom ppvarlen.cli import main_export\n"
+                          "sys.exit(main_export(sys.argv[1:]))", "--pretrained-dir", str(model_dir),
+                          "--output", str(tmp_path / "export"), "--format", "paddle", "--no-verify"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "exported paddlenlp_seq_cls" in run.stdout
+    for noise in ("not support input out tensor", "'place' interface", "[    INFO]"):
+        assert noise not in run.stderr, f"{noise!r} is back in an export's stderr:\n{run.stderr}"
