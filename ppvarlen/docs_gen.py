@@ -173,17 +173,18 @@ def openapi_document():
     return create_app(_documentation_predictor()).openapi()
 
 
-def _type_of(schema):
+def _type_of(schema, prefix=""):
+    """A schema's type in words; a $ref links to its table (anchor ``prefix`` + name)."""
     if "$ref" in schema:
         name = schema["$ref"].rsplit("/", 1)[1]
-        return f"[{name}](#{name.lower()})"
+        return f"[{name}](#{prefix}{name.lower()})"
     if "anyOf" in schema:
-        return " or ".join(_type_of(s) for s in schema["anyOf"])
+        return " or ".join(_type_of(s, prefix) for s in schema["anyOf"])
     if schema.get("type") == "array":
-        return f"array of {_type_of(schema.get('items', {}))}"
+        return f"array of {_type_of(schema.get('items', {}), prefix)}"
     if schema.get("type") == "object" and "additionalProperties" in schema:
         extra = schema["additionalProperties"]
-        return f"object of {_type_of(extra) if isinstance(extra, dict) else 'any'}"
+        return f"object of {_type_of(extra, prefix) if isinstance(extra, dict) else 'any'}"
     return schema.get("type", "any")
 
 
@@ -195,8 +196,8 @@ def _limits(schema):
     return found
 
 
-def _schema_table(name, schema):
-    out = [f"### {name}\n"]
+def _schema_table(name, schema, prefix="", level="###"):
+    out = [f"{level} {name} {{#{prefix}{name.lower()}}}\n"]
     if schema.get("description"):
         out.append(schema["description"].strip() + "\n")
     props = schema.get("properties", {})
@@ -207,7 +208,7 @@ def _schema_table(name, schema):
     out += ["| field | type | required | constraints | meaning |", "|---|---|---|---|---|"]
     for field, spec in props.items():
         limits = ", ".join(f"{k}: `{v}`" for k, v in _limits(spec).items())
-        out.append(f"| `{field}` | {_cell(_type_of(spec))} | {'yes' if field in required else 'no'} "
+        out.append(f"| `{field}` | {_cell(_type_of(spec, prefix))} | {'yes' if field in required else 'no'} "
                    f"| {_cell(limits)} | {_cell(spec.get('description', ''))} |")
     if schema.get("additionalProperties") is True:
         out.append("\nFurther fields may appear (the batcher adds its own statistics).")
@@ -252,9 +253,10 @@ def http_api_page():
         model = get_task(task).prediction_model(names)
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         nested = schema.pop("$defs", {})
-        out += _schema_table(f"{task}: {schema.get('title', model.__name__)}", schema)
+        out.append(f"### {task}\n")
+        out += _schema_table(schema.get("title", model.__name__), schema, f"{task}-", "####")
         for sub_name, sub in nested.items():
-            out += _schema_table(f"{task}: {sub_name}", sub)
+            out += _schema_table(sub_name, sub, f"{task}-", "####")
     return "\n".join(out).rstrip() + "\n"
 
 
