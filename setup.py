@@ -2,7 +2,7 @@
 
 CPU is the default: an editable install of this directory pulls the CPU wheel of
 PaddlePaddle. GPU users install ``paddlepaddle-gpu==3.3.1`` from Paddle's CUDA index
-first and set PPVARLEN_SKIP_PADDLE=1 for this install (see README, "GPU install").
+first and set PPVARLEN_SKIP_PADDLE=1 for this install (see docs/guide/gpu.md, "GPU install").
 """
 import os
 
@@ -15,6 +15,9 @@ PADDLENLP_PINS = ["huggingface_hub<0.26", "aistudio-sdk<0.2", "datasets<3"]
 # Set PPVARLEN_SKIP_PADDLE=1 when a GPU build of Paddle is already installed,
 # so pip does not replace it with the CPU wheel.
 PADDLE = [] if os.environ.get("PPVARLEN_SKIP_PADDLE") else ["paddlepaddle==3.3.1"]
+# The docs site (mkdocs.yml; tests/test_docs_site.py builds it with --strict). The tutorials'
+# runnable blocks are collected by tests/test_tutorials.py itself, so no collector package.
+DOCS = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings-python>=1.10"]
 # Tested with Ray 2.60.0 (ray_serve uses Serve's late-bound ingress, __serve_build_asgi_app__).
 RAY = ["ray[data,serve]>=2.60,<3"]
 
@@ -29,6 +32,7 @@ CONSOLE_SCRIPTS = [
     "ppvarlen-serve=ppvarlen.cli:main_serve",
     "ppvarlen-bench=ppvarlen.cli:main_bench",
     "ppvarlen-check-gpu=ppvarlen.cli:main_check_gpu",
+    "ppvarlen-config=ppvarlen.cli:main_config",
 ]
 
 setup(
@@ -68,7 +72,8 @@ setup(
         "ray": RAY,
         # pytest-xdist: the README's test command runs the suite on 2 workers (whole files)
         "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "scikit-learn", "schemathesis>=4.30,<5",
-                 "tritonclient[http]>=2.40", *RAY],
+                 "tritonclient[http]>=2.40", *RAY, *DOCS],
+        "docs": DOCS,
         # ONNX Runtime's CUDA provider; both wheels install the same `onnxruntime` module:
         # `pip uninstall onnxruntime` first (docs/PRECISION.md)
         "onnxruntime-gpu": ["onnxruntime-gpu>=1.18"],

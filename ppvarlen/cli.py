@@ -13,8 +13,10 @@ instant.
 import argparse
 import inspect
 import json
+import logging
 import os
 import sys
+import warnings
 
 from .config import ConfigError, add_config_args, load_config, parse_override
 from .data.errors import DataError
@@ -31,9 +33,36 @@ ERROR_POLICY = (
 USER_ERRORS = tuple(cls for cls, _, _ in ERROR_POLICY)
 
 
+class _BelowWarning(logging.Filter):
+    def filter(self, record):
+        return record.levelno >= logging.WARNING
+
+
+def quiet_third_party_output():
+    """Keep Paddle's and PaddleNLP's known noise out of a ppvarlen command's output.
+
+    Called by each command before it imports Paddle (never at import of ppvarlen, so a
+    library user's process is left alone):
+
+    * Paddle's C++ (glog) warnings, e.g. "PIR not support input out tensor for now!!!!!" on
+      every to_static trace: GLOG_minloglevel=2 (errors still show), unless the user set it;
+      ``GLOG_minloglevel=0`` brings them back.
+    * Paddle's "Tensor do not have 'place' interface for pir graph mode" UserWarning, raised
+      when a model reads ``.place`` while it is traced (harmless: export never runs on it).
+    * PaddleNLP's coloured INFO lines (its "PaddleNLP" logger): only its warnings and errors.
+    """
+    os.environ.setdefault("GLOG_minloglevel", "2")
+    warnings.filterwarnings("ignore", message=r"(Tensor|Variable) do not have 'place' interface",
+                            category=UserWarning)
+    paddlenlp_logger = logging.getLogger("PaddleNLP")
+    if not any(isinstance(f, _BelowWarning) for f in paddlenlp_logger.filters):
+        paddlenlp_logger.addFilter(_BelowWarning())
+
+
 def _run(parser, argv, command):
     """Parse ``argv`` and run ``command(args)`` under the error policy -> exit code."""
     args = parser.parse_args(argv)
+    quiet_third_party_output()
     try:
         return command(args)
     except USER_ERRORS as e:
@@ -55,6 +84,15 @@ def _positive(kind):
         value = kind(text)
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+    return parse
+
+
+def _non_negative(kind):
+    def parse(text):
+        value = kind(text)
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
         return value
     return parse
 
@@ -255,8 +293,9 @@ def main_lengths(argv=None):
     parser.add_argument("--png", metavar="OUT", help="write the length histogram + CDF")
     parser.add_argument("--batch-size", type=_positive(int), default=32,
                         help="examples per batch for the fixed-size strategies (default 32)")
-    parser.add_argument("--pool-sizes", type=_positive(int), nargs="+", default=[50, 100, 200],
-                        help="token-budget pool sizes in batches (default 50 100 200)")
+    parser.add_argument("--pool-sizes", type=_non_negative(int), nargs="+", default=[50, 100, 200],
+                        help="token-budget pool sizes in batches, as Data.pool_size (default 50 "
+                        "100 200); 0 = the whole split, always reported as 'fairseq'")
     return _run(parser, argv, _lengths)
 
 
@@ -267,7 +306,9 @@ def _lengths(args):
     from .utils.log import setup_logging
 
     setup_logging(cfg.Global.log_level)
-    report = analyze_lengths(cfg, args.split, args.png, args.batch_size, args.pool_sizes)
+    # pool 0 (the whole split) is always in the report, as "fairseq"
+    pools = [p for p in dict.fromkeys(args.pool_sizes) if p > 0]
+    report = analyze_lengths(cfg, args.split, args.png, args.batch_size, pools)
     print(format_report(report))
     if args.json:
         atomic_write_json(args.json, report)
@@ -434,3 +475,63 @@ def _bench(args):
     _print_json(run_benchmark(args.model_dir, args.output_dir, args.backend, args.concurrency,
                               args.requests, args.duration, common_overrides=common))
     return 0
+
+
+# ---------------------------------------------------------------- the schema itself
+
+def main_config(argv=None):
+    """Print the config keys of a section or a model: type, default, allowed values, meaning.
+
+        ppvarlen-config show Model --model rnn_cls     # the keys rnn_cls reads
+        ppvarlen-config show Data                      # every Data key
+        ppvarlen-config show                           # every section
+
+    The list is ppvarlen/config_schema.py's, the one the config loader checks against.
+    """
+    parser = _parser(main_config, config=False)
+    sub = parser.add_subparsers(dest="action", required=True)
+    show = sub.add_parser("show", help="print keys, types, defaults and meanings")
+    show.add_argument("section", nargs="?", help="a config section, e.g. Data or Model "
+                      "(default: Model with --model, else every section)")
+    show.add_argument("--model", help="only the Model keys this Model.name reads")
+    return _run(parser, argv, _config_show)
+
+
+def _config_show(args):
+    from .config_schema import MODEL_KEYS, SCHEMA, iter_keys
+
+    section = args.section or ("Model" if args.model else None)
+    if section is not None and section not in SCHEMA:
+        raise ConfigError(f"section {section!r} is not one of {list(SCHEMA)}")
+    if args.model is not None:
+        if args.model not in MODEL_KEYS:
+            raise ConfigError(f"--model {args.model!r} is not one of {sorted(MODEL_KEYS)}")
+        if section != "Model":
+            raise ConfigError(f"--model selects Model keys; drop the section {section!r} or "
+                              f"write: ppvarlen-config show Model --model {args.model}")
+    keys = [k for k in iter_keys() if section in (None, k.section)
+            and (args.model is None or args.model in k.models)]
+    print(format_keys(keys, args.model))
+    return 0
+
+
+def format_keys(keys, model=None):
+    """The text table of ``ppvarlen-config show``: one block per key, meaning wrapped."""
+    import textwrap
+
+    import yaml
+
+    lines = []
+    for section in dict.fromkeys(k.section for k in keys):
+        title = f"{section} keys" + (f" read by Model.name: {model}" if model else "")
+        lines += ["", title, "-" * len(title)]
+        for k in (k for k in keys if k.section == section):
+            default = yaml.safe_dump(k.default, default_flow_style=True).strip()
+            default = default.removesuffix("\n...").removesuffix("...").strip()
+            head = f"{k.path}  ({k.type_name}, default {default}"
+            head += f"; one of {', '.join(k.choices)})" if k.choices else ")"
+            lines.append(head)
+            lines += textwrap.wrap(k.meaning, 92, initial_indent="    ", subsequent_indent="    ")
+            if k.models is not None and model is None:
+                lines.append(f"    read by: {', '.join(k.models)}")
+    return "\n".join(lines).lstrip("\n")

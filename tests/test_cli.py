@@ -17,14 +17,15 @@ from ppvarlen.export.errors import ExportError as ExportFailed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = {"train", "eval", "export", "lengths", "pretrain", "infer", "serve", "bench",
-            "check-gpu"}
+            "check-gpu", "config"}
 # shim -> the console script it is the same command as
 SHIMS = {"tools/train.py": "train", "tools/eval.py": "eval", "tools/export.py": "export",
          "tools/analyze_lengths.py": "lengths", "tools/pretrain.py": "pretrain",
          "deploy/python/infer.py": "infer", "deploy/python/serve.py": "serve",
          "deploy/python/bench_client.py": "bench", "tools/check_gpu.py": "check_gpu"}
-# tools/quickstart.py is not a command of its own: it runs the shims above by path, as a user would
-NOT_SHIMS = {"tools/quickstart.py"}
+# tools/quickstart.py is not a command of its own: it runs the shims above by path, as a user would;
+# tools/gen_docs.py is the maintainers' generator of docs/reference/ (over ppvarlen/docs_gen.py)
+NOT_SHIMS = {"tools/quickstart.py", "tools/gen_docs.py"}
 
 
 def console_scripts():
@@ -180,8 +181,57 @@ def test_serving_commands_take_only_deploy_overrides(command, tmp_path, capsys):
     assert "did you mean 'max_wait_ms'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["--batch-size", "0"], ["--pool-sizes", "10", "-1"]])
-def test_non_positive_sizes_are_usage_errors(argv, tmp_path, capsys):
+@pytest.mark.parametrize("argv,message", [(["--batch-size", "0"], "must be positive"),
+                                          (["--pool-sizes", "10", "-1"], "must be 0 or more")])
+def test_out_of_range_sizes_are_usage_errors(argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main_lengths(["-c", str(tmp_path / "c.yaml"), *argv])
-    assert e.value.code == 2 and "must be positive" in capsys.readouterr().err
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_config_show_prints_the_keys_a_model_reads_with_type_default_and_meaning(capsys):
+    import re
+
+    from ppvarlen.config_schema import MODEL_KEYS, SCHEMA
+
+    assert cli.main_config(["show", "Model", "--model", "rnn_cls"]) == 0
+    out = capsys.readouterr().out
+    shown = re.findall(r"^Model\.(\w+)  \((.+?), default (.+?)[;)]", out, flags=re.M)
+    assert [k for k, _, _ in shown] == [k for k in SCHEMA["Model"]
+                                       if k == "name" or k in MODEL_KEYS["rnn_cls"]]
+    assert ("cell", "str", "lstm") in shown and ("pooling", "str", "null") in shown
+    assert "null = the model's default" in out  # pooling's meaning, wrapped under the key
+    assert "num_heads" not in out  # a Transformer key rnn_cls does not read
+
+
+def test_config_show_a_section_and_bad_names(capsys):
+    assert cli.main_config(["show", "Data"]) == 0
+    out = capsys.readouterr().out
+    assert "Data.pool_size  (int, default 200)" in out and "Train." not in out
+    assert cli.main_config(["show", "Modle"]) == 2
+    assert "not one of ['Global', 'Data', 'Model'" in capsys.readouterr().err
+    assert cli.main_config(["show", "--model", "rnn"]) == 2
+    assert "'rnn_cls'" in capsys.readouterr().err
+    assert cli.main_config(["show", "Data", "--model", "rnn_cls"]) == 2
+    assert "ppvarlen-config show Model --model rnn_cls" in capsys.readouterr().err
+
+
+def test_export_output_is_not_buried_in_paddle_and_paddlenlp_noise(tmp_path):
+    """Paddle's glog 'PIR not support input out tensor', its 'place' UserWarning and PaddleNLP's
+    coloured INFO lines used to fill an export's stderr; the commands quiet them at start."""
+    env = {**os.environ, "PYTHONPATH": REPO}
+    env.pop("GLOG_minloglevel", None)
+    model_dir = tmp_path / "ernie"
+    build = ("import sys\nfrom ppvarlen.integrations.paddlenlp_trainer import make_random_model_dir\n"
+             "make_random_model_dir(sys.argv[1], ['很好的酒店', '太差了'], 2, vocab_size=20, "
+             "hidden_size=16, max_position=64)\n")
+    subprocess.run([sys.executable, "-c", build, str(model_dir)], check=True, env=env,
+                   capture_output=True, timeout=300)
+    run = subprocess.run([sys.executable, "-c", "import sys\nfrom ppvarlen.cli import main_export\n"
+                          "sys.exit(main_export(sys.argv[1:]))", "--pretrained-dir", str(model_dir),
+                          "--output", str(tmp_path / "export"), "--format", "paddle", "--no-verify"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "exported paddlenlp_seq_cls" in run.stdout
+    for noise in ("not support input out tensor", "'place' interface", "[    INFO]"):
+        assert noise not in run.stderr, f"{noise!r} is back in an export's stderr:\n{run.stderr}"

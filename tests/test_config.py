@@ -259,3 +259,30 @@ def test_config_errors_do_not_import_paddle():
             "import ppvarlen.models\nprint('PADDLE', 'paddle' in sys.modules)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.split() == ["ERR", "True", "PADDLE", "False"], r.stderr
+
+
+def test_resolved_config_keeps_data_paths_absolute_so_it_works_from_another_directory(
+        tmp_path, monkeypatch):
+    """A run started with relative data paths writes a config.yaml that `export --verify` (or
+    eval) can use from any directory: path keys are written absolute."""
+    import json
+
+    from ppvarlen.data.corpora import load_corpus
+    from ppvarlen.data.errors import DataError
+
+    run_dir, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    run_dir.mkdir(), elsewhere.mkdir()
+    rows = [{"text": f"文本{i}" * (1 + i % 3), "label": "pos" if i % 2 else "neg"} for i in range(30)]
+    (run_dir / "train.jsonl").write_text(
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    monkeypatch.chdir(run_dir)
+    cfg = load_config(overrides=["Data.corpus=jsonl", "Data.train_file=train.jsonl"])
+    save_config(cfg, str(run_dir / "config.yaml"))
+    assert cfg.Data.train_file == "train.jsonl"  # the run itself reads what it was given
+
+    monkeypatch.chdir(elsewhere)
+    resolved = load_config(str(run_dir / "config.yaml"))
+    assert resolved.Data.train_file == str(run_dir / "train.jsonl")
+    assert len(load_corpus(resolved.Data).splits["train"]) > 0
+    with pytest.raises(DataError, match="cannot open data file"):  # what the relative path did
+        load_corpus(cfg.Data)

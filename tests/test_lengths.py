@@ -122,6 +122,23 @@ def test_analyze_lengths_tool_writes_json_and_png(tmp_path, capsys):
     assert out_png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_pool_size_0_is_accepted_like_the_config_key(tmp_path, capsys):
+    """Data.pool_size: 0 is valid, so --pool-sizes 0 is too: the whole split, 'fairseq'."""
+    import json
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": "字" * (1 + i % 37), "label": i % 2}) + "\n"
+                            for i in range(120)), "utf-8")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"Data:\n  corpus: jsonl\n  train_file: {data}\n  dev_file: {data}\n"
+                   f"  test_file: {data}\n  max_len: 64\n  max_tokens: 256\n", "utf-8")
+    out_json = tmp_path / "r.json"
+    assert _tool().main(["-c", str(cfg), "--json", str(out_json), "--pool-sizes", "0", "3"]) == 0
+    s = json.loads(out_json.read_text("utf-8"))["strategies"]
+    budget = {k for k in s if k.startswith("token_budget") or k == "fairseq"}
+    assert budget == {"token_budget_pool3", "fairseq"}
+
+
 def test_analyze_lengths_tool_bad_config_exits_2(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("Data:\n  max_tokns: 4\n", "utf-8")

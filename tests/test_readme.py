@@ -28,7 +28,7 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert "pytest" in test_cmd
 
 
-# README command path -> the ppvarlen.cli function behind it (the shims' targets)
+# command path in the docs -> the ppvarlen.cli function behind it (the shims' targets)
 README_COMMANDS = {"tools/train.py": "main_train", "tools/eval.py": "main_eval",
                    "tools/export.py": "main_export", "tools/analyze_lengths.py": "main_lengths",
                    "tools/pretrain.py": "main_pretrain", "deploy/python/infer.py": "main_infer",
@@ -37,22 +37,64 @@ README_COMMANDS = {"tools/train.py": "main_train", "tools/eval.py": "main_eval",
                    "tools/check_gpu.py": "main_check_gpu"}
 
 
-def test_readme_commands_use_flags_their_command_accepts(monkeypatch):
-    """Every `python tools/X.py ...` / `deploy/python/X.py ...` in the README: a known command,
-    and each of its --flags an option of that command's parser."""
+def documentation_pages():
+    """README and the hand-written docs pages (docs/reference/ is generated from --help)."""
+    pages = [os.path.join(REPO, "README.md")]
+    for root, _, files in os.walk(os.path.join(REPO, "docs")):
+        if os.path.relpath(root, REPO).startswith(os.path.join("docs", "reference")):
+            continue
+        pages += [os.path.join(root, f) for f in sorted(files) if f.endswith(".md")]
+    return pages
+
+
+def _options(parser):
+    """Every option string of a parser and of its subcommands."""
+    import argparse
+
+    options = set(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                options |= _options(sub)
+    return options
+
+
+def test_documented_commands_use_flags_their_command_accepts(monkeypatch):
+    """Every `python tools/X.py ...`, `deploy/python/X.py ...` and `ppvarlen-X ...` in README and
+    docs/: a known command, and each of its --flags an option of that command's parser."""
     from ppvarlen import cli
 
     monkeypatch.setattr(cli, "_run", lambda parser, argv, command: parser)  # main_* -> its parser
-    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read().replace("\\\n", " ")
-    uses = re.findall(r"python (?:-m paddle\.distributed\.launch [^\n]*?)?"
-                      r"((?:tools|deploy/python)/\w+\.py)([^\n`]*)", text)
     checked = 0
-    for script, rest in uses:
-        if script == "tools/quickstart.py":
-            continue
-        assert script in README_COMMANDS, f"README runs {script}, which is no command"
-        options = getattr(cli, README_COMMANDS[script])()._option_string_actions
-        for flag in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", rest.split("#")[0]):
-            assert flag in options, f"README: {script} {flag} is not an option of the command"
-            checked += 1
-    assert checked >= 10, f"only {checked} README flags found: the README parse is broken"
+    for page in documentation_pages():
+        text = open(page, encoding="utf-8").read().replace("\\\n", " ")
+        uses = re.findall(r"python (?:-m paddle\.distributed\.launch [^\n]*?)?"
+                          r"((?:tools|deploy/python)/\w+\.py)([^\n`]*)", text)
+        uses += [(f"ppvarlen-{name}", rest) for name, rest in
+                 re.findall(r"(?<![\w/-])ppvarlen-([a-z][a-z-]*)([^\n`]*)", text)]
+        for script, rest in uses:
+            if script == "tools/quickstart.py":
+                continue
+            where = f"{os.path.relpath(page, REPO)}: {script}"
+            if script.startswith("ppvarlen-"):
+                function = "main_" + script.removeprefix("ppvarlen-").replace("-", "_")
+            else:
+                assert script in README_COMMANDS, f"{where} is no command"
+                function = README_COMMANDS[script]
+            assert hasattr(cli, function), f"{where} is no command"
+            options = _options(getattr(cli, function)())
+            for flag in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", rest.split("#")[0]):
+                assert flag in options, f"{where} {flag} is not an option of the command"
+                checked += 1
+    assert checked >= 30, f"only {checked} documented flags found: the parse is broken"
+
+
+def test_readme_is_a_front_page_that_links_into_the_site():
+    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    assert len(text.splitlines()) <= 150, "README is the front page: 150 lines at most"
+    links = re.findall(r"\]\(((?:docs/)[^)#]+)(?:#[^)]*)?\)", text)
+    missing = [link for link in links if not os.path.exists(os.path.join(REPO, link))]
+    assert not missing, f"README links to missing files: {missing}"
+    # a newcomer's two questions (issue 26), each one click from the README
+    assert "docs/tutorials/tagging.md" in links and "docs/reference/config.md" in links
+    assert re.search(r"ppvarlen-config +show Model --model rnn_cls", text)
