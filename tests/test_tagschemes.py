@@ -6,7 +6,7 @@ import random
 import pytest
 
 from ppvarlen.data import tagschemes
-from ppvarlen.engine.metrics import entity_prf, tagging_metrics, token_accuracy
+from ppvarlen.metrics import entity_prf, tagging_metrics, token_accuracy
 
 # (scheme, tags, chunks as (type, start, end_exclusive)) -- worked out by conlleval's
 # startOfChunk / endOfChunk rules; E/S as seqeval extends them (conlleval has no S: it would

@@ -12,9 +12,9 @@ The trainer, evaluator, exporter, parity checker, predictor and server hold a Ta
 * deploy: what a manifest of this task must hold, how engine outputs become per-row outputs,
   and the per-text response of the predictor.
 
-Layering: this package imports data and utils only; ``paddle``, engine metrics and export
-helpers are imported inside the methods that need them, so a serving host imports no model
-or training code.  Model objects are received and their methods called, never imported.
+Layering: this package imports data, utils and ``ppvarlen.metrics`` only (never engine, export
+or deploy); ``paddle`` is imported inside the methods that need it, so a serving host imports no
+model or training code.  Model objects are received and their methods called, never imported.
 """
 from ..config import ConfigError
 

@@ -3,6 +3,7 @@ import functools
 
 import numpy as np
 
+from .. import metrics
 from ..config import ConfigError
 from ..data.errors import DataError
 from ..data import tagschemes
@@ -65,8 +66,6 @@ class TaggingTask(Task):
 
     def report(self, dataset, outputs, label_names, encoder=None):
         """Entity P/R/F1 per document (windows stitched back by their token offsets)."""
-        from ..engine import metrics
-
         doc_ids, offsets, pred_rows, gold_rows = [], [], [], []
         for i, tags in enumerate(outputs):
             item = dataset[i]
