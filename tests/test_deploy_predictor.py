@@ -10,7 +10,7 @@ from test_deploy_helpers import (NER_TAGS, TEXTS, cls_export, reference,  # noqa
                                  reference_ids, tag_export)
 
 from ppvarlen.data.errors import DataError
-from ppvarlen.deploy.manifest import ExportError
+from ppvarlen.deploy.manifest import UnservableExportError
 from ppvarlen.deploy.predictor import Predictor, char_spans
 from ppvarlen.tasks.tagging import entities
 
@@ -124,14 +124,14 @@ def test_tampered_or_incomplete_export_is_refused(cls_export, tmp_path):  # noqa
         byte = f.read(1)
         f.seek(10)
         f.write(bytes([byte[0] ^ 1]))
-    with pytest.raises(ExportError, match="model.pdiparams: sha256 .* does not match"):
+    with pytest.raises(UnservableExportError, match="model.pdiparams: sha256 .* does not match"):
         Predictor(bad, "paddle")
 
     swapped = str(tmp_path / "swapped_vocab")
     shutil.copytree(src, swapped)
     with open(os.path.join(swapped, "vocab.txt"), "a", encoding="utf-8") as f:
         f.write("多\n")
-    with pytest.raises(ExportError, match="vocab.txt: sha256"):
+    with pytest.raises(UnservableExportError, match="vocab.txt: sha256"):
         Predictor(swapped, "onnx")
 
     unlisted = str(tmp_path / "unlisted")
@@ -140,16 +140,16 @@ def test_tampered_or_incomplete_export_is_refused(cls_export, tmp_path):  # noqa
     m = json.load(open(path, encoding="utf-8"))
     del m["files"]["onnx/model.onnx"]
     json.dump(m, open(path, "w", encoding="utf-8"))
-    with pytest.raises(ExportError, match="no sha256"):
+    with pytest.raises(UnservableExportError, match="no sha256"):
         Predictor(unlisted, "onnx")
 
     m["files"]["../outside"] = "0" * 64
     json.dump(m, open(path, "w", encoding="utf-8"))
-    with pytest.raises(ExportError, match="inside the export directory"):
+    with pytest.raises(UnservableExportError, match="inside the export directory"):
         Predictor(unlisted, "paddle")
 
     os.remove(path)
-    with pytest.raises(ExportError, match="manifest.json is missing"):
+    with pytest.raises(UnservableExportError, match="manifest.json is missing"):
         Predictor(unlisted, "paddle")
 
 
@@ -164,7 +164,7 @@ def test_low_precision_close_to_fp32(cls_export, backend, precision):  # noqa: F
 def test_unavailable_backend_or_precision(cls_export, tag_export):  # noqa: F811
     with pytest.raises(ValueError, match="not available for backend 'onnx'"):
         Predictor(cls_export[0], "onnx", precision="bf16")
-    with pytest.raises(ExportError, match="'fp16' was not exported"):
+    with pytest.raises(UnservableExportError, match="'fp16' was not exported"):
         Predictor(tag_export[0], "onnx", precision="fp16")
     with pytest.raises(ValueError, match="fp16 has no CPU kernels"):
         Predictor(cls_export[0], "paddle", precision="fp16")

@@ -9,7 +9,7 @@ import pytest
 
 from ppvarlen.config import load_config
 from ppvarlen.data.vocab import SPECIAL_TOKENS, TextEncoder
-from ppvarlen.export import ExportError
+from ppvarlen.export import ExportFailedError
 from ppvarlen.export.exporter import export_model
 from ppvarlen.utils.io import sha256_file
 from ppvarlen.utils.viterbi import crf_decode
@@ -145,7 +145,7 @@ def drifting_onnx(monkeypatch):
 
 def test_parity_failure_fails_the_export(tmp_path, drifting_onnx):
     out = tmp_path / "export"
-    with pytest.raises(ExportError, match=r"grid/onnx: max \|diff\|"):
+    with pytest.raises(ExportFailedError, match=r"grid/onnx: max \|diff\|"):
         export_model(TinyTransformer(), _meta("classification", "transformer_cls", ["a", "b"]),
                      _encoder(), CFG, str(out), ["paddle", "onnx"], ["fp32"], verify=True)
     assert not out.exists()
@@ -155,7 +155,7 @@ def test_parity_failure_fails_the_export(tmp_path, drifting_onnx):
 def test_failed_reexport_keeps_the_old_export(rnn_export, drifting_onnx):
     model, out, _ = rnn_export
     before = {p: (out / p).read_bytes() for p in ("manifest.json", "onnx/model.onnx")}
-    with pytest.raises(ExportError, match="parity check failed"):
+    with pytest.raises(ExportFailedError, match="parity check failed"):
         export_model(model, _meta("classification", "rnn_cls", ["neg", "pos", "mid"]), _encoder(),
                      CFG, str(out), ["paddle", "onnx"], ["fp32"], verify=True)
     assert {p: (out / p).read_bytes() for p in before} == before

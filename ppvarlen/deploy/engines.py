@@ -13,7 +13,7 @@ import numpy as np
 
 from ppvarlen.config import ConfigError
 
-from .manifest import ExportError, require_listed
+from .manifest import UnservableExportError, require_listed
 
 STEP_INPUTS = ("tokens", "src_len", "self_k", "self_v", "cross_k", "cross_v")
 PRECISIONS = {"paddle": ("fp32", "bf16", "fp16"), "onnx": ("fp32", "fp16", "int8")}
@@ -22,7 +22,7 @@ PRECISIONS = {"paddle": ("fp32", "bf16", "fp16"), "onnx": ("fp32", "fp16", "int8
 def _backend_entry(manifest, backend):
     backends = manifest.get("backends") or {}
     if backend not in backends:
-        raise ExportError(f"this export has no {backend!r} backend (it has {sorted(backends)}); "
+        raise UnservableExportError(f"this export has no {backend!r} backend (it has {sorted(backends)}); "
                           f"use --backend {' or '.join(sorted(backends)) or '?'} or re-export with "
                           f"Export.format including {backend}")
     entry = backends[backend]
@@ -52,7 +52,7 @@ def check_precision(manifest, backend, precision):
                          f"choose one of {list(PRECISIONS[backend])}")
     listed = (manifest.get("precisions") or {}).get(backend, ["fp32"])
     if precision not in listed:
-        raise ExportError(f"precision {precision!r} was not exported for backend {backend!r} "
+        raise UnservableExportError(f"precision {precision!r} was not exported for backend {backend!r} "
                           f"(manifest lists {listed}); re-export with "
                           f"-o Export.precision=[fp32,{precision}]")
 

@@ -16,7 +16,7 @@ from ..utils.log import get_logger
 from . import manifest as manifest_mod
 from . import parity
 from . import precision_speed
-from .errors import ExportError
+from .errors import ExportFailedError
 from .precision import PRECISIONS, convert_onnx_fp16
 from .static import crf_matrix_of, save_inference, save_program
 
@@ -56,13 +56,13 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
     (Data for tokenizer/long-text settings, Deploy for shape ranges, Export for
     opset and parity size).  ``test_examples``: encoded test items for the
     parity report (None = shape grid only).  The task's ``export_view`` picks the
-    programs written and the parity compared (``VIEWS``).  Raises ExportError when
+    programs written and the parity compared (``VIEWS``).  Raises ExportFailedError when
     parity fails.
     """
     formats, precisions = check_request(formats, precisions)
     task, name = get_task(meta["task"]), meta.get("model_name", "model")
     if task.export_view is None:
-        raise ExportError(f"a {task.name} checkpoint is not exported (nothing serves it); "
+        raise ExportFailedError(f"a {task.name} checkpoint is not exported (nothing serves it); "
                           f"fine-tune a model from what it wrote and export that")
     view = VIEWS[task.export_view]
     view.check_precisions(precisions)
@@ -87,7 +87,7 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
                 os.remove(failed)  # a stale report from an earlier attempt
             if not report["passed"]:
                 atomic_write_json(failed, report)
-                raise ExportError(f"parity check failed for {name}; export not written "
+                raise ExportFailedError(f"parity check failed for {name}; export not written "
                                   f"(report: {failed}):\n  " + "\n  ".join(report["failures"]))
         manifest = manifest_mod.build_manifest(tmp, meta, cfg.Data, cfg.Deploy, backends,
                                                precision_map, tokenizer_files,
