@@ -235,13 +235,13 @@ def test_all_rows_done_at_once_means_one_step(tmp_path):
 def test_parity_failure_keeps_the_old_export(exported, monkeypatch):
     model, out, _ = exported
     before = (out / "manifest.json").read_text()
-    original = parity.greedy_paddle_runner
+    original = parity.served_greedy_runner
 
-    def one_token_more(export_dir, eos_id, onednn=True, threads=2):
-        run = original(export_dir, eos_id, onednn, threads)
-        return lambda ids, lens: [o + [6] for o in run(ids, lens)]
+    def one_token_more(export_dir, manifest, backend, threads):
+        run, settings = original(export_dir, manifest, backend, threads)
+        return (lambda ids, lens: [o + [6] for o in run(ids, lens)]), settings
 
-    monkeypatch.setattr(parity, "greedy_paddle_runner", one_token_more)
+    monkeypatch.setattr(parity, "served_greedy_runner", one_token_more)
     with pytest.raises(ExportFailedError, match="greedy outputs differ"):
         export_model(model, META, encoder(), CFG, str(out), ["paddle"], ["fp32"],
                      verify=True, test_examples=split_items(8))

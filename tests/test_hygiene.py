@@ -84,6 +84,8 @@ def test_layering():
         "ppvarlen/data": r"ppvarlen\.(engine|export|deploy)|from \.\.(engine|export|deploy)",
         "ppvarlen/models": r"ppvarlen\.(engine|export|deploy)|from \.\.(engine|export|deploy)",
         "ppvarlen/deploy": r"ppvarlen\.(models|engine|export)|from \.\.(models|engine|export)",
+        # export builds its parity backends with the serving engine factory, nothing else of deploy
+        "ppvarlen/export": r"ppvarlen\.deploy(?!\.engines\b)|from \.\.deploy(?!\.engines\b)",
         # tasks read their metrics from ppvarlen/metrics.py, never from the trainer's package
         "ppvarlen/tasks": r"ppvarlen\.(engine|export|deploy)|from \.\.(engine|export|deploy)",
         # the metrics are read by tasks, the trainer and the server alike
