@@ -12,7 +12,7 @@ from test_deploy_helpers import (NER_TAGS, TEXTS, cls_export, reference,  # noqa
 from ppvarlen.data.errors import DataError
 from ppvarlen.deploy.manifest import UnservableExportError
 from ppvarlen.deploy.predictor import Predictor, char_spans
-from ppvarlen.tasks.tagging import entities
+from ppvarlen.tasks.tagging import TaggingTask, entities
 
 MAX_LEN = 16
 LONG = "这是一段非常非常非常非常非常非常长的文本，超过了最大长度好几倍呢"  # > MAX_LEN chars
@@ -55,17 +55,33 @@ def test_entities_have_char_offsets():
     text = "江泽民在北京 会见"
     spans = char_spans(text, list(text))
     tags = ["B-PER", "I-PER", "I-PER", "O", "B-LOC", "I-LOC", "O", "I-ORG", "B-ORG"]
-    assert entities(tags, spans, text, "bio") == [
+    assert entities(tags, spans, text, "bio") == ([
         {"type": "PER", "text": "江泽民", "start": 0, "end": 3},
         {"type": "LOC", "text": "北京", "start": 4, "end": 6},
         {"type": "ORG", "text": "会", "start": 7, "end": 8},   # I- without B- starts one
-        {"type": "ORG", "text": "见", "start": 8, "end": 9}]
+        {"type": "ORG", "text": "见", "start": 8, "end": 9}], 1)  # ... and is counted
     # the same text tagged in BIOES and BMES (untyped word segmentation), and plain tags
     bioes = ["B-PER", "I-PER", "E-PER", "O", "B-LOC", "E-LOC", "O", "S-ORG", "S-ORG"]
-    assert entities(bioes, spans, text, "bioes") == entities(tags, spans, text, "bio")
-    words = entities(["B", "M", "E", "S", "B", "E", "S", "B", "E"], spans, text, "bmes")
-    assert [w["text"] for w in words] == ["江泽民", "在", "北京", " ", "会见"]
-    assert entities(["nr", "nr", "nr", "p", "ns", "ns", "w", "v", "v"], spans, text, "plain") == []
+    assert entities(bioes, spans, text, "bioes") == (entities(tags, spans, text, "bio")[0], 0)
+    words, repaired = entities(["B", "M", "E", "S", "B", "E", "S", "B", "E"], spans, text, "bmes")
+    assert [w["text"] for w in words] == ["江泽民", "在", "北京", " ", "会见"] and repaired == 0
+    assert {w["type"] for w in words} == {None}  # untyped words: null, not ""
+    assert entities(["nr", "nr", "nr", "p", "ns", "ns", "w", "v", "v"], spans, text, "plain") == (
+        [], 0)
+
+
+def test_a_weak_models_bmes_tags_are_read_by_conllevals_rule_and_counted():
+    """B B B E E E E: each B opens a word, an E that does not continue one is a one-character
+    word of its own; the 5 words that needed the rule are counted (docs/TAGGING.md)."""
+    text = "一二三四五六七"
+    words, repaired = entities(list("BBBEEEE"), char_spans(text, list(text)), text, "bmes")
+    assert [w["text"] for w in words] == ["一", "二", "三四", "五", "六", "七"]
+    assert repaired == 5
+    task = TaggingTask()
+    answers = [{"repaired_chunks": 5}, {"repaired_chunks": 0}, {"repaired_chunks": 1}]
+    assert task.answer_counts(answers) == {"tag_sequences_repaired": 2, "tag_chunks_repaired": 6}
+
+
     # lower-cased word pieces still map back onto the original text
     assert char_spans("Hello World", ["hello", "wor", "##ld"], lowercase=True) == [
         (0, 5), (6, 9), (9, 11)]

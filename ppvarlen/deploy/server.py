@@ -48,15 +48,17 @@ class ServerMetrics:
         self.texts = 0
         self.truncated = 0  # texts cut to the export's max_len (long_text: truncate)
         self.split = 0  # seq2seq sources served in pieces (Deploy.split_long_sources)
+        self.answers = collections.Counter()  # the task's answer counters (Task.answer_counts)
         self._latencies = collections.deque(maxlen=window)
 
     def count_request(self):
         with self._lock:
             self.requests += 1
 
-    def record(self, status, latency_s=None, texts=0, truncated=0, split=0):
+    def record(self, status, latency_s=None, texts=0, truncated=0, split=0, answers=None):
         with self._lock:
             self.responses[str(status)] += 1
+            self.answers.update(answers or {})
             self.texts += texts
             self.truncated += truncated
             self.split += split
@@ -68,7 +70,7 @@ class ServerMetrics:
             lat = np.array(self._latencies, dtype=np.float64)
             out = {"requests": self.requests, "responses": dict(self.responses),
                    "texts": self.texts, "truncated_texts": self.truncated,
-                   "split_texts": self.split}
+                   "split_texts": self.split, "answers": dict(self.answers)}
         pct = {f"p{q}": float(np.percentile(lat, q)) if lat.size else None for q in (50, 95, 99)}
         out["latency_ms"] = {**pct, "mean": float(lat.mean()) if lat.size else None,
                              "window": int(lat.size)}
@@ -195,7 +197,8 @@ def create_app(predictor, workers=1, max_wait_ms=5.0, max_batch_tokens=8192, max
                                f"texts[{i}]")
         metrics.record(200, time.perf_counter() - start, len(texts),
                        sum(bool(r.get("truncated")) for r in results),
-                       sum(r.get("pieces", 1) > 1 for r in results))
+                       sum(r.get("pieces", 1) > 1 for r in results),
+                       predictor.task.answer_counts(results))
         return {"predictions": results}
 
     @app.get("/health")
@@ -204,7 +207,8 @@ def create_app(predictor, workers=1, max_wait_ms=5.0, max_batch_tokens=8192, max
         body = {"status": "draining" if state["draining"] else "ok", "task": predictor.task.name,
                 "backend": predictor.backend, "model_name": predictor.manifest.get("model_name"),
                 "labels": predictor.label_names, "workers": workers,
-                "queue_depth": batcher.queue_depth() if batcher else 0}
+                "queue_depth": batcher.queue_depth() if batcher else 0,
+                **predictor.task.health_extras(predictor.manifest)}
         return JSONResponse(body, status_code=503 if state["draining"] else 200)
 
     @app.get("/metrics")

@@ -143,6 +143,19 @@ class Task:
         """The predictor's result for one text from its windows' (or pieces') outputs."""
         raise NotImplementedError
 
+    def answer_counts(self, results):
+        """Counters of a list of ``response`` results that the server's /metrics and the infer
+        summary add up (e.g. tagging: sequences whose chunks were repaired); {} by default."""
+        return {}
+
+    def manifest_extras(self, meta):
+        """manifest.json fields of this task besides the common ones (from checkpoint meta)."""
+        return {}
+
+    def health_extras(self, manifest):
+        """What the server's /health says about this export besides the common fields."""
+        return {}
+
     def bench_overrides(self, manifest):
         """Config overrides naming the corpus whose test texts the load test sends."""
         return ["Data.corpus=sentiment"]
