@@ -33,10 +33,15 @@ import time
 
 import numpy as np
 
+from ..data.collate import Collator
 from ..data.order import length_sorted_batches
 from ..deploy.engines import build_engine
+from ..utils.inputs import validate_batch
 from ..utils.search import greedy_search, length_limits, strip_eos
 from ..utils.viterbi import crf_decode
+from .onnx_export import ORT_DISABLED_OPTIMIZERS
+from .precision import paddle_config
+from .precision_speed import measure
 
 FP32_TOL = 1e-4
 LOW_PRECISION_AGREEMENT = 0.995
@@ -74,7 +79,6 @@ def static_runner(prefix):
 def paddle_inference_runner(model_dir, precision="fp32", onednn=True, threads=2):
     from paddle import inference
 
-    from .precision import paddle_config
 
     predictor = inference.create_predictor(paddle_config(model_dir, precision, onednn, threads))
 
@@ -91,7 +95,6 @@ def onnx_runner(path, crf=None, threads=2):
     """ONNX Runtime; with a ``crf`` matrix the tags come from the numpy Viterbi."""
     import onnxruntime as ort
 
-    from .onnx_export import ORT_DISABLED_OPTIMIZERS
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
@@ -141,7 +144,6 @@ def greedy_paddle_runner(export_dir, eos_id, onednn=True, threads=2):
     """The exported greedy-loop program under Paddle Inference."""
     from paddle import inference
 
-    from .precision import paddle_config
 
     predictor = inference.create_predictor(
         paddle_config(os.path.join(export_dir, "paddle"), "fp32", onednn, threads))
@@ -171,7 +173,6 @@ def onnx_step_sessions(export_dir, threads=2):
     """(run_encoder, run_step) numpy callables over the two ONNX Runtime sessions."""
     import onnxruntime as ort
 
-    from .onnx_export import ORT_DISABLED_OPTIMIZERS
 
     def session(part):
         opts = ort.SessionOptions()
@@ -451,9 +452,6 @@ def parity_batches(meta, encoder, cfg, test_examples, field, max_position):
 
     ``field``: the items' input ids (``input_ids``; ``src_ids`` for seq2seq).
     """
-    from ..data.collate import Collator
-    from ..utils.inputs import validate_batch
-
     def validate(ids, sl):
         validate_batch(ids, sl, max_position=max_position, vocab_size=encoder.vocab_size,
                        pad_id=encoder.pad_id)
@@ -503,8 +501,6 @@ def verify_forward(model, meta, encoder, cfg, export_dir, manifest, paddle_prefi
     report["engines"] = engines
     # a short interleaved timing of every verified backend on the same batches (manifest
     # precision_measured: what --precision auto picks from)
-    from .precision_speed import measure
-
     report["speed"] = measure(backends, test_batches or [(ids, sl) for _, _, ids, sl in grid])
     report["model_name"] = meta.get("model_name")
     return report

@@ -63,11 +63,14 @@ tokenised.  Lengths are computed once per dataset by ``lengths_of``.
 import functools
 import inspect
 import math
+import os
 import pickle
 import types
+from collections import Counter
 
 import numpy as np
 import paddle
+import paddlenlp.transformers as paddlenlp_transformers
 from paddle.io import DataLoader
 from paddlenlp.trainer import Trainer, TrainerCallback
 from paddlenlp.trainer.trainer_utils import EvalLoopOutput, EvalPrediction, get_last_checkpoint
@@ -516,12 +519,6 @@ def make_random_model_dir(out_dir, texts, num_labels, arch="ernie", task="sequen
     (``model.safetensors``), so ``from_pretrained(out_dir)`` reads it like any
     downloaded model directory.  ``task``: sequence or token classification.
     """
-    import os
-    from collections import Counter
-
-    import paddle
-    import paddlenlp.transformers as T
-
     if arch not in _ARCHS or task not in _ARCHS[arch][1]:
         raise ValueError(f"make_random_model_dir: arch must be one of {sorted(_ARCHS)} and task "
                          f"sequence or token, got arch={arch!r} task={task!r}")
@@ -533,12 +530,13 @@ def make_random_model_dir(out_dir, texts, num_labels, arch="ernie", task="sequen
     vocab_file = os.path.join(out_dir, "vocab.txt")
     with open(vocab_file, "w", encoding="utf-8") as f:
         f.write("\n".join(specials + chars) + "\n")
-    getattr(T, tokenizer_cls)(vocab_file).save_pretrained(out_dir)
-    config = getattr(T, config_cls)(
+    getattr(paddlenlp_transformers, tokenizer_cls)(vocab_file).save_pretrained(out_dir)
+    config = getattr(paddlenlp_transformers, config_cls)(
         vocab_size=len(specials) + len(chars), hidden_size=hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads,
         intermediate_size=4 * hidden_size, max_position_embeddings=max_position,
         num_labels=num_labels, pad_token_id=0)
     paddle.seed(seed)
-    getattr(T, models[task])(config).save_pretrained(out_dir, safe_serialization=True)
+    getattr(paddlenlp_transformers, models[task])(config).save_pretrained(out_dir,
+                                                                        safe_serialization=True)
     return out_dir

@@ -11,6 +11,7 @@ import importlib
 from ..config import Config, ConfigError
 from ..config_schema import SCHEMA
 from ..model_registry import MODELS
+from ..utils.log import get_logger
 
 
 # Tasks that train the encoder of another task's model: task -> (models with that encoder,
@@ -79,8 +80,7 @@ def build_model(model_cfg, vocab_size, num_labels, pad_id, task, init_weights=Tr
 
 
 def _warm_start(model, path):
-    from ..utils.log import get_logger
-    from .weights import load_matching_weights
+    from .weights import load_matching_weights  # paddle: `import ppvarlen.models` stays paddle-free
 
     report = load_matching_weights(model, path, key="Model.init_from")
     log = get_logger("ppvarlen.models")

@@ -1,5 +1,6 @@
 """Tagging: one tag per token (CRF taggers decode in the graph; ONNX exports in numpy)."""
 import functools
+from typing import Literal, Optional
 
 import numpy as np
 
@@ -7,7 +8,9 @@ from .. import metrics
 from ..config import ConfigError
 from ..data.errors import DataError
 from ..data import tagschemes
+from ..data.collate import IGNORE_INDEX
 from ..data.longtext import aggregate_tokens
+from ..utils.viterbi import crf_decode
 from .base import Task, unpad
 
 
@@ -50,8 +53,6 @@ class TaggingTask(Task):
         return encoder.encode(ex["tokens"]), labels
 
     def window_item(self, ex, labels, start, end, specials, doc_id):
-        from ..data.collate import IGNORE_INDEX
-
         window = labels[start:end]
         if specials:  # special tokens carry no tag
             window = [IGNORE_INDEX] + window + [IGNORE_INDEX]
@@ -89,8 +90,6 @@ class TaggingTask(Task):
     def engine_rows(self, predictor, out, seq_len):
         """Tag ids per row: from the graph, or Viterbi in numpy over ONNX emissions."""
         if predictor.crf_matrix is not None:
-            from ..utils.viterbi import crf_decode
-
             tags = crf_decode(out["emissions"], predictor.crf_matrix, seq_len)
         else:
             tags = out["tags"]
@@ -120,8 +119,6 @@ class TaggingTask(Task):
     examples = ["江泽民在北京会见了客人"]
 
     def prediction_model(self, label_names):
-        from typing import Literal, Optional
-
         from pydantic import BaseModel, Field
 
         Tag = Literal[tuple(label_names)]
