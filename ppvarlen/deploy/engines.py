@@ -31,8 +31,8 @@ def _backend_entry(manifest, backend):
     backends = manifest.get("backends") or {}
     if backend not in backends:
         raise UnservableExportError(f"this export has no {backend!r} backend (it has {sorted(backends)}); "
-                          f"use --backend {' or '.join(sorted(backends)) or '?'} or re-export with "
-                          f"Export.format including {backend}")
+                                    f"use --backend {' or '.join(sorted(backends)) or '?'} or re-export with "
+                                    f"Export.format including {backend}")
     entry = backends[backend]
     return entry if isinstance(entry, dict) else {}
 
@@ -61,8 +61,8 @@ def check_precision(manifest, backend, precision):
     listed = (manifest.get("precisions") or {}).get(backend, ["fp32"])
     if precision not in listed:
         raise UnservableExportError(f"precision {precision!r} was not exported for backend {backend!r} "
-                          f"(manifest lists {listed}); re-export with "
-                          f"-o Export.precision=[fp32,{precision}]")
+                                    f"(manifest lists {listed}); re-export with "
+                                    f"-o Export.precision=[fp32,{precision}]")
 
 
 class PaddleEngine:

@@ -67,7 +67,7 @@ def tensorrt_shapes(manifest, names):
     missing = [n for n in names if n not in ranges]
     if missing:
         raise UnservableExportError(f"TensorRT needs manifest.shape_ranges for every input; missing "
-                          f"{missing} — re-export")
+                                    f"{missing} — re-export")
     return {n: tuple(list(ranges[n][k]) for k in ("min", "opt", "max")) for n in names}
 
 

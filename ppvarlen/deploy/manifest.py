@@ -30,10 +30,10 @@ def load_manifest(export_dir, verify=True):
     path = _where(export_dir)
     if not os.path.isdir(export_dir):
         raise UnservableExportError(f"export directory not found: {export_dir}; pass the --output directory "
-                          f"of tools/export.py")
+                                    f"of tools/export.py")
     if not os.path.isfile(path):
         raise UnservableExportError(f"{path} is missing: {export_dir} is not an export directory "
-                          f"(re-run tools/export.py to write one)")
+                                    f"(re-run tools/export.py to write one)")
     try:
         with open(path, encoding="utf-8") as f:
             manifest = json.load(f)
@@ -45,13 +45,13 @@ def load_manifest(export_dir, verify=True):
                 "backends", "files"):
         if key not in manifest:
             raise UnservableExportError(f"{path}: key {key!r} is missing; the export is incomplete or from "
-                              f"an older ppvarlen — re-export it")
+                                        f"an older ppvarlen — re-export it")
     if manifest["format_version"] not in SUPPORTED_FORMATS:
         raise UnservableExportError(f"{path}: format_version {manifest['format_version']!r} is not supported "
-                          f"(this ppvarlen reads {list(SUPPORTED_FORMATS)}); re-export or upgrade")
+                                    f"(this ppvarlen reads {list(SUPPORTED_FORMATS)}); re-export or upgrade")
     if manifest["task"] not in SERVED_TASKS:
         raise UnservableExportError(f"{path}: task {manifest['task']!r} cannot be served; served tasks: "
-                          f"{SERVED_TASKS}")
+                                    f"{SERVED_TASKS}")
     problems = get_task(manifest["task"]).manifest_problems(manifest)
     if problems:
         raise UnservableExportError(f"{path}: {problems[0]}")
@@ -69,19 +69,19 @@ def verify_files(export_dir, manifest):
         full = resolve(export_dir, rel)
         if not os.path.isfile(full):
             raise UnservableExportError(f"{full}: listed in the manifest but missing; copy the whole export "
-                              f"directory")
+                                        f"directory")
         actual = sha256_file(full)
         if actual != expected:
             raise UnservableExportError(f"{full}: sha256 {actual[:12]}… does not match the manifest's "
-                              f"{str(expected)[:12]}…; the file was modified or comes from "
-                              f"another export — re-export instead of mixing files")
+                                        f"{str(expected)[:12]}…; the file was modified or comes from "
+                                        f"another export — re-export instead of mixing files")
 
 
 def resolve(export_dir, rel):
     """Join a manifest path to the export dir; refuse paths that leave it."""
     if os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/"):
         raise UnservableExportError(f"{_where(export_dir)}: file path {rel!r} must be relative and stay "
-                          f"inside the export directory")
+                                    f"inside the export directory")
     return os.path.join(export_dir, rel)
 
 
@@ -89,5 +89,5 @@ def require_listed(export_dir, manifest, rel):
     """A file the predictor reads must be covered by the manifest's hashes."""
     if rel not in manifest["files"]:
         raise UnservableExportError(f"{_where(export_dir)}: {rel!r} is used but has no sha256 in 'files'; "
-                          f"re-export so every file is checked")
+                                    f"re-export so every file is checked")
     return resolve(export_dir, rel)

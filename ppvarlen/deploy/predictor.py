@@ -129,7 +129,7 @@ class Predictor:
                 top_batch, top_len = m["shape_ranges"][input_names(m)[0]]["max"]
                 if self.max_len > top_len:
                     raise UnservableExportError(f"max_len {self.max_len} exceeds the TensorRT shape range "
-                                      f"(max length {top_len}) in the manifest; re-export")
+                                                f"(max length {top_len}) in the manifest; re-export")
                 self.max_batch_size = min(self.max_batch_size, int(top_batch))
             # auto -> fastest verified (>= 10% over fp32); warns on a precision measured slower
             self.precision = precision_choice.resolve(m, backend, precision, device)

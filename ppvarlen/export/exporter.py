@@ -63,7 +63,7 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
     task, name = get_task(meta["task"]), meta.get("model_name", "model")
     if task.export_view is None:
         raise ExportFailedError(f"a {task.name} checkpoint is not exported (nothing serves it); "
-                          f"fine-tune a model from what it wrote and export that")
+                                f"fine-tune a model from what it wrote and export that")
     view = VIEWS[task.export_view]
     view.check_precisions(precisions)
     model.eval()

@@ -44,16 +44,16 @@ def check_loads(onnx_path, model_name, timeout=300):
         raise ExportFailedError(f"onnxruntime check of {model_name} did not finish in {timeout}s") from None
     if proc.returncode != 0:
         raise ExportFailedError(f"ONNX export of {model_name}: onnxruntime cannot load or run "
-                          f"{os.path.basename(onnx_path)} ({_failure(proc)}); paddle2onnx "
-                          f"mis-converted an op. Export with --format paddle only, or change "
-                          f"the op (e.g. expand_as -> expand(paddle.shape(x)))")
+                                f"{os.path.basename(onnx_path)} ({_failure(proc)}); paddle2onnx "
+                                f"mis-converted an op. Export with --format paddle only, or change "
+                                f"the op (e.g. expand_as -> expand(paddle.shape(x)))")
 
 
 def convert(paddle_prefix, onnx_path, model_name, opset=13, timeout=900):
     """Run paddle2onnx on ``{paddle_prefix}.json/.pdiparams`` in a child process -> raw ONNX file."""
     if opset < 13:
         raise ExportFailedError(f"Export.opset must be >= 13 (dynamic-axis Slice/Unsqueeze need it), "
-                          f"got {opset}")
+                                f"got {opset}")
     # The worker runs by path: it needs only paddle2onnx, not ppvarlen on sys.path.
     args = [paddle_prefix + ".json", paddle_prefix + ".pdiparams", onnx_path, str(opset)]
     try:

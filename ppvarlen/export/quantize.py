@@ -112,7 +112,7 @@ def _quantize(src, dst, method, weight_type, per_channel, reduce_range, calibrat
     quantized = quantized_node_count(onnx.load(dst, load_external_data=False))
     if not quantized:
         raise ExportFailedError(f"int8 quantization of {src} changed no MatMul/Gemm (weights still "
-                          f"computed in the graph: {left[:3]}); export without int8")
+                                f"computed in the graph: {left[:3]}); export without int8")
     return {"method": method, "weight_type": weight_type, "per_channel": per_channel,
             "reduce_range": reduce_range, "quantized_nodes": quantized,
             "unquantized_matmuls": len(left)}
