@@ -51,7 +51,7 @@ PaddleNLP recipe: SamplerHelper shuffle -> sort in pools -> token-budget batch (
 Data.max_tokens and pool size), paddlenlp.data.Pad, the same model and AdamW, eager -- twice:
 * paddlenlp_recipe_plain — with Paddle's defaults for everything (the baseline: what a
   PaddleNLP user runs): one math thread, glibc's heap, and MKL's own kernel choice
-  (ppvarlen/_mkl.py selects MKL's AVX2 kernels on AMD CPUs at import; switched off here);
+  (ppvarlen/_mkl.py selects MKL's AVX2 kernels on AMD CPUs when a command or Trainer starts; switched off here);
 * paddlenlp_recipe       — given every process setting ppvarlen's trainer makes (ratios against
   it are printed as well: what to_static, the trainer and batching give on their own).
 Writes train_throughput_anchor.json / .png.
@@ -313,7 +313,7 @@ class PaddleNLPRecipe(TrainerVariant):
 
 # Paddle's defaults for the CPU settings ppvarlen's trainer makes (ppvarlen/engine/cpu_settings.py:
 # one math thread is FLAGS_paddle_num_threads=1; keep_freed_memory false leaves glibc alone)
-# and for MKL's kernels on AMD (ppvarlen/_mkl.py, decided at import from the environment)
+# and for MKL's kernels on AMD (ppvarlen/_mkl.py, decided when a Trainer is built, from the environment)
 PADDLE_CPU_DEFAULTS = ["Train.cpu_threads=1", "Train.keep_freed_memory=false"]
 PADDLE_MKL_DEFAULT = {"MKL_DEBUG_CPU_TYPE": None, "PPVARLEN_MKL_AVX2": "0"}
 

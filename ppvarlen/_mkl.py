@@ -4,9 +4,13 @@ Paddle's CPU wheel (3.3.1) links MKL 2019.0 Update 5, which picks its kernels by
 an AMD CPU it takes a generic path.  On this project's 2-core AMD EPYC host an fp32 GEMM
 (2048x512 @ 512x2048) ran 4.4x slower through Paddle than through numpy's OpenBLAS, and training
 the anchor Transformer 1.48x slower (benchmarks/train_throughput.py --what anchor).  MKL up to
-2020.0 honours ``MKL_DEBUG_CPU_TYPE=5``: use the AVX2 kernels.  Setting it at ``import ppvarlen``
-reaches every Paddle kernel in the process and in the processes it starts (data-parallel
-workers, export subprocesses), because MKL reads the variable at its first call, not at load.
+2020.0 honours ``MKL_DEBUG_CPU_TYPE=5``: use the AVX2 kernels.  ``apply()`` sets it when a
+ppvarlen command starts (``ppvarlen.cli``, before the command imports paddle) and when a
+``Trainer`` is built; MKL reads the variable at its first call, so it reaches every Paddle
+kernel of that process and the processes it starts (data-parallel workers, export
+subprocesses).  ``import ppvarlen`` sets nothing: a library user's process keeps its own
+environment.  The limit: a script that ran Paddle math before building a Trainer has had MKL
+choose already; it sets the variable itself before that (PITFALLS 38).
 
 Only set when the CPU is AMD with AVX2 and FMA (the kernels need both) and the variable is unset;
 on Intel it would cap MKL at AVX2, so it is left alone there.  ``PPVARLEN_MKL_AVX2=0`` keeps MKL's
@@ -55,11 +59,23 @@ def _read_cpuinfo():
         return ""
 
 
-_value, _why = decide(_read_cpuinfo(), os.environ)
-if _value is not None:
-    os.environ[VARIABLE] = _value
+_applied = {}  # this process's decision, once made (a second call must not read its own variable)
+
+
+def apply(environ=None):
+    """Decide for this host and set the variable in ``environ`` (this process's environment by
+    default); returns the line the run log shows.  A second call in the process returns the
+    first decision."""
+    if environ is None:
+        if "line" not in _applied:
+            _applied["line"] = apply(os.environ)
+        return _applied["line"]
+    value, why = decide(_read_cpuinfo(), environ)
+    if value is not None:
+        environ[VARIABLE] = value
+    return "MKL: " + why
 
 
 def describe():
-    """What was decided at import, for the run log."""
-    return "MKL: " + _why
+    """What applies to this process now (read-only), for benchmark output."""
+    return "MKL: " + decide(_read_cpuinfo(), os.environ)[1]

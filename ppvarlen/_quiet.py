@@ -1,18 +1,32 @@
-"""Silence two known-harmless import-time warnings from Paddle's dependency chain.
+"""Silence two known-harmless import-time warnings from Paddle's dependency chain, and keep
+PaddleNLP's Hugging Face probes offline -- in ppvarlen's own commands only.
 
 * ``paddle.utils.cpp_extension`` warns "No ccache found" on import; it only
   matters when compiling custom C++ ops, which ppvarlen never does.
 * setuptools' ``_distutils_hack`` warns "Setuptools is replacing distutils"
   when PaddleNLP imports ``distutils``.
+* PaddleNLP probes for an optional Hugging Face login at import: ``HF_HUB_OFFLINE`` /
+  ``HF_DATASETS_OFFLINE`` = 1 unless the user set them.
 
-Both filters match the exact message, so any other warning still shows.
-Imported first by ``ppvarlen/__init__.py``.
+Both filters match the exact message, so any other warning still shows.  ``apply()`` is called
+by ``ppvarlen.cli`` when a command starts (before it imports paddle); ``import ppvarlen``
+changes nothing, so a user's script that imports a ppvarlen helper keeps its own warning
+filters and environment (tests/test_hygiene.py checks both).
 """
 import os
 import warnings
 
-warnings.filterwarnings("ignore", message=r"No ccache found", category=UserWarning)
-warnings.filterwarnings("ignore", message=r"Setuptools is replacing distutils", category=UserWarning)
-# PaddleNLP probes for an optional Hugging Face login at import; keep it offline.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+QUIET_MESSAGES = (r"No ccache found", r"Setuptools is replacing distutils")
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def apply(environ=None):
+    """Install the filters and the offline defaults in this process; returns the log line."""
+    environ = os.environ if environ is None else environ
+    for message in QUIET_MESSAGES:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning)
+    set_here = [name for name in OFFLINE_VARIABLES if name not in environ]
+    for name in set_here:
+        environ[name] = "1"
+    return (f"warnings silenced: {', '.join(QUIET_MESSAGES)}; "
+            f"{', '.join(f'{n}=1' for n in set_here) or 'HF offline variables kept as set'}")

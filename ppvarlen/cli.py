@@ -4,11 +4,16 @@ Each ``main_*`` function is a console script (setup.py) and the ``main`` of a Pa
 shim (``tools/*.py``, ``deploy/python/*.py``); it takes ``argv`` and returns the exit code.
 
 Error policy (``_run``): the typed errors a user can fix -- ``ConfigError``, ``DataError``
-and the serving side's ``ExportError`` (an export directory that cannot be served) -- print
-one paragraph on stderr and exit 2; ``ppvarlen.export.ExportError`` (an export that failed
-its parity check; the old export is kept) exits 1.  Anything else is a bug and keeps its
-traceback.  Paddle is imported inside the commands, so ``--help`` and config errors are
+and ``UnservableExportError`` (an export directory that cannot be served) -- print one
+paragraph on stderr and exit 2; ``ExportFailedError`` (an export that could not be produced
+or failed its parity check; the old export is kept) exits 1.  Anything else is a bug and keeps
+its traceback.  Paddle is imported inside the commands, so ``--help`` and config errors are
 instant.
+
+Process-wide settings (``command_settings``: the known-harmless import warnings silenced,
+Hugging Face probes offline, MKL's AVX2 kernels on AMD) are made here, when a command starts
+and before it imports paddle, never at ``import ppvarlen``: a user's script that imports one
+helper keeps its own process as it was.
 """
 import argparse
 import inspect
@@ -18,17 +23,19 @@ import os
 import sys
 import warnings
 
+from . import _mkl, _quiet
 from .config import ConfigError, add_config_args, load_config, parse_override
 from .data.errors import DataError
-from .deploy.manifest import ExportError as UnservableExport
-from .export.errors import ExportError as ExportFailed
+from .deploy.manifest import UnservableExportError
+from .export.errors import ExportFailedError
+from .utils.log import get_logger
 
 # (typed error, exit code, what the message starts with); the first match wins
 ERROR_POLICY = (
-    (ExportFailed, 1, "export failed"),
+    (ExportFailedError, 1, "export failed"),
     (ConfigError, 2, "error"),
     (DataError, 2, "error"),
-    (UnservableExport, 2, "error"),
+    (UnservableExportError, 2, "error"),
 )
 USER_ERRORS = tuple(cls for cls, _, _ in ERROR_POLICY)
 
@@ -62,6 +69,7 @@ def quiet_third_party_output():
 def _run(parser, argv, command):
     """Parse ``argv`` and run ``command(args)`` under the error policy -> exit code."""
     args = parser.parse_args(argv)
+    command_settings()
     quiet_third_party_output()
     try:
         return command(args)
@@ -70,6 +78,15 @@ def _run(parser, argv, command):
         paragraph = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
         print(f"{parser.prog}: {what}: {paragraph}", file=sys.stderr)
         return code
+
+
+def command_settings():
+    """The process-wide settings of a ppvarlen command, made before the command imports paddle
+    (MKL reads its variable then); each is logged at DEBUG (the trainer logs MKL's at INFO)."""
+    lines = [_quiet.apply(), _mkl.apply()]
+    for line in lines:
+        get_logger("ppvarlen.cli").debug("%s", line)
+    return lines
 
 
 def _parser(main, config=True):

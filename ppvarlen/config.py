@@ -19,7 +19,8 @@ import os
 
 import yaml
 
-from .config_schema import MODEL_KEYS, SCHEMA, Field
+from .config_field import Field
+from .config_schema import MODEL_KEYS, SCHEMA
 
 
 class ConfigError(ValueError):

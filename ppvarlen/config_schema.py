@@ -1,57 +1,16 @@
 """Every config key ppvarlen accepts, with type, default and meaning.
 
 One section per concern.  A key missing here is rejected at load time with a
-"did you mean" suggestion, so adding a feature means adding its key here.
+"did you mean" suggestion, so adding a feature means adding its key here (a model family's
+keys: in its ``register_model`` call, ppvarlen/model_registry.py).
 """
+from .config_field import Field, ListOf
+from .model_registry import MODEL_FIELDS, MODELS, model_keys
 
-
-class Field:
-    def __init__(self, type_, default=None, choices=None, nullable=False, required=False, help="",
-                 path=False):
-        self.type = type_
-        # a file or directory: written absolute into a resolved config.yaml, so the config
-        # works from any directory (export --verify reads the data files again)
-        self.path = path
-        self.default = default
-        self.choices = tuple(choices) if choices is not None else None
-        self.nullable = nullable or default is None and not required
-        self.required = required
-        self.help = help
-
-    def type_name(self):
-        t = self.type
-        if isinstance(t, tuple):
-            return f"list of {t[1].__name__}"
-        return t if isinstance(t, str) else t.__name__
-
-
-def ListOf(item_type, default=None, **kw):
-    return Field(("list", item_type), default, **kw)
-
-
-# The Model keys each model reads besides ``name`` (one place: the config loader rejects a
-# key the chosen model does not read, naming the model and these keys; the model registry,
-# ppvarlen/models/__init__.py, hands each builder only these).  A new model adds its name
-# here, its builder to the registry, and any new key to SCHEMA["Model"].
-_TRANSFORMER_KEYS = ("hidden_size", "num_layers", "num_heads", "ffn_size", "dropout",
-                     "max_position")
-_NGRAM_KEYS = ("ngram_buckets", "ngram_orders", "ngram_dropout")
-_ERNIE_KEYS = ("pretrained_dir", "ernie_config", "dropout", "max_position", "init_from")
-MODEL_KEYS = {
-    "transformer_cls": _TRANSFORMER_KEYS + _NGRAM_KEYS + (
-        "pooling", "wide_buckets", "wide_orders", "wide_dropout", "wide_scale", "token_dropout",
-        "rdrop_alpha", "init_from"),
-    "rnn_cls": ("emb_size", "hidden_size", "num_layers", "cell", "dropout", "pooling",
-                "max_position", "init_from") + _NGRAM_KEYS,
-    "bigru_crf": ("emb_size", "hidden_size", "num_layers", "dropout", "max_position", "init_from"),
-    "ernie_cls": _ERNIE_KEYS,
-    "ernie_tagger": _ERNIE_KEYS,
-    # any PaddleNLP save_pretrained directory, its own head kept (models/paddlenlp_auto.py)
-    "paddlenlp_seq_cls": ("pretrained_dir", "max_position"),
-    "paddlenlp_token_cls": ("pretrained_dir", "max_position"),
-    "seq2seq": _TRANSFORMER_KEYS + ("num_decoder_layers", "max_len_a", "max_len_b", "beam_size",
-                                    "length_penalty"),
-}
+# The Model keys each model reads besides ``name``, from the model registry
+# (ppvarlen/model_registry.py: one register_model call per family declares its keys): the config
+# loader rejects a key the chosen model does not read, naming the model and these keys.
+MODEL_KEYS = model_keys()
 
 SCHEMA = {
     "Global": {
@@ -144,54 +103,11 @@ SCHEMA = {
                                   "(whitespace-separated units, e.g. pinyin syllables); "
                                   "null = like Data.tokenizer"),
     },
-    "Model": {  # one section for every model; MODEL_KEYS (below) says which keys each reads
-        "name": Field(str, "transformer_cls", choices=list(MODEL_KEYS),
+    "Model": {  # one section for every model; each family's keys come from its registration
+        "name": Field(str, "transformer_cls", choices=list(MODELS),
                       help="the model; a config or -o that changes it starts a fresh Model "
                       "section (the other model's keys are not inherited)"),
-        "hidden_size": Field(int, 128, help="width of the encoder (Transformer d_model, RNN "
-                             "hidden units per direction)"),
-        "num_layers": Field(int, 2, help="encoder layers (Transformer blocks or RNN layers)"),
-        "num_heads": Field(int, 4, help="attention heads per Transformer layer"),
-        "ffn_size": Field(int, 512, help="inner width of the Transformer feed-forward block"),
-        "dropout": Field(float, 0.1, help="dropout probability inside the model"),
-        "emb_size": Field(int, 128, help="token embedding width of the RNN models"),
-        "max_position": Field(int, 512, help="longest input in tokens: the size of the learned "
-                              "position table (transformer_cls, ernie_*, seq2seq); for the RNN "
-                              "models only the cap the export and server apply"),
-        "pooling": Field(str, None, choices=["cls", "mean", "max", "last", "mean_max"],
-                         help="null = the model's default: cls (transformer_cls), last (rnn_cls); "
-                         "ernie_cls has no such key: it always uses ERNIE's [CLS] pooler"),
-        "cell": Field(str, "lstm", choices=["lstm", "gru"], help="rnn_cls: the recurrent cell"),
-        "pretrained_dir": Field(str, None, path=True, help="local ERNIE/BERT dir: config + weights + vocab; "
-                                "paddlenlp_*: any PaddleNLP save_pretrained directory "
-                                "(config.json + model.safetensors + tokenizer files)"),
-        "ernie_config": Field(dict, None, help="small ErnieConfig kwargs for random init"),
-        "num_decoder_layers": Field(int, 2, help="seq2seq: Transformer decoder layers"),
-        "ngram_buckets": Field(int, 0, help="hashed char n-gram embedding table size for "
-                               "transformer_cls / rnn_cls; 0 = off"),
-        "ngram_orders": ListOf(int, [2, 3], help="n-gram orders hashed when ngram_buckets > 0"),
-        "ngram_dropout": Field(float, 0.0, help="training only: probability of dropping a "
-                               "whole n-gram embedding at a position"),
-        "max_len_a": Field(float, 8.0, help="seq2seq: generate at most a * source_len + b "
-                           "tokens (EOS included), capped by max_position"),
-        "max_len_b": Field(int, 10, help="seq2seq: the b of max_len_a * source_len + b"),
-        "beam_size": Field(int, 1, help="seq2seq evaluation: 1 = greedy, > 1 = beam search"),
-        "wide_buckets": Field(int, 0, help="transformer_cls: hashed char n-gram table of a linear "
-                              "'wide' head whose logits are added to the encoder's; 0 = off"),
-        "wide_orders": ListOf(int, [1, 2, 3], help="n-gram orders of the wide head"),
-        "wide_dropout": Field(float, 0.0, help="training only: probability of dropping a whole "
-                              "n-gram (all its class logits) from the wide head"),
-        "wide_scale": Field(float, 1.0, help="multiplier on the wide logits; under Adam it is a "
-                            "learning-rate multiplier for the wide table"),
-        "token_dropout": Field(float, 0.0, help="transformer_cls, training only: probability of "
-                               "dropping a whole character embedding (word dropout)"),
-        "rdrop_alpha": Field(float, 0.0, help="transformer_cls: R-Drop weight (two dropout passes "
-                             "per training step, symmetric KL between them; 2x compute); 0 = off. "
-                             "Applies to the model's own loss (not with Train.label_smoothing)"),
-        "init_from": Field(str, None, path=True, help="warm start: a safetensors file (e.g. the "
-                           "encoder.safetensors of tools/pretrain.py) whose weights with matching "
-                           "names are loaded into the new model; null = random init"),
-        "length_penalty": Field(float, 1.0, help="seq2seq beam search: GNMT ((5+len)/6)^alpha"),
+        **MODEL_FIELDS,
     },
     "Optimizer": {
         "name": Field(str, "adamw", choices=["adamw"], help="the optimizer"),

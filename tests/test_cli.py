@@ -12,8 +12,8 @@ import pytest
 from ppvarlen import cli
 from ppvarlen.config import ConfigError
 from ppvarlen.data.errors import DataError
-from ppvarlen.deploy.manifest import ExportError as UnservableExport
-from ppvarlen.export.errors import ExportError as ExportFailed
+from ppvarlen.deploy.manifest import UnservableExportError
+from ppvarlen.export.errors import ExportFailedError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = {"train", "eval", "export", "lengths", "pretrain", "infer", "serve", "bench",
@@ -123,8 +123,8 @@ def test_config_error_through_a_shim_has_no_traceback(tmp_path):
 
 @pytest.mark.parametrize("error, code, prefix", [
     (ConfigError("bad key"), 2, "error"), (DataError("f.jsonl:3: bad line"), 2, "error"),
-    (UnservableExport("manifest.json is missing"), 2, "error"),
-    (ExportFailed("parity check failed"), 1, "export failed"),
+    (UnservableExportError("manifest.json is missing"), 2, "error"),
+    (ExportFailedError("parity check failed"), 1, "export failed"),
 ])
 def test_typed_errors_follow_the_policy(error, code, prefix, tmp_path, capsys, monkeypatch):
     import ppvarlen.data.report as report

@@ -1,5 +1,7 @@
 """Config system: overrides, inheritance, validation errors that name the place."""
 import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -187,15 +189,48 @@ def test_unused_key_error_names_the_file_and_the_override(tmp_path):
 
 def test_model_keys_cover_the_schema_and_the_registry():
     from ppvarlen.config_schema import MODEL_KEYS, SCHEMA
-    from ppvarlen.models import MODEL_TASKS
+    from ppvarlen.model_registry import MODELS
 
     model = SCHEMA["Model"]
-    assert set(MODEL_KEYS) == set(model["name"].choices) == set(MODEL_TASKS)
+    assert set(MODEL_KEYS) == set(model["name"].choices) == set(MODELS)
     used = {k for keys in MODEL_KEYS.values() for k in keys}
     assert used <= set(model) - {"name"}
     assert set(model) - {"name"} <= used, "a Model key no model reads"
     for name, keys in MODEL_KEYS.items():
         assert len(set(keys)) == len(keys), name
+        assert keys == MODELS[name].keys  # the schema reads each family's keys from its registration
+
+
+def test_one_registration_states_a_family_and_the_schema_follows():
+    """A family registered with a new key (before the schema is read, in a fresh interpreter):
+    the schema offers the name and the key, the loader accepts the key for it and refuses it
+    (did you mean) for another family; a key declared twice with another default is refused."""
+    code = textwrap.dedent("""
+        import pytest
+        from ppvarlen import model_registry as r
+        from ppvarlen.config_field import Field
+
+        r.register_model("toy_cls", tasks=["classification"], builder="toy.module:build",
+                         keys={"hidden_size": r.HIDDEN_SIZE, "toy_width": Field(int, 7)})
+        with pytest.raises(ValueError, match="Model.hidden_size is declared with another"):
+            r.register_model("toy2", tasks=["tagging"], builder="m:f",
+                             keys={"hidden_size": Field(int, 64)})
+        from ppvarlen.config import ConfigError, load_config
+        from ppvarlen.config_schema import SCHEMA
+
+        assert "toy_cls" in SCHEMA["Model"]["name"].choices
+        assert SCHEMA["Model"]["toy_width"].default == 7
+        cfg = load_config(data={"Model": {"name": "toy_cls", "toy_width": 9}})
+        assert (cfg.Model.toy_width, cfg.Model.hidden_size) == (9, 128)
+        with pytest.raises(ConfigError, match="Model.name=rnn_cls does not use Model.toy_width "
+                                              "[(]a key of toy_cls[)]"):
+            load_config(data={"Model": {"name": "rnn_cls", "toy_width": 9}})
+        with pytest.raises(ConfigError, match="did you mean 'toy_width'"):
+            load_config(data={"Model": {"name": "toy_cls", "toy_widht": 9}})
+        print("OK")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.stdout.strip() == "OK", r.stderr[-2000:]
 
 
 def test_a_child_config_naming_another_model_starts_a_fresh_model_section(tmp_path):

@@ -37,6 +37,9 @@ def test_infer_txt_in_order_with_bad_lines_reported(tag_export, tmp_path, backen
     got = [records[0], records[2], records[4]]
     assert [g["tags"] for g in got] == [w["tags"] for w in want]
     assert "error" in records[1] and "error" in records[3]
+    # repaired tag sequences are counted in the summary, over the answers written
+    assert summary["tag_chunks_repaired"] == sum(g["repaired_chunks"] for g in got)
+    assert summary["tag_sequences_repaired"] == sum(g["repaired_chunks"] > 0 for g in got)
 
 
 def test_infer_jsonl_to_stdout(cls_export, tmp_path):  # noqa: F811

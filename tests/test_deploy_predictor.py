@@ -10,9 +10,9 @@ from test_deploy_helpers import (NER_TAGS, TEXTS, cls_export, reference,  # noqa
                                  reference_ids, tag_export)
 
 from ppvarlen.data.errors import DataError
-from ppvarlen.deploy.manifest import ExportError
+from ppvarlen.deploy.manifest import UnservableExportError
 from ppvarlen.deploy.predictor import Predictor, char_spans
-from ppvarlen.tasks.tagging import entities
+from ppvarlen.tasks.tagging import TaggingTask, entities
 
 MAX_LEN = 16
 LONG = "这是一段非常非常非常非常非常非常长的文本，超过了最大长度好几倍呢"  # > MAX_LEN chars
@@ -55,17 +55,33 @@ def test_entities_have_char_offsets():
     text = "江泽民在北京 会见"
     spans = char_spans(text, list(text))
     tags = ["B-PER", "I-PER", "I-PER", "O", "B-LOC", "I-LOC", "O", "I-ORG", "B-ORG"]
-    assert entities(tags, spans, text, "bio") == [
+    assert entities(tags, spans, text, "bio") == ([
         {"type": "PER", "text": "江泽民", "start": 0, "end": 3},
         {"type": "LOC", "text": "北京", "start": 4, "end": 6},
         {"type": "ORG", "text": "会", "start": 7, "end": 8},   # I- without B- starts one
-        {"type": "ORG", "text": "见", "start": 8, "end": 9}]
+        {"type": "ORG", "text": "见", "start": 8, "end": 9}], 1)  # ... and is counted
     # the same text tagged in BIOES and BMES (untyped word segmentation), and plain tags
     bioes = ["B-PER", "I-PER", "E-PER", "O", "B-LOC", "E-LOC", "O", "S-ORG", "S-ORG"]
-    assert entities(bioes, spans, text, "bioes") == entities(tags, spans, text, "bio")
-    words = entities(["B", "M", "E", "S", "B", "E", "S", "B", "E"], spans, text, "bmes")
-    assert [w["text"] for w in words] == ["江泽民", "在", "北京", " ", "会见"]
-    assert entities(["nr", "nr", "nr", "p", "ns", "ns", "w", "v", "v"], spans, text, "plain") == []
+    assert entities(bioes, spans, text, "bioes") == (entities(tags, spans, text, "bio")[0], 0)
+    words, repaired = entities(["B", "M", "E", "S", "B", "E", "S", "B", "E"], spans, text, "bmes")
+    assert [w["text"] for w in words] == ["江泽民", "在", "北京", " ", "会见"] and repaired == 0
+    assert {w["type"] for w in words} == {None}  # untyped words: null, not ""
+    assert entities(["nr", "nr", "nr", "p", "ns", "ns", "w", "v", "v"], spans, text, "plain") == (
+        [], 0)
+
+
+def test_a_weak_models_bmes_tags_are_read_by_conllevals_rule_and_counted():
+    """B B B E E E E: each B opens a word, an E that does not continue one is a one-character
+    word of its own; the 5 words that needed the rule are counted (docs/TAGGING.md)."""
+    text = "一二三四五六七"
+    words, repaired = entities(list("BBBEEEE"), char_spans(text, list(text)), text, "bmes")
+    assert [w["text"] for w in words] == ["一", "二", "三四", "五", "六", "七"]
+    assert repaired == 5
+    task = TaggingTask()
+    answers = [{"repaired_chunks": 5}, {"repaired_chunks": 0}, {"repaired_chunks": 1}]
+    assert task.answer_counts(answers) == {"tag_sequences_repaired": 2, "tag_chunks_repaired": 6}
+
+
     # lower-cased word pieces still map back onto the original text
     assert char_spans("Hello World", ["hello", "wor", "##ld"], lowercase=True) == [
         (0, 5), (6, 9), (9, 11)]
@@ -124,14 +140,14 @@ def test_tampered_or_incomplete_export_is_refused(cls_export, tmp_path):  # noqa
         byte = f.read(1)
         f.seek(10)
         f.write(bytes([byte[0] ^ 1]))
-    with pytest.raises(ExportError, match="model.pdiparams: sha256 .* does not match"):
+    with pytest.raises(UnservableExportError, match="model.pdiparams: sha256 .* does not match"):
         Predictor(bad, "paddle")
 
     swapped = str(tmp_path / "swapped_vocab")
     shutil.copytree(src, swapped)
     with open(os.path.join(swapped, "vocab.txt"), "a", encoding="utf-8") as f:
         f.write("多\n")
-    with pytest.raises(ExportError, match="vocab.txt: sha256"):
+    with pytest.raises(UnservableExportError, match="vocab.txt: sha256"):
         Predictor(swapped, "onnx")
 
     unlisted = str(tmp_path / "unlisted")
@@ -140,16 +156,16 @@ def test_tampered_or_incomplete_export_is_refused(cls_export, tmp_path):  # noqa
     m = json.load(open(path, encoding="utf-8"))
     del m["files"]["onnx/model.onnx"]
     json.dump(m, open(path, "w", encoding="utf-8"))
-    with pytest.raises(ExportError, match="no sha256"):
+    with pytest.raises(UnservableExportError, match="no sha256"):
         Predictor(unlisted, "onnx")
 
     m["files"]["../outside"] = "0" * 64
     json.dump(m, open(path, "w", encoding="utf-8"))
-    with pytest.raises(ExportError, match="inside the export directory"):
+    with pytest.raises(UnservableExportError, match="inside the export directory"):
         Predictor(unlisted, "paddle")
 
     os.remove(path)
-    with pytest.raises(ExportError, match="manifest.json is missing"):
+    with pytest.raises(UnservableExportError, match="manifest.json is missing"):
         Predictor(unlisted, "paddle")
 
 
@@ -164,7 +180,7 @@ def test_low_precision_close_to_fp32(cls_export, backend, precision):  # noqa: F
 def test_unavailable_backend_or_precision(cls_export, tag_export):  # noqa: F811
     with pytest.raises(ValueError, match="not available for backend 'onnx'"):
         Predictor(cls_export[0], "onnx", precision="bf16")
-    with pytest.raises(ExportError, match="'fp16' was not exported"):
+    with pytest.raises(UnservableExportError, match="'fp16' was not exported"):
         Predictor(tag_export[0], "onnx", precision="fp16")
     with pytest.raises(ValueError, match="fp16 has no CPU kernels"):
         Predictor(cls_export[0], "paddle", precision="fp16")

@@ -15,7 +15,7 @@ from test_deploy_helpers import TEXTS, cls_export  # noqa: F401
 from test_server import RunningServer, post, run_concurrently
 
 from ppvarlen.data.errors import DataError
-from ppvarlen.deploy.manifest import ExportError
+from ppvarlen.deploy.manifest import UnservableExportError
 from ppvarlen.deploy.predictor import Predictor
 from ppvarlen.deploy.server import create_app
 
@@ -123,7 +123,7 @@ def test_error_policy_names_text_length_and_limit(s2s_export, tmp_path):
         p.predict(["好", LONG])
     with pytest.raises(DataError, match="text 0: text is empty"):
         p.predict([" "])
-    with pytest.raises(ExportError, match="'window' cannot be served for seq2seq"):
+    with pytest.raises(UnservableExportError, match="'window' cannot be served for seq2seq"):
         Predictor(_with_policy(s2s_export[0], str(tmp_path / "w"), "window"), "onnx")
 
 
@@ -219,7 +219,7 @@ def test_infer_script_reads_seq2seq_jsonl(s2s_export, tmp_path):
 
 def test_manifest_without_decoding_is_refused(s2s_export, tmp_path):
     dst = _edit_manifest(s2s_export[0], str(tmp_path / "x"), lambda m: m["decoding"].pop("eos_id"))
-    with pytest.raises(ExportError, match="decoding.eos_id is missing"):
+    with pytest.raises(UnservableExportError, match="decoding.eos_id is missing"):
         Predictor(dst, "paddle")
 
 

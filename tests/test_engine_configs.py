@@ -44,12 +44,13 @@ def test_all_engine_configs_are_listed():
 @pytest.mark.parametrize("path", CONFIGS + OTHER_TOOL_CONFIGS)
 def test_shipped_config_builds_its_model_from_its_own_keys(path):
     """Loading rejects any Model key the model does not read; building shows it reads them."""
-    from ppvarlen.models import MODEL_TASKS, build_model
+    from ppvarlen.model_registry import MODELS
+    from ppvarlen.models import build_model
 
     cfg = load_config(os.path.join(REPO, path))
     name = cfg.Model.name
     assert set(cfg.Model.to_dict()) == {"name", *MODEL_KEYS[name]}
-    task = MODEL_TASKS[name]
+    task = MODELS[name].tasks[0]
     if name.startswith("paddlenlp_") and cfg.Model.pretrained_dir is None:
         # a PaddleNLP directory model: the config names none (it is given with -o); building
         # without one must say so, never fetch anything (tests/test_paddlenlp_models.py builds

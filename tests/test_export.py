@@ -9,7 +9,7 @@ import pytest
 
 from ppvarlen.config import load_config
 from ppvarlen.data.vocab import SPECIAL_TOKENS, TextEncoder
-from ppvarlen.export import ExportError
+from ppvarlen.export import ExportFailedError
 from ppvarlen.export.exporter import export_model
 from ppvarlen.utils.io import sha256_file
 from ppvarlen.utils.viterbi import crf_decode
@@ -85,6 +85,48 @@ def test_parity_report_covers_grid_and_test_split(rnn_export):
     assert report["results"]["test"]["onnx"]["compared"] == 40
 
 
+def test_parity_checked_the_engines_the_predictor_serves(rnn_export):
+    """Every served backend/precision was checked with exactly the engine settings the
+    predictor (serve, infer) builds for the same directory and Deploy.threads: a parity runner
+    of its own, other threads or another oneDNN/ONNX Runtime setting fails here."""
+    from ppvarlen.deploy.predictor import Predictor
+    from ppvarlen.export.precision_speed import PARITY_BACKENDS
+
+    _, out, manifest = rnn_export
+    checked = json.loads((out / "parity.json").read_text())["engines"]
+    served_on_cpu = {(b, p) for b, ps in manifest["precisions"].items() for p in ps
+                     if not (b == "paddle" and p == "fp16")}  # Paddle fp16 is a GPU setting
+    assert {PARITY_BACKENDS[name] for name in checked} == served_on_cpu
+    for name, settings in checked.items():
+        backend, precision = PARITY_BACKENDS[name]
+        predictor = Predictor(str(out), backend, precision=precision, threads=CFG.Deploy.threads)
+        assert json.loads(json.dumps(predictor.engine.settings)) == settings, name
+    # the comparison can fail: another thread count is another setting
+    other = Predictor(str(out), "onnx", threads=CFG.Deploy.threads + 1).engine.settings
+    assert other != checked["onnx"]
+
+
+def test_parity_builds_its_served_backends_with_the_serving_factory(monkeypatch, tmp_path):
+    from ppvarlen.deploy import engines
+    from ppvarlen.export import parity
+
+    built = []
+    real = engines.build_engine
+
+    def recording(export_dir, manifest, backend, **kw):
+        built.append((export_dir, backend, kw["precision"]))
+        return real(export_dir, manifest, backend, **kw)
+
+    monkeypatch.setattr(parity, "build_engine", recording)
+    paddle.seed(0)
+    out = tmp_path / "export"
+    export_model(TinyRNN("gru"), _meta("classification", "rnn_cls", ["neg", "pos", "mid"]),
+                 _encoder(), CFG, str(out), ["paddle"], ["fp32", "bf16"], verify=True)
+    assert sorted((b, p) for _, b, p in built) == [("paddle", "bf16"), ("paddle", "fp32")]
+    # on the directory being written (renamed into place once parity passed)
+    assert all(os.path.basename(d).startswith(".tmp-export-") for d, _, _ in built), built
+
+
 def test_exported_onnx_matches_model_on_mixed_lengths(rnn_export):
     model, out, _ = rnn_export
     ids = np.random.RandomState(5).randint(6, VOCAB, (4, 20)).astype(np.int64)
@@ -130,22 +172,24 @@ def drifting_onnx(monkeypatch):
     """Make the ONNX backend drift by 1e-3, beyond the 1e-4 fp32 gate."""
     from ppvarlen.export import parity
 
-    real = parity.onnx_runner
+    real = parity.served_runner
 
-    def drifting(*args, **kw):
-        run = real(*args, **kw)
+    def drifting(export_dir, manifest, backend, *args, **kw):
+        run, settings = real(export_dir, manifest, backend, *args, **kw)
+        if backend != "onnx":
+            return run, settings
 
         def shifted(ids, lens):
             out = run(ids, lens)
             return {k: v + 1e-3 if v.dtype == np.float32 else v for k, v in out.items()}
-        return shifted
+        return shifted, settings
 
-    monkeypatch.setattr(parity, "onnx_runner", drifting)
+    monkeypatch.setattr(parity, "served_runner", drifting)
 
 
 def test_parity_failure_fails_the_export(tmp_path, drifting_onnx):
     out = tmp_path / "export"
-    with pytest.raises(ExportError, match=r"grid/onnx: max \|diff\|"):
+    with pytest.raises(ExportFailedError, match=r"grid/onnx: max \|diff\|"):
         export_model(TinyTransformer(), _meta("classification", "transformer_cls", ["a", "b"]),
                      _encoder(), CFG, str(out), ["paddle", "onnx"], ["fp32"], verify=True)
     assert not out.exists()
@@ -155,7 +199,7 @@ def test_parity_failure_fails_the_export(tmp_path, drifting_onnx):
 def test_failed_reexport_keeps_the_old_export(rnn_export, drifting_onnx):
     model, out, _ = rnn_export
     before = {p: (out / p).read_bytes() for p in ("manifest.json", "onnx/model.onnx")}
-    with pytest.raises(ExportError, match="parity check failed"):
+    with pytest.raises(ExportFailedError, match="parity check failed"):
         export_model(model, _meta("classification", "rnn_cls", ["neg", "pos", "mid"]), _encoder(),
                      CFG, str(out), ["paddle", "onnx"], ["fp32"], verify=True)
     assert {p: (out / p).read_bytes() for p in before} == before

@@ -12,7 +12,7 @@ import pytest
 
 from ppvarlen.config import ConfigError, load_config
 from ppvarlen.data.vocab import SPECIAL_TOKENS, TextEncoder
-from ppvarlen.export import ExportError
+from ppvarlen.export import ExportFailedError
 from ppvarlen.export import parity
 from ppvarlen.export.exporter import export_model, save_view
 from ppvarlen.models.seq2seq import GreedyProgram, Seq2SeqTransformer
@@ -235,14 +235,14 @@ def test_all_rows_done_at_once_means_one_step(tmp_path):
 def test_parity_failure_keeps_the_old_export(exported, monkeypatch):
     model, out, _ = exported
     before = (out / "manifest.json").read_text()
-    original = parity.greedy_paddle_runner
+    original = parity.served_greedy_runner
 
-    def one_token_more(export_dir, eos_id, onednn=True, threads=2):
-        run = original(export_dir, eos_id, onednn, threads)
-        return lambda ids, lens: [o + [6] for o in run(ids, lens)]
+    def one_token_more(export_dir, manifest, backend, threads):
+        run, settings = original(export_dir, manifest, backend, threads)
+        return (lambda ids, lens: [o + [6] for o in run(ids, lens)]), settings
 
-    monkeypatch.setattr(parity, "greedy_paddle_runner", one_token_more)
-    with pytest.raises(ExportError, match="greedy outputs differ"):
+    monkeypatch.setattr(parity, "served_greedy_runner", one_token_more)
+    with pytest.raises(ExportFailedError, match="greedy outputs differ"):
         export_model(model, META, encoder(), CFG, str(out), ["paddle"], ["fp32"],
                      verify=True, test_examples=split_items(8))
     assert (out / "manifest.json").read_text() == before
@@ -261,7 +261,7 @@ def test_low_precisions_are_refused_for_seq2seq(tmp_path):
 def test_a_corrupted_file_fails_the_sha256_check(exported, tmp_path):
     import shutil
 
-    from ppvarlen.deploy.manifest import ExportError as DeployExportError
+    from ppvarlen.deploy.manifest import UnservableExportError
     from ppvarlen.deploy.manifest import load_manifest
 
     _, out, _ = exported
@@ -270,5 +270,5 @@ def test_a_corrupted_file_fails_the_sha256_check(exported, tmp_path):
     load_manifest(str(copy))
     with open(copy / "onnx" / "decoder_step.onnx", "ab") as f:
         f.write(b"\0")
-    with pytest.raises(DeployExportError, match="decoder_step.onnx: sha256"):
+    with pytest.raises(UnservableExportError, match="decoder_step.onnx: sha256"):
         load_manifest(str(copy))

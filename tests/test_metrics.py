@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from ppvarlen.engine.metrics import accuracy, bio_spans, entity_prf, macro_f1
+from ppvarlen.metrics import accuracy, bio_spans, entity_prf, macro_f1
 
 
 def test_accuracy_and_macro_f1_by_hand():

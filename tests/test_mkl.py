@@ -33,17 +33,30 @@ def test_a_users_setting_and_the_opt_out_win():
     assert value is None and why.startswith("PPVARLEN_MKL_AVX2=0")
 
 
-def test_import_sets_the_variable_for_this_host_and_children_inherit_it():
-    """What `import ppvarlen` does on the machine running the tests matches the decision."""
+def test_a_command_start_sets_the_variable_for_this_host_and_children_inherit_it():
+    """What a ppvarlen command's start (``cli.command_settings``) does on the machine running the
+    tests matches the decision; ``import ppvarlen`` alone sets nothing."""
     env = {k: v for k, v in os.environ.items() if k not in ("MKL_DEBUG_CPU_TYPE", "PPVARLEN_MKL_AVX2")}
-    code = ("import os, subprocess, sys, ppvarlen\n"
+    child = ("subprocess.run([sys.executable, '-c', 'import os; print(os.environ.get(\"MKL_DEBUG_CPU_TYPE\"))'],"
+             " capture_output=True, text=True).stdout.strip()")
+    code = ("import os, subprocess, sys, ppvarlen, ppvarlen.cli\n"
             "print(os.environ.get('MKL_DEBUG_CPU_TYPE'))\n"
-            "print(subprocess.run([sys.executable, '-c', 'import os; print(os.environ.get(\"MKL_DEBUG_CPU_TYPE\"))'],"
-            " capture_output=True, text=True).stdout.strip())")
+            "ppvarlen.cli.command_settings()\n"
+            "print(os.environ.get('MKL_DEBUG_CPU_TYPE'))\n"
+            f"print({child})")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env)
     assert r.returncode == 0, r.stderr
     expected, _ = _mkl.decide(_mkl._read_cpuinfo(), {})
-    assert r.stdout.split() == [str(expected)] * 2
+    assert r.stdout.split() == ["None"] + [str(expected)] * 2
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                        env={**env, "PPVARLEN_MKL_AVX2": "0"})
-    assert r.stdout.split() == ["None", "None"]
+    assert r.stdout.split() == ["None", "None", "None"]
+
+
+def test_apply_keeps_its_first_decision_for_the_log():
+    """The trainer's log line after a command already applied it names the decision, not
+    'was set before ppvarlen'."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MKL_DEBUG_CPU_TYPE", "PPVARLEN_MKL_AVX2")}
+    code = "from ppvarlen import _mkl\nprint(_mkl.apply() == _mkl.apply())"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env)
+    assert r.stdout.split() == ["True"], r.stderr

@@ -7,7 +7,7 @@ import onnxruntime as ort
 import paddle
 import pytest
 
-from ppvarlen.export import ExportError
+from ppvarlen.export import ExportFailedError
 from ppvarlen.export.onnx_export import convert, export_onnx
 from ppvarlen.export.onnx_fix import rnn_nodes, wire_rnn_sequence_lens
 from ppvarlen.export.precision import convert_onnx_fp16
@@ -85,7 +85,7 @@ def test_unsupported_op_is_a_clear_error_not_an_abort(tmp_path):
     model = TinyCRFTagger()
     prefix = str(tmp_path / "model")
     save_inference(model, prefix)  # keeps viterbi_decode in the program
-    with pytest.raises(ExportError, match=r"tiny_tagger.*viterbi_decode"):
+    with pytest.raises(ExportFailedError, match=r"tiny_tagger.*viterbi_decode"):
         convert(prefix, str(tmp_path / "m.onnx"), "tiny_tagger")
     assert not os.path.exists(tmp_path / "m.onnx")
 
@@ -130,5 +130,5 @@ def test_graph_onnxruntime_cannot_run_is_a_clear_error(tmp_path):
         [helper.make_tensor_value_info("logits", TensorProto.INT64, None)])
     path = str(tmp_path / "bad.onnx")
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
-    with pytest.raises(ExportError, match=r"tiny_bad: onnxruntime cannot load or run bad.onnx"):
+    with pytest.raises(ExportFailedError, match=r"tiny_bad: onnxruntime cannot load or run bad.onnx"):
         check_loads(path, "tiny_bad")

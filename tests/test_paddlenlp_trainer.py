@@ -307,11 +307,23 @@ def test_resume_refuses_code_in_checkpoint_pickles_and_non_unified(seq_dir, tmp_
     with open(ckpt / "scheduler.pdparams", "wb") as f:
         pickle.dump({"last_epoch": _RunsCode()}, f)
     monkeypatch.chdir(tmp_path)
+    # the safe loader runs while paddle.load stays Paddle's own (nothing swapped module-wide)
+    from ppvarlen.integrations import paddlenlp_trainer as integration
+
+    seen, find_class = [], integration._PlainDataUnpickler.find_class
+
+    def watch(self, module, name):
+        seen.append(paddle.load is original_load)
+        return find_class(self, module, name)
+
+    original_load = paddle.load
+    monkeypatch.setattr(integration._PlainDataUnpickler, "find_class", watch)
     resumed = make_trainer(model_dir, ds, training_args(tmp_path / "run", **args))
     with pytest.raises(pickle.UnpicklingError,
                        match=r"scheduler.pdparams: refusing to unpickle posix.system"):
         resumed.train(resume_from_checkpoint=str(ckpt))
     assert not (tmp_path / "pwned.txt").exists()
+    assert seen and all(seen), "paddle.load was swapped while the checkpoint was read"
     legacy = make_trainer(model_dir, ds, training_args(tmp_path / "run", unified_checkpoint=False))
     with pytest.raises(ValueError, match="unified_checkpoint=True"):
         legacy.train(resume_from_checkpoint=str(ckpt))

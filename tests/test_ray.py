@@ -211,7 +211,7 @@ def test_replica_that_cannot_load_the_export_fails_with_the_predictors_error(clu
     shutil.copytree(export_dir, broken)
     with open(broken / "vocab.txt", "a", encoding="utf-8") as f:
         f.write("tampered\n")
-    with pytest.raises(ReplicaStartError, match=r"ExportError: .*vocab\.txt: sha256 .* does not "
+    with pytest.raises(ReplicaStartError, match=r"UnservableExportError: .*vocab\.txt: sha256 .* does not "
                                                 r"match the manifest"):
         run_config(serve_config(tmp_path, str(broken), replicas=1))
     serve.delete("ppvarlen")

@@ -116,6 +116,14 @@ def test_concurrent_requests_keep_order_and_match_predictor(cls_export, tag_expo
     assert metrics["latency_ms"]["p99"] >= metrics["latency_ms"]["p50"] > 0
     assert 0 < metrics["padding_efficiency"] <= 1 and metrics["queue_depth"] == 0
     assert health["status"] == "ok" and health["task"] == task
+    if task == "tagging":  # the scheme answers are read with; repairs summed over all answers
+        with open(os.path.join(export_dir, "manifest.json"), encoding="utf-8") as f:
+            assert json.load(f)["tag_scheme"] == health["tag_scheme"] == "bio"
+        answered = [g for reply in replies for g in reply.json()["predictions"]]
+        assert metrics["answers"]["tag_chunks_repaired"] == sum(g["repaired_chunks"]
+                                                                for g in answered)
+        assert metrics["answers"]["tag_sequences_repaired"] == sum(g["repaired_chunks"] > 0
+                                                                   for g in answered)
 
 
 def test_malformed_requests_get_4xx_naming_the_field(cls_export):  # noqa: F811

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from ppvarlen.data import tagschemes
-from ppvarlen.engine.metrics import entity_prf, tagging_metrics, token_accuracy
+from ppvarlen.metrics import entity_prf, tagging_metrics, token_accuracy
 
 # (scheme, tags, chunks as (type, start, end_exclusive)) -- worked out by conlleval's
 # startOfChunk / endOfChunk rules; E/S as seqeval extends them (conlleval has no S: it would
@@ -113,6 +113,24 @@ def test_seqeval_default_mode_agrees_on_random_sequences():
             as_iobes = [t.replace("M-", "I-", 1) for t in seq]
             want = [(t, s, e + 1) for t, s, e in get_entities(as_iobes)]
             assert tagschemes.chunks(seq, scheme) == want, (scheme, seq)
+
+
+def test_repairs_are_counted_exactly_when_the_validator_rejects_the_sequence():
+    """read_chunks counts a repair for a BIOES/BMES sequence iff the data validator
+    (sequence_problem, written separately) rejects it; a well-formed sequence reads unrepaired."""
+    rng = random.Random(1)
+    for scheme, prefixes in (("bioes", "BIES"), ("bmes", "BMES")):
+        tags = ["O"] + [f"{p}-{t}" for p in prefixes for t in ("PER", "LOC")]
+        for _ in range(600):
+            seq = [rng.choice(tags) for _ in range(rng.randint(1, 9))]
+            found, repaired = tagschemes.read_chunks(seq, scheme)
+            assert found == tagschemes.chunks(seq, scheme)
+            assert (repaired > 0) == (tagschemes.sequence_problem(seq, scheme) is not None), seq
+    # BIO allows any I-X after B-X/I-X; an I that starts a chunk (after O or another type) is
+    # the one repair
+    assert tagschemes.read_chunks(["B-PER", "I-PER", "I-PER"], "bio") == ([("PER", 0, 3)], 0)
+    assert tagschemes.read_chunks(["O", "I-PER", "B-LOC", "I-PER"], "bio") == (
+        [("PER", 1, 2), ("LOC", 2, 3), ("PER", 3, 4)], 2)
 
 
 @pytest.mark.parametrize("tags,scheme", [

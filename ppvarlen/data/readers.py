@@ -261,6 +261,7 @@ def _no_labels(files, label_names, skip_invalid, tag_scheme):
 
 def _map_tags(files, label_names, skip_invalid, tag_scheme):
     scheme, evidence = check_tag_scheme(files, tag_scheme, skip_invalid, label_names)
+    logger.info("tag scheme: %s (from %s)", scheme.upper(), evidence)
     if label_names is None:
         names = tagschemes.order({t for fd in files for ex in fd.examples for t in ex["tags"]},
                                  scheme)

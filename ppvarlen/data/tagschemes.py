@@ -1,7 +1,8 @@
 """Tag schemes of sequence tagging: which one a tag set uses, which tags and sequences fit it,
 and the chunks (entities, words) a tag sequence encodes.  Plain Python (no paddle, no numpy).
 
-Schemes (a tag is ``O``, ``P-TYPE`` or a bare prefix ``P``; an untyped chunk has type ""):
+Schemes (a tag is ``O``, ``P-TYPE`` or a bare prefix ``P``; an untyped chunk has type "" here,
+``null`` in a served answer):
 - ``bio``   (IOB2): B begins a chunk, I continues it.
 - ``bioes`` (IOBES): B begins, I continues, E ends a chunk, S is a one-token chunk.
 - ``bmes``: like BIOES with M for "middle" (word segmentation: B M E S, no O; Chinese NER
@@ -174,9 +175,23 @@ def chunks(tags, scheme):
     """The chunks of one tag sequence as a list of ``(type, start, end_exclusive)``.
 
     Raises ValueError for a tag outside the scheme, and for ``plain`` (no chunks)."""
+    return read_chunks(tags, scheme)[0]
+
+
+def read_chunks(tags, scheme):
+    """``(chunks, repaired)``: the chunks of ``chunks`` and how many of them the repair rule
+    read from an ill-formed sequence (a model's output need not be well formed).
+
+    The rule is conlleval's (seqeval's default mode for E/S): an I/M/E that does not continue
+    a chunk of its type starts a new chunk, and a chunk ends where the next tag cannot
+    continue it.  A chunk counts as repaired when it does not start with B or S, or, in a
+    closed scheme (BIOES, BMES), when it does not end with E (or is not one S): e.g. BMES
+    ``B B B E E E E`` reads as the words ``B | B | B E | E | E | E`` with 5 of them repaired.
+    """
     if not SCHEME[scheme].has_chunks:
         raise ValueError("plain tags have no chunks; score them by token accuracy")
-    out, start = [], None
+    closed = SCHEME[scheme].closed
+    out, start, repaired = [], None, 0
     prev, prev_type = OUTSIDE, ""
     for i, tag in enumerate([*tags, OUTSIDE]):
         cur, cur_type = _chunk_tag(tag, scheme)
@@ -184,11 +199,14 @@ def chunks(tags, scheme):
             continue  # nothing ends or starts between two O (most tokens of NER data)
         if start is not None and _ends(prev, prev_type, cur, cur_type):
             out.append((prev_type, start, i))
+            first = _chunk_tag(tags[start], scheme)[0]
+            # S is one token by the rule; B must be closed by E in BIOES/BMES
+            repaired += not (first == "S" or first == "B" and (not closed or prev == "E"))
             start = None
         if _starts(prev, prev_type, cur, cur_type):
             start = i
         prev, prev_type = cur, cur_type
-    return out
+    return out, repaired
 
 
 @functools.lru_cache(maxsize=4096)

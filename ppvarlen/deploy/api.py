@@ -31,6 +31,8 @@ class Health(BaseModel):
     labels: list[str]
     workers: int
     queue_depth: int
+    tag_scheme: Optional[str] = Field(None, description="tagging exports: the tag scheme "
+                                      "(bio, bioes, bmes, plain) the answers are read with")
 
 
 class LatencyMs(BaseModel):
@@ -50,6 +52,8 @@ class Metrics(BaseModel):
     texts: int
     truncated_texts: int
     split_texts: int
+    answers: dict[str, int] = Field(description="the task's answer counters, e.g. tagging: "
+                                    "tag_sequences_repaired, tag_chunks_repaired")
     latency_ms: LatencyMs
     settings: dict
 

@@ -8,23 +8,31 @@ Both are built from the export directory's manifest alone.  Seq2seq exports feed
 (output ``tokens``); the ONNX export holds an encoder and one decoder step, so
 ``OnnxGreedyEngine`` runs the loop in numpy (``ppvarlen.utils.search``) and returns
 ``{"output_ids": [ids, ...]}``.
+
+``build_engine`` is the one engine factory: the predictor (serve, infer, Ray) and the export's
+parity check (``ppvarlen.export.parity``, on the export directory being written) both build
+through it, so the settings checked at export are the settings served.  Every engine records
+them in ``settings`` (parity.json keeps the checked ones; tests compare the two).
 """
+import os
+
 import numpy as np
 
 from ppvarlen.config import ConfigError
 
-from .manifest import ExportError, require_listed
+from .manifest import UnservableExportError, require_listed
 
 STEP_INPUTS = ("tokens", "src_len", "self_k", "self_v", "cross_k", "cross_v")
+ONEDNN_CACHE_CAPACITY = 64  # input shapes whose oneDNN kernels stay cached per predictor
 PRECISIONS = {"paddle": ("fp32", "bf16", "fp16"), "onnx": ("fp32", "fp16", "int8")}
 
 
 def _backend_entry(manifest, backend):
     backends = manifest.get("backends") or {}
     if backend not in backends:
-        raise ExportError(f"this export has no {backend!r} backend (it has {sorted(backends)}); "
-                          f"use --backend {' or '.join(sorted(backends)) or '?'} or re-export with "
-                          f"Export.format including {backend}")
+        raise UnservableExportError(f"this export has no {backend!r} backend (it has {sorted(backends)}); "
+                                    f"use --backend {' or '.join(sorted(backends)) or '?'} or re-export with "
+                                    f"Export.format including {backend}")
     entry = backends[backend]
     return entry if isinstance(entry, dict) else {}
 
@@ -52,9 +60,9 @@ def check_precision(manifest, backend, precision):
                          f"choose one of {list(PRECISIONS[backend])}")
     listed = (manifest.get("precisions") or {}).get(backend, ["fp32"])
     if precision not in listed:
-        raise ExportError(f"precision {precision!r} was not exported for backend {backend!r} "
-                          f"(manifest lists {listed}); re-export with "
-                          f"-o Export.precision=[fp32,{precision}]")
+        raise UnservableExportError(f"precision {precision!r} was not exported for backend {backend!r} "
+                                    f"(manifest lists {listed}); re-export with "
+                                    f"-o Export.precision=[fp32,{precision}]")
 
 
 class PaddleEngine:
@@ -71,7 +79,7 @@ class PaddleEngine:
                  gpu_id=0, tensorrt=False, _predictor=None):
         self.output_names = _output_names(manifest, "paddle")
         if _predictor is not None:
-            self._predictor = _predictor
+            self._predictor, self.settings = _predictor
             return
         import paddle.inference as pi
 
@@ -95,6 +103,7 @@ class PaddleEngine:
             config.enable_use_gpu(256, gpu_id, prec)
         else:
             config = pi.Config(model, params)
+            cache_capacity = None
             if precision == "fp16":
                 raise ConfigError("fp16 has no CPU kernels in Paddle Inference; use bf16 on CPU, "
                                  "or --backend onnx --precision fp16")
@@ -105,16 +114,25 @@ class PaddleEngine:
             if precision == "bf16" or settings.get("enable_onednn", True):
                 config.enable_onednn()
                 # oneDNN caches kernels per input shape; bound it, every batch has a new shape.
-                config.set_onednn_cache_capacity(64)
+                cache_capacity = ONEDNN_CACHE_CAPACITY
+                config.set_onednn_cache_capacity(cache_capacity)
             config.set_cpu_math_library_num_threads(int(threads))
             if precision == "bf16":
                 config.enable_onednn_bfloat16()
         config.disable_glog_info()
+        self.settings = {"backend": "paddle", "device": device, "precision": precision,
+                         "model": "tensorrt" if tensorrt else os.path.relpath(model, export_dir),
+                         "tensorrt": bool(tensorrt),
+                         # read back from the Config Paddle Inference runs with
+                         "onednn": bool(config.onednn_enabled()),
+                         "math_threads": int(config.cpu_math_library_num_threads()),
+                         "onednn_cache_capacity": None if device == "gpu" else cache_capacity,
+                         "onednn_bfloat16": device != "gpu" and precision == "bf16"}
         self._predictor = pi.create_predictor(config)
 
     def clone(self):
         return PaddleEngine(None, {"outputs": self.output_names},
-                            _predictor=self._predictor.clone())
+                            _predictor=(self._predictor.clone(), self.settings))
 
     def run(self, input_ids, seq_len):
         p = self._predictor
@@ -130,7 +148,7 @@ class PaddleEngine:
 
 
 def _ort_session(export_dir, manifest, rel, device, threads, gpu_id):
-    """An onnxruntime session over the manifest-listed file ``rel`` (CPU or CUDA)."""
+    """(onnxruntime session over the manifest-listed file ``rel`` (CPU or CUDA), its settings)."""
     import onnxruntime as ort
 
     path = require_listed(export_dir, manifest, rel)
@@ -150,7 +168,13 @@ def _ort_session(export_dir, manifest, rel, device, threads, gpu_id):
     # NCHWc transformer segfaults onnxruntime 1.32 on the fp16 BiGRU-CRF).
     entry = _backend_entry(manifest, "onnx")
     disabled = list(entry.get("session", {}).get("disabled_optimizers", []))
-    return ort.InferenceSession(path, opts, providers=providers, disabled_optimizers=disabled)
+    session = ort.InferenceSession(path, opts, providers=providers, disabled_optimizers=disabled)
+    used = session.get_session_options()  # read back from the session that runs
+    return session, {"model": rel, "providers": session.get_providers(),
+                     "intra_op_threads": used.intra_op_num_threads,
+                     "inter_op_threads": used.inter_op_num_threads,
+                     "graph_optimization_level": str(used.graph_optimization_level),
+                     "disabled_optimizers": sorted(disabled)}
 
 
 class OnnxEngine:
@@ -160,17 +184,21 @@ class OnnxEngine:
                  gpu_id=0, _session=None):
         self.output_names = _output_names(manifest)
         if _session is not None:
-            self._session = _session
+            self._session, self.settings = _session
             return
         entry = _backend_entry(manifest, "onnx")
         check_precision(manifest, "onnx", precision)
         rel = entry.get(f"model_{precision}", f"onnx/model_{precision}.onnx")
         rel = entry.get("model", "onnx/model.onnx") if precision == "fp32" else rel
-        self._session = _ort_session(export_dir, manifest, rel, device, threads, gpu_id)
+        self._session, session_settings = _ort_session(export_dir, manifest, rel, device,
+                                                       threads, gpu_id)
+        self.settings = {"backend": "onnx", "device": device, "precision": precision,
+                         **session_settings}
 
     def clone(self):
         # InferenceSession.run is thread-safe; clones share the loaded graph and weights.
-        return OnnxEngine(None, {"outputs": self.output_names}, _session=self._session)
+        return OnnxEngine(None, {"outputs": self.output_names},
+                          _session=(self._session, self.settings))
 
     def run(self, input_ids, seq_len):
         inputs = self._session.get_inputs()
@@ -192,17 +220,20 @@ class OnnxGreedyEngine:
                  gpu_id=0, _sessions=None):
         self.decoding = manifest["decoding"]
         if _sessions is not None:
-            self._encoder, self._step = _sessions
+            self._encoder, self._step, self.settings = _sessions
             return
         entry = _backend_entry(manifest, "onnx")
         check_precision(manifest, "onnx", precision)  # seq2seq exports list fp32 only
-        self._encoder, self._step = (
+        (self._encoder, encoder_settings), (self._step, step_settings) = (
             _ort_session(export_dir, manifest, entry.get(part, f"onnx/{part}.onnx"), device,
                          threads, gpu_id) for part in ("encoder", "decoder_step"))
+        self.settings = {"backend": "onnx", "device": device, "precision": precision,
+                         "decode": "greedy_numpy", "encoder": encoder_settings,
+                         "decoder_step": step_settings}
 
     def clone(self):
         return OnnxGreedyEngine(None, {"decoding": self.decoding},
-                                _sessions=(self._encoder, self._step))
+                                _sessions=(self._encoder, self._step, self.settings))
 
     @staticmethod
     def _run(session, names, arrays):

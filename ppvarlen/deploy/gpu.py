@@ -20,7 +20,7 @@ never silently downgraded:
 import os
 
 from ..config import ConfigError
-from .manifest import ExportError
+from .manifest import UnservableExportError
 
 GPU_PRECISIONS = ("fp32", "fp16", "bf16")
 
@@ -66,8 +66,8 @@ def tensorrt_shapes(manifest, names):
     ranges = manifest.get("shape_ranges") or {}
     missing = [n for n in names if n not in ranges]
     if missing:
-        raise ExportError(f"TensorRT needs manifest.shape_ranges for every input; missing "
-                          f"{missing} — re-export")
+        raise UnservableExportError(f"TensorRT needs manifest.shape_ranges for every input; missing "
+                                    f"{missing} — re-export")
     return {n: tuple(list(ranges[n][k]) for k in ("min", "opt", "max")) for n in names}
 
 

@@ -105,7 +105,8 @@ def run_file(predictor, input_path, output_path=None, progress=True):
                "seconds": round(seconds, 4),
                "texts_per_s": round(done / seconds, 2) if seconds > 0 else None,
                "tokens_per_s": round(real / seconds, 1) if seconds > 0 else None,
-               "padding_efficiency": round(real / padded, 4) if padded else None}
+               "padding_efficiency": round(real / padded, 4) if padded else None,
+               **predictor.task.answer_counts([rec for rec in records if "error" not in rec])}
     if predictor.task.generates:  # decoder steps that produced output vs steps run
         steps = predictor.padded_target_tokens - steps0
         summary["output_tokens_per_s"] = (round((predictor.real_target_tokens - out0) / seconds, 1)

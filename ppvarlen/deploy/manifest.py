@@ -17,7 +17,7 @@ SUPPORTED_FORMATS = (1,)
 SERVED_TASKS = [name for name, task in TASKS.items() if task.servable]
 
 
-class ExportError(ValueError):
+class UnservableExportError(ValueError):
     """The export directory cannot be served as it is; the message says why and what to do."""
 
 
@@ -29,32 +29,32 @@ def load_manifest(export_dir, verify=True):
     """Return the manifest dict of ``export_dir``; with ``verify`` check every file's sha256."""
     path = _where(export_dir)
     if not os.path.isdir(export_dir):
-        raise ExportError(f"export directory not found: {export_dir}; pass the --output directory "
-                          f"of tools/export.py")
+        raise UnservableExportError(f"export directory not found: {export_dir}; pass the --output directory "
+                                    f"of tools/export.py")
     if not os.path.isfile(path):
-        raise ExportError(f"{path} is missing: {export_dir} is not an export directory "
-                          f"(re-run tools/export.py to write one)")
+        raise UnservableExportError(f"{path} is missing: {export_dir} is not an export directory "
+                                    f"(re-run tools/export.py to write one)")
     try:
         with open(path, encoding="utf-8") as f:
             manifest = json.load(f)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ExportError(f"{path}: not valid JSON ({e}); re-run tools/export.py") from None
+        raise UnservableExportError(f"{path}: not valid JSON ({e}); re-run tools/export.py") from None
     if not isinstance(manifest, dict):
-        raise ExportError(f"{path}: top level must be an object")
+        raise UnservableExportError(f"{path}: top level must be an object")
     for key in ("format_version", "task", "label_names", "tokenizer", "max_len", "long_text",
                 "backends", "files"):
         if key not in manifest:
-            raise ExportError(f"{path}: key {key!r} is missing; the export is incomplete or from "
-                              f"an older ppvarlen — re-export it")
+            raise UnservableExportError(f"{path}: key {key!r} is missing; the export is incomplete or from "
+                                        f"an older ppvarlen — re-export it")
     if manifest["format_version"] not in SUPPORTED_FORMATS:
-        raise ExportError(f"{path}: format_version {manifest['format_version']!r} is not supported "
-                          f"(this ppvarlen reads {list(SUPPORTED_FORMATS)}); re-export or upgrade")
+        raise UnservableExportError(f"{path}: format_version {manifest['format_version']!r} is not supported "
+                                    f"(this ppvarlen reads {list(SUPPORTED_FORMATS)}); re-export or upgrade")
     if manifest["task"] not in SERVED_TASKS:
-        raise ExportError(f"{path}: task {manifest['task']!r} cannot be served; served tasks: "
-                          f"{SERVED_TASKS}")
+        raise UnservableExportError(f"{path}: task {manifest['task']!r} cannot be served; served tasks: "
+                                    f"{SERVED_TASKS}")
     problems = get_task(manifest["task"]).manifest_problems(manifest)
     if problems:
-        raise ExportError(f"{path}: {problems[0]}")
+        raise UnservableExportError(f"{path}: {problems[0]}")
     if verify:
         verify_files(export_dir, manifest)
     return manifest
@@ -64,30 +64,30 @@ def verify_files(export_dir, manifest):
     """Every file in ``manifest['files']`` exists and has the recorded sha256."""
     files = manifest["files"]
     if not isinstance(files, dict) or not files:
-        raise ExportError(f"{_where(export_dir)}: 'files' must map relative paths to sha256")
+        raise UnservableExportError(f"{_where(export_dir)}: 'files' must map relative paths to sha256")
     for rel, expected in files.items():
         full = resolve(export_dir, rel)
         if not os.path.isfile(full):
-            raise ExportError(f"{full}: listed in the manifest but missing; copy the whole export "
-                              f"directory")
+            raise UnservableExportError(f"{full}: listed in the manifest but missing; copy the whole export "
+                                        f"directory")
         actual = sha256_file(full)
         if actual != expected:
-            raise ExportError(f"{full}: sha256 {actual[:12]}… does not match the manifest's "
-                              f"{str(expected)[:12]}…; the file was modified or comes from "
-                              f"another export — re-export instead of mixing files")
+            raise UnservableExportError(f"{full}: sha256 {actual[:12]}… does not match the manifest's "
+                                        f"{str(expected)[:12]}…; the file was modified or comes from "
+                                        f"another export — re-export instead of mixing files")
 
 
 def resolve(export_dir, rel):
     """Join a manifest path to the export dir; refuse paths that leave it."""
     if os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/"):
-        raise ExportError(f"{_where(export_dir)}: file path {rel!r} must be relative and stay "
-                          f"inside the export directory")
+        raise UnservableExportError(f"{_where(export_dir)}: file path {rel!r} must be relative and stay "
+                                    f"inside the export directory")
     return os.path.join(export_dir, rel)
 
 
 def require_listed(export_dir, manifest, rel):
     """A file the predictor reads must be covered by the manifest's hashes."""
     if rel not in manifest["files"]:
-        raise ExportError(f"{_where(export_dir)}: {rel!r} is used but has no sha256 in 'files'; "
-                          f"re-export so every file is checked")
+        raise UnservableExportError(f"{_where(export_dir)}: {rel!r} is used but has no sha256 in 'files'; "
+                                    f"re-export so every file is checked")
     return resolve(export_dir, rel)

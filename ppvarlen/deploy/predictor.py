@@ -34,7 +34,7 @@ from ppvarlen.utils.inputs import is_blank, validate_batch
 
 from . import precision_choice
 from .engines import build_engine, input_names
-from .manifest import ExportError, load_manifest, require_listed
+from .manifest import UnservableExportError, load_manifest, require_listed
 
 
 class EncodedText:
@@ -128,8 +128,8 @@ class Predictor:
             if tensorrt:  # TensorRT engines refuse shapes outside the exported ranges
                 top_batch, top_len = m["shape_ranges"][input_names(m)[0]]["max"]
                 if self.max_len > top_len:
-                    raise ExportError(f"max_len {self.max_len} exceeds the TensorRT shape range "
-                                      f"(max length {top_len}) in the manifest; re-export")
+                    raise UnservableExportError(f"max_len {self.max_len} exceeds the TensorRT shape range "
+                                                f"(max length {top_len}) in the manifest; re-export")
                 self.max_batch_size = min(self.max_batch_size, int(top_batch))
             # auto -> fastest verified (>= 10% over fp32); warns on a precision measured slower
             self.precision = precision_choice.resolve(m, backend, precision, device)

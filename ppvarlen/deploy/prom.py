@@ -53,6 +53,9 @@ class PromMetrics:
         self.load_failures = Counter("ppvarlen_model_load_failures", "model versions refused at "
                                      "load, by reason (manifest, parity, load)",
                                      ["model", "version", "reason"], registry=r)
+        self.answers = Counter("ppvarlen_task_answers", "the task's answer counters, e.g. "
+                               "tag_chunks_repaired (invalid tag sequences read by conlleval's "
+                               "rule, docs/TAGGING.md)", ["counter"], registry=r)
         for outcome in TEXT_OUTCOMES:
             self.texts.labels(outcome)  # present (at 0) before the first request
         self._totals = {}

@@ -52,7 +52,10 @@ class ServedModel:
 
     def __init__(self, name, version, predictor):
         self.name, self.version, self.predictor = name, str(version), predictor
-        self.task_name, self.label_names = predictor.task.name, list(predictor.label_names)
+        self.task, self.task_name = predictor.task, predictor.task.name
+        self.label_names = list(predictor.label_names)
+        # what /health reports of the task (e.g. the tag scheme), kept after an unload
+        self.health_extras = predictor.task.health_extras(predictor.manifest)
         self.backend, self.long_text = predictor.backend, predictor.long_text
         self.batcher = None
         self.example = None

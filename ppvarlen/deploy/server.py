@@ -50,15 +50,17 @@ class ServerMetrics:
         self.texts = 0
         self.truncated = 0  # texts cut to the export's max_len (long_text: truncate)
         self.split = 0  # seq2seq sources served in pieces (Deploy.split_long_sources)
+        self.answers = collections.Counter()  # the task's answer counters (Task.answer_counts)
         self._latencies = collections.deque(maxlen=window)
 
     def count_request(self):
         with self._lock:
             self.requests += 1
 
-    def record(self, status, latency_s=None, texts=0, truncated=0, split=0):
+    def record(self, status, latency_s=None, texts=0, truncated=0, split=0, answers=None):
         with self._lock:
             self.responses[str(status)] += 1
+            self.answers.update(answers or {})
             self.texts += texts
             self.truncated += truncated
             self.split += split
@@ -70,7 +72,7 @@ class ServerMetrics:
             lat = np.array(self._latencies, dtype=np.float64)
             out = {"requests": self.requests, "responses": dict(self.responses),
                    "texts": self.texts, "truncated_texts": self.truncated,
-                   "split_texts": self.split}
+                   "split_texts": self.split, "answers": dict(self.answers)}
         pct = {f"p{q}": float(np.percentile(lat, q)) if lat.size else None for q in (50, 95, 99)}
         out["latency_ms"] = {**pct, "mean": float(lat.mean()) if lat.size else None,
                              "window": int(lat.size)}
@@ -255,7 +257,10 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
         prom.texts.labels("served").inc(len(results))
         prom.texts.labels("truncated").inc(truncated)
         prom.texts.labels("split").inc(split)
-        return model, results, truncated, split
+        answers = model.task.answer_counts(results)
+        for counter, n in answers.items():
+            prom.answers.labels(counter).inc(n)
+        return model, results, truncated, split, answers
 
     def version_headers(model):
         return {"X-Model-Name": model.name, "X-Model-Version": model.version}
@@ -271,8 +276,9 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ApiError(400, f"body is not valid JSON: {e}", "body") from None
         texts = validate_payload(payload, limits)
-        model, results, truncated, split = await run_texts(texts)
-        metrics.record(200, time.perf_counter() - start, len(texts), truncated, split)
+        model, results, truncated, split, answers = await run_texts(texts)
+        metrics.record(200, time.perf_counter() - start, len(texts), truncated, split,
+                       answers)
         return JSONResponse({"predictions": results, "model_version": model.version},
                             headers=version_headers(model))
 
@@ -283,7 +289,8 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
         body = {"status": "draining" if state["draining"] else "ok", "task": model.task_name,
                 "backend": model.backend, "model_name": model.name,
                 "model_version": model.version, "labels": model.label_names,
-                "workers": workers, "queue_depth": registry.queue_depth()}
+                "workers": workers, "queue_depth": registry.queue_depth(),
+                **model.health_extras}
         return JSONResponse(body, status_code=503 if state["draining"] else 200)
 
     @app.get("/metrics")
@@ -340,9 +347,10 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
             raise ApiError(400, f"body is not valid JSON: {e}", "body") from None
         model = model_or_404(name, version)
         texts, request_id, params, wanted = oip.parse_infer(payload, binary, limits, model)
-        model, results, truncated, split = await run_texts(
+        model, results, truncated, split, answers = await run_texts(
             texts, name, version, params.get("long_text"), where="inputs[0].data")
-        metrics.record(200, time.perf_counter() - start, len(texts), truncated, split)
+        metrics.record(200, time.perf_counter() - start, len(texts), truncated, split,
+                       answers)
         content, headers = oip.infer_response(model, request_id, params, wanted, results)
         return Response(content, headers={**headers, **version_headers(model)})
 

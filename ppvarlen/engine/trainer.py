@@ -96,6 +96,7 @@ class Trainer:
         from ..tasks import get_task
 
         self.started = time.time()
+        self.mkl = _mkl.apply()  # before this process's first MKL call (PITFALLS 38)
         self.cfg = cfg
         self.out = cfg.Global.output_dir
         self.world, self.rank = init_distributed()
@@ -320,7 +321,7 @@ class Trainer:
         self.ddp_model.train()
         log.info("training %s on %s for %d steps (%d batches/epoch, %d process(es))",
                  self.cfg.Model.name, self.device, self.total_steps, len(self.sampler), self.world)
-        for line in (_mkl.describe(), *self.cpu_settings):
+        for line in (self.mkl, *self.cpu_settings):
             log.info("%s", line)
         while st["step"] < self.total_steps:
             self.sampler.set_epoch(st["epoch"])  # keeps a resumed mid-epoch position

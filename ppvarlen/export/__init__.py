@@ -2,4 +2,4 @@
 
 Entry point: ``ppvarlen.export.exporter.export_checkpoint``.
 """
-from .errors import ExportError  # noqa: F401
+from .errors import ExportFailedError  # noqa: F401

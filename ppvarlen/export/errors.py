@@ -1,2 +1,2 @@
-class ExportError(ValueError):
+class ExportFailedError(ValueError):
     """An export that cannot be produced or fails its parity check; the message says why."""

@@ -11,12 +11,12 @@ import numpy as np
 
 from ..config import ConfigError
 from ..tasks import get_task
-from ..utils.io import atomic_dir, atomic_write_json
+from ..utils.io import atomic_dir, atomic_write_json, sha256_file
 from ..utils.log import get_logger
 from . import manifest as manifest_mod
 from . import parity
 from . import precision_speed
-from .errors import ExportError
+from .errors import ExportFailedError
 from .precision import PRECISIONS, convert_onnx_fp16
 from .static import crf_matrix_of, save_inference, save_program
 
@@ -56,14 +56,14 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
     (Data for tokenizer/long-text settings, Deploy for shape ranges, Export for
     opset and parity size).  ``test_examples``: encoded test items for the
     parity report (None = shape grid only).  The task's ``export_view`` picks the
-    programs written and the parity compared (``VIEWS``).  Raises ExportError when
+    programs written and the parity compared (``VIEWS``).  Raises ExportFailedError when
     parity fails.
     """
     formats, precisions = check_request(formats, precisions)
     task, name = get_task(meta["task"]), meta.get("model_name", "model")
     if task.export_view is None:
-        raise ExportError(f"a {task.name} checkpoint is not exported (nothing serves it); "
-                          f"fine-tune a model from what it wrote and export that")
+        raise ExportFailedError(f"a {task.name} checkpoint is not exported (nothing serves it); "
+                                f"fine-tune a model from what it wrote and export that")
     view = VIEWS[task.export_view]
     view.check_precisions(precisions)
     model.eval()
@@ -72,28 +72,32 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
         encoder.save(tmp)
         tokenizer_files = {"vocab_file": "vocab.txt", "encoder_file": "encoder.json",
                            "vocab_size": encoder.vocab_size}
-        backends, report, table = view.write(model, meta, encoder, cfg, tmp, work, formats,
-                                             precisions, verify, test_examples)
+        backends = view.write(model, meta, encoder, cfg, tmp, work, formats, precisions)
         # Paddle fp16 is the GPU half-precision setting (settings.gpu_fp16), not a file.
         listed = {"paddle": [p for p in precisions if p != "int8"],
                   "onnx": [p for p in precisions if p in ("fp32", "fp16", "int8")]}
         precision_map = {b: listed[b] for b in backends}
-
+        # the manifest first: parity runs the serving engines, which read the directory by it
+        manifest = manifest_mod.build_manifest(tmp, meta, cfg.Data, cfg.Deploy, backends,
+                                               precision_map, tokenizer_files,
+                                               view.decoding(model))
         if verify:
+            report, table = view.verify(model, meta, encoder, cfg, tmp, work, manifest, formats,
+                                        precisions, test_examples)
             atomic_write_json(os.path.join(tmp, "parity.json"), report)
+            manifest["files"] = dict(sorted({**manifest["files"], "parity.json": sha256_file(
+                os.path.join(tmp, "parity.json"))}.items()))
             log.info("parity of %s (reference: dygraph eager)\n%s", name, table)
             failed = os.path.abspath(output) + ".parity-failed.json"
             if os.path.exists(failed):
                 os.remove(failed)  # a stale report from an earlier attempt
             if not report["passed"]:
                 atomic_write_json(failed, report)
-                raise ExportError(f"parity check failed for {name}; export not written "
-                                  f"(report: {failed}):\n  " + "\n  ".join(report["failures"]))
-        manifest = manifest_mod.build_manifest(tmp, meta, cfg.Data, cfg.Deploy, backends,
-                                               precision_map, tokenizer_files,
-                                               view.decoding(model))
-        if verify and report.get("speed"):  # verified + measured, per backend and precision
-            manifest["precision_measured"] = precision_speed.manifest_section(report)
+                raise ExportFailedError(f"parity check failed for {name}; export not written "
+                                        f"(report: {failed}):\n  "
+                                        + "\n  ".join(report["failures"]))
+            if report.get("speed"):  # verified + measured, per backend and precision
+                manifest["precision_measured"] = precision_speed.manifest_section(report)
         atomic_write_json(os.path.join(tmp, "manifest.json"), manifest)
     log.info("export written to %s (%s; precisions %s)", output, ", ".join(backends), precisions)
     return manifest
@@ -111,11 +115,16 @@ class ForwardView:
         return None
 
     @staticmethod
-    def write(model, meta, encoder, cfg, tmp, work, formats, precisions, verify, test_examples):
-        """-> (manifest backends, parity report or None, its table)."""
+    def paddle_prefix(tmp, work, formats):
+        """The saved static program (in the export when Paddle is exported, else aside)."""
+        return os.path.join(tmp if "paddle" in formats else work, "paddle", "model")
+
+    @staticmethod
+    def write(model, meta, encoder, cfg, tmp, work, formats, precisions):
+        """-> the manifest's backends."""
         name = meta.get("model_name", "model")
         output_names = [o["name"] for o in get_task(meta["task"]).output_specs]
-        paddle_prefix = os.path.join(tmp if "paddle" in formats else work, "paddle", "model")
+        paddle_prefix = ForwardView.paddle_prefix(tmp, work, formats)
         os.makedirs(os.path.dirname(paddle_prefix), exist_ok=True)
         save_inference(model, paddle_prefix)
         backends = {}
@@ -133,11 +142,16 @@ class ForwardView:
             backends["onnx"] = _export_onnx(model, name, tmp, work, paddle_prefix, output_names,
                                             crf, cfg.Export.opset, "fp16" in precisions,
                                             "int8" in precisions)
-        if not verify:
-            return backends, None, ""
-        report = parity.verify_forward(model, meta, encoder, cfg, tmp, paddle_prefix, formats,
-                                       precisions, crf, test_examples)
-        return backends, report, parity.format_table(report["results"])
+        return backends
+
+    @staticmethod
+    def verify(model, meta, encoder, cfg, tmp, work, manifest, formats, precisions,
+               test_examples):
+        """-> (parity report, its table): the serving engines over ``tmp`` vs the eager model."""
+        report = parity.verify_forward(model, meta, encoder, cfg, tmp, manifest,
+                                       ForwardView.paddle_prefix(tmp, work, formats), formats,
+                                       precisions, crf_matrix_of(model), test_examples)
+        return report, parity.format_table(report["results"])
 
 
 def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset, fp16,
@@ -210,7 +224,7 @@ class GreedyView:
                 "pad_id": int(model.pad_id)}
 
     @staticmethod
-    def write(model, meta, encoder, cfg, tmp, work, formats, precisions, verify, test_examples):
+    def write(model, meta, encoder, cfg, tmp, work, formats, precisions):
         from ..models.seq2seq import DecoderStepProgram, EncoderProgram, GreedyProgram
 
         name = meta.get("model_name", "model")
@@ -241,11 +255,14 @@ class GreedyView:
                           "head_dim": model.head_dim,
                           "layout": "[layers, B, heads, len, head_dim]; the self cache starts as "
                                     "ONE zero slot (masked), see ppvarlen.utils.search"}}
-        if not verify:
-            return backends, None, ""
-        report = parity.verify_greedy(model, meta, encoder, cfg, tmp, formats,
+        return backends
+
+    @staticmethod
+    def verify(model, meta, encoder, cfg, tmp, work, manifest, formats, precisions,
+               test_examples):
+        report = parity.verify_greedy(model, meta, encoder, cfg, tmp, manifest, formats,
                                       GreedyView.decoding(model), test_examples)
-        return backends, report, parity.format_decoded_table(report)
+        return report, parity.format_decoded_table(report)
 
 
 def save_view(program, prefix):

@@ -91,6 +91,7 @@ def build_manifest(export_dir, meta, data_cfg, deploy_cfg, backends, precisions,
         "files": file_hashes(export_dir),
         "versions": versions(),
     }
+    manifest.update(task.manifest_extras(meta))  # e.g. tagging: the tag scheme
     if decoding is not None:
         manifest["decoding"] = decoding
     return manifest

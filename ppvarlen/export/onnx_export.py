@@ -7,7 +7,7 @@ import onnx
 
 from . import onnx_fix
 from ._onnx_worker import FAILED_EXIT
-from .errors import ExportError
+from .errors import ExportFailedError
 
 # onnxruntime 1.32's NchwcTransformer (ORT_ENABLE_ALL) segfaults at session creation on
 # the fp16 BiGRU-CRF emission graph; it only helps conv nets, so every session skips it.
@@ -41,25 +41,25 @@ def check_loads(onnx_path, model_name, timeout=300):
     try:
         proc = _worker(["--check", onnx_path, *ORT_DISABLED_OPTIMIZERS], timeout)
     except subprocess.TimeoutExpired:
-        raise ExportError(f"onnxruntime check of {model_name} did not finish in {timeout}s") from None
+        raise ExportFailedError(f"onnxruntime check of {model_name} did not finish in {timeout}s") from None
     if proc.returncode != 0:
-        raise ExportError(f"ONNX export of {model_name}: onnxruntime cannot load or run "
-                          f"{os.path.basename(onnx_path)} ({_failure(proc)}); paddle2onnx "
-                          f"mis-converted an op. Export with --format paddle only, or change "
-                          f"the op (e.g. expand_as -> expand(paddle.shape(x)))")
+        raise ExportFailedError(f"ONNX export of {model_name}: onnxruntime cannot load or run "
+                                f"{os.path.basename(onnx_path)} ({_failure(proc)}); paddle2onnx "
+                                f"mis-converted an op. Export with --format paddle only, or change "
+                                f"the op (e.g. expand_as -> expand(paddle.shape(x)))")
 
 
 def convert(paddle_prefix, onnx_path, model_name, opset=13, timeout=900):
     """Run paddle2onnx on ``{paddle_prefix}.json/.pdiparams`` in a child process -> raw ONNX file."""
     if opset < 13:
-        raise ExportError(f"Export.opset must be >= 13 (dynamic-axis Slice/Unsqueeze need it), "
-                          f"got {opset}")
+        raise ExportFailedError(f"Export.opset must be >= 13 (dynamic-axis Slice/Unsqueeze need it), "
+                                f"got {opset}")
     # The worker runs by path: it needs only paddle2onnx, not ppvarlen on sys.path.
     args = [paddle_prefix + ".json", paddle_prefix + ".pdiparams", onnx_path, str(opset)]
     try:
         proc = _worker(args, timeout)
     except subprocess.TimeoutExpired:
-        raise ExportError(f"ONNX export of {model_name} did not finish in {timeout}s") from None
+        raise ExportFailedError(f"ONNX export of {model_name} did not finish in {timeout}s") from None
     if proc.returncode == 0 and os.path.isfile(onnx_path):
         return onnx_path
     ops = _last_line(proc.stderr, "CANDIDATES")
@@ -68,7 +68,7 @@ def convert(paddle_prefix, onnx_path, model_name, opset=13, timeout=900):
             "\n".join(proc.stderr.strip().splitlines()[-8:]))
     why = (f"paddle2onnx aborted (signal {-proc.returncode}) on ops it cannot convert"
            if proc.returncode < 0 else f"paddle2onnx failed ({_failure(proc)})")
-    raise ExportError(f"ONNX export of {model_name} failed: {why}. {hint}")
+    raise ExportFailedError(f"ONNX export of {model_name} failed: {why}. {hint}")
 
 
 def export_onnx(paddle_prefix, onnx_path, model_name, output_names, opset=13, fix_rnn=True):

@@ -9,8 +9,13 @@ What is compared follows the task's export view (``Task.export_view``):
   against the eager step on a few test batches (``verify_greedy``).
 
 Every backend (static program, Paddle Inference with oneDNN off/on, bf16,
-ONNX Runtime fp32/fp16) runs the same batches as the eager model, which is the
-reference.  Two batch sources:
+ONNX Runtime fp32/fp16/int8) runs the same batches as the eager model, which is the
+reference.  The served backends (Paddle Inference as served, bf16, every ONNX precision) are
+built by the serving engine factory (``ppvarlen.deploy.engines.build_engine``) on the export
+directory being written, with its manifest and ``Deploy.threads``: what is checked is what
+``serve`` and ``infer`` run, and ``parity.json["engines"]`` records each engine's settings.
+Paddle Inference with oneDNN off (``paddle_inference``) is a diagnostic of the graph itself,
+not a served setting.  Two batch sources:
 
 * a shape grid - target lengths {1, 2, 7, each bucket boundary -1/0/+1,
   max_len} x batch sizes {1, 3, 32}; row 0 is the target, the other rows are
@@ -28,9 +33,15 @@ import time
 
 import numpy as np
 
+from ..data.collate import Collator
 from ..data.order import length_sorted_batches
+from ..deploy.engines import build_engine
+from ..utils.inputs import validate_batch
 from ..utils.search import greedy_search, length_limits, strip_eos
 from ..utils.viterbi import crf_decode
+from .onnx_export import ORT_DISABLED_OPTIMIZERS
+from .precision import paddle_config
+from .precision_speed import measure
 
 FP32_TOL = 1e-4
 LOW_PRECISION_AGREEMENT = 0.995
@@ -68,7 +79,6 @@ def static_runner(prefix):
 def paddle_inference_runner(model_dir, precision="fp32", onednn=True, threads=2):
     from paddle import inference
 
-    from .precision import paddle_config
 
     predictor = inference.create_predictor(paddle_config(model_dir, precision, onednn, threads))
 
@@ -85,7 +95,6 @@ def onnx_runner(path, crf=None, threads=2):
     """ONNX Runtime; with a ``crf`` matrix the tags come from the numpy Viterbi."""
     import onnxruntime as ort
 
-    from .onnx_export import ORT_DISABLED_OPTIMIZERS
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
@@ -111,6 +120,20 @@ def _named(out):
     return {"emissions": arrays[0], "tags": arrays[1]}
 
 
+def served_runner(export_dir, manifest, backend, precision, threads, crf=None):
+    """(runner, engine settings) of ``backend``/``precision`` as the predictor serves it: the
+    serving engine factory over the export directory and its manifest.  ONNX taggers decode
+    their tags from the emissions with the CRF matrix, as the predictor does."""
+    engine = build_engine(export_dir, manifest, backend, precision=precision, threads=threads)
+
+    def run(input_ids, seq_len):
+        out = engine.run(input_ids, seq_len)
+        if crf is not None and "tags" not in out:
+            out = dict(out, tags=crf_decode(out["emissions"], crf, seq_len))
+        return _named([out[k] for k in ("logits", "emissions", "tags") if k in out])
+    return run, engine.settings
+
+
 # ---------------------------------------------------------------- greedy runners: -> id lists
 
 def greedy_dygraph_runner(model):
@@ -121,7 +144,6 @@ def greedy_paddle_runner(export_dir, eos_id, onednn=True, threads=2):
     """The exported greedy-loop program under Paddle Inference."""
     from paddle import inference
 
-    from .precision import paddle_config
 
     predictor = inference.create_predictor(
         paddle_config(os.path.join(export_dir, "paddle"), "fp32", onednn, threads))
@@ -135,11 +157,22 @@ def greedy_paddle_runner(export_dir, eos_id, onednn=True, threads=2):
     return run
 
 
+def served_greedy_runner(export_dir, manifest, backend, threads):
+    """(runner -> id lists, engine settings) of a seq2seq ``backend`` as the predictor serves
+    it (the serving engine factory over the export directory)."""
+    engine = build_engine(export_dir, manifest, backend, precision="fp32", threads=threads)
+    eos_id = manifest["decoding"]["eos_id"]
+
+    def run(src_ids, src_len):
+        out = engine.run(src_ids, src_len)
+        return out["output_ids"] if "output_ids" in out else strip_eos(out["tokens"], eos_id)
+    return run, engine.settings
+
+
 def onnx_step_sessions(export_dir, threads=2):
     """(run_encoder, run_step) numpy callables over the two ONNX Runtime sessions."""
     import onnxruntime as ort
 
-    from .onnx_export import ORT_DISABLED_OPTIMIZERS
 
     def session(part):
         opts = ort.SessionOptions()
@@ -419,9 +452,6 @@ def parity_batches(meta, encoder, cfg, test_examples, field, max_position):
 
     ``field``: the items' input ids (``input_ids``; ``src_ids`` for seq2seq).
     """
-    from ..data.collate import Collator
-    from ..utils.inputs import validate_batch
-
     def validate(ids, sl):
         validate_batch(ids, sl, max_position=max_position, vocab_size=encoder.vocab_size,
                        pad_id=encoder.pad_id)
@@ -439,49 +469,56 @@ def parity_batches(meta, encoder, cfg, test_examples, field, max_position):
     return validate, grid, test_batches
 
 
-def verify_forward(model, meta, encoder, cfg, export_dir, paddle_prefix, formats, precisions,
-                   crf=None, test_examples=None):
-    """Parity of every exported backend/precision against the eager model -> parity.json dict."""
+def verify_forward(model, meta, encoder, cfg, export_dir, manifest, paddle_prefix, formats,
+                   precisions, crf=None, test_examples=None):
+    """Parity of every exported backend/precision against the eager model -> parity.json dict
+    (``engines``: the settings of each served engine checked)."""
     backends, precision_of = {"static": static_runner(paddle_prefix)}, {"static": "fp32"}
-    model_dir = os.path.dirname(paddle_prefix)
+    engines, threads = {}, int(cfg.Deploy.threads)
+
+    def served(name, backend, precision, crf=None):
+        backends[name], engines[name] = served_runner(export_dir, manifest, backend, precision,
+                                                      threads, crf)
+        precision_of[name] = precision
+
     if "paddle" in formats:
-        backends["paddle_inference"] = paddle_inference_runner(model_dir, onednn=False)
-        backends["paddle_inference_onednn"] = paddle_inference_runner(model_dir)
-        precision_of.update(paddle_inference="fp32", paddle_inference_onednn="fp32")
+        # diagnostic only: the graph under Paddle Inference without oneDNN
+        backends["paddle_inference"] = paddle_inference_runner(os.path.dirname(paddle_prefix),
+                                                               onednn=False, threads=threads)
+        precision_of["paddle_inference"] = "fp32"
+        served("paddle_inference_onednn", "paddle", "fp32")
         if "bf16" in precisions:
-            backends["paddle_inference_onednn_bf16"] = paddle_inference_runner(model_dir, "bf16")
-            precision_of["paddle_inference_onednn_bf16"] = "bf16"
+            served("paddle_inference_onednn_bf16", "paddle", "bf16")
     if "onnx" in formats:
-        onnx_dir = os.path.join(export_dir, "onnx")
-        backends["onnx"] = onnx_runner(os.path.join(onnx_dir, "model.onnx"), crf)
-        precision_of["onnx"] = "fp32"
-        if "fp16" in precisions:
-            backends["onnx_fp16"] = onnx_runner(os.path.join(onnx_dir, "model_fp16.onnx"), crf)
-            precision_of["onnx_fp16"] = "fp16"
-        if "int8" in precisions:
-            backends["onnx_int8"] = onnx_runner(os.path.join(onnx_dir, "model_int8.onnx"), crf)
-            precision_of["onnx_int8"] = "int8"
+        served("onnx", "onnx", "fp32", crf)
+        for precision in ("fp16", "int8"):
+            if precision in precisions:
+                served(f"onnx_{precision}", "onnx", precision, crf)
     validate, grid, test_batches = parity_batches(meta, encoder, cfg, test_examples, "input_ids",
                                                   meta.get("max_position"))
     report = run_parity(dygraph_runner(model), backends, precision_of, grid, test_batches,
                         validate)
+    report["engines"] = engines
     # a short interleaved timing of every verified backend on the same batches (manifest
     # precision_measured: what --precision auto picks from)
-    from .precision_speed import measure
-
     report["speed"] = measure(backends, test_batches or [(ids, sl) for _, _, ids, sl in grid])
     report["model_name"] = meta.get("model_name")
     return report
 
 
-def verify_greedy(model, meta, encoder, cfg, export_dir, formats, decoding, test_examples=None):
-    """Greedy-output parity of every exported backend against the eager model -> parity.json."""
-    backends = {}
-    if "paddle" in formats:
-        backends["paddle_inference"] = greedy_paddle_runner(export_dir, model.eos_id, False)
-        backends["paddle_inference_onednn"] = greedy_paddle_runner(export_dir, model.eos_id)
+def verify_greedy(model, meta, encoder, cfg, export_dir, manifest, formats, decoding,
+                  test_examples=None):
+    """Greedy-output parity of every exported backend against the eager model -> parity.json
+    (``engines``: the settings of each served engine checked)."""
+    backends, engines, threads = {}, {}, int(cfg.Deploy.threads)
+    if "paddle" in formats:  # oneDNN off: a diagnostic of the graph, decoded on the grid only
+        backends["paddle_inference"] = greedy_paddle_runner(export_dir, model.eos_id, False,
+                                                            threads)
+        backends["paddle_inference_onednn"], engines["paddle_inference_onednn"] = \
+            served_greedy_runner(export_dir, manifest, "paddle", threads)
     if "onnx" in formats:
-        backends["onnx"] = onnx_greedy_runner(export_dir, decoding)
+        backends["onnx"], engines["onnx"] = served_greedy_runner(export_dir, manifest, "onnx",
+                                                                 threads)
     validate, grid, test_batches = parity_batches(meta, encoder, cfg, test_examples, "src_ids",
                                                   decoding["max_position"])
     reference = greedy_dygraph_runner(model)
@@ -498,7 +535,7 @@ def verify_greedy(model, meta, encoder, cfg, export_dir, formats, decoding, test
     failures = check_decoded(results, step)
     return {"task": meta["task"], "model_name": meta.get("model_name"),
             "reference": "dygraph eager model.greedy_decode", "results": results,
-            "step_logp": step, "precision": dict.fromkeys(backends, "fp32"),
+            "step_logp": step, "precision": dict.fromkeys(backends, "fp32"), "engines": engines,
             "failures": failures, "passed": not failures,
             "thresholds": {"identical_rate": 1.0, "step_logp_max_abs_diff": FP32_TOL},
             **batch_summary(grid, test_batches)}

@@ -46,8 +46,9 @@ def paddle_config(model_dir, precision="fp32", onednn=True, threads=2, device="c
                   shape_ranges=None):
     """A ``paddle.inference.Config`` for ``{model_dir}/model.json`` in the given precision.
 
-    This mirrors the run-time settings recorded in ``manifest.precisions`` (the
-    deploy predictor applies the same ones without importing this module).
+    Not the served settings: serving and the export's parity check of the served backends both
+    build engines with ``ppvarlen.deploy.engines.build_engine``.  This config is for the
+    diagnostics around them (Paddle Inference with oneDNN off, the GPU check, benchmarks).
     """
     import paddle
     from paddle import inference

@@ -23,7 +23,7 @@ import tempfile
 
 import onnx
 
-from .errors import ExportError
+from .errors import ExportFailedError
 
 INT8_OP_TYPES = ["MatMul", "Gemm"]
 WEIGHT_TYPES = ("qint8", "quint8")
@@ -62,7 +62,7 @@ def _weight_type(name):
     from onnxruntime.quantization import QuantType
 
     if name not in WEIGHT_TYPES:
-        raise ExportError(f"int8 weight_type {name!r} not valid; choose {list(WEIGHT_TYPES)}")
+        raise ExportFailedError(f"int8 weight_type {name!r} not valid; choose {list(WEIGHT_TYPES)}")
     return QuantType.QInt8 if name == "qint8" else QuantType.QUInt8
 
 
@@ -100,7 +100,7 @@ def _quantize(src, dst, method, weight_type, per_channel, reduce_range, calibrat
                              reduce_range=reduce_range)
         elif method == "static":
             if not calibration_batches:
-                raise ExportError("static int8 needs calibration batches (train-split inputs)")
+                raise ExportFailedError("static int8 needs calibration batches (train-split inputs)")
             quantize_static(folded, dst, _Calibration(calibration_batches),
                             quant_format=QuantFormat.QDQ, op_types_to_quantize=INT8_OP_TYPES,
                             activation_type=_weight_type("qint8" if weight_type == "qint8"
@@ -108,11 +108,11 @@ def _quantize(src, dst, method, weight_type, per_channel, reduce_range, calibrat
                             weight_type=_weight_type(weight_type), per_channel=per_channel,
                             reduce_range=reduce_range)
         else:
-            raise ExportError(f"int8 method {method!r} not valid; choose dynamic or static")
+            raise ExportFailedError(f"int8 method {method!r} not valid; choose dynamic or static")
     quantized = quantized_node_count(onnx.load(dst, load_external_data=False))
     if not quantized:
-        raise ExportError(f"int8 quantization of {src} changed no MatMul/Gemm (weights still "
-                          f"computed in the graph: {left[:3]}); export without int8")
+        raise ExportFailedError(f"int8 quantization of {src} changed no MatMul/Gemm (weights still "
+                                f"computed in the graph: {left[:3]}); export without int8")
     return {"method": method, "weight_type": weight_type, "per_channel": per_channel,
             "reduce_range": reduce_range, "quantized_nodes": quantized,
             "unquantized_matmuls": len(left)}

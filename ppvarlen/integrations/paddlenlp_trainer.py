@@ -60,13 +60,17 @@ Datasets: anything indexable with ``len`` whose items are dicts (a PaddleNLP
 ``MapDataset`` from ``load_dataset(read_fn, lazy=False)``, a list, ...), already
 tokenised.  Lengths are computed once per dataset by ``lengths_of``.
 """
-import contextlib
+import functools
 import inspect
 import math
+import os
 import pickle
+import types
+from collections import Counter
 
 import numpy as np
 import paddle
+import paddlenlp.transformers as paddlenlp_transformers
 from paddle.io import DataLoader
 from paddlenlp.trainer import Trainer, TrainerCallback
 from paddlenlp.trainer.trainer_utils import EvalLoopOutput, EvalPrediction, get_last_checkpoint
@@ -83,6 +87,53 @@ LENGTH_SAMPLERS = (TokenBudgetBatchSampler, BucketBatchSampler)
 # fields padded per token; their pad value (None = the tokenizer's pad id)
 _TOKEN_FIELD_PAD = {"input_ids": None, "token_type_ids": "type", "attention_mask": 0,
                     "position_ids": 0, "labels": IGNORE_INDEX}
+
+
+# what paddle.save writes for the Trainer's RNG state and LR scheduler: numpy arrays
+# (reconstruct, ndarray, dtype) and Paddle's generator state; builtins need no lookup
+_PLAIN_DATA_GLOBALS = {("numpy._core.multiarray", "_reconstruct"),
+                       ("numpy.core.multiarray", "_reconstruct"), ("numpy", "ndarray"),
+                       ("numpy", "dtype"), ("paddle.base.libpaddle", "GeneratorState")}
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    def __init__(self, file, path):
+        super().__init__(file, encoding="latin1")
+        self.path = path
+
+    def find_class(self, module, name):
+        if (module, name) not in _PLAIN_DATA_GLOBALS:
+            raise pickle.UnpicklingError(
+                f"{self.path}: refusing to unpickle {module}.{name}; ppvarlen reads only plain "
+                f"data (numbers, strings, lists, dicts, numpy arrays, Paddle RNG state) from a "
+                f"Trainer checkpoint. Was this checkpoint written by paddlenlp's Trainer?")
+        return super().find_class(module, name)
+
+
+def load_plain_data(path, **_configs):
+    """``paddle.load`` for the Trainer's rng_state / scheduler files, without running code."""
+    with open(path, "rb") as f:
+        return _PlainDataUnpickler(f, path).load()
+
+
+class _PlainDataPaddle:
+    """``paddle`` as PaddleNLP's resume methods see it: ``load`` reads plain data only, every
+    other name is Paddle's."""
+    load = staticmethod(load_plain_data)
+
+    def __getattr__(self, name):
+        return getattr(paddle, name)
+
+
+def _with_plain_data_load(method):
+    """A copy of PaddleNLP's ``method`` (same code) whose global name ``paddle`` is a
+    _PlainDataPaddle, so its ``paddle.load`` calls refuse pickled code.  Nothing is patched:
+    ``paddle.load`` itself, PaddleNLP's module and other threads and Trainers are untouched."""
+    scoped_globals = dict(method.__globals__, paddle=_PlainDataPaddle())
+    copy = types.FunctionType(method.__code__, scoped_globals, method.__name__,
+                              method.__defaults__, method.__closure__)
+    copy.__kwdefaults__ = method.__kwdefaults__
+    return functools.update_wrapper(copy, method)
 
 
 def lengths_of(dataset, field="input_ids"):
@@ -282,13 +333,10 @@ class LengthBatchingTrainer(Trainer):
             self._load_rng_state(self._resume_from)
         self._resume_from = None
 
-    def _load_rng_state(self, checkpoint):
-        with _plain_data_paddle_load():
-            return super()._load_rng_state(checkpoint)
-
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        with _plain_data_paddle_load():
-            return super()._load_optimizer_and_scheduler(checkpoint)
+    # PaddleNLP's resume methods read the checkpoint with paddle.load (pickle): here they run
+    # with a ``paddle`` of their own whose load reads plain data only (see _with_plain_data_load)
+    _load_rng_state = _with_plain_data_load(Trainer._load_rng_state)
+    _load_optimizer_and_scheduler = _with_plain_data_load(Trainer._load_optimizer_and_scheduler)
 
     def dataset_lengths(self, dataset):
         """``lengths_of(dataset, length_field)``, computed once per dataset object."""
@@ -427,44 +475,6 @@ class LengthBatchingTrainer(Trainer):
                               num_samples=out.num_samples)
 
 
-# what paddle.save writes for the Trainer's RNG state and LR scheduler: numpy arrays
-# (reconstruct, ndarray, dtype) and Paddle's generator state; builtins need no lookup
-_PLAIN_DATA_GLOBALS = {("numpy._core.multiarray", "_reconstruct"),
-                       ("numpy.core.multiarray", "_reconstruct"), ("numpy", "ndarray"),
-                       ("numpy", "dtype"), ("paddle.base.libpaddle", "GeneratorState")}
-
-
-class _PlainDataUnpickler(pickle.Unpickler):
-    def __init__(self, file, path):
-        super().__init__(file, encoding="latin1")
-        self.path = path
-
-    def find_class(self, module, name):
-        if (module, name) not in _PLAIN_DATA_GLOBALS:
-            raise pickle.UnpicklingError(
-                f"{self.path}: refusing to unpickle {module}.{name}; ppvarlen reads only plain "
-                f"data (numbers, strings, lists, dicts, numpy arrays, Paddle RNG state) from a "
-                f"Trainer checkpoint. Was this checkpoint written by paddlenlp's Trainer?")
-        return super().find_class(module, name)
-
-
-def load_plain_data(path, **_configs):
-    """``paddle.load`` for the Trainer's rng_state / scheduler files, without running code."""
-    with open(path, "rb") as f:
-        return _PlainDataUnpickler(f, path).load()
-
-
-@contextlib.contextmanager
-def _plain_data_paddle_load():
-    """The Trainer's resume methods call ``paddle.load`` (pickle): for the duration of
-    the call it is ``load_plain_data`` (patched, since the calls are inside PaddleNLP)."""
-    saved, paddle.load = paddle.load, load_plain_data
-    try:
-        yield
-    finally:
-        paddle.load = saved
-
-
 def _count_targets(example):
     """Labelled targets of an example or batch: its scalar labels, or its per-token labels
     that are not IGNORE_INDEX (padding, sub-word continuations)."""
@@ -509,12 +519,6 @@ def make_random_model_dir(out_dir, texts, num_labels, arch="ernie", task="sequen
     (``model.safetensors``), so ``from_pretrained(out_dir)`` reads it like any
     downloaded model directory.  ``task``: sequence or token classification.
     """
-    import os
-    from collections import Counter
-
-    import paddle
-    import paddlenlp.transformers as T
-
     if arch not in _ARCHS or task not in _ARCHS[arch][1]:
         raise ValueError(f"make_random_model_dir: arch must be one of {sorted(_ARCHS)} and task "
                          f"sequence or token, got arch={arch!r} task={task!r}")
@@ -526,12 +530,13 @@ def make_random_model_dir(out_dir, texts, num_labels, arch="ernie", task="sequen
     vocab_file = os.path.join(out_dir, "vocab.txt")
     with open(vocab_file, "w", encoding="utf-8") as f:
         f.write("\n".join(specials + chars) + "\n")
-    getattr(T, tokenizer_cls)(vocab_file).save_pretrained(out_dir)
-    config = getattr(T, config_cls)(
+    getattr(paddlenlp_transformers, tokenizer_cls)(vocab_file).save_pretrained(out_dir)
+    config = getattr(paddlenlp_transformers, config_cls)(
         vocab_size=len(specials) + len(chars), hidden_size=hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads,
         intermediate_size=4 * hidden_size, max_position_embeddings=max_position,
         num_labels=num_labels, pad_token_id=0)
     paddle.seed(seed)
-    getattr(T, models[task])(config).save_pretrained(out_dir, safe_serialization=True)
+    getattr(paddlenlp_transformers, models[task])(config).save_pretrained(out_dir,
+                                                                        safe_serialization=True)
     return out_dir

@@ -224,7 +224,7 @@ def main(argv=None):
 
     import ray
 
-    from ppvarlen.deploy.manifest import ExportError
+    from ppvarlen.deploy.manifest import UnservableExportError
 
     ray.init(address=args.address, num_cpus=None if args.address else args.num_cpus,
              include_dashboard=False)
@@ -236,7 +236,7 @@ def main(argv=None):
                              "threads": args.threads, "max_batch_tokens": args.max_batch_tokens,
                              "max_batch_size": args.max_batch_size},
                             int(args.unit_mb * (1 << 20)))
-    except (DataError, ExportError, ValueError) as e:
+    except (DataError, UnservableExportError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:

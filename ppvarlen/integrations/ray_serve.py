@@ -86,7 +86,7 @@ def replica_error(app_name):
 
     ``serve.run`` only says "Failed to update the deployments"; the status message
     holds the replica's traceback, whose last line is the error itself, e.g.
-    ``ppvarlen.deploy.manifest.ExportError: export directory not found: ...``.
+    ``ppvarlen.deploy.manifest.UnservableExportError: export directory not found: ...``.
     """
     status = serve.status().applications.get(app_name)
     deployment = status.deployments.get(DEPLOYMENT) if status else None

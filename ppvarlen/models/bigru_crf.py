@@ -28,3 +28,9 @@ class BiGRUCRF(nn.Layer):
         if labels is None:
             return emissions, self.crf.decode(emissions, seq_len)
         return self.crf.nll(emissions, labels, seq_len), emissions
+
+
+def build(cfg, vocab_size, num_labels, pad_id, init_weights=True):
+    """The registered builder (ppvarlen/model_registry.py): ``cfg`` holds this family's keys."""
+    return BiGRUCRF(vocab_size, num_labels, emb_size=cfg["emb_size"], hidden_size=cfg["hidden_size"],
+                    num_layers=cfg["num_layers"], dropout=cfg["dropout"])

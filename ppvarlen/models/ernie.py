@@ -160,3 +160,11 @@ class ErnieTagger(_ErnieBase):
             mask = sequence_mask(seq_len, paddle.shape(input_ids)[1], dtype="int64")
             return emissions, paddle.argmax(emissions, axis=-1) * mask
         return masked_cross_entropy(emissions, labels), emissions
+
+
+def build(cfg, vocab_size, num_labels, pad_id, init_weights=True):
+    """The registered builder of ernie_cls and ernie_tagger (ppvarlen/model_registry.py)."""
+    backbone = build_ernie_backbone(cfg["pretrained_dir"], cfg["ernie_config"], vocab_size, pad_id,
+                                    cfg["max_position"])
+    model_class = ErnieClassifier if cfg["name"] == "ernie_cls" else ErnieTagger
+    return model_class(backbone, num_labels, dropout=cfg["dropout"])

@@ -36,6 +36,7 @@ import paddle
 import paddle.nn as nn
 
 from ..config import ConfigError
+from ..model_registry import MODELS
 from .masks import key_padding_mask, masked_cross_entropy, sequence_mask
 from .transformer_cls import check_max_position
 
@@ -220,16 +221,21 @@ FAMILY = {"paddlenlp_seq_cls": PaddleNLPSequenceClassifier,
 def model_name_for(config, task, directory):
     """(Model.name, task name) of a directory: from config.json's ``architectures``, else from
     ``task``; ConfigError when neither decides or they disagree."""
-    from . import MODEL_TASKS
-
     archs = list(getattr(config, "architectures", None) or [])
     by_arch = [n for n, c in FAMILY.items() if any(a.endswith(c.architecture_suffix) for a in archs)]
-    by_task = [n for n in FAMILY if task is None or MODEL_TASKS[n] in (task,)]
+    by_task = [n for n in FAMILY if task is None or MODELS[n].serves(task)]
     names = [n for n in by_arch if n in by_task] if by_arch else by_task
     if len(names) != 1:
-        served = {MODEL_TASKS[n] for n in FAMILY}
+        served = {t for n in FAMILY for t in MODELS[n].tasks}
         raise ConfigError(
             f"--pretrained-dir {directory}: config.json architectures {archs or 'missing'} "
             + (f"is not a {task} model" if by_arch else "do not say the task")
             + f"; pass --task ({' or '.join(sorted(served))}) matching the model's head")
-    return names[0], MODEL_TASKS[names[0]]
+    return names[0], MODELS[names[0]].tasks[0]
+
+
+def build(cfg, vocab_size, num_labels, pad_id, init_weights=True):
+    """The registered builder of paddlenlp_seq_cls / paddlenlp_token_cls; without
+    ``init_weights`` a ppvarlen checkpoint supplies every weight: config.json suffices."""
+    return build_paddlenlp_model(FAMILY[cfg["name"]], cfg["pretrained_dir"], cfg["max_position"],
+                                 vocab_size, num_labels, init_weights)

@@ -61,3 +61,12 @@ class RNNClassifier(nn.Layer):
         if labels is None:
             return logits
         return masked_cross_entropy(logits, labels), logits
+
+
+def build(cfg, vocab_size, num_labels, pad_id, init_weights=True):
+    """The registered builder (ppvarlen/model_registry.py): ``cfg`` holds this family's keys."""
+    return RNNClassifier(
+        vocab_size, num_labels, emb_size=cfg["emb_size"], hidden_size=cfg["hidden_size"],
+        num_layers=cfg["num_layers"], cell=cfg["cell"], dropout=cfg["dropout"],
+        pooling=cfg["pooling"] or "last", ngram_buckets=cfg["ngram_buckets"],
+        ngram_orders=cfg["ngram_orders"], ngram_dropout=cfg["ngram_dropout"])

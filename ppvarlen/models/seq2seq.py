@@ -23,6 +23,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.static import InputSpec
 
+from ..config import Config
 from .masks import masked_cross_entropy, masked_fill_value, sequence_mask
 
 Cache = nn.MultiHeadAttention.Cache
@@ -368,3 +369,9 @@ def build_seq2seq(model_cfg, vocab_size, pad_id=0, bos_id=4, eos_id=5, label_smo
         max_position=model_cfg.max_position, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id,
         label_smoothing=label_smoothing, max_len_a=model_cfg.max_len_a,
         max_len_b=model_cfg.max_len_b, output_size=output_size)
+
+
+def build(cfg, vocab_size, num_labels, pad_id, init_weights=True):
+    """The registered builder (ppvarlen/model_registry.py); ``num_labels`` = the output
+    vocabulary (ids < num_labels can be generated), 0 = all ids."""
+    return build_seq2seq(Config(cfg), vocab_size, pad_id=pad_id, output_size=num_labels or None)

@@ -124,3 +124,15 @@ def symmetric_kl(a, b):
     """Mean over the batch of (KL(p_a || p_b) + KL(p_b || p_a)) / 2 for logits [B, C]."""
     log_a, log_b = F.log_softmax(a, axis=-1), F.log_softmax(b, axis=-1)
     return ((log_a.exp() - log_b.exp()) * (log_a - log_b)).sum(axis=-1).mean() / 2
+
+
+def build(cfg, vocab_size, num_labels, pad_id, init_weights=True):
+    """The registered builder (ppvarlen/model_registry.py): ``cfg`` holds this family's keys."""
+    return TransformerClassifier(
+        vocab_size, num_labels, hidden_size=cfg["hidden_size"], num_layers=cfg["num_layers"],
+        num_heads=cfg["num_heads"], ffn_size=cfg["ffn_size"], dropout=cfg["dropout"],
+        max_position=cfg["max_position"], pooling=cfg["pooling"] or "cls",
+        ngram_buckets=cfg["ngram_buckets"], ngram_orders=cfg["ngram_orders"],
+        ngram_dropout=cfg["ngram_dropout"], wide_buckets=cfg["wide_buckets"],
+        wide_orders=cfg["wide_orders"], wide_dropout=cfg["wide_dropout"], wide_scale=cfg["wide_scale"],
+        token_dropout=cfg["token_dropout"], rdrop_alpha=cfg["rdrop_alpha"])

@@ -12,9 +12,9 @@ The trainer, evaluator, exporter, parity checker, predictor and server hold a Ta
 * deploy: what a manifest of this task must hold, how engine outputs become per-row outputs,
   and the per-text response of the predictor.
 
-Layering: this package imports data and utils only; ``paddle``, engine metrics and export
-helpers are imported inside the methods that need them, so a serving host imports no model
-or training code.  Model objects are received and their methods called, never imported.
+Layering: this package imports data, utils and ``ppvarlen.metrics`` only (never engine, export
+or deploy); ``paddle`` is imported inside the methods that need it, so a serving host imports no
+model or training code.  Model objects are received and their methods called, never imported.
 """
 from ..config import ConfigError
 
@@ -142,6 +142,19 @@ class Task:
     def response(self, predictor, item, outputs):
         """The predictor's result for one text from its windows' (or pieces') outputs."""
         raise NotImplementedError
+
+    def answer_counts(self, results):
+        """Counters of a list of ``response`` results that the server's /metrics and the infer
+        summary add up (e.g. tagging: sequences whose chunks were repaired); {} by default."""
+        return {}
+
+    def manifest_extras(self, meta):
+        """manifest.json fields of this task besides the common ones (from checkpoint meta)."""
+        return {}
+
+    def health_extras(self, manifest):
+        """What the server's /health says about this export besides the common fields."""
+        return {}
 
     def bench_overrides(self, manifest):
         """Config overrides naming the corpus whose test texts the load test sends."""

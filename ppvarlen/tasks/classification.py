@@ -1,6 +1,7 @@
 """Classification: one label per text (windows of a long text: mean of their logits)."""
 import numpy as np
 
+from .. import metrics
 from ..data.longtext import aggregate_classification
 from .base import Task
 
@@ -37,8 +38,6 @@ class ClassificationTask(Task):
 
     def report(self, dataset, outputs, label_names, encoder=None):
         """Accuracy/macro-F1 per document (windows of one long text: mean of their logits)."""
-        from ..engine import metrics
-
         doc_ids = [dataset[i]["doc_id"] for i in range(len(dataset))]
         gold = {}
         for i, d in enumerate(doc_ids):

@@ -1,12 +1,16 @@
 """Tagging: one tag per token (CRF taggers decode in the graph; ONNX exports in numpy)."""
 import functools
+from typing import Literal, Optional
 
 import numpy as np
 
+from .. import metrics
 from ..config import ConfigError
 from ..data.errors import DataError
 from ..data import tagschemes
+from ..data.collate import IGNORE_INDEX
 from ..data.longtext import aggregate_tokens
+from ..utils.viterbi import crf_decode
 from .base import Task, unpad
 
 
@@ -16,15 +20,18 @@ def _scheme_of(label_names):
 
 
 def entities(tags, spans, text, scheme):
-    """Entity dicts (character offsets, end exclusive) of the chunks of ``tags`` in ``scheme``;
-    none for plain tags."""
+    """``(entity dicts, repaired)``: the chunks of ``tags`` in ``scheme`` with character offsets
+    (end exclusive) and how many of them the repair rule read from an ill-formed sequence
+    (``tagschemes.read_chunks``); an untyped chunk (a BMES word) has ``"type": None``; none for
+    plain tags."""
     if not tagschemes.SCHEME[scheme].has_chunks:
-        return []
+        return [], 0
+    found, repaired = tagschemes.read_chunks(tags, scheme)
     out = []
-    for kind, first, end in tagschemes.chunks(tags, scheme):
+    for kind, first, end in found:
         start, stop = spans[first][0], spans[end - 1][1]
-        out.append({"type": kind, "text": text[start:stop], "start": start, "end": stop})
-    return out
+        out.append({"type": kind or None, "text": text[start:stop], "start": start, "end": stop})
+    return out, repaired
 
 
 class TaggingTask(Task):
@@ -46,8 +53,6 @@ class TaggingTask(Task):
         return encoder.encode(ex["tokens"]), labels
 
     def window_item(self, ex, labels, start, end, specials, doc_id):
-        from ..data.collate import IGNORE_INDEX
-
         window = labels[start:end]
         if specials:  # special tokens carry no tag
             window = [IGNORE_INDEX] + window + [IGNORE_INDEX]
@@ -65,8 +70,6 @@ class TaggingTask(Task):
 
     def report(self, dataset, outputs, label_names, encoder=None):
         """Entity P/R/F1 per document (windows stitched back by their token offsets)."""
-        from ..engine import metrics
-
         doc_ids, offsets, pred_rows, gold_rows = [], [], [], []
         for i, tags in enumerate(outputs):
             item = dataset[i]
@@ -87,8 +90,6 @@ class TaggingTask(Task):
     def engine_rows(self, predictor, out, seq_len):
         """Tag ids per row: from the graph, or Viterbi in numpy over ONNX emissions."""
         if predictor.crf_matrix is not None:
-            from ..utils.viterbi import crf_decode
-
             tags = crf_decode(out["emissions"], predictor.crf_matrix, seq_len)
         else:
             tags = out["tags"]
@@ -100,20 +101,31 @@ class TaggingTask(Task):
         _, merged = aggregate_tokens([0] * len(content), item.offsets, content)
         tags = [predictor.label_names[int(t)] for t in merged[0]]  # every kept token
         scheme = _scheme_of(tuple(predictor.label_names))  # once per label set, not per text
-        return {"entities": entities(tags, item.spans[:len(tags)], item.text, scheme), "tags": tags,
+        found, repaired = entities(tags, item.spans[:len(tags)], item.text, scheme)
+        return {"entities": found, "tags": tags, "repaired_chunks": repaired,
                 "num_tokens": item.num_tokens, "truncated": item.truncated}
+
+    def answer_counts(self, results):
+        return {"tag_sequences_repaired": sum(r["repaired_chunks"] > 0 for r in results),
+                "tag_chunks_repaired": sum(r["repaired_chunks"] for r in results)}
+
+    def manifest_extras(self, meta):
+        # the label names tell the scheme (data.readers completes them so that they do)
+        return {"tag_scheme": _scheme_of(tuple(meta["label_names"]))}
+
+    def health_extras(self, manifest):
+        return {"tag_scheme": manifest.get("tag_scheme") or _scheme_of(tuple(manifest["label_names"]))}
 
     examples = ["江泽民在北京会见了客人"]
 
     def prediction_model(self, label_names):
-        from typing import Literal
-
         from pydantic import BaseModel, Field
 
         Tag = Literal[tuple(label_names)]
 
         class Entity(BaseModel):
-            type: str
+            type: Optional[str] = Field(description="the chunk's type (PER, LOC ...); null for "
+                                                    "an untyped chunk (a BMES word)")
             text: str = Field(description="text[start:end]")
             start: int = Field(ge=0, description="character offset in the request text")
             end: int = Field(ge=0, description="character offset, exclusive")
@@ -121,6 +133,8 @@ class TaggingTask(Task):
         class TaggingPrediction(BaseModel):
             entities: list[Entity] = Field(description="chunks of the tag scheme, in text order")
             tags: list[Tag] = Field(description="one tag per token")
+            repaired_chunks: int = Field(ge=0, description="entities read from an ill-formed "
+                                         "tag sequence by conlleval's rule (docs/TAGGING.md)")
             num_tokens: int = Field(ge=1)
             truncated: bool
 

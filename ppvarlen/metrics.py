@@ -8,7 +8,7 @@ rather than being dropped.  Plain per-token tags (POS) have no chunks: token acc
 """
 import numpy as np
 
-from ..data import tagschemes
+from .data import tagschemes
 
 
 def accuracy(preds, labels):
