@@ -30,7 +30,7 @@ from ppvarlen.data.errors import DataError
 from ppvarlen.utils.log import get_logger
 
 from .batcher import BatcherClosed, DynamicBatcher
-from .manifest import MANIFEST, ExportError
+from .manifest import MANIFEST, UnservableExportError
 
 log = get_logger("deploy.repository")
 GRID_BATCH = 4  # a grid row is checked alone and with this many rows in all
@@ -208,7 +208,7 @@ def grid_lengths(max_len, buckets):
 
 def smoke_check(predictor, seed=0):
     """Each grid length must give the same output alone as batched with neighbours of other
-    lengths, and finite numbers; raises ExportError naming the length that does not."""
+    lengths, and finite numbers; raises UnservableExportError naming the length that does not."""
     m = predictor.manifest
     rng = np.random.RandomState(seed)
     first = max(int(v) for v in m["special_ids"].values()) + 1
@@ -221,13 +221,13 @@ def smoke_check(predictor, seed=0):
             batched = np.asarray(predictor._run_rows(rows)[0])
             if alone.dtype.kind == "f":
                 if not np.all(np.isfinite(alone)):
-                    raise ExportError(f"length {n}: non-finite outputs")
+                    raise UnservableExportError(f"length {n}: non-finite outputs")
                 same = alone.shape == batched.shape and np.allclose(alone, batched, rtol=1e-4,
                                                                     atol=1e-4)
             else:
                 same = np.array_equal(alone, batched)
             if not same:
-                raise ExportError(f"length {n}: the output alone differs from the output "
+                raise UnservableExportError(f"length {n}: the output alone differs from the output "
                                   f"batched with other lengths (padding changes the answer)")
     finally:
         predictor._reset_counters()
@@ -270,10 +270,10 @@ class Repository:
 
     def __init__(self, root, load_predictor, registry, settings, metrics=None, poll_s=None):
         if not os.path.isdir(root):
-            raise ExportError(f"model repository not found: {root}; pass a directory holding "
+            raise UnservableExportError(f"model repository not found: {root}; pass a directory holding "
                               f"NAME/VERSION/ export directories")
         if not any(scan(root).values()):
-            raise ExportError(f"model repository {root} holds no NAME/VERSION/ export "
+            raise UnservableExportError(f"model repository {root} holds no NAME/VERSION/ export "
                               f"directories (VERSION a positive integer, e.g. {root}/NAME/1/)")
         self.root, self.registry, self.settings = root, registry, settings
         self.load_predictor = load_predictor  # export dir -> Predictor (verifies the manifest)
@@ -288,7 +288,7 @@ class Repository:
         for name in scan(self.root):
             self.refresh(name)
         if not self.registry.names():
-            raise ExportError(f"no servable version in the model repository {self.root}: "
+            raise UnservableExportError(f"no servable version in the model repository {self.root}: "
                               f"{self.registry.index() or 'no NAME/VERSION/ directories'}")
 
     def refresh(self, name):
@@ -297,7 +297,7 @@ class Repository:
         with self._lock:
             versions = scan(self.root).get(name)
             if not versions:
-                raise ExportError(f"no model {name!r} in the repository {self.root}")
+                raise UnservableExportError(f"no model {name!r} in the repository {self.root}")
             served = self.registry.versions(name)
             newest_served = int(served[-1]) if served else 0
             for v in reversed(versions):
@@ -319,13 +319,13 @@ class Repository:
         reason, model = None, None
         try:
             predictor = self.load_predictor(path)
-        except (ExportError, DataError, OSError, ValueError) as e:
+        except (UnservableExportError, DataError, OSError, ValueError) as e:
             reason, kind = str(e), "manifest"
         else:
             try:
                 smoke_check(predictor)
                 model = ServedModel(name, version, predictor).start(self.settings, self.metrics)
-            except ExportError as e:
+            except UnservableExportError as e:
                 reason, kind = f"smoke test: {e}", "parity"
             except Exception as e:  # noqa: BLE001 - any failure refuses the version
                 reason, kind = f"{type(e).__name__}: {e}", "load"

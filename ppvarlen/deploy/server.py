@@ -24,7 +24,7 @@ from ppvarlen.utils.log import get_logger
 from . import api, oip
 from .batcher import BatcherClosed, QueueFull
 from .errors import ApiError
-from .manifest import ExportError
+from .manifest import UnservableExportError
 from .prom import PromMetrics
 from .repository import BatchSettings, ModelRegistry, NotServed, Repository, ServedModel
 
@@ -373,7 +373,7 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
             """Load NAME's newest version now (verified before it takes traffic)."""
             try:
                 status = await asyncio.to_thread(repo.refresh, name)
-            except ExportError as e:
+            except UnservableExportError as e:
                 raise ApiError(404, str(e), None) from None
             if status["state"] != "READY":
                 raise ApiError(409, f"model {name!r} version {status['version']} refused: "
