@@ -284,7 +284,7 @@ class StoreSplit:
 _IDX_MAGIC = b"MMIDIDX\x00\x00"
 # the dtype codes of the indexed format (PaddleNLP's and Megatron's shared table)
 _IDX_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
-               7: np.float32, 8: np.uint16}
+               7: np.float32, 8: np.uint16, 9: np.uint32, 10: np.uint64}
 
 
 class IndexedTokens:
