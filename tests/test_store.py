@@ -182,3 +182,44 @@ def test_reads_a_paddlenlp_indexed_corpus(tmp_path):
     (tmp_path / "bad.idx").write_bytes(b"TNTIDX\x00\x00" + b"\x00" * 40)
     with pytest.raises(DataError, match="not a memory-mapped indexed corpus"):
         IndexedTokens(str(tmp_path / "bad"))
+
+
+def test_input_formats_gzip_parquet_and_shards_give_the_same_store(tmp_path):
+    import gzip
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    plain = write_reviews(tmp_path / "all.jsonl", 400)
+    lines = open(plain, encoding="utf-8").read().splitlines(keepends=True)
+    with open(plain, "rb") as src, gzip.open(tmp_path / "all.jsonl.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    rows = [json.loads(line) for line in lines]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "all.parquet", row_group_size=150)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for k in range(3):  # sorted names keep the file order
+        (shards / f"part-{k}.jsonl").write_text("".join(lines[k * 150:(k + 1) * 150]), "utf-8")
+
+    def build(corpus, train_file, **kw):
+        return build_datasets(data_cfg(corpus=corpus, train_file=str(train_file),
+                                       cache_dir=str(tmp_path / "cache"), **kw))
+
+    ref = build("jsonl", plain)
+    for corpus, path in (("jsonl", tmp_path / "all.jsonl.gz"), ("parquet", tmp_path / "all.parquet"),
+                         ("jsonl", shards), ("jsonl", shards / "part-*.jsonl")):
+        got = build(corpus, path)
+        assert got.stats["store"]["cache"].startswith("built"), path
+        assert got.encoder.tokens == ref.encoder.tokens and got.label_names == ref.label_names
+        for split in ("train", "dev", "test"):
+            assert _split_bytes(got, split)["input_ids.bin"] == _split_bytes(ref, split)["input_ids.bin"]
+            assert np.array_equal(getattr(got, split).store.column("label"),
+                                  getattr(ref, split).store.column("label")), (path, split)
+    assert build("jsonl", shards / "part-*.jsonl").stats["store"]["cache"] == "reused"
+    (shards / "part-2.jsonl").write_text("".join(lines[300:399]) + '{"text": 1, "label": "pos"}\n',
+                                         "utf-8")
+    with pytest.raises(DataError, match=r"part-2\.jsonl:100: field 'text' must be a string"):
+        build("jsonl", shards / "part-*.jsonl", num_proc=2)
+    with pytest.raises(DataError, match="no data files match"):
+        build("jsonl", tmp_path / "nothing-*.jsonl")

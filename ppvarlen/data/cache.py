@@ -18,6 +18,7 @@ One build at a time per key (``fcntl`` lock): data-parallel ranks wait for the f
 """
 import contextlib
 import fcntl
+import glob
 import hashlib
 import importlib.metadata
 import json
@@ -95,6 +96,8 @@ def key_parts(data_cfg, task_hint, builtin, vocab_sha, extra_corpora):
 
 
 def _fingerprint_any(path):
+    if glob.has_magic(path) and not os.path.exists(path):  # a glob of shards
+        return {"shards": {f: file_fingerprint(f) for f in sorted(glob.glob(path))}}
     if os.path.exists(path):
         return file_fingerprint(path)
     return {"missing": True}  # the reader names the missing file
