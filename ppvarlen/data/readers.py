@@ -471,7 +471,8 @@ def _check_lines(fd, check, reason, skip_invalid):
         if not skip_invalid:
             raise DataError(f"{where}: {message} {_SKIP_HINT}")
         fd.skipped[why] += 1
-        fd.first_skipped.setdefault(why, f"line {where}: {message}")
+        fd.first_skipped.setdefault(why, f"line {n}: {message}" if isinstance(n, int)
+                                    else f"{where}: {message}")
     dropped = len(fd.examples) - len(keep)
     if dropped:
         fd.examples = [fd.examples[i] for i in keep]
