@@ -92,9 +92,13 @@ def test_cache_reuse_and_each_kind_of_invalidation(tmp_path, caplog):
     forced = build_datasets(data_cfg(**dict(base, rebuild_cache=True)))
     assert "Data.rebuild_cache" in forced.stats["store"]["cache"]
     # a checkpoint's vocabulary equal to the built one reads the same store (eval, parity)
-    test_only = build_datasets(data_cfg(**base), encoder=forced.encoder, splits=("test",))
+    # (a checkpoint names its task: the store built for the corpus's own task is the same)
+    test_only = build_datasets(data_cfg(**base), task_hint="classification",
+                               encoder=forced.encoder, splits=("test",))
     assert test_only.stats["store"]["dir"] == forced.stats["store"]["dir"]
     assert test_only.stats["store"]["cache"] == "reused"
+    other = build_datasets(data_cfg(**base), task_hint="masked_lm", splits=("test",))
+    assert other.stats["store"]["dir"] != forced.stats["store"]["dir"] and other.task == "masked_lm"
 
 
 def _split_bytes(bundle, split):

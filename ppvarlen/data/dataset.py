@@ -129,11 +129,7 @@ def build_datasets(data_cfg, resolve_task, task_hint=None, encoder=None, splits=
     code = cache.code_fingerprint(resolve_task)
     builtin = data_cfg.corpus in BUILT_IN
     given_sha = vocab_sha256(encoder) if encoder is not None else None
-    parts = cache.key_parts(data_cfg, task_hint, builtin, None, extra_corpora)
-    key = cache.key_of(parts, code)
-    if given_sha is not None and _entry_vocab(os.path.join(root, key)) != given_sha:
-        parts = cache.key_parts(data_cfg, task_hint, builtin, given_sha, extra_corpora)
-        key = cache.key_of(parts, code)
+    parts, key = _pick_entry(root, data_cfg, task_hint, builtin, given_sha, extra_corpora, code)
     entry_dir = os.path.join(root, key)
     with cache.locked(root, key):
         entry = _read_entry(entry_dir)
@@ -168,6 +164,24 @@ def build_datasets(data_cfg, resolve_task, task_hint=None, encoder=None, splits=
                       encoder, list(entry["label_names"]), stats)
 
 
+def _pick_entry(root, data_cfg, task_hint, builtin, given_sha, extra_corpora, code):
+    """(key parts, key) of the entry to use.  An existing entry built for the corpus's own task
+    (no hint) or with a vocabulary equal to the given one is reused: a checkpoint's eval or
+    export parity reads the store its training run wrote.  Otherwise the most specific key."""
+    hints = [task_hint, None] if task_hint is not None else [None]
+    vocabs = [None, given_sha] if given_sha is not None else [None]
+    for hint in hints:
+        for vocab in vocabs:
+            parts = cache.key_parts(data_cfg, hint, builtin, vocab, extra_corpora)
+            key = cache.key_of(parts, code)
+            entry = _read_entry(os.path.join(root, key))
+            if entry is not None and (hint == task_hint or entry["task"] == task_hint) and \
+                    (given_sha is None or entry["vocab_sha256"] == given_sha):
+                return parts, key
+    parts = cache.key_parts(data_cfg, task_hint, builtin, given_sha, extra_corpora)
+    return parts, cache.key_of(parts, code)
+
+
 def _read_entry(entry_dir):
     import json
 
@@ -176,11 +190,6 @@ def _read_entry(entry_dir):
             return json.load(f)
     except (OSError, ValueError):
         return None
-
-
-def _entry_vocab(entry_dir):
-    entry = _read_entry(entry_dir)
-    return entry and entry.get("vocab_sha256")
 
 
 def _entry_encoder(data_cfg, entry, entry_dir):
