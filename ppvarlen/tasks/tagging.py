@@ -11,6 +11,7 @@ from ..data import tagschemes
 from ..data.collate import IGNORE_INDEX
 from ..data.longtext import aggregate_tokens
 from ..utils.viterbi import crf_decode
+from ..data.store import Field
 from .base import Task, unpad
 
 
@@ -57,6 +58,10 @@ class TaggingTask(Task):
         if specials:  # special tokens carry no tag
             window = [IGNORE_INDEX] + window + [IGNORE_INDEX]
         return {"labels": window, "doc_id": doc_id, "offset": start}
+
+    def store_fields(self):
+        return super().store_fields() + [Field("labels", "int32", ragged=True),
+                                         Field("offset", "int64")]
 
     def check_train_config(self, cfg):
         if cfg.Train.label_smoothing:
