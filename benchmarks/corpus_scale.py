@@ -47,6 +47,7 @@ import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # this checkout's ppvarlen, as in the processes it starts
 CONFIG = os.path.join(REPO, "configs", "sentiment", "transformer.yaml")
 GENERATOR_VERSION = 1
 FIRST_STEP = re.compile(r"\bstep 1 +loss\b")
