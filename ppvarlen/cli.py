@@ -159,7 +159,10 @@ def _eval(args):
     checkpoint = _checkpoint_dir(args.checkpoint)
     from .engine import evaluate_checkpoint
 
-    _print_json(evaluate_checkpoint(cfg, checkpoint, args.split))
+    result = evaluate_checkpoint(cfg, checkpoint, args.split, progress=True)
+    for warning in result["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
+    _print_json(result)
     return 0
 
 
