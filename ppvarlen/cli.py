@@ -267,11 +267,12 @@ def main_lengths(argv=None):
 def _lengths(args):
     cfg = load_config(args.config, args.override)
     from .data.report import analyze_lengths, format_report
+    from .tasks import get_task
     from .utils.io import atomic_write_json
     from .utils.log import setup_logging
 
     setup_logging(cfg.Global.log_level)
-    report = analyze_lengths(cfg, args.split, args.png, args.batch_size, args.pool_sizes)
+    report = analyze_lengths(cfg, get_task, args.split, args.png, args.batch_size, args.pool_sizes)
     print(format_report(report))
     if args.json:
         atomic_write_json(args.json, report)

@@ -103,7 +103,16 @@ SCHEMA = {
         "oversize": Field(str, "own_batch", choices=["own_batch", "error"],
                           help="an example longer than max_tokens"),
         "eval_max_tokens": Field(int, 16384),
-        "num_workers": Field(int, 0),
+        "num_workers": Field(int, 0, help="DataLoader worker processes reading the store for "
+                             "training and evaluation batches (0 = in the main process)"),
+        "num_proc": Field(int, None, help="processes that count the vocabulary and encode a "
+                          "corpus into its store; null = the usable cores (the store is the same "
+                          "for any number)"),
+        "cache_dir": Field(str, None, help="where encoded-corpus stores are cached (keyed by "
+                           "file contents, vocabulary and encoding keys); null = "
+                           "$XDG_CACHE_HOME/ppvarlen/stores or ~/.cache/ppvarlen/stores"),
+        "rebuild_cache": Field(bool, False, help="encode again even when a cached store of the "
+                               "same inputs exists (it is replaced)"),
         "max_source_len": Field(int, 64, help="seq2seq source tokens (no specials)"),
         "max_target_len": Field(int, 256, help="seq2seq target tokens, BOS/EOS not counted"),
         "target_tokenizer": Field(str, None, choices=["char", "word"],

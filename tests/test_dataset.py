@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from ppvarlen.config import ConfigError, load_config
-from ppvarlen.data.dataset import build_dataloader, build_datasets
+from ppvarlen.data.loader import build_loader
+from ppvarlen.tasks import build_datasets
 from ppvarlen.data.errors import DataError
 
 
@@ -86,7 +87,7 @@ def test_tagging_no_specials_by_default_and_windows_with_offsets(tmp_path):
     assert b.task == "tagging"
     item = b.train[0]
     assert set(item) == {"input_ids", "labels", "doc_id", "offset"}
-    assert item["labels"] == [b.label_names.index(t) for t in rows[0]["tags"]]
+    assert item["labels"].tolist() == [b.label_names.index(t) for t in rows[0]["tags"]]
     long_doc = [b.train[i] for i in range(len(b.train)) if b.train[i]["doc_id"] == 3]
     assert [w["offset"] for w in long_doc] == [0, 6, 10]
     with_specials = build_datasets(data_cfg(corpus="jsonl", train_file=train, dev_file=train,
@@ -116,19 +117,37 @@ def test_task_hint_mismatch(cls_files):
         build_datasets(data_cfg(corpus="jsonl", train_file=train), task_hint="tagging")
 
 
-def test_dataloader_train_and_eval_sentiment():
-    cfg = data_cfg(corpus="sentiment", limit=600, max_len=128, max_tokens=1024)
+def test_dataloader_train_and_eval_sentiment(tmp_path):
+    cfg = data_cfg(corpus="sentiment", limit=600, max_len=128, max_tokens=1024,
+                   cache_dir=str(tmp_path))
     b = build_datasets(cfg)
     assert len(b.train) == 600
-    train = build_dataloader(b.train, cfg, "train", seed=1)
+    train = build_loader(b.train, cfg, "train", seed=1)
     seen = []
     for batch in train:
-        ids = batch["input_ids"].numpy()
-        assert ids.shape[0] * ids.shape[1] <= 1024
-        seen += batch["doc_id"].numpy().tolist()
-    assert sorted(seen) == list(range(600)) and len(train) == len(train.batch_sampler)
-    evaluation = build_dataloader(b.dev, cfg, "dev")
-    first = [batch["doc_id"].numpy().tolist() for batch in evaluation]
-    assert first == [batch["doc_id"].numpy().tolist() for batch in evaluation]  # deterministic
-    lengths = [int(n) for batch in evaluation for n in batch["seq_len"].numpy()]
+        ids = batch["input_ids"]
+        assert isinstance(ids, np.ndarray) and ids.shape[0] * ids.shape[1] <= 1024
+        seen += batch["doc_id"].tolist()
+    assert sorted(seen) == list(range(600)) and len(train) == len(train.sampler)
+    evaluation = build_loader(b.dev, cfg, "dev")
+    first = [batch["doc_id"].tolist() for batch in evaluation]
+    assert first == [batch["doc_id"].tolist() for batch in evaluation]  # deterministic
+    lengths = [int(n) for batch in evaluation for n in batch["seq_len"]]
     assert lengths == sorted(lengths)  # length-sorted eval order
+
+
+def test_loader_workers_give_the_same_batches(tmp_path):
+    """Data.num_workers > 0: paddle.io.DataLoader processes read the store (memmaps reopened
+    in each worker) and the batches equal the in-process ones, in the same order."""
+    base = dict(corpus="sentiment", limit=300, max_len=64, max_tokens=512, cache_dir=str(tmp_path))
+    b = build_datasets(data_cfg(**base))
+    runs = []
+    for workers in (0, 2):
+        loader = build_loader(b.train, data_cfg(**base, num_workers=workers), "train", seed=3)
+        loader.sampler.set_epoch(1)
+        runs.append([{k: v.copy() for k, v in batch.items()} for batch in loader])
+    assert len(runs[0]) == len(runs[1]) > 1
+    for a, c in zip(*runs):
+        assert a.keys() == c.keys()
+        for k in a:
+            assert a[k].dtype == c[k].dtype and np.array_equal(a[k], c[k]), k

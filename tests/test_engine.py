@@ -98,7 +98,7 @@ def test_eval_is_deterministic_and_matches_recorded_metrics(full_run):
     out, _ = full_run
     model, meta, encoder, cfg = load_for_inference(os.path.join(out, "best"))
     from ppvarlen.data.collate import Collator
-    from ppvarlen.data.dataset import build_datasets
+    from ppvarlen.tasks import build_datasets
 
     dev = build_datasets(cfg.Data, encoder=encoder).dev
     collate = Collator(encoder.pad_id)

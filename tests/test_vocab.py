@@ -223,7 +223,7 @@ def test_seq2seq_vocab_covers_source_and_target(tmp_path):
     p = tmp_path / "s.jsonl"
     p.write_text('{"source": "中国", "target": "zg"}\n' * 3, encoding="utf-8")
     cfg = load_config(data={"Data": {"corpus": "jsonl", "train_file": str(p)}}).Data
-    enc = build_encoder(cfg, load_corpus(cfg))
+    enc = build_encoder(cfg, load_corpus(cfg), pairs=True)  # the seq2seq task says "pairs"
     assert set(enc.tokens[6:]) == {"中", "国", "z", "g"}
     # the target alphabet comes first: the decoder's output layer covers ids < output_size
     assert enc.output_size == 8 and set(enc.tokens[6:8]) == {"z", "g"}

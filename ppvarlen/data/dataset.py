@@ -1,69 +1,86 @@
-"""Encoded datasets: corpus -> token ids ONCE at build time -> length-aware DataLoader.
+"""Encoded datasets: corpus -> token ids ONCE into a cached on-disk store -> length-aware loader.
 
-``build_datasets(data_cfg)`` loads the corpus (``data.corpora``), builds the
-encoder from the train split (or takes the one given, e.g. a checkpoint's),
-tokenises every example once, applies the long-text policy (``data.longtext``)
-and records per-split stats (UNK rate, truncation/window counts, lengths).
-Items are plain dicts of python ints (DESIGN.md); padding happens per batch in
-``data.collate`` — never here (pitfalls 6 and 8).
+``build_datasets(data_cfg, resolve_task, ...)`` is task-agnostic: the task (from
+``resolve_task(name)``, which ``ppvarlen.tasks.build_datasets`` passes in: data never imports
+tasks) declares its store ``Field``s and an ``encode_example(ctx, example, doc_id, where)`` ->
+(items, record) function.  The builder reads the corpus (``data.corpora``), builds or takes the
+encoder, encodes every split on ``Data.num_proc`` worker processes (``data.parallel``: same
+bytes for any count), applies the long-text policy the task's encode function plans
+(``data.longtext``) and writes one store directory per split (``data.store``), keyed by content
+in the cache (``data.cache``): a second run with the same inputs reads the store and never
+touches the raw files.  The datasets are views on the store: ``lengths`` (and
+``src_lengths``/``tgt_lengths`` for a two-sided task) are small in-memory arrays, token ids stay
+memory-mapped on disk and ``dataset[i]`` is a dict of numpy arrays / numpy scalars.  Padding
+happens per batch in ``data.collate`` — never here (pitfalls 6 and 8).
 
-``EncodedDataset`` subclasses ``paddle.io.Dataset`` rather than PaddleNLP's
-``MapDataset``: MapDataset's in-place ``map``/``filter`` would silently
-invalidate the precomputed ``lengths`` the samplers batch by, and importing
-``paddlenlp.datasets`` costs seconds.  ``paddle.io.DataLoader`` takes it as is.
+``EncodedDataset`` subclasses ``paddle.io.Dataset`` rather than PaddleNLP's ``MapDataset``:
+MapDataset's in-place ``map``/``filter`` would silently invalidate the precomputed ``lengths``
+the samplers batch by.  ``paddle.io.DataLoader`` takes it as is (``data.loader``).
 """
+import os
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import paddle
 
 from ..config import ConfigError
+from ..utils.io import atomic_dir, atomic_write_json
 from ..utils.log import get_logger
-from ..tasks import get_task
-from .collate import Collator
+from . import cache
 from .errors import DataError
 from .lengths import length_stats
-from .longtext import LongTextStats, plan_spans
+from .longtext import LongTextStats
+from .parallel import chunk_map, resolve_num_proc
+from .store import StoreSplit, StoreWriter, is_complete
 
 log = get_logger("data.dataset")
 
 SPLITS = ("train", "dev", "test")
+ENTRY = "entry.json"
 
 
 class EncodedDataset(paddle.io.Dataset):
-    """A split's encoded items plus their lengths (known without touching the items).
+    """A split's encoded items (a ``StoreSplit``) plus their lengths, known without touching
+    the items.
 
-    ``lengths[i]``: tokens of item i incl. special tokens; for seq2seq the sum of
-    source and target tokens, with ``src_lengths`` / ``tgt_lengths`` beside it
-    (the token-budget sampler budgets B*max_src + B*max_tgt).  ``doc_lengths``:
-    tokens per source document BEFORE the long-text policy (length analysis).
+    ``lengths[i]``: tokens of item i incl. special tokens; for a task with two length fields
+    (seq2seq) their sum, with ``src_lengths`` / ``tgt_lengths`` beside it (the token-budget
+    sampler budgets B*max_src + B*max_tgt).  ``doc_lengths``: tokens per source document BEFORE
+    the long-text policy (length analysis).  ``subset(n)``: a view on the first n items.
     """
 
-    def __init__(self, items, split, task, pad_id, long_text_stats=None, stats=None,
-                 doc_lengths=None):
+    def __init__(self, store, split, task, pad_id, count=None):
         super().__init__()
-        self.items = items
-        self.split, self.task, self.pad_id = split, task, pad_id
-        if get_task(task).pairs:
-            self.src_lengths = np.asarray([len(it["src_ids"]) for it in items], dtype=np.int64)
-            self.tgt_lengths = np.asarray([len(it["tgt_ids"]) for it in items], dtype=np.int64)
-            self.lengths = self.src_lengths + self.tgt_lengths
+        self.store, self.split, self.task, self.pad_id = store, split, task, pad_id
+        n = len(store) if count is None else count
+        self._count = n
+        length_fields = [f.name for f in store.fields if f.length]
+        self.lengths = store.lengths[:n]
+        if len(length_fields) == 2:
+            self.src_lengths, self.tgt_lengths = (store.row_lengths(f)[:n] for f in length_fields)
         else:
             self.src_lengths = self.tgt_lengths = None
-            self.lengths = np.asarray([len(it["input_ids"]) for it in items], dtype=np.int64)
-        self.doc_lengths = self.lengths if doc_lengths is None else \
-            np.asarray(doc_lengths, dtype=np.int64)
-        self.long_text_stats = long_text_stats or {}
-        self.stats = stats or {}
+        doc_lengths = store.extra("doc_lengths")
+        self.doc_lengths = self.lengths if doc_lengths is None or count is not None \
+            else doc_lengths
+        self.long_text_stats = store.meta.get("long_text", {})
+        self.stats = dict(store.meta.get("stats", {}))
 
     def __getitem__(self, i):
-        return self.items[i]
+        if not -self._count <= i < self._count:
+            raise IndexError(f"item {i} of a {self._count}-item {self.split} split")
+        return self.store[i % self._count]
 
     def __len__(self):
-        return len(self.items)
+        return self._count
 
     def num_tokens(self, i):
         return int(self.lengths[i])
+
+    def subset(self, n):
+        """The first ``n`` items (same store, no copy)."""
+        return EncodedDataset(self.store, self.split, self.task, self.pad_id, min(n, self._count))
 
 
 @dataclass
@@ -77,46 +94,154 @@ class DataBundle:
     stats: dict = field(default_factory=dict)
 
 
-def build_datasets(data_cfg, task_hint=None, encoder=None, splits=SPLITS, extra_corpora=()):
+@dataclass
+class EncodeContext:
+    """What a task's ``encode_example`` reads besides the example (picklable, plain values)."""
+    encoder: object
+    max_len: int
+    long_text: str
+    stride: int
+    specials: bool
+    tag_ids: dict
+    max_source_len: int = None
+    max_target_len: int = None
+
+
+def build_datasets(data_cfg, resolve_task, task_hint=None, encoder=None, splits=SPLITS,
+                   extra_corpora=()):
     """Corpus + encoder -> ``DataBundle`` with the encoded ``splits`` (the others are None).
 
-    ``task_hint``: the task (name or Task) the items are encoded for; it must read the
-    corpus's task (masked-LM reads any text corpus); None = the corpus's own task.
-    ``extra_corpora``: corpora whose train split the task adds to the train split
-    (``Pretrain.extra_corpora``; masked-LM only).  Callers that bring the checkpoint's
-    encoder and need one split (export parity, eval) pass ``splits=("test",)`` and skip
-    encoding the rest."""
+    ``resolve_task(name)`` -> the Task object (its store fields and encode function);
+    ``task_hint``: the task the items are encoded for; it must read the corpus's task
+    (masked-LM reads any text corpus); None = the corpus's own task.  ``extra_corpora``:
+    corpora whose train split the task adds to the train split (``Pretrain.extra_corpora``;
+    masked-LM only).  Callers that bring the checkpoint's encoder and need one split (export
+    parity, eval) pass ``splits=("test",)``: a cached store of the same inputs and vocabulary
+    is read, else only that split is encoded."""
+    from .corpora.registry import BUILT_IN
+    from .vocab import vocab_sha256
+
+    unknown = set(splits) - set(SPLITS)
+    if unknown:
+        raise ValueError(f"build_datasets: unknown split(s) {sorted(unknown)}; use {SPLITS}")
+    t0 = time.time()
+    root = cache.cache_dir(data_cfg)
+    code = cache.code_fingerprint(resolve_task)
+    builtin = data_cfg.corpus in BUILT_IN
+    given_sha = vocab_sha256(encoder) if encoder is not None else None
+    parts = cache.key_parts(data_cfg, task_hint, builtin, None, extra_corpora)
+    key = cache.key_of(parts, code)
+    if given_sha is not None and _entry_vocab(os.path.join(root, key)) != given_sha:
+        parts = cache.key_parts(data_cfg, task_hint, builtin, given_sha, extra_corpora)
+        key = cache.key_of(parts, code)
+    entry_dir = os.path.join(root, key)
+    with cache.locked(root, key):
+        entry = _read_entry(entry_dir)
+        rebuild = bool(data_cfg.get("rebuild_cache"))
+        missing = [s for s in splits if not is_complete(os.path.join(entry_dir, s))]
+        if entry is not None and not rebuild and not missing:
+            log.info("store cache: reusing %s (same input files, vocabulary and encoding keys)",
+                     entry_dir)
+            how = "reused"
+        else:
+            if rebuild:
+                reason = "Data.rebuild_cache is set"
+            elif entry is None:
+                reason = cache.explain_miss(root, parts, code)
+            else:
+                reason = f"split(s) {missing} not encoded yet"
+            log.info("store cache: building %s (%s)", entry_dir, reason)
+            entry = _build(data_cfg, resolve_task, task_hint, encoder, splits if entry is None
+                           or rebuild else missing, extra_corpora, entry_dir, entry, rebuild)
+            cache.remember(root, parts, code, key)
+            how = f"built ({reason})"
+        task = resolve_task(entry["task"])
+        if encoder is None:
+            encoder = _entry_encoder(data_cfg, entry, entry_dir)
+        _check(data_cfg, task, encoder, builds_encoder=given_sha is None)
+        datasets = {s: EncodedDataset(StoreSplit(os.path.join(entry_dir, s)), s, task.name,
+                                      encoder.pad_id) for s in splits}
+    stats = {"corpus": entry["corpus_stats"], "encoder": dict(getattr(encoder, "stats", {})),
+             "store": {"dir": entry_dir, "cache": how, "seconds": round(time.time() - t0, 2)}}
+    stats.update({s: ds.stats for s, ds in datasets.items()})
+    return DataBundle(task.name, datasets.get("train"), datasets.get("dev"), datasets.get("test"),
+                      encoder, list(entry["label_names"]), stats)
+
+
+def _read_entry(entry_dir):
+    import json
+
+    try:
+        with open(os.path.join(entry_dir, ENTRY), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _entry_vocab(entry_dir):
+    entry = _read_entry(entry_dir)
+    return entry and entry.get("vocab_sha256")
+
+
+def _entry_encoder(data_cfg, entry, entry_dir):
+    from .vocab import TextEncoder, build_encoder
+
+    if data_cfg.tokenizer == "pretrained":  # the user's vocab.txt, loaded as on a first run
+        return build_encoder(data_cfg, None, pairs=False)
+    enc = TextEncoder.load(os.path.join(entry_dir, "vocab"))
+    enc.stats = entry.get("encoder_stats", {})
+    return enc
+
+
+def _check(data_cfg, task, encoder, builds_encoder):
+    task.check_data_config(data_cfg, builds_encoder)
+    task.check_encoder(encoder)
+    _check_lengths_config(data_cfg, _specials(data_cfg, task))
+
+
+def _specials(data_cfg, task):
+    return task.default_special_tokens if data_cfg.add_special_tokens is None \
+        else data_cfg.add_special_tokens
+
+
+def _build(data_cfg, resolve_task, task_hint, encoder, splits, extra_corpora, entry_dir, entry,
+           rebuild):
+    """Read the corpus, make the encoder, encode ``splits`` into ``entry_dir`` -> entry dict."""
     from .corpora import load_corpus
-    from .vocab import build_encoder
+    from .vocab import build_encoder, vocab_sha256
 
     corpus = load_corpus(data_cfg)
-    task = get_task(corpus.task if task_hint is None else task_hint)
+    task = resolve_task(corpus.task if task_hint is None else task_hint)
     if corpus.task not in task.corpus_tasks():
         raise ConfigError(f"Data.corpus {data_cfg.corpus!r} gives a {corpus.task} task but a "
                           f"{task.name} task is expected here (model / checkpoint); pick a "
                           f"matching corpus")
     task.check_data_config(data_cfg, encoder is None)
-    if encoder is None:
-        encoder = build_encoder(data_cfg, corpus)  # seq2seq: one vocabulary, source + target
-    specials = data_cfg.add_special_tokens
-    if specials is None:
-        specials = task.default_special_tokens
+    num_proc = resolve_num_proc(data_cfg.get("num_proc"))
+    if entry is None or rebuild:
+        if encoder is None:  # seq2seq: one vocabulary, source + target
+            encoder = build_encoder(data_cfg, corpus, pairs=task.pairs, num_proc=num_proc)
+        entry = {"task": task.name, "label_names": list(corpus.label_names),
+                 "corpus_stats": corpus.stats, "vocab_sha256": vocab_sha256(encoder),
+                 "encoder_stats": dict(getattr(encoder, "stats", {}))}
+        with atomic_dir(entry_dir) as tmp:
+            if data_cfg.tokenizer != "pretrained":
+                encoder.save(os.path.join(tmp, "vocab"))
+            atomic_write_json(os.path.join(tmp, ENTRY), entry)
+    elif encoder is None:
+        encoder = _entry_encoder(data_cfg, entry, entry_dir)
     task.check_encoder(encoder)
+    specials = _specials(data_cfg, task)
     _check_lengths_config(data_cfg, specials)
-    unknown = set(splits) - set(SPLITS)
-    if unknown:
-        raise ValueError(f"build_datasets: unknown split(s) {sorted(unknown)}; use {SPLITS}")
-    encoded, stats = {}, {"corpus": corpus.stats, "encoder": dict(getattr(encoder, "stats", {}))}
+    ctx = EncodeContext(encoder, data_cfg.max_len, data_cfg.long_text, data_cfg.stride, specials,
+                        {name: k for k, name in enumerate(corpus.label_names)},
+                        data_cfg.get("max_source_len"), data_cfg.get("max_target_len"))
     for split in splits:
-        examples = corpus.splits[split]
-        extra = task.extra_train_items(extra_corpora, data_cfg, encoder, len(examples)) \
+        extra = task.extra_train_items(extra_corpora, data_cfg, encoder, len(corpus.splits[split])) \
             if split == "train" else ([], None)
-        ds = _encode_split(examples, split, task, encoder, data_cfg, specials, corpus.label_names,
-                           extra)
-        encoded[split] = ds
-        stats[split] = ds.stats
-    return DataBundle(task.name, encoded.get("train"), encoded.get("dev"), encoded.get("test"),
-                      encoder, list(corpus.label_names), stats)
+        _encode_split(corpus.splits[split], split, task, ctx, data_cfg, extra,
+                      os.path.join(entry_dir, split), num_proc)
+    return entry
 
 
 def _check_lengths_config(cfg, specials):
@@ -136,101 +261,72 @@ def _where(split, i, cfg):
     return f"{split} example {i}" + (f" (from {source})" if source else f" of corpus {cfg.corpus}")
 
 
-def _encode_split(examples, split, task, encoder, cfg, specials, label_names, extra=([], None)):
-    encode = _encode_pairs if task.pairs else _encode_windows
-    items, long_text, unk, real, doc_lengths = encode(examples, split, task, encoder, cfg,
-                                                      specials, label_names)
-    extra_items, sources = extra
-    if extra_items:  # other corpora's text (masked-LM): counted as documents of their own
-        items = items + extra_items
-        doc_lengths = doc_lengths + [len(it["input_ids"]) for it in extra_items]
-    ds = EncodedDataset(items, split, task.name, encoder.pad_id, long_text,
-                        doc_lengths=doc_lengths)
-    ds.stats = {"documents": len(examples), "items": len(items),
-                "unk_rate": round(unk / real, 6) if real else 0.0, "long_text": long_text,
-                "lengths": length_stats(ds.lengths) if items else {"count": 0}}
-    if sources is not None:  # items per source text (masked-LM)
-        ds.stats["sources"] = {f"{cfg.corpus}/{split}": len(items) - len(extra_items), **sources}
-    return ds
+class _ChunkEncoder:
+    """Encodes examples[start:end] with the task's function -> columns + summed counts."""
+
+    def __init__(self, task, ctx, split, cfg):
+        self.task, self.ctx, self.split, self.cfg = task, ctx, split, cfg
+        self.fields = task.store_fields()
+
+    def __call__(self, examples, start, end):
+        columns = {f.name: [] for f in self.fields}
+        unk = real = 0
+        doc_lengths, long_text = [], {}
+        for i in range(start, end):
+            items, record = self.task.encode_example(self.ctx, examples[i], i,
+                                                     _where(self.split, i, self.cfg))
+            for item in items:
+                for f in self.fields:
+                    columns[f.name].append(item[f.name])
+            unk += record["unk"]
+            real += record["real"]
+            doc_lengths.append(record["doc_length"])
+            for name, (n, spans) in record["long_text"].items():
+                lt = long_text.setdefault(name, LongTextStats(self.split, self.ctx.long_text))
+                lt.add(n, spans)
+        return columns, unk, real, np.asarray(doc_lengths, np.int64), long_text
 
 
-def _encode_pairs(examples, split, task, encoder, cfg, specials, label_names):
-    """Source/target pairs -> ``{src_ids, tgt_ids (BOS .. EOS), doc_id}`` items."""
-    lt, lt_tgt = LongTextStats(split, cfg.long_text), LongTextStats(split, cfg.long_text)
-    items, unk, real, doc_lengths = [], 0, 0, []
-    for i, ex in enumerate(examples):
-        src = encoder.encode(encoder.tokenize(ex["source"]))
-        tgt = encoder.encode_target(ex["target"])
-        unk += src.count(encoder.unk_id) + tgt.count(encoder.unk_id)
-        real += len(src) + len(tgt)
-        if not src or not tgt:
-            raise DataError(f"{_where(split, i, cfg)}: empty source or target after "
-                            f"tokenisation; remove the example")
-        src_spans = plan_spans(len(src), cfg.max_source_len, cfg.long_text, 0,
-                               _where(split, i, cfg) + " source")
-        tgt_spans = plan_spans(len(tgt), cfg.max_target_len, cfg.long_text, 0,
-                               _where(split, i, cfg) + " target")
-        lt.add(len(src), src_spans)
-        doc_lengths.append(len(src) + len(tgt) + 2)
-        lt_tgt.add(len(tgt), tgt_spans)
-        items.append({"src_ids": src[:src_spans[0][1]],
-                      "tgt_ids": [encoder.bos_id] + tgt[:tgt_spans[0][1]] + [encoder.eos_id],
-                      "doc_id": i})
-    lt.log(), lt_tgt.log()
-    return items, {"source": lt.as_dict(), "target": lt_tgt.as_dict()}, unk, real, doc_lengths
+def _encode_split(examples, split, task, ctx, cfg, extra, path, num_proc):
+    from tqdm.auto import tqdm
 
+    fields = task.store_fields()
+    unk = real = 0
+    doc_lengths, long_text = [], {}
+    bar = tqdm(total=len(examples), desc=f"encode {split}", unit="ex", mininterval=2,
+               disable=len(examples) < 50_000)
+    with StoreWriter(path, fields) as writer:
+        for columns, u, r, docs, lts in chunk_map(_ChunkEncoder(task, ctx, split, cfg), examples,
+                                                  num_proc):
+            writer.add_columns(columns)
+            unk, real = unk + u, real + r
+            doc_lengths.append(docs)
+            for name, lt in lts.items():
+                total = long_text.setdefault(name, LongTextStats(split, ctx.long_text))
+                for k in ("documents", "long_documents", "truncated", "tokens_lost", "windows"):
+                    setattr(total, k, getattr(total, k) + getattr(lt, k))
+            bar.update(len(docs))
+        bar.close()
+        for lt in long_text.values():
+            lt.log()
+        if not long_text:
+            long_text[""] = LongTextStats(split, ctx.long_text)
+        lt_stats = long_text[""].as_dict() if "" in long_text else \
+            {name: lt.as_dict() for name, lt in long_text.items()}
+        extra_items, sources = extra
+        n_docs = len(examples)
+        if extra_items:  # other corpora's text (masked-LM): counted as documents of their own
+            writer.add_columns({f.name: [it[f.name] for it in extra_items] for f in fields})
+            doc_lengths.append(np.asarray([len(it["input_ids"]) for it in extra_items], np.int64))
+        writer.set_extra("doc_lengths", np.concatenate(doc_lengths) if doc_lengths
+                         else np.zeros(0, np.int64))
+        n_items = writer.count
+        lengths = writer.lengths()
+        stats = {"documents": n_docs, "items": n_items,
+                 "unk_rate": round(unk / real, 6) if real else 0.0, "long_text": lt_stats,
+                 "lengths": length_stats(lengths) if n_items else {"count": 0}}
+        if sources is not None:  # items per source text (masked-LM)
+            stats["sources"] = {f"{cfg.corpus}/{split}": n_items - len(extra_items), **sources}
+        writer.set_meta({"split": split, "task": task.name, "long_text": lt_stats,
+                         "stats": stats})
 
-def _encode_windows(examples, split, task, encoder, cfg, specials, label_names):
-    """Token rows under the long-text policy; the task adds each window's label fields."""
-    lt = LongTextStats(split, cfg.long_text)
-    items, unk, real, doc_lengths = [], 0, 0, []
-    n_special = 2 if specials else 0
-    tag_ids = {name: k for k, name in enumerate(label_names)}
-    for i, ex in enumerate(examples):
-        where = _where(split, i, cfg)
-        ids, labels = task.example_ids(encoder, ex, where, tag_ids)
-        unk += ids.count(encoder.unk_id)
-        real += len(ids)
-        if not ids:
-            raise DataError(f"{where}: no tokens after tokenisation (empty or only spaces); "
-                            f"remove it from the data")
-        spans = plan_spans(len(ids), cfg.max_len - n_special, cfg.long_text, cfg.stride, where)
-        lt.add(len(ids), spans)
-        doc_lengths.append(len(ids) + n_special)
-        for start, end in spans:
-            body = ids[start:end]
-            if specials:
-                body = [encoder.cls_id] + body + [encoder.sep_id]
-            items.append({"input_ids": body,
-                          **task.window_item(ex, labels, start, end, specials, i)})
-    lt.log()
-    return items, lt.as_dict(), unk, real, doc_lengths
-
-
-def build_dataloader(dataset, data_cfg, split, num_replicas=1, rank=0, seed=0):
-    """``paddle.io.DataLoader`` over ``dataset`` with the length-aware sampler + collator.
-
-    train: shuffled ``Data.sampler`` batches (seed + epoch; call
-    ``loader.batch_sampler.set_epoch(e)`` each epoch).  dev/test: the
-    deterministic length-sorted order under ``Data.eval_max_tokens`` — the order
-    the trainer's eval, export parity and deploy use (``data.order``).  The
-    loader turns the collator's numpy arrays into paddle Tensors.
-    """
-    from .samplers import TokenBudgetBatchSampler, build_batch_sampler
-
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if split == "train":
-        sampler = build_batch_sampler(dataset, data_cfg, shuffle=True, num_replicas=num_replicas,
-                                      rank=rank, seed=seed)
-    else:
-        cost = dataset.lengths if dataset.src_lengths is None else \
-            np.stack([dataset.src_lengths, dataset.tgt_lengths], axis=1)
-        sampler = TokenBudgetBatchSampler(cost, data_cfg.eval_max_tokens, shuffle=False,
-                                          max_sentences=data_cfg.max_sentences,
-                                          num_replicas=num_replicas, rank=rank, seed=seed)
-    bounds = getattr(sampler, "boundaries", None) if data_cfg.pad_to_bucket else None
-    collate = Collator(dataset.pad_id, data_cfg.pad_to_multiple_of, data_cfg.padding_side,
-                       bucket_boundaries=bounds)
-    return paddle.io.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
-                                num_workers=data_cfg.num_workers)

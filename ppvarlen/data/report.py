@@ -87,12 +87,14 @@ def compare_strategies(lengths, max_len, batch_size=32, max_tokens=4096, num_buc
     return out, bounds
 
 
-def analyze_lengths(cfg, split="train", png=None, batch_size=32, pool_sizes=(50, 100, 200)):
-    """Build the data ``cfg`` describes and report ``split``'s lengths and strategies."""
+def analyze_lengths(cfg, resolve_task, split="train", png=None, batch_size=32,
+                    pool_sizes=(50, 100, 200)):
+    """Build (or read from the store cache) the data ``cfg`` describes and report ``split``'s
+    lengths and strategies; ``resolve_task``: task name -> Task (``ppvarlen.tasks.get_task``)."""
     from .dataset import build_datasets
 
     d = cfg.Data
-    bundle = build_datasets(d)
+    bundle = build_datasets(d, resolve_task, splits=(split,))
     ds = getattr(bundle, split)
     if len(ds) == 0:
         from .errors import DataError

@@ -110,7 +110,8 @@ class TextEncoder:
 
     @classmethod
     def build(cls, texts, kind="char", lowercase=False, min_freq=1, max_size=None):
-        """Vocabulary from ``texts`` (strings, or token lists for tagging data).
+        """Vocabulary from ``texts`` (strings, or token lists for tagging data; or a Counter of
+        tokens already counted, ``count_tokens``).
 
         Tokens seen fewer than ``min_freq`` times are left out; ``max_size`` caps the
         vocab size including the 6 special tokens.  Order: frequency desc, then token,
@@ -124,7 +125,7 @@ class TextEncoder:
         if max_size is not None and max_size <= len(SPECIAL_TOKENS):
             raise ConfigError(f"Data.max_size: {max_size} leaves no room beyond the "
                               f"{len(SPECIAL_TOKENS)} special tokens; use a larger value or null")
-        counts = cls._count(texts, kind, lowercase)
+        counts = texts if isinstance(texts, Counter) else cls._count(texts, kind, lowercase)
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         kept = [t for t, c in ranked if c >= min_freq]
         below_min = len(ranked) - len(kept)
@@ -417,12 +418,12 @@ def split_items(examples):
         yield ex["text"] if "text" in ex else ex["tokens"]
 
 
-def build_encoder(data_cfg, corpus):
+def build_encoder(data_cfg, corpus, pairs=False, num_proc=1):
     """The encoder ``Data`` asks for: loaded from ``Data.vocab_file`` (pretrained) or built
-    from the train split (``encoder.stats``: counts behind it, train UNK rate).  The UNK
-    rate of every split is measured where the splits are encoded (``data.dataset``)."""
-    from ..tasks import get_task
-
+    from the train split (``encoder.stats``: counts behind it, train UNK rate); ``pairs``:
+    one vocabulary over sources and targets (the task says so).  The UNK rate of every split
+    is measured where the splits are encoded (``data.dataset``); tokens are counted on
+    ``num_proc`` processes (the counts, and so the vocabulary, do not depend on it)."""
     if data_cfg.vocab_file and data_cfg.tokenizer != "pretrained":
         raise ConfigError(f"Data.vocab_file is read only with Data.tokenizer: pretrained (here "
                           f"{data_cfg.tokenizer!r}, whose vocabulary is built from the train "
@@ -434,16 +435,39 @@ def build_encoder(data_cfg, corpus):
         enc = TextEncoder.load(data_cfg.vocab_file, "pretrained", data_cfg.lowercase)
         enc.stats = {"kind": "pretrained", "vocab_file": data_cfg.vocab_file,
                      "vocab_size": enc.vocab_size}
-    elif get_task(corpus.task).pairs:  # one vocabulary over sources and targets
+    elif pairs:
         train = corpus.splits["train"]
         enc = TextEncoder.build_seq2seq([ex["source"] for ex in train],
                                         [ex["target"] for ex in train], data_cfg.tokenizer,
                                         data_cfg.lowercase, data_cfg.min_freq, data_cfg.max_size,
                                         data_cfg.target_tokenizer)
     else:
-        enc = TextEncoder.build(split_items(corpus.splits["train"]), data_cfg.tokenizer,
-                                data_cfg.lowercase, data_cfg.min_freq, data_cfg.max_size)
+        counts = count_tokens(corpus.splits["train"], data_cfg.tokenizer, data_cfg.lowercase,
+                              num_proc)
+        enc = TextEncoder.build(counts, data_cfg.tokenizer, data_cfg.lowercase,
+                                data_cfg.min_freq, data_cfg.max_size)
     if data_cfg.tokenizer != "pretrained":
         logger.info("vocabulary: %s, %d tokens from the train split (%d types, min_freq %d)",
                     enc.kind, enc.vocab_size, enc.stats["train_types"], data_cfg.min_freq)
     return enc
+
+
+class _ChunkCounter:
+    def __init__(self, kind, lowercase):
+        self.kind, self.lowercase = kind, lowercase
+
+    def __call__(self, examples, start, end):
+        return TextEncoder._count(split_items(examples[i] for i in range(start, end)),
+                                  self.kind, self.lowercase)
+
+
+def count_tokens(examples, kind, lowercase, num_proc=1):
+    """Token counts of the examples' texts (or token lists), counted in chunks on workers."""
+    from .parallel import chunk_map
+
+    if kind == "pretrained":
+        raise ConfigError("Data.tokenizer: pretrained vocabularies are loaded, not counted")
+    counts = Counter()
+    for part in chunk_map(_ChunkCounter(kind, lowercase), examples, num_proc, chunk_size=10000):
+        counts.update(part)
+    return counts

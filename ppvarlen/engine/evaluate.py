@@ -9,6 +9,7 @@ import time
 import paddle
 from tqdm import tqdm
 
+from ..data.loader import FixedBatches, BatchLoader
 from ..data.order import length_sorted_batches, restore_order
 from ..tasks import get_task
 from .distributed import all_gather_objects
@@ -16,24 +17,25 @@ from .distributed import all_gather_objects
 
 @paddle.no_grad()
 def predict(model, dataset, task, collate, max_tokens, padding_side="right", world_size=1, rank=0,
-            decoding=None, progress=False):
+            decoding=None, num_workers=0, progress=False):
     """Per-example model outputs in dataset order (``task``: a Task or its name).
 
     classification: float32 logits ``[C]``; tagging: predicted tag ids ``[len]``
     (the example's real tokens only); seq2seq: generated ids (no BOS/EOS), decoded per
     ``decoding`` ({"beam_size", "length_penalty"}; default greedy); masked-LM: per example
-    [loss sum, correct, masked] under a fixed mask.  ``progress``: a bar over this rank's
-    batches on stderr.
+    [loss sum, correct, masked] under a fixed mask.  ``num_workers``: loader processes
+    reading the store (``data.loader``).  ``progress``: a bar over this rank's batches on
+    stderr.
     """
     task = get_task(task)
     was_training = model.training
     model.eval()
     batches = length_sorted_batches(dataset.lengths, max_tokens)
-    mine = []
-    for k in tqdm(range(rank, len(batches), world_size), unit="batch", desc="eval",
-                  disable=not progress, file=sys.stderr, smoothing=0):
-        batch = collate([dataset[i] for i in batches[k]])
-        mine.append(task.predict_batch(model, batch, decoding or {}, padding_side))
+    mine = batches[rank::world_size]
+    loader = BatchLoader(dataset, FixedBatches(mine), collate, num_workers)
+    mine = [task.predict_batch(model, batch, decoding or {}, padding_side)
+            for batch in tqdm(loader, total=len(mine), unit="batch", desc="eval",
+                              disable=not progress, file=sys.stderr, smoothing=0)]
     if was_training:
         model.train()
     per_rank = all_gather_objects(mine, world_size)
@@ -42,10 +44,10 @@ def predict(model, dataset, task, collate, max_tokens, padding_side="right", wor
 
 
 def evaluate(model, dataset, task, collate, label_names, max_tokens, padding_side="right",
-             world_size=1, rank=0, encoder=None, decoding=None):
+             world_size=1, rank=0, encoder=None, decoding=None, num_workers=0):
     """Metrics of ``model`` on ``dataset`` (seq2seq needs the ``encoder`` to compare texts)."""
     outputs = predict(model, dataset, task, collate, max_tokens, padding_side, world_size, rank,
-                      decoding)
+                      decoding, num_workers)
     return get_task(task).report(dataset, outputs, label_names, encoder)
 
 
@@ -63,7 +65,7 @@ def checkpoint_outputs(cfg, ckpt_dir, split="test", progress=False):
 
 def _timed_checkpoint_outputs(cfg, ckpt_dir, split, progress):
     from ..data.collate import Collator
-    from ..data.dataset import build_datasets
+    from ..tasks import build_datasets
     from .checkpoint import load_for_inference
 
     model, meta, encoder, _ = load_for_inference(ckpt_dir)
@@ -72,7 +74,8 @@ def _timed_checkpoint_outputs(cfg, ckpt_dir, split, progress):
     collate = Collator(encoder.pad_id, cfg.Data.pad_to_multiple_of, cfg.Data.padding_side)
     start = time.perf_counter()
     outputs = predict(model, dataset, meta["task"], collate, cfg.Data.eval_max_tokens,
-                      cfg.Data.padding_side, decoding=decoding_of(cfg.Model), progress=progress)
+                      cfg.Data.padding_side, decoding=decoding_of(cfg.Model),
+                      num_workers=cfg.Data.num_workers, progress=progress)
     return outputs, dataset, meta, encoder, time.perf_counter() - start
 
 

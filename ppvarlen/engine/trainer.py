@@ -91,7 +91,7 @@ def _check_init_vocabulary(path, encoder):
 
 class Trainer:
     def __init__(self, cfg):
-        from ..data.dataset import build_datasets
+        from ..tasks import build_datasets
         from ..models import build_model
         from ..tasks import get_task
 
@@ -123,7 +123,7 @@ class Trainer:
                                  self.task.name)
         self.task.configure_model(self.model, cfg, enc)
         started = time.perf_counter()
-        self.sampler, self.collate = self._batching(self.data.train, shuffle=True)
+        self.loader, self.sampler, self.collate = self._batching(self.data.train)
         steps_per_epoch = len(self.sampler)
         # what the time to the first step went to (benchmarks/corpus_scale.py reads this line)
         log.info("data ready in %.2f s (%d train examples); sampler planned %d batches in %.2f s",
@@ -162,16 +162,13 @@ class Trainer:
 
     # ------------------------------------------------------------ pieces
 
-    def _batching(self, dataset, shuffle):
-        from ..data.collate import Collator
-        from ..data.samplers import build_batch_sampler
+    def _batching(self, dataset):
+        """The train loader (``data.loader``: Data.num_workers processes read the store)."""
+        from ..data.loader import build_loader
 
-        d = self.cfg.Data
-        sampler = build_batch_sampler(dataset, d, shuffle, num_replicas=self.world,
-                                      rank=self.rank, seed=self.cfg.Global.seed)
-        bounds = getattr(sampler, "boundaries", None) if d.pad_to_bucket else None
-        return sampler, Collator(self.data.encoder.pad_id, d.pad_to_multiple_of, d.padding_side,
-                                 bucket_boundaries=bounds)
+        loader = build_loader(dataset, self.cfg.Data, "train", num_replicas=self.world,
+                              rank=self.rank, seed=self.cfg.Global.seed)
+        return loader, loader.sampler, loader.collate
 
     def _resume(self, path):
         state = ckpt.load_training_state(path, self.model, self.optimizer, self.scheduler)
@@ -236,8 +233,6 @@ class Trainer:
 
     def _dev_subset(self):
         """The first Train.eval_max_examples dev items (whole documents: windows stay together)."""
-        from ..data.dataset import EncodedDataset
-
         dev, n = self.data.dev, self.cfg.Train.eval_max_examples
         if n is None or n >= len(dev):
             return dev
@@ -245,7 +240,7 @@ class Trainer:
             raise ConfigError(f"Train.eval_max_examples must be >= 1 or null, got {n}")
         while n < len(dev) and dev[n]["doc_id"] == dev[n - 1]["doc_id"]:
             n += 1
-        return EncodedDataset(dev.items[:n], "dev", dev.task, dev.pad_id)
+        return dev.subset(n)
 
     def run_eval(self, split):
         if split == "dev":
@@ -256,7 +251,8 @@ class Trainer:
             dataset = getattr(self.data, split)
         return evaluate(self.model, dataset, self.task, self.collate, self.data.label_names,
                         self.cfg.Data.eval_max_tokens, self.cfg.Data.padding_side,
-                        self.world, self.rank, self.data.encoder, decoding_of(self.cfg.Model))
+                        self.world, self.rank, self.data.encoder, decoding_of(self.cfg.Model),
+                        num_workers=self.cfg.Data.num_workers)
 
     # ------------------------------------------------------------ one step
 
@@ -330,9 +326,8 @@ class Trainer:
             log.info("%s", line)
         while st["step"] < self.total_steps:
             self.sampler.set_epoch(st["epoch"])  # keeps a resumed mid-epoch position
-            for idxs in self.sampler:
-                t0 = time.perf_counter()
-                batch = self.collate([self.data.train[i] for i in idxs])
+            t0 = time.perf_counter()
+            for batch in self.loader:
                 loss = self.train_step(batch)
                 dt = time.perf_counter() - t0
                 st["step"] += 1
@@ -357,6 +352,7 @@ class Trainer:
                     return {"interrupted": True, "step": st["step"]}
                 if st["step"] >= self.total_steps:
                     break
+                t0 = time.perf_counter()
             else:  # epoch finished
                 st["epoch"] += 1
                 st["batch_in_epoch"] = 0

@@ -275,7 +275,7 @@ def export_checkpoint(checkpoint, output, cfg=None, formats=None, precisions=Non
 
 def load_test_split(cfg, encoder, task):
     """The config's test split, encoded with the checkpoint's own vocabulary."""
-    from ..data.dataset import build_datasets
+    from ..tasks import build_datasets
 
     bundle = build_datasets(cfg.Data, task_hint=task, encoder=encoder, splits=("test",))
     return [bundle.test[i] for i in range(len(bundle.test))]
@@ -334,7 +334,7 @@ def export_pretrained_dir(directory, output, cfg, task=None, formats=None, preci
 def _encode_verify_file(cfg, encoder, task, path, label_names):
     """The labelled JSONL file, encoded with the directory's tokenizer (all of it: test)."""
     from ..config import load_config
-    from ..data.dataset import build_datasets
+    from ..tasks import build_datasets
 
     if not os.path.isfile(path):
         raise ConfigError(f"--verify-file {path}: file not found")

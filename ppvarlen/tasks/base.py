@@ -17,6 +17,9 @@ helpers are imported inside the methods that need them, so a serving host import
 or training code.  Model objects are received and their methods called, never imported.
 """
 from ..config import ConfigError
+from ..data.errors import DataError
+from ..data.longtext import plan_spans
+from ..data.store import Field
 
 INPUTS = [{"name": "input_ids", "dtype": "int64", "dims": [-1, -1]},
           {"name": "seq_len", "dtype": "int64", "dims": [-1]}]
@@ -57,6 +60,34 @@ class Task:
     def window_item(self, ex, labels, start, end, specials, doc_id):
         """The fields of one window's item besides ``input_ids``."""
         return {"doc_id": doc_id}
+
+    def store_fields(self):
+        """The fields of this task's items, as the store keeps them (``data.store.Field``)."""
+        return [Field("input_ids", "int32", ragged=True, length=True), Field("doc_id", "int64")]
+
+    def encode_example(self, ctx, ex, doc_id, where):
+        """One corpus example -> (items, record) for the store builder (``data.dataset``).
+
+        Items: dicts with every ``store_fields`` field (token rows under the long-text policy,
+        ``[CLS] .. [SEP]`` with ``ctx.specials``; ``window_item`` adds the label fields).
+        Record: ``doc_length`` (tokens before the policy), ``unk`` / ``real`` token counts and
+        ``long_text`` {name: (tokens, kept spans)} for the split's long-text stats."""
+        enc = ctx.encoder
+        ids, labels = self.example_ids(enc, ex, where, ctx.tag_ids)
+        if not ids:
+            raise DataError(f"{where}: no tokens after tokenisation (empty or only spaces); "
+                            f"remove it from the data")
+        n_special = 2 if ctx.specials else 0
+        spans = plan_spans(len(ids), ctx.max_len - n_special, ctx.long_text, ctx.stride, where)
+        items = []
+        for start, end in spans:
+            body = ids[start:end]
+            if ctx.specials:
+                body = [enc.cls_id] + body + [enc.sep_id]
+            items.append({"input_ids": body,
+                          **self.window_item(ex, labels, start, end, ctx.specials, doc_id)})
+        return items, {"doc_length": len(ids) + n_special, "unk": ids.count(enc.unk_id),
+                       "real": len(ids), "long_text": {"": (len(ids), spans)}}
 
     def extra_train_items(self, corpora, data_cfg, encoder, first_doc_id):
         """Train items from other corpora (``Pretrain.extra_corpora``) -> (items, {source: n}),

@@ -2,6 +2,7 @@
 import numpy as np
 
 from ..data.longtext import aggregate_classification
+from ..data.store import Field
 from .base import Task
 
 
@@ -20,6 +21,9 @@ class ClassificationTask(Task):
 
     def window_item(self, ex, labels, start, end, specials, doc_id):
         return {"label": int(ex["label"]), "doc_id": doc_id}
+
+    def store_fields(self):
+        return super().store_fields() + [Field("label", "int64")]
 
     def loss(self, model, batch, label_smoothing=0.0):
         if not label_smoothing:

@@ -1,5 +1,8 @@
 """Seq2seq: source text -> generated target ids (g2p); greedy or beam decoding."""
 from ..config import ConfigError
+from ..data.errors import DataError
+from ..data.longtext import plan_spans
+from ..data.store import Field
 from .base import Task
 from .seq2seq_metrics import seq2seq_metrics
 
@@ -33,6 +36,28 @@ class Seq2SeqTask(Task):
         if data_cfg.long_text == "window":
             raise ConfigError("Data.long_text: window cannot split a source/target pair (the "
                               "target has no alignment to source windows); use truncate or error")
+
+    def store_fields(self):
+        return [Field("src_ids", "int32", ragged=True, length=True),
+                Field("tgt_ids", "int32", ragged=True, length=True), Field("doc_id", "int64")]
+
+    def encode_example(self, ctx, ex, doc_id, where):
+        """A source/target pair -> one ``{src_ids, tgt_ids (BOS .. EOS), doc_id}`` item."""
+        enc = ctx.encoder
+        src = enc.encode(enc.tokenize(ex["source"]))
+        tgt = enc.encode_target(ex["target"])
+        if not src or not tgt:
+            raise DataError(f"{where}: empty source or target after tokenisation; remove the "
+                            f"example")
+        src_spans = plan_spans(len(src), ctx.max_source_len, ctx.long_text, 0, where + " source")
+        tgt_spans = plan_spans(len(tgt), ctx.max_target_len, ctx.long_text, 0, where + " target")
+        item = {"src_ids": src[:src_spans[0][1]],
+                "tgt_ids": [enc.bos_id] + tgt[:tgt_spans[0][1]] + [enc.eos_id], "doc_id": doc_id}
+        return [item], {"doc_length": len(src) + len(tgt) + 2,
+                        "unk": src.count(enc.unk_id) + tgt.count(enc.unk_id),
+                        "real": len(src) + len(tgt),
+                        "long_text": {"source": (len(src), src_spans),
+                                      "target": (len(tgt), tgt_spans)}}
 
     def check_encoder(self, encoder):
         if encoder.bos_id is None or encoder.eos_id is None:

@@ -7,6 +7,7 @@ from ..config import ConfigError
 from ..data.errors import DataError
 from ..data import tagschemes
 from ..data.longtext import aggregate_tokens
+from ..data.store import Field
 from .base import Task, unpad
 
 
@@ -52,6 +53,10 @@ class TaggingTask(Task):
         if specials:  # special tokens carry no tag
             window = [IGNORE_INDEX] + window + [IGNORE_INDEX]
         return {"labels": window, "doc_id": doc_id, "offset": start}
+
+    def store_fields(self):
+        return super().store_fields() + [Field("labels", "int32", ragged=True),
+                                         Field("offset", "int64")]
 
     def check_train_config(self, cfg):
         if cfg.Train.label_smoothing:

@@ -1,0 +1,44 @@
+"""Run a function over chunks of a sequence on ``Data.num_proc`` worker processes, in order.
+
+Workers are forked after the shared state (the examples, the encoder, the task's encode
+function) is set in this module, so nothing but chunk bounds goes to a worker and only the
+chunk's result (numpy arrays, counters) comes back.  Results are yielded in chunk order, so
+the output is the same for any worker count, and the first failing chunk in input order is
+the error raised.  Hand-written over ``multiprocessing`` because ``datasets.map(num_proc>1)``
+fails in this stack (dill) and a fork pool needs no pickling of the tokenizer.
+"""
+import multiprocessing
+import os
+
+_STATE = {}
+
+
+def usable_cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def resolve_num_proc(num_proc):
+    return usable_cores() if num_proc is None else max(1, int(num_proc))
+
+
+def _run(bounds):
+    start, end = bounds
+    return _STATE["fn"](_STATE["items"], start, end)
+
+
+def chunk_map(fn, items, num_proc, chunk_size=2000):
+    """Yield ``fn(items, start, end)`` for consecutive chunks of ``items`` in order."""
+    bounds = [(s, min(s + chunk_size, len(items))) for s in range(0, len(items), chunk_size)]
+    if num_proc <= 1 or len(bounds) <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        for b in bounds:
+            yield fn(items, *b)
+        return
+    _STATE.update(fn=fn, items=items)
+    try:
+        with multiprocessing.get_context("fork").Pool(min(num_proc, len(bounds))) as pool:
+            yield from pool.imap(_run, bounds)
+    finally:
+        _STATE.clear()

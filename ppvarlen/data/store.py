@@ -1,0 +1,310 @@
+"""Encoded-corpus store: one directory per split, token ids memory-mapped from disk.
+
+API (what the dataset builder, the Ray job and benchmarks use)::
+
+    fields = [Field("input_ids", "int32", ragged=True, length=True),
+              Field("label", "int64"), Field("doc_id", "int64")]
+    with StoreWriter(path, fields) as w:            # path appears only when complete
+        w.add_columns({"input_ids": [np.array([2, 7, 3])], "label": [1], "doc_id": [0]})
+        w.set_extra("doc_lengths", np.array([3]))   # split-level arrays besides the fields
+        w.set_meta({"stats": {...}})                # JSON, merged into manifest.json
+    split = StoreSplit(path)                        # opens manifest + small arrays only
+    len(split); split.lengths; split[i] -> {"input_ids": array, "label": np.int64, ...}
+    split.row_lengths("input_ids"); split.extra("doc_lengths"); split.meta["stats"]
+
+A ``Field`` is declared by the task (``ppvarlen.tasks``), never by the store: ``ragged`` fields
+hold a variable-length row per item (token ids, per-token tags), the others one scalar per item;
+``length=True`` ragged fields sum to the item's ``lengths`` entry (the samplers' input; seq2seq
+declares two, source and target).  A new task adds fields without changing this module.
+
+Files of a split directory: ``manifest.json`` (format, fields, count, the builder's meta),
+``<ragged>.bin`` (the rows concatenated, raw little-endian, read with ``np.memmap``) with
+``<ragged>.offsets.npy`` (int64, count + 1), ``<scalar>.npy``, ``lengths.npy`` and
+``<extra>.npy``.  Format: raw ``.bin`` + ``.npy`` offsets, because it needs only numpy (the
+paddle-free deploy host can read it), is written streaming at disk speed with no copy, and opens
+as a memmap (pyarrow's IPC files also memmap but add a dependency and ListArray offsets; the
+PaddleNLP indexed format ties one dtype and one ragged field per file pair and imports paddlenlp);
+``read_indexed_dataset`` reads a user's PaddleNLP/Megatron ``.bin``/``.idx`` corpus as token ids.
+
+Arrays are loaded with ``allow_pickle=False`` and the manifest is JSON: nothing is unpickled.
+A writer builds in a temp directory next to ``path``, fsyncs every file and renames it into
+place, so a build killed at any point leaves no directory a reader takes as complete
+(``StoreSplit`` refuses a directory without a manifest of this ``FORMAT``).
+"""
+import json
+import os
+import shutil
+import struct
+import tempfile
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .errors import DataError
+
+FORMAT = "ppvarlen-store/1"
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Field:
+    """One per-item field a task stores: name, numpy dtype, a row per item or a scalar."""
+    name: str
+    dtype: str
+    ragged: bool = False  # a variable-length row per item (ids, tags) instead of one value
+    length: bool = False  # its row lengths add up to the item's length (ragged only)
+
+    def __post_init__(self):
+        if self.length and not self.ragged:
+            raise ValueError(f"Field {self.name!r}: only a ragged field can count as length")
+        np.dtype(self.dtype)  # an unknown dtype fails at declaration
+
+
+def _fsync_file(path):
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class StoreWriter:
+    """Streams items column-wise into a new split directory (see the module docstring)."""
+
+    def __init__(self, path, fields):
+        if not any(f.length for f in fields):
+            raise ValueError("a store needs at least one length field (ragged, length=True)")
+        self.path = os.path.abspath(path)
+        self.fields = list(fields)
+        parent = os.path.dirname(self.path)
+        os.makedirs(parent, exist_ok=True)
+        self.tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(self.path) + "-", dir=parent)
+        self.count = 0
+        self._bins = {f.name: open(os.path.join(self.tmp, f.name + ".bin"), "wb")
+                      for f in self.fields if f.ragged}
+        self._row_lengths = {f.name: [] for f in self.fields if f.ragged}
+        self._scalars = {f.name: [] for f in self.fields if not f.ragged}
+        self._extras, self._meta = {}, {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        if kind is None:
+            self.close()
+        else:
+            self.abort()
+        return False
+
+    def add_columns(self, columns):
+        """Append items given column-wise: ``{field: [row or value per item]}``."""
+        n = None
+        for f in self.fields:
+            if f.name not in columns:
+                raise ValueError(f"StoreWriter: field {f.name!r} missing from the columns")
+            col = columns[f.name]
+            if n is None:
+                n = len(col)
+            elif len(col) != n:
+                raise ValueError(f"StoreWriter: field {f.name!r} has {len(col)} entries, "
+                                 f"expected {n}")
+            if f.ragged:
+                rows = [np.asarray(r, dtype=f.dtype) for r in col]
+                if rows:
+                    self._bins[f.name].write(np.concatenate(rows).astype(
+                        np.dtype(f.dtype).newbyteorder("<"), copy=False).tobytes())
+                self._row_lengths[f.name].append(np.fromiter((len(r) for r in rows),
+                                                             np.int64, len(rows)))
+            else:
+                self._scalars[f.name].append(np.asarray(col, dtype=f.dtype))
+        self.count += n or 0
+
+    def set_extra(self, name, array):
+        """A split-level array saved as ``<name>.npy`` (e.g. per-document lengths)."""
+        self._extras[name] = np.asarray(array)
+
+    def set_meta(self, meta):
+        self._meta.update(meta)
+
+    def row_lengths(self, name):
+        """Row lengths of a ragged field written so far."""
+        return np.concatenate(self._row_lengths[name] or [np.zeros(0, np.int64)])
+
+    def lengths(self):
+        """Item lengths so far: the sum of the length fields' rows."""
+        return sum(self.row_lengths(f.name) for f in self.fields if f.length)
+
+    def close(self):
+        for f in self._bins.values():
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+        for f in self.fields:
+            if f.ragged:
+                offsets = np.zeros(self.count + 1, np.int64)
+                np.cumsum(self.row_lengths(f.name), out=offsets[1:])
+                self._save(f.name + ".offsets", offsets)
+            else:
+                self._save(f.name, np.concatenate(self._scalars[f.name]) if self._scalars[f.name]
+                           else np.zeros(0, f.dtype))
+        self._save("lengths", np.asarray(self.lengths(), np.int64).reshape(self.count))
+        for name, arr in self._extras.items():
+            self._save(name, arr)
+        manifest = {"format": FORMAT, "count": self.count,
+                    "fields": [asdict(f) for f in self.fields],
+                    "extras": sorted(self._extras), **self._meta}
+        with open(os.path.join(self.tmp, MANIFEST), "w", encoding="utf-8") as fh:
+            json.dump(manifest, fh, indent=1, ensure_ascii=False)
+            fh.flush()
+            os.fsync(fh.fileno())
+        _fsync_dir(self.tmp)
+        os.chmod(self.tmp, 0o755)
+        if os.path.exists(self.path):  # a stale split (e.g. --rebuild): replaced whole
+            old = self.path + f".old-{os.getpid()}"
+            os.replace(self.path, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(self.tmp, self.path)
+        _fsync_dir(os.path.dirname(self.path))
+
+    def _save(self, name, arr):
+        path = os.path.join(self.tmp, name + ".npy")
+        np.save(path, arr, allow_pickle=False)
+        _fsync_file(path)
+
+    def abort(self):
+        for f in self._bins.values():
+            f.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def is_complete(path):
+    try:
+        with open(os.path.join(path, MANIFEST), encoding="utf-8") as fh:
+            return json.load(fh).get("format") == FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+class StoreSplit:
+    """Read side of one split directory: small arrays in memory, ragged rows memory-mapped.
+
+    Memmaps are opened lazily and dropped when pickled, so DataLoader worker processes
+    (fork or spawn) reopen them instead of copying token ids.
+    """
+
+    def __init__(self, path):
+        self.path = os.path.abspath(path)
+        manifest_path = os.path.join(self.path, MANIFEST)
+        try:
+            with open(manifest_path, encoding="utf-8") as fh:
+                self.meta = json.load(fh)
+        except (OSError, ValueError) as e:
+            raise DataError(f"{self.path}: not a complete ppvarlen store ({e}); delete the "
+                            f"directory or rebuild with Data.rebuild_cache: true") from None
+        if self.meta.get("format") != FORMAT:
+            raise DataError(f"{manifest_path}: store format {self.meta.get('format')!r}, this "
+                            f"ppvarlen reads {FORMAT!r}; rebuild with Data.rebuild_cache: true")
+        self.fields = [Field(**f) for f in self.meta["fields"]]
+        self.count = int(self.meta["count"])
+        self.lengths = self._load("lengths")
+        self._offsets = {f.name: self._load(f.name + ".offsets") for f in self.fields if f.ragged}
+        self._scalars = {f.name: self._load(f.name) for f in self.fields if not f.ragged}
+        self._maps = {}
+
+    def _load(self, name):
+        return np.load(os.path.join(self.path, name + ".npy"), allow_pickle=False)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_maps"] = {}
+        return state
+
+    def _rows(self, name):
+        m = self._maps.get(name)
+        if m is None:
+            dtype = np.dtype(next(f.dtype for f in self.fields if f.name == name))
+            path = os.path.join(self.path, name + ".bin")
+            if os.path.getsize(path) == 0:  # np.memmap refuses an empty file
+                m = np.zeros(0, dtype)
+            else:
+                m = np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r")
+            self._maps[name] = m
+        return m
+
+    def __len__(self):
+        return self.count
+
+    def __getitem__(self, i):
+        if not -self.count <= i < self.count:
+            raise IndexError(f"item {i} of a {self.count}-item store split")
+        i = int(i) % self.count if self.count else i
+        out = {}
+        for f in self.fields:
+            if f.ragged:
+                off = self._offsets[f.name]
+                out[f.name] = np.asarray(self._rows(f.name)[off[i]:off[i + 1]])
+            else:
+                out[f.name] = self._scalars[f.name][i]
+        return out
+
+    def row_lengths(self, name):
+        return np.diff(self._offsets[name])
+
+    def column(self, name):
+        """A scalar field's values (numpy, one per item)."""
+        return self._scalars[name]
+
+    def extra(self, name):
+        return self._load(name) if name in self.meta.get("extras", ()) else None
+
+
+# ---------------------------------------------------------------- PaddleNLP / Megatron corpora
+
+_IDX_MAGIC = b"MMIDIDX\x00\x00"
+# the dtype codes of the indexed format (PaddleNLP's and Megatron's shared table)
+_IDX_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
+               7: np.float32, 8: np.uint16}
+
+
+class IndexedTokens:
+    """A PaddleNLP/Megatron memory-mapped indexed corpus (``prefix.bin`` + ``prefix.idx``) as
+    token-id rows: ``len``, ``lengths``, ``[i]`` -> numpy row.  Read with numpy here (the format
+    is a small header + sizes + byte pointers) so reading needs no paddlenlp import."""
+
+    def __init__(self, prefix):
+        idx, bin_path = prefix + ".idx", prefix + ".bin"
+        try:
+            with open(idx, "rb") as fh:
+                magic = fh.read(9)
+                if magic != _IDX_MAGIC:
+                    raise DataError(f"{idx}: not a memory-mapped indexed corpus (magic "
+                                    f"{magic!r}); write it with paddlenlp.data.indexed_dataset "
+                                    f"(impl mmap)")
+                version, = struct.unpack("<Q", fh.read(8))
+                code, = struct.unpack("<B", fh.read(1))
+                count, = struct.unpack("<Q", fh.read(8))
+                doc_count, = struct.unpack("<Q", fh.read(8))
+                header = fh.tell()
+        except OSError as e:
+            raise DataError(f"{idx}: cannot read the index ({e})") from None
+        if version != 1 or code not in _IDX_DTYPES:
+            raise DataError(f"{idx}: index version {version} / dtype code {code} is not one "
+                            f"this reader knows (version 1, codes {sorted(_IDX_DTYPES)})")
+        self.dtype = np.dtype(_IDX_DTYPES[code])
+        buf = np.memmap(idx, mode="r", dtype=np.uint8)
+        self.lengths = np.frombuffer(buf, np.int32, count, header).astype(np.int64)
+        self._pointers = np.frombuffer(buf, np.int64, count, header + 4 * count)
+        self.doc_idx = np.frombuffer(buf, np.int64, doc_count, header + 12 * count)
+        self._bin = np.memmap(bin_path, mode="r", dtype=np.uint8)
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        start = int(self._pointers[i])
+        return np.frombuffer(self._bin, self.dtype, int(self.lengths[i]), start)
