@@ -47,7 +47,6 @@ import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)  # this checkout's ppvarlen, as in the processes it starts
 CONFIG = os.path.join(REPO, "configs", "sentiment", "transformer.yaml")
 GENERATOR_VERSION = 1
 FIRST_STEP = re.compile(r"\bstep 1 +loss\b")
@@ -407,7 +406,12 @@ def plot(report, png):
 
 
 def run(args):
+    import ppvarlen
     from ppvarlen.utils.io import atomic_write_json
+
+    if not os.path.abspath(ppvarlen.__file__).startswith(REPO + os.sep):
+        raise SystemExit(f"this imports ppvarlen from {ppvarlen.__file__}, but the runs it "
+                         f"measures use {REPO}: run with PYTHONPATH={REPO}")
 
     os.makedirs(args.workdir, exist_ok=True)
     report = {"command": " ".join(sys.argv), "config": os.path.relpath(CONFIG, REPO),
