@@ -110,9 +110,19 @@ def test_bad_utf8_names_the_line_and_keeps_the_old_output(cls_export, tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == []
 
 
-def test_windows_respect_rows_and_characters():
-    rows = [(i, "x" * n) for i, n in enumerate([3, 3, 3, 10, 1, 1])]
-    cut = [[r[0] for r in w] for w in infer.windows(rows, size=2, max_chars=7)]
-    assert cut == [[0, 1], [2], [3], [4, 5]]
+def test_windows_count_usable_texts_and_characters(cls_export, tmp_path, capsys):  # noqa: F811
+    predictor = Predictor(cls_export[0], "onnx")
+    rows = [(1, "好" * 3), (2, DataError("bad")), (3, "好" * 3), (4, "  "), (5, "好" * 3),
+            (6, "好" * 10), (7, "好"), (8, "好")]
+    cut = [[n for n, _, _ in w] for w in
+           infer.encoded_windows(predictor, "f.txt", iter(rows), size=2, max_chars=7)]
+    # bad lines 2 and 4 do not count towards a window's 2 texts (4 is found bad only after
+    # the window of 1 and 3 closed); 10 chars alone exceed 7
+    assert cut == [[1, 2, 3], [4, 5], [6], [7, 8]]
+    assert "bad line: f.txt:4: text is empty" in capsys.readouterr().err
+    only_bad = [(n, DataError("x")) for n in range(1, 8)]
+    cut = [[n for n, _, _ in w] for w in
+           infer.encoded_windows(predictor, "f.txt", iter(only_bad), size=1)]
+    assert cut == [[1, 2, 3], [4, 5, 6], [7]]  # at most 3 x size waiting bad lines
     with pytest.raises(ValueError):
-        next(infer.windows(rows, size=0))
+        next(infer.encoded_windows(predictor, "f.txt", iter(rows), size=0))

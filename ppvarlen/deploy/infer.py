@@ -6,10 +6,10 @@ Output: JSONL, line ``i`` answering input line ``i``: ``{"line": n, **prediction
 or ``{"line": n, "error": why}`` for a line that could not be used (also reported
 on stderr); the other lines are still predicted.
 
-The file is read in windows of ``window`` lines (and at most ``WINDOW_CHARS``
-characters): each window is tokenised, sorted by length into token-budget batches
-by the predictor, and its records are written in input order before the next window
-is read, so memory stays bounded whatever the file size and the first records
+The file is read in windows of ``window`` usable texts (and at most ``WINDOW_CHARS``
+characters; lines that cannot be used ride along): each window is tokenised, sorted by
+length into token-budget batches by the predictor, and its records are written in input
+order before the next window is read, so memory stays bounded whatever the file size and the first records
 appear after one window.  A file output is written to a temporary file and moved
 into place at the end (an interrupted run leaves the old output, or none).
 
@@ -29,7 +29,7 @@ import time
 from ppvarlen.data.errors import DataError
 from ppvarlen.utils.io import atomic_text_writer
 
-WINDOW = 4096  # texts sorted and batched together; larger windows pack denser batches
+WINDOW = 4096  # usable texts sorted and batched together; larger windows pack denser batches
 # A window also closes at this many characters, so a file of very long lines stays bounded.
 WINDOW_CHARS = 1 << 22
 
@@ -90,19 +90,37 @@ def read_texts(path, field="text"):
     return list(iter_texts(path, field))
 
 
-def windows(rows, size=WINDOW, max_chars=WINDOW_CHARS):
-    """Consecutive lists of ``rows`` holding at most ``size`` rows and about ``max_chars``
-    characters (a single longer row is a window of its own)."""
+def encoded_windows(predictor, input_path, rows, size=WINDOW, max_chars=WINDOW_CHARS):
+    """Windows of ``[(line_no, error record | None, EncodedText | None)]`` from ``rows``.
+
+    A window closes at ``size`` texts that encode (so the batches are those of a whole-file
+    run cut every ``size`` usable texts, whatever bad lines sit between them) or at about
+    ``max_chars`` characters of them; bad lines ride along uncounted (reported on stderr when
+    met), but at most ``3 x size`` of them wait in one window.
+    """
     if size < 1:
         raise ValueError(f"window must be >= 1, got {size}")
-    cur, chars = [], 0
-    for row in rows:
-        n = len(row[1]) if isinstance(row[1], str) else 0
-        if cur and (len(cur) >= size or chars + n > max_chars):
-            yield cur
-            cur, chars = [], 0
-        cur.append(row)
-        chars += n
+    cur, good, chars = [], 0, 0
+    for n, text in rows:
+        item = None
+        if not isinstance(text, DataError):
+            if good and (good >= size or chars + len(text) > max_chars):
+                yield cur
+                cur, good, chars = [], 0, 0
+            try:
+                item = predictor.encode(text)
+            except DataError as e:
+                text = DataError(f"{input_path}:{n}: {e}")
+        if item is None:
+            print(f"bad line: {text}", file=sys.stderr)
+            cur.append((n, {"line": n, "error": str(text)}, None))
+            if len(cur) - good >= 3 * size:
+                yield cur
+                cur, good, chars = [], 0, 0
+            continue
+        cur.append((n, None, item))
+        good += 1
+        chars += len(text)
     if cur:
         yield cur
 
@@ -125,30 +143,19 @@ class _Totals:
         self.model_seconds = 0.0
 
 
-def _predict_window(predictor, input_path, rows, totals):
-    """Records for one window of (line_no, text | DataError), in input order."""
-    records = [None] * len(rows)
-    encoded = []  # (index in the window, EncodedText)
-    for k, (n, text) in enumerate(rows):
-        if isinstance(text, DataError):
-            records[k] = {"line": n, "error": str(text)}
-            continue
-        try:
-            encoded.append((k, predictor.encode(text)))
-        except DataError as e:
-            records[k] = {"line": n, "error": f"{input_path}:{n}: {e}"}
-    for rec in records:
-        if rec is not None:
-            print(f"bad line: {rec['error']}", file=sys.stderr)
+def _predict_window(predictor, window, totals):
+    """Records for one window of ``encoded_windows``, in input order."""
+    records = [rec for _, rec, _ in window]
+    encoded = [(k, item) for k, (_, _, item) in enumerate(window) if item is not None]
     if encoded:
         start = time.perf_counter()
-        results = predictor.predict_encoded([e for _, e in encoded])
+        results = predictor.predict_encoded([item for _, item in encoded])
         totals.model_seconds += time.perf_counter() - start
         for (k, item), pred in zip(encoded, results):
-            records[k] = {"line": rows[k][0], **pred}
+            records[k] = {"line": window[k][0], **pred}
             totals.truncated += bool(item.truncated)
             totals.windowed += len(item.windows) > 1
-    totals.texts += len(rows)
+    totals.texts += len(window)
     totals.predicted += len(encoded)
     return records
 
@@ -189,8 +196,8 @@ def run_file(predictor, input_path, output_path=None, progress=True, window=WIND
     start = time.perf_counter()
     with _open_output(output_path) as out:
         rows = iter_texts(input_path, predictor.task.text_field)
-        for chunk in windows(rows, window):
-            records = _predict_window(predictor, input_path, chunk, totals)
+        for chunk in encoded_windows(predictor, input_path, rows, window):
+            records = _predict_window(predictor, chunk, totals)
             out.write("".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records))
             out.flush()
             bar.update(len(chunk))
