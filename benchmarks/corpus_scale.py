@@ -18,9 +18,10 @@ For each size, cold (empty caches) then warm (the same command again):
   -o Data.train_file=FILE -o Train.max_steps=1`` as a subprocess, so it measures whatever
   this checkout's code does.  Time to the first step = from starting the process to its
   ``step 1`` log line (the process is then stopped: the dev/test evaluation after it is
-  not part of the question); peak RSS = the largest sum of RSS over the process and its
-  children, polled every 50 ms until then (pages shared between processes count once per
-  process); encode throughput = the texts' characters / the seconds of the trainer's
+  not part of the question); peak memory = the largest sum over the process and its
+  children (encoding workers), polled every 100 ms until then, as RSS (a page shared by
+  forked workers counted in each) and as PSS (shared pages split: the real footprint);
+  encode throughput = the texts' characters / the seconds of the trainer's
   ``data ready in`` line (reading, vocabulary, encoding, or loading a cache).
   Sampler planning: one epoch of the config's train sampler (construction, ``len``, all
   batches) over lengths = characters per text cut to ``Data.max_len``, in a process of its own.
@@ -134,20 +135,27 @@ def corpus(workdir, n, seed):
 
 # ---------------------------------------------------------------- measuring a process
 
-def _tree_rss(proc):
+def _tree_memory(proc):
+    """(RSS sum, PSS sum) in bytes over ``proc`` and its children.
+
+    RSS counts a page shared by forked workers once per process; PSS splits it among them,
+    so the PSS sum is the tree's real footprint (Linux; RSS where PSS is not available).
+    """
     import psutil
 
     try:
         procs = [proc] + proc.children(recursive=True)
     except psutil.NoSuchProcess:
-        return 0
-    total = 0
+        return 0, 0
+    rss = pss = 0
     for p in procs:
         try:
-            total += p.memory_info().rss
-        except psutil.NoSuchProcess:
+            info = p.memory_full_info()
+            rss += info.rss
+            pss += getattr(info, "pss", info.rss)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
-    return total
+    return rss, pss
 
 
 def _stop_tree(proc):
@@ -192,18 +200,20 @@ def run_measured(cmd, env, log_path, stop_at=None, timeout=3600):
 
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
-    peak = 0
+    peak_rss = peak_pss = 0
     while not hit.is_set() and popen.poll() is None:
-        peak = max(peak, _tree_rss(proc))
+        rss, pss = _tree_memory(proc)
+        peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
         if time.perf_counter() - start > timeout:
             break
-        hit.wait(0.05)
+        hit.wait(0.1)
     seconds = marks.get("hit", time.perf_counter() - start)
     if popen.poll() is None:
         _stop_tree(proc)
     popen.wait()
     thread.join(timeout=10)
-    return {"seconds": round(seconds, 2), "peak_rss_mb": round(peak / 2**20, 1),
+    return {"seconds": round(seconds, 2), "peak_rss_mb": round(peak_rss / 2**20, 1),
+            "peak_pss_mb": round(peak_pss / 2**20, 1),
             "returncode": popen.returncode, "reached": stop_at is None or "hit" in marks,
             "lines": lines}
 
@@ -230,7 +240,8 @@ def ppvarlen_run(path, meta, workdir, phase, overrides, timeout):
     data = DATA_READY.search(text)
     planned = PLANNED.search(text)
     res = {"time_to_first_step_s": r["seconds"] if r["reached"] else None,
-           "peak_rss_mb": r["peak_rss_mb"], "reached_first_step": r["reached"],
+           "peak_rss_mb": r["peak_rss_mb"], "peak_pss_mb": r["peak_pss_mb"],
+           "reached_first_step": r["reached"],
            "data_ready_s": float(data.group(1)) if data else None,
            "trainer_sampler_planning_s": float(planned.group(2)) if planned else None,
            "log": out_dir + ".log"}
@@ -250,7 +261,8 @@ def hf_run(path, meta, workdir, phase, timeout):
                 "peak_rss_mb": r["peak_rss_mb"]}
     with open(out, encoding="utf-8") as f:
         inner = json.load(f)
-    res = {"time_to_first_step_s": r["seconds"], "peak_rss_mb": r["peak_rss_mb"], **inner}
+    res = {"time_to_first_step_s": r["seconds"], "peak_rss_mb": r["peak_rss_mb"],
+           "peak_pss_mb": r["peak_pss_mb"], **inner}
     data_s = inner["load_s"] + inner["vocab_s"] + inner["encode_s"]
     if data_s > 0:  # the same span as ppvarlen's "data ready": read, vocabulary, encode
         res["encode_chars_per_s"] = round(meta["chars"] / data_s)
@@ -368,7 +380,7 @@ def growth(results, small="1M", big="10M"):
             for phase in ("cold", "warm"):
                 a = results[small].get(tool, {}).get(phase, {})
                 b = results[big].get(tool, {}).get(phase, {})
-                for key in ("time_to_first_step_s", "peak_rss_mb"):
+                for key in ("time_to_first_step_s", "peak_rss_mb", "peak_pss_mb"):
                     if a.get(key) and b.get(key):
                         out[f"{tool}.{phase}.{key}"] = round(b[key] / a[key], 2)
     return out
@@ -384,7 +396,7 @@ def plot(report, png):
     xs = [report["results"][s]["corpus"]["lines"] for s in sizes]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, key, label in ((axes[0], "time_to_first_step_s", "seconds to the first step"),
-                           (axes[1], "peak_rss_mb", "peak RSS up to it (MB)")):
+                           (axes[1], "peak_pss_mb", "peak memory up to it (PSS sum, MB)")):
         for tool, style in (("ppvarlen", "-o"), ("hf_datasets", "--s")):
             for phase in ("cold", "warm"):
                 ys = [report["results"][s].get(tool, {}).get(phase, {}).get(key) for s in sizes]
