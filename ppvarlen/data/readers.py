@@ -1,4 +1,7 @@
-"""User data files: JSONL (classification / tagging / seq2seq) and TSV ``text<TAB>label``.
+"""User data files: JSONL (classification / tagging / seq2seq), TSV ``text<TAB>label`` and
+Parquet (one row = one JSONL object's fields, read with pyarrow).  A ``.gz`` file is read
+through gzip; ``Data.train_file`` (dev/test) may name a directory or a glob of shards, read in
+sorted order (``read_files``), every error still naming the shard and its line (row).
 
 Every line is checked.  A bad line raises ``DataError`` naming ``file:line``, what is
 wrong and how to fix it; with ``skip_invalid`` it is skipped instead and counted per
@@ -9,7 +12,10 @@ Labels are mapped to ids only after all files are read (``map_labels``), so trai
 dev and test share one label set.  Tagging lines must all fit one tag scheme (BIO, BIOES,
 BMES or plain; ``data.tagschemes``), checked per file and over all files, before any training.
 """
+import glob
+import gzip
 import json
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
@@ -61,7 +67,7 @@ def _decoded_lines(path):
     """Yield (line_number, text or BadLine); each line decoded on its own so a bad byte
     is reported on its line, not as a whole-file failure."""
     try:
-        f = open(path, "rb")
+        f = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
     except OSError as e:
         raise DataError(f"{path}: cannot open data file ({e.strerror}); check Data.train_file / "
                         f"dev_file / test_file") from None
@@ -77,6 +83,57 @@ def _decoded_lines(path):
             if n == 1 and line.startswith("\ufeff"):
                 line = line[1:]  # a UTF-8 byte-order mark is not part of the data
             yield n, line.rstrip("\r\n")
+
+
+def _parquet_rows(path):
+    """Yield (row_number, dict) of a Parquet file, streamed in record batches."""
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise DataError(f"{path}: cannot read as Parquet ({e}); check the file") from None
+    n = 0
+    for batch in pf.iter_batches(batch_size=8192):
+        for row in batch.to_pylist():
+            n += 1
+            yield n, row
+
+
+def expand_inputs(spec):
+    """A file, a directory (its files, sorted) or a glob pattern -> the files to read."""
+    if os.path.isdir(spec):
+        files = sorted(os.path.join(spec, f) for f in os.listdir(spec)
+                       if not f.startswith(".") and os.path.isfile(os.path.join(spec, f)))
+    elif glob.has_magic(spec):
+        files = sorted(f for f in glob.glob(spec) if os.path.isfile(f))
+    else:
+        return [spec]
+    if not files:
+        raise DataError(f"{spec}: no data files {'in this directory' if os.path.isdir(spec) else 'match this pattern'}; "
+                        f"check Data.train_file / dev_file / test_file")
+    return files
+
+
+def read_files(spec, fmt, task=None, skip_invalid=False, tag_scheme="auto"):
+    """``read_file`` over every shard of ``spec`` (``expand_inputs``) -> one FileData whose
+    ``line_numbers`` name the shard (``shard:line``)."""
+    files = expand_inputs(spec)
+    if len(files) == 1:
+        return read_file(files[0], fmt, task, skip_invalid, tag_scheme)
+    merged = None
+    for path in files:
+        fd = read_file(path, fmt, task, skip_invalid, tag_scheme)
+        task = fd.task  # every shard is read as the first one's task
+        if merged is None:
+            merged = FileData(path=spec, task=fd.task, header=fd.header)
+        merged.examples += fd.examples
+        merged.line_numbers += [f"{path}:{n}" for n in fd.line_numbers]
+        merged.lines += fd.lines
+        merged.skipped.update(fd.skipped)
+        for reason, first in fd.first_skipped.items():
+            merged.first_skipped.setdefault(reason, f"{path} {first}")
+    return merged
 
 
 def _require_text(value, name, reason_empty="empty_text"):
@@ -142,6 +199,12 @@ def parse_json_line(line, task):
     except json.JSONDecodeError as e:
         raise BadLine("bad_json", f"invalid JSON ({e.msg} at column {e.colno}); each line must be "
                                   f"one JSON object such as {spec.example_line}") from None
+    return parse_object(obj, task)
+
+
+def parse_object(obj, task):
+    """One JSON object (a JSONL line, a Parquet row) -> example dict.  Raises BadLine."""
+    spec = TASKS[task]
     if not isinstance(obj, dict):
         raise BadLine("not_an_object", f"expected a JSON object, got {type(obj).__name__}; each "
                                        f"line must look like {spec.example_line}")
@@ -184,7 +247,8 @@ def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto"):
             raise DataError(f"{path}: TSV files hold text<TAB>label (classification), but the task "
                             f"is {task!r}; use a JSONL file with {TASKS[task].fields} fields")
     out = FileData(path=path, task=task)
-    for n, line in _decoded_lines(path):
+    rows = _parquet_rows(path) if fmt == "parquet" else _decoded_lines(path)
+    for n, line in rows:
         if fmt == "tsv" and n == 1 and isinstance(line, str) and _is_tsv_header(line):
             out.header = True
             continue
@@ -194,6 +258,10 @@ def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto"):
                 raise line
             if fmt == "tsv":
                 example = parse_tsv_line(line)
+            elif fmt == "parquet":
+                if out.task is None:
+                    out.task = infer_task(line) or DEFAULT_TASK
+                example = parse_object(line, out.task)
             else:
                 if out.task is None and line.strip():
                     out.task = _task_from_first_line(path, n, line)
@@ -394,15 +462,17 @@ def _check_lines(fd, check, reason, skip_invalid):
     keep = []
     for i, ex in enumerate(fd.examples):
         n = fd.line_numbers[i]
-        problem = check(ex, f"{fd.path}:{n}")
+        where = n if isinstance(n, str) else f"{fd.path}:{n}"  # shards: "shard:line" already
+        problem = check(ex, where)
         if problem is None:
             keep.append(i)
             continue
         why, message = problem if isinstance(problem, tuple) else (reason, problem)
         if not skip_invalid:
-            raise DataError(f"{fd.path}:{n}: {message} {_SKIP_HINT}")
+            raise DataError(f"{where}: {message} {_SKIP_HINT}")
         fd.skipped[why] += 1
-        fd.first_skipped.setdefault(why, f"line {n}: {message}")
+        fd.first_skipped.setdefault(why, f"line {n}: {message}" if isinstance(n, int)
+                                    else f"{where}: {message}")
     dropped = len(fd.examples) - len(keep)
     if dropped:
         fd.examples = [fd.examples[i] for i in keep]

@@ -1,6 +1,7 @@
 """Length analysis report: the length table and batching strategies side by side.
 
-``analyze_lengths(cfg, split)`` is what ``tools/analyze_lengths.py`` runs;
+``analyze_lengths(cfg, resolve_task, split)`` is what ``tools/analyze_lengths.py`` runs (it reads
+the split from the store cache, encoding it only on a first run);
 ``compare_strategies(lengths, ...)`` simulates one epoch of each strategy on a
 lengths array and reports its padding efficiency (real tokens / computed
 tokens, padding counted), number of batches and largest batch cost.  The

@@ -103,25 +103,24 @@ class StoreWriter:
 
     def add_columns(self, columns):
         """Append items given column-wise: ``{field: [row or value per item]}``."""
+        self.add_packed(pack_columns(self.fields, columns))
+
+    def add_packed(self, packed):
+        """Append items packed by ``pack_columns`` (what encoding workers send back)."""
         n = None
         for f in self.fields:
-            if f.name not in columns:
-                raise ValueError(f"StoreWriter: field {f.name!r} missing from the columns")
-            col = columns[f.name]
-            if n is None:
-                n = len(col)
-            elif len(col) != n:
-                raise ValueError(f"StoreWriter: field {f.name!r} has {len(col)} entries, "
-                                 f"expected {n}")
             if f.ragged:
-                rows = [np.asarray(r, dtype=f.dtype) for r in col]
-                if rows:
-                    self._bins[f.name].write(np.concatenate(rows).astype(
-                        np.dtype(f.dtype).newbyteorder("<"), copy=False).tobytes())
-                self._row_lengths[f.name].append(np.fromiter((len(r) for r in rows),
-                                                             np.int64, len(rows)))
+                flat, rows = packed[f.name]
+                self._bins[f.name].write(np.ascontiguousarray(
+                    flat, np.dtype(f.dtype).newbyteorder("<")).tobytes())
+                self._row_lengths[f.name].append(rows)
             else:
-                self._scalars[f.name].append(np.asarray(col, dtype=f.dtype))
+                rows = packed[f.name]
+                self._scalars[f.name].append(rows)
+            if n is not None and len(rows) != n:
+                raise ValueError(f"StoreWriter: field {f.name!r} has {len(rows)} items, "
+                                 f"expected {n}")
+            n = len(rows)
         self.count += n or 0
 
     def set_extra(self, name, array):
@@ -180,6 +179,23 @@ class StoreWriter:
         for f in self._bins.values():
             f.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def pack_columns(fields, columns):
+    """``{field: [row or value per item]}`` -> ``{ragged: (concatenated rows, row lengths),
+    scalar: array}`` in the fields' dtypes (compact to send between processes)."""
+    packed = {}
+    for f in fields:
+        if f.name not in columns:
+            raise ValueError(f"StoreWriter: field {f.name!r} missing from the columns")
+        col = columns[f.name]
+        if f.ragged:
+            rows = [np.asarray(r, dtype=f.dtype) for r in col]
+            flat = np.concatenate(rows) if rows else np.zeros(0, f.dtype)
+            packed[f.name] = (flat, np.fromiter((len(r) for r in rows), np.int64, len(rows)))
+        else:
+            packed[f.name] = np.asarray(col, dtype=f.dtype).reshape(len(col))
+    return packed
 
 
 def is_complete(path):
@@ -268,7 +284,7 @@ class StoreSplit:
 _IDX_MAGIC = b"MMIDIDX\x00\x00"
 # the dtype codes of the indexed format (PaddleNLP's and Megatron's shared table)
 _IDX_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
-               7: np.float32, 8: np.uint16}
+               7: np.float32, 8: np.uint16, 9: np.uint32, 10: np.uint64}
 
 
 class IndexedTokens:

@@ -26,6 +26,8 @@ import re
 import unicodedata
 from collections import Counter
 
+import numpy as np
+
 from ..config import ConfigError
 from ..utils.io import atomic_write_json, atomic_write_text
 from ..utils.log import get_logger
@@ -99,6 +101,7 @@ class TextEncoder:
                 vocab.to_indices(t) for t in (PAD, UNK, CLS, SEP))
             self.bos_id = self.eos_id = None  # BERT/ERNIE vocabularies have no [BOS]/[EOS]
         self.stats = {}  # filled by build(): counts behind the vocabulary
+        self._char_table = None  # encode_chars: codepoint -> id, made on first use
         # seq2seq: ids < output_size are the tokens a decoder may generate (the train targets'
         # tokens come first in the vocabulary); None = every id (classification, tagging)
         self.output_size = None
@@ -146,8 +149,14 @@ class TextEncoder:
     def _count(cls, texts, kind, lowercase):
         probe = cls(SPECIAL_TOKENS, kind, lowercase)
         counts = Counter()
+        plain = []  # char-level texts without lowercasing: counted as one string (in C)
         for item in texts:
-            counts.update(probe.tokenize(item) if isinstance(item, str) else probe.normalize(item))
+            if isinstance(item, str) and kind == "char" and not lowercase:
+                plain.append(item)
+            else:
+                counts.update(probe.tokenize(item) if isinstance(item, str)
+                              else probe.normalize(item))
+        counts.update("".join(plain))
         for t in SPECIAL_TOKENS:
             counts.pop(t, None)  # a literal "[CLS]" in text is not the special token
         return counts
@@ -224,6 +233,20 @@ class TextEncoder:
 
     def encode_text(self, text):
         return self.encode(self.tokenize(text))
+
+    def encode_array(self, text):
+        """``encode(tokenize(text))`` as an int32 numpy array; for a built char vocabulary
+        without lowercasing a codepoint table lookup (the corpus-encoding hot path)."""
+        if self.kind != "char" or self._tok is not None or self.lowercase:
+            return np.asarray(self.encode(self.tokenize(text)), np.int32)
+        if self._char_table is None:
+            table = np.full(0x110000, self.unk_id, np.int32)
+            for token, i in self._ids.items():
+                if len(token) == 1:
+                    table[ord(token)] = i
+            self._char_table = table
+        return self._char_table[np.frombuffer(text.encode("utf-32-le", "surrogatepass"),
+                                              np.uint32)]
 
     def decode(self, ids, skip_special=False):
         """Ids -> tokens (a list; join them as your task needs: "" for char, " " for word)."""

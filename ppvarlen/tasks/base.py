@@ -16,6 +16,8 @@ Layering: this package imports data and utils only; ``paddle``, engine metrics a
 helpers are imported inside the methods that need them, so a serving host imports no model
 or training code.  Model objects are received and their methods called, never imported.
 """
+import numpy as np
+
 from ..config import ConfigError
 from ..data.errors import DataError
 from ..data.longtext import plan_spans
@@ -54,8 +56,8 @@ class Task:
         """Refuse an encoder that lacks ids the task needs."""
 
     def example_ids(self, encoder, ex, where, tag_ids):
-        """-> (token ids, per-token label ids or None) of one corpus example."""
-        return encoder.encode(encoder.tokenize(ex["text"])), None
+        """-> (token ids (a list or int32 array), per-token label ids or None) of one example."""
+        return encoder.encode_array(ex["text"]), None
 
     def window_item(self, ex, labels, start, end, specials, doc_id):
         """The fields of one window's item besides ``input_ids``."""
@@ -74,7 +76,8 @@ class Task:
         ``long_text`` {name: (tokens, kept spans)} for the split's long-text stats."""
         enc = ctx.encoder
         ids, labels = self.example_ids(enc, ex, where, ctx.tag_ids)
-        if not ids:
+        ids = np.asarray(ids, np.int32)
+        if not len(ids):
             raise DataError(f"{where}: no tokens after tokenisation (empty or only spaces); "
                             f"remove it from the data")
         n_special = 2 if ctx.specials else 0
@@ -83,10 +86,11 @@ class Task:
         for start, end in spans:
             body = ids[start:end]
             if ctx.specials:
-                body = [enc.cls_id] + body + [enc.sep_id]
+                body = np.concatenate(([enc.cls_id], body, [enc.sep_id])).astype(np.int32)
             items.append({"input_ids": body,
                           **self.window_item(ex, labels, start, end, ctx.specials, doc_id)})
-        return items, {"doc_length": len(ids) + n_special, "unk": ids.count(enc.unk_id),
+        return items, {"doc_length": len(ids) + n_special,
+                       "unk": int(np.count_nonzero(ids == enc.unk_id)),
                        "real": len(ids), "long_text": {"": (len(ids), spans)}}
 
     def extra_train_items(self, corpora, data_cfg, encoder, first_doc_id):

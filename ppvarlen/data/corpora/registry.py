@@ -28,7 +28,7 @@ BUILT_IN = {
     "people_daily_ner": BuiltInCorpus("tagging", ner_corpus),
     "g2p": BuiltInCorpus("seq2seq", g2p_corpus, ("max_source_len", "max_target_len", "split_seed")),
 }
-USER_FORMATS = ("jsonl", "tsv")
+USER_FORMATS = ("jsonl", "tsv", "parquet")
 # Keys only user files read: a built-in corpus would silently ignore them.
 USER_FILE_KEYS = ("train_file", "dev_file", "test_file", "label_names")
 

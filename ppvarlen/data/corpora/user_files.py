@@ -1,4 +1,5 @@
-"""``Data.corpus: jsonl`` / ``tsv``: the user's own files, read by ``data.readers``."""
+"""``Data.corpus: jsonl`` / ``tsv`` / ``parquet``: the user's own files (a file, a directory or
+a glob of shards; ``.gz`` read through gzip), read by ``data.readers``."""
 from ...config import ConfigError
 from .. import readers
 from ..splits import SPLITS, example_key, split_method, stable_split
@@ -10,12 +11,12 @@ def user_corpus(cfg, fmt):
         raise ConfigError(f"Data.train_file: Data.corpus: {fmt} reads your own files; set "
                           f"Data.train_file (and optionally dev_file / test_file)")
     scheme = cfg.get("tag_scheme", "auto")
-    files = {"train": readers.read_file(cfg.train_file, fmt, cfg.task, cfg.skip_invalid, scheme)}
+    files = {"train": readers.read_files(cfg.train_file, fmt, cfg.task, cfg.skip_invalid, scheme)}
     task = files["train"].task
     for split in ("dev", "test"):
         path = cfg.get(f"{split}_file")
         if path:  # read with the train file's task: a file of another task fails on its line 1
-            files[split] = readers.read_file(path, fmt, task, cfg.skip_invalid, scheme)
+            files[split] = readers.read_files(path, fmt, task, cfg.skip_invalid, scheme)
     labels = readers.map_labels(list(files.values()), cfg.get("label_names"), cfg.skip_invalid,
                                 scheme)
     splits, how = _assign_splits(files, cfg.split_seed)
