@@ -158,7 +158,7 @@ def _tree_memory(proc):
     return rss, pss
 
 
-def _stop_tree(proc):
+def _stop_tree(popen, proc):
     """Stop the process we started and its children (by pid; nothing else)."""
     import psutil
 
@@ -166,12 +166,14 @@ def _stop_tree(proc):
         kids = proc.children(recursive=True)
     except psutil.NoSuchProcess:
         kids = []
-    for p in [proc] + kids:
+    popen.kill()  # through Popen, so its returncode says it was killed
+    for p in kids:
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs([proc] + kids, timeout=30)
+    popen.wait()
+    psutil.wait_procs(kids, timeout=30)
 
 
 def run_measured(cmd, env, log_path, stop_at=None, timeout=3600):
@@ -209,7 +211,7 @@ def run_measured(cmd, env, log_path, stop_at=None, timeout=3600):
         hit.wait(0.1)
     seconds = marks.get("hit", time.perf_counter() - start)
     if popen.poll() is None:
-        _stop_tree(proc)
+        _stop_tree(popen, proc)
     popen.wait()
     thread.join(timeout=10)
     return {"seconds": round(seconds, 2), "peak_rss_mb": round(peak_rss / 2**20, 1),

@@ -71,9 +71,11 @@ def test_sizes(text, n):
 def test_run_measured_stops_at_the_marker_and_sees_the_memory(tmp_path):
     cs = _module()
     script = ("import time, sys\nbuf = bytearray(64 << 20)\nfor i in range(0, len(buf), 4096): "
-              "buf[i] = 1\ntime.sleep(1)\nprint('step 1  loss 0.5', flush=True)\ntime.sleep(60)\n")
+              "buf[i] = 1\ntime.sleep(1)\nprint('step 1  loss 0.5', flush=True)\ntime.sleep(30)\n"
+              f"open({str(tmp_path / 'finished')!r}, 'w').close()\n")
     r = cs.run_measured([sys.executable, "-c", script], dict(os.environ),
                         str(tmp_path / "log"), re.compile(r"step 1 +loss"), timeout=50)
     assert r["reached"] and r["returncode"] == -9  # killed at the line, not run to its end
+    assert not (tmp_path / "finished").exists()
     assert r["peak_rss_mb"] >= 64 and r["peak_pss_mb"] > 0
     assert "step 1" in (tmp_path / "log").read_text(encoding="utf-8")
