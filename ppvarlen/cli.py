@@ -26,6 +26,7 @@ import warnings
 from . import _mkl, _quiet
 from .config import ConfigError, add_config_args, load_config, parse_override
 from .data.errors import DataError
+from .deploy.infer import WINDOW
 from .deploy.manifest import UnservableExportError
 from .export.errors import ExportFailedError
 from .utils.log import get_logger
@@ -213,7 +214,10 @@ def _eval(args):
     checkpoint = _checkpoint_dir(args.checkpoint)
     from .engine import evaluate_checkpoint
 
-    _print_json(evaluate_checkpoint(cfg, checkpoint, args.split))
+    result = evaluate_checkpoint(cfg, checkpoint, args.split, progress=True)
+    for warning in result["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
+    _print_json(result)
     return 0
 
 
@@ -345,8 +349,11 @@ def main_infer(argv=None):
             --input texts.txt|texts.jsonl [--output preds.jsonl] [--precision fp32|bf16|fp16]
         python deploy/python/infer.py ...                          # the same command
 
+    The file is streamed: --window lines at a time are sorted by length into token-budget
+    batches and their records written in input order, so memory stays bounded on any file.
     Bad lines are reported with their line number (and written as {"line", "error"}
     records); the other lines are still predicted; the exit code is 1 if any line failed.
+    The summary (stderr, JSON) counts truncated and windowed texts and warns on truncation.
     """
     parser = _parser(main_infer, config=False)
     parser.add_argument("--model-dir", required=True, help="export directory (has manifest.json)")
@@ -366,6 +373,9 @@ def main_infer(argv=None):
     parser.add_argument("--split-long-sources", action="store_true",
                         help="seq2seq: cut a source longer than the export's max_len after clause "
                         "punctuation, decode the pieces and join them")
+    parser.add_argument("--window", type=_positive(int), default=WINDOW,
+                        help=f"lines read, sorted by length and batched together (default "
+                        f"{WINDOW}); memory grows with it, padding shrinks")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return _run(parser, argv, _infer)
 
@@ -379,7 +389,8 @@ def _infer(args):
                           max_batch_tokens=args.max_batch_tokens,
                           max_batch_size=args.max_batch_size, tensorrt=args.tensorrt,
                           split_long_sources=args.split_long_sources)
-    summary = run_file(predictor, args.input, args.output, progress=not args.no_progress)
+    summary = run_file(predictor, args.input, args.output, progress=not args.no_progress,
+                       window=args.window)
     print(json.dumps(summary, ensure_ascii=False), file=sys.stderr)
     return 1 if summary["failed"] else 0
 

@@ -108,6 +108,11 @@ def test_eval_is_deterministic_and_matches_recorded_metrics(full_run):
     again = evaluate_checkpoint(cfg, os.path.join(out, "best"), "dev")
     assert again["accuracy"] == meta["metrics"]["dev"]["accuracy"]
     assert again["macro_f1"] == pytest.approx(meta["metrics"]["dev"]["macro_f1"])
+    assert again["items"] == len(dev) and again["predict_seconds"] > 0
+    # the summary counts truncation and warns: documents longer than max_len 64 (specials in)
+    long = int((dev.doc_lengths > 64).sum())
+    assert long > 0 and again["long_text"]["truncated"] == long
+    assert len(again["warnings"]) == 1 and f"{long} of {len(dev)} dev texts" in again["warnings"][0]
 
 
 def test_reports_aggregate_windows_per_document():

@@ -7,10 +7,12 @@ the output is the same for any worker count, and the first failing chunk in inpu
 the error raised.  Hand-written over ``multiprocessing`` because ``datasets.map(num_proc>1)``
 fails in this stack (dill) and a fork pool needs no pickling of the tokenizer.
 """
+import contextlib
 import multiprocessing
 import os
 
 _STATE = {}
+_MAPPER = []  # a mapper set by ``use_mapper`` (e.g. the Ray one) runs the chunks instead
 
 
 def usable_cores():
@@ -29,9 +31,24 @@ def _run(bounds):
     return _STATE["fn"](_STATE["items"], start, end)
 
 
+@contextlib.contextmanager
+def use_mapper(mapper):
+    """Within the block, ``chunk_map`` hands its chunks to ``mapper(fn, items, bounds)``, which
+    must yield ``fn(items, start, end)`` per bound in order (the Ray store build:
+    ``integrations/ray_store.py``); the chunks, and so the store's bytes, stay the same."""
+    _MAPPER.append(mapper)
+    try:
+        yield
+    finally:
+        _MAPPER.pop()
+
+
 def chunk_map(fn, items, num_proc, chunk_size=2000):
     """Yield ``fn(items, start, end)`` for consecutive chunks of ``items`` in order."""
     bounds = [(s, min(s + chunk_size, len(items))) for s in range(0, len(items), chunk_size)]
+    if _MAPPER:
+        yield from _MAPPER[-1](fn, items, bounds)
+        return
     if num_proc <= 1 or len(bounds) <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         for b in bounds:
             yield fn(items, *b)

@@ -1,116 +1,240 @@
-"""Batch inference over a file: one prediction per input line, in input order.
+"""Batch inference over a file: one prediction per input line, in input order, streamed.
 
 Input: ``.txt`` (one text per line) or ``.jsonl`` (``{"text": ...}`` per line; a seq2seq
 export also reads ``{"source": ...}``, the seq2seq data format, other fields ignored).
 Output: JSONL, line ``i`` answering input line ``i``: ``{"line": n, **prediction}``
 or ``{"line": n, "error": why}`` for a line that could not be used (also reported
 on stderr); the other lines are still predicted.
+
+The file is read in windows of ``window`` usable texts (and at most ``WINDOW_CHARS``
+characters; lines that cannot be used ride along): each window is tokenised, sorted by
+length into token-budget batches by the predictor, and its records are written in input
+order before the next window is read, so memory stays bounded whatever the file size and the first records
+appear after one window.  A file output is written to a temporary file and moved
+into place at the end (an interrupted run leaves the old output, or none).
+
+The summary counts the texts the export truncated (and warns when there are any:
+truncation is never silent) and those run as several windows; its ``seconds`` is
+the wall time from the first line read to the last record written (tokenising,
+batching, the model and writing; model loading not included), the same span the
+progress bar's rate covers, and ``model_seconds`` the share spent in batching and
+the model.
 """
+import collections
+import contextlib
 import json
 import os
 import sys
 import time
 
 from ppvarlen.data.errors import DataError
-from ppvarlen.utils.io import atomic_write_text
-from ppvarlen.utils.log import get_logger
+from ppvarlen.utils.io import atomic_text_writer
 
-log = get_logger("deploy.infer")
-CHUNK = 4096  # texts sorted and batched together; bounds memory on huge files
+WINDOW = 4096  # usable texts sorted and batched together; larger windows pack denser batches
+# A window also closes at this many characters, so a file of very long lines stays bounded.
+WINDOW_CHARS = 1 << 22
 
 
-def read_texts(path, field="text"):
-    """[(line_no, text | DataError)] for every line of a .txt or .jsonl file.
-
-    ``field``: the JSONL key holding the text ("text"; "source" is also read for seq2seq).
-    """
+def check_input(path):
+    """DataError unless ``path`` is an existing .txt or .jsonl file; returns its extension."""
     ext = os.path.splitext(path)[1].lower()
     if ext not in (".txt", ".jsonl"):
         raise DataError(f"{path}: input must be .txt (a text per line) or .jsonl "
                         f"({{\"text\": ...}} per line), got {ext or 'no extension'}")
     if not os.path.isfile(path):
         raise DataError(f"{path}: input file not found")
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().split("\n")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not valid UTF-8 ({e}); save it as UTF-8") from None
-    if lines and lines[-1] == "":
-        lines.pop()  # the newline that ends the last line
-    out = []
-    for n, line in enumerate(lines, 1):
-        line = line.rstrip("\r")
+    return ext
+
+
+def _lines(path):
+    """(line number, line) streamed, split where Python's text mode splits: \\n, \\r\\n and \\r."""
+    n = 0
+    with open(path, "rb") as f:
+        for raw in f:
+            raw = raw[:-1] if raw.endswith(b"\n") else raw
+            raw = raw[:-1] if raw.endswith(b"\r") else raw
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{n + 1}: not valid UTF-8 ({e}); save the file as "
+                                f"UTF-8") from None
+            for part in line.split("\r"):  # a lone \r ends a line in text mode too
+                n += 1
+                yield n, part
+
+
+def iter_texts(path, field="text"):
+    """(line_no, text | DataError) for every line of a .txt or .jsonl file, streamed.
+
+    ``field``: the JSONL key holding the text ("text"; "source" is also read for seq2seq).
+    """
+    ext = check_input(path)
+    for n, line in _lines(path):
         if ext == ".txt":
-            out.append((n, line))
+            yield n, line
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            out.append((n, DataError(f"{path}:{n}: not valid JSON ({e.msg})")))
+            yield n, DataError(f"{path}:{n}: not valid JSON ({e.msg})")
             continue
         key = field if isinstance(obj, dict) and field in obj else "text"
         if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
             names = " or ".join(f'"{k}"' for k in dict.fromkeys(("text", field)))
-            out.append((n, DataError(f"{path}:{n}: expected an object with a string field "
-                                     f"{names}")))
+            yield n, DataError(f"{path}:{n}: expected an object with a string field {names}")
             continue
-        out.append((n, obj[key]))
-    return out
+        yield n, obj[key]
 
 
-def run_file(predictor, input_path, output_path=None, progress=True):
+def read_texts(path, field="text"):
+    """``iter_texts`` as a list (small files and tests)."""
+    return list(iter_texts(path, field))
+
+
+def encoded_windows(predictor, input_path, rows, size=WINDOW, max_chars=WINDOW_CHARS):
+    """Windows of ``[(line_no, error record | None, EncodedText | None)]`` from ``rows``.
+
+    A window closes at ``size`` texts that encode (so the batches are those of a whole-file
+    run cut every ``size`` usable texts, whatever bad lines sit between them) or at about
+    ``max_chars`` characters of them; bad lines ride along uncounted (reported on stderr when
+    met), but at most ``3 x size`` of them wait in one window.
+    """
+    if size < 1:
+        raise ValueError(f"window must be >= 1, got {size}")
+    cur, good, chars = [], 0, 0
+    for n, text in rows:
+        item = None
+        if not isinstance(text, DataError):
+            if good and (good >= size or chars + len(text) > max_chars):
+                yield cur
+                cur, good, chars = [], 0, 0
+            try:
+                item = predictor.encode(text)
+            except DataError as e:
+                text = DataError(f"{input_path}:{n}: {e}")
+        if item is None:
+            print(f"bad line: {text}", file=sys.stderr)
+            cur.append((n, {"line": n, "error": str(text)}, None))
+            if len(cur) - good >= 3 * size:
+                yield cur
+                cur, good, chars = [], 0, 0
+            continue
+        cur.append((n, None, item))
+        good += 1
+        chars += len(text)
+    if cur:
+        yield cur
+
+
+def count_lines(path, chunk=1 << 24):
+    """Lines in ``path`` for the progress bar's total (ends of line + an unterminated last)."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+class _Totals:
+    """What the summary counts, accumulated window by window."""
+
+    def __init__(self):
+        self.texts = self.predicted = self.truncated = self.windowed = 0
+        self.model_seconds = 0.0
+        self.answers = collections.Counter()  # the task's answer counters (Task.answer_counts)
+
+
+def _predict_window(predictor, window, totals):
+    """Records for one window of ``encoded_windows``, in input order."""
+    records = [rec for _, rec, _ in window]
+    encoded = [(k, item) for k, (_, _, item) in enumerate(window) if item is not None]
+    if encoded:
+        start = time.perf_counter()
+        results = predictor.predict_encoded([item for _, item in encoded])
+        totals.model_seconds += time.perf_counter() - start
+        for (k, item), pred in zip(encoded, results):
+            records[k] = {"line": window[k][0], **pred}
+            totals.truncated += bool(item.truncated)
+            totals.windowed += len(item.windows) > 1
+        totals.answers.update(predictor.task.answer_counts(results))
+    totals.texts += len(window)
+    totals.predicted += len(encoded)
+    return records
+
+
+@contextlib.contextmanager
+def _open_output(output_path):
+    if output_path:
+        with atomic_text_writer(output_path) as f:
+            yield f
+    else:
+        yield sys.stdout
+
+
+def truncation_warning(predictor, truncated, texts):
+    """The warning line for ``truncated`` of ``texts`` texts cut to the export's max_len."""
+    return (f"{truncated:,} of {texts:,} texts were longer than the export's max_len "
+            f"({predictor.max_len} tokens) and were truncated to it: the export's long_text "
+            f"policy is 'truncate'; their records say \"truncated\": true. To read whole texts, "
+            f"{predictor.task.too_long_fix()}")
+
+
+def run_file(predictor, input_path, output_path=None, progress=True, window=WINDOW):
     """Predict every line of ``input_path``; write JSONL to ``output_path`` (or stdout).
 
-    Returns the summary dict (texts, failed, texts/s, tokens/s, padding efficiency).
+    Returns the summary dict (see the module docstring): texts, predicted, failed,
+    truncated, windowed, seconds, model_seconds, texts/s, tokens/s, padding efficiency,
+    warnings.
     """
     from tqdm import tqdm
 
-    rows = read_texts(input_path, predictor.task.text_field)
+    check_input(input_path)
     real0, padded0 = predictor.real_tokens, predictor.padded_tokens
     out0, steps0 = predictor.real_target_tokens, predictor.padded_target_tokens
-    start = time.perf_counter()  # tokenising counts: it is part of serving a file
-    records = [None] * len(rows)
-    encoded = []  # (row index, EncodedText)
-    for r, (n, text) in enumerate(rows):
-        if isinstance(text, DataError):
-            records[r] = {"line": n, "error": str(text)}
-            continue
-        try:
-            encoded.append((r, predictor.encode(text)))
-        except DataError as e:
-            records[r] = {"line": n, "error": f"{input_path}:{n}: {e}"}
-    for rec in records:
-        if rec is not None:
-            print(f"bad line: {rec['error']}", file=sys.stderr)
-
-    bar = tqdm(total=len(encoded), unit="text", disable=not progress, file=sys.stderr)
-    for c in range(0, len(encoded), CHUNK):
-        chunk = encoded[c:c + CHUNK]
-        for (r, _), pred in zip(chunk, predictor.predict_encoded([e for _, e in chunk])):
-            records[r] = {"line": rows[r][0], **pred}
-        bar.update(len(chunk))
-    bar.close()
+    totals = _Totals()
+    total = count_lines(input_path) if progress else None
+    # smoothing=0: the bar shows texts over the time since it opened, as the summary does
+    bar = tqdm(total=total, unit="text", smoothing=0, disable=not progress, file=sys.stderr)
+    start = time.perf_counter()
+    with _open_output(output_path) as out:
+        rows = iter_texts(input_path, predictor.task.text_field)
+        for chunk in encoded_windows(predictor, input_path, rows, window):
+            records = _predict_window(predictor, chunk, totals)
+            out.write("".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records))
+            out.flush()
+            bar.update(len(chunk))
     seconds = time.perf_counter() - start
+    bar.close()
     real = predictor.real_tokens - real0
     padded = predictor.padded_tokens - padded0
 
-    text = "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records)
-    if output_path:
-        atomic_write_text(output_path, text)
-    else:
-        sys.stdout.write(text)
-    done = len(encoded)
+    def per_s(x, digits):
+        return round(x / seconds, digits) if seconds > 0 else None
+
+    warnings = []
+    if totals.truncated:
+        warnings.append(truncation_warning(predictor, totals.truncated, totals.texts))
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
     summary = {"input": input_path, "output": output_path, "backend": predictor.backend,
-               "texts": len(rows), "predicted": done, "failed": len(rows) - done,
-               "seconds": round(seconds, 4),
-               "texts_per_s": round(done / seconds, 2) if seconds > 0 else None,
-               "tokens_per_s": round(real / seconds, 1) if seconds > 0 else None,
+               "texts": totals.texts, "predicted": totals.predicted,
+               "failed": totals.texts - totals.predicted,
+               "truncated": totals.truncated, "windowed": totals.windowed,
+               "window": window,
+               "timing": "seconds: first line read to last record written (tokenising, "
+                         "batching, model, writing; not model loading); texts_per_s: all input "
+                         "lines over those seconds, as the progress bar; model_seconds: batching "
+                         "and the model only",
+               "seconds": round(seconds, 4), "model_seconds": round(totals.model_seconds, 4),
+               "texts_per_s": per_s(totals.texts, 2),
+               "tokens_per_s": per_s(real, 1),
                "padding_efficiency": round(real / padded, 4) if padded else None,
-               **predictor.task.answer_counts([rec for rec in records if "error" not in rec])}
+               **totals.answers}
     if predictor.task.generates:  # decoder steps that produced output vs steps run
         steps = predictor.padded_target_tokens - steps0
-        summary["output_tokens_per_s"] = (round((predictor.real_target_tokens - out0) / seconds, 1)
-                                          if seconds > 0 else None)
+        summary["output_tokens_per_s"] = per_s(predictor.real_target_tokens - out0, 1)
         summary["decode_steps_efficiency"] = (round((predictor.real_target_tokens - out0) / steps,
                                                     4) if steps else None)
+    summary["warnings"] = warnings
     return summary

@@ -106,8 +106,10 @@ class Trainer:
         paddle.seed(cfg.Global.seed)
         np.random.seed(cfg.Global.seed)
 
+        started = time.perf_counter()
         self.data = build_datasets(cfg.Data, task_hint=cfg.Train.task,
                                    extra_corpora=cfg.Pretrain.extra_corpora)
+        data_s = time.perf_counter() - started
         self.task = get_task(self.data.task)
         self.task.check_train_config(cfg)
         self.task.check_lengths(cfg)
@@ -121,8 +123,12 @@ class Trainer:
         self.model = build_model(cfg.Model, enc.vocab_size, self.num_labels, enc.pad_id,
                                  self.task.name)
         self.task.configure_model(self.model, cfg, enc)
+        started = time.perf_counter()
         self.loader, self.sampler, self.collate = self._batching(self.data.train)
         steps_per_epoch = len(self.sampler)
+        # what the time to the first step went to (benchmarks/corpus_scale.py reads this line)
+        log.info("data ready in %.2f s (%d train examples); sampler planned %d batches in %.2f s",
+                 data_s, len(self.data.train), steps_per_epoch, time.perf_counter() - started)
         if steps_per_epoch == 0:
             raise ConfigError("the training split gives no batches; check Data.limit / Data.train_file")
         self.total_steps = cfg.Train.max_steps or cfg.Train.epochs * steps_per_epoch

@@ -75,3 +75,27 @@ def sha256_file(path, chunk=1 << 20):
         for block in iter(lambda: f.read(chunk), b""):
             h.update(block)
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_text_writer(path, encoding="utf-8"):
+    """Yield a text file to write piece by piece; it replaces ``path`` only when the block ends.
+
+    For outputs too big to hold in memory (``atomic_write_text`` takes the whole text);
+    an exception leaves ``path`` as it was and removes the partial file.
+    """
+    path = os.fspath(path)
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+    try:
+        with os.fdopen(fd, "w", encoding=encoding, newline="") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # as atomic_write_bytes: readable like a plain open()
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise

@@ -1,0 +1,121 @@
+"""Build the encoded-corpus store on a Ray cluster: the same store the one-machine build writes.
+
+    build_store_on_ray(cfg.Data)          # on a running cluster (ray.init / --address auto)
+    python deploy/ray/build_store.py -c configs/sentiment/transformer.yaml \\
+        -o Data.corpus=jsonl -o Data.train_file=big.jsonl [--address auto]
+
+The store build (``ppvarlen.data.dataset.build_datasets``) cuts its work into chunks with
+``data.parallel.chunk_map``: vocabulary counting (10,000 examples a chunk) and encoding (2,000).
+Here the chunks run as Ray tasks on every CPU of the cluster instead of a local fork pool; the
+driver gets the results back in chunk order and writes the store with the store's own writer,
+so the files are byte-identical to a one-machine build (tests/test_ray_store.py) and land in
+the same content-keyed cache entry (``Data.cache_dir``): ``tools/train.py`` with the same
+config, and every training rank, then reads it ("store cache: reusing ...") unchanged.
+
+Ray tasks rather than Ray Data: a chunk's result is the Python/numpy columns the writer
+appends in order, which Ray Data would push through Arrow blocks for nothing.  Each task
+receives only its own slice of the examples; the chunk function (tokenizer and vocabulary
+included) is put in the object store once.  At most ``max_in_flight`` chunks are pending, so
+the driver holds a bounded number of encoded chunks.  The driver reads the raw files and
+writes the store: both must be on storage it sees, and ``Data.cache_dir`` on storage the
+training machines see (a shared filesystem) for them to reuse the store.
+"""
+import collections
+
+from ppvarlen.data.parallel import use_mapper
+
+
+class _Slice:
+    """``items[start:end]`` answering at the absolute indices a chunk function reads."""
+
+    def __init__(self, rows, start):
+        self.rows, self.start = rows, start
+
+    def __getitem__(self, i):
+        if not self.start <= i < self.start + len(self.rows):
+            raise IndexError(f"index {i} outside this chunk [{self.start}, "
+                             f"{self.start + len(self.rows)})")
+        return self.rows[i - self.start]
+
+
+def _run_chunk(fn, part, start, end):
+    return fn(part, start, end)
+
+
+def ray_mapper(max_in_flight=None, num_cpus=1):
+    """A ``data.parallel.use_mapper`` mapper running each chunk as a Ray task, results in order."""
+    def mapper(fn, items, bounds):
+        import ray
+
+        if not ray.is_initialized():
+            raise RuntimeError("build_store_on_ray needs a Ray cluster: call ray.init() first "
+                               "(or pass --address to deploy/ray/build_store.py)")
+        limit = max_in_flight or max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
+        run = ray.remote(num_cpus=num_cpus)(_run_chunk)
+        fn_ref = ray.put(fn)
+        pending = collections.deque()
+        for start, end in bounds:
+            pending.append(run.remote(fn_ref, _Slice(items[start:end], start), start, end))
+            if len(pending) >= limit:
+                yield ray.get(pending.popleft())
+        while pending:
+            yield ray.get(pending.popleft())
+    return mapper
+
+
+def build_store_on_ray(data_cfg, task_hint=None, splits=("train", "dev", "test"),
+                       extra_corpora=(), max_in_flight=None):
+    """Encode ``splits`` of ``data_cfg``'s corpus into its cache entry on the running Ray
+    cluster -> the ``DataBundle`` (its ``stats["store"]`` names the entry and whether it was
+    built or reused)."""
+    from ppvarlen.tasks import build_datasets
+
+    with use_mapper(ray_mapper(max_in_flight)):
+        return build_datasets(data_cfg, task_hint=task_hint, splits=splits,
+                              extra_corpora=extra_corpora)
+
+
+def main(argv=None):
+    """``deploy/ray/build_store.py``: exit 0, 2 on a bad config or data."""
+    import argparse
+    import json
+    import sys
+
+    from ppvarlen.config import ConfigError, add_config_args, load_config
+    from ppvarlen.data.errors import DataError
+    from ppvarlen.utils.log import setup_logging
+
+    parser = add_config_args(argparse.ArgumentParser(
+        description="Encode a config's corpus into the store cache on a Ray cluster; "
+        "tools/train.py with the same config then reuses it"))
+    parser.add_argument("--address", default=None,
+                        help="Ray cluster to join ('auto': the one `ray start` runs here); "
+                        "default: start a local one")
+    parser.add_argument("--num-cpus", type=int, default=None, help="local cluster only")
+    parser.add_argument("--max-in-flight", type=int, default=None,
+                        help="chunks pending at once (default: 2 x the cluster's CPUs)")
+    args = parser.parse_args(argv)
+    import ray
+
+    setup_logging()
+    try:
+        cfg = load_config(args.config, args.override)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    ray.init(address=args.address, num_cpus=None if args.address else args.num_cpus,
+             include_dashboard=False)
+    try:
+        # the trainer's arguments, so the entry is the one tools/train.py looks up
+        bundle = build_store_on_ray(cfg.Data, task_hint=cfg.Train.task,
+                                    extra_corpora=cfg.Pretrain.extra_corpora,
+                                    max_in_flight=args.max_in_flight)
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        ray.shutdown()
+    sizes = {s: len(getattr(bundle, s)) for s in ("train", "dev", "test")}
+    print(json.dumps({"store": bundle.stats["store"], "task": bundle.task, "items": sizes},
+                     ensure_ascii=False))
+    return 0
