@@ -145,7 +145,7 @@ def test_cli_config_error_is_one_paragraph_exit_2(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("Train:\n  epoch: 3\n")
     r = subprocess.run([sys.executable, "tools/train.py", "-c", str(bad)], cwd=REPO,
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and "did you mean 'epochs'" in r.stderr
 
