@@ -28,8 +28,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # module name -> (files mutated, test files run against them)
 MODULES = {
-    "longtext": (["ppvarlen/data/longtext.py"], ["tests/test_longtext.py"]),
-    "collate": (["ppvarlen/data/collate.py"], ["tests/test_collate.py"]),
+    "longtext": (["ppvarlen/data/longtext.py"],
+                 ["tests/test_longtext.py", "tests/test_longtext_edges.py"]),
+    "collate": (["ppvarlen/data/collate.py"],
+                ["tests/test_collate.py", "tests/test_collate_edges.py"]),
     "batcher": (["ppvarlen/deploy/batcher.py"], ["tests/test_deploy_batcher.py"]),
     "tagging": (["ppvarlen/tasks/tagging.py", "ppvarlen/data/tagschemes.py"],
                 ["tests/test_tagschemes.py", "tests/test_tagging_task.py"]),
