@@ -32,7 +32,8 @@ MODULES = {
                  ["tests/test_longtext.py", "tests/test_longtext_edges.py"]),
     "collate": (["ppvarlen/data/collate.py"],
                 ["tests/test_collate.py", "tests/test_collate_edges.py"]),
-    "batcher": (["ppvarlen/deploy/batcher.py"], ["tests/test_deploy_batcher.py"]),
+    "batcher": (["ppvarlen/deploy/batcher.py"],
+                ["tests/test_deploy_batcher.py", "tests/test_batcher_edges.py"]),
     "tagging": (["ppvarlen/tasks/tagging.py", "ppvarlen/data/tagschemes.py"],
                 ["tests/test_tagschemes.py", "tests/test_tagging_task.py"]),
     "order": (["ppvarlen/data/order.py"], ["tests/test_samplers.py"]),
@@ -66,9 +67,12 @@ def write_project(workdir, name):
              "only_mutate =", *(f"    {f}" for f in files),
              "also_copy =", *(f"    {a}" for a in ALSO_COPY if os.path.exists(os.path.join(REPO, a))),
              "pytest_add_cli_args_test_selection =", *(f"    {t}" for t in tests),
-             # the suite's per-test limit would cut a mutant that loops; mutmut's own CPU-time
-             # limit applies too.  Ordering is mutmut's business (it passes -p no:randomly).
-             "pytest_add_cli_args =", "    -p", "    no:cacheprovider",
+             # A mutant that deadlocks (a batcher worker that never wakes) uses no CPU, so
+             # mutmut's CPU-time limit never fires: a 60 s per-test wall limit ends it (counted
+             # killed).  A mutant that spins hits the CPU limit, kept small (multiplier 3).
+             # Ordering is mutmut's business (it passes -p no:randomly).
+             "pytest_add_cli_args =", "    -p", "    no:cacheprovider", "    -o", "    timeout=60",
+             "timeout_multiplier = 3",
              ""]
     with open(os.path.join(proj, "setup.cfg"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
