@@ -70,9 +70,12 @@ setup(
         # Ray Data batch inference and Ray Serve (ppvarlen.integrations, deploy/ray/);
         # ray 2.60.0 installs beside the pins above with `pip check` clean.
         "ray": RAY,
-        # pytest-xdist: the README's test command runs the suite on 2 workers (whole files)
-        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "scikit-learn", "schemathesis>=4.30,<5",
-                 "tritonclient[http]>=2.40", *RAY, *DOCS],
+        # pytest-xdist: the README's test command runs the suite on 2 workers (whole files);
+        # pytest-timeout: the per-test limit in pytest.ini; pytest-randomly: random test order
+        # (seed printed); mutmut: benchmarks/mutation.py (docs/TESTING.md)
+        "test": ["pytest>=7", "pytest-xdist>=3", "pytest-timeout>=2.3", "pytest-randomly>=3.15",
+                 "mutmut>=3.3,<4", "hypothesis>=6", "scikit-learn", "seqeval",
+                 "schemathesis>=4.30,<5", "tritonclient[http]>=2.40", *RAY, *DOCS],
         "docs": DOCS,
         # ONNX Runtime's CUDA provider; both wheels install the same `onnxruntime` module:
         # `pip uninstall onnxruntime` first (docs/PRECISION.md)

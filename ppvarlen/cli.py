@@ -415,7 +415,10 @@ def main_serve(argv=None):
     parser.add_argument("--backend", choices=["paddle", "onnx"], default=None,
                         help="default: Deploy.backend (paddle)")
     parser.add_argument("--host", default=None, help="default: Deploy.host (127.0.0.1)")
-    parser.add_argument("--port", type=int, default=None, help="default: Deploy.port (8080)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="default: Deploy.port (8080); 0 takes a free port (see --port-file)")
+    parser.add_argument("--port-file", default=None,
+                        help="write the bound port to this file once listening (for --port 0)")
     parser.add_argument("-o", "--override", action="append", default=[], metavar="Deploy.KEY=V",
                         help="override a Deploy setting, e.g. -o Deploy.max_wait_ms=2")
     return _run(parser, argv, _serve)
@@ -428,7 +431,8 @@ def _serve(args):
     cfg = _deploy_overrides(args.override, "serve")
     from .deploy.server import serve
 
-    serve(args.model_dir, cfg.Deploy, args.host, args.port, args.backend, args.model_repository)
+    serve(args.model_dir, cfg.Deploy, args.host, args.port, args.backend, args.model_repository,
+          args.port_file)
     return 0
 
 

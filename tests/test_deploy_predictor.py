@@ -211,6 +211,7 @@ def test_clones_run_in_parallel_threads(cls_export):  # noqa: F811
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(300)
+        assert not t.is_alive(), "a predictor thread is still running after 300 s"
     assert not errors
     assert all(r == expected for r in results.values())

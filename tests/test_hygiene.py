@@ -42,7 +42,8 @@ def test_a_command_start_is_quiet():
     silenced by ``cli.command_settings``)."""
     code = ("import ppvarlen.cli\nppvarlen.cli.command_settings()\n"
             "import paddle, paddlenlp.data, paddlenlp.datasets")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                       timeout=300)
     assert r.returncode == 0, r.stderr
     assert "Warning" not in r.stderr and "ccache" not in r.stderr, r.stderr
 

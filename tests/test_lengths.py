@@ -76,7 +76,8 @@ def test_lengths_module_does_not_import_paddle():
     code = "import sys, ppvarlen.data.lengths, ppvarlen.data.order, ppvarlen.data.longtext, " \
            "ppvarlen.data.collate; " \
            "print('paddle' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=300)
     assert out.stdout.strip() == "False"
 
 

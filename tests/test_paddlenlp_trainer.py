@@ -422,5 +422,5 @@ def test_core_package_does_not_import_paddlenlp_trainer():
             "bad = sorted(m for m in sys.modules if m.startswith('paddlenlp.trainer'))\n"
             "assert not bad, bad")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                       env=dict(os.environ, PYTHONPATH=REPO))
+                       env=dict(os.environ, PYTHONPATH=REPO), timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -18,74 +18,117 @@ from ppvarlen.deploy.server import Limits, create_app
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def listening_socket():
+    """A socket bound to a free loopback port by the kernel, kept open for the server (no
+    bind-close-reuse race with other processes)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def wait_for(condition, what, timeout=120, every=0.02):
+    """Poll ``condition()`` until it is truthy; fail naming ``what`` after ``timeout`` s (generous:
+    the suite shares a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(every)
 
 
 class RunningServer:
-    """uvicorn in a thread on 127.0.0.1; stops (gracefully) on exit."""
+    """uvicorn in a thread on 127.0.0.1 (a pre-bound socket); stops (gracefully) on exit."""
 
     def __init__(self, app):
         import uvicorn
 
-        self.port = free_port()
+        self.sock = listening_socket()
+        self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
                                                    log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
 
     def __enter__(self):
         self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "server did not start"
-            time.sleep(0.02)
+        wait_for(lambda: self.server.started or not self.thread.is_alive(), "the server to start")
+        assert self.thread.is_alive(), "the server thread died while starting"
         return self
 
     def stop(self):
         self.server.should_exit = True
-        self.thread.join(30)
-        assert not self.thread.is_alive()
+        self.thread.join(120)
+        assert not self.thread.is_alive(), "the server did not stop within 120 s"
+        self.sock.close()
 
     def __exit__(self, *exc):
         self.stop()
 
 
-class SlowPredictor:
-    """A real predictor that takes ``delay`` seconds per batch (to fill the queue)."""
+class GatedPredictor:
+    """A real predictor whose batches wait until the test opens ``gate`` (to fill the queue
+    without racing a timer); ``in_flight`` counts batches waiting at the gate."""
 
-    def __init__(self, predictor, delay):
-        self._p, self.delay = predictor, delay
+    def __init__(self, predictor, gate=None, shared=None):
+        self._p = predictor
+        self.gate = gate or threading.Event()
+        self._shared = shared or {"lock": threading.Lock(), "in_flight": 0}
+
+    @property
+    def in_flight(self):
+        return self._shared["in_flight"]
 
     def __getattr__(self, name):
         return getattr(self._p, name)
 
     def clone(self):
-        return SlowPredictor(self._p.clone(), self.delay)
+        return GatedPredictor(self._p.clone(), self.gate, self._shared)
 
     def predict_encoded(self, items):
-        time.sleep(self.delay)
+        with self._shared["lock"]:
+            self._shared["in_flight"] += 1
+        try:
+            assert self.gate.wait(300), "the test never opened the gate"
+        finally:
+            with self._shared["lock"]:
+                self._shared["in_flight"] -= 1
         return self._p.predict_encoded(items)
 
 
 def post(url, payload=None, content=None, headers=None):
     body = content if content is not None else json.dumps(payload, ensure_ascii=False).encode()
-    return httpx.post(url + "/predict", content=body, headers=headers, timeout=30)
+    return httpx.post(url + "/predict", content=body, headers=headers, timeout=120)
 
 
-def run_concurrently(fn, args_list):
-    out = [None] * len(args_list)
+def run_concurrently(fn, args_list, timeout=300):
+    """``fn(*a)`` for each ``a`` in threads; the results in order.  A call that raised re-raises
+    here; calls still running after ``timeout`` s fail the test (never a silent None)."""
+    out, errors = [None] * len(args_list), {}
 
     def call(i, a):
-        out[i] = fn(*a)
+        try:
+            out[i] = fn(*a)
+        except BaseException as e:  # noqa: BLE001 -- handed to the test thread below
+            errors[i] = e
 
-    threads = [threading.Thread(target=call, args=(i, a)) for i, a in enumerate(args_list)]
+    threads = [threading.Thread(target=call, args=(i, a), daemon=True)
+               for i, a in enumerate(args_list)]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + timeout
     for t in threads:
-        t.join(60)
+        t.join(max(0.0, deadline - time.monotonic()))
+    stuck = [i for i, t in enumerate(threads) if t.is_alive()]
+    if stuck:
+        raise TimeoutError(f"run_concurrently: calls {stuck} of {len(threads)} still running "
+                           f"after {timeout} s")
+    if errors:
+        i = min(errors)
+        raise RuntimeError(f"run_concurrently: call {i} raised {errors[i]!r}") from errors[i]
     return out
 
 
@@ -100,8 +143,8 @@ def test_concurrent_requests_keep_order_and_match_predictor(cls_export, tag_expo
     with RunningServer(app) as srv:
         replies = run_concurrently(lambda texts: post(srv.url, {"texts": texts}),
                                    [(r,) for r in requests])
-        metrics = httpx.get(srv.url + "/metrics.json").json()
-        health = httpx.get(srv.url + "/health").json()
+        metrics = httpx.get(srv.url + "/metrics.json", timeout=120).json()
+        health = httpx.get(srv.url + "/health", timeout=120).json()
     for texts, reply in zip(requests, replies):
         assert reply.status_code == 200, reply.text
         got = reply.json()["predictions"]
@@ -172,64 +215,88 @@ def test_bad_requests_do_not_affect_batchmates(cls_export):  # noqa: F811
 def test_overload_gets_503_while_accepted_requests_succeed(cls_export):  # noqa: F811
     p = Predictor(cls_export[0], "onnx")
     want = {t: r for t, r in zip(TEXTS, p.predict(TEXTS))}
-    app = create_app(SlowPredictor(p, 0.15), max_wait_ms=0, max_batch_size=1, queue_size=2)
+    gated = GatedPredictor(p)
+    app = create_app(gated, max_wait_ms=0, max_batch_size=1, queue_size=2)
+    texts = [TEXTS[k % len(TEXTS)] for k in range(12)]
     with RunningServer(app) as srv:
-        texts = [TEXTS[k % len(TEXTS)] for k in range(12)]
-        replies = run_concurrently(lambda t: post(srv.url, {"texts": [t]}), [(t,) for t in texts])
-        statuses = [r.status_code for r in replies]
-        assert 503 in statuses and 200 in statuses, statuses
-        for t, r in zip(texts, replies):
+        burst = {}
+        sender = threading.Thread(target=lambda: burst.setdefault("replies", run_concurrently(
+            lambda t: post(srv.url, {"texts": [t]}), [(t,) for t in texts])), daemon=True)
+        sender.start()
+
+        def settled():  # every request answered 503, queued, or held at the gate
+            m = httpx.get(srv.url + "/metrics.json", timeout=120).json()
+            return (m["requests"] == len(texts) and m["responses"].get("503", 0) + m["queue_depth"]
+                    + gated.in_flight == len(texts))
+
+        wait_for(settled, "the burst to fill the queue")
+        gated.gate.set()
+        sender.join(300)
+        assert not sender.is_alive(), "requests still running 300 s after the gate opened"
+        statuses = [r.status_code for r in burst["replies"]]
+        assert statuses.count(200) == 3 and statuses.count(503) == 9, statuses  # 1 running + 2
+        for t, r in zip(texts, burst["replies"]):
             if r.status_code == 503:
                 assert r.headers["Retry-After"] == "1" and "overloaded" in r.json()["error"]
             else:
                 assert r.status_code == 200 and r.json()["predictions"] == [want[t]]
         # once the burst is over the server answers normally again
         assert post(srv.url, {"texts": [TEXTS[0]]}).json()["predictions"] == [want[TEXTS[0]]]
-        assert httpx.get(srv.url + "/metrics.json").json()["responses"]["503"] == statuses.count(503)
+        metrics = httpx.get(srv.url + "/metrics.json", timeout=120).json()
+        assert metrics["responses"]["503"] == statuses.count(503)
 
 
 def test_shutdown_drains_accepted_requests(cls_export):  # noqa: F811
     p = Predictor(cls_export[0], "onnx")
-    app = create_app(SlowPredictor(p, 0.2), max_wait_ms=0, max_batch_size=1, queue_size=100)
+    gated = GatedPredictor(p)
+    app = create_app(gated, max_wait_ms=0, max_batch_size=1, queue_size=100)
     srv = RunningServer(app).__enter__()
     replies = {}
     threads = [threading.Thread(target=lambda k=k: replies.__setitem__(
-        k, post(srv.url, {"texts": [TEXTS[k]]}))) for k in range(4)]
+        k, post(srv.url, {"texts": [TEXTS[k]]})), daemon=True) for k in range(4)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 10
-    while httpx.get(srv.url + "/metrics.json").json()["requests"] < 4:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    srv.stop()  # what SIGINT/SIGTERM does: stop accepting, finish in-flight requests
+    wait_for(lambda: httpx.get(srv.url + "/metrics.json", timeout=120).json()["queue_depth"]
+             + gated.in_flight == 4, "4 requests accepted")
+    srv.server.should_exit = True  # what SIGINT/SIGTERM does: stop accepting, finish in-flight
+    gated.gate.set()
+    srv.stop()
     for t in threads:
-        t.join(30)
+        t.join(120)
+        assert not t.is_alive()
     assert [replies[k].status_code for k in range(4)] == [200] * 4
 
 
-def test_serve_script_starts_and_stops_on_sigint(cls_export):  # noqa: F811
-    port = free_port()
+def test_serve_script_starts_and_stops_on_sigint(cls_export, tmp_path):  # noqa: F811
+    port_file = tmp_path / "port"
     proc = subprocess.Popen([sys.executable, os.path.join(REPO, "deploy/python/serve.py"),
-                             "--model-dir", cls_export[0], "--port", str(port), "--backend", "onnx",
-                             "-o", "Deploy.max_wait_ms=1"], stderr=subprocess.PIPE, text=True)
+                             "--model-dir", cls_export[0], "--port", "0", "--port-file",
+                             str(port_file), "--backend", "onnx", "-o", "Deploy.max_wait_ms=1"],
+                            stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
+        def port_written():
             assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "serve.py did not come up"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        r = httpx.post(f"http://127.0.0.1:{port}/predict", json={"texts": ["好"]}, timeout=10)
+            return port_file.exists() and int(port_file.read_text())
+
+        port = wait_for(port_written, "serve.py to write its port", timeout=180, every=0.2)
+        url = f"http://127.0.0.1:{port}"
+        # the socket listens before the app's startup (loading the predictor) completes
+        wait_for(lambda: _health_ok(url), "serve.py's /health", timeout=180, every=0.2)
+        r = httpx.post(url + "/predict", json={"texts": ["好"]}, timeout=120)
         assert r.status_code == 200
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 0
+        assert proc.wait(120) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+            proc.wait(60)
+
+
+def _health_ok(url):
+    try:
+        return httpx.get(url + "/health", timeout=30).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def test_serve_script_rejects_bad_options(cls_export, tmp_path):  # noqa: F811

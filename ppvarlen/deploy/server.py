@@ -453,12 +453,43 @@ def app_from_config(export_dir, deploy_cfg, backend=None, repository=None):
     return create_app(load(export_dir), **common)
 
 
-def serve(export_dir, deploy_cfg, host=None, port=None, backend=None, repository=None):
-    """Serve the export (or the model repository) until SIGINT/SIGTERM (then drain and exit)."""
+def serve(export_dir, deploy_cfg, host=None, port=None, backend=None, repository=None,
+          port_file=None):
+    """Serve the export (or the model repository) until SIGINT/SIGTERM (then drain and exit).
+
+    ``port=0`` takes a free port; the bound port is logged and, with ``port_file``, written
+    there (atomically) once the socket is listening, so callers never guess a free port."""
+    import socket
+
     import uvicorn
 
-    if host is not None and host not in ("127.0.0.1", "localhost", "::1"):
+    from ..config import ConfigError
+    from ..utils.io import atomic_write_text
+
+    host = host or deploy_cfg.host
+    port = deploy_cfg.port if port is None else port
+    if host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("binding %s: the server is reachable from other machines", host)
     app = app_from_config(export_dir, deploy_cfg, backend, repository)
-    uvicorn.run(app, host=host or deploy_cfg.host, port=port or deploy_cfg.port,
-                log_level="warning", timeout_graceful_shutdown=int(deploy_cfg.drain_timeout_s))
+    # bound here rather than by uvicorn so the port is known before serving (port 0)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror}); choose another "
+                          f"--port (or Deploy.port), or 0 for any free port") from None
+    bound = sock.getsockname()[1]
+    log.info("serving %s on http://%s:%d", repository or export_dir, host, bound)
+    if port_file:
+        atomic_write_text(port_file, f"{bound}\n")
+    config = uvicorn.Config(app, host=host, port=bound, log_level="warning",
+                            timeout_graceful_shutdown=int(deploy_cfg.drain_timeout_s))
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it drained on; as uvicorn.run does
+        pass
+    if not server.started:
+        raise SystemExit(3)  # uvicorn's STARTUP_FAILURE, as uvicorn.run exits

@@ -1,0 +1,71 @@
+"""data/collate.py at its edges: exact messages, boundaries, left padding, seq2seq fields.
+
+Written against the mutants benchmarks/mutation.py found alive (docs/mutation/collate.md);
+the expected arrays are written out by hand.
+"""
+import numpy as np
+import pytest
+
+from ppvarlen.data.collate import IGNORE_INDEX, Collator, pad_sequences
+from ppvarlen.data.errors import DataError
+
+
+def test_pad_sequences_defaults_to_the_right_and_names_the_long_item():
+    np.testing.assert_array_equal(pad_sequences([[1, 2], [3]], 0, 3), [[1, 2, 0], [3, 0, 0]])
+    np.testing.assert_array_equal(pad_sequences([[1, 2], [3]], 0, 3, "left"),
+                                  [[0, 1, 2], [0, 0, 3]])
+    with pytest.raises(ValueError, match=r"^pad_sequences: item 1 has 4 tokens > target length "
+                                         r"3$"):
+        pad_sequences([[1], [1, 2, 3, 4]], 0, 3)
+
+
+def test_target_length_of_one_token_and_an_exact_bucket():
+    assert Collator(0).target_length(1) == 1
+    assert Collator(0).target_length(0) == 1  # an empty batch row still gets one column
+    assert Collator(0, bucket_boundaries=[8, 4]).target_length(4) == 4  # fits exactly
+    assert Collator(0, bucket_boundaries=[4, 8]).target_length(5) == 8
+    assert Collator(0, bucket_boundaries=[4, 8]).target_length(9) == 9  # longer than all
+
+
+def test_messages_name_the_problem():
+    with pytest.raises(ValueError, match=r"^Collator got an empty batch$"):
+        Collator(0)([])
+    with pytest.raises(DataError, match=r"known: \['attention_mask', 'doc_id', 'input_ids', "
+                                        r"'label', 'labels', 'offset', 'token_type_ids'\]"):
+        Collator(0)([{"input_ids": [1], "extra": 1}])
+    with pytest.raises(DataError, match=r"^Collator: 'labels' must be a per-token list "
+                                        r"\(tagging\); use 'label' for one class per example$"):
+        Collator(0)([{"input_ids": [1, 2], "labels": 1}])
+    with pytest.raises(DataError, match=r"^batch item 0 \(doc_id \?\): labels has 1 entries"):
+        Collator(0)([{"input_ids": [1, 2], "labels": [1]}])
+    with pytest.raises(DataError, match=r"^batch item 1 \(doc_id 9\): tgt_ids must hold at "
+                                        r"least BOS and EOS, got \[4\]$"):
+        Collator(0)([{"src_ids": [1], "tgt_ids": [4, 5], "doc_id": 8},
+                     {"src_ids": [1], "tgt_ids": [4], "doc_id": 9}])
+    with pytest.raises(DataError, match=r"^batch item 0 \(doc_id \?\): tgt_ids must hold at "
+                                        r"least BOS and EOS, got None$"):
+        Collator(0)([{"src_ids": [1]}])
+
+
+def test_seq2seq_shortest_target_left_padding_and_doc_ids():
+    items = [{"src_ids": [7, 8, 9], "tgt_ids": [4, 5], "doc_id": 3},  # BOS EOS: 1 step
+             {"src_ids": [7], "tgt_ids": [4, 6, 6, 5], "doc_id": 1}]
+    batch = Collator(0, padding_side="left")(items)
+    assert sorted(batch) == ["doc_id", "src_ids", "src_len", "tgt_in", "tgt_len", "tgt_out"]
+    np.testing.assert_array_equal(batch["src_ids"], [[7, 8, 9], [0, 0, 7]])
+    np.testing.assert_array_equal(batch["tgt_in"], [[0, 0, 4], [4, 6, 6]])
+    np.testing.assert_array_equal(batch["tgt_out"], [[IGNORE_INDEX, IGNORE_INDEX, 5], [6, 6, 5]])
+    for key in ("src_len", "tgt_len", "doc_id"):
+        assert batch[key].dtype == np.int64, key
+    assert batch["src_len"].tolist() == [3, 1] and batch["tgt_len"].tolist() == [1, 3]
+    assert batch["doc_id"].tolist() == [3, 1]
+    assert "doc_id" not in Collator(0)([{"src_ids": [1], "tgt_ids": [4, 5]}])
+
+
+def test_classification_and_tagging_fields_are_int64():
+    batch = Collator(0)([{"input_ids": [5, 6], "label": 1, "doc_id": 4},
+                         {"input_ids": [5], "label": 0, "doc_id": 2}])
+    for key in ("input_ids", "seq_len", "labels", "doc_id"):
+        assert batch[key].dtype == np.int64, key
+    tag = Collator(0)([{"input_ids": [5, 6], "labels": [1, 2], "offset": 3}])
+    assert tag["labels"].dtype == np.int64 and tag["offset"].tolist() == [3]
