@@ -37,12 +37,18 @@ PYTHON_API = (
     ("Batching by length", "ppvarlen.data.samplers.BucketBatchSampler"),
     ("Batching by length", "ppvarlen.data.samplers.build_batch_sampler"),
     ("Batching by length", "ppvarlen.data.collate.Collator"),
+    ("Encoded-corpus store", "ppvarlen.data.store.Field"),
+    ("Encoded-corpus store", "ppvarlen.data.store.StoreWriter"),
+    ("Encoded-corpus store", "ppvarlen.data.store.StoreSplit"),
+    ("Encoded-corpus store", "ppvarlen.data.store.IndexedTokens"),
+    ("Encoded-corpus store", "ppvarlen.data.loader.build_loader"),
     ("PaddleNLP Trainer integration", "ppvarlen.integrations.paddlenlp_trainer.LengthBatchingTrainer"),
     ("PaddleNLP Trainer integration", "ppvarlen.integrations.paddlenlp_trainer.ModelInputCollator"),
     ("PaddleNLP Trainer integration", "ppvarlen.integrations.paddlenlp_trainer.make_random_model_dir"),
     ("Ray", "ppvarlen.integrations.ray_batch.run_batch"),
     ("Ray", "ppvarlen.integrations.ray_serve.build_app"),
     ("Ray", "ppvarlen.integrations.ray_serve.load_serve_config"),
+    ("Ray", "ppvarlen.integrations.ray_store.build_store_on_ray"),
 )
 
 
@@ -168,9 +174,15 @@ def _documentation_predictor():
 
 
 def openapi_document():
-    from .deploy.server import create_app
+    """The served OpenAPI document of the stand-in export, registered as version 1 of its
+    model (as the app's startup does) without starting a batcher."""
+    from .deploy.repository import ServedModel
+    from .deploy.server import create_app, model_name_of
 
-    return create_app(_documentation_predictor()).openapi()
+    predictor = _documentation_predictor()
+    app = create_app(predictor)
+    app.state.registry.add(ServedModel(model_name_of(predictor), "1", predictor))
+    return app.openapi()
 
 
 def _type_of(schema, prefix=""):
