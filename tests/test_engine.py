@@ -70,7 +70,7 @@ def test_output_layout(full_run):
     from sklearn.metrics import accuracy_score
 
     from ppvarlen.data.collate import Collator
-    from ppvarlen.data.dataset import build_datasets
+    from ppvarlen.tasks import build_datasets
 
     model, _, encoder, cfg = load_for_inference(os.path.join(out, "best"))
     test = build_datasets(cfg.Data, encoder=encoder).test
