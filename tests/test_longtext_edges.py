@@ -57,21 +57,31 @@ def test_stats_count_windows_offsets_and_two_window_documents():
     assert trunc.as_dict()["tokens_lost"] == 2 and trunc.as_dict()["truncated"] == 1
 
 
-def test_stats_log_says_what_was_done(caplog):
-    logging.getLogger("ppvarlen").propagate = True
-    caplog.set_level(logging.INFO, logger="ppvarlen")
-    trunc = LongTextStats("train", "truncate")
-    trunc.add(10, [(0, 4)])
-    trunc.add(3, [(0, 3)])
-    trunc.log()
-    windows = LongTextStats("dev", "window")
-    windows.add(8, [(0, 5), (3, 8)])
-    windows.log()
-    quiet = LongTextStats("test", "window")
-    quiet.add(3, [(0, 3)])
-    quiet.log()
-    records = [(r.levelname, r.getMessage()) for r in caplog.records
-               if r.name == "ppvarlen.data.longtext"]
+def test_stats_log_says_what_was_done():
+    # a handler of the test's own on the module's logger: what other tests did to the logging
+    # tree (propagation, handlers, caplog) can neither add nor hide records
+    seen = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = seen.append
+    logger = logging.getLogger("ppvarlen.data.longtext")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        trunc = LongTextStats("train", "truncate")
+        trunc.add(10, [(0, 4)])
+        trunc.add(3, [(0, 3)])
+        trunc.log()
+        windows = LongTextStats("dev", "window")
+        windows.add(8, [(0, 5), (3, 8)])
+        windows.log()
+        quiet = LongTextStats("test", "window")
+        quiet.add(3, [(0, 3)])
+        quiet.log()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    records = [(r.levelname, r.getMessage()) for r in seen]
     assert records == [
         ("WARNING", "train: truncated 1 of 2 examples to Data.max_len (6 tokens lost); set "
                     "Data.long_text: window to keep them"),

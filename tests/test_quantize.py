@@ -153,7 +153,7 @@ def zero_weight_scales(path):
 
 def test_broken_int8_graph_fails_the_export_gate(tmp_path, monkeypatch):
     from ppvarlen.export import quantize
-    from ppvarlen.export.errors import ExportError
+    from ppvarlen.export.errors import ExportFailedError
 
     real = quantize.quantize_onnx
 
@@ -163,7 +163,7 @@ def test_broken_int8_graph_fails_the_export_gate(tmp_path, monkeypatch):
         return info
 
     monkeypatch.setattr(quantize, "quantize_onnx", broken_quantize)
-    with pytest.raises(ExportError, match=r"test/onnx_int8: agreement .*% < 99\.5%"):
+    with pytest.raises(ExportFailedError, match=r"test/onnx_int8: agreement .*% < 99\.5%"):
         export_model(spread_transformer(TEST_ITEMS),
                      _meta("classification", "transformer_cls", ["a", "b"]), _encoder(), CFG,
                      str(tmp_path / "export"), ["onnx"], ["fp32", "int8"], verify=True,
@@ -195,7 +195,7 @@ def test_tagger_int8_reports_tag_agreement_over_real_tokens(tmp_path):
     tags) and the verdict must follow the threshold."""
     import onnxruntime as ort
 
-    from ppvarlen.export.errors import ExportError
+    from ppvarlen.export.errors import ExportFailedError
 
     paddle.seed(4)
     tagger = TinyCRFTagger()
@@ -219,7 +219,7 @@ def test_tagger_int8_reports_tag_agreement_over_real_tokens(tmp_path):
         assert any(n.op_type == "GRU" for n in int8_graph.graph.node)  # recurrence stays float
         assert manifest["precision_measured"]["onnx"]["int8"]["verified"]
         int8_path = out / "onnx" / "model_int8.onnx"
-    except ExportError as e:
+    except ExportFailedError as e:
         assert "test/onnx_int8: agreement" in str(e) and "onnx/fp32" not in str(e), str(e)
         report = json.loads((tmp_path / "export.parity-failed.json").read_text())
         int8_path = None

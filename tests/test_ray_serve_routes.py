@@ -2,19 +2,27 @@
 client), Prometheus /metrics and a model repository rollout work through Serve's proxy."""
 import os
 import shutil
+import socket
 
 import httpx
 import numpy as np
 import pytest
 from test_deploy_helpers import TEXTS, cls_export  # noqa: F401
 from test_prometheus import samples, value
-from test_server import free_port
 
 ray = pytest.importorskip("ray")
 triton = pytest.importorskip("tritonclient.http")
 from ray import serve  # noqa: E402
 
 from ppvarlen.integrations.ray_serve import load_serve_config, run_config  # noqa: E402
+
+
+def free_port():
+    """A port free right now (Serve's proxy binds inside its actor and reports no kernel-chosen
+    port, so port 0 cannot be used; a clash fails loudly at the proxy's readiness check)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Serve's controller kills an HTTP proxy whose readiness check misses this deadline (5 s by

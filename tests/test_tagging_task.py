@@ -18,16 +18,19 @@ def test_entities_are_character_offsets_of_the_chunks():
     text = "江泽民在北京"
     spans = [(k, k + 1) for k in range(len(text))]
     tags = ["B-PER", "I-PER", "I-PER", "O", "B-LOC", "I-LOC"]
-    assert entities(tags, spans, text, "bio") == [
+    assert entities(tags, spans, text, "bio") == ([
         {"type": "PER", "text": "江泽民", "start": 0, "end": 3},
-        {"type": "LOC", "text": "北京", "start": 4, "end": 6}]
+        {"type": "LOC", "text": "北京", "start": 4, "end": 6}], 0)
     # word tokens: spans with gaps between them
     words = "Li  met  Wang"
     word_spans = [(0, 2), (4, 7), (9, 13)]
-    assert entities(["B-PER", "O", "B-PER"], word_spans, words, "bio") == [
+    assert entities(["B-PER", "O", "B-PER"], word_spans, words, "bio") == ([
         {"type": "PER", "text": "Li", "start": 0, "end": 2},
-        {"type": "PER", "text": "Wang", "start": 9, "end": 13}]
-    assert entities(["N", "V"], [(0, 1), (1, 2)], "ab", "plain") == []
+        {"type": "PER", "text": "Wang", "start": 9, "end": 13}], 0)
+    assert entities(["N", "V"], [(0, 1), (1, 2)], "ab", "plain") == ([], 0)
+    # an I- that continues no chunk starts one (conlleval's rule), counted as repaired
+    assert entities(["I-PER", "I-PER"], [(0, 1), (1, 2)], "ab", "bio") == (
+        [{"type": "PER", "text": "ab", "start": 0, "end": 2}], 1)
 
 
 def test_example_ids_check_lengths_and_labels():
