@@ -188,6 +188,21 @@ def test_reads_a_paddlenlp_indexed_corpus(tmp_path):
         IndexedTokens(str(tmp_path / "bad"))
 
 
+def test_a_relative_glob_and_its_absolute_form_share_the_store(tmp_path, monkeypatch):
+    """Training on 'shards/*.jsonl' writes an absolute glob into config.yaml; eval and export
+    read that config and must reuse the training run's store rather than encode again."""
+    (tmp_path / "shards").mkdir()
+    for k in range(2):
+        write_reviews(tmp_path / "shards" / f"part-{k}.jsonl", 60, seed=k)
+    monkeypatch.chdir(tmp_path)
+    cache_dir = str(tmp_path / "cache")
+    first = build_datasets(data_cfg(corpus="jsonl", train_file="shards/*.jsonl", cache_dir=cache_dir))
+    again = build_datasets(data_cfg(corpus="jsonl", train_file=str(tmp_path / "shards/*.jsonl"),
+                                    cache_dir=cache_dir))
+    assert first.stats["store"]["cache"].startswith("built")
+    assert again.stats["store"]["cache"] == "reused"
+
+
 def test_input_formats_gzip_parquet_and_shards_give_the_same_store(tmp_path):
     import gzip
     import shutil

@@ -97,7 +97,9 @@ def key_parts(data_cfg, task_hint, builtin, vocab_sha, extra_corpora):
 
 def _fingerprint_any(path):
     if glob.has_magic(path) and not os.path.exists(path):  # a glob of shards
-        return {"shards": {f: file_fingerprint(f) for f in sorted(glob.glob(path))}}
+        # absolute names: a relative glob and the resolved config's absolute one share a key
+        return {"shards": {os.path.abspath(f): file_fingerprint(f)
+                           for f in sorted(glob.glob(path))}}
     if os.path.exists(path):
         return file_fingerprint(path)
     return {"missing": True}  # the reader names the missing file
