@@ -279,6 +279,8 @@ def test_serve_script_starts_and_stops_on_sigint(cls_export, tmp_path):  # noqa:
             return port_file.exists() and int(port_file.read_text())
 
         port = wait_for(port_written, "serve.py to write its port", timeout=180, every=0.2)
+        # the port file appears once the socket listens: a connection is queued, not refused
+        socket.create_connection(("127.0.0.1", port), timeout=60).close()
         url = f"http://127.0.0.1:{port}"
         # the socket listens before the app's startup (loading the predictor) completes
         wait_for(lambda: _health_ok(url), "serve.py's /health", timeout=180, every=0.2)

@@ -482,10 +482,13 @@ def serve(export_dir, deploy_cfg, host=None, port=None, backend=None, repository
                           f"--port (or Deploy.port), or 0 for any free port") from None
     bound = sock.getsockname()[1]
     log.info("serving %s on http://%s:%d", repository or export_dir, host, bound)
-    if port_file:
-        atomic_write_text(port_file, f"{bound}\n")
     config = uvicorn.Config(app, host=host, port=bound, log_level="warning",
                             timeout_graceful_shutdown=int(deploy_cfg.drain_timeout_s))
+    # listening before the port file appears: a client that reads it is queued, not refused,
+    # until the app has started
+    sock.listen(config.backlog)
+    if port_file:
+        atomic_write_text(port_file, f"{bound}\n")
     server = uvicorn.Server(config)
     try:
         server.run(sockets=[sock])
