@@ -5,6 +5,7 @@ Tiny dimensions and a handful of seeded shapes keep this fast on a shared CPU.
 import os
 import zlib
 
+from ppvarlen.tasks.base import INPUTS
 import ppvarlen  # noqa: F401  (quiet imports before paddle)
 import numpy as np
 import paddle
@@ -349,7 +350,7 @@ def test_ngram_models_export_to_onnx_exactly_on_mixed_lengths(case, tmp_path):
     model, _ = make_model(case, seed=6)
     model.eval()
     prefix = str(tmp_path / "model")
-    save_inference(model, prefix)
+    save_inference(model, prefix, INPUTS)
     export_onnx(prefix, str(tmp_path / "model.onnx"), case, ["logits"])
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
@@ -390,4 +391,3 @@ def test_rdrop_adds_a_symmetric_kl_between_two_dropout_passes():
     paddle.seed(16)
     plain_loss, _ = model(*inputs)
     assert np.isfinite(float(rdrop_loss)) and float(rdrop_loss) != float(plain_loss)
-

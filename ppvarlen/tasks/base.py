@@ -65,7 +65,8 @@ class Task:
 
     def store_fields(self):
         """The fields of this task's items, as the store keeps them (``data.store.Field``)."""
-        return [Field("input_ids", "int32", ragged=True, length=True), Field("doc_id", "int64")]
+        return [Field("input_ids", "int32", ragged=True, length=True, lengths="seq_len"),
+                Field("doc_id", "int64")]
 
     def encode_example(self, ctx, ex, doc_id, where):
         """One corpus example -> (items, record) for the store builder (``data.dataset``).
@@ -125,16 +126,23 @@ class Task:
         """Settings the model applies itself (e.g. seq2seq's smoothed loss)."""
 
     def model_inputs(self, batch):
+        """The model's inputs of a batch: its declared ``input_specs``, in order (what the
+        export feeds the program too)."""
         import paddle
 
-        return paddle.to_tensor(batch["input_ids"]), paddle.to_tensor(batch["seq_len"])
+        return tuple(paddle.to_tensor(batch[s["name"]]) for s in self.input_specs)
 
     def loss(self, model, batch, label_smoothing=0.0):
         """Mean float32 loss of one batch (pads ignored by the models' losses)."""
         import paddle
 
-        loss, _ = model(*self.model_inputs(batch), paddle.to_tensor(batch["labels"]))
+        loss, _ = model(*self.model_inputs(batch), labels=paddle.to_tensor(batch["labels"]))
         return loss.astype("float32")
+
+    def synthetic_inputs(self, input_ids, seq_len, rng):
+        """The inputs after ids and lengths (``input_specs[2:]``) of a random-id batch (export
+        parity's shape grid); a task that declares more inputs makes plausible ones here."""
+        return ()
 
     def batch_size(self, batch):
         return len(batch["seq_len"])
