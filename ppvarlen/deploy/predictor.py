@@ -6,18 +6,11 @@ tokenises with the exported vocab, applies the manifest's long-text policy
 (truncate: flagged in the result; window: windows aggregated with the shared
 ``ppvarlen.data.longtext`` rules; error: the text is refused), sorts rows by
 length into token-budget batches (``ppvarlen.data.order``) and returns one
-result per text in input order:
-
-* classification ``{"label": "positive", "label_id": 1, "probs": {...}, "num_tokens": n,
-  "truncated": False}``
-* tagging ``{"entities": [{"type": "PER", "text": "江泽民", "start": 0, "end": 3}], "tags": [...],
-  "num_tokens": n, "truncated": False}`` (``start``/``end`` are character offsets in the text).
-* seq2seq ``{"output": "zhong guo", "output_ids": [...], "num_tokens": n, "truncated": False,
-  "pieces": 1}``: greedy output (ids without BOS/EOS) of the source, tokenised exactly as the
-  training data's sources (no special tokens); ``num_tokens`` counts source tokens.  With
-  ``split_long_sources`` a source longer than the export's ``max_len`` is cut into ``pieces``
-  after clause punctuation (``longtext.clause_spans``: how the g2p corpus packs clauses), each
-  decoded on its own, and the outputs joined in order; otherwise the manifest's policy applies.
+result per text in input order, shaped by the task's ``response`` (``ppvarlen.tasks``), whose
+pydantic model the task declares (``prediction_model``; docs/TASKS.md shows each task's).  With
+``split_long_sources`` (seq2seq) a source longer than the export's ``max_len`` is cut into
+pieces after clause punctuation (``longtext.clause_spans``), each decoded on its own, and the
+outputs joined in order; otherwise the manifest's policy applies.
 """
 import os
 

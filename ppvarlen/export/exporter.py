@@ -164,7 +164,7 @@ def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset
     src = paddle_prefix
     if crf is not None:
         # paddle2onnx has no viterbi_decode: export the emission network, decode in numpy.
-        src = os.path.join(work, "emissions", "model")
+        src = os.path.join(work, "first_output", "model")
         save_inference(model, src, input_specs, emissions_only=True)
         np.save(os.path.join(tmp, "onnx", "crf_transitions.npy"), crf)
         entry.update(outputs=output_names[:1], decode="viterbi_numpy",
