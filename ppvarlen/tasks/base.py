@@ -46,6 +46,8 @@ class Task:
         return f"<task {self.name}>"
 
     # ------------------------------------------------------------ data
+    example_texts = None  # example -> its texts for the vocabulary; None: its text / tokens
+
     def corpus_tasks(self):
         return self.reads or (self.name,)
 
