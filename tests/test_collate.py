@@ -25,12 +25,15 @@ def test_classification_batch():
     assert all(v.dtype == np.int64 for v in b.values())
 
 
-def test_tagging_labels_padded_with_ignore_index_and_declared_pads():
-    items = [{"input_ids": [5, 6], "labels": [1, 2], "doc_id": 0, "offset": 0},
-             {"input_ids": [5], "labels": [3], "doc_id": 0, "offset": 1}]
-    b = Collator(PAD, pad_to_multiple_of=4, fields=fields("tagging"))(items)
+def test_tagging_labels_padded_with_ignore_index_and_masks_with_zero():
+    decl = list(fields("tagging")) + [Field("attention_mask", "int8", ragged=True, pad=0)]
+    items = [{"input_ids": [5, 6], "labels": [1, 2], "attention_mask": [1, 1], "doc_id": 0,
+              "offset": 0},
+             {"input_ids": [5], "labels": [3], "attention_mask": [1], "doc_id": 0, "offset": 1}]
+    b = Collator(PAD, pad_to_multiple_of=4, fields=decl)(items)
     np.testing.assert_array_equal(b["input_ids"], [[5, 6, PAD, PAD], [5, PAD, PAD, PAD]])
     np.testing.assert_array_equal(b["labels"], [[1, 2, -100, -100], [3, -100, -100, -100]])
+    np.testing.assert_array_equal(b["attention_mask"], [[1, 1, 0, 0], [1, 0, 0, 0]])
     np.testing.assert_array_equal(b["offset"], [0, 1])
 
 
