@@ -205,7 +205,24 @@ class Task:
         """Config overrides naming the corpus whose test texts the load test sends."""
         return ["Data.corpus=sentiment"]
 
-    examples = []  # request texts of the /docs example (deploy/api.py)
+    examples = []  # request items of the /docs example (deploy/api.py)
+    request_key = "texts"  # the /predict body's list: {"texts": [...]}
+
+    def request_item(self, text_type):
+        """The pydantic type of one request item, given the server's bounded text type."""
+        return text_type
+
+    def check_request_item(self, item, max_chars):
+        """(problem or None, whether it is over the character limit) of one request item."""
+        if not isinstance(item, str):
+            return f"must be a string, got {type(item).__name__}", False
+        if len(item) > max_chars:
+            return f"has {len(item)} characters; at most {max_chars} (Deploy.max_text_chars)", True
+        return None, False
+
+    def encode_request(self, predictor, item, long_text):
+        """One request item -> the predictor's ``EncodedText`` (DataError when unusable)."""
+        return predictor.encode(item, long_text)
 
     def prediction_model(self, label_names):
         """The pydantic model of one ``response`` (the HTTP API's prediction object)."""
