@@ -80,7 +80,7 @@ class ServerMetrics:
         return out
 
 
-def validate_payload(payload, limits, key="texts", check_item=None):
+def validate_payload(payload, limits, key="texts", check_item=None, item_words="strings"):
     """``{key: [item, ...]}`` within limits -> the list; ApiError naming the field otherwise.
     ``key`` and ``check_item(item, max_chars)`` -> (problem or None, over the character limit)
     are the task's (``Task.request_key`` / ``Task.check_request_item``)."""
@@ -93,10 +93,11 @@ def validate_payload(payload, limits, key="texts", check_item=None):
         raise ApiError(422, f"unknown field(s) {unknown}; the body takes only \"{key}\"",
                        unknown[0])
     if key not in payload:
-        raise ApiError(422, f"field \"{key}\" is required: a list", key)
+        raise ApiError(422, f"field \"{key}\" is required: a list of {item_words}", key)
     texts = payload[key]
     if not isinstance(texts, list):
-        raise ApiError(422, f"\"{key}\" must be a list, got {type(texts).__name__}", key)
+        raise ApiError(422, f"\"{key}\" must be a list of {item_words}, got "
+                       f"{type(texts).__name__}", key)
     if not texts:
         raise ApiError(422, f"\"{key}\" is empty; send at least one", key)
     if len(texts) > limits.max_texts_per_request:
@@ -277,7 +278,8 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ApiError(400, f"body is not valid JSON: {e}", "body") from None
         task = model_or_404().task
-        texts = validate_payload(payload, limits, task.request_key, task.check_request_item)
+        texts = validate_payload(payload, limits, task.request_key, task.check_request_item,
+                                 task.request_item_words)
         model, results, truncated, split, answers = await run_texts(texts,
                                                                     where=task.request_key)
         metrics.record(200, time.perf_counter() - start, len(texts), truncated, split,
