@@ -351,6 +351,10 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ApiError(400, f"body is not valid JSON: {e}", "body") from None
         model = model_or_404(name, version)
+        if not model.task.oip_infer:
+            raise ApiError(422, f"model {model.name!r} ({model.task_name}) takes "
+                           f"{model.task.request_key} through POST /predict; the Open Inference "
+                           f"Protocol's text tensor carries single texts", "inputs")
         texts, request_id, params, wanted = oip.parse_infer(payload, binary, limits, model)
         model, results, truncated, split, answers = await run_texts(
             texts, name, version, params.get("long_text"), where="inputs[0].data")
@@ -402,6 +406,9 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
                         oip.model_metadata(model.name, registry.versions(model.name), model),
                         limits, _max_text_chars(p, limits), oip.long_text_choices(model),
                         repo is not None)
+            if not p.task.oip_infer:  # not offered for this task: not in its contract either
+                for path in [k for k in doc["paths"] if k.endswith("/infer")]:
+                    del doc["paths"][path]
             state["openapi"] = (key, doc)
         return state["openapi"][1]
 

@@ -208,6 +208,7 @@ class Task:
     examples = []  # request items of the /docs example (deploy/api.py)
     request_key = "texts"  # the /predict body's list: {"texts": [...]}
     request_item_words = "strings"  # what the list holds, in an error message
+    oip_infer = True  # its request items are single texts: OIP v2's BYTES "text" tensor holds them
 
     def request_item(self, text_type):
         """The pydantic type of one request item, given the server's bounded text type."""
