@@ -18,7 +18,7 @@ from ppvarlen.deploy.server import Limits, create_app
 # mixed lengths: 1 to 26 characters, one beyond the exports' max_len of 16 tokens
 MIXED_TEXTS = TEXTS + ["好", "北京", "这是一段非常非常非常非常长的句子，超过了最大长度"]
 OUTPUTS = {"classification": ["label", "label_id", "probs", "num_tokens", "truncated"],
-           "tagging": ["entities", "tags", "repaired_chunks", "num_tokens", "truncated"],
+           "tagging": ["entities", "tags", "num_tokens", "truncated"],
            "seq2seq": ["output", "output_ids", "num_tokens", "truncated", "pieces"]}
 DATATYPES = {"label": "BYTES", "label_id": "INT64", "probs": "FP32", "num_tokens": "INT64",
              "truncated": "BOOL", "entities": "BYTES", "tags": "BYTES", "output": "BYTES",
