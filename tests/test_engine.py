@@ -113,7 +113,7 @@ def test_eval_is_deterministic_and_matches_recorded_metrics(full_run):
     from ppvarlen.tasks import build_datasets
 
     dev = build_datasets(cfg.Data, encoder=encoder).dev
-    collate = Collator(encoder.pad_id)
+    collate = Collator(encoder.pad_id, fields=dev.store.fields)
     small = predict(model, dev, "classification", collate, max_tokens=64)
     large = predict(model, dev, "classification", collate, max_tokens=100_000)
     np.testing.assert_allclose(np.stack(small), np.stack(large), rtol=1e-5, atol=1e-5)

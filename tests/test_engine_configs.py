@@ -20,7 +20,9 @@ CONFIGS = ["configs/sentiment/transformer.yaml", "configs/sentiment/bilstm.yaml"
 # People's Daily text it adds, which Data.limit does not cut).
 OTHER_TOOL_CONFIGS = ["configs/sentiment/pretrain_mlm.yaml",
                       # need a PaddleNLP directory: tests/test_paddlenlp_models.py makes one
-                      "configs/sentiment/paddlenlp.yaml", "configs/ner/paddlenlp.yaml"]
+                      "configs/sentiment/paddlenlp.yaml", "configs/ner/paddlenlp.yaml",
+                      # a derived pair corpus first: tests/test_text_pair.py trains on one
+                      "configs/pairs/transformer.yaml"]
 
 
 @pytest.mark.parametrize("path", CONFIGS)

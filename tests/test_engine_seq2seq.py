@@ -60,7 +60,7 @@ def test_eval_batching_does_not_change_outputs_and_matches_recorded_dev(run):
     out, _ = run
     model, meta, encoder, cfg = load_for_inference(os.path.join(out, "best"))
     dev = build_datasets(cfg.Data, encoder=encoder, splits=("dev",)).dev
-    collate = Collator(encoder.pad_id)
+    collate = Collator(encoder.pad_id, fields=dev.store.fields)
     small = predict(model, dev, "seq2seq", collate, max_tokens=60)
     large = predict(model, dev, "seq2seq", collate, max_tokens=100_000)
     assert small == large and len(small) == len(dev)
@@ -90,8 +90,9 @@ def test_seq2seq_report_compares_decoded_text():
 def test_token_counts_include_both_sides():
     import numpy as np
 
-    batch = Collator(0)([{"src_ids": [7, 8, 9], "tgt_ids": [4, 10, 5]},
-                         {"src_ids": [7], "tgt_ids": [4, 10, 11, 12, 5]}])
+    batch = Collator(0, fields=get_task("seq2seq").store_fields())(
+        [{"src_ids": [7, 8, 9], "tgt_ids": [4, 10, 5]},
+         {"src_ids": [7], "tgt_ids": [4, 10, 11, 12, 5]}])
     # real: sources 3 + 1, targets (BOS..last) 2 + 4; padded: 2x3 + 2x4
     assert get_task("seq2seq").token_counts(batch) == (10, 14)
     assert np.array_equal(batch["tgt_len"], [2, 4])

@@ -5,6 +5,7 @@ import numpy as np
 import paddle
 from paddle import nn
 
+from ppvarlen.tasks.base import INPUTS
 from ppvarlen.export import parity
 from ppvarlen.export.static import save_inference
 from test_export_models import VOCAB
@@ -51,14 +52,14 @@ def test_eval_dropouts_are_left_out_of_the_program_and_restored(tmp_path):
     paddle.seed(0)
     model = DropoutModel()
     model.eval()
-    model_json, _ = save_inference(model, str(tmp_path / "model"))
+    model_json, _ = save_inference(model, str(tmp_path / "model"), INPUTS)
     # only the downscale_in_infer dropout (x * 0.5 in eval) stays in the program
     assert len(_dropout_ops(model_json)) == 1
     assert (model.drop.p, model.attn.dropout, model.scaled.p) == (0.3, 0.2, 0.5)
     ids = np.random.RandomState(0).randint(6, VOCAB, (3, 7)).astype(np.int64)
     lens = np.array([7, 5, 2], dtype=np.int64)
-    eager = parity.dygraph_runner(model)(ids, lens)["logits"]
-    served = parity.paddle_inference_runner(str(tmp_path), "fp32")(ids, lens)["logits"]
+    eager = parity.dygraph_runner(model, ["logits"])(ids, lens)["logits"]
+    served = parity.paddle_inference_runner(str(tmp_path), ["logits"], "fp32")(ids, lens)["logits"]
     np.testing.assert_allclose(served, eager, atol=1e-5)
     model.train()  # training still drops: the layers were restored, not replaced
     paddle.seed(1)

@@ -82,12 +82,13 @@ def test_static_layer_is_traced_once_for_all_shapes():
     import numpy as np
 
     from ppvarlen.export.static import to_static, traced_count
+    from ppvarlen.tasks.base import INPUTS
 
     paddle.seed(0)
     for model in (TinyRNN("lstm"), TinyTransformer(), TinyCRFTagger()):
         model.eval()
         eager = [model]  # the wrapper keeps the model's own forward eager
-        static = to_static(model)
+        static = to_static(model, INPUTS)
         rng = np.random.RandomState(0)
         for batch, length in [(1, 1), (3, 7), (2, 16), (5, 3), (4, 33), (1, 50)]:
             ids = rng.randint(1, VOCAB, (batch, length)).astype("int64")

@@ -267,3 +267,87 @@ def test_no_sys_path_edits_in_shipped_scripts():
                     if rx.search(line) and not line.lstrip().startswith("#"):
                         bad.append(f"{os.path.relpath(p, REPO)}:{i}: {line.strip()}")
     assert not bad, "sys.path edits in shipped scripts:\n" + "\n".join(bad)
+
+
+# ------------------------------------------------------------ task fields in generic layers
+# The generic layers iterate over what a task declares (its store Fields, input/output specs);
+# they name no task's field.  The names are collected FROM the registered tasks' declarations,
+# minus the token-row contract every task shares (the base Task's: ids, lengths, doc id).
+GENERIC_DIRS = ["ppvarlen/data", "ppvarlen/export", "ppvarlen/deploy", "ppvarlen/engine"]
+# corpus readers: they define the corpora's line formats ({"text", "label"}, {"tokens", "tags"}),
+# which are the corpora's keys, not a task's item fields
+CORPUS_READERS = ("ppvarlen/data/corpora/", "ppvarlen/data/readers.py", "ppvarlen/data/splits.py")
+# remaining (file, name) uses, each with its reason; the test fails when one is added AND when
+# one disappears (then delete it here), so the list only shrinks
+KNOWN_FIELD_NAMES = {
+    ("ppvarlen/data/vocab.py", "tokens"): "a pre-tokenised corpus line's key (not an item field)",
+    ("ppvarlen/deploy/server.py", "labels"): "/health key listing the label names",
+    ("ppvarlen/export/precision_speed.py", "tokens"): "a timing report's token count key",
+    ("ppvarlen/export/exporter.py", "label"): "pretrained-dir verify file format (docstring)",
+    ("ppvarlen/export/exporter.py", "tags"): "pretrained-dir verify file format (docstring)",
+    ("ppvarlen/export/exporter.py", "tokens"): "seq2seq's greedy export view (GreedyView)",
+    ("ppvarlen/export/parity.py", "src_ids"): "seq2seq's decoded-ids parity (verify_greedy)",
+    ("ppvarlen/export/parity.py", "src_len"): "seq2seq's decoded-ids parity (verify_greedy)",
+    ("ppvarlen/export/parity.py", "tokens"): "seq2seq's decoded-ids parity (verify_greedy)",
+    ("ppvarlen/deploy/engines.py", "src_ids"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
+    ("ppvarlen/deploy/engines.py", "src_len"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
+    ("ppvarlen/deploy/engines.py", "tokens"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
+}
+
+
+def declared_names(task):
+    """Every name a task declares: store fields and their batch keys, exported inputs/outputs."""
+    names = set()
+    for f in task.store_fields():
+        key = f.key or f.name
+        names.update(n for n in (f.name, key, f.lengths) if n)
+        if f.shift:
+            names.update({key + "_in", key + "_out"})
+    names.update(s["name"] for s in task.input_specs + task.output_specs)
+    return names
+
+
+def task_field_names():
+    from ppvarlen.tasks import TASKS
+    from ppvarlen.tasks.base import Task
+
+    contract = declared_names(Task())
+    return {name: sorted(t for t, cls in TASKS.items() if name in declared_names(cls()))
+            for cls in TASKS.values() for name in declared_names(cls()) - contract}
+
+
+def field_literal_hits(names, dirs=GENERIC_DIRS):
+    rx = re.compile(r"[\"'](%s)[\"']" % "|".join(map(re.escape, sorted(names))))
+    hits = {}
+    for path in code_files(dirs):
+        rel = os.path.relpath(path, REPO)
+        if rel.startswith(CORPUS_READERS):
+            continue
+        for i, line in enumerate(open(path, encoding="utf-8"), 1):
+            for m in rx.finditer(line):
+                hits.setdefault((rel, m.group(1)), []).append(f"{rel}:{i}: {line.strip()}")
+    return hits
+
+
+def test_generic_layers_name_no_task_field():
+    names = task_field_names()
+    assert len(names) >= 5, names  # tagging, classification, seq2seq declare fields of their own
+    hits = field_literal_hits(names)
+    new = {k: v for k, v in hits.items() if k not in KNOWN_FIELD_NAMES}
+    assert not new, ("a generic module names a task's field (declare it on the Task and "
+                     "iterate over the declaration):\n" +
+                     "\n".join(f"{line}  [{k[1]}: declared by {names[k[1]]}]"
+                               for k, lines in new.items() for line in lines))
+    gone = sorted(set(KNOWN_FIELD_NAMES) - set(hits))
+    assert not gone, f"no longer used, remove from KNOWN_FIELD_NAMES: {gone}"
+
+
+def test_task_field_check_catches_a_planted_name(tmp_path):
+    """The check can fail: a module naming a declared field is found."""
+    names = task_field_names()
+    name = sorted(names)[0]
+    planted = tmp_path / "ppvarlen_fake" / "collate.py"
+    planted.parent.mkdir()
+    planted.write_text(f'batch[{name!r}] = pad(rows)\nother = "not_a_field"\n')
+    hits = field_literal_hits(names, [str(planted.parent)])
+    assert [k[1] for k in hits] == [name]

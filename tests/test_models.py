@@ -5,6 +5,7 @@ Tiny dimensions and a handful of seeded shapes keep this fast on a shared CPU.
 import os
 import zlib
 
+from ppvarlen.tasks.base import INPUTS
 import ppvarlen  # noqa: F401  (quiet imports before paddle)
 import numpy as np
 import paddle
@@ -133,7 +134,7 @@ def test_gradient_of_pad_only_embedding_rows_is_exactly_zero(case):
     rng = np.random.default_rng(7)
     ids, seq_len = padded_batch(rng, [5, 2, 7, 1], extra_pad=2)
     labels = _training_labels(rng, task, seq_len, ids.shape[1])
-    loss, _ = model(paddle.to_tensor(ids), paddle.to_tensor(seq_len), paddle.to_tensor(labels))
+    loss, _ = model(paddle.to_tensor(ids), paddle.to_tensor(seq_len), labels=paddle.to_tensor(labels))
     loss.backward()
     assert np.isfinite(float(loss))
     grad = _word_embedding(model).grad.numpy()
@@ -231,11 +232,11 @@ def test_training_loss_falls_on_a_fixed_batch(case):
     rng = np.random.default_rng(5)
     ids, seq_len = padded_batch(rng, [6, 3, 8, 2, 5], extra_pad=1)
     labels = _training_labels(rng, task, seq_len, ids.shape[1])
-    inputs = [paddle.to_tensor(a) for a in (ids, seq_len, labels)]
+    inputs = [paddle.to_tensor(a) for a in (ids, seq_len)]
     optimizer = paddle.optimizer.Adam(learning_rate=0.01, parameters=model.parameters())
     losses = []
     for _ in range(40):
-        loss, _ = model(*inputs)
+        loss, _ = model(*inputs, labels=paddle.to_tensor(labels))
         loss.backward()
         optimizer.step()
         optimizer.clear_grad()
@@ -349,7 +350,7 @@ def test_ngram_models_export_to_onnx_exactly_on_mixed_lengths(case, tmp_path):
     model, _ = make_model(case, seed=6)
     model.eval()
     prefix = str(tmp_path / "model")
-    save_inference(model, prefix)
+    save_inference(model, prefix, INPUTS)
     export_onnx(prefix, str(tmp_path / "model.onnx"), case, ["logits"])
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
@@ -373,21 +374,21 @@ def test_rdrop_adds_a_symmetric_kl_between_two_dropout_passes():
     assert float(symmetric_kl(paddle.to_tensor(a), paddle.to_tensor(a))) == 0.0
     # Without any dropout both passes agree: the R-Drop loss is exactly the plain loss.
     ids, seq_len = padded_batch(np.random.default_rng(15), [4, 6], extra_pad=1)
-    inputs = (paddle.to_tensor(ids), paddle.to_tensor(seq_len), paddle.to_tensor(np.array([0, 2], "int64")))
+    inputs = (paddle.to_tensor(ids), paddle.to_tensor(seq_len))
+    labels = paddle.to_tensor(np.array([0, 2], "int64"))
     paddle.seed(14)
     no_dropout = build_model(dict(TINY, name="transformer_cls", dropout=0.0, rdrop_alpha=1.0, **WIDE), VOCAB,
                              NUM_LABELS, PAD_ID, "classification")
     no_dropout.train()
-    train_loss, _ = no_dropout(*inputs)
+    train_loss, _ = no_dropout(*inputs, labels=labels)
     no_dropout.eval()
-    np.testing.assert_allclose(float(train_loss), float(no_dropout(*inputs)[0]), rtol=1e-6)
+    np.testing.assert_allclose(float(train_loss), float(no_dropout(*inputs, labels=labels)[0]), rtol=1e-6)
     # With dropout the two passes differ and the KL term adds to the loss.
     model, _ = make_model("transformer_cls-wide-mean", seed=14)
     model.train()
     paddle.seed(16)
-    rdrop_loss, _ = model(*inputs)
+    rdrop_loss, _ = model(*inputs, labels=labels)
     model.rdrop_alpha = 0.0
     paddle.seed(16)
-    plain_loss, _ = model(*inputs)
+    plain_loss, _ = model(*inputs, labels=labels)
     assert np.isfinite(float(rdrop_loss)) and float(rdrop_loss) != float(plain_loss)
-

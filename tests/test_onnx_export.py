@@ -7,6 +7,7 @@ import onnxruntime as ort
 import paddle
 import pytest
 
+from ppvarlen.tasks.base import INPUTS
 from ppvarlen.export import ExportFailedError
 from ppvarlen.export.onnx_export import convert, export_onnx
 from ppvarlen.export.onnx_fix import rnn_nodes, wire_rnn_sequence_lens
@@ -40,7 +41,7 @@ def raw_rnn_export(request, tmp_path_factory):
     model.eval()
     d = tmp_path_factory.mktemp(f"rnn_{request.param}")
     prefix = str(d / "model")
-    save_inference(model, prefix)
+    save_inference(model, prefix, INPUTS)
     raw_path = convert(prefix, str(d / "raw.onnx"), f"tiny_{request.param}")
     return model, onnx.load(raw_path), request.param
 
@@ -84,7 +85,7 @@ def test_fix_is_idempotent(raw_rnn_export):
 def test_unsupported_op_is_a_clear_error_not_an_abort(tmp_path):
     model = TinyCRFTagger()
     prefix = str(tmp_path / "model")
-    save_inference(model, prefix)  # keeps viterbi_decode in the program
+    save_inference(model, prefix, INPUTS)  # keeps viterbi_decode in the program
     with pytest.raises(ExportFailedError, match=r"tiny_tagger.*viterbi_decode"):
         convert(prefix, str(tmp_path / "m.onnx"), "tiny_tagger")
     assert not os.path.exists(tmp_path / "m.onnx")
@@ -95,7 +96,7 @@ def test_export_onnx_names_outputs_and_fp16_keeps_io_types(tmp_path):
     model = TinyRNN("lstm")
     model.eval()
     prefix = str(tmp_path / "model")
-    save_inference(model, prefix)
+    save_inference(model, prefix, INPUTS)
     info = export_onnx(prefix, str(tmp_path / "m.onnx"), "tiny", ["logits"])
     assert info["opset"] >= 13 and info["rnn_sequence_lens_wired"] == 2
     half = convert_onnx_fp16(str(tmp_path / "m.onnx"), str(tmp_path / "m16.onnx"))

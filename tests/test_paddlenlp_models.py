@@ -131,7 +131,7 @@ def test_padding_invariant_and_pad_rows_get_no_gradient(arch, head, vocab_file, 
         labels = np.where(np.arange(9)[None, :] < seq_len[:, None], 1, -100).astype("int64")
     else:
         labels = np.array([0, 1, 1, 0], dtype="int64")
-    loss, _ = model(paddle.to_tensor(ids), paddle.to_tensor(seq_len), paddle.to_tensor(labels))
+    loss, _ = model(paddle.to_tensor(ids), paddle.to_tensor(seq_len), labels=paddle.to_tensor(labels))
     loss.backward()
     grad = model.net.get_input_embeddings().weight.grad.numpy()
     real = np.unique(np.concatenate([ids[b, :n] for b, n in enumerate(seq_len)]))

@@ -105,7 +105,7 @@ def test_onnx_engine_int8_runs_the_int8_file(int8_export):
     ids = np.random.RandomState(1).randint(6, 40, (3, 9)).astype(np.int64)
     lens = np.array([9, 4, 1], dtype=np.int64)
     got = OnnxEngine(str(out), manifest, precision="int8").run(ids, lens)["logits"]
-    int8 = parity.onnx_runner(str(out / "onnx" / "model_int8.onnx"))(ids, lens)["logits"]
+    int8 = parity.onnx_runner(str(out / "onnx" / "model_int8.onnx"), ["logits"])(ids, lens)["logits"]
     fp32 = OnnxEngine(str(out), manifest, precision="fp32").run(ids, lens)["logits"]
     np.testing.assert_array_equal(got, int8)
     assert np.abs(got - fp32).max() > 1e-6  # not the fp32 graph

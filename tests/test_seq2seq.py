@@ -330,7 +330,7 @@ def test_g2p_batches_through_the_model():
     assert (enc.bos_id, enc.eos_id, enc.pad_id) == (BOS, EOS, PAD)
     model = build_model(cfg.Model, enc.vocab_size, enc.output_size, enc.pad_id, "seq2seq")
     assert model.output_size == enc.output_size < 120  # letters, digits, punctuation
-    collate = Collator(enc.pad_id)
+    collate = Collator(enc.pad_id, fields=data.train.store.fields)
     indices = next(iter(build_batch_sampler(data.train, cfg.Data, shuffle=True)))
     batch = collate([data.train[i] for i in indices])
     assert len(set(batch["src_len"].tolist())) > 1

@@ -185,7 +185,7 @@ class _Unconvertible(paddle.nn.Layer):
 
     def forward(self, input_ids, seq_len, labels=None):
         longest = max(seq_len.tolist())  # a host round trip: no values exist while tracing
-        return self.model(input_ids[:, :longest], seq_len, labels)
+        return self.model(input_ids[:, :longest], seq_len, labels=labels)
 
 
 def test_unconvertible_model_fails_at_start_with_the_reason(tmp_path, monkeypatch):

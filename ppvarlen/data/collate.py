@@ -1,8 +1,8 @@
 """Dynamic padding: a list of encoded items -> a dict of int64 numpy arrays (DESIGN.md).
 
-The collator owns the pad value of every field (pitfall 7): ids get the
+The task declares every field's pad value (``data.store.Field``; pitfall 7): ids get the
 tokenizer's pad id, masks and token types 0, labels -100 (the loss's ignore
-index).  It pads each batch to its own longest item, rounded up to
+index); the collator applies the declarations and names no task field.  It pads each batch to its own longest item, rounded up to
 ``pad_to_multiple_of`` and, with ``bucket_boundaries``, up to the smallest
 boundary that fits (fixed shapes per bucket; the same length
 ``BucketBatchSampler.pad_length`` reports).  It never tokenises (pitfall 6).
@@ -15,17 +15,14 @@ so padding is done here with numpy (a dozen lines).
 import numpy as np
 
 from .errors import DataError
+from .store import Field
 
 IGNORE_INDEX = -100
 
-# field -> (output key, pad value or "pad_id")
-_SEQUENCE_FIELDS = {
-    "input_ids": "pad_id",
-    "attention_mask": 0,
-    "token_type_ids": 0,
-    "labels": IGNORE_INDEX,
-}
-_SCALAR_FIELDS = {"label": "labels", "doc_id": "doc_id", "offset": "offset"}
+# the base contract every token-row task shares (``tasks.base.Task.store_fields``): what a
+# collator holds when it is given no declaration (parity's and the predictor's id-only batches)
+IDS_ONLY = (Field("input_ids", "int32", ragged=True, length=True, lengths="seq_len"),
+            Field("doc_id", "int64"))
 
 
 def pad_sequences(seqs, pad_value, length, side="right"):
@@ -44,17 +41,20 @@ def pad_sequences(seqs, pad_value, length, side="right"):
 
 
 class Collator:
-    """``Collator(pad_id)(items) -> dict of numpy arrays``.
+    """``Collator(pad_id, fields=task.store_fields())(items) -> dict of numpy arrays``.
 
-    Classification items ``{input_ids, label, doc_id}`` -> ``input_ids`` [B, L],
-    ``seq_len`` [B], ``labels`` [B], ``doc_id`` [B].  Tagging items add a
-    ``labels`` list aligned with ``input_ids`` (-> [B, L], -100 on pads) and
-    ``offset``.  Seq2seq items ``{src_ids, tgt_ids, doc_id}`` -> ``src_ids``,
-    ``src_len``, ``tgt_in`` = tgt[:-1] (pad id), ``tgt_out`` = tgt[1:] (-100),
-    ``tgt_len`` (= len(tgt) - 1).  Unknown fields are an error, not dropped.
+    Driven by the task's ``data.store.Field`` declarations, it names no field itself: a ragged
+    field is padded with its ``pad`` ("pad_id" = the tokenizer's) to the batch's longest row
+    under ``key`` (default its name), its row lengths go to ``lengths`` when declared; a
+    ``shift`` field (teacher forcing) becomes ``<key>_in`` = row[:-1] (pad id) and
+    ``<key>_out`` = row[1:] (-100) with lengths len - 1; a scalar field becomes a [B] array
+    under ``key``.  Ragged fields that are not length fields align one-to-one with the (single)
+    length field.  A declared non-length field may be absent from every item of a batch; an
+    undeclared field, a missing length field or items with different fields are errors.
     """
 
-    def __init__(self, pad_id, pad_to_multiple_of=1, padding_side="right", bucket_boundaries=None):
+    def __init__(self, pad_id, pad_to_multiple_of=1, padding_side="right", bucket_boundaries=None,
+                 fields=IDS_ONLY):
         if padding_side not in ("right", "left"):
             raise ValueError(f"Data.padding_side must be right or left, got {padding_side!r}")
         if pad_to_multiple_of < 1:
@@ -63,6 +63,9 @@ class Collator:
         self.multiple = int(pad_to_multiple_of)
         self.side = padding_side
         self.boundaries = sorted(int(b) for b in bucket_boundaries) if bucket_boundaries else None
+        self.fields = {f.name: f for f in fields}
+        if not any(f.length for f in self.fields.values()):
+            raise ValueError("Collator: the fields declare no length field (ragged, length=True)")
 
     def target_length(self, longest):
         """Padded length for a batch whose longest item has ``longest`` tokens."""
@@ -72,62 +75,63 @@ class Collator:
             length = fits[0] if fits else length
         return length
 
-    def _pad_field(self, items, key, pad_value):
-        seqs = [item[key] for item in items]
-        return pad_sequences(seqs, pad_value, self.target_length(max(len(s) for s in seqs)),
+    def _pad_value(self, field):
+        return self.pad_id if field.pad == "pad_id" else int(field.pad)
+
+    def _pad(self, rows, pad_value):
+        return pad_sequences(rows, pad_value, self.target_length(max(len(r) for r in rows)),
                              self.side)
 
     def __call__(self, items):
         if not items:
             raise ValueError("Collator got an empty batch")
-        if "src_ids" in items[0]:
-            return self._seq2seq(items)
         keys = set(items[0])
         for i, item in enumerate(items):
             if set(item) != keys:
                 raise DataError(f"batch item {i} has fields {sorted(item)} but item 0 has "
                                 f"{sorted(keys)}; all items of a dataset must have the same fields")
-        unknown = keys - set(_SEQUENCE_FIELDS) - set(_SCALAR_FIELDS)
-        if unknown or "input_ids" not in keys:
-            raise DataError(f"Collator: unexpected fields {sorted(unknown)} (need input_ids; "
-                            f"known: {sorted(set(_SEQUENCE_FIELDS) | set(_SCALAR_FIELDS))})")
-        lens = [len(item["input_ids"]) for item in items]
-        seq_fields = [k for k in _SEQUENCE_FIELDS if k in keys]
-        if "labels" in keys and not isinstance(items[0]["labels"], (list, tuple, np.ndarray)):
-            raise DataError("Collator: 'labels' must be a per-token list (tagging); use 'label' "
-                            "for one class per example")
-        for key in seq_fields:
-            for i, item in enumerate(items):
-                if len(item[key]) != lens[i]:
-                    raise DataError(f"batch item {i} (doc_id {item.get('doc_id', '?')}): "
-                                    f"{key} has {len(item[key])} entries but input_ids has "
-                                    f"{lens[i]}; {key} must align one-to-one with input_ids")
-        length = self.target_length(max(lens))
+        declared = self.fields
+        length_fields = [f for f in declared.values() if f.length]
+        unknown = keys - set(declared)
+        missing = [f.name for f in length_fields if f.name not in keys]
+        if unknown or missing:
+            raise DataError(f"Collator: unexpected fields {sorted(unknown)}, missing "
+                            f"{missing} (the task declares {sorted(declared)})")
+        aligned = length_fields[0] if len(length_fields) == 1 else None
         batch = {}
-        for key in seq_fields:
-            pad = self.pad_id if _SEQUENCE_FIELDS[key] == "pad_id" else _SEQUENCE_FIELDS[key]
-            batch[key] = pad_sequences([item[key] for item in items], pad, length, self.side)
-        batch["seq_len"] = np.asarray(lens, dtype=np.int64)
-        for key, out_key in _SCALAR_FIELDS.items():
-            if key in keys:
-                batch[out_key] = np.asarray([item[key] for item in items], dtype=np.int64)
-        return batch
-
-    def _seq2seq(self, items):
-        for i, item in enumerate(items):
-            if len(item.get("tgt_ids", ())) < 2:
-                raise DataError(f"batch item {i} (doc_id {item.get('doc_id', '?')}): tgt_ids "
-                                f"must hold at least BOS and EOS, got {item.get('tgt_ids')!r}")
-        tgt_in = [item["tgt_ids"][:-1] for item in items]
-        tgt_out = [item["tgt_ids"][1:] for item in items]
-        tgt_length = self.target_length(max(len(t) for t in tgt_in))
-        batch = {
-            "src_ids": self._pad_field(items, "src_ids", self.pad_id),
-            "src_len": np.asarray([len(item["src_ids"]) for item in items], dtype=np.int64),
-            "tgt_in": pad_sequences(tgt_in, self.pad_id, tgt_length, self.side),
-            "tgt_out": pad_sequences(tgt_out, IGNORE_INDEX, tgt_length, self.side),
-            "tgt_len": np.asarray([len(t) for t in tgt_in], dtype=np.int64),
-        }
-        if "doc_id" in items[0]:
-            batch["doc_id"] = np.asarray([item["doc_id"] for item in items], dtype=np.int64)
+        for f in declared.values():
+            if f.name not in keys:
+                continue
+            if not f.ragged:
+                try:
+                    batch[f.key or f.name] = np.asarray([item[f.name] for item in items],
+                                                        dtype=np.int64).reshape(len(items))
+                except (TypeError, ValueError):
+                    raise DataError(f"Collator: field {f.name!r} holds one number per item "
+                                    f"(declared scalar), got {items[0][f.name]!r}") from None
+                continue
+            rows = [item[f.name] for item in items]
+            if aligned is not None and not f.length:
+                for i, (row, item) in enumerate(zip(rows, items)):
+                    if len(row) != len(item[aligned.name]):
+                        raise DataError(
+                            f"batch item {i} (doc_id {item.get('doc_id', '?')}): {f.name} has "
+                            f"{len(row)} entries but {aligned.name} has "
+                            f"{len(item[aligned.name])}; {f.name} must align one-to-one with "
+                            f"{aligned.name}")
+            key = f.key or f.name
+            if f.shift:
+                for i, row in enumerate(rows):
+                    if len(row) < 2:
+                        raise DataError(f"batch item {i} (doc_id {items[i].get('doc_id', '?')}): "
+                                        f"{f.name} must hold at least BOS and EOS, got "
+                                        f"{list(row)!r}")
+                batch[key + "_in"] = self._pad([r[:-1] for r in rows], self._pad_value(f))
+                batch[key + "_out"] = self._pad([r[1:] for r in rows], IGNORE_INDEX)
+                lens = [len(r) - 1 for r in rows]
+            else:
+                batch[key] = self._pad(rows, self._pad_value(f))
+                lens = [len(r) for r in rows]
+            if f.lengths:
+                batch[f.lengths] = np.asarray(lens, dtype=np.int64)
         return batch

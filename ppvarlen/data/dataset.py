@@ -229,7 +229,8 @@ def _build(data_cfg, resolve_task, task_hint, encoder, splits, extra_corpora, en
     num_proc = resolve_num_proc(data_cfg.get("num_proc"))
     if entry is None or rebuild:
         if encoder is None:  # seq2seq: one vocabulary, source + target
-            encoder = build_encoder(data_cfg, corpus, pairs=task.pairs, num_proc=num_proc)
+            encoder = build_encoder(data_cfg, corpus, pairs=task.pairs, num_proc=num_proc,
+                                    texts_of=task.example_texts)
         entry = {"task": task.name, "label_names": list(corpus.label_names),
                  "corpus_stats": corpus.stats, "vocab_sha256": vocab_sha256(encoder),
                  "encoder_stats": dict(getattr(encoder, "stats", {}))}

@@ -62,10 +62,17 @@ class BatchLoader:
                    for k, v in batch.items()}
 
 
-def make_collator(data_cfg, pad_id, sampler=None):
+def dataset_fields(dataset):
+    """The field declarations of a store-backed dataset (None for a plain list of items)."""
+    store = getattr(dataset, "store", None)
+    return getattr(store, "fields", None)
+
+
+def make_collator(data_cfg, pad_id, sampler=None, fields=None):
+    """The batches' collator; ``fields``: the items' declarations (a dataset's store fields)."""
     bounds = getattr(sampler, "boundaries", None) if data_cfg.pad_to_bucket else None
     return Collator(pad_id, data_cfg.pad_to_multiple_of, data_cfg.padding_side,
-                    bucket_boundaries=bounds)
+                    bucket_boundaries=bounds, **({"fields": fields} if fields else {}))
 
 
 def build_loader(dataset, data_cfg, split, num_replicas=1, rank=0, seed=0, collate=None):
@@ -82,7 +89,7 @@ def build_loader(dataset, data_cfg, split, num_replicas=1, rank=0, seed=0, colla
         sampler = TokenBudgetBatchSampler(eval_cost(dataset), data_cfg.eval_max_tokens,
                                           shuffle=False, max_sentences=data_cfg.max_sentences,
                                           num_replicas=num_replicas, rank=rank, seed=seed)
-    collate = collate or make_collator(data_cfg, dataset.pad_id, sampler)
+    collate = collate or make_collator(data_cfg, dataset.pad_id, sampler, dataset_fields(dataset))
     return BatchLoader(dataset, sampler, collate, data_cfg.num_workers)
 
 

@@ -231,8 +231,8 @@ def parse_tsv_line(line):
     return {"text": text, "label": _check_label(int(label) if label.isdigit() else label)}
 
 
-def _is_tsv_header(line):
-    return [c.strip().lower() for c in line.split("\t")] == ["text", "label"]
+def _is_tsv_header(line, names):
+    return tuple(c.strip().lower() for c in line.split("\t")) == tuple(names)
 
 
 def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto"):
@@ -241,15 +241,20 @@ def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto"):
     ``task=None`` (jsonl only) takes the task from the fields of the first JSON object.
     Tagging files are checked against one tag scheme (``check_tag_scheme``).
     """
+    if task is not None and task not in TASKS:
+        raise ConfigError(f"Data.task {task!r}: no corpus format of that name; the formats are "
+                          f"{sorted(TASKS)} (a task module registers its own, docs/TASKS.md)")
     if fmt == "tsv":
         task = task or DEFAULT_TASK
         if not TASKS[task].tsv:
-            raise DataError(f"{path}: TSV files hold text<TAB>label (classification), but the task "
-                            f"is {task!r}; use a JSONL file with {TASKS[task].fields} fields")
+            raise DataError(f"{path}: TSV files hold {'<TAB>'.join(TASKS[DEFAULT_TASK].fields)} "
+                            f"({DEFAULT_TASK}), but the task is {task!r}, which has no TSV form; "
+                            f"use a JSONL file with {TASKS[task].fields} fields")
     out = FileData(path=path, task=task)
     rows = _parquet_rows(path) if fmt == "parquet" else _decoded_lines(path)
     for n, line in rows:
-        if fmt == "tsv" and n == 1 and isinstance(line, str) and _is_tsv_header(line):
+        if fmt == "tsv" and n == 1 and isinstance(line, str) and \
+                _is_tsv_header(line, TASKS[task].fields):
             out.header = True
             continue
         out.lines += 1
@@ -257,7 +262,7 @@ def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto"):
             if isinstance(line, BadLine):
                 raise line
             if fmt == "tsv":
-                example = parse_tsv_line(line)
+                example = TASKS[task].tsv(line)
             elif fmt == "parquet":
                 if out.task is None:
                     out.task = infer_task(line) or DEFAULT_TASK
@@ -492,12 +497,12 @@ class JsonTask:
     parse: Callable       # JSON object -> example dict; raises BadLine
     map_labels: Callable  # (files, label_names, skip_invalid, tag_scheme) -> Labels
     check_file: Callable = lambda fd, skip_invalid, tag_scheme: None  # after reading one file
-    tsv: bool = False     # a TSV line text<TAB>label holds its examples
+    tsv: Callable = None  # the TSV line parser (columns = ``fields``), None: no TSV form
 
 
 TASKS = {
     "classification": JsonTask(("text", "label"), '{"text": "这本书很好", "label": "positive"}',
-                               _parse_classification, _map_class_labels, tsv=True),
+                               _parse_classification, _map_class_labels, tsv=parse_tsv_line),
     "tagging": JsonTask(("tokens", "tags"),
                         '{"tokens": ["江", "泽", "民"], "tags": ["B-PER", "I-PER", "I-PER"]}',
                         _parse_tagging, _map_tags,
@@ -506,3 +511,34 @@ TASKS = {
     "seq2seq": JsonTask(("source", "target"), '{"source": "中国", "target": "zhong1 guo2"}',
                         _parse_seq2seq, _no_labels),
 }
+
+map_class_labels = _map_class_labels  # for a task's format that holds one class label per line
+
+
+def register_format(name, fmt):
+    """Add a task's corpus line format (a task module registers its own at import: data knows
+    no task).  The same format again is a no-op; another one under a taken name an error."""
+    if TASKS.get(name, fmt) != fmt:
+        raise ValueError(f"corpus format {name!r} is registered already")
+    TASKS[name] = fmt
+
+
+def tsv_columns(line, names, label_column=True):
+    """One TSV line -> {name: column} with the columns ``names``; the last is a class label when
+    ``label_column`` (digits -> a class id).  Raises BadLine."""
+    if not line.strip():
+        raise BadLine("blank_line", f"blank line; remove it (every line must be "
+                                    f"{'<TAB>'.join(names)})")
+    cols = line.split("\t")
+    if len(cols) != len(names):
+        raise BadLine("column_count", f"expected {len(names)} tab-separated columns "
+                                      f"({'<TAB>'.join(names)}), found {len(cols)}; remove tabs "
+                                      f"inside the texts or use JSONL")
+    out = {}
+    for i, (name, col) in enumerate(zip(names, cols)):
+        if label_column and i == len(names) - 1:
+            col = col.strip()
+            out[name] = _check_label(int(col) if col.isdigit() else col)
+        else:
+            out[name] = _require_text(col, name)
+    return out

@@ -31,14 +31,18 @@ def stable_split(key, seed=0):
 
 
 def example_key(example):
-    """The text an example is split by: its text, its tokens joined, or its source."""
+    """The text an example is split by: its text, its tokens joined, or its source; for another
+    task's format (a text pair) all its string fields in key order, joined."""
     if "text" in example:
         return example["text"]
     if "tokens" in example:
         return " ".join(example["tokens"])
     if "source" in example:
         return example["source"]
-    raise ValueError(f"example has none of text/tokens/source: {sorted(example)}")
+    texts = [example[k] for k in sorted(example) if isinstance(example[k], str)]
+    if not texts:
+        raise ValueError(f"example has no text field: {sorted(example)}")
+    return "\x1f".join(texts)
 
 
 def split_method(seed):

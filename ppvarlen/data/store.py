@@ -3,19 +3,20 @@
 API (what the dataset builder, the Ray job and benchmarks use)::
 
     fields = [Field("input_ids", "int32", ragged=True, length=True),
-              Field("label", "int64"), Field("doc_id", "int64")]
+              Field("score", "int64"), Field("doc_id", "int64")]
     with StoreWriter(path, fields) as w:            # path appears only when complete
-        w.add_columns({"input_ids": [np.array([2, 7, 3])], "label": [1], "doc_id": [0]})
+        w.add_columns({"input_ids": [np.array([2, 7, 3])], "score": [1], "doc_id": [0]})
         w.set_extra("doc_lengths", np.array([3]))   # split-level arrays besides the fields
         w.set_meta({"stats": {...}})                # JSON, merged into manifest.json
     split = StoreSplit(path)                        # opens manifest + small arrays only
-    len(split); split.lengths; split[i] -> {"input_ids": array, "label": np.int64, ...}
+    len(split); split.lengths; split[i] -> {"input_ids": array, "score": np.int64, ...}
     split.row_lengths("input_ids"); split.extra("doc_lengths"); split.meta["stats"]
 
 A ``Field`` is declared by the task (``ppvarlen.tasks``), never by the store: ``ragged`` fields
 hold a variable-length row per item (token ids, per-token tags), the others one scalar per item;
 ``length=True`` ragged fields sum to the item's ``lengths`` entry (the samplers' input; seq2seq
-declares two, source and target).  A new task adds fields without changing this module.
+declares two, source and target).  ``pad``/``key``/``lengths``/``shift`` say how a batch holds
+the field (``data.collate`` reads them).  A new task adds fields without changing this module.
 
 Files of a split directory: ``manifest.json`` (format, fields, count, the builder's meta),
 ``<ragged>.bin`` (the rows concatenated, raw little-endian, read with ``np.memmap``) with
@@ -53,10 +54,20 @@ class Field:
     dtype: str
     ragged: bool = False  # a variable-length row per item (ids, tags) instead of one value
     length: bool = False  # its row lengths add up to the item's length (ragged only)
+    # how a batch holds it (data.collate): the collator reads these, it knows no field names
+    pad: object = "pad_id"  # ragged: the pad value, an int or "pad_id" (the tokenizer's)
+    key: str = ""           # the batch key (default: the name)
+    lengths: str = ""       # ragged: the batch key of its row lengths (e.g. "seq_len")
+    shift: bool = False     # ragged: teacher forcing, row -> <key>_in (pad) / <key>_out (-100)
 
     def __post_init__(self):
         if self.length and not self.ragged:
             raise ValueError(f"Field {self.name!r}: only a ragged field can count as length")
+        if (self.lengths or self.shift) and not self.ragged:
+            raise ValueError(f"Field {self.name!r}: lengths/shift apply to a ragged field only")
+        if not (self.pad == "pad_id" or isinstance(self.pad, int)):
+            raise ValueError(f"Field {self.name!r}: pad must be an int or 'pad_id', "
+                             f"got {self.pad!r}")
         np.dtype(self.dtype)  # an unknown dtype fails at declaration
 
 

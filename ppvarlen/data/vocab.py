@@ -434,14 +434,18 @@ def vocab_sha256(encoder):
     return hashlib.sha256("\n".join(encoder.tokens).encode("utf-8")).hexdigest()
 
 
-def split_items(examples):
-    """What a vocabulary counts per example: its text, or its token list (tagging).
+def split_items(examples, texts_of=None):
+    """What a vocabulary counts per example: its text, or its token list (tagging); a task
+    whose examples hold other texts passes ``texts_of(example)`` -> its texts / token lists.
     (seq2seq vocabularies: ``TextEncoder.build_seq2seq``.)"""
     for ex in examples:
-        yield ex["text"] if "text" in ex else ex["tokens"]
+        if texts_of is not None:
+            yield from texts_of(ex)
+        else:
+            yield ex["text"] if "text" in ex else ex["tokens"]
 
 
-def build_encoder(data_cfg, corpus, pairs=False, num_proc=1):
+def build_encoder(data_cfg, corpus, pairs=False, num_proc=1, texts_of=None):
     """The encoder ``Data`` asks for: loaded from ``Data.vocab_file`` (pretrained) or built
     from the train split (``encoder.stats``: counts behind it, train UNK rate); ``pairs``:
     one vocabulary over sources and targets (the task says so).  The UNK rate of every split
@@ -466,7 +470,7 @@ def build_encoder(data_cfg, corpus, pairs=False, num_proc=1):
                                         data_cfg.target_tokenizer)
     else:
         counts = count_tokens(corpus.splits["train"], data_cfg.tokenizer, data_cfg.lowercase,
-                              num_proc)
+                              num_proc, texts_of)
         enc = TextEncoder.build(counts, data_cfg.tokenizer, data_cfg.lowercase,
                                 data_cfg.min_freq, data_cfg.max_size)
     if data_cfg.tokenizer != "pretrained":
@@ -476,21 +480,21 @@ def build_encoder(data_cfg, corpus, pairs=False, num_proc=1):
 
 
 class _ChunkCounter:
-    def __init__(self, kind, lowercase):
-        self.kind, self.lowercase = kind, lowercase
+    def __init__(self, kind, lowercase, texts_of=None):
+        self.kind, self.lowercase, self.texts_of = kind, lowercase, texts_of
 
     def __call__(self, examples, start, end):
-        return TextEncoder._count(split_items(examples[i] for i in range(start, end)),
-                                  self.kind, self.lowercase)
+        return TextEncoder._count(split_items((examples[i] for i in range(start, end)),
+                                              self.texts_of), self.kind, self.lowercase)
 
 
-def count_tokens(examples, kind, lowercase, num_proc=1):
+def count_tokens(examples, kind, lowercase, num_proc=1, texts_of=None):
     """Token counts of the examples' texts (or token lists), counted in chunks on workers."""
     from .parallel import chunk_map
 
     if kind == "pretrained":
         raise ConfigError("Data.tokenizer: pretrained vocabularies are loaded, not counted")
     counts = Counter()
-    for part in chunk_map(_ChunkCounter(kind, lowercase), examples, num_proc, chunk_size=10000):
+    for part in chunk_map(_ChunkCounter(kind, lowercase, texts_of), examples, num_proc, chunk_size=10000):
         counts.update(part)
     return counts

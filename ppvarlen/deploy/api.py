@@ -9,7 +9,7 @@ model really gives to it.  The prediction object is the task's
 """
 from typing import Annotated, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
 from ..utils.inputs import NON_BLANK_PATTERN
 
@@ -58,17 +58,18 @@ class Metrics(BaseModel):
     settings: dict
 
 
-def request_model(limits, max_text_chars):
-    """The ``/predict`` body the server accepts, with the server's own bounds."""
+def request_model(limits, max_text_chars, task=None):
+    """The ``/predict`` body the server accepts, with the server's own bounds: a list under the
+    task's ``request_key`` of its ``request_item`` (default: ``texts``, one text each)."""
     Text = Annotated[str, StringConstraints(min_length=1, max_length=max_text_chars,
                                             pattern=NON_BLANK_PATTERN)]
-
-    class PredictRequest(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        texts: list[Text] = Field(min_length=1, max_length=limits.max_texts_per_request,
-                                  description="texts to predict; answers come back in this order")
-
-    return PredictRequest
+    key = task.request_key if task is not None else "texts"
+    item = task.request_item(Text) if task is not None else Text
+    return create_model(
+        "PredictRequest", __config__=ConfigDict(extra="forbid"),
+        **{key: (list[item], Field(min_length=1, max_length=limits.max_texts_per_request,
+                                   description=f"{key} to predict; answers come back in this "
+                                   f"order"))})
 
 
 def response_model(prediction):

@@ -1,7 +1,8 @@
-"""Run the exported graph: numpy ``input_ids`` [B, L] and ``seq_len`` [B] in, named arrays out.
+"""Run the exported graph: the manifest's declared inputs in, named arrays out.
 
 ``PaddleEngine`` (Paddle Inference) and ``OnnxEngine`` (onnxruntime) share one
-interface: ``run(input_ids, seq_len) -> {output_name: np.ndarray}`` and ``clone()``
+interface: ``run(*inputs) -> {output_name: np.ndarray}`` (inputs in the manifest's order, the
+task's ``input_specs``: ``input_ids`` [B, L], ``seq_len`` [B], ...) and ``clone()``
 (an engine for another worker thread; Paddle predictors are not thread-safe).
 Both are built from the export directory's manifest alone.  Seq2seq exports feed
 ``src_ids``/``src_len`` the same way: the Paddle program holds the whole greedy loop
@@ -45,9 +46,10 @@ def _output_names(manifest, backend=None):
 
 
 def input_names(manifest):
-    """(ids, lengths) input names: input_ids/seq_len, or src_ids/src_len (seq2seq)."""
+    """The export's declared input names, in order (the task's ``input_specs``); an export
+    written before manifests listed them has the token-row contract's two."""
     names = [i["name"] for i in manifest.get("inputs") or []]
-    return names if len(names) == 2 else ["input_ids", "seq_len"]
+    return names or ["input_ids", "seq_len"]
 
 
 def check_precision(manifest, backend, precision):
@@ -78,6 +80,8 @@ class PaddleEngine:
     def __init__(self, export_dir, manifest, device="cpu", precision="fp32", threads=1,
                  gpu_id=0, tensorrt=False, _predictor=None):
         self.output_names = _output_names(manifest, "paddle")
+        self.inputs = list(manifest.get("inputs") or [])
+        self.input_names = input_names(manifest)
         if _predictor is not None:
             self._predictor, self.settings = _predictor
             return
@@ -131,16 +135,15 @@ class PaddleEngine:
         self._predictor = pi.create_predictor(config)
 
     def clone(self):
-        return PaddleEngine(None, {"outputs": self.output_names},
+        return PaddleEngine(None, {"outputs": self.output_names, "inputs": self.inputs},
                             _predictor=(self._predictor.clone(), self.settings))
 
-    def run(self, input_ids, seq_len):
+    def run(self, *arrays):
+        """``arrays``: the manifest's declared inputs, in order (the task's ``input_specs``)."""
         p = self._predictor
-        names = p.get_input_names()
-        feeds = {"input_ids": input_ids, "seq_len": seq_len, "src_ids": input_ids,
-                 "src_len": seq_len}
-        for pos, name in enumerate(names):
-            arr = feeds.get(name, (input_ids, seq_len)[pos])
+        feeds = dict(zip(self.input_names, arrays))
+        for pos, name in enumerate(p.get_input_names()):
+            arr = feeds.get(name, arrays[pos])
             p.get_input_handle(name).copy_from_cpu(np.ascontiguousarray(arr))
         p.run()
         arrays = [p.get_output_handle(n).copy_to_cpu() for n in p.get_output_names()]
@@ -183,6 +186,8 @@ class OnnxEngine:
     def __init__(self, export_dir, manifest, device="cpu", precision="fp32", threads=1,
                  gpu_id=0, _session=None):
         self.output_names = _output_names(manifest)
+        self.inputs = list(manifest.get("inputs") or [])
+        self.input_names = input_names(manifest)
         if _session is not None:
             self._session, self.settings = _session
             return
@@ -197,14 +202,14 @@ class OnnxEngine:
 
     def clone(self):
         # InferenceSession.run is thread-safe; clones share the loaded graph and weights.
-        return OnnxEngine(None, {"outputs": self.output_names},
+        return OnnxEngine(None, {"outputs": self.output_names, "inputs": self.inputs},
                           _session=(self._session, self.settings))
 
-    def run(self, input_ids, seq_len):
-        inputs = self._session.get_inputs()
-        feeds = {"input_ids": input_ids, "seq_len": seq_len}
-        feed = {i.name: feeds.get(i.name, (input_ids, seq_len)[pos])
-                for pos, i in enumerate(inputs)}
+    def run(self, *arrays):
+        """``arrays``: the manifest's declared inputs, in order (the task's ``input_specs``)."""
+        feeds = dict(zip(self.input_names, arrays))
+        feed = {i.name: feeds.get(i.name, arrays[pos])
+                for pos, i in enumerate(self._session.get_inputs())}
         arrays = self._session.run(None, feed)
         return dict(zip(self.output_names or [str(i) for i in range(len(arrays))], arrays))
 

@@ -6,18 +6,11 @@ tokenises with the exported vocab, applies the manifest's long-text policy
 (truncate: flagged in the result; window: windows aggregated with the shared
 ``ppvarlen.data.longtext`` rules; error: the text is refused), sorts rows by
 length into token-budget batches (``ppvarlen.data.order``) and returns one
-result per text in input order:
-
-* classification ``{"label": "positive", "label_id": 1, "probs": {...}, "num_tokens": n,
-  "truncated": False}``
-* tagging ``{"entities": [{"type": "PER", "text": "江泽民", "start": 0, "end": 3}], "tags": [...],
-  "num_tokens": n, "truncated": False}`` (``start``/``end`` are character offsets in the text).
-* seq2seq ``{"output": "zhong guo", "output_ids": [...], "num_tokens": n, "truncated": False,
-  "pieces": 1}``: greedy output (ids without BOS/EOS) of the source, tokenised exactly as the
-  training data's sources (no special tokens); ``num_tokens`` counts source tokens.  With
-  ``split_long_sources`` a source longer than the export's ``max_len`` is cut into ``pieces``
-  after clause punctuation (``longtext.clause_spans``: how the g2p corpus packs clauses), each
-  decoded on its own, and the outputs joined in order; otherwise the manifest's policy applies.
+result per text in input order, shaped by the task's ``response`` (``ppvarlen.tasks``), whose
+pydantic model the task declares (``prediction_model``; docs/TASKS.md shows each task's).  With
+``split_long_sources`` (seq2seq) a source longer than the export's ``max_len`` is cut into
+pieces after clause punctuation (``longtext.clause_spans``), each decoded on its own, and the
+outputs joined in order; otherwise the manifest's policy applies.
 """
 import os
 
@@ -45,15 +38,18 @@ class EncodedText:
     offsets of every content token (tagging); ``num_tokens``: ids over all windows.
     """
 
-    __slots__ = ("text", "windows", "offsets", "spans", "truncated", "num_tokens")
+    __slots__ = ("text", "windows", "offsets", "spans", "truncated", "num_tokens", "extras")
 
-    def __init__(self, text, windows, offsets, spans, truncated):
+    def __init__(self, text, windows, offsets, spans, truncated, extras=None):
         self.text = text
         self.windows = windows
         self.offsets = offsets
         self.spans = spans
         self.truncated = truncated
         self.num_tokens = sum(len(w) for w in windows)
+        # per window: {declared input name: row aligned with the window's ids} (a task's inputs
+        # after ids and lengths, e.g. segment ids)
+        self.extras = extras
 
 
 def char_spans(text, tokens, lowercase=False):
@@ -78,6 +74,8 @@ def char_spans(text, tokens, lowercase=False):
 
 class Predictor:
     """Predictions for texts from an export directory; see the module docstring."""
+
+    encoded_text = EncodedText  # what a task's ``encode_request`` returns (tasks import no deploy)
 
     def __init__(self, export_dir, backend="paddle", device="cpu", precision="fp32", threads=1,
                  max_batch_tokens=8192, max_batch_size=64, tensorrt=False, verify=True,
@@ -251,7 +249,7 @@ class Predictor:
         items = []
         for i, t in enumerate(texts):
             try:
-                items.append(self.encode(t))
+                items.append(self.task.encode_request(self, t, None))
             except DataError as e:
                 raise DataError(f"text {i}: {e}") from None
         return self.predict_encoded(items)
@@ -260,7 +258,9 @@ class Predictor:
         rows = [(i, w) for i, it in enumerate(items) for w in range(len(it.windows))]
         lengths = [len(items[i].windows[w]) for i, w in rows]
         batches = length_sorted_batches(lengths, self.max_batch_tokens, self.max_batch_size)
-        per_batch = [self._run_rows([items[rows[r][0]].windows[rows[r][1]] for r in b])
+        per_batch = [self._run_rows([items[rows[r][0]].windows[rows[r][1]] for r in b],
+                                    [items[rows[r][0]].extras[rows[r][1]] for r in b]
+                                    if items[0].extras else None)
                      for b in batches]
         outputs = restore_order(batches, per_batch)  # one output per row, row order
         per_item = [[] for _ in items]
@@ -268,13 +268,24 @@ class Predictor:
             per_item[i].append(out)
         return [self.task.response(self, it, outs) for it, outs in zip(items, per_item)]
 
-    def _run_rows(self, id_lists):
-        """Pad, validate, run; per row: logits [C], tag ids [len] or generated ids (seq2seq)."""
+    def _run_rows(self, id_lists, extras=None):
+        """Pad, validate, run; per row: logits [C], tag ids [len] or generated ids (seq2seq).
+        ``extras``: per row {name: aligned row} of the task's further declared inputs, padded
+        with their declared pad value."""
         seq_len = np.array([len(x) for x in id_lists], dtype=np.int64)
-        input_ids = pad_sequences(id_lists, self.encoder.pad_id, int(seq_len.max()))
+        width = int(seq_len.max())
+        input_ids = pad_sequences(id_lists, self.encoder.pad_id, width)
         validate_batch(input_ids, seq_len, max_position=self.max_position,
                        vocab_size=self.encoder.vocab_size)
-        out = self.engine.run(input_ids, seq_len)
+        more = []
+        if len(self.task.input_specs) > 2:
+            pads = {f.name: f.pad for f in self.task.store_fields()}
+            for spec in self.task.input_specs[2:]:
+                name = spec["name"]
+                rows = [e[name] for e in extras] if extras else [[0] * n for n in seq_len]
+                pad = self.encoder.pad_id if pads.get(name, 0) == "pad_id" else pads.get(name, 0)
+                more.append(pad_sequences(rows, pad, width))
+        out = self.engine.run(input_ids, seq_len, *more)
         self.real_tokens += int(seq_len.sum())
         self.padded_tokens += int(input_ids.size)
         rows = self.task.engine_rows(self, out, seq_len)

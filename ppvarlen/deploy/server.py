@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from ppvarlen.data.errors import DataError
+from ppvarlen.tasks.base import Task
 from ppvarlen.utils.log import get_logger
 
 from . import api, oip
@@ -79,36 +80,37 @@ class ServerMetrics:
         return out
 
 
-def validate_payload(payload, limits):
-    """``{"texts": [str, ...]}`` within limits -> the list; ApiError naming the field otherwise."""
+def validate_payload(payload, limits, key="texts", check_item=None, item_words="strings"):
+    """``{key: [item, ...]}`` within limits -> the list; ApiError naming the field otherwise.
+    ``key`` and ``check_item(item, max_chars)`` -> (problem or None, over the character limit)
+    are the task's (``Task.request_key`` / ``Task.check_request_item``)."""
+    check_item = check_item or Task().check_request_item
     if not isinstance(payload, dict):
-        raise ApiError(422, f"body must be a JSON object like {{\"texts\": [\"...\"]}}, got "
+        raise ApiError(422, f"body must be a JSON object like {{\"{key}\": [...]}}, got "
                        f"{type(payload).__name__}", "body")
-    unknown = sorted(set(payload) - {"texts"})
+    unknown = sorted(set(payload) - {key})
     if unknown:
-        raise ApiError(422, f"unknown field(s) {unknown}; the body takes only \"texts\"",
+        raise ApiError(422, f"unknown field(s) {unknown}; the body takes only \"{key}\"",
                        unknown[0])
-    if "texts" not in payload:
-        raise ApiError(422, "field \"texts\" is required: a list of strings", "texts")
-    texts = payload["texts"]
+    if key not in payload:
+        raise ApiError(422, f"field \"{key}\" is required: a list of {item_words}", key)
+    texts = payload[key]
     if not isinstance(texts, list):
-        raise ApiError(422, f"\"texts\" must be a list of strings, got {type(texts).__name__}",
-                       "texts")
+        raise ApiError(422, f"\"{key}\" must be a list of {item_words}, got "
+                       f"{type(texts).__name__}", key)
     if not texts:
-        raise ApiError(422, "\"texts\" is empty; send at least one text", "texts")
+        raise ApiError(422, f"\"{key}\" is empty; send at least one", key)
     if len(texts) > limits.max_texts_per_request:
-        raise ApiError(422, f"{len(texts)} texts in one request; at most "
+        raise ApiError(422, f"{len(texts)} {key} in one request; at most "
                        f"{limits.max_texts_per_request} (Deploy.max_texts_per_request) — split "
-                       f"the request", "texts")
+                       f"the request", key)
     for i, t in enumerate(texts):
-        if not isinstance(t, str):
-            raise ApiError(422, f"texts[{i}] must be a string, got {type(t).__name__}",
-                           f"texts[{i}]")
-        if len(t) > limits.max_text_chars:
-            raise ApiError(422, f"texts[{i}] has {len(t)} characters; at most "
-                           f"{limits.max_text_chars} (Deploy.max_text_chars)", f"texts[{i}]",
-                           refused_texts=1)
+        problem, too_long = check_item(t, limits.max_text_chars)
+        if problem:
+            raise ApiError(422, f"{key}[{i}] {problem}", f"{key}[{i}]",
+                           refused_texts=int(too_long))
     return texts
+
 
 
 async def _read_body(request, limit):
@@ -229,7 +231,7 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
             items = []
             for i, t in enumerate(texts):
                 try:
-                    items.append(p.encode(t, long_text))
+                    items.append(p.task.encode_request(p, t, long_text))
                 except DataError as e:
                     raise ApiError(422, f"{where}[{i}]: {e}", f"{where}[{i}]",
                                    refused_texts=1) from None
@@ -275,8 +277,11 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
             payload = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ApiError(400, f"body is not valid JSON: {e}", "body") from None
-        texts = validate_payload(payload, limits)
-        model, results, truncated, split, answers = await run_texts(texts)
+        task = model_or_404().task
+        texts = validate_payload(payload, limits, task.request_key, task.check_request_item,
+                                 task.request_item_words)
+        model, results, truncated, split, answers = await run_texts(texts,
+                                                                    where=task.request_key)
         metrics.record(200, time.perf_counter() - start, len(texts), truncated, split,
                        answers)
         return JSONResponse({"predictions": results, "model_version": model.version},
@@ -346,6 +351,10 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ApiError(400, f"body is not valid JSON: {e}", "body") from None
         model = model_or_404(name, version)
+        if not model.task.oip_infer:
+            raise ApiError(422, f"model {model.name!r} ({model.task_name}) takes "
+                           f"{model.task.request_key} through POST /predict; the Open Inference "
+                           f"Protocol's text tensor carries single texts", "inputs")
         texts, request_id, params, wanted = oip.parse_infer(payload, binary, limits, model)
         model, results, truncated, split, answers = await run_texts(
             texts, name, version, params.get("long_text"), where="inputs[0].data")
@@ -389,7 +398,7 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
             p = model.predictor if model is not None else None
             if p is None:
                 return app.openapi_schema or {}
-            request = api.request_model(limits, _max_text_chars(p, limits))
+            request = api.request_model(limits, _max_text_chars(p, limits), p.task)
             prediction = p.task.prediction_model(p.label_names)
             doc = api.openapi_document(app, request, api.response_model(prediction),
                                        model.example)
@@ -397,6 +406,9 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
                         oip.model_metadata(model.name, registry.versions(model.name), model),
                         limits, _max_text_chars(p, limits), oip.long_text_choices(model),
                         repo is not None)
+            if not p.task.oip_infer:  # not offered for this task: not in its contract either
+                for path in [k for k in doc["paths"] if k.endswith("/infer")]:
+                    del doc["paths"][path]
             state["openapi"] = (key, doc)
         return state["openapi"][1]
 

@@ -71,7 +71,8 @@ def _timed_checkpoint_outputs(cfg, ckpt_dir, split, progress):
     model, meta, encoder, _ = load_for_inference(ckpt_dir)
     dataset = getattr(build_datasets(cfg.Data, task_hint=meta["task"], encoder=encoder,
                                      splits=(split,)), split)
-    collate = Collator(encoder.pad_id, cfg.Data.pad_to_multiple_of, cfg.Data.padding_side)
+    collate = Collator(encoder.pad_id, cfg.Data.pad_to_multiple_of, cfg.Data.padding_side,
+                       fields=dataset.store.fields)
     start = time.perf_counter()
     outputs = predict(model, dataset, meta["task"], collate, cfg.Data.eval_max_tokens,
                       cfg.Data.padding_side, decoding=decoding_of(cfg.Model),

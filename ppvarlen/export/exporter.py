@@ -123,10 +123,11 @@ class ForwardView:
     def write(model, meta, encoder, cfg, tmp, work, formats, precisions):
         """-> the manifest's backends."""
         name = meta.get("model_name", "model")
-        output_names = [o["name"] for o in get_task(meta["task"]).output_specs]
+        task = get_task(meta["task"])
+        output_names = [o["name"] for o in task.output_specs]
         paddle_prefix = ForwardView.paddle_prefix(tmp, work, formats)
         os.makedirs(os.path.dirname(paddle_prefix), exist_ok=True)
-        save_inference(model, paddle_prefix)
+        save_inference(model, paddle_prefix, task.input_specs)
         backends = {}
         if "paddle" in formats:
             backends["paddle"] = {
@@ -140,7 +141,7 @@ class ForwardView:
         crf = crf_matrix_of(model)  # CRF taggers only; None for the others
         if "onnx" in formats:
             backends["onnx"] = _export_onnx(model, name, tmp, work, paddle_prefix, output_names,
-                                            crf, cfg.Export.opset, "fp16" in precisions,
+                                            crf, cfg.Export.opset, task.input_specs, "fp16" in precisions,
                                             "int8" in precisions)
         return backends
 
@@ -154,8 +155,8 @@ class ForwardView:
         return report, parity.format_table(report["results"])
 
 
-def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset, fp16,
-                 int8=False):
+def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset, input_specs,
+                 fp16, int8=False):
     from .onnx_export import check_loads, export_onnx
 
     os.makedirs(os.path.join(tmp, "onnx"), exist_ok=True)
@@ -163,8 +164,8 @@ def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset
     src = paddle_prefix
     if crf is not None:
         # paddle2onnx has no viterbi_decode: export the emission network, decode in numpy.
-        src = os.path.join(work, "emissions", "model")
-        save_inference(model, src, emissions_only=True)
+        src = os.path.join(work, "first_output", "model")
+        save_inference(model, src, input_specs, emissions_only=True)
         np.save(os.path.join(tmp, "onnx", "crf_transitions.npy"), crf)
         entry.update(outputs=output_names[:1], decode="viterbi_numpy",
                      crf_transitions="onnx/crf_transitions.npy",

@@ -16,6 +16,9 @@ because it reuses the parity grid and gates (deploy code never imports export).
 """
 import time
 
+import numpy as np
+
+from ..tasks import get_task
 from ..utils.log import get_logger
 from . import parity
 
@@ -51,9 +54,12 @@ def gpu_status():
     return paddle_gpu or ort_gpu, "; ".join(reasons)
 
 
-def _engine_runner(engine):
-    def run(input_ids, seq_len):
-        return parity._named(list(engine.run(input_ids, seq_len).values()))
+def _engine_runner(engine, outputs):
+    names = [s["name"] for s in outputs]
+
+    def run(*inputs):
+        out = engine.run(*inputs)
+        return {n: out[n] for n in names if n in out}
     return run
 
 
@@ -62,10 +68,10 @@ def _timed(run, batches, repeats=3):
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        for ids, sl in batches:
-            run(ids, sl)
+        for inputs in batches:
+            run(*inputs)
         best = min(best, time.perf_counter() - start)
-    examples = sum(len(sl) for _, sl in batches)
+    examples = sum(len(b[1]) for b in batches)
     return {"examples_per_s": examples / best, "seconds": best}
 
 
@@ -75,12 +81,16 @@ def check_export(export_dir, manifest, test_batches=None, gpu_id=0):
 
     backends = manifest["backends"]
     ref_backend = "paddle" if "paddle" in backends else "onnx"
+    task = get_task(manifest["task"])
+    outputs = task.output_specs
     reference = _engine_runner(build_engine(export_dir, manifest, ref_backend, device="cpu",
-                                            precision="fp32"))
+                                            precision="fp32"), outputs)
+    rng = np.random.RandomState(0)
     tok = manifest["tokenizer"]
     grid = parity.grid_batches(int(manifest["max_len"]), manifest.get("buckets"),
                                int(tok["vocab_size"]), min(6, int(tok["vocab_size"]) - 1))
-    sources = {"grid": [(ids, sl) for _, _, ids, sl in grid]}
+    sources = {"grid": [(ids, sl, *task.synthetic_inputs(ids, sl, rng))
+                        for _, _, ids, sl in grid]}
     if test_batches:
         sources["test"] = list(test_batches)
     report = {"export_dir": export_dir, "reference": f"{ref_backend} cpu fp32",
@@ -90,8 +100,8 @@ def check_export(export_dir, manifest, test_batches=None, gpu_id=0):
         try:
             engine = build_engine(export_dir, manifest, backend, tensorrt=tensorrt, device="gpu",
                                   precision=precision, gpu_id=gpu_id)
-            run = _engine_runner(engine)
-            results = {part: parity.compare(reference, {name: run}, batches)
+            run = _engine_runner(engine, outputs)
+            results = {part: parity.compare(reference, {name: run}, batches, outputs)
                        for part, batches in sources.items()}
             failures = parity.check(results, {name: precision})
             entry.update(parity={p: r[name] for p, r in results.items()}, failures=failures,
@@ -138,7 +148,10 @@ def _test_batches(cfg, export_dir, manifest):
 
     tok = manifest["tokenizer"]
     encoder = TextEncoder.load(export_dir, tok.get("kind"))
-    items = [{"input_ids": e["input_ids"]} for e in
-             load_test_split(cfg, encoder, manifest["task"])]
-    _, batches = parity.split_batches(items, Collator(encoder.pad_id), cfg.Data.eval_max_tokens)
-    return [(b["input_ids"], b["seq_len"]) for b in batches]
+    task = get_task(manifest["task"])
+    fields = task.store_fields()
+    items = [{f.name: e[f.name] for f in fields}
+             for e in load_test_split(cfg, encoder, manifest["task"])]
+    _, batches = parity.split_batches(items, Collator(encoder.pad_id, fields=fields),
+                                      cfg.Data.eval_max_tokens)
+    return [tuple(b[s["name"]] for s in task.input_specs) for b in batches]

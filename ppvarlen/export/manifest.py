@@ -11,21 +11,21 @@ from ..utils.io import sha256_file
 FORMAT_VERSION = 1
 
 
-def shape_ranges(length_profile, max_len, max_batch_size, max_batch_tokens,
-                 names=("input_ids", "seq_len")):
+def shape_ranges(length_profile, max_len, max_batch_size, max_batch_tokens, inputs):
     """TensorRT min/opt/max per input, from the training data's length profile (PITFALLS 23).
 
     Lengths: min 1, opt the profile's p95 (most batches are at most that long),
     max ``max_len`` (longer texts are cut or windowed before the graph).
     Batch: min 1, max ``max_batch_size``, opt what the token budget allows at
-    the opt length.
+    the opt length.  ``inputs``: the task's declared input specs: a [B, L] input (2 dims) gets
+    batch x length, a [B] input batch.
     """
     profile = length_profile or {}
     opt_len = int(min(max_len, max(1, round(profile.get("p95") or profile.get("max") or max_len))))
     opt_batch = int(max(1, min(max_batch_size, max_batch_tokens // opt_len)))
-    ids, lengths = names
-    return {ids: {"min": [1, 1], "opt": [opt_batch, opt_len], "max": [max_batch_size, max_len]},
-            lengths: {"min": [1], "opt": [opt_batch], "max": [max_batch_size]}}
+    rows = {"min": [1, 1], "opt": [opt_batch, opt_len], "max": [max_batch_size, max_len]}
+    per_row = {"min": [1], "opt": [opt_batch], "max": [max_batch_size]}
+    return {s["name"]: dict(rows) if len(s["dims"]) == 2 else dict(per_row) for s in inputs}
 
 
 def file_hashes(export_dir):
@@ -85,7 +85,7 @@ def build_manifest(export_dir, meta, data_cfg, deploy_cfg, backends, precisions,
         "length_profile": meta.get("length_profile"),
         "shape_ranges": shape_ranges(meta.get("length_profile"), max_len,
                                      deploy_cfg.max_batch_size, deploy_cfg.max_batch_tokens,
-                                     [i["name"] for i in inputs]),
+                                     inputs),
         "backends": backends,
         "precisions": precisions,
         "files": file_hashes(export_dir),

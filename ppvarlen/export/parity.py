@@ -36,6 +36,7 @@ import numpy as np
 from ..data.collate import Collator
 from ..data.order import length_sorted_batches
 from ..deploy.engines import build_engine
+from ..tasks import get_task
 from ..utils.inputs import validate_batch
 from ..utils.search import greedy_search, length_limits, strip_eos
 from ..utils.viterbi import crf_decode
@@ -56,81 +57,92 @@ MISMATCHES_KEPT = 5     # examples of differing decoded outputs written to parit
 
 # ---------------------------------------------------------------- backends
 
-def dygraph_runner(model):
+# A runner: ``run(*inputs) -> {output name: array}``; inputs in the task's ``input_specs`` order
+# (the token-row contract: ids [B, L] first, their lengths [B] second, then the task's own).
+# Outputs are named by the task's ``output_specs``, never guessed from their shapes.
+
+def _names(specs):
+    return [s if isinstance(s, str) else s["name"] for s in specs]
+
+
+def dygraph_runner(model, outputs):
     """An eager ``paddle.nn.Layer`` (the model, or a loaded static program) as a runner."""
     import paddle
 
     model.eval()
 
-    def run(input_ids, seq_len):
+    def run(*inputs):
         with paddle.no_grad():
-            out = model(paddle.to_tensor(input_ids), paddle.to_tensor(seq_len))
-        return _named(out)
+            out = model(*(paddle.to_tensor(a) for a in inputs))
+        return _named(out, outputs)
     return run
 
 
-def static_runner(prefix):
+def static_runner(prefix, outputs):
     """The saved static program, run by ``paddle.jit.load`` (no inference passes)."""
     import paddle
 
-    return dygraph_runner(paddle.jit.load(prefix))
+    return dygraph_runner(paddle.jit.load(prefix), outputs)
 
 
-def paddle_inference_runner(model_dir, precision="fp32", onednn=True, threads=2):
+def paddle_inference_runner(model_dir, outputs, precision="fp32", onednn=True, threads=2):
     from paddle import inference
-
 
     predictor = inference.create_predictor(paddle_config(model_dir, precision, onednn, threads))
 
-    def run(input_ids, seq_len):
-        predictor.get_input_handle("input_ids").copy_from_cpu(input_ids)
-        predictor.get_input_handle("seq_len").copy_from_cpu(seq_len)
+    def run(*inputs):
+        for name, arr in zip(predictor.get_input_names(), inputs):
+            predictor.get_input_handle(name).copy_from_cpu(np.ascontiguousarray(arr))
         predictor.run()
         return _named([predictor.get_output_handle(n).copy_to_cpu()
-                       for n in predictor.get_output_names()])
+                       for n in predictor.get_output_names()], outputs)
     return run
 
 
-def onnx_runner(path, crf=None, threads=2):
-    """ONNX Runtime; with a ``crf`` matrix the tags come from the numpy Viterbi."""
+def onnx_runner(path, outputs, crf=None, threads=2):
+    """ONNX Runtime; with a ``crf`` matrix the last output (the tags) comes from the numpy
+    Viterbi over the first (the emissions)."""
     import onnxruntime as ort
-
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.log_severity_level = 3  # paddle2onnx graphs carry unused initializers
     session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"],
                                    disabled_optimizers=ORT_DISABLED_OPTIMIZERS)
+    names = _names(outputs)
 
-    def run(input_ids, seq_len):
-        out = _named(session.run(None, {"input_ids": input_ids, "seq_len": seq_len}))
+    def run(*inputs):
+        feed = {i.name: a for i, a in zip(session.get_inputs(), inputs)}
+        arrays = session.run(None, feed)
         if crf is not None:
-            out["tags"] = crf_decode(out["emissions"], crf, seq_len)
-        return out
+            arrays = arrays[:1] + [crf_decode(arrays[0], crf, inputs[1])]
+        return _named(arrays, names)
     return run
 
 
-def _named(out):
-    """Model outputs -> {"logits"} or {"emissions", "tags"} numpy arrays."""
+def _named(out, outputs):
+    """Model outputs -> {name: numpy array}, named in order by the task's ``output_specs``."""
     if not isinstance(out, (list, tuple)):
         out = [out]
-    arrays = [o.numpy() if hasattr(o, "numpy") else np.asarray(o) for o in out]
-    if len(arrays) == 1:
-        return {"logits" if arrays[0].ndim == 2 else "emissions": arrays[0]}
-    return {"emissions": arrays[0], "tags": arrays[1]}
+    names = _names(outputs)
+    # a graph may leave out trailing outputs (an emissions-only ONNX tagger: tags decoded aside)
+    if not 1 <= len(out) <= len(names):
+        raise ValueError(f"the graph gave {len(out)} outputs, the task declares {names}")
+    return {n: o.numpy() if hasattr(o, "numpy") else np.asarray(o) for n, o in zip(names, out)}
 
 
-def served_runner(export_dir, manifest, backend, precision, threads, crf=None):
+def served_runner(export_dir, manifest, backend, precision, threads, outputs, crf=None):
     """(runner, engine settings) of ``backend``/``precision`` as the predictor serves it: the
     serving engine factory over the export directory and its manifest.  ONNX taggers decode
     their tags from the emissions with the CRF matrix, as the predictor does."""
     engine = build_engine(export_dir, manifest, backend, precision=precision, threads=threads)
+    names = _names(outputs)
 
-    def run(input_ids, seq_len):
-        out = engine.run(input_ids, seq_len)
-        if crf is not None and "tags" not in out:
-            out = dict(out, tags=crf_decode(out["emissions"], crf, seq_len))
-        return _named([out[k] for k in ("logits", "emissions", "tags") if k in out])
+    def run(*inputs):
+        out = engine.run(*inputs)
+        if crf is not None and names[-1] not in out:
+            out = dict(out, **{names[-1]: crf_decode(out[names[0]], crf, inputs[1])})
+        return {n: out[n] for n in names}
     return run, engine.settings
 
 
@@ -229,9 +241,9 @@ def grid_batches(max_len, buckets, vocab_size, first_id, seed=0, batch_sizes=GRI
     return out
 
 
-def split_batches(examples, collate, max_tokens, max_batch_size=64):
+def split_batches(examples, collate, max_tokens, max_batch_size=64, length_field="input_ids"):
     """Test-split batches in length-sorted order; ``examples`` are encoded dataset items."""
-    lengths = np.array([len(e["input_ids"]) for e in examples], dtype=np.int64)
+    lengths = np.array([len(e[length_field]) for e in examples], dtype=np.int64)
     order = length_sorted_batches(lengths, max_tokens, max_batch_size)
     return order, [collate([examples[i] for i in idx]) for idx in order]
 
@@ -239,16 +251,22 @@ def split_batches(examples, collate, max_tokens, max_batch_size=64):
 # ---------------------------------------------------------------- comparison
 
 class _Stats:
-    def __init__(self):
+    """What is compared follows the output specs: the first float output is the scores
+    (``"per": "row"``: one score vector per row, e.g. logits; ``"per": "token"``: one per real
+    token, e.g. emissions), an integer output the labels decoded from them (tags)."""
+
+    def __init__(self, outputs):
         self.max_abs_diff, self.agree, self.total = 0.0, 0, 0
-        self.max_prob_diff = None  # classification: max |diff| of softmax
+        self.max_prob_diff = None  # per-row scores: max |diff| of softmax
+        self.scores = next(s for s in outputs if s["dtype"].startswith("float"))
+        self.labels = next((s["name"] for s in outputs if s["dtype"].startswith("int")), None)
 
     def add(self, ref, got, seq_len):
-        key = "logits" if "logits" in ref else "emissions"
+        key = self.scores["name"]
         a, b = ref[key], got[key]
         if a.shape != b.shape:
             raise ValueError(f"{key} shape {b.shape} != reference {a.shape}")
-        if key == "logits":
+        if self.scores.get("per", "row") == "row":
             self.max_abs_diff = max(self.max_abs_diff, float(np.abs(a - b).max()))
             prob_diff = float(np.abs(_softmax(a) - _softmax(b)).max())
             self.max_prob_diff = max(self.max_prob_diff or 0.0, prob_diff)
@@ -257,7 +275,7 @@ class _Stats:
             return
         real = np.arange(a.shape[1])[None, :] < seq_len[:, None]
         self.max_abs_diff = max(self.max_abs_diff, float(np.abs(a - b)[real].max()))
-        ref_tags, got_tags = ref.get("tags"), got.get("tags")
+        ref_tags, got_tags = ref.get(self.labels), got.get(self.labels)
         if ref_tags is None or got_tags is None:  # argmax taggers without in-graph decode
             ref_tags, got_tags = a.argmax(-1), b.argmax(-1)
         width = min(ref_tags.shape[1], got_tags.shape[1])
@@ -279,15 +297,16 @@ def _softmax(logits):
     return z / z.sum(-1, keepdims=True)
 
 
-def compare(reference, backends, batches, validate=None):
-    """{backend: stats} over ``batches`` [(input_ids, seq_len)], reference = the eager model."""
-    stats = {name: _Stats() for name in backends}
-    for input_ids, seq_len in batches:
+def compare(reference, backends, batches, outputs, validate=None):
+    """{backend: stats} over ``batches`` (tuples of the declared inputs: ids, lengths, ...),
+    reference = the eager model; ``outputs``: the task's output specs."""
+    stats = {name: _Stats(outputs) for name in backends}
+    for inputs in batches:
         if validate:
-            validate(input_ids, seq_len)
-        ref = reference(input_ids, seq_len)
+            validate(*inputs[:2])
+        ref = reference(*inputs)
         for name, run in backends.items():
-            stats[name].add(ref, run(input_ids, seq_len), seq_len)
+            stats[name].add(ref, run(*inputs), inputs[1])
     return {name: s.as_dict() for name, s in stats.items()}
 
 
@@ -319,11 +338,16 @@ def format_table(results):
     return "\n".join(lines)
 
 
-def run_parity(reference, backends, precisions_of, grid, test_batches=None, validate=None):
-    """Compare every backend with the reference; returns the parity.json dict."""
-    results = {"grid": compare(reference, backends, [(ids, sl) for _, _, ids, sl in grid], validate)}
+def run_parity(reference, backends, precisions_of, grid, outputs, test_batches=None,
+               validate=None, grid_inputs=None):
+    """Compare every backend with the reference; returns the parity.json dict.  ``grid_inputs``
+    (ids, lengths) -> the batch's full inputs (the task's ``synthetic_inputs`` added)."""
+    grid_inputs = grid_inputs or (lambda ids, sl: (ids, sl))
+    results = {"grid": compare(reference, backends,
+                               [grid_inputs(ids, sl) for _, _, ids, sl in grid], outputs,
+                               validate)}
     if test_batches is not None:
-        results["test"] = compare(reference, backends, test_batches, validate)
+        results["test"] = compare(reference, backends, test_batches, outputs, validate)
     failures = check(results, precisions_of)
     return {"results": results, "precision": precisions_of, "failures": failures,
             "passed": not failures,
@@ -447,10 +471,12 @@ def format_decoded_table(report):
 
 # ---------------------------------------------------------------- the checks of an export
 
-def parity_batches(meta, encoder, cfg, test_examples, field, max_position):
-    """(validate, shape grid, test batches [(ids, len)] or None) for an export's parity check.
+def parity_batches(meta, encoder, cfg, test_examples, field, max_position, task=None):
+    """(validate, shape grid, test batches or None) for an export's parity check.
 
-    ``field``: the items' input ids (``input_ids``; ``src_ids`` for seq2seq).
+    With a ``task``: test batches are the items collated by the task's field declarations, as
+    tuples of its declared inputs.  Without: (ids, lengths) of the items' ``field`` (``src_ids``
+    for seq2seq's decoded-ids check).
     """
     def validate(ids, sl):
         validate_batch(ids, sl, max_position=max_position, vocab_size=encoder.vocab_size,
@@ -462,10 +488,20 @@ def parity_batches(meta, encoder, cfg, test_examples, field, max_position):
     test_batches = None
     if test_examples is not None:
         limit = cfg.Export.parity_max_examples
-        items = [{"input_ids": list(e[field])} for e in
-                 (test_examples if limit is None else test_examples[:limit])]
-        _, batches = split_batches(items, Collator(encoder.pad_id), cfg.Data.eval_max_tokens)
-        test_batches = [(b["input_ids"], b["seq_len"]) for b in batches]
+        examples = test_examples if limit is None else test_examples[:limit]
+        if task is None:
+            items, collate = [{"input_ids": list(e[field])} for e in examples], \
+                Collator(encoder.pad_id)
+            names = ["input_ids", "seq_len"]
+        else:
+            fields = task.store_fields()
+            items = [{f.name: e[f.name] for f in fields if f.name in e} for e in examples]
+            collate = Collator(encoder.pad_id, fields=fields)
+            names = [s["name"] for s in task.input_specs]
+        _, batches = split_batches(items, collate, cfg.Data.eval_max_tokens,
+                                   length_field=next(f.name for f in collate.fields.values()
+                                                     if f.length))
+        test_batches = [tuple(b[n] for n in names) for b in batches]
     return validate, grid, test_batches
 
 
@@ -473,18 +509,22 @@ def verify_forward(model, meta, encoder, cfg, export_dir, manifest, paddle_prefi
                    precisions, crf=None, test_examples=None):
     """Parity of every exported backend/precision against the eager model -> parity.json dict
     (``engines``: the settings of each served engine checked)."""
-    backends, precision_of = {"static": static_runner(paddle_prefix)}, {"static": "fp32"}
+    task = get_task(meta["task"])
+    outputs = task.output_specs
+    backends = {"static": static_runner(paddle_prefix, outputs)}
+    precision_of = {"static": "fp32"}
     engines, threads = {}, int(cfg.Deploy.threads)
 
     def served(name, backend, precision, crf=None):
         backends[name], engines[name] = served_runner(export_dir, manifest, backend, precision,
-                                                      threads, crf)
+                                                      threads, outputs, crf)
         precision_of[name] = precision
 
     if "paddle" in formats:
         # diagnostic only: the graph under Paddle Inference without oneDNN
         backends["paddle_inference"] = paddle_inference_runner(os.path.dirname(paddle_prefix),
-                                                               onednn=False, threads=threads)
+                                                               outputs, onednn=False,
+                                                               threads=threads)
         precision_of["paddle_inference"] = "fp32"
         served("paddle_inference_onednn", "paddle", "fp32")
         if "bf16" in precisions:
@@ -494,14 +534,20 @@ def verify_forward(model, meta, encoder, cfg, export_dir, manifest, paddle_prefi
         for precision in ("fp16", "int8"):
             if precision in precisions:
                 served(f"onnx_{precision}", "onnx", precision, crf)
-    validate, grid, test_batches = parity_batches(meta, encoder, cfg, test_examples, "input_ids",
-                                                  meta.get("max_position"))
-    report = run_parity(dygraph_runner(model), backends, precision_of, grid, test_batches,
-                        validate)
+    validate, grid, test_batches = parity_batches(meta, encoder, cfg, test_examples, None,
+                                                  meta.get("max_position"), task)
+    rng = np.random.RandomState(0)
+
+    def grid_inputs(ids, sl):
+        return (ids, sl, *task.synthetic_inputs(ids, sl, rng))
+
+    report = run_parity(dygraph_runner(model, outputs), backends, precision_of, grid, outputs,
+                        test_batches, validate, grid_inputs)
     report["engines"] = engines
     # a short interleaved timing of every verified backend on the same batches (manifest
     # precision_measured: what --precision auto picks from)
-    report["speed"] = measure(backends, test_batches or [(ids, sl) for _, _, ids, sl in grid])
+    report["speed"] = measure(backends, test_batches or [grid_inputs(ids, sl)
+                                                         for _, _, ids, sl in grid])
     report["model_name"] = meta.get("model_name")
     return report
 

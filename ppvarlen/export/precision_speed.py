@@ -37,16 +37,16 @@ def _spread(batches, limit, max_tokens=MAX_TOKENS):
     if len(picked) > limit:
         step = len(picked) / limit
         picked = [picked[int(i * step)] for i in range(limit)]
-    while len(picked) > 1 and sum(int(sl.sum()) for _, sl in picked) > max_tokens:
+    while len(picked) > 1 and sum(int(b[1].sum()) for b in picked) > max_tokens:
         picked = picked[::2]
     return picked
 
 
 def one_pass(run, batches):
-    """Seconds ``run(ids, seq_len)`` takes over ``batches``."""
+    """Seconds ``run(*inputs)`` takes over ``batches`` (tuples: ids, lengths, the task's own)."""
     start = time.perf_counter()
-    for ids, lens in batches:
-        run(ids, lens)
+    for inputs in batches:
+        run(*inputs)
     return time.perf_counter() - start
 
 
@@ -56,8 +56,8 @@ def measure(runners, batches, rounds=ROUNDS, max_batches=MAX_BATCHES):
     batches = _spread(batches, max_batches)
     if not timed or not batches:
         return {}
-    examples = sum(len(sl) for _, sl in batches)
-    tokens = sum(int(sl.sum()) for _, sl in batches)
+    examples = sum(len(b[1]) for b in batches)
+    tokens = sum(int(b[1].sum()) for b in batches)
     for run in timed.values():  # warm-up: oneDNN primitive caches, allocator
         run(*batches[0])
     best = dict.fromkeys(timed, float("inf"))

@@ -5,12 +5,18 @@ import os
 import paddle
 from paddle.static import InputSpec
 
-INPUT_NAMES = ("input_ids", "seq_len")
+MAX_INPUTS = 6  # parameters of _ExportWrapper.forward
 
 
-def input_spec():
-    """None for batch and sequence dims, so to_static traces once for all shapes (PITFALLS 20)."""
-    return [InputSpec([None, None], "int64", "input_ids"), InputSpec([None], "int64", "seq_len")]
+def input_spec(specs):
+    """``InputSpec``s of a task's declared inputs (``Task.input_specs``: name, dtype, dims with
+    -1 for a free dim): None for batch and sequence dims, so to_static traces once for all
+    shapes (PITFALLS 20)."""
+    if not 2 <= len(specs) <= MAX_INPUTS:
+        raise ValueError(f"a forward export takes 2..{MAX_INPUTS} declared inputs, "
+                         f"got {[s['name'] for s in specs]}")
+    return [InputSpec([None if d < 0 else d for d in s["dims"]], s["dtype"], s["name"])
+            for s in specs]
 
 
 class _ExportWrapper(paddle.nn.Layer):
@@ -27,17 +33,20 @@ class _ExportWrapper(paddle.nn.Layer):
         self.model = model
         self.emissions_only = emissions_only
 
-    def forward(self, input_ids, seq_len):
-        out = self.model(input_ids, seq_len)
+    # named parameters, not *inputs: to_static maps an InputSpec to each named parameter; the
+    # ones a task does not declare stay None and are left out of the model's call
+    def forward(self, in0, in1, in2=None, in3=None, in4=None, in5=None):
+        inputs = [x for x in (in0, in1, in2, in3, in4, in5) if x is not None]
+        out = self.model(*inputs)
         return out[0] if self.emissions_only else out
 
 
-def to_static(model, emissions_only=False):
-    """Eval-mode static layer of ``model`` (``forward(self, input_ids, seq_len, labels=None)``)."""
+def to_static(model, specs, emissions_only=False):
+    """Eval-mode static layer of ``model`` over the task's declared inputs ``specs``."""
     model.eval()
     layer = _ExportWrapper(model, emissions_only)
     layer.eval()
-    return paddle.jit.to_static(layer, input_spec=input_spec(), full_graph=True)
+    return paddle.jit.to_static(layer, input_spec=input_spec(specs), full_graph=True)
 
 
 def traced_count(static_layer):
@@ -87,10 +96,10 @@ def save_program(layer, prefix, spec):
     return static_layer
 
 
-def save_inference(model, prefix, emissions_only=False):
-    """A classification / tagging model's inference program (``input_ids``, ``seq_len``)."""
+def save_inference(model, prefix, specs, emissions_only=False):
+    """A forward-view model's inference program over the task's declared inputs ``specs``."""
     model.eval()
-    save_program(_ExportWrapper(model, emissions_only), prefix, input_spec())
+    save_program(_ExportWrapper(model, emissions_only), prefix, input_spec(specs))
     return [prefix + ".json", prefix + ".pdiparams"]
 
 

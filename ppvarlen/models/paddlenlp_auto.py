@@ -124,14 +124,16 @@ class PaddleNLPModel(nn.Layer):
         embedding = net.get_input_embeddings()
         embedding.register_forward_post_hook(_zero_pad_embeddings(self.pad_token_id))
 
-    def logits(self, input_ids, seq_len):
+    def logits(self, input_ids, seq_len, token_type_ids=None):
         check_max_position(input_ids, self.max_position, key="Model.max_position")
         max_len = paddle.shape(input_ids)[1]
         real = sequence_mask(seq_len, max_len, dtype="int64")
         ids = input_ids * real + self.pad_token_id * (1 - real)
         # expand(shape), not expand_as: paddle2onnx 2.1.0 exports expand_as as an invalid Expand
         position_ids = paddle.arange(max_len, dtype="int64").unsqueeze(0).expand(paddle.shape(ids))
-        out = self.net(input_ids=ids, token_type_ids=paddle.zeros_like(ids),
+        # segment ids of a text pair (0 on pads), else all 0 (a single text)
+        segments = paddle.zeros_like(ids) if token_type_ids is None else token_type_ids * real
+        out = self.net(input_ids=ids, token_type_ids=segments,
                        position_ids=position_ids,
                        attention_mask=key_padding_mask(seq_len, max_len, dtype="float32"),
                        return_dict=False)
@@ -159,8 +161,8 @@ class PaddleNLPSequenceClassifier(PaddleNLPModel):
     auto_class = "AutoModelForSequenceClassification"
     architecture_suffix = "ForSequenceClassification"  # of config.json's architectures
 
-    def forward(self, input_ids, seq_len, labels=None):
-        logits = self.logits(input_ids, seq_len)
+    def forward(self, input_ids, seq_len, token_type_ids=None, labels=None):
+        logits = self.logits(input_ids, seq_len, token_type_ids)
         if labels is None:
             return logits
         return masked_cross_entropy(logits, labels), logits

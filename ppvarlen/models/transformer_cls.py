@@ -52,7 +52,8 @@ class TransformerClassifier(nn.Layer):
     def __init__(self, vocab_size, num_labels, hidden_size=128, num_layers=2, num_heads=4,
                  ffn_size=512, dropout=0.1, max_position=512, pooling="cls", ngram_buckets=0,
                  ngram_orders=(2, 3), ngram_dropout=0.0, wide_buckets=0, wide_orders=(1, 2, 3),
-                 wide_dropout=0.0, wide_scale=1.0, token_dropout=0.0, rdrop_alpha=0.0):
+                 wide_dropout=0.0, wide_scale=1.0, token_dropout=0.0, rdrop_alpha=0.0,
+                 type_vocab_size=0):
         super().__init__()
         if hidden_size % num_heads:
             raise ConfigError(f"Model.hidden_size={hidden_size} must be divisible by "
@@ -63,6 +64,9 @@ class TransformerClassifier(nn.Layer):
         self.max_position = max_position
         self.token_embedding = nn.Embedding(vocab_size, hidden_size)
         self.position_embedding = nn.Embedding(max_position, hidden_size)
+        # segment ids (a text pair's token_type_ids): only a model built with segments has them
+        self.segment_embedding = nn.Embedding(type_vocab_size, hidden_size) \
+            if type_vocab_size else None
         self.ngram_embedding = build_ngram_embedding(vocab_size, ngram_buckets, ngram_orders, hidden_size,
                                                      ngram_dropout)
         if not 0.0 <= token_dropout < 1.0:
@@ -81,7 +85,7 @@ class TransformerClassifier(nn.Layer):
         self.wide_head = build_wide_head(vocab_size, wide_buckets, wide_orders, num_labels, wide_dropout)
         self.wide_scale = wide_scale
 
-    def encode(self, input_ids, seq_len):
+    def encode(self, input_ids, seq_len, token_type_ids=None):
         """Encoder states [B, L, H] (pad rows are computed but meaningless) and the [B, L] float mask."""
         check_max_position(input_ids, self.max_position)
         max_len = paddle.shape(input_ids)[1]
@@ -90,6 +94,11 @@ class TransformerClassifier(nn.Layer):
         # Training only: drop whole characters (all dims of a position), not single features.
         x = F.dropout(x, self.token_dropout, axis=[0, 1], training=self.training)
         x = x + self.position_embedding(positions)
+        if token_type_ids is not None:
+            if self.segment_embedding is None:
+                raise ConfigError("token_type_ids given but transformer_cls was built without "
+                                  "segments; set Model.type_vocab_size: 2")
+            x = x + self.segment_embedding(token_type_ids)
         mask = sequence_mask(seq_len, max_len, dtype=x.dtype)
         x = x * mask.unsqueeze(-1)  # see module doc
         if self.ngram_embedding is not None:
@@ -98,8 +107,8 @@ class TransformerClassifier(nn.Layer):
         h = self.encoder(x, src_mask=key_padding_mask(seq_len, max_len, dtype=x.dtype))
         return h, mask
 
-    def _logits(self, input_ids, seq_len):
-        h, mask = self.encode(input_ids, seq_len)
+    def _logits(self, input_ids, seq_len, token_type_ids=None):
+        h, mask = self.encode(input_ids, seq_len, token_type_ids)
         logits = self.classifier(self.head_dropout(pool_states(h, seq_len, self.pooling))).astype("float32")
         if self.wide_head is not None:
             # The scale acts as a learning-rate multiplier for the wide table under Adam: each
@@ -107,15 +116,15 @@ class TransformerClassifier(nn.Layer):
             logits = logits + self.wide_scale * self.wide_head(input_ids, mask)
         return logits
 
-    def forward(self, input_ids, seq_len, labels=None):
-        logits = self._logits(input_ids, seq_len)
+    def forward(self, input_ids, seq_len, token_type_ids=None, labels=None):
+        logits = self._logits(input_ids, seq_len, token_type_ids)
         if labels is None:
             return logits
         loss = masked_cross_entropy(logits, labels)
         if self.rdrop_alpha > 0 and self.training:
             # R-Drop: a second pass with other dropout masks; both fit the labels and are pulled
             # together by a symmetric KL term (a consistency regulariser against overfitting).
-            other = self._logits(input_ids, seq_len)
+            other = self._logits(input_ids, seq_len, token_type_ids)
             loss = (loss + masked_cross_entropy(other, labels)) / 2 + self.rdrop_alpha * symmetric_kl(logits, other)
         return loss, logits
 
@@ -135,4 +144,5 @@ def build(cfg, vocab_size, num_labels, pad_id, init_weights=True):
         ngram_buckets=cfg["ngram_buckets"], ngram_orders=cfg["ngram_orders"],
         ngram_dropout=cfg["ngram_dropout"], wide_buckets=cfg["wide_buckets"],
         wide_orders=cfg["wide_orders"], wide_dropout=cfg["wide_dropout"], wide_scale=cfg["wide_scale"],
-        token_dropout=cfg["token_dropout"], rdrop_alpha=cfg["rdrop_alpha"])
+        token_dropout=cfg["token_dropout"], rdrop_alpha=cfg["rdrop_alpha"],
+        type_vocab_size=cfg["type_vocab_size"])

@@ -9,8 +9,10 @@ from .classification import ClassificationTask
 from .masked_lm import MaskedLMTask
 from .seq2seq import Seq2SeqTask
 from .tagging import TaggingTask
+from .text_pair import TextPairTask
 
-TASKS = {t.name: t for t in (ClassificationTask, TaggingTask, Seq2SeqTask, MaskedLMTask)}
+TASKS = {t.name: t for t in (ClassificationTask, TaggingTask, Seq2SeqTask, MaskedLMTask,
+                              TextPairTask)}
 
 
 def get_task(task):

@@ -46,6 +46,8 @@ class Task:
         return f"<task {self.name}>"
 
     # ------------------------------------------------------------ data
+    example_texts = None  # example -> its texts for the vocabulary; None: its text / tokens
+
     def corpus_tasks(self):
         return self.reads or (self.name,)
 
@@ -65,7 +67,8 @@ class Task:
 
     def store_fields(self):
         """The fields of this task's items, as the store keeps them (``data.store.Field``)."""
-        return [Field("input_ids", "int32", ragged=True, length=True), Field("doc_id", "int64")]
+        return [Field("input_ids", "int32", ragged=True, length=True, lengths="seq_len"),
+                Field("doc_id", "int64")]
 
     def encode_example(self, ctx, ex, doc_id, where):
         """One corpus example -> (items, record) for the store builder (``data.dataset``).
@@ -125,16 +128,23 @@ class Task:
         """Settings the model applies itself (e.g. seq2seq's smoothed loss)."""
 
     def model_inputs(self, batch):
+        """The model's inputs of a batch: its declared ``input_specs``, in order (what the
+        export feeds the program too)."""
         import paddle
 
-        return paddle.to_tensor(batch["input_ids"]), paddle.to_tensor(batch["seq_len"])
+        return tuple(paddle.to_tensor(batch[s["name"]]) for s in self.input_specs)
 
     def loss(self, model, batch, label_smoothing=0.0):
         """Mean float32 loss of one batch (pads ignored by the models' losses)."""
         import paddle
 
-        loss, _ = model(*self.model_inputs(batch), paddle.to_tensor(batch["labels"]))
+        loss, _ = model(*self.model_inputs(batch), labels=paddle.to_tensor(batch["labels"]))
         return loss.astype("float32")
+
+    def synthetic_inputs(self, input_ids, seq_len, rng):
+        """The inputs after ids and lengths (``input_specs[2:]``) of a random-id batch (export
+        parity's shape grid); a task that declares more inputs makes plausible ones here."""
+        return ()
 
     def batch_size(self, batch):
         return len(batch["seq_len"])
@@ -195,7 +205,26 @@ class Task:
         """Config overrides naming the corpus whose test texts the load test sends."""
         return ["Data.corpus=sentiment"]
 
-    examples = []  # request texts of the /docs example (deploy/api.py)
+    examples = []  # request items of the /docs example (deploy/api.py)
+    request_key = "texts"  # the /predict body's list: {"texts": [...]}
+    request_item_words = "strings"  # what the list holds, in an error message
+    oip_infer = True  # its request items are single texts: OIP v2's BYTES "text" tensor holds them
+
+    def request_item(self, text_type):
+        """The pydantic type of one request item, given the server's bounded text type."""
+        return text_type
+
+    def check_request_item(self, item, max_chars):
+        """(problem or None, whether it is over the character limit) of one request item."""
+        if not isinstance(item, str):
+            return f"must be a string, got {type(item).__name__}", False
+        if len(item) > max_chars:
+            return f"has {len(item)} characters; at most {max_chars} (Deploy.max_text_chars)", True
+        return None, False
+
+    def encode_request(self, predictor, item, long_text):
+        """One request item -> the predictor's ``EncodedText`` (DataError when unusable)."""
+        return predictor.encode(item, long_text)
 
     def prediction_model(self, label_names):
         """The pydantic model of one ``response`` (the HTTP API's prediction object)."""

@@ -18,13 +18,13 @@ class ClassificationTask(Task):
     main_metric = "accuracy"
     default_special_tokens = True
     example_weighting = True
-    output_specs = [{"name": "logits", "dtype": "float32", "dims": [-1, -1]}]
+    output_specs = [{"name": "logits", "dtype": "float32", "dims": [-1, -1], "per": "row"}]
 
     def window_item(self, ex, labels, start, end, specials, doc_id):
         return {"label": int(ex["label"]), "doc_id": doc_id}
 
     def store_fields(self):
-        return super().store_fields() + [Field("label", "int64")]
+        return super().store_fields() + [Field("label", "int64", key="labels")]
 
     def loss(self, model, batch, label_smoothing=0.0):
         if not label_smoothing:

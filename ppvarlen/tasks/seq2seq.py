@@ -38,8 +38,10 @@ class Seq2SeqTask(Task):
                               "target has no alignment to source windows); use truncate or error")
 
     def store_fields(self):
-        return [Field("src_ids", "int32", ragged=True, length=True),
-                Field("tgt_ids", "int32", ragged=True, length=True), Field("doc_id", "int64")]
+        return [Field("src_ids", "int32", ragged=True, length=True, lengths="src_len"),
+                Field("tgt_ids", "int32", ragged=True, length=True, key="tgt", lengths="tgt_len",
+                      shift=True),
+                Field("doc_id", "int64")]
 
     def encode_example(self, ctx, ex, doc_id, where):
         """A source/target pair -> one ``{src_ids, tgt_ids (BOS .. EOS), doc_id}`` item."""

@@ -39,7 +39,7 @@ class TaggingTask(Task):
     name = "tagging"
     main_metric = "f1"
     token_spans = True  # the response gives entities as character offsets
-    output_specs = [{"name": "emissions", "dtype": "float32", "dims": [-1, -1, -1]},
+    output_specs = [{"name": "emissions", "dtype": "float32", "dims": [-1, -1, -1], "per": "token"},
                     {"name": "tags", "dtype": "int64", "dims": [-1, -1]}]
 
     def example_ids(self, encoder, ex, where, tag_ids):
@@ -60,7 +60,8 @@ class TaggingTask(Task):
         return {"labels": window, "doc_id": doc_id, "offset": start}
 
     def store_fields(self):
-        return super().store_fields() + [Field("labels", "int32", ragged=True),
+        return super().store_fields() + [Field("labels", "int32", ragged=True,
+                                                                pad=IGNORE_INDEX),
                                          Field("offset", "int64")]
 
     def check_train_config(self, cfg):
