@@ -8,6 +8,7 @@ import pytest
 
 from ppvarlen.data.collate import IGNORE_INDEX, Collator, pad_sequences
 from ppvarlen.data.errors import DataError
+from ppvarlen.tasks import get_task
 
 
 def test_pad_sequences_defaults_to_the_right_and_names_the_long_item():
@@ -27,30 +28,38 @@ def test_target_length_of_one_token_and_an_exact_bucket():
     assert Collator(0, bucket_boundaries=[4, 8]).target_length(9) == 9  # longer than all
 
 
+SEQ2SEQ = get_task("seq2seq").store_fields()
+CLASSIFICATION = get_task("classification").store_fields()
+TAGGING = get_task("tagging").store_fields()
+
+
 def test_messages_name_the_problem():
     with pytest.raises(ValueError, match=r"^Collator got an empty batch$"):
         Collator(0)([])
-    with pytest.raises(DataError, match=r"known: \['attention_mask', 'doc_id', 'input_ids', "
-                                        r"'label', 'labels', 'offset', 'token_type_ids'\]"):
+    with pytest.raises(DataError, match=r"^Collator: unexpected fields \['extra'\], missing \[\] "
+                                        r"\(the task declares \['doc_id', 'input_ids'\]\)$"):
         Collator(0)([{"input_ids": [1], "extra": 1}])
-    with pytest.raises(DataError, match=r"^Collator: 'labels' must be a per-token list "
-                                        r"\(tagging\); use 'label' for one class per example$"):
-        Collator(0)([{"input_ids": [1, 2], "labels": 1}])
-    with pytest.raises(DataError, match=r"^batch item 0 \(doc_id \?\): labels has 1 entries"):
-        Collator(0)([{"input_ids": [1, 2], "labels": [1]}])
+    with pytest.raises(DataError, match=r"^batch item 1 has fields \['input_ids'\] but item 0 "
+                                        r"has \['doc_id', 'input_ids'\]"):
+        Collator(0)([{"input_ids": [1], "doc_id": 0}, {"input_ids": [1]}])
+    with pytest.raises(DataError, match=r"^Collator: field 'label' holds one number per item "
+                                        r"\(declared scalar\), got \[1, 0\]$"):
+        Collator(0, fields=CLASSIFICATION)([{"input_ids": [1, 2], "label": [1, 0]}])
+    with pytest.raises(DataError, match=r"^batch item 0 \(doc_id \?\): labels has 1 entries but "
+                                        r"input_ids has 2"):
+        Collator(0, fields=TAGGING)([{"input_ids": [1, 2], "labels": [1]}])
     with pytest.raises(DataError, match=r"^batch item 1 \(doc_id 9\): tgt_ids must hold at "
                                         r"least BOS and EOS, got \[4\]$"):
-        Collator(0)([{"src_ids": [1], "tgt_ids": [4, 5], "doc_id": 8},
-                     {"src_ids": [1], "tgt_ids": [4], "doc_id": 9}])
-    with pytest.raises(DataError, match=r"^batch item 0 \(doc_id \?\): tgt_ids must hold at "
-                                        r"least BOS and EOS, got None$"):
-        Collator(0)([{"src_ids": [1]}])
+        Collator(0, fields=SEQ2SEQ)([{"src_ids": [1], "tgt_ids": [4, 5], "doc_id": 8},
+                                     {"src_ids": [1], "tgt_ids": [4], "doc_id": 9}])
+    with pytest.raises(ValueError, match=r"declare no length field"):
+        Collator(0, fields=[f for f in SEQ2SEQ if not f.length])
 
 
 def test_seq2seq_shortest_target_left_padding_and_doc_ids():
     items = [{"src_ids": [7, 8, 9], "tgt_ids": [4, 5], "doc_id": 3},  # BOS EOS: 1 step
              {"src_ids": [7], "tgt_ids": [4, 6, 6, 5], "doc_id": 1}]
-    batch = Collator(0, padding_side="left")(items)
+    batch = Collator(0, padding_side="left", fields=SEQ2SEQ)(items)
     assert sorted(batch) == ["doc_id", "src_ids", "src_len", "tgt_in", "tgt_len", "tgt_out"]
     np.testing.assert_array_equal(batch["src_ids"], [[7, 8, 9], [0, 0, 7]])
     np.testing.assert_array_equal(batch["tgt_in"], [[0, 0, 4], [4, 6, 6]])
@@ -59,13 +68,16 @@ def test_seq2seq_shortest_target_left_padding_and_doc_ids():
         assert batch[key].dtype == np.int64, key
     assert batch["src_len"].tolist() == [3, 1] and batch["tgt_len"].tolist() == [1, 3]
     assert batch["doc_id"].tolist() == [3, 1]
-    assert "doc_id" not in Collator(0)([{"src_ids": [1], "tgt_ids": [4, 5]}])
+    # a declared non-length field may be absent from a whole batch
+    assert "doc_id" not in Collator(0, fields=SEQ2SEQ)([{"src_ids": [1], "tgt_ids": [4, 5]}])
 
 
 def test_classification_and_tagging_fields_are_int64():
-    batch = Collator(0)([{"input_ids": [5, 6], "label": 1, "doc_id": 4},
-                         {"input_ids": [5], "label": 0, "doc_id": 2}])
+    batch = Collator(0, fields=CLASSIFICATION)([{"input_ids": [5, 6], "label": 1, "doc_id": 4},
+                                                {"input_ids": [5], "label": 0, "doc_id": 2}])
     for key in ("input_ids", "seq_len", "labels", "doc_id"):
         assert batch[key].dtype == np.int64, key
-    tag = Collator(0)([{"input_ids": [5, 6], "labels": [1, 2], "offset": 3}])
+    assert batch["labels"].tolist() == [1, 0] and batch["seq_len"].tolist() == [2, 1]
+    tag = Collator(0, fields=TAGGING)([{"input_ids": [5, 6], "labels": [1, 2], "offset": 3}])
     assert tag["labels"].dtype == np.int64 and tag["offset"].tolist() == [3]
+    np.testing.assert_array_equal(tag["labels"], [[1, 2]])
