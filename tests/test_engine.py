@@ -74,7 +74,8 @@ def test_output_layout(full_run):
 
     model, _, encoder, cfg = load_for_inference(os.path.join(out, "best"))
     test = build_datasets(cfg.Data, encoder=encoder).test
-    logits = predict(model, test, "classification", Collator(encoder.pad_id), max_tokens=4096)
+    logits = predict(model, test, "classification", Collator(encoder.pad_id, fields=test.store.fields),
+                     max_tokens=4096)
     gold = [test[i]["label"] for i in range(len(test))]
     assert metrics["test"]["accuracy"] == pytest.approx(
         accuracy_score(gold, np.stack(logits).argmax(-1)))

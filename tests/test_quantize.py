@@ -127,7 +127,7 @@ def test_low_int8_agreement_fails_the_gate():
 def test_int8_predictions_spread_over_both_classes(int8_export):
     """The gate above is only informative if the int8 graph's answers vary: both classes occur."""
     out, _, _ = int8_export
-    run = parity.onnx_runner(str(out / "onnx" / "model_int8.onnx"))
+    run = parity.onnx_runner(str(out / "onnx" / "model_int8.onnx"), ["logits"])
     labels = [run(np.array([x["input_ids"]], np.int64),
                   np.array([len(x["input_ids"])], np.int64))["logits"].argmax(-1)
               for x in TEST_ITEMS]
