@@ -7,8 +7,9 @@ Error policy (``_run``): the typed errors a user can fix -- ``ConfigError``, ``D
 and ``UnservableExportError`` (an export directory that cannot be served) -- print one
 paragraph on stderr and exit 2; ``ExportFailedError`` (an export that could not be produced
 or failed its parity check; the old export is kept) exits 1.  Anything else is a bug and keeps
-its traceback.  Paddle is imported inside the commands, so ``--help`` and config errors are
-instant.
+its traceback.  Each command imports its own module (the trainer, the exporter, the server,
+...) when it runs, the one kind of import inside a function here: ``--help`` and config errors
+stay instant and paddle-free.
 
 Process-wide settings (``command_settings``: the known-harmless import warnings silenced,
 Hugging Face probes offline, MKL's AVX2 kernels on AMD) are made here, when a command starts
@@ -21,15 +22,22 @@ import json
 import logging
 import os
 import sys
+import textwrap
 import warnings
+
+import yaml
 
 from . import _mkl, _quiet
 from .config import ConfigError, add_config_args, load_config, parse_override
+from .config_schema import MODEL_KEYS, SCHEMA, iter_keys
 from .data.errors import DataError
-from .deploy.infer import WINDOW
+from .deploy.infer import WINDOW, run_file
 from .deploy.manifest import UnservableExportError
+from .deploy.predictor import Predictor
 from .export.errors import ExportFailedError
-from .utils.log import get_logger
+from .tasks import get_task
+from .utils.io import atomic_write_json
+from .utils.log import get_logger, setup_logging
 
 # (typed error, exit code, what the message starts with); the first match wins
 ERROR_POLICY = (
@@ -277,7 +285,6 @@ def _export(args):
         raise ConfigError("--task and --verify-file go with --pretrained-dir")
     cfg = load_config(args.config, args.override)
     from .export.exporter import check_request, export_checkpoint, export_pretrained_dir
-    from .utils.log import setup_logging
 
     setup_logging()
     # a bad request fails before the checkpoint is even looked at
@@ -323,9 +330,6 @@ def main_lengths(argv=None):
 def _lengths(args):
     cfg = load_config(args.config, args.override)
     from .data.report import analyze_lengths, format_report
-    from .tasks import get_task
-    from .utils.io import atomic_write_json
-    from .utils.log import setup_logging
 
     setup_logging(cfg.Global.log_level)
     # pool 0 (the whole split) is always in the report, as "fairseq"
@@ -381,9 +385,6 @@ def main_infer(argv=None):
 
 
 def _infer(args):
-    from .deploy.infer import run_file
-    from .deploy.predictor import Predictor
-
     predictor = Predictor(args.model_dir, args.backend, device=args.device,
                           precision=args.precision, threads=args.threads,
                           max_batch_tokens=args.max_batch_tokens,
@@ -425,8 +426,6 @@ def main_serve(argv=None):
 
 
 def _serve(args):
-    from .utils.log import setup_logging
-
     setup_logging()
     cfg = _deploy_overrides(args.override, "serve")
     from .deploy.server import serve
@@ -459,7 +458,6 @@ def main_check_gpu(argv=None):
 
 def _check_gpu(args):
     from .export.gpu_check import NoGpu, run
-    from .utils.log import setup_logging
 
     setup_logging()
     cfg = load_config(args.config, args.override) if args.config else None
@@ -499,7 +497,6 @@ def main_bench(argv=None):
 
 def _bench(args):
     from .deploy.bench import run_benchmark
-    from .utils.log import setup_logging
 
     setup_logging()
     _deploy_overrides(args.override, "bench")  # unknown key / bad value: fail here, not in the server
@@ -531,8 +528,6 @@ def main_config(argv=None):
 
 
 def _config_show(args):
-    from .config_schema import MODEL_KEYS, SCHEMA, iter_keys
-
     section = args.section or ("Model" if args.model else None)
     if section is not None and section not in SCHEMA:
         raise ConfigError(f"section {section!r} is not one of {list(SCHEMA)}")
@@ -550,10 +545,6 @@ def _config_show(args):
 
 def format_keys(keys, model=None):
     """The text table of ``ppvarlen-config show``: one block per key, meaning wrapped."""
-    import textwrap
-
-    import yaml
-
     lines = []
     for section in dict.fromkeys(k.section for k in keys):
         title = f"{section} keys" + (f" read by Model.name: {model}" if model else "")

@@ -21,6 +21,7 @@ import yaml
 
 from .config_field import Field
 from .config_schema import MODEL_KEYS, SCHEMA
+from .utils.io import atomic_write_text
 
 
 class ConfigError(ValueError):
@@ -336,8 +337,6 @@ def _absolute_paths(data, schema=SCHEMA):
 
 def save_config(cfg, path):
     """Write a resolved config: every key, path keys made absolute."""
-    from .utils.io import atomic_write_text
-
     data = _absolute_paths(cfg.to_dict() if isinstance(cfg, Config) else cfg)
     atomic_write_text(path, yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
 

@@ -23,6 +23,10 @@ import yaml
 
 from . import cli
 from .config_schema import MODEL_KEYS, SCHEMA, iter_keys
+from .deploy.repository import ServedModel
+from .deploy.server import create_app, model_name_of
+from .tasks import get_task
+from .utils.io import atomic_write_text
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE_DIR = os.path.join(REPO, "docs", "reference")
@@ -164,8 +168,6 @@ def _documentation_predictor():
     """The attributes of a Predictor that the OpenAPI document reads: a sentiment
     classification export with the default limits (the document of a real export differs
     only in its labels, its prediction object and its length limit)."""
-    from .tasks import get_task
-
     return types.SimpleNamespace(task=get_task("classification"),
                                  label_names=["negative", "positive"], long_text="truncate",
                                  split_long_sources=False, add_special_tokens=True,
@@ -176,9 +178,6 @@ def _documentation_predictor():
 def openapi_document():
     """The served OpenAPI document of the stand-in export, registered as version 1 of its
     model (as the app's startup does) without starting a batcher."""
-    from .deploy.repository import ServedModel
-    from .deploy.server import create_app, model_name_of
-
     predictor = _documentation_predictor()
     app = create_app(predictor)
     app.state.registry.add(ServedModel(model_name_of(predictor), "1", predictor))
@@ -257,8 +256,6 @@ def http_api_page():
         out += _schema_table(name, schema)
     out.append("## The prediction object of each task\n")
     out.append("`predictions` holds one of these per text, by the export's task.\n")
-    from .tasks import get_task
-
     labels = {"classification": ["negative", "positive"], "tagging": ["O", "B-PER", "I-PER"],
               "seq2seq": []}
     for task, names in labels.items():
@@ -318,8 +315,6 @@ def main(argv=None):
             print(f"docs/reference/{name} differs from the code: run python tools/gen_docs.py",
                   file=sys.stderr)
         return 1 if stale else 0
-    from .utils.io import atomic_write_text
-
     os.makedirs(REFERENCE_DIR, exist_ok=True)
     for name, text in generate().items():
         atomic_write_text(os.path.join(REFERENCE_DIR, name), text)

@@ -351,3 +351,107 @@ def test_task_field_check_catches_a_planted_name(tmp_path):
     planted.write_text(f'batch[{name!r}] = pad(rows)\nother = "not_a_field"\n')
     hits = field_literal_hits(names, [str(planted.parent)])
     assert [k[1] for k in hits] == [name]
+
+
+# ------------------------------------------------------------ imports at the top
+# Imports go at the top of their module.  An import inside a function is allowed only at a
+# documented boundary: (module path glob, imported module(s), why it must stay lazy).  An entry
+# that no import uses any more fails the test too (delete it then), so the list only shrinks.
+PADDLE_FREE = "the serving path (deploy, tasks, data) imports without paddle"
+LAZY_IMPORTS = [
+    ("ppvarlen/cli.py", ("ppvarlen.engine", "ppvarlen.export.exporter",
+                         "ppvarlen.export.gpu_check", "ppvarlen.data.report",
+                         "ppvarlen.deploy.server", "ppvarlen.deploy.bench"),
+     "one import of the command's module when it runs: --help and config errors stay instant "
+     "and paddle-free (tests/test_cli.py)"),
+    ("ppvarlen/deploy/*", ("paddle",), PADDLE_FREE + "; Paddle Inference loads when it runs"),
+    ("ppvarlen/tasks/*", ("paddle",), PADDLE_FREE + "; only training/eval calls need paddle"),
+    ("ppvarlen/tasks/__init__.py", ("ppvarlen.data.dataset",),
+     PADDLE_FREE + "; building a store imports paddle"),
+    ("ppvarlen/models/__init__.py", ("ppvarlen.models.weights",),
+     "`import ppvarlen.models` (the registry) stays paddle-free: config checks need no paddle"),
+    ("ppvarlen/*", ("paddlenlp",), "PaddleNLP's import takes seconds and imports paddle: only "
+     "where a PaddleNLP model or tokenizer is used"),
+    ("ppvarlen/*", ("onnxruntime", "paddle2onnx", "onnxconverter_common"),
+     "ONNX libraries: loaded when an ONNX file is written, converted or run, not by a "
+     "Paddle-only export or server (paddle2onnx also imports paddle)"),
+    ("ppvarlen/*", ("ray",), "optional extra ppvarlen[ray]"),
+    ("ppvarlen/*", ("pyarrow",), "optional: Parquet input only (not a ppvarlen dependency)"),
+    ("ppvarlen/engine/logbook.py", ("visualdl",), "optional: Train.visualdl only"),
+    ("ppvarlen/*", ("matplotlib",), "about a second to import, for an optional PNG only"),
+    # files another branch rewrites this session: their imports move up after that merge
+    ("ppvarlen/data/dataset.py", ("*",), "pending: h-big rewrites this module (store build)"),
+    ("ppvarlen/deploy/server.py", ("*",), "pending: h-serve2 rewrites serve()/create_app"),
+]
+
+
+def function_imports(paths):
+    """[(relative path, line, function, absolute imported module)] of every import statement
+    inside a function body (nested functions and methods included)."""
+    import ast
+
+    found = []
+    for path in paths:
+        rel = os.path.relpath(path, REPO)
+        module = rel[:-3].replace(os.sep, ".")
+        package = module.rsplit(".", 1)[0]  # __init__.py: the package itself
+
+        def visit(node, function):
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                    visit(child, getattr(child, "name", "<lambda>"))
+                elif isinstance(child, (ast.Import, ast.ImportFrom)) and function:
+                    if isinstance(child, ast.Import):
+                        names = [a.name for a in child.names]
+                    elif child.level:  # relative: resolve against the module's package
+                        parts = package.split(".")
+                        base = ".".join(parts[:len(parts) - child.level + 1])
+                        names = ([f"{base}.{child.module}"] if child.module else
+                                 [f"{base}.{a.name}" for a in child.names])
+                    else:
+                        names = [child.module]
+                    found.extend((rel, child.lineno, function, n) for n in names)
+                else:
+                    visit(child, function)
+
+        visit(ast.parse(open(path, encoding="utf-8").read()), None)
+    return found
+
+
+def lazy_import_reason(rel, imported, allowed=LAZY_IMPORTS):
+    """The allowlist entry (index) that lets ``rel`` import ``imported`` in a function, or None."""
+    import fnmatch
+
+    for i, (where, modules, _) in enumerate(allowed):
+        if fnmatch.fnmatch(rel, where) and any(
+                m == "*" or imported == m or imported.startswith(m + ".") for m in modules):
+            return i
+    return None
+
+
+def test_imports_are_at_the_top_except_at_documented_boundaries():
+    hits = function_imports(code_files(["ppvarlen"]))
+    used = {lazy_import_reason(rel, imported) for rel, _, _, imported in hits}
+    bad = [f"{rel}:{line}: `{imported}` imported inside {function}()"
+           for rel, line, function, imported in hits if lazy_import_reason(rel, imported) is None]
+    assert not bad, (
+        "imports inside functions:\n" + "\n".join(bad) + "\nMove each to the top of its module. "
+        "If one must stay lazy (the paddle-free serving path, an optional extra, a command "
+        "module of cli.py), add an entry (module glob, imported module, reason) to LAZY_IMPORTS "
+        "in tests/test_hygiene.py, with the reason in one line.")
+    unused = [entry[:2] for i, entry in enumerate(LAZY_IMPORTS) if i not in used]
+    assert not unused, f"no function imports these any more; delete from LAZY_IMPORTS: {unused}"
+
+
+def test_function_import_scan_finds_the_forms_it_names(tmp_path):
+    planted = tmp_path / "mod.py"
+    planted.write_text("import os\n\n\ndef f():\n    import json\n    from . import sib\n\n\n"
+                       "class C:\n    import re\n\n    def m(self):\n        from ..up import x\n"
+                       "        return lambda: __import__('ast')\n")
+    found = [(line, fn, mod) for _, line, fn, mod in function_imports([str(planted)])]
+    package = os.path.relpath(str(tmp_path), REPO).replace(os.sep, ".")
+    assert found == [(5, "f", "json"), (6, "f", package + ".sib"),
+                     (13, "m", package.rsplit(".", 1)[0] + ".up")]
+    assert lazy_import_reason("ppvarlen/tasks/base.py", "paddle.nn") is not None
+    assert lazy_import_reason("ppvarlen/engine/trainer.py", "paddle") is None
+    assert lazy_import_reason("ppvarlen/engine/trainer.py", "rayon") is None

@@ -9,8 +9,11 @@ strategies reuse the real samplers, so the numbers are what training gets.
 """
 import numpy as np
 
+from .dataset import build_datasets
+from .errors import DataError
 from .lengths import (length_stats, optimal_boundaries, padded_tokens_bucketed, plot_lengths,
                       quantile_boundaries)
+from .samplers import BucketBatchSampler, TokenBudgetBatchSampler
 
 
 def _summary(lengths, batches, pad_lengths):
@@ -41,8 +44,6 @@ def strategy_batches(lengths, max_len, batch_size=32, max_tokens=4096, num_bucke
     Padded length per batch: max_len for pad_to_max_len, the bucket boundary for
     the bucket strategies, the batch's longest example otherwise.
     """
-    from .samplers import BucketBatchSampler, TokenBudgetBatchSampler
-
     lengths = np.asarray(lengths, dtype=np.int64)
     rng = np.random.default_rng(seed)
     longest = lambda batches: [int(lengths[b].max()) for b in batches]  # noqa: E731
@@ -92,14 +93,10 @@ def analyze_lengths(cfg, resolve_task, split="train", png=None, batch_size=32,
                     pool_sizes=(50, 100, 200)):
     """Build (or read from the store cache) the data ``cfg`` describes and report ``split``'s
     lengths and strategies; ``resolve_task``: task name -> Task (``ppvarlen.tasks.get_task``)."""
-    from .dataset import build_datasets
-
     d = cfg.Data
     bundle = build_datasets(d, resolve_task, splits=(split,))
     ds = getattr(bundle, split)
     if len(ds) == 0:
-        from .errors import DataError
-
         raise DataError(f"split {split!r} of corpus {d.corpus!r} is empty; pick another --split")
     max_tokens = d.max_tokens or 4096  # null (bucket with fixed batch_size): compare at 4096
     strategies, bounds = compare_strategies(ds.lengths, d.max_len, batch_size, max_tokens,

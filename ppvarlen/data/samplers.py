@@ -26,7 +26,7 @@ from paddle.io import BatchSampler
 from ..config import ConfigError
 from ..utils.log import get_logger
 from .errors import DataError
-from .lengths import bucket_index
+from .lengths import bucket_index, optimal_boundaries, quantile_boundaries
 from .order import budget_cuts
 
 log = get_logger("data.samplers")
@@ -421,8 +421,6 @@ def build_batch_sampler(dataset, data_cfg, shuffle, num_replicas=1, rank=0, seed
     Eval (``shuffle=False``) always uses the deterministic length-sorted order
     for token_budget, bucket order for the others.
     """
-    from .lengths import optimal_boundaries, quantile_boundaries
-
     lengths = np.asarray(dataset.lengths)  # any integer dtype, memory-mapped too: not copied
     if not np.issubdtype(lengths.dtype, np.integer):
         lengths = lengths.astype(np.int64)

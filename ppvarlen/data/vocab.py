@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 import unicodedata
 from collections import Counter
 
@@ -32,6 +33,7 @@ from ..config import ConfigError
 from ..utils.io import atomic_write_json, atomic_write_text
 from ..utils.log import get_logger
 from .errors import DataError
+from .parallel import chunk_map
 
 logger = get_logger("data.vocab")
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[BOS]", "[EOS]")
@@ -306,8 +308,6 @@ class TextEncoder:
         """An AutoTokenizer's files (not vocab.txt: ``save`` writes it) -> names written."""
         if not self.auto_tokenizer:
             return []
-        import tempfile
-
         written = []
         with tempfile.TemporaryDirectory() as tmp:
             self._tok.save_pretrained(tmp)
@@ -490,8 +490,6 @@ class _ChunkCounter:
 
 def count_tokens(examples, kind, lowercase, num_proc=1, texts_of=None):
     """Token counts of the examples' texts (or token lists), counted in chunks on workers."""
-    from .parallel import chunk_map
-
     if kind == "pretrained":
         raise ConfigError("Data.tokenizer: pretrained vocabularies are loaded, not counted")
     counts = Counter()

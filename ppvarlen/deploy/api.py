@@ -9,6 +9,7 @@ model really gives to it.  The prediction object is the task's
 """
 from typing import Annotated, Optional
 
+from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
 from ..utils.inputs import NON_BLANK_PATTERN
@@ -109,8 +110,6 @@ def openapi_document(app, request, response, example=None):
 
     ``example``: ``{"request": body, "response": body}`` shown in /docs, or None.
     """
-    from fastapi.openapi.utils import get_openapi
-
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
                       description=app.description)
     components = doc.setdefault("components", {}).setdefault("schemas", {})

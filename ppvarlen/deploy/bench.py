@@ -16,8 +16,13 @@ import subprocess
 import sys
 import time
 
+import httpx
 import numpy as np
 
+from .manifest import load_manifest
+from ppvarlen.config import load_config
+from ppvarlen.data.corpora import load_corpus
+from ppvarlen.tasks import get_task
 from ppvarlen.utils.io import atomic_write_json
 from ppvarlen.utils.log import get_logger
 
@@ -31,12 +36,6 @@ SETTINGS = {  # name -> Deploy overrides
 
 def split_texts(export_dir):
     """Texts of the real test split for the export's task (real length distribution)."""
-    from ppvarlen.config import load_config
-    from ppvarlen.data.corpora import load_corpus
-    from ppvarlen.tasks import get_task
-
-    from .manifest import load_manifest
-
     manifest = load_manifest(export_dir, verify=False)
     task = get_task(manifest["task"])
     corpus = load_corpus(load_config(overrides=task.bench_overrides(manifest)).Data)
@@ -51,8 +50,6 @@ def free_port():
 
 def start_server(export_dir, backend, deploy_overrides, port, startup_timeout=120):
     """serve.py in a child process; returns (process, url) once /health answers."""
-    import httpx
-
     cmd = [sys.executable, os.path.join(REPO, "deploy", "python", "serve.py"), "--model-dir",
            export_dir, "--backend", backend, "--port", str(port)]
     for k, v in deploy_overrides.items():
@@ -170,8 +167,6 @@ def run_benchmark(export_dir, out_dir, backend="paddle", concurrency=16, max_req
 
     ``common_overrides``: Deploy keys applied to every setting (e.g. ``{"threads": 1}``).
     """
-    import httpx
-
     texts = texts if texts is not None else split_texts(export_dir)
     settings = settings or SETTINGS
     results = {"export_dir": os.path.abspath(export_dir), "backend": backend,

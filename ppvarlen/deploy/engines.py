@@ -16,12 +16,15 @@ through it, so the settings checked at export are the settings served.  Every en
 them in ``settings`` (parity.json keeps the checked ones; tests compare the two).
 """
 import os
+import tempfile
 
 import numpy as np
 
+from . import gpu
 from ppvarlen.config import ConfigError
 
 from .manifest import UnservableExportError, require_listed
+from ppvarlen.utils.search import greedy_search, length_limits
 
 STEP_INPUTS = ("tokens", "src_len", "self_k", "self_v", "cross_k", "cross_v")
 ONEDNN_CACHE_CAPACITY = 64  # input shapes whose oneDNN kernels stay cached per predictor
@@ -92,13 +95,9 @@ class PaddleEngine:
         model = require_listed(export_dir, manifest, entry.get("model", "paddle/model.json"))
         params = require_listed(export_dir, manifest, entry.get("params", "paddle/model.pdiparams"))
         if device == "gpu":  # bf16 -> Bfloat16; TensorRT via paddle.tensorrt
-            from . import gpu
-
             gpu.require_cuda_paddle()
             prec = gpu.gpu_precision_type(precision)
             if tensorrt:  # PIR programs take TensorRT only through paddle.tensorrt.convert
-                import tempfile
-
                 self._trt_dir = tempfile.TemporaryDirectory(prefix="ppvarlen-trt-")
                 prefix = gpu.convert_tensorrt(model, manifest, input_names(manifest), precision,
                                               self._trt_dir.name)
@@ -255,8 +254,6 @@ class OnnxGreedyEngine:
         return self._run(self._step, STEP_INPUTS, arrays)
 
     def run(self, src_ids, src_len):
-        from ppvarlen.utils.search import greedy_search, length_limits
-
         d = self.decoding
         limits = length_limits(src_len, d["max_len_a"], d["max_len_b"], d.get("max_position"))
         ids = greedy_search(self._encode, self._decode_step, src_ids, src_len, d["bos_id"],

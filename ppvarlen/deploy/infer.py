@@ -27,6 +27,8 @@ import os
 import sys
 import time
 
+from tqdm import tqdm
+
 from ppvarlen.data.errors import DataError
 from ppvarlen.utils.io import atomic_text_writer
 
@@ -187,8 +189,6 @@ def run_file(predictor, input_path, output_path=None, progress=True, window=WIND
     truncated, windowed, seconds, model_seconds, texts/s, tokens/s, padding efficiency,
     warnings.
     """
-    from tqdm import tqdm
-
     check_input(input_path)
     real0, padded0 = predictor.real_tokens, predictor.padded_tokens
     out0, steps0 = predictor.real_target_tokens, predictor.padded_target_tokens

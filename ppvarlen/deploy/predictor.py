@@ -13,6 +13,7 @@ pieces after clause punctuation (``longtext.clause_spans``), each decoded on its
 outputs joined in order; otherwise the manifest's policy applies.
 """
 import os
+import time
 
 import numpy as np
 
@@ -180,8 +181,6 @@ class Predictor:
         whatever the batch size, so a row can cost next to nothing: the bound is
         then a whole batch (``max_batch_tokens``), i.e. merge whatever fits.
         """
-        import time
-
         runs, cap, noisy = repeats, 4 * self.max_len, self.max_len
         if self.task.generates:
             n = (self.manifest.get("length_profile") or {}).get("p50") or self.max_len

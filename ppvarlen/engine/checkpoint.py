@@ -10,12 +10,17 @@ import json
 import os
 import random
 import re
+import shutil
 
 import numpy as np
 import paddle
 from safetensors.numpy import load_file, save_file
 
 from ..config import ConfigError, load_config, save_config
+from ..data.vocab import TextEncoder
+from ..models import build_model
+from ..models.weights import load_weights, save_weights
+from ..tasks import get_task
 from ..utils.io import atomic_dir, atomic_write_json
 
 CKPT_RE = re.compile(r"^ckpt-(\d+)$")
@@ -92,8 +97,6 @@ def load_optimizer_arrays(optimizer, model, arrays, source):
 
 def save_checkpoint(path, model, optimizer, scheduler, encoder, cfg, meta, trainer_state):
     """Write one complete checkpoint directory atomically (old one kept until the new is whole)."""
-    from ..models.weights import save_weights
-
     with atomic_dir(path) as tmp:
         save_weights(model, os.path.join(tmp, "model.safetensors"))
         save_file(optimizer_arrays(optimizer, model), os.path.join(tmp, "optimizer.safetensors"))
@@ -125,8 +128,6 @@ def point_last(output_dir, ckpt_path):
 
 
 def rotate(output_dir, keep_last):
-    import shutil
-
     ckpts = list_checkpoints(output_dir)
     for _, path in ckpts[:max(0, len(ckpts) - max(1, keep_last))]:
         shutil.rmtree(path, ignore_errors=True)
@@ -150,8 +151,6 @@ def resolve_resume(resume, output_dir):
 
 def load_training_state(ckpt_dir, model, optimizer, scheduler):
     """Restore weights, optimizer, scheduler and RNG; return trainer_state (step, epoch, ...)."""
-    from ..models.weights import load_weights
-
     load_weights(model, os.path.join(ckpt_dir, "model.safetensors"))
     opt_file = os.path.join(ckpt_dir, "optimizer.safetensors")
     load_optimizer_arrays(optimizer, model, load_file(opt_file), opt_file)
@@ -166,11 +165,6 @@ def load_training_state(ckpt_dir, model, optimizer, scheduler):
 
 def load_for_inference(ckpt_dir):
     """-> (model in eval mode, meta dict, encoder, cfg) from a checkpoint directory."""
-    from ..data.vocab import TextEncoder
-    from ..models import build_model
-    from ..models.weights import load_weights
-    from ..tasks import get_task
-
     meta_file = os.path.join(ckpt_dir, "meta.json")
     if not os.path.isfile(meta_file):
         raise ConfigError(f"{ckpt_dir}: not a checkpoint directory (no meta.json); pass e.g. "

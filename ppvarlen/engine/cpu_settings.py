@@ -26,6 +26,8 @@ import ctypes.util
 import os
 import platform
 
+from paddle.base import core
+
 from ..config import ConfigError
 
 # glibc's mallopt parameters (malloc.h) and the values set; glibc accepts at most 32 MB
@@ -90,8 +92,6 @@ def configure(train_cfg, world_size, device):
     threads, how = _thread_choice(train_cfg.cpu_threads, world_size, op_pool)  # refused anywhere
     if device != "cpu":
         return [f"CPU settings: device {device}: math threads and heap left as Paddle sets them"]
-    from paddle.base import core
-
     core.set_num_threads(threads)
     lines = [f"CPU math threads: {threads} ({how})"]
     if train_cfg.keep_freed_memory:

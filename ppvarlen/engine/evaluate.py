@@ -9,9 +9,11 @@ import time
 import paddle
 from tqdm import tqdm
 
+from ..data.collate import Collator
 from ..data.loader import FixedBatches, BatchLoader
 from ..data.order import length_sorted_batches, restore_order
-from ..tasks import get_task
+from ..tasks import build_datasets, get_task
+from .checkpoint import load_for_inference
 from .distributed import all_gather_objects
 
 
@@ -64,10 +66,6 @@ def checkpoint_outputs(cfg, ckpt_dir, split="test", progress=False):
 
 
 def _timed_checkpoint_outputs(cfg, ckpt_dir, split, progress):
-    from ..data.collate import Collator
-    from ..tasks import build_datasets
-    from .checkpoint import load_for_inference
-
     model, meta, encoder, _ = load_for_inference(ckpt_dir)
     dataset = getattr(build_datasets(cfg.Data, task_hint=meta["task"], encoder=encoder,
                                      splits=(split,)), split)

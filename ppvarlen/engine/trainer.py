@@ -12,9 +12,16 @@ import time
 
 import numpy as np
 import paddle
+from tqdm import tqdm
 
 from .. import _mkl
 from ..config import ConfigError, save_config
+from ..data.lengths import length_stats, optimal_boundaries, quantile_boundaries
+from ..data.loader import build_loader
+from ..data.vocab import vocab_sha256
+from ..models import build_model
+from ..models.weights import load_weights, read_metadata
+from ..tasks import build_datasets, get_task
 from ..utils.io import atomic_write_json
 from ..utils.log import get_logger, setup_logging
 from . import checkpoint as ckpt
@@ -23,6 +30,7 @@ from .distributed import all_reduce_sum, barrier, init_distributed, wrap_model
 from .evaluate import decoding_of, evaluate
 from .logbook import Logbook
 from .optim import build_optimizer
+from .static_step import compile_loss
 
 log = get_logger("engine")
 
@@ -79,9 +87,6 @@ def _restore_handlers(previous):
 
 def _check_init_vocabulary(path, encoder):
     """A warm start needs the same token -> id order, not just the same vocabulary size."""
-    from ..data.vocab import vocab_sha256
-    from ..models.weights import read_metadata
-
     saved = read_metadata(path).get("vocab_sha256")
     if saved is not None and saved != vocab_sha256(encoder):
         raise ConfigError(f"Model.init_from: {path} was pretrained with a different vocabulary "
@@ -91,10 +96,6 @@ def _check_init_vocabulary(path, encoder):
 
 class Trainer:
     def __init__(self, cfg):
-        from ..tasks import build_datasets
-        from ..models import build_model
-        from ..tasks import get_task
-
         self.started = time.time()
         self.mkl = _mkl.apply()  # before this process's first MKL call (PITFALLS 38)
         self.cfg = cfg
@@ -165,8 +166,6 @@ class Trainer:
 
     def _batching(self, dataset):
         """The train loader (``data.loader``: Data.num_workers processes read the store)."""
-        from ..data.loader import build_loader
-
         loader = build_loader(dataset, self.cfg.Data, "train", num_replicas=self.world,
                               rank=self.rank, seed=self.cfg.Global.seed)
         return loader, loader.sampler, loader.collate
@@ -187,8 +186,6 @@ class Trainer:
                  state["epoch"], state["batch_in_epoch"])
 
     def meta(self, metrics=None):
-        from ..data.lengths import length_stats
-
         d, enc = self.cfg.Data, self.data.encoder
         if not hasattr(self, "_length_profile"):  # fixed for the run: compute once
             train = self.data.train
@@ -206,8 +203,6 @@ class Trainer:
         }
 
     def _buckets(self):
-        from ..data.lengths import optimal_boundaries, quantile_boundaries
-
         d = self.cfg.Data
         if getattr(self.sampler, "boundaries", None) is not None:
             return [int(b) for b in self.sampler.boundaries]
@@ -264,8 +259,6 @@ class Trainer:
         return paddle.amp.auto_cast(True, level=self.amp["level"], dtype=self.amp["dtype"])
 
     def _compile_static_loss(self):  # Train.to_static: fails at start if the model cannot
-        from .static_step import compile_loss
-
         probe = self.collate([self.data.train[i] for i in range(min(2, len(self.data.train)))])
         return compile_loss(self.model, self._batch_loss, probe, self.cfg.Model.name,
                             self._autocast if self.amp else None, self.cfg.Train.static_executor)
@@ -374,8 +367,6 @@ class Trainer:
     def _progress_bar(self):
         if not (self.main and self.cfg.Train.progress_bar):
             return None
-        from tqdm import tqdm
-
         return tqdm(total=self.total_steps, initial=self.state["step"], desc="train",
                     dynamic_ncols=True, leave=False)
 
@@ -414,8 +405,6 @@ class Trainer:
         self.save(metrics={"dev": _scalars(dev)}, best=improved)
 
     def _finish(self, metric):
-        from ..models.weights import load_weights
-
         st = self.state
         best_dir = os.path.join(self.out, "best")
         barrier(self.world)

@@ -13,6 +13,8 @@ batch, because a malformed graph can abort onnxruntime too (a C++ assertion).
 import json
 import sys
 
+import numpy as np
+
 # Standalone script: imports nothing from ppvarlen (the child may not have it on sys.path).
 
 FAILED_EXIT = 4
@@ -45,7 +47,6 @@ def program_ops(model_json):
 
 def smoke_run(onnx_path, disabled_optimizers):
     """Load the graph in onnxruntime and run one mixed-length batch (aborts stay in this child)."""
-    import numpy as np
     import onnxruntime as ort
 
     opts = ort.SessionOptions()

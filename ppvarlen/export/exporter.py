@@ -9,15 +9,23 @@ import tempfile
 
 import numpy as np
 
-from ..config import ConfigError
-from ..tasks import get_task
+from ..config import ConfigError, load_config
+from ..data.lengths import length_stats
+from ..data.vocab import TextEncoder
+from ..engine.checkpoint import load_for_inference
+from ..models import build_model
+from ..models.paddlenlp_auto import label_names_of, model_name_for, read_config
+from ..models.seq2seq import DecoderStepProgram, EncoderProgram, GreedyProgram
+from ..tasks import build_datasets, get_task
 from ..utils.io import atomic_dir, atomic_write_json, sha256_file
 from ..utils.log import get_logger
 from . import manifest as manifest_mod
 from . import parity
 from . import precision_speed
 from .errors import ExportFailedError
+from .onnx_export import check_loads, export_onnx
 from .precision import PRECISIONS, convert_onnx_fp16
+from .quantize import DEFAULT_INT8, quantize_onnx
 from .static import crf_matrix_of, save_inference, save_program
 
 log = get_logger("export")
@@ -157,8 +165,6 @@ class ForwardView:
 
 def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset, input_specs,
                  fp16, int8=False):
-    from .onnx_export import check_loads, export_onnx
-
     os.makedirs(os.path.join(tmp, "onnx"), exist_ok=True)
     entry = {"model": "onnx/model.onnx", "outputs": output_names, "decode": "in_graph"}
     src = paddle_prefix
@@ -179,8 +185,6 @@ def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset
         check_loads(os.path.join(tmp, "onnx", "model_fp16.onnx"), name + " (fp16)")
         entry["model_fp16"] = "onnx/model_fp16.onnx"
     if int8:
-        from .quantize import DEFAULT_INT8, quantize_onnx
-
         int8_path = os.path.join(tmp, "onnx", "model_int8.onnx")
         entry["int8"] = quantize_onnx(os.path.join(tmp, "onnx", "model.onnx"), int8_path,
                                       **DEFAULT_INT8)
@@ -226,8 +230,6 @@ class GreedyView:
 
     @staticmethod
     def write(model, meta, encoder, cfg, tmp, work, formats, precisions):
-        from ..models.seq2seq import DecoderStepProgram, EncoderProgram, GreedyProgram
-
         name = meta.get("model_name", "model")
         backends = {}
         if "paddle" in formats:
@@ -237,8 +239,6 @@ class GreedyView:
                                   "outputs": ["tokens"], "decode": "in_graph",
                                   "settings": {"fp32": {"enable_onednn": True}}}
         if "onnx" in formats:
-            from .onnx_export import export_onnx
-
             os.makedirs(os.path.join(tmp, "onnx"), exist_ok=True)
             for part, program, outputs in (
                     ("encoder", EncoderProgram(model), parity.ENCODER_OUTPUTS),
@@ -277,8 +277,6 @@ VIEWS = {"forward": ForwardView, "greedy": GreedyView}
 
 def export_checkpoint(checkpoint, output, cfg=None, formats=None, precisions=None, verify=None):
     """``tools/export.py``: load a checkpoint, export it, verify on its test split."""
-    from ..engine.checkpoint import load_for_inference
-
     if cfg is not None:  # fail on a bad request before the slow model and data loading
         check_request(formats or cfg.Export.format, precisions or cfg.Export.precision)
     model, meta, encoder, ckpt_cfg = load_for_inference(checkpoint)
@@ -293,8 +291,6 @@ def export_checkpoint(checkpoint, output, cfg=None, formats=None, precisions=Non
 
 def load_test_split(cfg, encoder, task):
     """The config's test split, encoded with the checkpoint's own vocabulary."""
-    from ..tasks import build_datasets
-
     bundle = build_datasets(cfg.Data, task_hint=task, encoder=encoder, splits=("test",))
     return [bundle.test[i] for i in range(len(bundle.test))]
 
@@ -310,12 +306,6 @@ def export_pretrained_dir(directory, output, cfg, task=None, formats=None, preci
     copied into the export).  ``verify_file``: a JSONL file of labelled examples (the corpus
     format: {"text", "label"} / {"tokens", "tags"}) for the parity report besides the grid.
     """
-    from ..config import load_config
-    from ..data.lengths import length_stats
-    from ..data.vocab import TextEncoder
-    from ..models import build_model
-    from ..models.paddlenlp_auto import label_names_of, model_name_for, read_config
-
     config = read_config(directory, key="--pretrained-dir")
     model_name, task_name = model_name_for(config, task, directory)
     task = get_task(task_name)
@@ -351,9 +341,6 @@ def export_pretrained_dir(directory, output, cfg, task=None, formats=None, preci
 
 def _encode_verify_file(cfg, encoder, task, path, label_names):
     """The labelled JSONL file, encoded with the directory's tokenizer (all of it: test)."""
-    from ..config import load_config
-    from ..tasks import build_datasets
-
     if not os.path.isfile(path):
         raise ConfigError(f"--verify-file {path}: file not found")
     raw = cfg.to_dict()

@@ -17,10 +17,17 @@ because it reuses the parity grid and gates (deploy code never imports export).
 import time
 
 import numpy as np
+import paddle
 
+from ..data.collate import Collator
+from ..data.vocab import TextEncoder
+from ..deploy.engines import build_engine
+from ..deploy.manifest import load_manifest
 from ..tasks import get_task
+from ..utils.io import atomic_write_json
 from ..utils.log import get_logger
 from . import parity
+from .exporter import load_test_split
 
 log = get_logger("gpu_check")
 NO_GPU_EXIT = 2
@@ -36,8 +43,6 @@ CONFIGURATIONS = [("paddle_gpu_fp32", "paddle", "fp32", False),
 def gpu_status():
     """(usable, why): is there a GPU that Paddle or onnxruntime can run on?"""
     import onnxruntime as ort
-    import paddle
-
     reasons = []
     paddle_gpu = paddle.device.is_compiled_with_cuda()
     if paddle_gpu:
@@ -77,8 +82,6 @@ def _timed(run, batches, repeats=3):
 
 def check_export(export_dir, manifest, test_batches=None, gpu_id=0):
     """The gpu_report dict (see module docstring)."""
-    from ..deploy.engines import build_engine
-
     backends = manifest["backends"]
     ref_backend = "paddle" if "paddle" in backends else "onnx"
     task = get_task(manifest["task"])
@@ -122,9 +125,6 @@ class NoGpu(Exception):
 def run(export_dir, report_path, cfg=None, gpu_id=0):
     """Check every GPU configuration of ``export_dir`` (plus ``cfg``'s test split when given),
     write ``report_path`` and print one line per configuration -> True when all passed."""
-    from ..deploy.manifest import load_manifest
-    from ..utils.io import atomic_write_json
-
     usable, why = gpu_status()
     if not usable:
         raise NoGpu(f"no usable GPU on this machine: {why}. Nothing was checked; run this on a "
@@ -142,10 +142,6 @@ def run(export_dir, report_path, cfg=None, gpu_id=0):
 
 
 def _test_batches(cfg, export_dir, manifest):
-    from ..data.collate import Collator
-    from ..data.vocab import TextEncoder
-    from .exporter import load_test_split
-
     tok = manifest["tokenizer"]
     encoder = TextEncoder.load(export_dir, tok.get("kind"))
     task = get_task(manifest["task"])

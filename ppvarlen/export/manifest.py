@@ -5,6 +5,10 @@ the field names follow docs/DESIGN.md "Export directory" (example there).
 """
 import os
 
+import onnx
+import paddle
+
+from .. import __version__
 from ..tasks import get_task
 from ..utils.io import sha256_file
 
@@ -41,14 +45,10 @@ def file_hashes(export_dir):
 
 
 def versions():
-    import onnx
-    import onnxruntime
-    import paddle
+    import onnxruntime  # ONNX libraries load only when needed (tests/test_hygiene.py)
     import paddle2onnx
 
-    import ppvarlen
-
-    return {"ppvarlen": ppvarlen.__version__, "paddle": paddle.__version__,
+    return {"ppvarlen": __version__, "paddle": paddle.__version__,
             "paddle2onnx": paddle2onnx.__version__, "onnx": onnx.__version__,
             "onnxruntime": onnxruntime.__version__}
 

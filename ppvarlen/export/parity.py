@@ -32,6 +32,8 @@ import os
 import time
 
 import numpy as np
+import paddle
+from paddle import inference
 
 from ..data.collate import Collator
 from ..data.order import length_sorted_batches
@@ -67,8 +69,6 @@ def _names(specs):
 
 def dygraph_runner(model, outputs):
     """An eager ``paddle.nn.Layer`` (the model, or a loaded static program) as a runner."""
-    import paddle
-
     model.eval()
 
     def run(*inputs):
@@ -80,14 +80,10 @@ def dygraph_runner(model, outputs):
 
 def static_runner(prefix, outputs):
     """The saved static program, run by ``paddle.jit.load`` (no inference passes)."""
-    import paddle
-
     return dygraph_runner(paddle.jit.load(prefix), outputs)
 
 
 def paddle_inference_runner(model_dir, outputs, precision="fp32", onednn=True, threads=2):
-    from paddle import inference
-
     predictor = inference.create_predictor(paddle_config(model_dir, precision, onednn, threads))
 
     def run(*inputs):
@@ -154,8 +150,6 @@ def greedy_dygraph_runner(model):
 
 def greedy_paddle_runner(export_dir, eos_id, onednn=True, threads=2):
     """The exported greedy-loop program under Paddle Inference."""
-    from paddle import inference
-
 
     predictor = inference.create_predictor(
         paddle_config(os.path.join(export_dir, "paddle"), "fp32", onednn, threads))
@@ -410,8 +404,6 @@ def step_logp_diff(model, run_encoder, run_step, batches):
     Both get the same inputs at every step (the eager caches), so the number measures one step,
     not drift.  Columns the model never generates (-1e9: PAD, BOS) are left out.
     """
-    import paddle
-
     worst_step, worst_memory, steps = 0.0, 0.0, 0
     with paddle.no_grad():
         for src_ids, src_len in batches:

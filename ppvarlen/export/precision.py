@@ -18,6 +18,9 @@
 import warnings
 
 import onnx
+import paddle
+from paddle import inference
+from paddle.inference import PrecisionType
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 # Ops kept in fp32 in the fp16 ONNX file, on top of onnxconverter-common's defaults.
@@ -50,9 +53,6 @@ def paddle_config(model_dir, precision="fp32", onednn=True, threads=2, device="c
     build engines with ``ppvarlen.deploy.engines.build_engine``.  This config is for the
     diagnostics around them (Paddle Inference with oneDNN off, the GPU check, benchmarks).
     """
-    import paddle
-    from paddle import inference
-
     config = inference.Config(f"{model_dir}/model.json", f"{model_dir}/model.pdiparams")
     config.disable_glog_info()
     if device == "gpu":
@@ -79,8 +79,6 @@ def paddle_config(model_dir, precision="fp32", onednn=True, threads=2, device="c
 
 def _gpu_settings(config, precision, shape_ranges):
     """GPU half precision and TensorRT dynamic shapes, per the Paddle Inference docs."""
-    from paddle.inference import PrecisionType
-
     mode = {"fp32": PrecisionType.Float32, "fp16": PrecisionType.Half,
             "bf16": PrecisionType.Bfloat16}[precision]
     config.enable_use_gpu(256, 0, mode)

@@ -18,6 +18,8 @@ import os
 import platform
 import time
 
+from paddle.base import core
+
 # parity backend name -> (manifest backend, precision).  ``paddle_inference`` (oneDNN off)
 # is a parity check only: the deploy engine runs oneDNN.
 PARITY_BACKENDS = {"paddle_inference_onednn": ("paddle", "fp32"),
@@ -71,8 +73,6 @@ def measure(runners, batches, rounds=ROUNDS, max_batches=MAX_BATCHES):
 
 def host():
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    from paddle.base import core
-
     return {"machine": platform.machine(), "processor": platform.processor() or None,
             "cpu_count": os.cpu_count(), "load_average_1m": load,
             "cpu_bf16": bool(core.supports_bfloat16()), "cpu_vnni": bool(core.supports_vnni())}

@@ -5,6 +5,8 @@ import os
 import paddle
 from paddle.static import InputSpec
 
+from ..utils.viterbi import crf_matrix
+
 MAX_INPUTS = 6  # parameters of _ExportWrapper.forward
 
 
@@ -109,8 +111,6 @@ def crf_matrix_of(model):
     Finds a CRF layer with ``transitions``/``start``/``stop`` parameters
     (ppvarlen.models.crf.LinearChainCRF), or a ``paddle.text.ViterbiDecoder``.
     """
-    from ..utils.viterbi import crf_matrix
-
     for layer in model.sublayers(include_self=True):
         if isinstance(layer, paddle.text.ViterbiDecoder):
             trans = layer.transitions.numpy()

@@ -37,6 +37,7 @@ import paddle.nn as nn
 
 from ..config import ConfigError
 from ..model_registry import MODELS
+from ..utils.io import atomic_dir
 from .masks import key_padding_mask, masked_cross_entropy, sequence_mask
 from .transformer_cls import check_max_position
 
@@ -144,8 +145,6 @@ class PaddleNLPModel(nn.Layer):
     def save_paddlenlp_dir(self, directory, encoder, label_names):
         """Write a PaddleNLP directory (safetensors, label names in config.json, tokenizer
         files) atomically; ``AutoModelFor*.from_pretrained(directory)`` reloads it."""
-        from ..utils.io import atomic_dir
-
         config = self.net.config
         config.id2label = {i: str(n) for i, n in enumerate(label_names)}
         config.label2id = {str(n): i for i, n in enumerate(label_names)}

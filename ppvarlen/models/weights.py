@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 import paddle
+from safetensors import safe_open
 from safetensors.numpy import load_file, save
 
 from ..utils.io import atomic_write_bytes
@@ -90,8 +91,6 @@ def load_weights(model, path):
 
 def read_metadata(path):
     """The string metadata of a safetensors file's header (``{}`` when it has none)."""
-    from safetensors import safe_open
-
     read_weights(path)  # the clear errors for a missing / unreadable file
     with safe_open(os.fspath(path), framework="numpy") as f:
         return dict(f.metadata() or {})

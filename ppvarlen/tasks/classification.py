@@ -1,5 +1,8 @@
 """Classification: one label per text (windows of a long text: mean of their logits)."""
+from typing import Literal
+
 import numpy as np
+import pydantic
 
 from .. import metrics
 from ..data.longtext import aggregate_classification
@@ -67,17 +70,15 @@ class ClassificationTask(Task):
     examples = ["物流很快，包装完好", "质量太差了"]
 
     def prediction_model(self, label_names):
-        from typing import Literal
-
-        from pydantic import BaseModel, Field
-
         Label = Literal[tuple(label_names)]
 
-        class ClassificationPrediction(BaseModel):
-            label: Label = Field(description="the most probable label")
-            label_id: int = Field(ge=0, lt=len(label_names), description="its index in the labels")
-            probs: dict[Label, float] = Field(description="probability of every label")
-            num_tokens: int = Field(ge=1, description="tokens of the text, special tokens excluded")
-            truncated: bool = Field(description="the text was cut to the export's max_len")
+        class ClassificationPrediction(pydantic.BaseModel):
+            label: Label = pydantic.Field(description="the most probable label")
+            label_id: int = pydantic.Field(ge=0, lt=len(label_names),
+                                           description="its index in the labels")
+            probs: dict[Label, float] = pydantic.Field(description="probability of every label")
+            num_tokens: int = pydantic.Field(
+                ge=1, description="tokens of the text, special tokens excluded")
+            truncated: bool = pydantic.Field(description="the text was cut to the export's max_len")
 
         return ClassificationPrediction

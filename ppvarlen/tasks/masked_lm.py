@@ -22,6 +22,8 @@ import os
 import numpy as np
 
 from ..config import ConfigError
+from ..data.collate import pad_sequences
+from ..data.corpora import load_corpus
 from ..data.vocab import vocab_sha256
 from .base import Task
 
@@ -58,8 +60,6 @@ def mask_tokens(ids, mask_id, vocab_size, mask_prob, rng, first_real_id=FIRST_OR
 
 def mask_batch(sequences, pad_id, mask_id, vocab_size, mask_prob, rng, first_real_id):
     """Pad ``sequences`` and mask them -> numpy (input_ids, seq_len, flat positions, targets)."""
-    from ..data.collate import pad_sequences
-
     lengths = np.array([len(s) for s in sequences], dtype="int64")
     ids = pad_sequences(sequences, pad_id, int(lengths.max()))
     corrupted, positions, targets = mask_tokens(ids, mask_id, vocab_size, mask_prob, rng,
@@ -81,8 +81,6 @@ class MaskedLMTask(Task):
         return encoder.encode(encoder.tokenize(text)), None
 
     def extra_train_items(self, corpora, data_cfg, encoder, first_doc_id):
-        from ..data.corpora import load_corpus
-
         items, counts = [], {}
         for name in corpora:
             # the same split seed: with another seed, "train" of the default split holds test texts

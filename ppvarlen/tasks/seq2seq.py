@@ -1,8 +1,11 @@
 """Seq2seq: source text -> generated target ids (g2p); greedy or beam decoding."""
+import pydantic
+
 from ..config import ConfigError
 from ..data.errors import DataError
 from ..data.longtext import plan_spans
 from ..data.store import Field
+from ..utils.search import strip_eos
 from .base import Task
 from .seq2seq_metrics import seq2seq_metrics
 
@@ -146,8 +149,7 @@ class Seq2SeqTask(Task):
     def engine_rows(self, predictor, out, seq_len):
         if "output_ids" in out:  # ONNX: the loop ran in numpy
             return out["output_ids"]
-        from ..utils.search import strip_eos  # Paddle: [B, T] tokens after BOS, EOS, padding
-
+        # Paddle: [B, T] tokens after BOS, EOS, padding
         return strip_eos(out["tokens"], predictor.decoding["eos_id"])
 
     def target_counts(self, rows):
@@ -163,15 +165,13 @@ class Seq2SeqTask(Task):
     examples = ["中国人民"]
 
     def prediction_model(self, label_names):
-        from pydantic import BaseModel, Field
-
-        class Seq2SeqPrediction(BaseModel):
-            output: str = Field(description="the generated text")
-            output_ids: list[int] = Field(description="generated ids, without BOS/EOS")
-            num_tokens: int = Field(ge=1, description="source tokens")
+        class Seq2SeqPrediction(pydantic.BaseModel):
+            output: str = pydantic.Field(description="the generated text")
+            output_ids: list[int] = pydantic.Field(description="generated ids, without BOS/EOS")
+            num_tokens: int = pydantic.Field(ge=1, description="source tokens")
             truncated: bool
-            pieces: int = Field(ge=1, description="source pieces decoded "
-                                                  "(Deploy.split_long_sources)")
+            pieces: int = pydantic.Field(ge=1, description="source pieces decoded "
+                                                           "(Deploy.split_long_sources)")
 
         return Seq2SeqPrediction
 

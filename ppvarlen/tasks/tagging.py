@@ -3,6 +3,7 @@ import functools
 from typing import Literal, Optional
 
 import numpy as np
+import pydantic
 
 from .. import metrics
 from ..config import ConfigError
@@ -125,23 +126,24 @@ class TaggingTask(Task):
     examples = ["江泽民在北京会见了客人"]
 
     def prediction_model(self, label_names):
-        from pydantic import BaseModel, Field
-
         Tag = Literal[tuple(label_names)]
 
-        class Entity(BaseModel):
-            type: Optional[str] = Field(description="the chunk's type (PER, LOC ...); null for "
-                                                    "an untyped chunk (a BMES word)")
-            text: str = Field(description="text[start:end]")
-            start: int = Field(ge=0, description="character offset in the request text")
-            end: int = Field(ge=0, description="character offset, exclusive")
+        class Entity(pydantic.BaseModel):
+            type: Optional[str] = pydantic.Field(
+                description="the chunk's type (PER, LOC ...); null for an untyped chunk (a BMES "
+                            "word)")
+            text: str = pydantic.Field(description="text[start:end]")
+            start: int = pydantic.Field(ge=0, description="character offset in the request text")
+            end: int = pydantic.Field(ge=0, description="character offset, exclusive")
 
-        class TaggingPrediction(BaseModel):
-            entities: list[Entity] = Field(description="chunks of the tag scheme, in text order")
-            tags: list[Tag] = Field(description="one tag per token")
-            repaired_chunks: int = Field(ge=0, description="entities read from an ill-formed "
-                                         "tag sequence by conlleval's rule (docs/TAGGING.md)")
-            num_tokens: int = Field(ge=1)
+        class TaggingPrediction(pydantic.BaseModel):
+            entities: list[Entity] = pydantic.Field(
+                description="chunks of the tag scheme, in text order")
+            tags: list[Tag] = pydantic.Field(description="one tag per token")
+            repaired_chunks: int = pydantic.Field(
+                ge=0, description="entities read from an ill-formed tag sequence by conlleval's "
+                                  "rule (docs/TAGGING.md)")
+            num_tokens: int = pydantic.Field(ge=1)
             truncated: bool
 
         return TaggingPrediction

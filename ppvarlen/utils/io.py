@@ -1,5 +1,6 @@
 """Atomic writes: a reader sees the old file/dir or the new one, never a mix."""
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -68,8 +69,6 @@ def atomic_dir(final_path):
 
 
 def sha256_file(path, chunk=1 << 20):
-    import hashlib
-
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(chunk), b""):

@@ -8,7 +8,7 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
-from ...config import Config, ConfigError
+from ...config import Config, ConfigError, load_config
 from .base import apply_limit, fresh_copy
 from .g2p_corpus import g2p_corpus
 from .ner import ner_corpus
@@ -81,8 +81,6 @@ def _check_built_in_keys(cfg, name, built_in):
 
 def _data_section(data_cfg):
     if isinstance(data_cfg, dict):  # convenience for tests: validate and fill defaults
-        from ...config import load_config
-
         return load_config(data={"Data": data_cfg}).Data
     if isinstance(data_cfg, Config) and "corpus" not in data_cfg and "Data" in data_cfg:
         raise ConfigError("load_corpus takes the Data section: call load_corpus(cfg.Data)")
