@@ -3,7 +3,7 @@
 Each ``main_*`` function is a console script (setup.py) and the ``main`` of a PaddleClas-style
 shim (``tools/*.py``, ``deploy/python/*.py``); it takes ``argv`` and returns the exit code.
 
-Error policy (``_run``): the typed errors a user can fix -- ``ConfigError``, ``DataError``
+Error policy (``run_command``): the typed errors a user can fix -- ``ConfigError``, ``DataError``
 and ``UnservableExportError`` (an export directory that cannot be served) -- print one
 paragraph on stderr and exit 2; ``ExportFailedError`` (an export that could not be produced
 or failed its parity check; the old export is kept) exits 1.  Anything else is a bug and keeps
@@ -75,8 +75,9 @@ def quiet_third_party_output():
         paddlenlp_logger.addFilter(_BelowWarning())
 
 
-def _run(parser, argv, command):
-    """Parse ``argv`` and run ``command(args)`` under the error policy -> exit code."""
+def run_command(parser, argv, command):
+    """Parse ``argv`` and run ``command(args)`` under the error policy -> exit code (the commands
+    here and the Ray commands of ``ppvarlen.integrations``, deploy/ray/*.py)."""
     args = parser.parse_args(argv)
     command_settings()
     quiet_third_party_output()
@@ -87,6 +88,10 @@ def _run(parser, argv, command):
         paragraph = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
         print(f"{parser.prog}: {what}: {paragraph}", file=sys.stderr)
         return code
+
+
+def _run(parser, argv, command):  # tools/gen_docs.py swaps it to read the commands' parsers
+    return run_command(parser, argv, command)
 
 
 def command_settings():
@@ -121,6 +126,9 @@ def _non_negative(kind):
             raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
         return value
     return parse
+
+
+positive_int = _positive(int)
 
 
 def _csv(text):

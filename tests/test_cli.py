@@ -237,3 +237,28 @@ def test_export_output_is_not_buried_in_paddle_and_paddlenlp_noise(tmp_path):
     assert "exported paddlenlp_seq_cls" in run.stdout
     for noise in ("not support input out tensor", "'place' interface", "[    INFO]"):
         assert noise not in run.stderr, f"{noise!r} is back in an export's stderr:\n{run.stderr}"
+
+
+@pytest.mark.parametrize("module, argv, says", [
+    ("ray_store", ["-c", "configs/sentiment/transformer.yaml", "-o", "Data.no_such_key=1"],
+     "Data.no_such_key"),
+    ("ray_store", ["-c", "configs/sentiment/transformer.yaml", "--address", "auto",
+                   "--num-cpus", "2"], "drop --num-cpus"),
+    ("ray_serve", ["--config", "no/such/serve.yaml"], "no/such/serve.yaml"),
+    ("ray_batch", ["--model-dir", "m", "--input", "i", "--output-dir", "o", "--address", "auto",
+                   "--num-cpus", "1"], "drop --num-cpus"),
+])
+def test_ray_commands_answer_through_the_cli_error_policy(module, argv, says, capsys,
+                                                          monkeypatch):
+    """deploy/ray/*.py: a bad config or cluster flag is one 'PROG: error: ...' line and exit 2,
+    found before any Ray cluster starts."""
+    pytest.importorskip("ray")
+    mod = importlib.import_module(f"ppvarlen.integrations.{module}")
+    monkeypatch.setattr(sys, "argv", [f"{module}.py"])
+    monkeypatch.chdir(REPO)
+    import ray
+
+    assert mod.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{module}.py: error: ") and says in err[0], err
+    assert not ray.is_initialized()

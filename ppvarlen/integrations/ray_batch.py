@@ -21,15 +21,21 @@ each input row.  A predictor actor that dies is restarted by Ray and its unfinis
 window re-run (Ray Data's actor defaults: unlimited restarts and task retries); only
 finished windows reach the driver, so every row is answered exactly once.
 """
+import argparse
 import json
 import os
 import time
 
 import numpy as np
 
+from ppvarlen.cli import positive_int, run_command
+from ppvarlen.config import ConfigError
 from ppvarlen.data.errors import DataError
+from ppvarlen.deploy.manifest import load_manifest
+from ppvarlen.deploy.predictor import Predictor
 from ppvarlen.utils.io import atomic_dir, atomic_write_json
 
+from .ray_cluster import add_cluster_args, ray_cluster
 from .text_shards import plan_units, read_unit
 
 OUTPUTS = ("predictions.jsonl", "rejects.jsonl", "summary.json")
@@ -46,8 +52,6 @@ class PredictWindows:
     """
 
     def __init__(self, export_dir, backend, predictor_kwargs, crash_once_marker=None):
-        from ppvarlen.deploy.predictor import Predictor
-
         self.predictor = Predictor(export_dir, backend, **predictor_kwargs)
         self.crash_once_marker = crash_once_marker
         self.windows = 0
@@ -122,15 +126,13 @@ def run_batch(export_dir, input_path, output_dir, backend="paddle", actors=2, ac
     """Predict every row of ``input_path`` on the running Ray cluster; returns the summary."""
     import ray
 
-    from ppvarlen.deploy.manifest import load_manifest
-
     load_manifest(export_dir)  # a bad export fails here, before any actor starts
     check_output_dir(output_dir)
     units = plan_units(input_path, unit_bytes)
     if not units:
         raise DataError(f"{input_path}: no rows to predict (the input files are empty)")
     if window < 1 or actors < 1:
-        raise ValueError(f"window and actors must be >= 1, got {window}, {actors}")
+        raise ConfigError(f"window and actors must be >= 1, got {window}, {actors}")
     ctx = ray.data.DataContext.get_current()
     saved_order = ctx.execution_options.preserve_order
     ctx.execution_options.preserve_order = preserve_order
@@ -186,10 +188,8 @@ def run_batch(export_dir, input_path, output_dir, backend="paddle", actors=2, ac
 
 
 def main(argv=None):
-    """``deploy/ray/batch_infer.py``: exit 0, 1 if rows were rejected, 2 on a bad setup."""
-    import argparse
-    import sys
-
+    """``deploy/ray/batch_infer.py``: exit 0, 1 if rows were rejected, 2 on a bad setup
+    (ppvarlen.cli's error policy)."""
     parser = argparse.ArgumentParser(description="Batch inference on a Ray cluster: JSONL / "
                                      "Parquet (file or directory of shards) -> predictions.jsonl, "
                                      "rejects.jsonl, summary.json")
@@ -201,13 +201,13 @@ def main(argv=None):
                         help="any precision the export's manifest lists for the backend")
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
                         help="gpu: one GPU per actor")
-    parser.add_argument("--threads", type=int, default=1, help="math threads per actor")
-    parser.add_argument("--max-batch-tokens", type=int, default=8192,
+    parser.add_argument("--threads", type=positive_int, default=1, help="math threads per actor")
+    parser.add_argument("--max-batch-tokens", type=positive_int, default=8192,
                         help="token budget per forward pass, padding counted")
-    parser.add_argument("--max-batch-size", type=int, default=64)
-    parser.add_argument("--actors", type=int, default=2, help="predictor actors in the pool")
+    parser.add_argument("--max-batch-size", type=positive_int, default=64)
+    parser.add_argument("--actors", type=positive_int, default=2, help="predictor actors in the pool")
     parser.add_argument("--actor-cpus", type=float, default=1.0, help="CPUs reserved per actor")
-    parser.add_argument("--window", type=int, default=1024,
+    parser.add_argument("--window", type=positive_int, default=1024,
                         help="rows an actor sorts by length and batches at once")
     parser.add_argument("--unit-mb", type=float, default=8.0,
                         help="a read task takes about this much of a JSONL file")
@@ -216,19 +216,12 @@ def main(argv=None):
     parser.add_argument("--preserve-order", action="store_true",
                         help="write lines in input order (slower: a slow window holds back "
                         "the rest)")
-    parser.add_argument("--address", default=None,
-                        help="Ray cluster to join ('auto': the one `ray start` runs here); "
-                        "default: start a local one")
-    parser.add_argument("--num-cpus", type=int, default=None, help="local cluster only")
-    args = parser.parse_args(argv)
+    add_cluster_args(parser)
+    return run_command(parser, argv, _batch_infer)
 
-    import ray
 
-    from ppvarlen.deploy.manifest import UnservableExportError
-
-    ray.init(address=args.address, num_cpus=None if args.address else args.num_cpus,
-             include_dashboard=False)
-    try:
+def _batch_infer(args):
+    with ray_cluster(args):
         summary = run_batch(args.model_dir, args.input, args.output_dir, args.backend,
                             args.actors, args.actor_cpus, 1 if args.device == "gpu" else 0,
                             args.window, args.text_field, args.id_field, args.preserve_order,
@@ -236,10 +229,5 @@ def main(argv=None):
                              "threads": args.threads, "max_batch_tokens": args.max_batch_tokens,
                              "max_batch_size": args.max_batch_size},
                             int(args.unit_mb * (1 << 20)))
-    except (DataError, UnservableExportError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        ray.shutdown()
     print(json.dumps(summary, ensure_ascii=False))
     return 1 if summary["rejected"] else 0

@@ -20,13 +20,27 @@ A replica that cannot load the export raises the predictor's own error (e.g. the
 manifest's sha256 mismatch); Serve retries the constructor a few times, then marks
 the deployment failed with that message, and ``serve.run`` raises it.
 """
+import argparse
+import signal
+import sys
+import threading
+
+import yaml
+from pydantic import ValidationError
+
 try:
     from ray import serve
+    from ray.serve.schema import ServeDeploySchema
 except ImportError as e:  # the core package never needs Ray
     raise ImportError("ppvarlen.integrations.ray_serve needs Ray: install the ray extra, "
                       "ppvarlen[ray]") from e
 
+from ppvarlen.cli import run_command
 from ppvarlen.config import ConfigError, load_config
+from ppvarlen.deploy.manifest import UnservableExportError
+from ppvarlen.deploy.server import app_from_config
+
+from .ray_cluster import add_cluster_args, ray_cluster
 
 IMPORT_PATH = "ppvarlen.integrations.ray_serve:build_app"
 DEPLOYMENT = "ppvarlen"
@@ -50,8 +64,6 @@ class PpvarlenReplica:
     """One replica: a predictor and ``create_app`` around it (built after the constructor)."""
 
     def __init__(self, model_dir, backend=None, deploy=None, model_repository=None):
-        from ppvarlen.deploy.server import app_from_config
-
         # create_app's lifespan (warm-up, overhead measurement, batcher) runs when Serve
         # starts the replica's ASGI app, and drains the batcher when Serve stops it.
         self._app = app_from_config(model_dir, deploy_settings(deploy), backend,
@@ -77,8 +89,9 @@ def build_app(args, deployment_options=None):
                            args.get("model_repository"))
 
 
-class ReplicaStartError(RuntimeError):
-    """The deployment failed; the message is the replica's own error (e.g. the predictor's)."""
+class ReplicaStartError(UnservableExportError):
+    """The deployment failed: its replicas could not serve the export with these settings; the
+    message is the replica's own error (e.g. the predictor's)."""
 
 
 def replica_error(app_name):
@@ -97,10 +110,6 @@ def replica_error(app_name):
 def load_serve_config(path, model_dir=None):
     """Read a Serve config file and validate it with Serve's own schema (``ServeDeploySchema``);
     ``model_dir`` replaces every application's ``args.model_dir``."""
-    import yaml
-    from pydantic import ValidationError
-    from ray.serve.schema import ServeDeploySchema
-
     try:
         with open(path, encoding="utf-8") as f:
             raw = yaml.safe_load(f)
@@ -145,41 +154,26 @@ def run_config(config):
 
 
 def main(argv=None):
-    """``deploy/ray/serve.py``: deploy, then serve until SIGINT / SIGTERM; 2 on a bad setup."""
-    import argparse
-    import signal
-    import sys
-    import threading
-
-    import ray
-
+    """``deploy/ray/serve.py``: deploy, then serve until SIGINT / SIGTERM; 2 on a bad setup
+    (ppvarlen.cli's error policy)."""
     parser = argparse.ArgumentParser(description="Serve an export on Ray Serve")
     parser.add_argument("--config", default="deploy/ray/serve.yaml", help="Serve config file")
     parser.add_argument("--model-dir", default=None, help="replaces args.model_dir of the config")
-    parser.add_argument("--address", default=None, help="Ray cluster to join ('auto': the one "
-                        "`ray start` runs here); default: start a local one")
-    parser.add_argument("--num-cpus", type=int, default=None, help="local cluster only")
-    args = parser.parse_args(argv)
-    try:
-        config = load_serve_config(args.config, args.model_dir)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    ray.init(address=args.address, num_cpus=None if args.address else args.num_cpus,
-             include_dashboard=False)
+    add_cluster_args(parser)
+    return run_command(parser, argv, _serve)
+
+
+def _serve(args):
+    config = load_serve_config(args.config, args.model_dir)
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        url = run_config(config)
-        print(f"serving on {url} (POST /predict, /v2/..., GET /health, GET /metrics); "
-              f"Ctrl-C stops",
-              file=sys.stderr)
-        stop.wait()
-    except (ConfigError, ReplicaStartError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    with ray_cluster(args):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        try:
+            url = run_config(config)
+            print(f"serving on {url} (POST /predict, /v2/..., GET /health, GET /metrics); "
+                  f"Ctrl-C stops", file=sys.stderr)
+            stop.wait()
+        finally:
+            serve.shutdown()
     return 0

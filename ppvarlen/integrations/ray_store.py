@@ -20,9 +20,17 @@ the driver holds a bounded number of encoded chunks.  The driver reads the raw f
 writes the store: both must be on storage it sees, and ``Data.cache_dir`` on storage the
 training machines see (a shared filesystem) for them to reuse the store.
 """
+import argparse
 import collections
+import json
 
+from ppvarlen.cli import positive_int, run_command
+from ppvarlen.config import add_config_args, load_config
 from ppvarlen.data.parallel import use_mapper
+from ppvarlen.tasks import build_datasets
+from ppvarlen.utils.log import setup_logging
+
+from .ray_cluster import add_cluster_args, ray_cluster
 
 
 class _Slice:
@@ -68,53 +76,30 @@ def build_store_on_ray(data_cfg, task_hint=None, splits=("train", "dev", "test")
     """Encode ``splits`` of ``data_cfg``'s corpus into its cache entry on the running Ray
     cluster -> the ``DataBundle`` (its ``stats["store"]`` names the entry and whether it was
     built or reused)."""
-    from ppvarlen.tasks import build_datasets
-
     with use_mapper(ray_mapper(max_in_flight)):
         return build_datasets(data_cfg, task_hint=task_hint, splits=splits,
                               extra_corpora=extra_corpora)
 
 
 def main(argv=None):
-    """``deploy/ray/build_store.py``: exit 0, 2 on a bad config or data."""
-    import argparse
-    import json
-    import sys
-
-    from ppvarlen.config import ConfigError, add_config_args, load_config
-    from ppvarlen.data.errors import DataError
-    from ppvarlen.utils.log import setup_logging
-
+    """``deploy/ray/build_store.py``: exit 0; 2 on a bad config or data (ppvarlen.cli's policy)."""
     parser = add_config_args(argparse.ArgumentParser(
         description="Encode a config's corpus into the store cache on a Ray cluster; "
         "tools/train.py with the same config then reuses it"))
-    parser.add_argument("--address", default=None,
-                        help="Ray cluster to join ('auto': the one `ray start` runs here); "
-                        "default: start a local one")
-    parser.add_argument("--num-cpus", type=int, default=None, help="local cluster only")
-    parser.add_argument("--max-in-flight", type=int, default=None,
+    add_cluster_args(parser)
+    parser.add_argument("--max-in-flight", type=positive_int, default=None,
                         help="chunks pending at once (default: 2 x the cluster's CPUs)")
-    args = parser.parse_args(argv)
-    import ray
+    return run_command(parser, argv, _build_store)
 
+
+def _build_store(args):
     setup_logging()
-    try:
-        cfg = load_config(args.config, args.override)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    ray.init(address=args.address, num_cpus=None if args.address else args.num_cpus,
-             include_dashboard=False)
-    try:
+    cfg = load_config(args.config, args.override)
+    with ray_cluster(args):
         # the trainer's arguments, so the entry is the one tools/train.py looks up
         bundle = build_store_on_ray(cfg.Data, task_hint=cfg.Train.task,
                                     extra_corpora=cfg.Pretrain.extra_corpora,
                                     max_in_flight=args.max_in_flight)
-    except (ConfigError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        ray.shutdown()
     sizes = {s: len(getattr(bundle, s)) for s in ("train", "dev", "test")}
     print(json.dumps({"store": bundle.stats["store"], "task": bundle.task, "items": sizes},
                      ensure_ascii=False))
