@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from ppvarlen.config import load_config
 from ppvarlen.data.errors import DataError
-from ppvarlen.data.order import batch_cost, length_sorted_batches, restore_order
+from ppvarlen.data.order import batch_cost, grid_lengths, length_sorted_batches, restore_order
 from ppvarlen.data.samplers import (BucketBatchSampler, TokenBudgetBatchSampler,
                                     build_batch_sampler)
 
@@ -422,3 +422,18 @@ def test_oversize_error_lists_five_and_says_there_are_more():
         token_budget([900] * 6 + [10], oversize="error")
     with pytest.raises(DataError, match=r"#4 \(900 tokens\)\. Raise"):
         token_budget([900] * 5 + [10], oversize="error")
+
+
+def test_grid_lengths_hand_worked():
+    """1, 2, 7, max_len and every boundary with its neighbours, clipped to 1..max_len."""
+    assert grid_lengths(32, [8, 16]) == [1, 2, 7, 8, 9, 15, 16, 17, 32]
+    assert grid_lengths(32, None) == grid_lengths(32, []) == [1, 2, 7, 32]
+    assert grid_lengths(5, [1, 5]) == [1, 2, 4, 5]  # 0, 6 and 7 are outside 1..5
+    assert grid_lengths(1, [1]) == [1]
+
+
+def test_export_parity_and_the_serving_smoke_check_share_one_grid():
+    from ppvarlen.deploy import repository
+    from ppvarlen.export import parity
+
+    assert parity.grid_lengths is grid_lengths and repository.grid_lengths is grid_lengths

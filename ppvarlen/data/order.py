@@ -263,3 +263,13 @@ def restore_order(batches, per_batch_outputs):
             seen[idx] = True
             out[idx] = row
     return out
+
+
+def grid_lengths(max_len, buckets):
+    """The lengths every export is checked at: 1, 2, 7, ``max_len`` and each bucket boundary
+    with its neighbours (b - 1, b, b + 1), those in 1..max_len, sorted.  The export's parity
+    gate (export/parity.py) and the serving smoke check (deploy/repository.py) share it."""
+    lengths = {1, 2, 7, max_len}
+    for b in buckets or []:
+        lengths.update({b - 1, b, b + 1})
+    return sorted(n for n in lengths if 1 <= n <= max_len)

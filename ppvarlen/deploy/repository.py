@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from ppvarlen.data.errors import DataError
+from ppvarlen.data.order import grid_lengths
 from ppvarlen.utils.log import get_logger
 
 from .batcher import BatcherClosed, DynamicBatcher
@@ -196,15 +197,6 @@ class ModelRegistry:
 
 
 # ---------------------------------------------------------------- verification
-
-def grid_lengths(max_len, buckets):
-    """The shape grid the exporter's parity gate uses (export.parity.grid_lengths; deploy does
-    not import export, which needs the training stack)."""
-    lengths = {1, 2, 7, max_len}
-    for b in buckets or []:
-        lengths.update({b - 1, b, b + 1})
-    return sorted(n for n in lengths if 1 <= n <= max_len)
-
 
 def smoke_check(predictor, seed=0):
     """Each grid length must give the same output alone as batched with neighbours of other

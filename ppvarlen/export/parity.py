@@ -36,7 +36,7 @@ import paddle
 from paddle import inference
 
 from ..data.collate import Collator
-from ..data.order import length_sorted_batches
+from ..data.order import grid_lengths, length_sorted_batches
 from ..deploy.engines import build_engine
 from ..tasks import get_task
 from ..utils.inputs import validate_batch
@@ -212,13 +212,6 @@ def onnx_greedy_runner(export_dir, decoding, threads=2):
 
 
 # ---------------------------------------------------------------- batches
-
-def grid_lengths(max_len, buckets):
-    lengths = {1, 2, 7, max_len}
-    for b in buckets or []:
-        lengths.update({b - 1, b, b + 1})
-    return sorted(n for n in lengths if 1 <= n <= max_len)
-
 
 def grid_batches(max_len, buckets, vocab_size, first_id, seed=0, batch_sizes=GRID_BATCH_SIZES):
     """[(target_len, batch_size, input_ids, seq_len)]: the target in row 0, random neighbours."""
