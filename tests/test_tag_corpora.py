@@ -2,6 +2,7 @@
 tags, derived from People's Daily paragraphs; they load with their scheme, a tag that fits
 none (or a file mixing schemes) fails at load time naming file and line, and each trains
 through tools/train.py and reports chunk F1 / token accuracy."""
+import hashlib
 import json
 import os
 import subprocess
@@ -176,8 +177,10 @@ def test_trains_through_tools_train_and_reports_its_scheme(files, scheme, tmp_pa
     printed = json.loads(r.stdout[r.stdout.index("{"):])
     metrics = json.load(open(out / "metrics.json", encoding="utf-8"))
     test = metrics["test"]
-    assert printed["test"] == test and test["num_examples"] > 0
-    assert 0.0 <= test["token_accuracy"] <= 1.0
+    assert printed["test"] == test
+    expected = independent_test_report(out, files[scheme], scheme)
+    assert test["num_examples"] == expected["num_examples"]
+    assert test["token_accuracy"] == pytest.approx(expected["token_accuracy"], abs=1e-12)
     meta = json.load(open(out / "best" / "meta.json", encoding="utf-8"))
     assert tagschemes.detect(meta["label_names"]) == scheme  # the scheme travels with the model
     if scheme == "plain":
@@ -185,6 +188,64 @@ def test_trains_through_tools_train_and_reports_its_scheme(files, scheme, tmp_pa
         assert test["f1"] == test["token_accuracy"] and "precision" not in test
         assert set(metrics["test_per_type_f1"]) <= set(meta["label_names"])
     else:
-        assert 0.0 <= test["precision"] <= 1.0 and 0.0 <= test["f1"] <= 1.0
+        for key in ("precision", "recall", "f1"):
+            assert test[key] == pytest.approx(expected[key], abs=1e-12), key
         types = {tagschemes.split_tag(t)[1] for t in meta["label_names"]} - {""}
         assert set(metrics["test_per_type_f1"]) <= types | {""}
+
+
+def raw_test_tags(path):
+    """The test split's gold tag rows, read from the raw JSONL file with the documented split rule
+    (sha1 of the UTF-8 tokens joined by spaces, first 8 bytes as a fraction; >= 0.9 is test)."""
+    rows = []
+    for line in open(path, encoding="utf-8"):
+        row = json.loads(line)
+        digest = hashlib.sha1(" ".join(row["tokens"]).encode("utf-8")).digest()
+        if int.from_bytes(digest[:8], "big") / 2.0**64 >= 0.9:
+            rows.append(row["tags"])
+    return rows
+
+
+def independent_test_report(run_dir, raw_file, scheme):
+    """Token accuracy and chunk P/R/F1 of the run's best checkpoint on the test split, computed
+    here: the checkpoint's predicted tags per window, stitched by the documented rule (a
+    position takes the window where it is most central, ties the earlier), against the raw
+    file's gold tags, chunks read by seqeval (conlleval's rules; BMES as IOBES with M = I)."""
+    from seqeval.metrics.sequence_labeling import get_entities
+
+    from ppvarlen.config import load_config
+    from ppvarlen.engine.evaluate import checkpoint_outputs
+
+    cfg = load_config(str(run_dir / "config.yaml"))
+    outputs, dataset, meta, _ = checkpoint_outputs(cfg, str(run_dir / "best"), "test")
+    windows = {}
+    for i, tags in enumerate(outputs):
+        item = dataset[i]
+        content = [int(t) for t, gold in zip(tags, item["labels"]) if gold != -100]
+        windows.setdefault(int(item["doc_id"]), []).append((int(item.get("offset", 0)), content))
+    pred = []
+    for doc in sorted(windows):
+        ws = windows[doc]
+        row = []
+        for p in range(max(off + len(rows) for off, rows in ws)):
+            covering = [(min(p - off, off + len(rows) - 1 - p), -w, rows[p - off])
+                        for w, (off, rows) in enumerate(ws) if off <= p < off + len(rows)]
+            row.append(meta["label_names"][max(covering)[2]])
+        pred.append(row)
+    gold = raw_test_tags(raw_file)
+    assert [len(r) for r in pred] == [len(r) for r in gold]  # every test token predicted
+    pairs = [(p, g) for pr, gr in zip(pred, gold) for p, g in zip(pr, gr)]
+    report = {"num_examples": len(gold),
+              "token_accuracy": sum(p == g for p, g in pairs) / len(pairs)}
+    if scheme != "plain":
+        def chunks(rows):
+            return {(d, *c) for d, r in enumerate(rows)
+                    for c in get_entities([t.replace("M", "I", 1) if scheme == "bmes" else t
+                                           for t in r])}
+        found, true = chunks(pred), chunks(gold)
+        hit = len(found & true)
+        precision = hit / len(found) if found else 0.0
+        recall = hit / len(true) if true else 0.0
+        report.update(precision=precision, recall=recall,
+                      f1=2 * precision * recall / (precision + recall) if hit else 0.0)
+    return report
