@@ -5,9 +5,11 @@ import subprocess
 import sys
 
 import httpx
+import numpy as np
 import pytest
-from test_deploy_helpers import cls_export, tag_export  # noqa: F401
+from test_deploy_helpers import NER_TAGS, cls_export, reference, tag_export  # noqa: F401
 from test_deploy_seq2seq import make_seq2seq_export
+from test_deploy_seq2seq import reference as s2s_reference
 from test_server import RunningServer
 
 from ppvarlen.deploy.predictor import Predictor
@@ -25,12 +27,34 @@ def s2s_error_export(tmp_path_factory):
 
 
 @pytest.fixture(params=["classification", "tagging", "seq2seq"])
-def export_dir(request, cls_export, tag_export, s2s_error_export):  # noqa: F811
-    return {"classification": cls_export, "tagging": tag_export,
-            "seq2seq": s2s_error_export}[request.param][0]
+def export(request, cls_export, tag_export, s2s_error_export):  # noqa: F811
+    """(task, (export dir, the eager model it was exported from, its encoder))."""
+    return request.param, {"classification": cls_export, "tagging": tag_export,
+                           "seq2seq": s2s_error_export}[request.param]
 
 
-def test_openapi_declares_body_responses_and_a_real_example(export_dir):
+@pytest.fixture
+def export_dir(export):
+    return export[1][0]
+
+
+def eager_answer(task, model, encoder, text, max_len):
+    """What the answer to ``text`` must hold, from the eager model run on it alone (no server,
+    no exported graph): classification label and probabilities (softmax written out here),
+    tagging tags, seq2seq output ids."""
+    if task == "seq2seq":
+        return {"output_ids": [int(i) for i in s2s_reference(model, encoder, [text])[0]]}
+    out = reference(model, encoder, task, [text], max_len)[0]
+    if task == "tagging":
+        return {"tags": [NER_TAGS[int(t)] for t in out]}
+    probs = np.exp(out - out.max()) / np.exp(out - out.max()).sum()
+    names = ["negative", "positive"]
+    return {"label": names[int(probs.argmax())], "label_id": int(probs.argmax()),
+            "probs": dict(zip(names, probs.tolist()))}
+
+
+def test_openapi_declares_body_responses_and_a_real_example(export):
+    task, (export_dir, model, encoder) = export
     predictor = Predictor(export_dir, "onnx")
     limits = Limits(max_texts_per_request=7, max_text_chars=300)
     with RunningServer(create_app(predictor, limits=limits, max_wait_ms=1)) as srv:
@@ -45,8 +69,16 @@ def test_openapi_declares_body_responses_and_a_real_example(export_dir):
         assert texts["items"]["maxLength"] == limit
         example = post["requestBody"]["content"]["application/json"]["example"]
         answer = post["responses"]["200"]["content"]["application/json"]["example"]
-        # the /docs example is what the server really answers to it
+        # the /docs example is what the server really answers to it, and that is what the
+        # eager model computes for each example text
         assert httpx.post(srv.url + "/predict", json=example).json() == answer
+        assert len(answer["predictions"]) == len(example["texts"]) >= 1
+        for text, got in zip(example["texts"], answer["predictions"]):
+            want = eager_answer(task, model, encoder, text, predictor.max_len)
+            assert {k: got[k] for k in want if k != "probs"} == {
+                k: v for k, v in want.items() if k != "probs"}, text
+            if "probs" in want:
+                assert got["probs"] == pytest.approx(want["probs"], abs=1e-4)
         prediction = schemas["PredictResponse"]["properties"]["predictions"]["items"]["$ref"]
         fields = set(schemas[prediction.rsplit("/", 1)[1]]["properties"])
         assert fields == set(answer["predictions"][0])
