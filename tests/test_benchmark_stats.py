@@ -1,19 +1,10 @@
 """The statistics benchmarks/sentiment_splits.py reports (an exact McNemar test, a paired summary)."""
-import importlib.util
-import os
-
 import pytest
 from scipy.stats import binomtest
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
+from script_loader import load_script
 
 def _module():
-    spec = importlib.util.spec_from_file_location(
-        "sentiment_splits", os.path.join(REPO, "benchmarks", "sentiment_splits.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/sentiment_splits.py")
 
 
 @pytest.mark.parametrize("a,b", [(76, 53), (53, 76), (10, 0), (3, 4), (120, 80), (1, 1)])

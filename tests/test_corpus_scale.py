@@ -1,21 +1,17 @@
 """benchmarks/corpus_scale.py: the synthetic corpus generator and the parts of a run (no timing)."""
-import importlib.util
 import json
 import os
 import re
 import sys
 
 import pytest
+from script_loader import load_script
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location(
-        "corpus_scale", os.path.join(REPO, "benchmarks", "corpus_scale.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/corpus_scale.py")
 
 
 def test_generated_lines_join_one_to_four_reviews_of_one_label(tmp_path):

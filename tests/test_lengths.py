@@ -5,6 +5,7 @@ import sys
 
 import numpy as np
 import pytest
+from script_loader import load_script
 
 from ppvarlen.data.lengths import (length_stats, optimal_boundaries, padded_tokens_bucketed,
                                    plot_lengths, quantile_boundaries, round_up)
@@ -82,14 +83,7 @@ def test_lengths_module_does_not_import_paddle():
 
 
 def _tool():
-    import importlib.util
-    import os
-
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "tools", "analyze_lengths.py")
-    spec = importlib.util.spec_from_file_location("analyze_lengths_tool", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("tools/analyze_lengths.py", "analyze_lengths_tool")
 
 
 def test_analyze_lengths_tool_writes_json_and_png(tmp_path, capsys):
