@@ -3,6 +3,7 @@ import pytest
 from scipy.stats import binomtest
 from script_loader import load_script
 
+
 def _module():
     return load_script("benchmarks/sentiment_splits.py")
 

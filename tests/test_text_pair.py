@@ -102,20 +102,6 @@ def test_pair_too_long_under_error_policy_and_window_refused(tmp_path):
         build_datasets(cfg.Data)
 
 
-def test_export_verify_paddle_and_onnx(trained, tmp_path):
-    out, _, _ = trained
-    export_dir = tmp_path / "export"
-    manifest = export_checkpoint(os.path.join(out, "best"), str(export_dir), verify=True)
-    assert [i["name"] for i in manifest["inputs"]] == ["input_ids", "seq_len", "token_type_ids"]
-    with open(export_dir / "parity.json") as f:
-        report = json.load(f)
-    assert report["passed"], report["failures"]
-    for part in ("grid", "test"):
-        for name in ("paddle_inference_onednn", "onnx"):
-            r = report["results"][part][name]
-            assert r["max_abs_diff"] <= 1e-4 and r["agreement"] == 1.0, (part, name, r)
-
-
 def _padded(items, pad_id, extra):
     fields = get_task("text_pair").store_fields()
     batch = Collator(pad_id, fields=fields)(items)
@@ -219,20 +205,29 @@ def test_paddlenlp_pair_matches_paddlenlp_eager_and_is_padding_invariant(ernie_d
                                model(ids, lens, seg).numpy(), atol=1e-6)
 
 
-def test_paddlenlp_pair_trains_and_exports_with_verify(ernie_dir, trained, tmp_path):
-    _, paths, _ = trained
-    cfg = pair_cfg(tmp_path / "run", paths,
-                   {"tokenizer": "pretrained", "vocab_file": os.path.join(ernie_dir, "vocab.txt")},
-                   name="paddlenlp_seq_cls", pretrained_dir=ernie_dir, max_position=64)
-    trainer_mod.train(cfg)
-    manifest = export_checkpoint(str(tmp_path / "run" / "best"), str(tmp_path / "export"),
-                                 verify=True)
+@pytest.mark.parametrize("model", ["transformer_cls", "paddlenlp_seq_cls"])
+def test_pair_export_verifies_on_paddle_and_onnx(model, trained, tmp_path, request):
+    """A ppvarlen model and a PaddleNLP Auto model trained on pairs export with --verify: the
+    three inputs, and fp32 parity within 1e-4 with full agreement on the grid and the test split."""
+    out, paths, _ = trained
+    checkpoint = os.path.join(out, "best")
+    if model == "paddlenlp_seq_cls":
+        ernie_dir = request.getfixturevalue("ernie_dir")
+        cfg = pair_cfg(tmp_path / "run", paths, {"tokenizer": "pretrained",
+                                                 "vocab_file": os.path.join(ernie_dir, "vocab.txt")},
+                       name=model, pretrained_dir=ernie_dir, max_position=64)
+        trainer_mod.train(cfg)
+        checkpoint = str(tmp_path / "run" / "best")
+    export_dir = tmp_path / "export"
+    manifest = export_checkpoint(checkpoint, str(export_dir), verify=True)
     assert [i["name"] for i in manifest["inputs"]] == ["input_ids", "seq_len", "token_type_ids"]
-    with open(tmp_path / "export" / "parity.json") as f:
+    with open(export_dir / "parity.json") as f:
         report = json.load(f)
     assert report["passed"], report["failures"]
-    r = report["results"]["test"]["onnx"]
-    assert r["max_abs_diff"] <= 1e-4 and r["agreement"] == 1.0
+    for part in ("grid", "test"):
+        for name in ("paddle_inference_onednn", "onnx"):
+            r = report["results"][part][name]
+            assert r["max_abs_diff"] <= 1e-4 and r["agreement"] == 1.0, (part, name, r)
 
 
 def test_serve_pairs_over_http(trained, tmp_path):
