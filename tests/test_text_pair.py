@@ -213,8 +213,8 @@ def test_pair_export_verifies_on_paddle_and_onnx(model, trained, tmp_path, reque
     checkpoint = os.path.join(out, "best")
     if model == "paddlenlp_seq_cls":
         ernie_dir = request.getfixturevalue("ernie_dir")
-        cfg = pair_cfg(tmp_path / "run", paths, {"tokenizer": "pretrained",
-                                                 "vocab_file": os.path.join(ernie_dir, "vocab.txt")},
+        vocab = os.path.join(ernie_dir, "vocab.txt")
+        cfg = pair_cfg(tmp_path / "run", paths, {"tokenizer": "pretrained", "vocab_file": vocab},
                        name=model, pretrained_dir=ernie_dir, max_position=64)
         trainer_mod.train(cfg)
         checkpoint = str(tmp_path / "run" / "best")

@@ -205,7 +205,8 @@ def main(argv=None):
     parser.add_argument("--max-batch-tokens", type=positive_int, default=8192,
                         help="token budget per forward pass, padding counted")
     parser.add_argument("--max-batch-size", type=positive_int, default=64)
-    parser.add_argument("--actors", type=positive_int, default=2, help="predictor actors in the pool")
+    parser.add_argument("--actors", type=positive_int, default=2,
+                        help="predictor actors in the pool")
     parser.add_argument("--actor-cpus", type=float, default=1.0, help="CPUs reserved per actor")
     parser.add_argument("--window", type=positive_int, default=1024,
                         help="rows an actor sorts by length and batches at once")
