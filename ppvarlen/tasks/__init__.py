@@ -1,7 +1,8 @@
 """Task registry: ``get_task(name)`` -> a fresh ``Task`` (``ppvarlen.tasks.base``).
 
 The only place that maps task names to behaviour; everything else asks the Task object
-(tests/test_hygiene.py fails on a task-name comparison anywhere else).
+(tests/test_hygiene.py fails on a task-name comparison anywhere else).  The serving path
+imports the tasks without paddle: the methods that train or evaluate import it when they run.
 """
 from ..config import ConfigError
 from .base import Task
