@@ -1,5 +1,6 @@
 """Length statistics and bucket boundaries: the DP is checked against brute force."""
 import itertools
+import os
 import subprocess
 import sys
 
@@ -71,6 +72,16 @@ def test_plot_writes_png(tmp_path):
     path = plot_lengths(np.arange(1, 300), str(tmp_path / "p" / "lengths.png"), max_len=256,
                         boundaries={"optimal": [50, 256]})
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plotting_leaves_the_matplotlib_backend_alone(tmp_path):
+    """A user's process keeps its matplotlib backend: the PNG is drawn without pyplot."""
+    code = ("import sys, matplotlib\nfrom ppvarlen.data.lengths import plot_lengths\n"
+            "plot_lengths([3, 5, 9], sys.argv[1])\nprint(matplotlib.get_backend())")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "l.png")], text=True,
+                         capture_output=True, env=dict(os.environ, MPLBACKEND="svg"), timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "svg" and (tmp_path / "l.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_lengths_module_does_not_import_paddle():

@@ -127,10 +127,7 @@ def padding_efficiency(real_tokens, computed_tokens):
 
 def plot_lengths(lengths, path, max_len=None, boundaries=None, title="token lengths"):
     """Histogram + CDF PNG; ``boundaries`` {name: [b1, b2, ...]} drawn as vertical lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: the process's backend stays as it was
 
     arr = as_lengths(lengths)
     # a few very long outliers would squash the plot: cut the x axis at max_len / p99.5
@@ -138,7 +135,8 @@ def plot_lengths(lengths, path, max_len=None, boundaries=None, title="token leng
     upper = int(max(np.percentile(arr, 99.5), *drawn))
     upper = min(int(arr.max()), upper)
     beyond = int((arr > upper).sum())
-    fig, (ax_h, ax_c) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    ax_h, ax_c = fig.subplots(1, 2)
     ax_h.hist(arr[arr <= upper], bins=min(100, max(10, int(np.unique(arr).size))), color="#4C72B0")
     ax_h.set_xlabel("tokens per example" + (f" ({beyond} longer than {upper} not shown)"
                                             if beyond else ""))
@@ -166,6 +164,5 @@ def plot_lengths(lengths, path, max_len=None, boundaries=None, title="token leng
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     fig.savefig(tmp, format="png", dpi=110)  # write then rename: never a half-written PNG
-    plt.close(fig)
     os.replace(tmp, path)
     return path

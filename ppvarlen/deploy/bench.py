@@ -207,13 +207,11 @@ def run_benchmark(export_dir, out_dir, backend="paddle", concurrency=16, max_req
 
 
 def plot(results, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: the process's backend stays as it was
 
     names = list(results["settings"])
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    a, b = fig.subplots(1, 2)
     qps = [results["settings"][n]["qps"] or 0 for n in names]
     colors = [f"C{i}" for i in range(len(names))]  # the same colour per setting in both plots
     a.bar(names, qps, color=colors)
@@ -231,5 +229,4 @@ def plot(results, path):
     fig.tight_layout()
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=100)
-    plt.close(fig)
     os.replace(tmp, path)

@@ -46,15 +46,13 @@ class Logbook:
 
     def plot(self, png_path, metric):
         """Training loss and dev ``metric`` against step, one PNG."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure  # no pyplot: the process's backend stays as it was
 
         recs = self.records()
         train = [r for r in recs if "loss" in r]
         dev = [r for r in recs if "dev" in r]
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig = Figure(figsize=(7, 4))
+        ax = fig.subplots()
         ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss", lw=1)
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
@@ -68,7 +66,6 @@ class Logbook:
         fig.tight_layout()
         tmp = png_path + ".tmp.png"
         fig.savefig(tmp, dpi=100)
-        plt.close(fig)
         os.replace(tmp, png_path)
 
     def close(self):
