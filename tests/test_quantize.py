@@ -152,17 +152,17 @@ def zero_weight_scales(path):
 
 
 def test_broken_int8_graph_fails_the_export_gate(tmp_path, monkeypatch):
-    from ppvarlen.export import quantize
+    from ppvarlen.export import exporter
     from ppvarlen.export.errors import ExportFailedError
 
-    real = quantize.quantize_onnx
+    real = exporter.quantize_onnx  # patched where the exporter looks it up
 
     def broken_quantize(src, dst, **kw):
         info = real(src, dst, **kw)
         zero_weight_scales(dst)
         return info
 
-    monkeypatch.setattr(quantize, "quantize_onnx", broken_quantize)
+    monkeypatch.setattr(exporter, "quantize_onnx", broken_quantize)
     with pytest.raises(ExportFailedError, match=r"test/onnx_int8: agreement .*% < 99\.5%"):
         export_model(spread_transformer(TEST_ITEMS),
                      _meta("classification", "transformer_cls", ["a", "b"]), _encoder(), CFG,

@@ -189,10 +189,9 @@ class _Unconvertible(paddle.nn.Layer):
 
 
 def test_unconvertible_model_fails_at_start_with_the_reason(tmp_path, monkeypatch):
-    import ppvarlen.models as models
-
-    real_build = models.build_model
-    monkeypatch.setattr(models, "build_model", lambda *a, **k: _Unconvertible(real_build(*a, **k)))
+    real_build = trainer_mod.build_model  # patched where the trainer looks it up
+    monkeypatch.setattr(trainer_mod, "build_model",
+                        lambda *a, **k: _Unconvertible(real_build(*a, **k)))
     with pytest.raises(ConfigError) as err:
         trainer("configs/sentiment/transformer.yaml", tmp_path, TINY_TRANSFORMER, True)
     msg = str(err.value)
