@@ -125,6 +125,8 @@ def openapi_document(app, request, response, example=None):
         "200": _json(resp, "one prediction per text, in request order",
                      example["response"] if example else None),
         "400": _json(error, "the body is not JSON (or a bad Content-Length header)"),
+        "409": _json(error, "the model repository holds several models: /predict takes none "
+                            "of them; address one as POST /v2/models/NAME/infer"),
         "413": _json(error, "the body is larger than Deploy.max_body_bytes"),
         "422": _json(error, "the JSON does not fit the request schema, or a text cannot be "
                             "taken by this export (blank, or longer than max_len under the "
