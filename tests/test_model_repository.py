@@ -12,6 +12,7 @@ import os
 import shutil
 import threading
 import time
+import weakref
 
 import httpx
 import pytest
@@ -135,6 +136,10 @@ def test_hot_reload_under_load(cls_export, tmp_path):  # noqa: F811
                                                               timeout=30).json()}
         loop.wait_for(lambda a: len(a) >= 200, "200 answers from version 1")
         one_version = rss_bytes()
+        v1 = app.state.registry.get("tiny", "1")
+        # what unloading must free: the version, its predictor and the engine it runs
+        v1_refs = [weakref.ref(o) for o in (v1, v1.predictor, v1.predictor.engine)]
+        del v1
 
         os.rename(staging / "2", root / "tiny" / "2")  # atomic: the directory appears whole
         loop.wait_for(lambda a: sum(v == "2" for _, v, _, _ in a) >= 200,
@@ -153,6 +158,8 @@ def test_hot_reload_under_load(cls_export, tmp_path):  # noqa: F811
         assert httpx.get(srv.url + "/v2/models/tiny/versions/1/ready").status_code == 404
         metrics = samples(httpx.get(srv.url + "/metrics").text)
     unloaded = rss_bytes()
+    gc.collect()
+    assert [r() for r in v1_refs] == [None] * 3, "version 1 is still referenced after unloading"
 
     assert not loop.failures, loop.failures[:3]
     assert len(loop.answers) == loop.sent  # every request sent got its answer
