@@ -230,6 +230,7 @@ def test_two_models_in_one_repository(cls_export, tag_export, tmp_path):  # noqa
         assert "['ner', 'sentiment']" in r.json()["error"] and "/v2/models/NAME/infer" in \
             r.json()["error"]
         assert get("/health").json()["model_name"] == "ner"  # the first by name (documented)
+        assert "409" in get("/openapi.json").json()["paths"]["/predict"]["post"]["responses"]
 
         with ClientLoop(srv.url, model="ner") as loop:
             loop.wait_for(lambda a: len(a) >= 100, "100 answers from ner")

@@ -125,8 +125,6 @@ def openapi_document(app, request, response, example=None):
         "200": _json(resp, "one prediction per text, in request order",
                      example["response"] if example else None),
         "400": _json(error, "the body is not JSON (or a bad Content-Length header)"),
-        "409": _json(error, "the model repository holds several models: /predict takes none "
-                            "of them; address one as POST /v2/models/NAME/infer"),
         "413": _json(error, "the body is larger than Deploy.max_body_bytes"),
         "422": _json(error, "the JSON does not fit the request schema, or a text cannot be "
                             "taken by this export (blank, or longer than max_len under the "
@@ -320,4 +318,8 @@ def add_oip(doc, served, metadata, limits, max_text_chars, long_text_choices, re
             "404": _json(error, "no such model directory in the repository"),
             "409": _json(error, "the newest version was refused (the reason); the old one "
                                 "keeps serving")}
+        # /predict takes no model name: a repository that comes to hold several refuses it
+        doc["paths"]["/predict"]["post"]["responses"]["409"] = _json(
+            _schema(ErrorBody, components), "the model repository holds several models: /predict takes none of them; "
+                   "address one as POST /v2/models/NAME/infer")
     return doc
