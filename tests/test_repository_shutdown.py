@@ -105,3 +105,21 @@ def test_rearm_restores_the_python_handler_a_native_library_replaced(tmp_path):
                                 text=True, timeout=120, env=env) for how in ("rearm", "not")}
     assert runs["not"].stdout.strip() == "[]", runs["not"]  # the replacement is real
     assert runs["rearm"].stdout.strip() == "['python']", runs["rearm"]
+
+
+def test_stop_waiting_runs_what_the_batcher_holds_at_once():
+    from test_deploy_batcher import FakePredictor, Item
+
+    from ppvarlen.deploy.batcher import DynamicBatcher
+
+    pred = FakePredictor()
+    # an hour's wait for company: only stop_waiting can get these texts run within the test
+    b = DynamicBatcher([pred], max_wait_ms=3_600_000, max_batch_tokens=1000, max_batch_size=64)
+    futures = b.submit([Item(1, 4), Item(2, 5)])
+    assert b.queue_depth() == 2 and pred.batches == []
+    b.stop_waiting()
+    assert [f.result(120) for f in futures] == [("echo", 1), ("echo", 2)]
+    assert pred.batches == [[1, 2]]
+    # later texts do not wait either, and the batcher still takes them (it is not closed)
+    assert b.submit([Item(3, 4)])[0].result(120) == ("echo", 3)
+    b.close()
