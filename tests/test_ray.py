@@ -184,7 +184,8 @@ def test_serve_two_replicas_answer_like_the_single_process_server(fresh_serve, e
     url = run_config(serve_config(free_port, export_dir))
     got = run_concurrently(lambda r: post(url, r), [(r,) for r in requests])
     health = httpx.get(url + "/health", timeout=HTTP_TIMEOUT).json()
-    metrics = httpx.get(url + "/metrics.json", timeout=HTTP_TIMEOUT).json()
+    # several readings: the proxy routes each to one of the two replicas
+    readings = [httpx.get(url + "/metrics.json", timeout=HTTP_TIMEOUT).json() for _ in range(8)]
     bad_json = post(url, content=b'{"texts": [')
     assert [g.status_code for g in got] == [w.status_code for w in want]
     assert {w.status_code for w in want} == {200, 422}
@@ -197,9 +198,19 @@ def test_serve_two_replicas_answer_like_the_single_process_server(fresh_serve, e
             assert_same_predictions(a, b)
     assert bad_json.status_code == 400 and bad_json.json()["field"] == "body"
     assert health["status"] == "ok" and health["task"] == "classification"
-    assert metrics["settings"]["max_wait_ms"] == 5 and 0 < metrics["padding_efficiency"] <= 1
-    # both replicas served: each counts only its own texts
-    assert 0 < metrics["texts"] < sum(len(r["texts"]) for r in requests[:-3])
+    served = sum(len(r["texts"]) for r in requests[:-3])
+    for m in readings:
+        assert m["settings"]["max_wait_ms"] == 5 and 0 <= m["texts"] <= served
+        # a replica that ran no batch has no efficiency yet
+        assert (m["padding_efficiency"] is None) == (m["texts"] == 0), m
+        assert m["padding_efficiency"] is None or 0 < m["padding_efficiency"] <= 1
+    # Each replica counts only its own texts.  On a loaded host Serve's router can send every
+    # request to one replica (seen with two busy loops: the replica answering /metrics.json had
+    # run no batch), so the split is not asserted, only that two replicas' counts add up.
+    counts = {m["texts"] for m in readings}
+    assert len(counts) <= 2, counts
+    if len(counts) == 2:
+        assert sum(counts) == served, (counts, served)
 
 
 def test_replica_that_cannot_load_the_export_fails_with_the_predictors_error(fresh_serve,
