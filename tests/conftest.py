@@ -1,10 +1,55 @@
-"""Suite-wide test settings: the ``gpu`` marker (docs/TESTING.md).
+"""Suite-wide test settings: the ``gpu`` marker (docs/TESTING.md), the local Ray cluster
+and a free port for Ray Serve's proxy.
 
 Tests marked ``@pytest.mark.gpu`` need a CUDA build of Paddle (or onnxruntime-gpu) and a
 visible GPU; elsewhere they are skipped with the reason.  Paddle is imported only when a
-collected test carries the marker (most files never import it).
+collected test carries the marker (most files never import it); Ray only by the tests that
+use ``ray_cluster``.
 """
+import os
+import socket
+
 import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Serve's controller reads these from its environment (ray/serve/_private/constants.py): it
+# kills an HTTP proxy whose readiness check misses RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S
+# (default 5 s), and Ray's workers run at nice 15 -- on a loaded host the proxy was killed
+# before it answered (ActorDiedError).
+RAY_SERVE_SLOW_MACHINE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120",
+                              "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "120"}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster (num_cpus=2) for one test module; Serve and Ray shut down after it.
+    Its workers (started by this process's raylet, with its environment) import this
+    checkout's ppvarlen whatever the caller's PYTHONPATH."""
+    ray = pytest.importorskip("ray")
+    from ray import serve
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH"))
+                                                if p))
+        for name, value in RAY_SERVE_SLOW_MACHINE_ENV.items():
+            mp.setenv(name, value)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    try:
+        yield ray
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture
+def free_port():
+    """A loopback port free right now.  Serve's proxy binds inside its actor and its API
+    reports no kernel-chosen port, so port 0 cannot be used there; the proxy's bind fails
+    loudly (the readiness check) if another process takes the port in between."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def gpu_status():

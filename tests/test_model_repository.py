@@ -6,15 +6,17 @@ after version 1 is unloaded is within 10% of what it was with one version loaded
 import ctypes
 import functools
 import gc
+import json
 import logging
 import os
 import shutil
 import threading
 import time
+import weakref
 
 import httpx
 import pytest
-from test_deploy_helpers import TEXTS, cls_export, make_tiny_export  # noqa: F401
+from test_deploy_helpers import TEXTS, cls_export, make_tiny_export, tag_export  # noqa: F401
 from test_prometheus import samples, value
 from test_server import RunningServer
 
@@ -33,11 +35,16 @@ def rss_bytes():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-class ClientLoop:
-    """CLIENTS threads posting /predict until stopped; every answer is recorded."""
+def oip_request(text):
+    return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
 
-    def __init__(self, url):
-        self.url, self.stop = url, threading.Event()
+
+class ClientLoop:
+    """CLIENTS threads posting /predict (or ``model``'s OIP infer) until stopped; every answer
+    is recorded as (text, X-Model-Version, the body's version, the prediction)."""
+
+    def __init__(self, url, model=None):
+        self.url, self.model, self.stop = url, model, threading.Event()
         self.cond = threading.Condition()
         self.answers, self.failures, self.sent = [], [], 0
         self.threads = [threading.Thread(target=self._run, args=(k,)) for k in range(CLIENTS)]
@@ -51,7 +58,11 @@ class ClientLoop:
                 with self.cond:
                     self.sent += 1
                 try:
-                    r = client.post(self.url + "/predict", json={"texts": [text]})
+                    if self.model is None:
+                        r = client.post(self.url + "/predict", json={"texts": [text]})
+                    else:
+                        r = client.post(f"{self.url}/v2/models/{self.model}/infer",
+                                        json=oip_request(text))
                 except httpx.HTTPError as e:
                     with self.cond:
                         self.failures.append(repr(e))
@@ -62,8 +73,10 @@ class ClientLoop:
                         self.failures.append((r.status_code, r.text))
                     else:
                         body = r.json()
+                        prediction = (body["predictions"][0] if self.model is None else
+                                      {o["name"]: o["data"][0] for o in body["outputs"]})
                         self.answers.append((text, r.headers["X-Model-Version"],
-                                             body["model_version"], body["predictions"][0]))
+                                             body["model_version"], prediction))
                     self.cond.notify_all()
 
     def wait_for(self, predicate, what):
@@ -123,6 +136,10 @@ def test_hot_reload_under_load(cls_export, tmp_path):  # noqa: F811
                                                               timeout=30).json()}
         loop.wait_for(lambda a: len(a) >= 200, "200 answers from version 1")
         one_version = rss_bytes()
+        v1 = app.state.registry.get("tiny", "1")
+        # what unloading must free: the version, its predictor and the engine it runs
+        v1_refs = [weakref.ref(o) for o in (v1, v1.predictor, v1.predictor.engine)]
+        del v1
 
         os.rename(staging / "2", root / "tiny" / "2")  # atomic: the directory appears whole
         loop.wait_for(lambda a: sum(v == "2" for _, v, _, _ in a) >= 200,
@@ -141,6 +158,8 @@ def test_hot_reload_under_load(cls_export, tmp_path):  # noqa: F811
         assert httpx.get(srv.url + "/v2/models/tiny/versions/1/ready").status_code == 404
         metrics = samples(httpx.get(srv.url + "/metrics").text)
     unloaded = rss_bytes()
+    gc.collect()
+    assert [r() for r in v1_refs] == [None] * 3, "version 1 is still referenced after unloading"
 
     assert not loop.failures, loop.failures[:3]
     assert len(loop.answers) == loop.sent  # every request sent got its answer
@@ -175,3 +194,63 @@ def test_serve_script_refuses_an_empty_repository(tmp_path):
                        timeout=120)
     assert r.returncode == 2 and "no NAME/VERSION/" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_two_models_in_one_repository(cls_export, tag_export, tmp_path):  # noqa: F811
+    """Each model by its OIP path with its own metadata; /predict names both and takes
+    neither (409); reloading one while the other is under load leaves the other untouched."""
+    root = tmp_path / "models"
+    shutil.copytree(cls_export[0], root / "sentiment" / "1")
+    shutil.copytree(tag_export[0], root / "ner" / "1")
+    (root / "notes").mkdir()  # no version directories: not a model, ignored
+    own = {"sentiment": dict(zip(TEXTS, Predictor(cls_export[0], "onnx").predict(TEXTS))),
+           "ner": dict(zip(TEXTS, Predictor(tag_export[0], "onnx").predict(TEXTS)))}
+    app = create_app(repository=str(root), load_predictor=functools.partial(Predictor,
+                     backend="onnx"), poll_s=None, max_wait_ms=2, drain_timeout_s=60)
+    with RunningServer(app) as srv:
+        get = lambda path: httpx.get(srv.url + path, timeout=60)  # noqa: E731
+        meta = {name: get(f"/v2/models/{name}").json() for name in own}
+        outputs = {name: [o["name"] for o in m["outputs"]] for name, m in meta.items()}
+        assert outputs["sentiment"][:3] == ["label", "label_id", "probs"], outputs
+        assert outputs["ner"][:2] == ["entities", "tags"], outputs
+        assert all(m["versions"] == ["1"] and m["inputs"][0]["name"] == "text"
+                   for m in meta.values())
+        for name, model_own in own.items():
+            for text in TEXTS[:3]:
+                r = httpx.post(f"{srv.url}/v2/models/{name}/infer", json=oip_request(text),
+                               timeout=60)
+                assert r.status_code == 200 and r.json()["model_name"] == name, r.text
+                row = {o["name"]: o["data"][0] for o in r.json()["outputs"]}
+                if name == "sentiment":
+                    assert row["label"] == model_own[text]["label"]
+                else:
+                    assert json.loads(row["entities"]) == model_own[text]["entities"]
+        r = httpx.post(srv.url + "/predict", json={"texts": [TEXTS[0]]}, timeout=60)
+        assert r.status_code == 409, r.text
+        assert "['ner', 'sentiment']" in r.json()["error"] and "/v2/models/NAME/infer" in \
+            r.json()["error"]
+        assert get("/health").json()["model_name"] == "ner"  # the first by name (documented)
+        assert "409" in get("/openapi.json").json()["paths"]["/predict"]["post"]["responses"]
+
+        with ClientLoop(srv.url, model="ner") as loop:
+            loop.wait_for(lambda a: len(a) >= 100, "100 answers from ner")
+            shutil.copytree(cls_export[0], tmp_path / "staging")
+            os.rename(tmp_path / "staging", root / "sentiment" / "2")
+            r = httpx.post(srv.url + "/v2/repository/models/sentiment/load", timeout=120)
+            assert r.status_code == 200 and r.json()["version"] == "2", r.text
+            after = len(loop.answers)
+            loop.wait_for(lambda a: len(a) >= after + 100, "100 ner answers after the reload")
+        assert get("/v2/models/sentiment/versions/1/ready").status_code == 404
+        assert get("/v2/models/sentiment/versions/2/ready").status_code == 200
+        assert get("/v2/models/ner/versions/1/ready").status_code == 200
+        metrics = samples(get("/metrics").text)
+
+    assert not loop.failures, loop.failures[:3]
+    assert len(loop.answers) == loop.sent
+    for text, header, body_version, prediction in loop.answers:
+        assert header == body_version == "1"
+        assert json.loads(prediction["entities"]) == own["ner"][text]["entities"]
+        assert json.loads(prediction["tags"]) == own["ner"][text]["tags"]
+    assert value(metrics, "ppvarlen_model_version_loaded", model="ner", version="1") == 1
+    assert value(metrics, "ppvarlen_model_version_loaded", model="sentiment", version="1") == 0
+    assert value(metrics, "ppvarlen_model_version_loaded", model="sentiment", version="2") == 1

@@ -7,7 +7,6 @@ probabilities and a row answered with another row's prediction is caught.
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -33,30 +32,12 @@ BAD_LINES = [b'{"id": "b1", "text": ""}', b'{"id": "b2", "text": 42}', b'{"id": 
              b'{"id": "b5", "text": "   "}']
 BAD_REASONS = ["empty text", "wrong type", "missing", "not UTF-8", "not valid JSON",
                "expected an object", "empty text"]
-
-
-# Serve's controller reads these from its environment (ray/serve/_private/constants.py): a new
-# HTTP proxy gets RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S (default 5 s) per readiness check, and
-# Ray's workers run at nice 15 -- on a loaded host the proxy was killed before it answered.
-SERVE_TIMEOUTS = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120",
-                  "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "120"}
 HTTP_TIMEOUT = 120  # seconds per request to a replica (httpx's default of 5 s is too short)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    # Workers (started by this process's raylet, with its environment) import this
-    # checkout's ppvarlen whatever the caller's PYTHONPATH.
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH"))
-                                                if p))
-        for name, value in SERVE_TIMEOUTS.items():
-            mp.setenv(name, value)
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield
-    serve.shutdown()
-    ray.shutdown()
+@pytest.fixture
+def cluster(ray_cluster):  # the module's Ray cluster (conftest.py)
+    return ray_cluster
 
 
 @pytest.fixture
@@ -186,33 +167,25 @@ def test_parquet_bad_values_become_rejects_with_reasons(tmp_path):
         ("ints.parquet", 1, "wrong type"), ("ints.parquet", 2, "wrong type")]
 
 
-def unused_port():
-    """A port free right now.  Serve's proxy binds inside its actor and its API reports no
-    kernel-chosen port, so port 0 cannot be used here; the proxy's bind fails loudly (the
-    readiness check) if another process takes the port in between."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve_config(tmp_path, export_dir, replicas=2):
+def serve_config(port, export_dir, replicas=2):
     config = load_serve_config(os.path.join(REPO, "deploy", "ray", "serve.yaml"), export_dir)
-    config.http_options.port = unused_port()
+    config.http_options.port = port
     config.applications[0].deployments[0].num_replicas = replicas
     return config
 
 
 def test_serve_two_replicas_answer_like_the_single_process_server(fresh_serve, export_dir,
-                                                                   reviews, tmp_path):
+                                                                   reviews, free_port):
     requests = [{"texts": reviews[k:k + 1 + k % 4]} for k in range(0, 240, 5)]
     requests += [{"texts": ["好", ""]}, {"texts": "not a list"}, {"texts": ["a"], "extra": 1}]
     single = create_app(Predictor(export_dir, "paddle"), max_wait_ms=5)
     with RunningServer(single) as srv:
         want = run_concurrently(lambda r: post(srv.url, r), [(r,) for r in requests])
-    url = run_config(serve_config(tmp_path, export_dir))
+    url = run_config(serve_config(free_port, export_dir))
     got = run_concurrently(lambda r: post(url, r), [(r,) for r in requests])
     health = httpx.get(url + "/health", timeout=HTTP_TIMEOUT).json()
-    metrics = httpx.get(url + "/metrics.json", timeout=HTTP_TIMEOUT).json()
+    # several readings: the proxy routes each to one of the two replicas
+    readings = [httpx.get(url + "/metrics.json", timeout=HTTP_TIMEOUT).json() for _ in range(8)]
     bad_json = post(url, content=b'{"texts": [')
     assert [g.status_code for g in got] == [w.status_code for w in want]
     assert {w.status_code for w in want} == {200, 422}
@@ -225,20 +198,31 @@ def test_serve_two_replicas_answer_like_the_single_process_server(fresh_serve, e
             assert_same_predictions(a, b)
     assert bad_json.status_code == 400 and bad_json.json()["field"] == "body"
     assert health["status"] == "ok" and health["task"] == "classification"
-    assert metrics["settings"]["max_wait_ms"] == 5 and 0 < metrics["padding_efficiency"] <= 1
-    # both replicas served: each counts only its own texts
-    assert 0 < metrics["texts"] < sum(len(r["texts"]) for r in requests[:-3])
+    served = sum(len(r["texts"]) for r in requests[:-3])
+    for m in readings:
+        assert m["settings"]["max_wait_ms"] == 5 and 0 <= m["texts"] <= served
+        # a replica that ran no batch has no efficiency yet
+        assert (m["padding_efficiency"] is None) == (m["texts"] == 0), m
+        assert m["padding_efficiency"] is None or 0 < m["padding_efficiency"] <= 1
+    # Each replica counts only its own texts.  On a loaded host Serve's router can send every
+    # request to one replica (seen with two busy loops: the replica answering /metrics.json had
+    # run no batch), so the split is not asserted, only that two replicas' counts add up.
+    counts = {m["texts"] for m in readings}
+    assert len(counts) <= 2, counts
+    if len(counts) == 2:
+        assert sum(counts) == served, (counts, served)
 
 
 def test_replica_that_cannot_load_the_export_fails_with_the_predictors_error(fresh_serve,
-                                                                             export_dir, tmp_path):
+                                                                             export_dir, tmp_path,
+                                                                             free_port):
     broken = tmp_path / "export"
     shutil.copytree(export_dir, broken)
     with open(broken / "vocab.txt", "a", encoding="utf-8") as f:
         f.write("tampered\n")
     with pytest.raises(ReplicaStartError, match=r"UnservableExportError: .*vocab\.txt: sha256 .* does not "
                                                 r"match the manifest"):
-        run_config(serve_config(tmp_path, str(broken), replicas=1))
+        run_config(serve_config(free_port, str(broken), replicas=1))
 
 
 def test_serve_args_are_checked_before_any_replica_starts():

@@ -2,7 +2,6 @@
 client), Prometheus /metrics and a model repository rollout work through Serve's proxy."""
 import os
 import shutil
-import socket
 
 import httpx
 import numpy as np
@@ -16,42 +15,15 @@ from ray import serve  # noqa: E402
 
 from ppvarlen.integrations.ray_serve import load_serve_config, run_config  # noqa: E402
 
-
-def free_port():
-    """A port free right now (Serve's proxy binds inside its actor and reports no kernel-chosen
-    port, so port 0 cannot be used; a clash fails loudly at the proxy's readiness check)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Serve's controller kills an HTTP proxy whose readiness check misses this deadline (5 s by
-# default); on a machine whose cores are busy the proxy starts slower than that.
-SLOW_MACHINE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120",
-                    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60"}
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with pytest.MonkeyPatch.context() as mp:
-        # the raylet (and Serve's controller and proxy it starts) inherits this environment
-        mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH"))
-                                                if p))
-        for key, v in SLOW_MACHINE_ENV.items():
-            mp.setenv(key, v)
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-
-
-def test_serve_replica_answers_oip_metrics_and_rolls_out(cluster, cls_export, tmp_path):  # noqa: F811
+def test_serve_replica_answers_oip_metrics_and_rolls_out(ray_cluster, cls_export, tmp_path,  # noqa: F811
+                                                         free_port):
     root = tmp_path / "models"
     shutil.copytree(cls_export[0], root / "tiny" / "1")
     config = load_serve_config(os.path.join(REPO, "deploy", "ray", "serve.yaml"))
-    config.http_options.port = free_port()
+    config.http_options.port = free_port
     app = config.applications[0]
     app.args = {"model_repository": str(root), "backend": "onnx",
                 "deploy": {"max_wait_ms": 5, "repository_poll_s": 0}}

@@ -317,4 +317,8 @@ def add_oip(doc, served, metadata, limits, max_text_chars, long_text_choices, re
             "404": _json(error, "no such model directory in the repository"),
             "409": _json(error, "the newest version was refused (the reason); the old one "
                                 "keeps serving")}
+        # /predict takes no model name: a repository that comes to hold several refuses it
+        doc["paths"]["/predict"]["post"]["responses"]["409"] = _json(
+            _schema(ErrorBody, components), "the model repository holds several models: /predict takes none of them; "
+                   "address one as POST /v2/models/NAME/infer")
     return doc

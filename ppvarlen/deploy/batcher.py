@@ -116,6 +116,13 @@ class DynamicBatcher:
             self._cond.notify_all()
         return [j.future for j in jobs]
 
+    def stop_waiting(self):
+        """Shutdown has begun: run what is queued now instead of waiting for company
+        (``max_wait_ms``), so in-flight requests finish before the server's drain deadline."""
+        with self._cond:
+            self.max_wait = 0.0
+            self._cond.notify_all()
+
     def queue_depth(self):
         with self._cond:
             return len(self._pending)

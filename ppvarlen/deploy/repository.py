@@ -85,6 +85,11 @@ class ServedModel:
                  settings.workers, self.overhead_tokens)
         return self
 
+    def stop_waiting(self):
+        batcher = self.batcher
+        if batcher is not None:
+            batcher.stop_waiting()
+
     def submit(self, items):
         batcher = self.batcher
         if batcher is None:
@@ -113,6 +118,10 @@ def _example(model):
 
 class NotServed(LookupError):
     """No ready model or version answers to this name; the message says what is served."""
+
+
+class SeveralModels(NotServed):
+    """A route that takes no model name (``/predict``) on a server holding several models."""
 
 
 class ModelRegistry:
@@ -156,9 +165,12 @@ class ModelRegistry:
         with self._lock:
             served = sorted(n for n, vs in self._ready.items() if vs)
             if name is None:
-                if len(served) != 1:
-                    raise NotServed(f"this server holds models {served}; address one as "
-                                    f"/v2/models/NAME/infer")
+                if len(served) > 1:
+                    raise SeveralModels(f"this server holds models {served}; /predict serves a "
+                                        f"repository of one model: address one as POST "
+                                        f"/v2/models/NAME/infer")
+                if not served:
+                    raise NotServed("no model is ready")
                 name = served[0]
             versions = self._ready.get(name) or {}
             if not versions:
@@ -260,7 +272,8 @@ def _fingerprint(path):
 class Repository:
     """Loads, verifies, swaps in and unloads versions of ``root/NAME/VERSION/``."""
 
-    def __init__(self, root, load_predictor, registry, settings, metrics=None, poll_s=None):
+    def __init__(self, root, load_predictor, registry, settings, metrics=None, poll_s=None,
+                 after_load=None):
         if not os.path.isdir(root):
             raise UnservableExportError(f"model repository not found: {root}; pass a directory holding "
                               f"NAME/VERSION/ export directories")
@@ -270,6 +283,7 @@ class Repository:
         self.root, self.registry, self.settings = root, registry, settings
         self.load_predictor = load_predictor  # export dir -> Predictor (verifies the manifest)
         self.metrics, self.poll_s = metrics, poll_s
+        self.after_load = after_load  # called once a version's predictor exists (server hook)
         self._refused = {}  # (name, version) -> manifest fingerprint when refused
         self._lock = threading.Lock()  # one load at a time
         self._stop = threading.Event()
@@ -277,8 +291,9 @@ class Repository:
 
     def load_all(self):
         """Start-up: each model's newest version that passes (older ones tried if it fails)."""
-        for name in scan(self.root):
-            self.refresh(name)
+        for name, versions in scan(self.root).items():
+            if versions:  # a directory without version directories is not a model (yet)
+                self.refresh(name)
         if not self.registry.names():
             raise UnservableExportError(f"no servable version in the model repository {self.root}: "
                               f"{self.registry.index() or 'no NAME/VERSION/ directories'}")
@@ -314,6 +329,8 @@ class Repository:
         except (UnservableExportError, DataError, OSError, ValueError) as e:
             reason, kind = str(e), "manifest"
         else:
+            if self.after_load is not None:
+                self.after_load()
             try:
                 smoke_check(predictor)
                 model = ServedModel(name, version, predictor).start(self.settings, self.metrics)
@@ -359,12 +376,17 @@ class Repository:
     def _poll(self):
         while not self._stop.wait(self.poll_s):
             try:
-                for name in scan(self.root):
-                    self.refresh(name)
-            except Exception:  # noqa: BLE001 - the poller must outlive a bad scan
+                models = [n for n, versions in scan(self.root).items() if versions]
+            except OSError:
                 log.exception("model repository scan failed")
+                continue
+            for name in models:  # one model's failure does not hold up the others
+                try:
+                    self.refresh(name)
+                except Exception:  # noqa: BLE001 - the poller must outlive a bad model
+                    log.exception("model repository: refreshing %s failed", name)
 
-    def stop(self):
+    def stop(self, wait=True):
         self._stop.set()
-        if self._thread is not None:
+        if wait and self._thread is not None:
             self._thread.join(60)

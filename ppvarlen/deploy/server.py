@@ -13,6 +13,7 @@ import asyncio
 import collections
 import json
 import re
+import signal
 import threading
 import time
 
@@ -27,7 +28,8 @@ from .batcher import BatcherClosed, QueueFull
 from .errors import ApiError
 from .manifest import UnservableExportError
 from .prom import PromMetrics
-from .repository import BatchSettings, ModelRegistry, NotServed, Repository, ServedModel
+from .repository import (BatchSettings, ModelRegistry, NotServed, Repository, ServedModel,
+                         SeveralModels)
 
 log = get_logger("deploy.server")
 
@@ -179,13 +181,32 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
     prom.queue_depth.set_function(registry.queue_depth)
     settings = BatchSettings(workers, max_wait_ms, max_batch_tokens, max_batch_size, queue_size,
                              overhead_tokens, drain_timeout_s)
+    state = {"draining": False, "openapi": None, "loop": None}
+
+    def after_load():
+        """A version's predictor was just created (in a loader thread): whatever signal
+        handlers its native libraries installed, the server's win again."""
+        loop = state["loop"]
+        if loop is not None:
+            loop.call_soon_threadsafe(rearm_signal_handlers)
+
     repo = None
     if repository is not None:
-        repo = Repository(repository, load_predictor, registry, settings, prom, poll_s)
-    state = {"draining": False, "openapi": None}
+        repo = Repository(repository, load_predictor, registry, settings, prom, poll_s,
+                          after_load)
+
+    def begin_drain():
+        """Shutdown has begun: refuse new requests (503), stop polling the repository, and
+        let every batcher run what it holds without waiting for company."""
+        state["draining"] = True
+        if repo is not None:
+            repo.stop(wait=False)
+        for m in registry.models():
+            m.stop_waiting()
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        state["loop"] = asyncio.get_running_loop()
         if repo is not None:
             await asyncio.to_thread(repo.load_all)
             repo.start_polling()
@@ -195,7 +216,7 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
             registry.add(model)
             prom.model_loaded.labels(model.name, model.version).set(1)
         yield
-        state["draining"] = True
+        begin_drain()
         if repo is not None:
             await asyncio.to_thread(repo.stop)
         drained = True
@@ -219,11 +240,15 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
         if state["draining"]:
             raise ApiError(503, "server is shutting down", None, {"Retry-After": "1"})
 
+    def not_served(e):
+        """404 no such model/version; 409 a route without a model name, several models."""
+        return ApiError(409 if isinstance(e, SeveralModels) else 404, str(e), None)
+
     def model_or_404(name=None, version=None):
         try:
             return registry.get(name, version)
         except NotServed as e:
-            raise ApiError(404, str(e), None) from None
+            raise not_served(e) from None
 
     async def run_texts(texts, name=None, version=None, long_text=None, where="texts"):
         """Encode with the chosen version's vocab, batch, wait -> (model, results)."""
@@ -240,7 +265,7 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
         try:
             model, futures = registry.submit(encode, name, version)
         except NotServed as e:
-            raise ApiError(404, str(e), None) from None
+            raise not_served(e) from None
         except QueueFull as e:
             raise ApiError(503, f"overloaded: {e}; retry later", None,
                            {"Retry-After": "1"}) from None
@@ -414,9 +439,21 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
 
     app.openapi = openapi
     app.state.registry = registry
+    app.state.begin_drain = begin_drain
     app.state.prom = prom
     app.state.repository = repo
     return app
+
+
+def rearm_signal_handlers():
+    """Re-install Python's SIGINT/SIGTERM handlers at the C level (main thread only; a no-op
+    elsewhere): a native library loaded after the server started may have replaced them."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if callable(handler):
+            signal.signal(sig, handler)
 
 
 def _version():
@@ -467,7 +504,8 @@ def app_from_config(export_dir, deploy_cfg, backend=None, repository=None):
 
 def serve(export_dir, deploy_cfg, host=None, port=None, backend=None, repository=None,
           port_file=None):
-    """Serve the export (or the model repository) until SIGINT/SIGTERM (then drain and exit).
+    """Serve the export (or the model repository) until SIGINT/SIGTERM, then drain: stop
+    accepting, answer every request already taken, unload, return (exit status 0).
 
     ``port=0`` takes a free port; the bound port is logged and, with ``port_file``, written
     there (atomically) once the socket is listening, so callers never guess a free port."""
@@ -477,12 +515,21 @@ def serve(export_dir, deploy_cfg, host=None, port=None, backend=None, repository
 
     from ..config import ConfigError
     from ..utils.io import atomic_write_text
+    from .engines import import_runtime
+
+    class DrainingServer(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            app.state.begin_drain()  # before uvicorn waits for the in-flight requests
+            await super().shutdown(sockets)
 
     host = host or deploy_cfg.host
     port = deploy_cfg.port if port is None else port
     if host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("binding %s: the server is reachable from other machines", host)
     app = app_from_config(export_dir, deploy_cfg, backend, repository)
+    # A repository loads its predictors after uvicorn has installed its signal handlers;
+    # importing the runtime now keeps Paddle's SIGTERM handler from replacing them.
+    import_runtime(backend or deploy_cfg.backend)
     # bound here rather than by uvicorn so the port is known before serving (port 0)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -501,10 +548,16 @@ def serve(export_dir, deploy_cfg, host=None, port=None, backend=None, repository
     sock.listen(config.backlog)
     if port_file:
         atomic_write_text(port_file, f"{bound}\n")
-    server = uvicorn.Server(config)
+    server = DrainingServer(config)
+    # uvicorn re-raises the signal it drained on, to the handler that was there before it:
+    # SIGINT -> KeyboardInterrupt (caught below), SIGTERM -> this no-op rather than death by
+    # SIGTERM, so a drained shutdown exits 0 either way.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
         server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it drained on; as uvicorn.run does
+    except KeyboardInterrupt:  # as uvicorn.run does
         pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if not server.started:
         raise SystemExit(3)  # uvicorn's STARTUP_FAILURE, as uvicorn.run exits
