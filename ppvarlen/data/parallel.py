@@ -26,6 +26,26 @@ def resolve_num_proc(num_proc):
     return usable_cores() if num_proc is None else max(1, int(num_proc))
 
 
+def _run_job(job):
+    return _STATE["fn"](job)
+
+
+def ordered_map(fn, jobs, num_proc):
+    """Yield ``fn(job)`` for each of ``jobs`` (small picklable descriptions, e.g. a byte range
+    of a file) in order, on ``num_proc`` forked workers.  ``jobs`` may be a generator: the
+    pool takes it as the workers need it, so the parent never holds all of it."""
+    if num_proc <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        for job in jobs:
+            yield fn(job)
+        return
+    _STATE.update(fn=fn)
+    try:
+        with multiprocessing.get_context("fork").Pool(num_proc) as pool:
+            yield from pool.imap(_run_job, jobs)
+    finally:
+        _STATE.clear()
+
+
 def _run(bounds):
     start, end = bounds
     return _STATE["fn"](_STATE["items"], start, end)
