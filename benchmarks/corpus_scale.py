@@ -183,6 +183,7 @@ def run_measured(cmd, env, log_path, stop_at=None, timeout=3600):
     """
     import psutil
 
+    load_before = os.getloadavg()
     start = time.perf_counter()
     popen = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, bufsize=1, cwd=REPO)
@@ -217,6 +218,8 @@ def run_measured(cmd, env, log_path, stop_at=None, timeout=3600):
     return {"seconds": round(seconds, 2), "peak_rss_mb": round(peak_rss / 2**20, 1),
             "peak_pss_mb": round(peak_pss / 2**20, 1),
             "returncode": popen.returncode, "reached": stop_at is None or "hit" in marks,
+            # the machine is shared: the 1-minute load average around the run says how much
+            "loadavg_1m_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "lines": lines}
 
 
@@ -442,7 +445,7 @@ def run(args):
             res.setdefault("ppvarlen", {})[phase] = r = ppvarlen_run(
                 path, meta, args.workdir, phase, args.override, args.timeout)
             print(f"  ppvarlen {phase}: {json.dumps(r)}", flush=True)
-        if not args.skip_hf:
+        if not args.skip_hf and (args.hf_max_size is None or n <= args.hf_max_size):
             for phase in ("cold", "warm"):
                 res.setdefault("hf_datasets", {})[phase] = r = hf_run(
                     path, meta, args.workdir, phase, args.timeout)
@@ -469,6 +472,9 @@ def main(argv=None):
                    help="writes OUT.json and OUT.png")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--skip-hf", action="store_true", help="ppvarlen only")
+    r.add_argument("--hf-max-size", type=parse_size, default=None,
+                   help="run Hugging Face datasets only up to this size (e.g. 1M: at 10M it "
+                        "takes longer than a session has)")
     r.add_argument("--skip-plan", action="store_true", help="no separate sampler planning run")
     r.add_argument("--timeout", type=float, default=3600, help="seconds per measured process")
     r.add_argument("-o", "--override", action="append", default=[],
