@@ -52,7 +52,7 @@ def _timed(fn):
 
 def numpy_format(flat, offsets, d):
     def write():
-        flat.astype("<i4").tofile(os.path.join(d, "ids.bin"))
+        np.asarray(flat, "<i4").tofile(os.path.join(d, "ids.bin"))  # no copy: already <i4
         np.save(os.path.join(d, "ids.offsets.npy"), offsets, allow_pickle=False)
 
     def open_():

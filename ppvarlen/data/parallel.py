@@ -40,10 +40,23 @@ def ordered_map(fn, jobs, num_proc):
         return
     _STATE.update(fn=fn)
     try:
-        with multiprocessing.get_context("fork").Pool(num_proc) as pool:
-            yield from pool.imap(_run_job, jobs)
+        yield from _pool_imap(_run_job, jobs, num_proc)
     finally:
         _STATE.clear()
+
+
+def _pool_imap(run, jobs, num_proc):
+    """``Pool.imap`` whose workers exit on their own when all is done: ``with Pool`` would
+    SIGTERM them, and a forked worker that imported paddle prints a fatal-error report then."""
+    pool = multiprocessing.get_context("fork").Pool(num_proc)
+    try:
+        yield from pool.imap(run, jobs)
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
 
 
 def _run(bounds):
@@ -75,7 +88,6 @@ def chunk_map(fn, items, num_proc, chunk_size=2000):
         return
     _STATE.update(fn=fn, items=items)
     try:
-        with multiprocessing.get_context("fork").Pool(min(num_proc, len(bounds))) as pool:
-            yield from pool.imap(_run, bounds)
+        yield from _pool_imap(_run, bounds, min(num_proc, len(bounds)))
     finally:
         _STATE.clear()
