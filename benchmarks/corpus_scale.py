@@ -247,6 +247,7 @@ def ppvarlen_run(path, meta, workdir, phase, overrides, timeout):
     res = {"time_to_first_step_s": r["seconds"] if r["reached"] else None,
            "peak_rss_mb": r["peak_rss_mb"], "peak_pss_mb": r["peak_pss_mb"],
            "reached_first_step": r["reached"],
+           "loadavg_1m_before_after": r["loadavg_1m_before_after"],
            "data_ready_s": float(data.group(1)) if data else None,
            "trainer_sampler_planning_s": float(planned.group(2)) if planned else None,
            "log": out_dir + ".log"}
@@ -267,7 +268,8 @@ def hf_run(path, meta, workdir, phase, timeout):
     with open(out, encoding="utf-8") as f:
         inner = json.load(f)
     res = {"time_to_first_step_s": r["seconds"], "peak_rss_mb": r["peak_rss_mb"],
-           "peak_pss_mb": r["peak_pss_mb"], **inner}
+           "peak_pss_mb": r["peak_pss_mb"],
+           "loadavg_1m_before_after": r["loadavg_1m_before_after"], **inner}
     data_s = inner["load_s"] + inner["vocab_s"] + inner["encode_s"]
     if data_s > 0:  # the same span as ppvarlen's "data ready": read, vocabulary, encode
         res["encode_chars_per_s"] = round(meta["chars"] / data_s)
@@ -281,7 +283,8 @@ def plan_run(path, workdir, n, timeout):
     if r["returncode"] != 0:
         return {"error": f"exit {r['returncode']}; see {out[:-5]}.log"}
     with open(out, encoding="utf-8") as f:
-        return {**json.load(f), "peak_rss_mb": r["peak_rss_mb"]}
+        return {**json.load(f), "peak_rss_mb": r["peak_rss_mb"],
+                "loadavg_1m_before_after": r["loadavg_1m_before_after"]}
 
 
 # ---------------------------------------------------------------- the workers
