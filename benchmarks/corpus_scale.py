@@ -183,6 +183,7 @@ def run_measured(cmd, env, log_path, stop_at=None, timeout=3600):
     """
     import psutil
 
+    load_before = os.getloadavg()
     start = time.perf_counter()
     popen = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, bufsize=1, cwd=REPO)
@@ -217,6 +218,8 @@ def run_measured(cmd, env, log_path, stop_at=None, timeout=3600):
     return {"seconds": round(seconds, 2), "peak_rss_mb": round(peak_rss / 2**20, 1),
             "peak_pss_mb": round(peak_pss / 2**20, 1),
             "returncode": popen.returncode, "reached": stop_at is None or "hit" in marks,
+            # the machine is shared: the 1-minute load average around the run says how much
+            "loadavg_1m_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "lines": lines}
 
 
@@ -244,6 +247,7 @@ def ppvarlen_run(path, meta, workdir, phase, overrides, timeout):
     res = {"time_to_first_step_s": r["seconds"] if r["reached"] else None,
            "peak_rss_mb": r["peak_rss_mb"], "peak_pss_mb": r["peak_pss_mb"],
            "reached_first_step": r["reached"],
+           "loadavg_1m_before_after": r["loadavg_1m_before_after"],
            "data_ready_s": float(data.group(1)) if data else None,
            "trainer_sampler_planning_s": float(planned.group(2)) if planned else None,
            "log": out_dir + ".log"}
@@ -264,7 +268,8 @@ def hf_run(path, meta, workdir, phase, timeout):
     with open(out, encoding="utf-8") as f:
         inner = json.load(f)
     res = {"time_to_first_step_s": r["seconds"], "peak_rss_mb": r["peak_rss_mb"],
-           "peak_pss_mb": r["peak_pss_mb"], **inner}
+           "peak_pss_mb": r["peak_pss_mb"],
+           "loadavg_1m_before_after": r["loadavg_1m_before_after"], **inner}
     data_s = inner["load_s"] + inner["vocab_s"] + inner["encode_s"]
     if data_s > 0:  # the same span as ppvarlen's "data ready": read, vocabulary, encode
         res["encode_chars_per_s"] = round(meta["chars"] / data_s)
@@ -278,7 +283,8 @@ def plan_run(path, workdir, n, timeout):
     if r["returncode"] != 0:
         return {"error": f"exit {r['returncode']}; see {out[:-5]}.log"}
     with open(out, encoding="utf-8") as f:
-        return {**json.load(f), "peak_rss_mb": r["peak_rss_mb"]}
+        return {**json.load(f), "peak_rss_mb": r["peak_rss_mb"],
+                "loadavg_1m_before_after": r["loadavg_1m_before_after"]}
 
 
 # ---------------------------------------------------------------- the workers
@@ -442,7 +448,7 @@ def run(args):
             res.setdefault("ppvarlen", {})[phase] = r = ppvarlen_run(
                 path, meta, args.workdir, phase, args.override, args.timeout)
             print(f"  ppvarlen {phase}: {json.dumps(r)}", flush=True)
-        if not args.skip_hf:
+        if not args.skip_hf and (args.hf_max_size is None or n <= args.hf_max_size):
             for phase in ("cold", "warm"):
                 res.setdefault("hf_datasets", {})[phase] = r = hf_run(
                     path, meta, args.workdir, phase, args.timeout)
@@ -469,6 +475,9 @@ def main(argv=None):
                    help="writes OUT.json and OUT.png")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--skip-hf", action="store_true", help="ppvarlen only")
+    r.add_argument("--hf-max-size", type=parse_size, default=None,
+                   help="run Hugging Face datasets only up to this size (e.g. 1M: at 10M it "
+                        "takes longer than a session has)")
     r.add_argument("--skip-plan", action="store_true", help="no separate sampler planning run")
     r.add_argument("--timeout", type=float, default=3600, help="seconds per measured process")
     r.add_argument("-o", "--override", action="append", default=[],

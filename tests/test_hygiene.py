@@ -256,7 +256,8 @@ def test_no_sys_path_edits_in_shipped_scripts():
 GENERIC_DIRS = ["ppvarlen/data", "ppvarlen/export", "ppvarlen/deploy", "ppvarlen/engine"]
 # corpus readers: they define the corpora's line formats ({"text", "label"}, {"tokens", "tags"}),
 # which are the corpora's keys, not a task's item fields
-CORPUS_READERS = ("ppvarlen/data/corpora/", "ppvarlen/data/readers.py", "ppvarlen/data/splits.py")
+CORPUS_READERS = ("ppvarlen/data/corpora/", "ppvarlen/data/readers.py", "ppvarlen/data/splits.py",
+                  "ppvarlen/data/stream_build.py")  # raw corpus lines: their keys, not item fields
 # remaining (file, name) uses, each with its reason; the test fails when one is added AND when
 # one disappears (then delete it here), so the list only shrinks
 KNOWN_FIELD_NAMES = {

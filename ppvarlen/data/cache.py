@@ -47,16 +47,26 @@ def cache_dir(data_cfg):
     return os.path.abspath(os.path.expanduser(data_cfg.get("cache_dir") or default_cache_dir()))
 
 
+_HASHED = {}  # (path, inode, size, mtime, ctime) -> sha256: a build asks for several candidate keys
+
+
 def file_fingerprint(path):
-    """Size + sha256 of the whole file (streamed; a directory: each file in it, sorted)."""
+    """Size + sha256 of the whole file (streamed; a directory: each file in it, sorted).
+    Hashed once per process while the file's size and mtime stay the same."""
     if os.path.isdir(path):
         return {name: file_fingerprint(os.path.join(path, name))
                 for name in sorted(os.listdir(path))}
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return {"size": os.path.getsize(path), "sha256": h.hexdigest()}
+    st = os.stat(path)
+    seen = (os.path.abspath(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if seen not in _HASHED:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+        if len(_HASHED) > 4096:  # a long-lived process: bounded
+            _HASHED.clear()
+        _HASHED[seen] = h.hexdigest()
+    return {"size": st.st_size, "sha256": _HASHED[seen]}
 
 
 def code_fingerprint(resolve_task):

@@ -216,21 +216,41 @@ def _specials(data_cfg, task):
 def _build(data_cfg, resolve_task, task_hint, encoder, splits, extra_corpora, entry_dir, entry,
            rebuild):
     """Read the corpus, make the encoder, encode ``splits`` into ``entry_dir`` -> entry dict."""
+    from . import stream_build
     from .corpora import load_corpus
     from .vocab import build_encoder, vocab_sha256
 
-    corpus = load_corpus(data_cfg)
+    num_proc = resolve_num_proc(data_cfg.get("num_proc"))
+    stream = stream_build.plan(data_cfg, extra_corpora)
+    if stream is not None:  # line files: workers read the raw lines, the parent holds counts
+        task = resolve_task(stream.task if task_hint is None else task_hint)
+        if task.pairs:
+            stream = None
+    if stream is not None:
+        stream.count_vocab = (entry is None or rebuild) and encoder is None and \
+            data_cfg.tokenizer != "pretrained"
+        stream.kind, stream.lowercase = data_cfg.tokenizer, data_cfg.lowercase
+        stream.texts_of = task.example_texts
+        try:
+            scanned = stream_build.scan(stream, data_cfg, num_proc)
+        except stream_build.NotStreamable as why:
+            log.info("reading the corpus in one process: %s", why)
+            stream = None
+    if stream is not None:
+        corpus = scanned.corpus
+    else:
+        corpus = load_corpus(data_cfg)
     task = resolve_task(corpus.task if task_hint is None else task_hint)
     if corpus.task not in task.corpus_tasks():
         raise ConfigError(f"Data.corpus {data_cfg.corpus!r} gives a {corpus.task} task but a "
                           f"{task.name} task is expected here (model / checkpoint); pick a "
                           f"matching corpus")
     task.check_data_config(data_cfg, encoder is None)
-    num_proc = resolve_num_proc(data_cfg.get("num_proc"))
     if entry is None or rebuild:
         if encoder is None:  # seq2seq: one vocabulary, source + target
             encoder = build_encoder(data_cfg, corpus, pairs=task.pairs, num_proc=num_proc,
-                                    texts_of=task.example_texts)
+                                    texts_of=task.example_texts,
+                                    counts=scanned.counts if stream is not None else None)
         entry = {"task": task.name, "label_names": list(corpus.label_names),
                  "corpus_stats": corpus.stats, "vocab_sha256": vocab_sha256(encoder),
                  "encoder_stats": dict(getattr(encoder, "stats", {}))}
@@ -246,6 +266,9 @@ def _build(data_cfg, resolve_task, task_hint, encoder, splits, extra_corpora, en
     ctx = EncodeContext(encoder, data_cfg.max_len, data_cfg.long_text, data_cfg.stride, specials,
                         {name: k for k, name in enumerate(corpus.label_names)},
                         data_cfg.get("max_source_len"), data_cfg.get("max_target_len"))
+    if stream is not None:
+        _encode_streamed(stream, scanned, splits, task, ctx, data_cfg, entry_dir, num_proc)
+        return entry
     for split in splits:
         extra = task.extra_train_items(extra_corpora, data_cfg, encoder, len(corpus.splits[split])) \
             if split == "train" else ([], None)
@@ -266,9 +289,9 @@ def _check_lengths_config(cfg, specials):
                               f"special tokens); lower Data.stride")
 
 
-def _where(split, i, cfg):
+def _where_suffix(split, cfg):
     source = {"train": cfg.train_file, "dev": cfg.dev_file, "test": cfg.test_file}.get(split)
-    return f"{split} example {i}" + (f" (from {source})" if source else f" of corpus {cfg.corpus}")
+    return f" (from {source})" if source else f" of corpus {cfg.corpus}"
 
 
 class _ChunkEncoder:
@@ -277,6 +300,7 @@ class _ChunkEncoder:
     def __init__(self, task, ctx, split, cfg):
         self.task, self.ctx, self.split, self.cfg = task, ctx, split, cfg
         self.fields = task.store_fields()
+        self.where_suffix = _where_suffix(split, cfg)  # once: a per-item format is not free
 
     def __call__(self, examples, start, end):
         columns = {f.name: [] for f in self.fields}
@@ -284,7 +308,7 @@ class _ChunkEncoder:
         doc_lengths, long_text = [], {}
         for i in range(start, end):
             items, record = self.task.encode_example(self.ctx, examples[i], i,
-                                                     _where(self.split, i, self.cfg))
+                                                     f"{self.split} example {i}{self.where_suffix}")
             for item in items:
                 for f in self.fields:
                     columns[f.name].append(item[f.name])
@@ -298,34 +322,47 @@ class _ChunkEncoder:
                 long_text)
 
 
-def _encode_split(examples, split, task, ctx, cfg, extra, path, num_proc):
-    from tqdm.auto import tqdm
+class SplitSink:
+    """One split's store being written: takes ``_ChunkEncoder`` results in input order, sums
+    their counts, and on ``finish`` writes the extras, stats and manifest."""
 
-    fields = task.store_fields()
-    unk = real = 0
-    doc_lengths, long_text = [], {}
-    bar = tqdm(total=len(examples), desc=f"encode {split}", unit="ex", mininterval=2,
-               disable=len(examples) < 50_000)
-    with StoreWriter(path, fields) as writer:
-        for columns, u, r, docs, lts in chunk_map(_ChunkEncoder(task, ctx, split, cfg), examples,
-                                                  num_proc):
-            writer.add_packed(columns)
-            unk, real = unk + u, real + r
-            doc_lengths.append(docs)
-            for name, lt in lts.items():
-                total = long_text.setdefault(name, LongTextStats(split, ctx.long_text))
-                for k in ("documents", "long_documents", "truncated", "tokens_lost", "windows"):
-                    setattr(total, k, getattr(total, k) + getattr(lt, k))
-            bar.update(len(docs))
-        bar.close()
+    def __init__(self, split, task, ctx, cfg, path, total):
+        from tqdm.auto import tqdm
+
+        self.split, self.task, self.ctx, self.cfg = split, task, ctx, cfg
+        self.fields = task.store_fields()
+        self.writer = StoreWriter(path, self.fields)
+        self.unk = self.real = 0
+        self.doc_lengths, self.long_text = [], {}
+        self.bar = tqdm(total=total, desc=f"encode {split}", unit="ex", mininterval=2,
+                        disable=total < 50_000)
+
+    def add(self, result):
+        columns, u, r, docs, lts = result
+        self.writer.add_packed(columns)
+        self.unk, self.real = self.unk + u, self.real + r
+        self.doc_lengths.append(docs)
+        for name, lt in lts.items():
+            total = self.long_text.setdefault(name, LongTextStats(self.split, self.ctx.long_text))
+            for k in ("documents", "long_documents", "truncated", "tokens_lost", "windows"):
+                setattr(total, k, getattr(total, k) + getattr(lt, k))
+        self.bar.update(len(docs))
+
+    def abort(self):
+        self.bar.close()
+        self.writer.abort()
+
+    def finish(self, n_docs, extra=([], None)):
+        split, writer, long_text, fields = self.split, self.writer, self.long_text, self.fields
+        self.bar.close()
         for lt in long_text.values():
             lt.log()
         if not long_text:
-            long_text[""] = LongTextStats(split, ctx.long_text)
+            long_text[""] = LongTextStats(split, self.ctx.long_text)
         lt_stats = long_text[""].as_dict() if "" in long_text else \
             {name: lt.as_dict() for name, lt in long_text.items()}
         extra_items, sources = extra
-        n_docs = len(examples)
+        doc_lengths = self.doc_lengths
         if extra_items:  # other corpora's text (masked-LM): counted as documents of their own
             writer.add_columns({f.name: [it[f.name] for it in extra_items] for f in fields})
             doc_lengths.append(np.asarray([len(it["input_ids"]) for it in extra_items], np.int64))
@@ -334,10 +371,43 @@ def _encode_split(examples, split, task, ctx, cfg, extra, path, num_proc):
         n_items = writer.count
         lengths = writer.lengths()
         stats = {"documents": n_docs, "items": n_items,
-                 "unk_rate": round(unk / real, 6) if real else 0.0, "long_text": lt_stats,
+                 "unk_rate": round(self.unk / self.real, 6) if self.real else 0.0,
+                 "long_text": lt_stats,
                  "lengths": length_stats(lengths) if n_items else {"count": 0}}
         if sources is not None:  # items per source text (masked-LM)
-            stats["sources"] = {f"{cfg.corpus}/{split}": n_items - len(extra_items), **sources}
-        writer.set_meta({"split": split, "task": task.name, "long_text": lt_stats,
+            stats["sources"] = {f"{self.cfg.corpus}/{split}": n_items - len(extra_items),
+                                **sources}
+        writer.set_meta({"split": split, "task": self.task.name, "long_text": lt_stats,
                          "stats": stats})
+        writer.close()
 
+
+def _encode_split(examples, split, task, ctx, cfg, extra, path, num_proc):
+    sink = SplitSink(split, task, ctx, cfg, path, len(examples))
+    try:
+        for result in chunk_map(_ChunkEncoder(task, ctx, split, cfg), examples, num_proc):
+            sink.add(result)
+        sink.finish(len(examples), extra)
+    except BaseException:
+        sink.abort()
+        raise
+
+
+def _encode_streamed(stream, scanned, splits, task, ctx, cfg, entry_dir, num_proc):
+    """Pass 2 of ``data.stream_build``: every wanted split written at once, in input order."""
+    from . import stream_build
+
+    sizes = scanned.corpus.splits
+    sinks = {}
+    try:
+        for split in splits:
+            sinks[split] = SplitSink(split, task, ctx, cfg, os.path.join(entry_dir, split),
+                                     sizes[split])
+        encoders = {s: _ChunkEncoder(task, ctx, s, cfg) for s in splits}
+        stream_build.encode(stream, scanned, encoders, sinks, num_proc)
+        for split in splits:
+            sinks.pop(split).finish(sizes[split])
+    except BaseException:
+        for sink in sinks.values():
+            sink.abort()
+        raise

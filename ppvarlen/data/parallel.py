@@ -26,6 +26,39 @@ def resolve_num_proc(num_proc):
     return usable_cores() if num_proc is None else max(1, int(num_proc))
 
 
+def _run_job(job):
+    return _STATE["fn"](job)
+
+
+def ordered_map(fn, jobs, num_proc):
+    """Yield ``fn(job)`` for each of ``jobs`` (small picklable descriptions, e.g. a byte range
+    of a file) in order, on ``num_proc`` forked workers.  ``jobs`` may be a generator: the
+    pool takes it as the workers need it, so the parent never holds all of it."""
+    if num_proc <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        for job in jobs:
+            yield fn(job)
+        return
+    _STATE.update(fn=fn)
+    try:
+        yield from _pool_imap(_run_job, jobs, num_proc)
+    finally:
+        _STATE.clear()
+
+
+def _pool_imap(run, jobs, num_proc):
+    """``Pool.imap`` whose workers exit on their own when all is done: ``with Pool`` would
+    SIGTERM them, and a forked worker that imported paddle prints a fatal-error report then."""
+    pool = multiprocessing.get_context("fork").Pool(num_proc)
+    try:
+        yield from pool.imap(run, jobs)
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
+
+
 def _run(bounds):
     start, end = bounds
     return _STATE["fn"](_STATE["items"], start, end)
@@ -55,7 +88,6 @@ def chunk_map(fn, items, num_proc, chunk_size=2000):
         return
     _STATE.update(fn=fn, items=items)
     try:
-        with multiprocessing.get_context("fork").Pool(min(num_proc, len(bounds))) as pool:
-            yield from pool.imap(_run, bounds)
+        yield from _pool_imap(_run, bounds, min(num_proc, len(bounds)))
     finally:
         _STATE.clear()

@@ -445,12 +445,13 @@ def split_items(examples, texts_of=None):
             yield ex["text"] if "text" in ex else ex["tokens"]
 
 
-def build_encoder(data_cfg, corpus, pairs=False, num_proc=1, texts_of=None):
+def build_encoder(data_cfg, corpus, pairs=False, num_proc=1, texts_of=None, counts=None):
     """The encoder ``Data`` asks for: loaded from ``Data.vocab_file`` (pretrained) or built
     from the train split (``encoder.stats``: counts behind it, train UNK rate); ``pairs``:
     one vocabulary over sources and targets (the task says so).  The UNK rate of every split
     is measured where the splits are encoded (``data.dataset``); tokens are counted on
-    ``num_proc`` processes (the counts, and so the vocabulary, do not depend on it)."""
+    ``num_proc`` processes (the counts, and so the vocabulary, do not depend on it), unless
+    ``counts`` (the train split's, counted by ``data.stream_build``) are given."""
     if data_cfg.vocab_file and data_cfg.tokenizer != "pretrained":
         raise ConfigError(f"Data.vocab_file is read only with Data.tokenizer: pretrained (here "
                           f"{data_cfg.tokenizer!r}, whose vocabulary is built from the train "
@@ -469,8 +470,9 @@ def build_encoder(data_cfg, corpus, pairs=False, num_proc=1, texts_of=None):
                                         data_cfg.lowercase, data_cfg.min_freq, data_cfg.max_size,
                                         data_cfg.target_tokenizer)
     else:
-        counts = count_tokens(corpus.splits["train"], data_cfg.tokenizer, data_cfg.lowercase,
-                              num_proc, texts_of)
+        if counts is None:
+            counts = count_tokens(corpus.splits["train"], data_cfg.tokenizer,
+                                  data_cfg.lowercase, num_proc, texts_of)
         enc = TextEncoder.build(counts, data_cfg.tokenizer, data_cfg.lowercase,
                                 data_cfg.min_freq, data_cfg.max_size)
     if data_cfg.tokenizer != "pretrained":

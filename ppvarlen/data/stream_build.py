@@ -1,0 +1,504 @@
+"""Streaming store build for line files (JSONL / TSV, plain or gzip'd): workers get chunks of
+raw lines, never the parsed corpus, and the parent holds nothing that grows with it but numpy
+arrays.
+
+Pass 1 (``scan``): each worker reads its chunk (a byte range of a plain file, or raw bytes the
+parent decompressed from a ``.gz``), parses and checks every line with ``data.readers``' parsers
+and messages (``file:line``), puts each example in its split (its file's, or carved from the
+train file by ``data.splits``' stable hash) and returns counts only: lines, skipped lines by
+reason, raw labels per split, the train split's token counts and 64-bit hashes of the split
+keys (the cross-split overlap).  The parent merges them in chunk order into the corpus stats,
+the label names and the vocabulary.
+Pass 2 (``encode``): each worker reads its chunk again, parses, maps labels and encodes with
+the task's function (``dataset._ChunkEncoder``); the parent appends the results in chunk order
+to one ``SplitSink`` per split.  Chunk boundaries do not change a byte: the store, vocabulary
+and corpus stats are those of the in-memory path (``corpora.user_files`` +
+``dataset._encode_split``; tests compare them file by file).
+
+Not streamed (``plan`` returns None and the in-memory path reads them): Parquet, tag-scheme
+checked formats (tagging reads its lines in order over all files), pair vocabularies
+(seq2seq), ``Data.limit``, extra corpora, a first line that does not tell the task, and labels
+mixing names and ids under ``Data.skip_invalid``.
+Hand-written rather than ``datasets``/Arrow: the per-line checks and messages are ppvarlen's,
+and the workers are the same fork pool (``data.parallel``) that needs no pickled tokenizer.
+"""
+import gzip
+import hashlib
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .corpora.base import Corpus
+from .errors import DataError
+from .parallel import ordered_map
+from .readers import (_SKIP_HINT, DEFAULT_TASK, TASKS, BadLine, JsonTask, _decoded_lines,
+                      _is_tsv_header, _label_id, _map_class_labels, _no_labels,
+                      _task_from_first_line, expand_inputs, map_class_labels, parse_json_line)
+from .splits import SPLITS, example_key, split_method, stable_split
+
+CHUNK_BYTES = 4 << 20  # a chunk of whole lines: a few thousand examples, a few MB per worker
+LINE_FORMATS = ("jsonl", "tsv")
+
+
+class NotStreamable(Exception):
+    """Found while scanning: this corpus needs the in-memory path (``plan`` did not know yet)."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Whole lines of one file: bytes [offset, offset + size) of a plain file, or ``data``
+    (a gzip'd file's decompressed lines); ``first_line`` numbers its first line (1-based)."""
+
+    role: str  # the Data key's split: train / dev / test
+    path: str
+    first_line: int
+    offset: int = 0
+    size: int = 0
+    data: bytes = None
+
+    def raw_lines(self):
+        if self.data is not None:
+            data = self.data
+        else:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(self.size)
+        lines = data.split(b"\n")
+        if lines and not lines[-1]:
+            lines.pop()  # the newline ending the last line opens no new one
+        return lines
+
+
+def _chunks_of(role, path):
+    """Chunks of whole lines, in order, at least one per file (an empty file is reported)."""
+    gz = path.endswith(".gz")
+    try:
+        f = gzip.open(path, "rb") if gz else open(path, "rb")
+    except OSError as e:
+        raise DataError(f"{path}: cannot open data file ({e.strerror}); check Data.train_file / "
+                        f"dev_file / test_file") from None
+    line, offset, carry, sent = 1, 0, b"", False
+    with f:
+        while True:
+            block = f.read(CHUNK_BYTES)
+            data = carry + block
+            cut = data.rfind(b"\n") + 1 if block else len(data)
+            if cut == 0 and block:
+                carry = data  # a line longer than a block: read on
+                continue
+            body, carry = data[:cut], data[cut:]
+            if body or not sent:
+                yield Chunk(role, path, line, offset, len(body), body if gz else None)
+                sent = True
+            line += body.count(b"\n")
+            offset += len(body)
+            if not block:
+                return
+
+
+def _lines(chunk):
+    """(line number, text or BadLine) as ``readers._decoded_lines`` gives them."""
+    for k, raw in enumerate(chunk.raw_lines()):
+        n = chunk.first_line + k
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield n, BadLine("not_utf8", f"not valid UTF-8 (bad byte {raw[e.start:e.start + 1]!r} "
+                                         f"at byte {e.start} of the line); re-save the file as "
+                                         f"UTF-8, e.g. iconv -f GBK -t UTF-8 in > out")
+            continue
+        if n == 1 and text.startswith("\ufeff"):
+            text = text[1:]
+        yield n, text.rstrip("\r\n")
+
+
+@dataclass
+class Plan:
+    """What the scan needs to know before it starts (all picklable plain values)."""
+
+    fmt: str
+    task: str
+    files: dict  # role -> [paths]
+    specs: dict  # role -> the Data key's value
+    skip_invalid: bool
+    split_seed: int
+    label_names: list = None  # given (Data.label_names) or None
+    carve: tuple = ()  # splits carved from the train file
+    count_vocab: bool = False
+    kind: str = "char"
+    lowercase: bool = False
+    texts_of: object = None
+
+    def chunks(self):
+        for role in SPLITS:
+            for path in self.files.get(role, ()):
+                yield from _chunks_of(role, path)
+
+
+def plan(cfg, extra_corpora=()):
+    """A ``Plan`` for ``Data`` (``cfg``) when the corpus can be streamed, else None."""
+    from .parallel import _MAPPER
+
+    if cfg.corpus not in LINE_FORMATS or cfg.limit is not None or extra_corpora or _MAPPER \
+            or not cfg.train_file:
+        return None
+    specs = {s: cfg.get(f"{s}_file") for s in SPLITS}
+    files = {s: expand_inputs(spec) for s, spec in specs.items() if spec}
+    task = cfg.task
+    if cfg.corpus == "tsv":
+        task = task or DEFAULT_TASK
+    elif task is None:
+        task = _first_line_task(files["train"][0], cfg.skip_invalid)
+    fmt = TASKS.get(task)
+    if fmt is None or (cfg.corpus == "tsv" and not fmt.tsv) or \
+            fmt.map_labels not in (_map_class_labels, map_class_labels, _no_labels) or \
+            fmt.check_file is not JsonTask.__dataclass_fields__["check_file"].default:
+        return None
+    return Plan(cfg.corpus, task, files, {s: v for s, v in specs.items() if v},
+                bool(cfg.skip_invalid), cfg.split_seed, cfg.get("label_names"),
+                tuple(s for s in ("dev", "test") if s not in files))
+
+
+def _first_line_task(path, skip_invalid):
+    """The task the first JSON line's fields tell (as ``readers.read_file``), else None."""
+    try:
+        for n, line in _decoded_lines(path):
+            if isinstance(line, BadLine):
+                if not skip_invalid:
+                    return None  # the in-memory path reports it
+                continue
+            if line.strip():
+                try:
+                    return _task_from_first_line(path, n, line)
+                except DataError:
+                    return None
+    except DataError:
+        return None
+    return None
+
+
+# ------------------------------------------------------------------------- pass 1: scan
+
+@dataclass
+class ChunkScan:
+    role: str
+    path: str
+    lines: int = 0
+    header: bool = False
+    examples: int = 0  # valid lines (before label checks)
+    error: str = None  # the first bad line's message (not skip_invalid): raised in order
+    skipped: Counter = field(default_factory=Counter)
+    first_skipped: dict = field(default_factory=dict)  # reason -> (line, message)
+    label_skipped: Counter = field(default_factory=Counter)
+    label_first: dict = field(default_factory=dict)
+    label_error: str = None  # the first unknown label (raised after every line is read)
+    kinds: dict = field(default_factory=dict)  # str/int -> (line, label) first seen
+    first_label: object = None
+    sizes: dict = field(default_factory=dict)  # split -> examples
+    labels: dict = field(default_factory=dict)  # split -> Counter of raw labels
+    keys: dict = field(default_factory=dict)  # split -> uint64 hashes of the split keys
+    counts: Counter = None  # the train split's token counts
+
+
+def _parse(plan, n, line, chunk):
+    if isinstance(line, BadLine):
+        raise line
+    if plan.fmt == "tsv":
+        return TASKS[plan.task].tsv(line)
+    return parse_json_line(line, plan.task)
+
+
+def _examples(plan, chunk, scan=None):
+    """Yield (line, example) of the chunk's valid lines; ``scan``: count lines and skips."""
+    for n, line in _lines(chunk):
+        if plan.fmt == "tsv" and n == 1 and isinstance(line, str) and \
+                _is_tsv_header(line, TASKS[plan.task].fields):
+            if scan is not None:
+                scan.header = True
+            continue
+        if scan is not None:
+            scan.lines += 1
+        try:
+            ex = _parse(plan, n, line, chunk)
+        except BadLine as bad:
+            if scan is not None:
+                if not plan.skip_invalid:
+                    scan.error = f"{chunk.path}:{n}: {bad.message} {_SKIP_HINT}"
+                    return
+                scan.skipped[bad.reason] += 1
+                scan.first_skipped.setdefault(bad.reason, (n, bad.message))
+            continue
+        yield n, ex
+
+
+def _unknown_label(plan, ex, index):
+    if index is None or "label" not in ex or _label_id(ex["label"], index) is not None:
+        return None
+    names = plan.label_names
+    return (f"label {ex['label']!r} is not one of the {len(names)} classes {list(names)}; fix "
+            f"the label or list it in Data.label_names")
+
+
+def _split_of(plan, chunk, ex):
+    if chunk.role != "train" or not plan.carve:
+        return chunk.role
+    s = stable_split(example_key(_key_view(ex)), plan.split_seed)
+    return s if s in plan.carve else "train"
+
+
+def _key_view(ex):
+    """The example as ``example_key`` sees it in the in-memory path: labels already ids."""
+    return {**ex, "label": 0} if isinstance(ex.get("label"), str) else ex
+
+
+def _key_hash(ex):
+    key = example_key(_key_view(ex)).encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+
+
+def _kept(plan, chunk, scan=None):
+    """Yield (line, split, example) of the chunk's examples that pass the label check."""
+    index = None if plan.label_names is None else \
+        {name: i for i, name in enumerate(plan.label_names)}
+    for n, ex in _examples(plan, chunk, scan):
+        if scan is not None:
+            scan.examples += 1
+        problem = _unknown_label(plan, ex, index)
+        if problem is not None:
+            if scan is not None:
+                if not plan.skip_invalid:
+                    scan.label_error = scan.label_error or \
+                        f"{chunk.path}:{n}: {problem} {_SKIP_HINT}"
+                else:
+                    scan.label_skipped["unknown_label"] += 1
+                    scan.label_first.setdefault("unknown_label", (n, problem))
+            if plan.skip_invalid:
+                continue
+        yield n, _split_of(plan, chunk, ex), ex
+
+
+class Scanner:
+    def __init__(self, plan):
+        self.plan = plan
+
+    def __call__(self, chunk):
+        from .vocab import TextEncoder, split_items
+
+        plan = self.plan
+        scan = ChunkScan(chunk.role, chunk.path)
+        keys, train = {}, []
+        for n, split, ex in _kept(plan, chunk, scan):
+            label = ex.get("label")
+            if label is not None:
+                kind = "str" if isinstance(label, str) else "int"
+                scan.kinds.setdefault(kind, (n, label))
+                if scan.first_label is None:
+                    scan.first_label = label
+                scan.labels.setdefault(split, Counter())[label] += 1
+            scan.sizes[split] = scan.sizes.get(split, 0) + 1
+            keys.setdefault(split, []).append(_key_hash(ex))
+            if plan.count_vocab and split == "train":
+                train.append(ex)
+        scan.keys = {s: np.asarray(v, np.uint64) for s, v in keys.items()}
+        if plan.count_vocab:
+            scan.counts = TextEncoder._count(split_items(train, plan.texts_of), plan.kind,
+                                             plan.lowercase)
+        return scan
+
+
+@dataclass
+class ScanResult:
+    corpus: Corpus  # splits hold example counts, not examples
+    counts: Counter  # train token counts (None if not counted)
+    bases: list  # per chunk: split -> doc id of its first example
+
+
+def scan(plan, cfg, num_proc):
+    """Pass 1 over every chunk -> ``ScanResult`` (raises the first bad line in input order)."""
+    from tqdm.auto import tqdm
+
+    per_file, counts, bases = {}, Counter() if plan.count_vocab else None, []
+    sizes = dict.fromkeys(SPLITS, 0)
+    labels = {s: Counter() for s in SPLITS}
+    keys = {s: [] for s in SPLITS}
+    kinds, first_label, label_error = {}, None, None
+    size = sum(os.path.getsize(p) for ps in plan.files.values() for p in ps)
+    bar = tqdm(desc="read", unit=" lines", unit_scale=True, mininterval=2,
+               disable=size < (64 << 20))
+    current = None
+    for sc in ordered_map(Scanner(plan), plan.chunks(), num_proc):
+        if current is not None and sc.path != current.path:
+            _check_file(current)
+        if sc.error is not None:
+            raise DataError(sc.error)
+        current = _merge_file(per_file, sc)
+        bases.append(dict(sizes))
+        for s, n in sc.sizes.items():
+            sizes[s] += n
+            keys[s].append(sc.keys[s])
+            labels[s].update(sc.labels.get(s, {}))
+        for kind, (n, lab) in sc.kinds.items():
+            kinds.setdefault(kind, (f"{sc.path}:{n}", lab))
+        if first_label is None:
+            first_label = sc.first_label
+        label_error = label_error or sc.label_error
+        if counts is not None:
+            counts.update(sc.counts)
+        bar.update(sc.lines)
+    bar.close()
+    if current is not None:
+        _check_file(current)
+    names = _label_names(plan, kinds, first_label, labels)
+    if label_error:
+        raise DataError(label_error)
+    return ScanResult(_corpus(plan, cfg, per_file, sizes, labels, keys, names), counts, bases)
+
+
+def _merge_file(per_file, sc):
+    fd = per_file.setdefault(sc.path, ChunkScan(sc.role, sc.path))
+    fd.lines += sc.lines
+    fd.header = fd.header or sc.header
+    fd.examples += sc.examples
+    fd.skipped.update(sc.skipped)
+    for reason, first in sc.first_skipped.items():
+        fd.first_skipped.setdefault(reason, first)
+    fd.label_skipped.update(sc.label_skipped)
+    for reason, first in sc.label_first.items():
+        fd.label_first.setdefault(reason, first)
+    return fd
+
+
+def _check_file(fd):
+    if not fd.examples:
+        raise DataError(f"{fd.path}: no valid examples ({fd.lines} lines read"
+                        f"{', all skipped as invalid' if fd.skipped else ''}); check the file")
+
+
+def _label_names(plan, kinds, first_label, labels):
+    """The label names as ``readers._map_class_labels`` finds them (None: no labels)."""
+    fmt = TASKS[plan.task]
+    if fmt.map_labels is _no_labels:
+        return []
+    if plan.label_names is not None:
+        return list(plan.label_names)
+    kind = "str" if isinstance(first_label, str) else "int"
+    other = "int" if kind == "str" else "str"
+    if other in kinds:
+        if plan.skip_invalid:
+            raise NotStreamable("labels mix names and ids under Data.skip_invalid")
+        where, lab = kinds[other]
+        raise DataError(f"{where}: label {lab!r} is a {'name' if other == 'str' else 'class id'} "
+                        f"but the first label ({first_label!r}) is a "
+                        f"{'name' if kind == 'str' else 'class id'}; use names or ids throughout "
+                        f"{_SKIP_HINT}")
+    seen = set().union(*(c.keys() for c in labels.values()))
+    return sorted(seen) if kind == "str" else [str(i) for i in range(max(seen) + 1)]
+
+
+def _file_stats(plan, role, fds):
+    """``FileData.stats()`` of a split's file, or of its shards merged (``read_files``)."""
+    multi = len(fds) > 1
+    out = {"path": plan.specs[role] if multi else fds[0].path,
+           "lines": sum(fd.lines for fd in fds),
+           "examples": sum(fd.examples - sum(fd.label_skipped.values()) for fd in fds)}
+    if fds[0].header:
+        out["header_line"] = True
+    skipped, first = Counter(), {}
+    for fd in fds:
+        skipped.update(fd.skipped)
+        for reason, (n, msg) in fd.first_skipped.items():
+            first.setdefault(reason, f"{fd.path} line {n}: {msg}" if multi
+                             else f"line {n}: {msg}")
+    for fd in fds:  # labels are checked after every file is read
+        skipped.update(fd.label_skipped)
+        for reason, (n, msg) in fd.label_first.items():
+            first.setdefault(reason, f"{fd.path}:{n}: {msg}" if multi else f"line {n}: {msg}")
+    if skipped:
+        out["skipped"] = dict(sorted(skipped.items()))
+        out["first_skipped"] = dict(sorted(first.items()))
+    return out, sum(skipped.values())
+
+
+def _corpus(plan, cfg, per_file, sizes, labels, keys, names):
+    from .corpora.registry import _check_tag_scheme
+    from .corpora.user_files import logger
+
+    files, skipped_total = {}, 0
+    for role, paths in plan.files.items():
+        files[role], n = _file_stats(plan, role, [per_file[p] for p in paths])
+        skipped_total += n
+    stats = {"corpus": plan.fmt, "task": plan.task,
+             "task_from": "Data.task" if cfg.task else "fields of the first line",
+             "files": files,
+             "split": {"sizes": dict(sizes),
+                       "from": {s: ("file" if s in plan.files else "train_file, by stable hash")
+                                for s in SPLITS}},
+             "skipped_total": skipped_total}
+    if len(plan.files) < 3:
+        stats["split"]["method"] = split_method(plan.split_seed)
+    unique = {s: np.unique(np.concatenate(keys[s])) if keys[s] else np.zeros(0, np.uint64)
+              for s in SPLITS}
+    overlap = {}
+    for a, b in (("train", "dev"), ("train", "test"), ("dev", "test")):
+        n = len(np.intersect1d(unique[a], unique[b], assume_unique=True))
+        if n:
+            overlap[f"{a}&{b}"] = n
+    if overlap:
+        stats["split"]["texts_in_two_splits"] = overlap
+        logger.warning("the same text appears in two splits %s: evaluation on it is optimistic; "
+                       "remove the duplicates from your files", overlap)
+    if TASKS[plan.task].map_labels is not _no_labels:
+        index = {name: i for i, name in enumerate(names)}
+        stats["per_label"] = {}
+        for s in SPLITS:
+            by_id = Counter()
+            for lab, c in labels[s].items():
+                by_id[_label_id(lab, index)] += c
+            stats["per_label"][s] = {name: by_id.get(i, 0) for i, name in enumerate(names)}
+    corpus = Corpus(plan.task, dict(sizes), names, stats)
+    _check_tag_scheme(cfg, corpus)
+    return corpus
+
+
+# ----------------------------------------------------------------------- pass 2: encode
+
+class ChunkEncoder:
+    """Encodes a chunk's examples of the wanted splits -> {split: ``_ChunkEncoder`` result}."""
+
+    def __init__(self, plan, encoders, names):
+        self.plan, self.encoders = plan, encoders  # split -> dataset._ChunkEncoder
+        self.names = names
+
+    def __call__(self, job):
+        chunk, bases = job
+        plan = self.plan
+        index = {name: i for i, name in enumerate(self.names)}
+        rows = {}
+        for n, split, ex in _kept(plan, chunk):
+            if split in self.encoders:
+                if "label" in ex:
+                    ex["label"] = _label_id(ex["label"], index)
+                rows.setdefault(split, []).append(ex)
+        return {s: self.encoders[s](_At(r, bases[s]), bases[s], bases[s] + len(r))
+                for s, r in rows.items()}
+
+
+class _At:
+    """A chunk's rows answering at the split-wide indices (doc ids) the encoder reads."""
+
+    def __init__(self, rows, start):
+        self.rows, self.start = rows, start
+
+    def __getitem__(self, i):
+        return self.rows[i - self.start]
+
+
+def encode(plan, result, encoders, sinks, num_proc):
+    """Pass 2: every chunk encoded on the workers, appended to ``sinks`` in input order."""
+    jobs = zip(plan.chunks(), result.bases)
+    for out in ordered_map(ChunkEncoder(plan, encoders, result.corpus.label_names), jobs,
+                           num_proc):
+        for split, res in out.items():
+            sinks[split].add(res)
