@@ -361,8 +361,6 @@ LAZY_IMPORTS = [
     ("ppvarlen/engine/logbook.py", ("visualdl",), "optional: Train.visualdl only"),
     ("ppvarlen/*", ("matplotlib",), "about a second to import, for an optional PNG only"),
     # files another branch rewrites this session: their imports move up after that merge
-    ("ppvarlen/data/dataset.py", ("*",), "pending: h-big rewrites this module (store build)"),
-    ("ppvarlen/deploy/server.py", ("*",), "pending: h-serve2 rewrites serve()/create_app"),
 ]
 
 

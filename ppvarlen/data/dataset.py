@@ -17,22 +17,27 @@ happens per batch in ``data.collate`` — never here (pitfalls 6 and 8).
 MapDataset's in-place ``map``/``filter`` would silently invalidate the precomputed ``lengths``
 the samplers batch by.  ``paddle.io.DataLoader`` takes it as is (``data.loader``).
 """
+import json
 import os
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import paddle
+from tqdm.auto import tqdm
 
 from ..config import ConfigError
 from ..utils.io import atomic_dir, atomic_write_json
 from ..utils.log import get_logger
-from . import cache
+from . import cache, stream_build
+from .corpora import load_corpus
+from .corpora.registry import BUILT_IN
 from .errors import DataError
 from .lengths import length_stats
 from .longtext import LongTextStats
 from .parallel import chunk_map, resolve_num_proc
 from .store import StoreSplit, StoreWriter, is_complete, pack_columns
+from .vocab import TextEncoder, build_encoder, vocab_sha256
 
 log = get_logger("data.dataset")
 
@@ -118,8 +123,6 @@ def build_datasets(data_cfg, resolve_task, task_hint=None, encoder=None, splits=
     masked-LM only).  Callers that bring the checkpoint's encoder and need one split (export
     parity, eval) pass ``splits=("test",)``: a cached store of the same inputs and vocabulary
     is read, else only that split is encoded."""
-    from .corpora.registry import BUILT_IN
-    from .vocab import vocab_sha256
 
     unknown = set(splits) - set(SPLITS)
     if unknown:
@@ -183,7 +186,6 @@ def _pick_entry(root, data_cfg, task_hint, builtin, given_sha, extra_corpora, co
 
 
 def _read_entry(entry_dir):
-    import json
 
     try:
         with open(os.path.join(entry_dir, ENTRY), encoding="utf-8") as f:
@@ -193,7 +195,6 @@ def _read_entry(entry_dir):
 
 
 def _entry_encoder(data_cfg, entry, entry_dir):
-    from .vocab import TextEncoder, build_encoder
 
     if data_cfg.tokenizer == "pretrained":  # the user's vocab.txt, loaded as on a first run
         return build_encoder(data_cfg, None, pairs=False)
@@ -216,9 +217,6 @@ def _specials(data_cfg, task):
 def _build(data_cfg, resolve_task, task_hint, encoder, splits, extra_corpora, entry_dir, entry,
            rebuild):
     """Read the corpus, make the encoder, encode ``splits`` into ``entry_dir`` -> entry dict."""
-    from . import stream_build
-    from .corpora import load_corpus
-    from .vocab import build_encoder, vocab_sha256
 
     num_proc = resolve_num_proc(data_cfg.get("num_proc"))
     stream = stream_build.plan(data_cfg, extra_corpora)
@@ -327,7 +325,6 @@ class SplitSink:
     their counts, and on ``finish`` writes the extras, stats and manifest."""
 
     def __init__(self, split, task, ctx, cfg, path, total):
-        from tqdm.auto import tqdm
 
         self.split, self.task, self.ctx, self.cfg = split, task, ctx, cfg
         self.fields = task.store_fields()
@@ -395,7 +392,6 @@ def _encode_split(examples, split, task, ctx, cfg, extra, path, num_proc):
 
 def _encode_streamed(stream, scanned, splits, task, ctx, cfg, entry_dir, num_proc):
     """Pass 2 of ``data.stream_build``: every wanted split written at once, in input order."""
-    from . import stream_build
 
     sizes = scanned.corpus.splits
     sinks = {}

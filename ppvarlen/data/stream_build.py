@@ -29,14 +29,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from .corpora.base import Corpus
 from .errors import DataError
+from . import parallel
+from .corpora.registry import _check_tag_scheme
+from .corpora.user_files import logger
 from .parallel import ordered_map
 from .readers import (_SKIP_HINT, DEFAULT_TASK, TASKS, BadLine, JsonTask, _decoded_lines,
                       _is_tsv_header, _label_id, _map_class_labels, _no_labels,
                       _task_from_first_line, expand_inputs, map_class_labels, parse_json_line)
 from .splits import SPLITS, example_key, split_method, stable_split
+from .vocab import TextEncoder, split_items
 
 CHUNK_BYTES = 4 << 20  # a chunk of whole lines: a few thousand examples, a few MB per worker
 LINE_FORMATS = ("jsonl", "tsv")
@@ -139,9 +144,7 @@ class Plan:
 
 def plan(cfg, extra_corpora=()):
     """A ``Plan`` for ``Data`` (``cfg``) when the corpus can be streamed, else None."""
-    from .parallel import _MAPPER
-
-    if cfg.corpus not in LINE_FORMATS or cfg.limit is not None or extra_corpora or _MAPPER \
+    if cfg.corpus not in LINE_FORMATS or cfg.limit is not None or extra_corpora or parallel._MAPPER \
             or not cfg.train_file:
         return None
     specs = {s: cfg.get(f"{s}_file") for s in SPLITS}
@@ -284,8 +287,6 @@ class Scanner:
         self.plan = plan
 
     def __call__(self, chunk):
-        from .vocab import TextEncoder, split_items
-
         plan = self.plan
         scan = ChunkScan(chunk.role, chunk.path)
         keys, train = {}, []
@@ -317,8 +318,6 @@ class ScanResult:
 
 def scan(plan, cfg, num_proc):
     """Pass 1 over every chunk -> ``ScanResult`` (raises the first bad line in input order)."""
-    from tqdm.auto import tqdm
-
     per_file, counts, bases = {}, Counter() if plan.count_vocab else None, []
     sizes = dict.fromkeys(SPLITS, 0)
     labels = {s: Counter() for s in SPLITS}
@@ -422,9 +421,6 @@ def _file_stats(plan, role, fds):
 
 
 def _corpus(plan, cfg, per_file, sizes, labels, keys, names):
-    from .corpora.registry import _check_tag_scheme
-    from .corpora.user_files import logger
-
     files, skipped_total = {}, 0
     for role, paths in plan.files.items():
         files[role], n = _file_stats(plan, role, [per_file[p] for p in paths])

@@ -11,22 +11,33 @@ its neighbours run in; errors are JSON ``{"error": message, "field": name}``.
 """
 import asyncio
 import collections
+import contextlib
+import functools
 import json
 import re
 import signal
+import socket
 import threading
 import time
+from importlib import metadata
 
 import numpy as np
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 
+from ppvarlen.config import ConfigError
 from ppvarlen.data.errors import DataError
 from ppvarlen.tasks.base import Task
+from ppvarlen.utils.io import atomic_write_text
 from ppvarlen.utils.log import get_logger
 
 from . import api, oip
 from .batcher import BatcherClosed, QueueFull
+from .engines import import_runtime
 from .errors import ApiError
 from .manifest import UnservableExportError
+from .predictor import Predictor
 from .prom import PromMetrics
 from .repository import (BatchSettings, ModelRegistry, NotServed, Repository, ServedModel,
                          SeveralModels)
@@ -167,10 +178,7 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
     """The FastAPI app: one export (``predictor``, served as version 1 of its manifest's
     model_name) or a model repository (``repository`` dir, ``load_predictor(export_dir)``);
     batchers (one predictor clone per worker) live in its lifespan."""
-    import contextlib
 
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response
 
     if (predictor is None) == (repository is None):
         raise ValueError("create_app serves either a predictor or a model repository")
@@ -458,9 +466,7 @@ def rearm_signal_handlers():
 
 def _version():
     try:
-        from importlib.metadata import version
-
-        return version("ppvarlen")
+        return metadata.version("ppvarlen")
     except Exception:  # noqa: BLE001 - a source checkout without metadata
         return "unknown"
 
@@ -478,9 +484,7 @@ def app_from_config(export_dir, deploy_cfg, backend=None, repository=None):
     """The app for ``export_dir`` (or the model ``repository`` dir) with the ``Deploy``
     settings: predictor(s), limits, batcher (``serve`` runs it with uvicorn; each Ray Serve
     replica runs its own copy)."""
-    import functools
 
-    from .predictor import Predictor
 
     load = functools.partial(Predictor, backend=backend or deploy_cfg.backend,
                              device=deploy_cfg.device, precision=deploy_cfg.precision,
@@ -509,13 +513,8 @@ def serve(export_dir, deploy_cfg, host=None, port=None, backend=None, repository
 
     ``port=0`` takes a free port; the bound port is logged and, with ``port_file``, written
     there (atomically) once the socket is listening, so callers never guess a free port."""
-    import socket
 
-    import uvicorn
 
-    from ..config import ConfigError
-    from ..utils.io import atomic_write_text
-    from .engines import import_runtime
 
     class DrainingServer(uvicorn.Server):
         async def shutdown(self, sockets=None):
