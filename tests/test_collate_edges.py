@@ -42,8 +42,8 @@ def test_messages_name_the_problem():
     with pytest.raises(DataError, match=r"^batch item 1 has fields \['input_ids'\] but item 0 "
                                         r"has \['doc_id', 'input_ids'\]"):
         Collator(0)([{"input_ids": [1], "doc_id": 0}, {"input_ids": [1]}])
-    with pytest.raises(DataError, match=r"^Collator: field 'label' holds one number per item "
-                                        r"\(declared scalar\), got \[1, 0\]$"):
+    with pytest.raises(DataError, match=r"^batch item 0 \(doc_id \?\): field 'label' holds one "
+                                        r"number per item \(declared scalar\), got \[1, 0\]$"):
         Collator(0, fields=CLASSIFICATION)([{"input_ids": [1, 2], "label": [1, 0]}])
     with pytest.raises(DataError, match=r"^batch item 0 \(doc_id \?\): labels has 1 entries but "
                                         r"input_ids has 2"):
@@ -81,3 +81,19 @@ def test_classification_and_tagging_fields_are_int64():
     tag = Collator(0, fields=TAGGING)([{"input_ids": [5, 6], "labels": [1, 2], "offset": 3}])
     assert tag["labels"].dtype == np.int64 and tag["offset"].tolist() == [3]
     np.testing.assert_array_equal(tag["labels"], [[1, 2]])
+
+
+def test_a_declared_scalar_given_as_a_one_element_list_is_refused():
+    # numpy would flatten [[1], [0]] into the labels [1, 0]: a list is not a number
+    collate = Collator(0, fields=CLASSIFICATION)
+    good = {"input_ids": [1], "label": 1, "doc_id": 6}
+    for bad in ([0], np.array([0]), [[0]], None, "x"):
+        with pytest.raises(DataError, match=r"^batch item 1 \(doc_id 7\): field 'label' holds "
+                                            r"one number per item \(declared scalar\), got "):
+            collate([good, {"input_ids": [1], "label": bad, "doc_id": 7}])
+    with pytest.raises(DataError, match=r"^batch item 0 \(doc_id 6\): .*got \[1\]$"):
+        collate([{"input_ids": [1], "label": [1], "doc_id": 6}])
+    # a 0-d numpy value is one number
+    batch = collate([good, {"input_ids": [1], "label": np.int32(3), "doc_id": np.int64(2)}])
+    assert batch["labels"].tolist() == [1, 3] and batch["doc_id"].tolist() == [6, 2]
+    assert batch["labels"].dtype == np.int64 and batch["labels"].shape == (2,)
