@@ -2,8 +2,10 @@
 
     nice -n 10 python benchmarks/mutation.py                      # every module, one at a time
     nice -n 10 python benchmarks/mutation.py longtext collate     # some modules
+    nice -n 10 python benchmarks/mutation.py order --sample 150   # a seeded uniform sample
     python benchmarks/mutation.py --list                          # modules and their test files
-        [--json output/mutation/summary.json] [--workdir mutants] [--max-children 1]
+        [--json benchmarks/results/mutation.json] [--workdir mutants] [--max-children 1]
+        [--sample N --seed S]
 
 Each module runs in a scratch copy of the project (``<workdir>/<module>/``, gitignored) with a
 ``setup.cfg [mutmut]`` written for it: only that module's file(s) are mutated and only its
@@ -11,7 +13,15 @@ test files run, so one module's slow tests never multiply into another's run.  m
 the scratch project into ``mutants/`` there and runs each mutant's covering tests in a forked
 process.  Prints the kill rate per module and writes a JSON summary; surviving mutants are
 listed (``mutmut show NAME`` in the module's scratch dir prints the diff).  Equivalent
-mutants, with the reason, are listed in docs/mutation/<module>.md.
+mutants, with the reason, are listed in benchmarks/mutation_equivalents.json (and explained in
+docs/mutation/<module>.md); a surviving mutant listed there counts as "equivalent", and the
+rate excluding equivalents is reported next to the raw one.  The JSON summary keeps the rows
+of modules not run this time, so modules can be run one per invocation.
+
+``--sample N`` runs a uniform random sample of N mutants per module
+(``random.Random(seed).sample`` over the sorted mutant names): mutmut first generates every
+mutant and records which tests cover which function (a run filtered to a name that matches
+nothing), then runs only the sampled names.  The rate is then an estimate for the module.
 
 The kill rate counts killed (a test failed), timeout and segfault as killed; survived and
 "no tests" (no test reaches the mutated function) as not killed; suspicious/skipped apart.
@@ -19,6 +29,7 @@ The kill rate counts killed (a test failed), timeout and segfault as killed; sur
 import argparse
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -36,9 +47,14 @@ MODULES = {
                 ["tests/test_deploy_batcher.py", "tests/test_batcher_edges.py"]),
     "tagging": (["ppvarlen/tasks/tagging.py", "ppvarlen/data/tagschemes.py"],
                 ["tests/test_tagschemes.py", "tests/test_tagging_task.py"]),
-    "order": (["ppvarlen/data/order.py"], ["tests/test_samplers.py"]),
-    "samplers": (["ppvarlen/data/samplers.py"], ["tests/test_samplers.py"]),
+    "order": (["ppvarlen/data/order.py"],
+              ["tests/test_samplers.py", "tests/test_sampler_reference.py"]),
+    "samplers": (["ppvarlen/data/samplers.py"],
+                 ["tests/test_samplers.py", "tests/test_sampler_reference.py"]),
 }
+EQUIVALENTS = os.path.join(REPO, "benchmarks", "mutation_equivalents.json")
+# matches no mutant: ``mutmut run`` generates the tree and collects the stats, then stops
+NO_MUTANT = "no-such-mutant-*"
 # What the tests read besides ppvarlen/ and tests/ (mutmut copies tests/ itself).
 ALSO_COPY = ["pytest.ini", "setup.py", "configs", "deploy", "docs", "README.md", "tools",
              "benchmarks", "examples", ".ci"]
@@ -52,7 +68,9 @@ def write_project(workdir, name):
     proj = os.path.join(workdir, name)
     if os.path.isdir(proj):
         shutil.rmtree(proj)
-    os.makedirs(proj)
+    # mutants/ exists before mutmut starts: a PYTHONPATH entry that does not exist yet is
+    # cached as "nothing here", and the tests would import the editable install's ppvarlen
+    os.makedirs(os.path.join(proj, "mutants"))
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", ".hypothesis")
     for item in ["ppvarlen", "tests", *ALSO_COPY]:
         src = os.path.join(REPO, item)
@@ -101,38 +119,104 @@ def results(proj, env):
     return status
 
 
-def run_module(name, workdir, max_children, timeout):
+def mutmut_run(proj, env, names, max_children, timeout):
+    """``mutmut run [names]``, its output appended to ``<proj>/mutmut-run.log``."""
+    log_path = os.path.join(proj, "mutmut-run.log")
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"\n=== mutmut run {' '.join(names[:5])}{' ...' if len(names) > 5 else ''}\n")
+        log.flush()
+        r = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children",
+                            str(max_children), *names], cwd=proj, env=env, stdout=log,
+                           stderr=subprocess.STDOUT, timeout=timeout)
+    with open(log_path, encoding="utf-8", errors="replace") as log:
+        text = log.read()
+    return r.returncode, text
+
+
+def generate(proj, env, max_children, timeout):
+    """Generate the mutants and collect the per-test stats without running any mutant."""
+    # a second pass in case mutmut 3.8 records no test on a fresh tree (it "stops early")
+    for _ in range(2):
+        code, text = mutmut_run(proj, env, [NO_MUTANT], max_children, timeout)
+        tail = text.rsplit("=== mutmut run", 1)[-1]
+        if "nothing matches" in tail:
+            return
+    raise SystemExit(f"mutmut could not generate the mutants (exit {code}); see "
+                     f"{os.path.join(proj, 'mutmut-run.log')}")
+
+
+def load_equivalents():
+    with open(EQUIVALENTS, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def run_module(name, workdir, max_children, timeout, sample=0, seed=20261202):
     proj = write_project(workdir, name)
     env = mutmut_env(proj)
     start = time.monotonic()
-    log_path = os.path.join(proj, "mutmut-run.log")
-    # mutmut 3.8 on a fresh mutants/ tree records no test for any mutant on its first pass
-    # (it stops "early"); the second pass over the generated tree collects the stats.
-    for attempt in range(2):
-        with open(log_path, "a", encoding="utf-8") as log:
-            r = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children",
-                                str(max_children)], cwd=proj, env=env, stdout=log,
-                               stderr=subprocess.STDOUT, timeout=timeout)
-        with open(log_path, encoding="utf-8", errors="replace") as log:
-            stopped_early = "Stopping early" in log.read()
-        if r.returncode == 0 or not stopped_early:
-            break
-        os.replace(log_path, log_path + ".first")
+    generate(proj, env, max_children, timeout)
+    everything = sorted(results(proj, env))
+    chosen = everything
+    if sample and sample < len(everything):
+        chosen = sorted(random.Random(seed).sample(everything, sample))
+    # in chunks: a command line of hundreds of names is fine, thousands may not be
+    for i in range(0, len(chosen), 200):
+        code, _ = mutmut_run(proj, env, chosen[i:i + 200], max_children, timeout)
+        if code != 0:
+            raise SystemExit(f"{name}: mutmut run exited {code}; see "
+                             f"{os.path.join(proj, 'mutmut-run.log')}")
     seconds = time.monotonic() - start
-    if r.returncode != 0:
-        raise SystemExit(f"{name}: mutmut run exited {r.returncode}; see "
-                         f"{os.path.join(proj, 'mutmut-run.log')}")
-    status = results(proj, env)
+    status = {m: s for m, s in results(proj, env).items() if m in set(chosen)}
+    equivalent = load_equivalents().get(name, {})
     counts = {}
-    for s in status.values():
+    for m, s in status.items():
+        if s in NOT_KILLED and m in equivalent:
+            s = "equivalent"
         counts[s] = counts.get(s, 0) + 1
     killed = sum(counts.get(s, 0) for s in KILLED)
-    scored = killed + sum(counts.get(s, 0) for s in NOT_KILLED)
+    not_killed = sum(counts.get(s, 0) for s in NOT_KILLED)
+    n_equivalent = counts.get("equivalent", 0)
+    scored = killed + not_killed + n_equivalent
     return {"module": name, "files": MODULES[name][0], "tests": MODULES[name][1],
-            "mutants": len(status), "killed": killed, "scored": scored,
-            "kill_rate": round(killed / scored, 4) if scored else None, "counts": counts,
-            "not_killed": sorted(m for m, s in status.items() if s in NOT_KILLED),
-            "seconds": round(seconds, 1), "workdir": proj}
+            "mutants_generated": len(everything), "mutants_run": len(chosen),
+            "sample": {"size": len(chosen), "seed": seed} if chosen != everything else None,
+            "killed": killed, "equivalent": n_equivalent, "not_killed": not_killed,
+            "scored": scored,
+            "kill_rate": round(killed / scored, 4) if scored else None,
+            "kill_rate_excluding_equivalent":
+                round(killed / (scored - n_equivalent), 4) if scored > n_equivalent else None,
+            "counts": counts,
+            "not_killed_names": sorted(m for m, s in status.items()
+                                       if s in NOT_KILLED and m not in equivalent),
+            "equivalent_names": sorted(m for m, s in status.items()
+                                       if s in NOT_KILLED and m in equivalent),
+            "seconds": round(seconds, 1), "workdir": os.path.relpath(proj, REPO)}
+
+
+def pct(rate):
+    return "  n/a" if rate is None else f"{100 * rate:5.1f}%"
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name")), "unknown")
+    except OSError:
+        return "unknown"
+
+
+def mutmut_version():
+    from importlib.metadata import version
+    return version("mutmut")
+
+
+def write_json_atomic(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
 
 
 def main(argv=None):
@@ -140,11 +224,16 @@ def main(argv=None):
     parser.add_argument("modules", nargs="*", help=f"default: all of {list(MODULES)}")
     parser.add_argument("--list", action="store_true", help="print modules and test files")
     parser.add_argument("--workdir", default=os.path.join(REPO, "mutants"))
-    parser.add_argument("--json", default=os.path.join(REPO, "output", "mutation", "summary.json"))
+    parser.add_argument("--json", default=os.path.join(REPO, "benchmarks", "results",
+                                                       "mutation.json"))
     parser.add_argument("--max-children", type=int, default=1,
                         help="parallel mutant workers (default 1: one core, machine is shared)")
     parser.add_argument("--timeout", type=float, default=4 * 3600,
                         help="seconds one module's mutmut run may take")
+    parser.add_argument("--sample", type=int, default=0,
+                        help="run a uniform random sample of this many mutants per module "
+                             "(default 0: every mutant)")
+    parser.add_argument("--seed", type=int, default=20261202, help="seed of --sample")
     args = parser.parse_args(argv)
     if args.list:
         for name, (files, tests) in MODULES.items():
@@ -153,20 +242,24 @@ def main(argv=None):
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
         parser.error(f"unknown module(s) {unknown}; known: {list(MODULES)}")
-    summary = []
+    summary = {}
+    if os.path.exists(args.json):  # keep the rows of the modules not run this time
+        with open(args.json, encoding="utf-8") as f:
+            summary = {row["module"]: row for row in json.load(f)["modules"]}
     for name in args.modules or list(MODULES):
-        row = run_module(name, args.workdir, args.max_children, args.timeout)
-        summary.append(row)
-        rate = "n/a" if row["kill_rate"] is None else f"{100 * row['kill_rate']:.1f}%"
-        print(f"{name:10s} kill rate {rate:>6s}  ({row['killed']}/{row['scored']} killed; "
+        row = run_module(name, args.workdir, args.max_children, args.timeout, args.sample,
+                         args.seed)
+        row["cpu"] = cpu_model()
+        summary[name] = row
+        print(f"{name:10s} kill rate {pct(row['kill_rate'])} raw, "
+              f"{pct(row['kill_rate_excluding_equivalent'])} excluding equivalents  "
+              f"({row['killed']}/{row['scored']} killed of {row['mutants_run']} run; "
               f"{row['counts']}; {row['seconds']:.0f} s)", flush=True)
-        for m in row["not_killed"]:
+        for m in row["not_killed_names"]:
             print(f"    not killed: {m}")
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    tmp = args.json + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"modules": summary}, f, indent=1)
-    os.replace(tmp, args.json)
+    rows = [summary[m] for m in MODULES if m in summary]
+    write_json_atomic(args.json, {"mutmut": mutmut_version(), "modules": rows})
     print(f"wrote {args.json}")
     return 0
 
