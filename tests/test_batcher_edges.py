@@ -6,10 +6,12 @@ A gate holds the worker where a test needs the queue to stay put (no timing race
 """
 import threading
 import time
+import types
 
 import pytest
 from test_deploy_batcher import FakePredictor, Item
 
+from ppvarlen.deploy import batcher as batcher_module
 from ppvarlen.deploy.batcher import BatcherClosed, DynamicBatcher, QueueFull
 
 NEVER_MS = 600_000  # a max_wait no test waits out: a batch must go for another reason
@@ -105,3 +107,75 @@ def test_close_drains_by_default_and_drops_with_a_reason_otherwise():
     closing.join(120)
     assert first[0].result(0) == ("echo", 0)  # the running batch still finishes
     assert pred.batches == [[0]]
+
+
+class _Busy:
+    """A batcher whose one worker is held inside a gated batch, so the test owns the queue."""
+
+    def __init__(self, **options):
+        self.pred = FakePredictor(gate=threading.Event())
+        self.batcher = DynamicBatcher([self.pred], max_wait_ms=0, **options)
+        self.batcher.submit([Item("hold", 1)])
+        wait_until_taken(self.pred)
+
+
+def test_ready_once_the_oldest_text_has_waited_exactly_max_wait():
+    busy = _Busy()
+    b = busy.batcher
+    b.max_wait = 600.0  # the rule under test, on a clock the test chooses (no sleeping)
+    job = batcher_module._Job(Item(0, 1), 1)
+    job.enqueued = 1000.0
+    with b._cond:
+        b._pending = [job]
+        assert not b._ready(1599.5)  # waited 599.5 s of 600
+        assert b._ready(1600.0)      # waited exactly max_wait
+        b._pending = []
+    busy.pred.gate.set()
+    assert b.close()
+
+
+class _RecordingCondition(threading.Condition):
+    """A Condition that remembers every timeout the worker waits with."""
+
+    def __init__(self):
+        super().__init__()
+        self.timeouts = []
+
+    def wait(self, timeout=None):
+        self.timeouts.append(timeout)
+        return super().wait(timeout)
+
+
+@pytest.mark.parametrize("max_wait_ms", [400, 60_000])
+def test_a_lone_text_waits_at_most_the_rest_of_max_wait(monkeypatch, max_wait_ms):
+    monkeypatch.setattr(batcher_module, "threading",
+                        types.SimpleNamespace(Condition=_RecordingCondition,
+                                              Thread=threading.Thread))
+    pred = FakePredictor()
+    b = DynamicBatcher([pred], max_wait_ms=max_wait_ms)
+    future = b.submit([Item(0, 1)])[0]
+    deadline = time.monotonic() + 120
+    # until the worker waits for company (or, on a stalled host, has already run the text)
+    while not (future.done() or any(t is not None for t in b._cond.timeouts)):
+        assert time.monotonic() < deadline, "the worker never waited"
+        time.sleep(0.001)
+    assert b.close()  # closing: the lone text goes now
+    assert future.result(60) == ("echo", 0)
+    timed = [t for t in b._cond.timeouts if t is not None]
+    # the time left until the text has waited max_wait: never more than max_wait itself
+    assert all(0 <= t <= max_wait_ms / 1000 for t in timed), timed
+    if max_wait_ms == 60_000:  # a minute after submit the worker has surely looked
+        assert timed and timed[0] > 0, timed  # with time left, so it waited (no busy loop)
+
+
+def test_the_batch_holding_the_oldest_text_runs_first_when_it_starts_a_later_group():
+    # queued while the worker is busy: the oldest text (10 tokens) and two 1-token ones.
+    # Sorted by length: [1, 1, 10]; with no per-run overhead the cheapest plan is
+    # [1, 1] (cost 2 x 1) + [10] (cost 10) = 12 < [1, 1, 10] together (3 x 10 = 30).
+    # The oldest text is at sorted position 2, the start of the second group.
+    busy = _Busy(overhead_tokens=0)
+    futures = busy.batcher.submit([Item(0, 10), Item(1, 1), Item(2, 1)])
+    busy.pred.gate.set()
+    assert [f.result(60) for f in futures] == [("echo", 0), ("echo", 1), ("echo", 2)]
+    assert busy.batcher.close()
+    assert busy.pred.batches == [["hold"], [0], [1, 2]]
