@@ -47,7 +47,8 @@ MODULES = {
     "batcher": (["ppvarlen/deploy/batcher.py"],
                 ["tests/test_deploy_batcher.py", "tests/test_batcher_edges.py"]),
     "tagging": (["ppvarlen/tasks/tagging.py", "ppvarlen/data/tagschemes.py"],
-                ["tests/test_tagschemes.py", "tests/test_tagging_task.py"]),
+                ["tests/test_tagschemes.py", "tests/test_tagging_task.py",
+                 "tests/test_tagging_edges.py"]),
     "order": (["ppvarlen/data/order.py"],
               ["tests/test_samplers.py", "tests/test_sampler_reference.py"]),
     "samplers": (["ppvarlen/data/samplers.py"],
@@ -165,14 +166,16 @@ def load_equivalents():
         return json.load(f)
 
 
+def in_scope_of(name, mutants):
+    return [m for m in mutants if any(fnmatch.fnmatchcase(m, p) for p in SCOPE.get(name, ["*"]))]
+
+
 def run_module(name, workdir, max_children, timeout, sample=0, seed=20261202):
     proj = write_project(workdir, name)
     env = mutmut_env(proj)
     start = time.monotonic()
     generate(proj, env, max_children, timeout)
-    everything = sorted(results(proj, env))
-    in_scope = [m for m in everything
-                if any(fnmatch.fnmatchcase(m, p) for p in SCOPE.get(name, ["*"]))]
+    in_scope = in_scope_of(name, sorted(results(proj, env)))
     chosen = in_scope
     if sample and sample < len(in_scope):
         chosen = sorted(random.Random(seed).sample(in_scope, sample))
@@ -182,8 +185,19 @@ def run_module(name, workdir, max_children, timeout, sample=0, seed=20261202):
         if code != 0:
             raise SystemExit(f"{name}: mutmut run exited {code}; see "
                              f"{os.path.join(proj, 'mutmut-run.log')}")
-    seconds = time.monotonic() - start
-    status = {m: s for m, s in results(proj, env).items() if m in set(chosen)}
+    row = score(name, proj, seed)
+    row["seconds"] = round(time.monotonic() - start, 1)
+    return row
+
+
+def score(name, proj, seed):
+    """The summary row of module ``name`` from the mutmut results in its scratch dir: every
+    in-scope mutant that was run (a sample when not all of them were)."""
+    status = results(proj, mutmut_env(proj))
+    generated = len(status)
+    in_scope = in_scope_of(name, sorted(status))
+    chosen = [m for m in in_scope if status[m] != "not checked"]
+    status = {m: status[m] for m in chosen}
     equivalent = load_equivalents().get(name, {})
     counts = {}
     for m, s in status.items():
@@ -195,9 +209,10 @@ def run_module(name, workdir, max_children, timeout, sample=0, seed=20261202):
     n_equivalent = counts.get("equivalent", 0)
     scored = killed + not_killed + n_equivalent
     return {"module": name, "files": MODULES[name][0], "tests": MODULES[name][1],
-            "scope": SCOPE.get(name), "mutants_generated": len(everything),
+            "scope": SCOPE.get(name), "mutants_generated": generated,
             "mutants_in_scope": len(in_scope), "mutants_run": len(chosen),
-            "sample": {"size": len(chosen), "seed": seed} if chosen != in_scope else None,
+            "sample": {"size": len(chosen), "seed": seed} if len(chosen) < len(in_scope)
+            else None,
             "killed": killed, "equivalent": n_equivalent, "not_killed": not_killed,
             "scored": scored,
             "kill_rate": round(killed / scored, 4) if scored else None,
@@ -208,7 +223,7 @@ def run_module(name, workdir, max_children, timeout, sample=0, seed=20261202):
                                        if s in NOT_KILLED and m not in equivalent),
             "equivalent_names": sorted(m for m, s in status.items()
                                        if s in NOT_KILLED and m in equivalent),
-            "seconds": round(seconds, 1), "workdir": os.path.relpath(proj, REPO)}
+            "workdir": os.path.relpath(proj, REPO)}
 
 
 def pct(rate):
@@ -237,10 +252,28 @@ def write_json_atomic(path, data):
     os.replace(tmp, path)
 
 
+def markdown_table(rows):
+    lines = ["| module | mutants run | killed (timeout) | survived / no tests | equivalent | "
+             "kill rate | excluding equivalents |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        run = str(r["mutants_run"])
+        if r["sample"]:
+            run += f" (sample of {r['mutants_in_scope']}, seed {r['sample']['seed']})"
+        elif r["mutants_in_scope"] != r["mutants_generated"]:
+            run += f" (in scope, of {r['mutants_generated']})"
+        timeouts = r["counts"].get("timeout", 0) + r["counts"].get("segfault", 0)
+        lines.append(f"| {r['module']} | {run} | {r['killed']} ({timeouts}) | "
+                     f"{r['not_killed']} | {r['equivalent']} | {pct(r['kill_rate']).strip()} | "
+                     f"{pct(r['kill_rate_excluding_equivalent']).strip()} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("modules", nargs="*", help=f"default: all of {list(MODULES)}")
     parser.add_argument("--list", action="store_true", help="print modules and test files")
+    parser.add_argument("--table", action="store_true",
+                        help="print the --json summary as a markdown table (runs nothing)")
     parser.add_argument("--workdir", default=os.path.join(REPO, "mutants"))
     parser.add_argument("--json", default=os.path.join(REPO, "benchmarks", "results",
                                                        "mutation.json"))
@@ -252,10 +285,17 @@ def main(argv=None):
                         help="run a uniform random sample of this many mutants per module "
                              "(default 0: every mutant)")
     parser.add_argument("--seed", type=int, default=20261202, help="seed of --sample")
+    parser.add_argument("--rescore", action="store_true",
+                        help="recompute the summary rows from the mutmut results already in "
+                             "--workdir (after editing the equivalents file; runs nothing)")
     args = parser.parse_args(argv)
     if args.list:
         for name, (files, tests) in MODULES.items():
             print(f"{name:10s} {' '.join(files)}  <-  {' '.join(tests)}")
+        return 0
+    if args.table:
+        with open(args.json, encoding="utf-8") as f:
+            print(markdown_table(json.load(f)["modules"]))
         return 0
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
@@ -265,14 +305,20 @@ def main(argv=None):
         with open(args.json, encoding="utf-8") as f:
             summary = {row["module"]: row for row in json.load(f)["modules"]}
     for name in args.modules or list(MODULES):
-        row = run_module(name, args.workdir, args.max_children, args.timeout, args.sample,
-                         args.seed)
-        row["cpu"] = cpu_model()
+        if args.rescore:
+            old = summary.get(name, {})
+            row = score(name, os.path.join(args.workdir, name),
+                        (old.get("sample") or {}).get("seed", args.seed))
+            row["seconds"], row["cpu"] = old.get("seconds"), old.get("cpu")
+        else:
+            row = run_module(name, args.workdir, args.max_children, args.timeout, args.sample,
+                             args.seed)
+            row["cpu"] = cpu_model()
         summary[name] = row
         print(f"{name:10s} kill rate {pct(row['kill_rate'])} raw, "
               f"{pct(row['kill_rate_excluding_equivalent'])} excluding equivalents  "
               f"({row['killed']}/{row['scored']} killed of {row['mutants_run']} run; "
-              f"{row['counts']}; {row['seconds']:.0f} s)", flush=True)
+              f"{row['counts']}; {row['seconds'] or 0:.0f} s)", flush=True)
         for m in row["not_killed_names"]:
             print(f"    not killed: {m}")
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
