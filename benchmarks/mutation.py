@@ -50,7 +50,8 @@ MODULES = {
                 ["tests/test_tagschemes.py", "tests/test_tagging_task.py",
                  "tests/test_tagging_edges.py"]),
     "order": (["ppvarlen/data/order.py"],
-              ["tests/test_samplers.py", "tests/test_sampler_reference.py"]),
+              ["tests/test_samplers.py", "tests/test_sampler_reference.py",
+               "tests/test_order_edges.py"]),
     "samplers": (["ppvarlen/data/samplers.py"],
                  ["tests/test_samplers.py", "tests/test_sampler_reference.py"]),
 }
