@@ -4,6 +4,7 @@ wait, close with and without draining.
 Written against the mutants benchmarks/mutation.py found alive (docs/mutation/batcher.md).
 A gate holds the worker where a test needs the queue to stay put (no timing races).
 """
+import logging
 import threading
 import time
 import types
@@ -11,6 +12,8 @@ import types
 import pytest
 from test_deploy_batcher import FakePredictor, Item
 
+from ppvarlen.config import ConfigError
+from ppvarlen.config_schema import SCHEMA
 from ppvarlen.deploy import batcher as batcher_module
 from ppvarlen.deploy.batcher import BatcherClosed, DynamicBatcher, QueueFull
 
@@ -179,3 +182,131 @@ def test_the_batch_holding_the_oldest_text_runs_first_when_it_starts_a_later_gro
     assert [f.result(60) for f in futures] == [("echo", 0), ("echo", 1), ("echo", 2)]
     assert busy.batcher.close()
     assert busy.pred.batches == [["hold"], [0], [1, 2]]
+
+
+def test_settings_refusals_name_the_setting():
+    with pytest.raises(ConfigError, match=r"^DynamicBatcher needs at least one predictor \(one "
+                                          r"per worker\)$"):
+        DynamicBatcher([])
+    for name in ("max_batch_tokens", "max_batch_size", "queue_size"):
+        with pytest.raises(ConfigError, match=rf"^Deploy\.{name} must be >= 1, got 0$"):
+            DynamicBatcher([FakePredictor()], **{name: 0})
+    for wait, overhead in ((-1, 0), (0, -1)):  # either one negative is refused
+        with pytest.raises(ConfigError, match=rf"^Deploy\.max_wait_ms and batch_overhead_tokens "
+                                              rf"must be >= 0, got {wait}, {overhead}$"):
+            DynamicBatcher([FakePredictor()], max_wait_ms=wait, overhead_tokens=overhead)
+
+
+def test_defaults_are_the_deploy_config_defaults():
+    deploy = SCHEMA["Deploy"]
+    b = DynamicBatcher([FakePredictor()])
+    assert b.max_wait == deploy["max_wait_ms"].default / 1000
+    assert b.max_batch_tokens == deploy["max_batch_tokens"].default
+    assert b.max_batch_size == deploy["max_batch_size"].default
+    assert b.queue_size == deploy["queue_size"].default
+    assert b.close()
+
+
+def test_workers_are_named_daemon_threads():
+    # daemon: a worker stuck in a predictor must not keep the process alive at exit
+    b = DynamicBatcher([FakePredictor(), FakePredictor()])
+    assert [(t.name, t.daemon) for t in b._workers] == [("batcher-0", True), ("batcher-1", True)]
+    assert b.close()
+
+
+class _Records(logging.Handler):
+    """Keeps the batcher logger's records (whatever the package's propagate setting)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture()
+def batcher_log():
+    handler = _Records()
+    logger = logging.getLogger("ppvarlen.deploy.batcher")
+    logger.addHandler(handler)
+    yield handler.records
+    logger.removeHandler(handler)
+
+
+def test_on_batch_gets_the_batch_size_its_tokens_and_waits():
+    calls = []
+    pred = FakePredictor(gate=threading.Event())
+    b = DynamicBatcher([pred], max_wait_ms=0,
+                       on_batch=lambda *args: calls.append(args))
+    b.submit([Item("hold", 1)])
+    wait_until_taken(pred)
+    # queued together behind the held batch: lengths 3 and 5 share one batch (overhead 256 >
+    # the 2 padding tokens), which really runs 3 + 5 = 8 tokens padded to 2 x 5 = 10
+    futures = b.submit([Item(0, 3), Item(1, 5)])
+    pred.gate.set()
+    assert [f.result(60) for f in futures] == [("echo", 0), ("echo", 1)]
+    assert b.close()
+    assert pred.batches == [["hold"], [0, 1]]
+    assert [c[:3] for c in calls] == [(1, 1, 1), (2, 8, 10)]  # per batch, not cumulative
+    waits = [c[3] for c in calls]
+    assert [len(w) for w in waits] == [1, 2]
+    assert all(isinstance(w, float) and w >= 0 for ws in waits for w in ws)
+
+
+def test_failures_are_counted_per_text_and_logged(batcher_log):
+    pred = FakePredictor(gate=threading.Event())
+    b = DynamicBatcher([pred], max_wait_ms=0)
+    b.submit([Item("hold", 1)])
+    wait_until_taken(pred)
+    futures = b.submit([Item(0, 2, bad=True), Item(1, 2, bad=True), Item(2, 2)])
+    pred.gate.set()
+    for f in futures[:2]:
+        with pytest.raises(RuntimeError, match="^bad item$"):
+            f.result(60)
+    assert futures[2].result(60) == ("echo", 2)
+    assert b.close()
+    assert b.metrics()["failed_items"] == 2
+    warnings = [r.getMessage() for r in batcher_log if r.levelno == logging.WARNING]
+    assert warnings == ["prediction failed for one text: bad item"] * 2
+
+
+def test_a_failing_on_batch_is_logged_and_loses_no_answer(batcher_log):
+    def broken(*args):
+        raise RuntimeError("metrics down")
+
+    b = DynamicBatcher([FakePredictor()], max_wait_ms=0, on_batch=broken)
+    assert b.submit([Item(0, 2)])[0].result(60) == ("echo", 0)
+    assert b.close()
+    errors = [(r.getMessage(), str(r.exc_info[1])) for r in batcher_log
+              if r.levelno == logging.ERROR]
+    assert errors == [("on_batch callback failed", "metrics down")]
+
+
+class _JoinRecorder:
+    """Wraps a worker thread; remembers the timeout of every join."""
+
+    def __init__(self, thread):
+        self.thread, self.timeouts = thread, []
+
+    def join(self, timeout=None):
+        self.timeouts.append(timeout)
+        self.thread.join(timeout)
+
+    def is_alive(self):
+        return self.thread.is_alive()
+
+
+def test_close_waits_for_workers_at_most_its_timeout():
+    pred = FakePredictor(gate=threading.Event())
+    b = DynamicBatcher([pred], max_wait_ms=0)
+    b.submit([Item("hold", 1)])
+    wait_until_taken(pred)
+    b._workers = [_JoinRecorder(t) for t in b._workers]
+    assert b.close(timeout=0.2) is False  # the worker is still inside its batch
+    (recorder,) = b._workers
+    assert recorder.timeouts and all(t is not None and 0 <= t <= 0.2 for t in recorder.timeouts)
+    pred.gate.set()
+    recorder.timeouts.clear()
+    assert b.close() is True  # default timeout: 30 s, from the moment close is called
+    assert all(t is not None and 25 < t <= 30 for t in recorder.timeouts), recorder.timeouts
