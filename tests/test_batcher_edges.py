@@ -15,7 +15,7 @@ from test_deploy_batcher import FakePredictor, Item
 from ppvarlen.config import ConfigError
 from ppvarlen.config_schema import SCHEMA
 from ppvarlen.deploy import batcher as batcher_module
-from ppvarlen.deploy.batcher import BatcherClosed, DynamicBatcher, QueueFull
+from ppvarlen.deploy.batcher import BatcherClosed, DynamicBatcher, QueueFull, plan_groups
 
 NEVER_MS = 600_000  # a max_wait no test waits out: a batch must go for another reason
 
@@ -310,3 +310,13 @@ def test_close_waits_for_workers_at_most_its_timeout():
     recorder.timeouts.clear()
     assert b.close() is True  # default timeout: 30 s, from the moment close is called
     assert all(t is not None and 25 < t <= 30 for t in recorder.timeouts), recorder.timeouts
+
+
+def test_one_token_texts_fill_the_whole_budget():
+    # four 1-token texts, budget 4 tokens, overhead 1: together they cost 1 + 4 x 1 = 5 and fit
+    # the budget exactly; any split pays the overhead twice (2 + 4 = 6)
+    assert plan_groups([1, 1, 1, 1], 1, 4, 64) == [(0, 4)]
+    # budget 3: two groups are needed and enough (which two is a tie: 2 x 1 + 4 = 6 each)
+    groups = plan_groups([1, 1, 1, 1], 1, 3, 64)
+    assert len(groups) == 2 and all(b - a <= 3 for a, b in groups)
+    assert groups[0][0] == 0 and groups[-1][1] == 4 and groups[0][1] == groups[1][0]
