@@ -325,3 +325,17 @@ def test_one_token_texts_fill_the_whole_budget():
     groups = plan_groups([1, 1, 1, 1], 1, 3, 64)
     assert len(groups) == 2 and all(b - a <= 3 for a, b in groups)
     assert groups[0][0] == 0 and groups[-1][1] == 4 and groups[0][1] == groups[1][0]
+
+
+def test_a_batch_of_two_with_one_bad_text_still_answers_the_other():
+    pred = FakePredictor(gate=threading.Event())
+    b = DynamicBatcher([pred], max_wait_ms=0)
+    b.submit([Item("hold", 1)])
+    wait_until_taken(pred)
+    bad, good = b.submit([Item(0, 2, bad=True), Item(1, 2)])
+    pred.gate.set()
+    assert good.result(60) == ("echo", 1)
+    with pytest.raises(RuntimeError, match="^bad item$"):
+        bad.result(60)
+    assert b.close()
+    assert pred.batches == [["hold"], [0, 1], [0], [1]]  # the pair, then each text alone
