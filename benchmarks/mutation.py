@@ -2,8 +2,10 @@
 
     nice -n 10 python benchmarks/mutation.py                      # every module, one at a time
     nice -n 10 python benchmarks/mutation.py longtext collate     # some modules
-    nice -n 10 python benchmarks/mutation.py order --sample 150   # a seeded uniform sample
+    nice -n 10 python benchmarks/mutation.py order --sample 120   # a seeded uniform sample
     python benchmarks/mutation.py --list                          # modules and their test files
+    python benchmarks/mutation.py --table                         # the summary as markdown
+    python benchmarks/mutation.py --rescore order                 # re-count after listing equivalents
         [--json benchmarks/results/mutation.json] [--workdir mutants] [--max-children 1]
         [--sample N --seed S]
 
@@ -35,6 +37,7 @@ import shutil
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -241,7 +244,6 @@ def cpu_model():
 
 
 def mutmut_version():
-    from importlib.metadata import version
     return version("mutmut")
 
 
