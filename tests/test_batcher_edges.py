@@ -4,13 +4,18 @@ wait, close with and without draining.
 Written against the mutants benchmarks/mutation.py found alive (docs/mutation/batcher.md).
 A gate holds the worker where a test needs the queue to stay put (no timing races).
 """
+import logging
 import threading
 import time
+import types
 
 import pytest
 from test_deploy_batcher import FakePredictor, Item
 
-from ppvarlen.deploy.batcher import BatcherClosed, DynamicBatcher, QueueFull
+from ppvarlen.config import ConfigError
+from ppvarlen.config_schema import SCHEMA
+from ppvarlen.deploy import batcher as batcher_module
+from ppvarlen.deploy.batcher import BatcherClosed, DynamicBatcher, QueueFull, plan_groups
 
 NEVER_MS = 600_000  # a max_wait no test waits out: a batch must go for another reason
 
@@ -105,3 +110,232 @@ def test_close_drains_by_default_and_drops_with_a_reason_otherwise():
     closing.join(120)
     assert first[0].result(0) == ("echo", 0)  # the running batch still finishes
     assert pred.batches == [[0]]
+
+
+class _Busy:
+    """A batcher whose one worker is held inside a gated batch, so the test owns the queue."""
+
+    def __init__(self, **options):
+        self.pred = FakePredictor(gate=threading.Event())
+        self.batcher = DynamicBatcher([self.pred], max_wait_ms=0, **options)
+        self.batcher.submit([Item("hold", 1)])
+        wait_until_taken(self.pred)
+
+
+def test_ready_once_the_oldest_text_has_waited_exactly_max_wait():
+    busy = _Busy()
+    b = busy.batcher
+    b.max_wait = 600.0  # the rule under test, on a clock the test chooses (no sleeping)
+    job = batcher_module._Job(Item(0, 1), 1)
+    job.enqueued = 1000.0
+    with b._cond:
+        b._pending = [job]
+        assert not b._ready(1599.5)  # waited 599.5 s of 600
+        assert b._ready(1600.0)      # waited exactly max_wait
+        b._pending = []
+    busy.pred.gate.set()
+    assert b.close()
+
+
+class _RecordingCondition(threading.Condition):
+    """A Condition that remembers every timeout the worker waits with."""
+
+    def __init__(self):
+        super().__init__()
+        self.timeouts = []
+
+    def wait(self, timeout=None):
+        self.timeouts.append(timeout)
+        return super().wait(timeout)
+
+
+@pytest.mark.parametrize("max_wait_ms", [400, 60_000])
+def test_a_lone_text_waits_at_most_the_rest_of_max_wait(monkeypatch, max_wait_ms):
+    monkeypatch.setattr(batcher_module, "threading",
+                        types.SimpleNamespace(Condition=_RecordingCondition,
+                                              Thread=threading.Thread))
+    pred = FakePredictor()
+    b = DynamicBatcher([pred], max_wait_ms=max_wait_ms)
+    future = b.submit([Item(0, 1)])[0]
+    deadline = time.monotonic() + 120
+    # until the worker waits for company (or, on a stalled host, has already run the text)
+    while not (future.done() or any(t is not None for t in b._cond.timeouts)):
+        assert time.monotonic() < deadline, "the worker never waited"
+        time.sleep(0.001)
+    assert b.close()  # closing: the lone text goes now
+    assert future.result(60) == ("echo", 0)
+    timed = [t for t in b._cond.timeouts if t is not None]
+    # the time left until the text has waited max_wait: never more than max_wait itself
+    assert all(0 <= t <= max_wait_ms / 1000 for t in timed), timed
+    if max_wait_ms == 60_000:  # a minute after submit the worker has surely looked
+        assert timed and timed[0] > 0, timed  # with time left, so it waited (no busy loop)
+
+
+def test_the_batch_holding_the_oldest_text_runs_first_when_it_starts_a_later_group():
+    # queued while the worker is busy: the oldest text (10 tokens) and two 1-token ones.
+    # Sorted by length: [1, 1, 10]; with no per-run overhead the cheapest plan is
+    # [1, 1] (cost 2 x 1) + [10] (cost 10) = 12 < [1, 1, 10] together (3 x 10 = 30).
+    # The oldest text is at sorted position 2, the start of the second group.
+    busy = _Busy(overhead_tokens=0)
+    futures = busy.batcher.submit([Item(0, 10), Item(1, 1), Item(2, 1)])
+    busy.pred.gate.set()
+    assert [f.result(60) for f in futures] == [("echo", 0), ("echo", 1), ("echo", 2)]
+    assert busy.batcher.close()
+    assert busy.pred.batches == [["hold"], [0], [1, 2]]
+
+
+def test_settings_refusals_name_the_setting():
+    with pytest.raises(ConfigError, match=r"^DynamicBatcher needs at least one predictor \(one "
+                                          r"per worker\)$"):
+        DynamicBatcher([])
+    for name in ("max_batch_tokens", "max_batch_size", "queue_size"):
+        with pytest.raises(ConfigError, match=rf"^Deploy\.{name} must be >= 1, got 0$"):
+            DynamicBatcher([FakePredictor()], **{name: 0})
+    for wait, overhead in ((-1, 0), (0, -1)):  # either one negative is refused
+        with pytest.raises(ConfigError, match=rf"^Deploy\.max_wait_ms and batch_overhead_tokens "
+                                              rf"must be >= 0, got {wait}, {overhead}$"):
+            DynamicBatcher([FakePredictor()], max_wait_ms=wait, overhead_tokens=overhead)
+
+
+def test_defaults_are_the_deploy_config_defaults():
+    deploy = SCHEMA["Deploy"]
+    b = DynamicBatcher([FakePredictor()])
+    assert b.max_wait == deploy["max_wait_ms"].default / 1000
+    assert b.max_batch_tokens == deploy["max_batch_tokens"].default
+    assert b.max_batch_size == deploy["max_batch_size"].default
+    assert b.queue_size == deploy["queue_size"].default
+    assert b.close()
+
+
+def test_workers_are_named_daemon_threads():
+    # daemon: a worker stuck in a predictor must not keep the process alive at exit
+    b = DynamicBatcher([FakePredictor(), FakePredictor()])
+    assert [(t.name, t.daemon) for t in b._workers] == [("batcher-0", True), ("batcher-1", True)]
+    assert b.close()
+
+
+class _Records(logging.Handler):
+    """Keeps the batcher logger's records (whatever the package's propagate setting)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture()
+def batcher_log():
+    handler = _Records()
+    logger = logging.getLogger("ppvarlen.deploy.batcher")
+    logger.addHandler(handler)
+    yield handler.records
+    logger.removeHandler(handler)
+
+
+def test_on_batch_gets_the_batch_size_its_tokens_and_waits():
+    calls = []
+    pred = FakePredictor(gate=threading.Event())
+    b = DynamicBatcher([pred], max_wait_ms=0,
+                       on_batch=lambda *args: calls.append(args))
+    first_submit = time.monotonic()
+    # the held batch: lengths 1 and 3 run 4 tokens padded to 2 x 3 = 6 (real != padded, so
+    # the deltas below cannot mix the two counters up)
+    b.submit([Item("h1", 1), Item("h2", 3)])
+    wait_until_taken(pred)
+    # queued together behind it: lengths 3 and 5 share one batch (overhead 256 > the 2
+    # padding tokens), which runs 3 + 5 = 8 tokens padded to 2 x 5 = 10
+    futures = b.submit([Item(0, 3), Item(1, 5)])
+    pred.gate.set()
+    assert [f.result(60) for f in futures] == [("echo", 0), ("echo", 1)]
+    assert b.close()
+    all_done = time.monotonic()
+    assert pred.batches == [["h1", "h2"], [0, 1]]
+    assert [c[:3] for c in calls] == [(2, 4, 6), (2, 8, 10)]  # per batch, not cumulative
+    waits = [c[3] for c in calls]
+    assert [len(w) for w in waits] == [2, 2]
+    # a queue wait lies within the time the test has been running (no speed is asserted)
+    assert all(0 <= w <= all_done - first_submit for ws in waits for w in ws), waits
+
+
+def test_failures_are_counted_per_text_and_logged(batcher_log):
+    pred = FakePredictor(gate=threading.Event())
+    b = DynamicBatcher([pred], max_wait_ms=0)
+    b.submit([Item("hold", 1)])
+    wait_until_taken(pred)
+    futures = b.submit([Item(0, 2, bad=True), Item(1, 2, bad=True), Item(2, 2)])
+    pred.gate.set()
+    for f in futures[:2]:
+        with pytest.raises(RuntimeError, match="^bad item$"):
+            f.result(60)
+    assert futures[2].result(60) == ("echo", 2)
+    assert b.close()
+    assert b.metrics()["failed_items"] == 2
+    warnings = [r.getMessage() for r in batcher_log if r.levelno == logging.WARNING]
+    assert warnings == ["prediction failed for one text: bad item"] * 2
+
+
+def test_a_failing_on_batch_is_logged_and_loses_no_answer(batcher_log):
+    def broken(*args):
+        raise RuntimeError("metrics down")
+
+    b = DynamicBatcher([FakePredictor()], max_wait_ms=0, on_batch=broken)
+    assert b.submit([Item(0, 2)])[0].result(60) == ("echo", 0)
+    assert b.close()
+    errors = [(r.getMessage(), str(r.exc_info[1])) for r in batcher_log
+              if r.levelno == logging.ERROR]
+    assert errors == [("on_batch callback failed", "metrics down")]
+
+
+class _JoinRecorder:
+    """Wraps a worker thread; remembers the timeout of every join."""
+
+    def __init__(self, thread):
+        self.thread, self.timeouts = thread, []
+
+    def join(self, timeout=None):
+        self.timeouts.append(timeout)
+        self.thread.join(timeout)
+
+    def is_alive(self):
+        return self.thread.is_alive()
+
+
+def test_close_waits_for_workers_at_most_its_timeout():
+    pred = FakePredictor(gate=threading.Event())
+    b = DynamicBatcher([pred], max_wait_ms=0)
+    b.submit([Item("hold", 1)])
+    wait_until_taken(pred)
+    b._workers = [_JoinRecorder(t) for t in b._workers]
+    assert b.close(timeout=0.2) is False  # the worker is still inside its batch
+    (recorder,) = b._workers
+    assert recorder.timeouts and all(t is not None and 0 <= t <= 0.2 for t in recorder.timeouts)
+    pred.gate.set()
+    recorder.timeouts.clear()
+    assert b.close() is True  # default timeout: 30 s, from the moment close is called
+    assert all(t is not None and 25 < t <= 30 for t in recorder.timeouts), recorder.timeouts
+
+
+def test_one_token_texts_fill_the_whole_budget():
+    # four 1-token texts, budget 4 tokens, overhead 1: together they cost 1 + 4 x 1 = 5 and fit
+    # the budget exactly; any split pays the overhead twice (2 + 4 = 6)
+    assert plan_groups([1, 1, 1, 1], 1, 4, 64) == [(0, 4)]
+    # budget 3: two groups are needed and enough (which two is a tie: 2 x 1 + 4 = 6 each)
+    groups = plan_groups([1, 1, 1, 1], 1, 3, 64)
+    assert len(groups) == 2 and all(b - a <= 3 for a, b in groups)
+    assert groups[0][0] == 0 and groups[-1][1] == 4 and groups[0][1] == groups[1][0]
+
+
+def test_a_batch_of_two_with_one_bad_text_still_answers_the_other():
+    pred = FakePredictor(gate=threading.Event())
+    b = DynamicBatcher([pred], max_wait_ms=0)
+    b.submit([Item("hold", 1)])
+    wait_until_taken(pred)
+    bad, good = b.submit([Item(0, 2, bad=True), Item(1, 2)])
+    pred.gate.set()
+    assert good.result(60) == ("echo", 1)
+    with pytest.raises(RuntimeError, match="^bad item$"):
+        bad.result(60)
+    assert b.close()
+    assert pred.batches == [["hold"], [0, 1], [0], [1]]  # the pair, then each text alone

@@ -120,3 +120,11 @@ def test_aggregate_tokens_keeps_dtype_and_row_shape_and_names_the_gap():
         aggregate_tokens([4, 4], [0, 2], [[1], [2, 3]])
     with pytest.raises(ValueError, match="document 4 position 0 is covered by no window"):
         aggregate_tokens([4], [1], [[1]])
+
+
+def test_aggregate_classification_returns_int64_doc_ids_for_any_integer_input():
+    # doc ids are int64 everywhere (the collator's doc_id field); an int32 array in is no exception
+    ids, mean = aggregate_classification(np.array([7, 2, 7], dtype=np.int32),
+                                         np.array([[1.0], [4.0], [2.0]], dtype=np.float32))
+    assert ids.dtype == np.int64 and ids.tolist() == [2, 7]
+    assert mean.tolist() == [[4.0], [1.5]]

@@ -40,6 +40,22 @@ def pad_sequences(seqs, pad_value, length, side="right"):
     return out
 
 
+def _scalar(name, i, item):
+    """Item ``i``'s value of the declared-scalar field ``name`` as an int64, or a DataError.
+
+    Checked one item at a time: a one-element list ``[5]`` would otherwise pass through
+    numpy's reshape as the number 5, and a wrong shape must not turn into data.
+    """
+    value = item[name]
+    if np.ndim(value) == 0:
+        try:
+            return np.int64(value)
+        except (TypeError, ValueError, OverflowError):
+            pass
+    raise DataError(f"batch item {i} (doc_id {item.get('doc_id', '?')}): field {name!r} holds "
+                    f"one number per item (declared scalar), got {value!r}")
+
+
 class Collator:
     """``Collator(pad_id, fields=task.store_fields())(items) -> dict of numpy arrays``.
 
@@ -103,12 +119,8 @@ class Collator:
             if f.name not in keys:
                 continue
             if not f.ragged:
-                try:
-                    batch[f.key or f.name] = np.asarray([item[f.name] for item in items],
-                                                        dtype=np.int64).reshape(len(items))
-                except (TypeError, ValueError):
-                    raise DataError(f"Collator: field {f.name!r} holds one number per item "
-                                    f"(declared scalar), got {items[0][f.name]!r}") from None
+                batch[f.key or f.name] = np.array(
+                    [_scalar(f.name, i, item) for i, item in enumerate(items)], dtype=np.int64)
                 continue
             rows = [item[f.name] for item in items]
             if aligned is not None and not f.length:
