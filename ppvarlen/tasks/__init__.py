@@ -6,13 +6,14 @@ The only place that maps task names to behaviour; everything else asks the Task 
 from ..config import ConfigError
 from .base import Task
 from .classification import ClassificationTask
+from .extractive_qa import ExtractiveQATask
 from .masked_lm import MaskedLMTask
 from .seq2seq import Seq2SeqTask
 from .tagging import TaggingTask
 from .text_pair import TextPairTask
 
 TASKS = {t.name: t for t in (ClassificationTask, TaggingTask, Seq2SeqTask, MaskedLMTask,
-                              TextPairTask)}
+                              TextPairTask, ExtractiveQATask)}
 
 
 def get_task(task):
