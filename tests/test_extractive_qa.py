@@ -326,6 +326,20 @@ def test_paddlenlp_qa_trains_and_exports_with_verify(ernie_qa_dir, trained, tmp_
 
 
 # ------------------------------------------------------------ train -> export -> serve
+def test_the_shipped_config_runs_on_the_derived_corpus(trained, tmp_path):
+    _, paths = trained
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "configs", "qa", "transformer.yaml")
+    first = open(path, encoding="utf-8").readline()
+    assert first.startswith("# python -c \"from ppvarlen.tasks.extractive_qa import "
+                            "derive_people_daily_qa") and "tools/train.py -c configs/qa/" in first
+    cfg = load_config(path, [f"Global.output_dir={tmp_path}", "Train.max_steps=2",
+                             "Train.eval_every=2", "Model.num_layers=1", "Model.hidden_size=16",
+                             "Model.ffn_size=32"] +
+                      [f"Data.{s}_file={paths[s]}" for s in ("train", "dev", "test")])
+    assert trainer_mod.train(cfg)["steps"] == 2
+
+
 def test_train_reports_exact_match_and_f1(trained):
     out, _ = trained
     with open(os.path.join(out, "metrics.json")) as f:
