@@ -67,6 +67,9 @@ SCHEMA = {
                            "(overlapping windows of Data.stride, predictions aggregated per "
                            "document) or error"),
         "stride": Field(int, 128, help="window overlap in tokens for long_text: window"),
+        "max_answer_tokens": Field(int, 30, help="extractive_qa: the longest answer span, in "
+                                   "tokens, that decoding considers (evaluation and serving; "
+                                   "recorded in the export)"),
         "pad_to_multiple_of": Field(int, 1, help="round each batch's padded length up to a "
                                     "multiple of this; 1 = pad to the longest only"),
         "padding_side": Field(str, "right", choices=["right", "left"],

@@ -116,8 +116,13 @@ register_model(
                                "compute); 0 = off. Applies to the model's own loss (not with "
                                "Train.label_smoothing)"),
           "init_from": INIT_FROM,
-          "type_vocab_size": Field(int, 0, help="transformer_cls: segment embeddings (a text "
-                                   "pair's token_type_ids: 2); 0 = none (single texts)")})
+          "type_vocab_size": Field(int, 0, help="transformer_cls / transformer_span: segment "
+                                   "embeddings (a text pair's or a question + context's "
+                                   "token_type_ids: 2); 0 = none (single texts)")})
+register_model(
+    "transformer_span", tasks=["extractive_qa"], builder="ppvarlen.models.token_logits:build",
+    keys={**TRANSFORMER, "init_from": INIT_FROM,
+          "type_vocab_size": MODEL_FIELDS["type_vocab_size"]})
 register_model(
     "rnn_cls", tasks=["classification"], builder="ppvarlen.models.rnn_cls:build",
     keys={"emb_size": EMB_SIZE, "hidden_size": HIDDEN_SIZE, "num_layers": NUM_LAYERS,
@@ -146,4 +151,7 @@ register_model(
     builder="ppvarlen.models.paddlenlp_auto:build", keys=PADDLENLP)
 register_model(
     "paddlenlp_token_cls", tasks=["tagging"],
+    builder="ppvarlen.models.paddlenlp_auto:build", keys=PADDLENLP)
+register_model(
+    "paddlenlp_qa", tasks=["extractive_qa"],
     builder="ppvarlen.models.paddlenlp_auto:build", keys=PADDLENLP)

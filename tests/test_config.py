@@ -170,7 +170,7 @@ def test_a_key_the_model_does_not_use_is_an_error_naming_model_key_and_accepted_
     with pytest.raises(ConfigError) as e:
         load_config(data={"Model": {"name": "rnn_cls", "num_heads": 8, "wide_buckets": 16}})
     msg = str(e.value)
-    assert "Model.name=rnn_cls does not use Model.num_heads (a key of transformer_cls, seq2seq" in msg
+    assert "Model.name=rnn_cls does not use Model.num_heads (a key of transformer_cls, transformer_span, seq2seq" in msg
     assert "Model.wide_buckets (a key of transformer_cls; did you mean 'ngram_buckets'?)" in msg
     assert "rnn_cls accepts " + ", ".join(sorted(MODEL_KEYS["rnn_cls"])) in msg
     with pytest.raises(ConfigError, match="Model.name=seq2seq does not use Model.init_from"):

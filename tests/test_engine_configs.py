@@ -22,7 +22,9 @@ OTHER_TOOL_CONFIGS = ["configs/sentiment/pretrain_mlm.yaml",
                       # need a PaddleNLP directory: tests/test_paddlenlp_models.py makes one
                       "configs/sentiment/paddlenlp.yaml", "configs/ner/paddlenlp.yaml",
                       # a derived pair corpus first: tests/test_text_pair.py trains on one
-                      "configs/pairs/transformer.yaml"]
+                      "configs/pairs/transformer.yaml",
+                      # a derived QA corpus first: tests/test_extractive_qa.py runs it on one
+                      "configs/qa/transformer.yaml"]
 
 
 @pytest.mark.parametrize("path", CONFIGS)

@@ -64,7 +64,8 @@ class Collator:
     under ``key`` (default its name), its row lengths go to ``lengths`` when declared; a
     ``shift`` field (teacher forcing) becomes ``<key>_in`` = row[:-1] (pad id) and
     ``<key>_out`` = row[1:] (-100) with lengths len - 1; a scalar field becomes a [B] array
-    under ``key``.  Ragged fields that are not length fields align one-to-one with the (single)
+    under ``key``; a field declared ``batch=False`` is left out.  Ragged batched fields that are
+    not length fields align one-to-one with the (single)
     length field.  A declared non-length field may be absent from every item of a batch; an
     undeclared field, a missing length field or items with different fields are errors.
     """
@@ -116,7 +117,7 @@ class Collator:
         aligned = length_fields[0] if len(length_fields) == 1 else None
         batch = {}
         for f in declared.values():
-            if f.name not in keys:
+            if f.name not in keys or not f.batch:
                 continue
             if not f.ragged:
                 batch[f.key or f.name] = np.array(

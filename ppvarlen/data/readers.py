@@ -212,7 +212,7 @@ def parse_object(obj, task):
     missing = [n for n in names if n not in obj]
     if missing:
         raise BadLine("missing_field", f"missing field {' and '.join(map(repr, missing))} (task "
-                                       f"{task} needs {names[0]!r} and {names[1]!r}, e.g. "
+                                       f"{task} needs {', '.join(map(repr, names))}, e.g. "
                                        f"{spec.example_line}; fields here: {sorted(obj)})")
     return spec.parse(obj)
 

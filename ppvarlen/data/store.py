@@ -59,12 +59,19 @@ class Field:
     key: str = ""           # the batch key (default: the name)
     lengths: str = ""       # ragged: the batch key of its row lengths (e.g. "seq_len")
     shift: bool = False     # ragged: teacher forcing, row -> <key>_in (pad) / <key>_out (-100)
+    # False: stored and returned by ``dataset[i]`` (e.g. what a task's report reads: a
+    # document's characters) but left out of collated batches; such a ragged row need not
+    # align with the length field
+    batch: bool = True
 
     def __post_init__(self):
         if self.length and not self.ragged:
             raise ValueError(f"Field {self.name!r}: only a ragged field can count as length")
         if (self.lengths or self.shift) and not self.ragged:
             raise ValueError(f"Field {self.name!r}: lengths/shift apply to a ragged field only")
+        if not self.batch and (self.length or self.lengths or self.shift or self.key):
+            raise ValueError(f"Field {self.name!r}: a field left out of batches has no "
+                             f"length/lengths/shift/key")
         if not (self.pad == "pad_id" or isinstance(self.pad, int)):
             raise ValueError(f"Field {self.name!r}: pad must be an int or 'pad_id', "
                              f"got {self.pad!r}")

@@ -69,6 +69,26 @@ def unescape_token(text):
                             text)
 
 
+def char_spans(text, tokens, lowercase=False):
+    """(start, end) of each token in ``text``, found left to right.
+
+    Word pieces lose their ``##``; a token that cannot be found (a normalised or
+    unknown form) gets the next character so offsets stay monotonic.
+    """
+    hay = text.lower() if lowercase else text
+    spans, pos = [], 0
+    for tok in tokens:
+        piece = tok[2:] if tok.startswith("##") and len(tok) > 2 else tok
+        piece = piece.lower() if lowercase else piece
+        at = hay.find(piece, pos)
+        if at < 0 or (piece.strip() and hay[pos:at].strip()):
+            # not found, or found only after skipping real text: do not jump ahead
+            at, piece = min(pos, len(text)), text[pos:pos + 1] or " "
+        spans.append((at, min(at + len(piece), len(text))))
+        pos = at + len(piece)
+    return spans
+
+
 class TextEncoder:
     """Tokenize, encode and decode text with one vocabulary.
 

@@ -22,7 +22,7 @@ from ppvarlen.data import longtext
 from ppvarlen.data.collate import pad_sequences
 from ppvarlen.data.errors import DataError
 from ppvarlen.data.order import length_sorted_batches, restore_order
-from ppvarlen.data.vocab import TextEncoder
+from ppvarlen.data.vocab import TextEncoder, char_spans  # noqa: F401 (also imported from here)
 from ppvarlen.tasks import get_task
 from ppvarlen.utils.inputs import is_blank, validate_batch
 
@@ -51,26 +51,6 @@ class EncodedText:
         # per window: {declared input name: row aligned with the window's ids} (a task's inputs
         # after ids and lengths, e.g. segment ids)
         self.extras = extras
-
-
-def char_spans(text, tokens, lowercase=False):
-    """(start, end) of each token in ``text``, found left to right.
-
-    Word pieces lose their ``##``; a token that cannot be found (a normalised or
-    unknown form) gets the next character so offsets stay monotonic.
-    """
-    hay = text.lower() if lowercase else text
-    spans, pos = [], 0
-    for tok in tokens:
-        piece = tok[2:] if tok.startswith("##") and len(tok) > 2 else tok
-        piece = piece.lower() if lowercase else piece
-        at = hay.find(piece, pos)
-        if at < 0 or (piece.strip() and hay[pos:at].strip()):
-            # not found, or found only after skipping real text: do not jump ahead
-            at, piece = min(pos, len(text)), text[pos:pos + 1] or " "
-        spans.append((at, min(at + len(piece), len(text))))
-        pos = at + len(piece)
-    return spans
 
 
 class Predictor:

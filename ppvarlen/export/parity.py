@@ -238,28 +238,43 @@ def split_batches(examples, collate, max_tokens, max_batch_size=64, length_field
 # ---------------------------------------------------------------- comparison
 
 class _Stats:
-    """What is compared follows the output specs: the first float output is the scores
-    (``"per": "row"``: one score vector per row, e.g. logits; ``"per": "token"``: one per real
-    token, e.g. emissions), an integer output the labels decoded from them (tags)."""
+    """What is compared follows the output specs: every float output is a score (``"per":
+    "row"``: one score vector per row, e.g. logits, label = argmax; ``"per": "token"``: one
+    vector per real token, e.g. emissions, labels = the integer output decoded from them (tags)
+    or their argmax; ``"per": "position"``: one score per real token [B, L], e.g. a span's start
+    logits, label = the argmax position over the row's real tokens).  max |diff| and agreement
+    are over all of them."""
 
     def __init__(self, outputs):
         self.max_abs_diff, self.agree, self.total = 0.0, 0, 0
         self.max_prob_diff = None  # per-row scores: max |diff| of softmax
-        self.scores = next(s for s in outputs if s["dtype"].startswith("float"))
+        self.scores = [s for s in outputs if s["dtype"].startswith("float")]
         self.labels = next((s["name"] for s in outputs if s["dtype"].startswith("int")), None)
 
     def add(self, ref, got, seq_len):
-        key = self.scores["name"]
-        a, b = ref[key], got[key]
-        if a.shape != b.shape:
-            raise ValueError(f"{key} shape {b.shape} != reference {a.shape}")
-        if self.scores.get("per", "row") == "row":
-            self.max_abs_diff = max(self.max_abs_diff, float(np.abs(a - b).max()))
-            prob_diff = float(np.abs(_softmax(a) - _softmax(b)).max())
-            self.max_prob_diff = max(self.max_prob_diff or 0.0, prob_diff)
-            self.agree += int((a.argmax(-1) == b.argmax(-1)).sum())
-            self.total += a.shape[0]
-            return
+        for spec in self.scores:
+            key = spec["name"]
+            a, b = ref[key], got[key]
+            if a.shape != b.shape:
+                raise ValueError(f"{key} shape {b.shape} != reference {a.shape}")
+            getattr(self, "_add_" + spec.get("per", "row"))(ref, got, a, b, seq_len)
+
+    def _add_row(self, ref, got, a, b, seq_len):
+        self.max_abs_diff = max(self.max_abs_diff, float(np.abs(a - b).max()))
+        prob_diff = float(np.abs(_softmax(a) - _softmax(b)).max())
+        self.max_prob_diff = max(self.max_prob_diff or 0.0, prob_diff)
+        self.agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+        self.total += a.shape[0]
+
+    def _add_position(self, ref, got, a, b, seq_len):
+        real = np.arange(a.shape[1])[None, :] < seq_len[:, None]
+        self.max_abs_diff = max(self.max_abs_diff, float(np.abs(a - b)[real].max()))
+        low = np.finfo(np.float64).min  # pads never win the argmax
+        self.agree += int((np.where(real, a, low).argmax(-1) ==
+                           np.where(real, b, low).argmax(-1)).sum())
+        self.total += a.shape[0]
+
+    def _add_token(self, ref, got, a, b, seq_len):
         real = np.arange(a.shape[1])[None, :] < seq_len[:, None]
         self.max_abs_diff = max(self.max_abs_diff, float(np.abs(a - b)[real].max()))
         ref_tags, got_tags = ref.get(self.labels), got.get(self.labels)

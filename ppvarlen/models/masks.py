@@ -129,3 +129,15 @@ def masked_cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, smoothing=0.
         target_logit = paddle.take_along_axis(flat_logits, safe_labels, axis=-1).squeeze(-1)
         per_item = per_item + smoothing * (target_logit - flat_logits.mean(axis=-1))
     return (per_item * keep).sum() / paddle.clip(keep.sum(), min=1.0)
+
+
+def position_cross_entropy(outputs, positions, seq_len):
+    """Mean over the K outputs [B, L] of the cross-entropy of ``positions`` [B, K] (the gold
+    position of each output per row, e.g. a span's start and end), pads never a candidate."""
+    real = sequence_mask(seq_len, paddle.shape(outputs[0])[1])
+    total = 0.0
+    for k, out in enumerate(outputs):
+        out = _to_float32(out)
+        low = paddle.full_like(out, masked_fill_value(out.dtype))
+        total = total + F.cross_entropy(paddle.where(real, out, low), positions[:, k])
+    return total / len(outputs)

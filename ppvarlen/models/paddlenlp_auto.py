@@ -1,7 +1,8 @@
 """Any local PaddleNLP ``save_pretrained`` directory as a ppvarlen model (head kept).
 
 ``Model.name: paddlenlp_seq_cls`` loads ``AutoModelForSequenceClassification``,
-``paddlenlp_token_cls`` ``AutoModelForTokenClassification``, from ``Model.pretrained_dir``
+``paddlenlp_token_cls`` ``AutoModelForTokenClassification``, ``paddlenlp_qa``
+``AutoModelForQuestionAnswering`` (start/end logits), from ``Model.pretrained_dir``
 (ERNIE, BERT and the other architectures PaddleNLP's Auto classes map; the fine-tuned
 classifier is kept, ``num_labels`` comes from the directory's config.json).
 
@@ -38,7 +39,7 @@ import paddle.nn as nn
 from ..config import ConfigError
 from ..model_registry import MODELS
 from ..utils.io import atomic_dir
-from .masks import key_padding_mask, masked_cross_entropy, sequence_mask
+from .masks import key_padding_mask, masked_cross_entropy, position_cross_entropy, sequence_mask
 from .transformer_cls import check_max_position
 
 SAFE_WEIGHTS = "model.safetensors"
@@ -126,6 +127,12 @@ class PaddleNLPModel(nn.Layer):
         embedding.register_forward_post_hook(_zero_pad_embeddings(self.pad_token_id))
 
     def logits(self, input_ids, seq_len, token_type_ids=None):
+        """The net's first output (its logits) as float32."""
+        out = self.outputs(input_ids, seq_len, token_type_ids)
+        return out[0].astype("float32")
+
+    def outputs(self, input_ids, seq_len, token_type_ids=None):
+        """The net's outputs (a tuple) for right-padded ids of lengths ``seq_len``."""
         check_max_position(input_ids, self.max_position, key="Model.max_position")
         max_len = paddle.shape(input_ids)[1]
         real = sequence_mask(seq_len, max_len, dtype="int64")
@@ -138,9 +145,7 @@ class PaddleNLPModel(nn.Layer):
                        position_ids=position_ids,
                        attention_mask=key_padding_mask(seq_len, max_len, dtype="float32"),
                        return_dict=False)
-        if isinstance(out, (tuple, list)):
-            out = out[0]
-        return out.astype("float32")
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
     def save_paddlenlp_dir(self, directory, encoder, label_names):
         """Write a PaddleNLP directory (safetensors, label names in config.json, tokenizer
@@ -191,6 +196,22 @@ class PaddleNLPTokenClassifier(PaddleNLPModel):
         return masked_cross_entropy(emissions, labels), emissions
 
 
+class PaddleNLPQuestionAnswering(PaddleNLPTokenClassifier):
+    """start_logits, end_logits [B, L] float32 from the directory's span head
+    (``*ForQuestionAnswering``); with ``labels`` [B, 2] (start, end positions) the mean
+    cross-entropy of both over the row's real tokens first."""
+
+    auto_class = "AutoModelForQuestionAnswering"
+    architecture_suffix = "ForQuestionAnswering"
+
+    def forward(self, input_ids, seq_len, token_type_ids=None, labels=None):
+        start, end = (o.astype("float32") for o in
+                      self.outputs(input_ids, seq_len, token_type_ids)[:2])
+        if labels is None:
+            return start, end
+        return position_cross_entropy((start, end), labels, seq_len), (start, end)
+
+
 def build_paddlenlp_model(model_class, pretrained_dir, max_position, vocab_size, num_labels,
                           init_weights=True):
     """The wrapped PaddleNLP model, its config checked against the data (ConfigError)."""
@@ -216,7 +237,8 @@ def build_paddlenlp_model(model_class, pretrained_dir, max_position, vocab_size,
 
 # Model.name -> wrapper class; ``architectures`` in config.json ends with the class's suffix
 FAMILY = {"paddlenlp_seq_cls": PaddleNLPSequenceClassifier,
-          "paddlenlp_token_cls": PaddleNLPTokenClassifier}
+          "paddlenlp_token_cls": PaddleNLPTokenClassifier,
+          "paddlenlp_qa": PaddleNLPQuestionAnswering}
 
 
 def model_name_for(config, task, directory):

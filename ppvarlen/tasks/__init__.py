@@ -7,13 +7,14 @@ imports the tasks without paddle: the methods that train or evaluate import it w
 from ..config import ConfigError
 from .base import Task
 from .classification import ClassificationTask
+from .extractive_qa import ExtractiveQATask
 from .masked_lm import MaskedLMTask
 from .seq2seq import Seq2SeqTask
 from .tagging import TaggingTask
 from .text_pair import TextPairTask
 
 TASKS = {t.name: t for t in (ClassificationTask, TaggingTask, Seq2SeqTask, MaskedLMTask,
-                              TextPairTask)}
+                              TextPairTask, ExtractiveQATask)}
 
 
 def get_task(task):
