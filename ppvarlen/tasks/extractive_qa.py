@@ -43,6 +43,8 @@ import unicodedata
 from collections import Counter
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
+from pydantic import Field as Described
 
 from ..config import ConfigError, load_config
 from ..data import readers
@@ -405,8 +407,6 @@ class ExtractiveQATask(Task):
     oip_infer = False  # OIP v2's one text tensor cannot carry a question with its context
 
     def request_item(self, text_type):
-        from pydantic import BaseModel, ConfigDict, Field as Described
-
         class Question(BaseModel):
             model_config = ConfigDict(extra="forbid")
             question: text_type = Described(description="the question")
@@ -456,7 +456,6 @@ class ExtractiveQATask(Task):
                 "num_tokens": item.num_tokens, "truncated": item.truncated}
 
     def prediction_model(self, label_names):
-        from pydantic import BaseModel, Field as Described
 
         class QAPrediction(BaseModel):
             answer: str = Described(description="context[start:end]")
