@@ -456,7 +456,6 @@ class ExtractiveQATask(Task):
                 "num_tokens": item.num_tokens, "truncated": item.truncated}
 
     def prediction_model(self, label_names):
-
         class QAPrediction(BaseModel):
             answer: str = Described(description="context[start:end]")
             start: int = Described(ge=0, description="character offset in the context")
