@@ -73,16 +73,21 @@ def _decoded_lines(path):
                         f"dev_file / test_file") from None
     with f:
         for n, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                yield n, BadLine("not_utf8", f"not valid UTF-8 (bad byte {raw[e.start:e.start + 1]!r} "
-                                             f"at byte {e.start} of the line); re-save the file as UTF-8, "
-                                             f"e.g. iconv -f GBK -t UTF-8 in > out")
-                continue
-            if n == 1 and line.startswith("\ufeff"):
-                line = line[1:]  # a UTF-8 byte-order mark is not part of the data
-            yield n, line.rstrip("\r\n")
+            yield n, decode_line(raw, n)
+
+
+def decode_line(raw, n):
+    """One raw line (bytes) at line number ``n`` -> its text without the line end, or a
+    ``BadLine`` when it is not UTF-8 (reported on its own line, not as a whole-file failure)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return BadLine("not_utf8", f"not valid UTF-8 (bad byte {raw[e.start:e.start + 1]!r} "
+                                   f"at byte {e.start} of the line); re-save the file as UTF-8, "
+                                   f"e.g. iconv -f GBK -t UTF-8 in > out")
+    if n == 1 and line.startswith("\ufeff"):
+        line = line[1:]  # a UTF-8 byte-order mark is not part of the data
+    return line.rstrip("\r\n")
 
 
 def _parquet_rows(path):

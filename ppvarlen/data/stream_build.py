@@ -39,7 +39,8 @@ from .corpora.user_files import logger
 from .parallel import ordered_map
 from .readers import (_SKIP_HINT, DEFAULT_TASK, TASKS, BadLine, JsonTask, _decoded_lines,
                       _is_tsv_header, _label_id, _map_class_labels, _no_labels,
-                      _task_from_first_line, expand_inputs, map_class_labels, parse_json_line)
+                      _task_from_first_line, decode_line, expand_inputs, map_class_labels,
+                      parse_json_line)
 from .splits import SPLITS, example_key, split_method, stable_split
 from .vocab import TextEncoder, split_items
 
@@ -107,16 +108,7 @@ def _lines(chunk):
     """(line number, text or BadLine) as ``readers._decoded_lines`` gives them."""
     for k, raw in enumerate(chunk.raw_lines()):
         n = chunk.first_line + k
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            yield n, BadLine("not_utf8", f"not valid UTF-8 (bad byte {raw[e.start:e.start + 1]!r} "
-                                         f"at byte {e.start} of the line); re-save the file as "
-                                         f"UTF-8, e.g. iconv -f GBK -t UTF-8 in > out")
-            continue
-        if n == 1 and text.startswith("\ufeff"):
-            text = text[1:]
-        yield n, text.rstrip("\r\n")
+        yield n, decode_line(raw, n)
 
 
 @dataclass
