@@ -8,6 +8,8 @@ the error raised.  Hand-written over ``multiprocessing`` because ``datasets.map(
 fails in this stack (dill) and a fork pool needs no pickling of the tokenizer.
 """
 import contextlib
+import ctypes
+import gc
 import multiprocessing
 import os
 
@@ -45,9 +47,20 @@ def ordered_map(fn, jobs, num_proc):
         _STATE.clear()
 
 
+def release_memory():
+    """Return freed heap to the OS (glibc keeps it otherwise): a forked worker maps all of its
+    parent's heap, so a parent that trims first forks smaller workers."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
 def _pool_imap(run, jobs, num_proc):
     """``Pool.imap`` whose workers exit on their own when all is done: ``with Pool`` would
     SIGTERM them, and a forked worker that imported paddle prints a fatal-error report then."""
+    release_memory()
     pool = multiprocessing.get_context("fork").Pool(num_proc)
     try:
         yield from pool.imap(run, jobs)

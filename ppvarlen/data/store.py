@@ -105,8 +105,9 @@ class StoreWriter:
         self.count = 0
         self._bins = {f.name: open(os.path.join(self.tmp, f.name + ".bin"), "wb")
                       for f in self.fields if f.ragged}
-        self._row_lengths = {f.name: [] for f in self.fields if f.ragged}
-        self._scalars = {f.name: [] for f in self.fields if not f.ragged}
+        # per-item columns (row lengths, scalars) go to temp files as they arrive, so the
+        # writer's memory does not grow with the corpus; read back once on ``close``
+        self._columns = {f.name: open(self._column_path(f.name), "wb") for f in self.fields}
         self._extras, self._meta = {}, {}
 
     def __enter__(self):
@@ -131,10 +132,11 @@ class StoreWriter:
                 flat, rows = packed[f.name]
                 self._bins[f.name].write(np.ascontiguousarray(
                     flat, np.dtype(f.dtype).newbyteorder("<")).tobytes())
-                self._row_lengths[f.name].append(rows)
+                self._columns[f.name].write(np.ascontiguousarray(rows, "<i8").tobytes())
             else:
                 rows = packed[f.name]
-                self._scalars[f.name].append(rows)
+                self._columns[f.name].write(np.ascontiguousarray(
+                    rows, np.dtype(f.dtype).newbyteorder("<")).tobytes())
             if n is not None and len(rows) != n:
                 raise ValueError(f"StoreWriter: field {f.name!r} has {len(rows)} items, "
                                  f"expected {n}")
@@ -148,9 +150,16 @@ class StoreWriter:
     def set_meta(self, meta):
         self._meta.update(meta)
 
+    def _column_path(self, name):
+        return os.path.join(self.tmp, f".{name}.column")  # removed before the rename
+
+    def _column(self, name, dtype):
+        self._columns[name].flush()
+        return np.fromfile(self._column_path(name), np.dtype(dtype).newbyteorder("<"))
+
     def row_lengths(self, name):
         """Row lengths of a ragged field written so far."""
-        return np.concatenate(self._row_lengths[name] or [np.zeros(0, np.int64)])
+        return self._column(name, np.int64)
 
     def lengths(self):
         """Item lengths so far: the sum of the length fields' rows."""
@@ -166,10 +175,13 @@ class StoreWriter:
                 offsets = np.zeros(self.count + 1, np.int64)
                 np.cumsum(self.row_lengths(f.name), out=offsets[1:])
                 self._save(f.name + ".offsets", offsets)
+                del offsets
             else:
-                self._save(f.name, np.concatenate(self._scalars[f.name]) if self._scalars[f.name]
-                           else np.zeros(0, f.dtype))
+                self._save(f.name, self._column(f.name, f.dtype).astype(f.dtype, copy=False))
         self._save("lengths", np.asarray(self.lengths(), np.int64).reshape(self.count))
+        for name, f in self._columns.items():
+            f.close()
+            os.remove(self._column_path(name))
         for name, arr in self._extras.items():
             self._save(name, arr)
         manifest = {"format": FORMAT, "count": self.count,
@@ -194,7 +206,7 @@ class StoreWriter:
         _fsync_file(path)
 
     def abort(self):
-        for f in self._bins.values():
+        for f in [*self._bins.values(), *self._columns.values()]:
             f.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 

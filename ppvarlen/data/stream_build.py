@@ -195,6 +195,7 @@ class ChunkScan:
     labels: dict = field(default_factory=dict)  # split -> Counter of raw labels
     keys: dict = field(default_factory=dict)  # split -> uint64 hashes of the split keys
     counts: Counter = None  # the train split's token counts
+    split_codes: np.ndarray = None  # carved train file: SPLITS index of each kept example
 
 
 def _parse(plan, n, line, chunk):
@@ -236,10 +237,8 @@ def _unknown_label(plan, ex, index):
             f"the label or list it in Data.label_names")
 
 
-def _split_of(plan, chunk, ex):
-    if chunk.role != "train" or not plan.carve:
-        return chunk.role
-    s = stable_split(example_key(_key_view(ex)), plan.split_seed)
+def _split_of_key(plan, key):
+    s = stable_split(key, plan.split_seed)
     return s if s in plan.carve else "train"
 
 
@@ -248,13 +247,13 @@ def _key_view(ex):
     return {**ex, "label": 0} if isinstance(ex.get("label"), str) else ex
 
 
-def _key_hash(ex):
-    key = example_key(_key_view(ex)).encode("utf-8", "surrogatepass")
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+def _key_hash(key):
+    return int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogatepass"),
+                                          digest_size=8).digest(), "little")
 
 
 def _kept(plan, chunk, scan=None):
-    """Yield (line, split, example) of the chunk's examples that pass the label check."""
+    """Yield (line, example) of the chunk's examples that pass the label check."""
     index = None if plan.label_names is None else \
         {name: i for i, name in enumerate(plan.label_names)}
     for n, ex in _examples(plan, chunk, scan):
@@ -271,7 +270,7 @@ def _kept(plan, chunk, scan=None):
                     scan.label_first.setdefault("unknown_label", (n, problem))
             if plan.skip_invalid:
                 continue
-        yield n, _split_of(plan, chunk, ex), ex
+        yield n, ex
 
 
 class Scanner:
@@ -281,8 +280,14 @@ class Scanner:
     def __call__(self, chunk):
         plan = self.plan
         scan = ChunkScan(chunk.role, chunk.path)
-        keys, train = {}, []
-        for n, split, ex in _kept(plan, chunk, scan):
+        keys, train, codes = {}, [], []
+        carve = chunk.role == "train" and plan.carve
+        for n, ex in _kept(plan, chunk, scan):
+            key = example_key(_key_view(ex))
+            split = chunk.role
+            if carve:
+                split = _split_of_key(plan, key)
+                codes.append(SPLITS.index(split))
             label = ex.get("label")
             if label is not None:
                 kind = "str" if isinstance(label, str) else "int"
@@ -291,10 +296,12 @@ class Scanner:
                     scan.first_label = label
                 scan.labels.setdefault(split, Counter())[label] += 1
             scan.sizes[split] = scan.sizes.get(split, 0) + 1
-            keys.setdefault(split, []).append(_key_hash(ex))
+            keys.setdefault(split, []).append(_key_hash(key))
             if plan.count_vocab and split == "train":
                 train.append(ex)
         scan.keys = {s: np.asarray(v, np.uint64) for s, v in keys.items()}
+        if carve:
+            scan.split_codes = np.asarray(codes, np.uint8)
         if plan.count_vocab:
             scan.counts = TextEncoder._count(split_items(train, plan.texts_of), plan.kind,
                                              plan.lowercase)
@@ -306,11 +313,12 @@ class ScanResult:
     corpus: Corpus  # splits hold example counts, not examples
     counts: Counter  # train token counts (None if not counted)
     bases: list  # per chunk: split -> doc id of its first example
+    split_codes: list  # per chunk: its ``ChunkScan.split_codes`` (pass 2 hashes no text again)
 
 
 def scan(plan, cfg, num_proc):
     """Pass 1 over every chunk -> ``ScanResult`` (raises the first bad line in input order)."""
-    per_file, counts, bases = {}, Counter() if plan.count_vocab else None, []
+    per_file, counts, bases, codes = {}, Counter() if plan.count_vocab else None, [], []
     sizes = dict.fromkeys(SPLITS, 0)
     labels = {s: Counter() for s in SPLITS}
     keys = {s: [] for s in SPLITS}
@@ -326,6 +334,7 @@ def scan(plan, cfg, num_proc):
             raise DataError(sc.error)
         current = _merge_file(per_file, sc)
         bases.append(dict(sizes))
+        codes.append(sc.split_codes)
         for s, n in sc.sizes.items():
             sizes[s] += n
             keys[s].append(sc.keys[s])
@@ -344,7 +353,8 @@ def scan(plan, cfg, num_proc):
     names = _label_names(plan, kinds, first_label, labels)
     if label_error:
         raise DataError(label_error)
-    return ScanResult(_corpus(plan, cfg, per_file, sizes, labels, keys, names), counts, bases)
+    return ScanResult(_corpus(plan, cfg, per_file, sizes, labels, keys, names), counts, bases,
+                      codes)
 
 
 def _merge_file(per_file, sc):
@@ -460,11 +470,12 @@ class ChunkEncoder:
         self.names = names
 
     def __call__(self, job):
-        chunk, bases = job
+        chunk, bases, codes = job
         plan = self.plan
         index = {name: i for i, name in enumerate(self.names)}
         rows = {}
-        for n, split, ex in _kept(plan, chunk):
+        for k, (n, ex) in enumerate(_kept(plan, chunk)):
+            split = chunk.role if codes is None else SPLITS[codes[k]]
             if split in self.encoders:
                 if "label" in ex:
                     ex["label"] = _label_id(ex["label"], index)
@@ -485,7 +496,7 @@ class _At:
 
 def encode(plan, result, encoders, sinks, num_proc):
     """Pass 2: every chunk encoded on the workers, appended to ``sinks`` in input order."""
-    jobs = zip(plan.chunks(), result.bases)
+    jobs = zip(plan.chunks(), result.bases, result.split_codes)
     for out in ordered_map(ChunkEncoder(plan, encoders, result.corpus.label_names), jobs,
                            num_proc):
         for split, res in out.items():

@@ -178,7 +178,11 @@ class TextEncoder:
             else:
                 counts.update(probe.tokenize(item) if isinstance(item, str)
                               else probe.normalize(item))
-        counts.update("".join(plain))
+        if plain:  # a histogram of codepoints: the C Counter is a dict update per character
+            codes = np.frombuffer("".join(plain).encode("utf-32-le", "surrogatepass"), np.uint32)
+            hist = np.bincount(codes)
+            seen = np.flatnonzero(hist)
+            counts.update(dict(zip(map(chr, seen.tolist()), hist[seen].tolist())))
         for t in SPECIAL_TOKENS:
             counts.pop(t, None)  # a literal "[CLS]" in text is not the special token
         return counts

@@ -18,8 +18,6 @@ changes.  New versions are found by polling (``Deploy.repository_poll_s``) and b
 ``POST /v2/repository/models/NAME/load``.  Copy a version elsewhere and rename it into place:
 a half-copied directory fails the hash check and is refused until its manifest changes.
 """
-import ctypes
-import gc
 import os
 import threading
 import time
@@ -28,6 +26,7 @@ import numpy as np
 
 from ppvarlen.data.errors import DataError
 from ppvarlen.data.order import grid_lengths
+from ppvarlen.data.parallel import release_memory
 from ppvarlen.utils.log import get_logger
 
 from .batcher import BatcherClosed, DynamicBatcher
@@ -235,15 +234,6 @@ def smoke_check(predictor, seed=0):
                                   f"batched with other lengths (padding changes the answer)")
     finally:
         predictor._reset_counters()
-
-
-def release_memory():
-    """Return freed heap to the OS after an unload (glibc keeps it otherwise)."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
 
 
 # ---------------------------------------------------------------- repository
