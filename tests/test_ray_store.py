@@ -49,29 +49,43 @@ def _files(root):
     return out
 
 
+# streamed: the driver only cuts the raw file into 16 KB chunks of lines (about 40 here) and
+# ships them; Ray tasks parse, count (Scanner) and encode (ChunkEncoder) them.
+# In memory (Data.limit): the driver reads the corpus; Ray tasks count 10,000-example chunks
+# and encode 2,000-example ones (train 4,000 -> 2, dev and test 1 each).
+@pytest.mark.parametrize("mode", ["streamed", "in_memory"])
 def test_ray_built_store_equals_the_one_machine_store(cluster, corpus_file, tmp_path,
-                                                     monkeypatch):
+                                                     monkeypatch, mode):
+    from ppvarlen.data import corpora, stream_build
     from ppvarlen.integrations import ray_store
     from ppvarlen.tasks import build_datasets
 
-    chunks = []  # the chunks the Ray mapper ran (vocabulary counting + encoding)
+    chunks = []  # the jobs the Ray mapper ran
     real_mapper = ray_store.ray_mapper
 
     def counting_mapper(*args, **kwargs):
         mapper = real_mapper(*args, **kwargs)
 
-        def run(fn, items, bounds):
-            for out in mapper(fn, items, bounds):
-                chunks.append(type(fn).__name__)
+        def run(fn, jobs):
+            for out in mapper(fn, jobs):
+                chunks.append(type(getattr(fn, "fn", fn)).__name__)
                 yield out
         return run
 
     monkeypatch.setattr(ray_store, "ray_mapper", counting_mapper)
-    local = build_datasets(_cfg(corpus_file, tmp_path / "local").Data)
-    on_ray = ray_store.build_store_on_ray(_cfg(corpus_file, tmp_path / "ray").Data,
+    monkeypatch.setattr(stream_build, "CHUNK_BYTES", 16 << 10)
+    extra = ("Data.limit=5000",) if mode == "in_memory" else ()
+    local = build_datasets(_cfg(corpus_file, tmp_path / "local", *extra).Data)
+    if mode == "streamed":  # the driver must not parse the corpus itself
+        monkeypatch.setattr(corpora, "load_corpus", lambda cfg: pytest.fail("driver read it"))
+    on_ray = ray_store.build_store_on_ray(_cfg(corpus_file, tmp_path / "ray", *extra).Data,
                                           max_in_flight=2)
-    # train 4,000 -> 2 encoding chunks + 1 counting chunk; dev and test 1 chunk each
-    assert chunks.count("_ChunkCounter") == 1 and chunks.count("_ChunkEncoder") == 4
+    if mode == "streamed":
+        size = os.path.getsize(corpus_file)
+        assert chunks.count("Scanner") == chunks.count("ChunkEncoder") >= size // (16 << 10)
+        assert set(chunks) == {"Scanner", "ChunkEncoder"}
+    else:
+        assert chunks.count("_ChunkCounter") == 1 and chunks.count("_ChunkEncoder") == 4
     a, b = local.stats["store"]["dir"], on_ray.stats["store"]["dir"]
     assert os.path.basename(a) == os.path.basename(b)  # the same cache key
     assert on_ray.stats["store"]["cache"].startswith("built")
@@ -83,7 +97,7 @@ def test_ray_built_store_equals_the_one_machine_store(cluster, corpus_file, tmp_
     assert len(on_ray.train) + len(on_ray.dev) + len(on_ray.test) == 5000
 
     # a one-machine command (no Ray) with the same config reads the Ray-built store as it is
-    again = build_datasets(_cfg(corpus_file, tmp_path / "ray").Data)
+    again = build_datasets(_cfg(corpus_file, tmp_path / "ray", *extra).Data)
     assert again.stats["store"]["cache"] == "reused" and again.stats["store"]["dir"] == b
     assert (again.train.lengths == local.train.lengths).all()
 

@@ -36,6 +36,9 @@ def ordered_map(fn, jobs, num_proc):
     """Yield ``fn(job)`` for each of ``jobs`` (small picklable descriptions, e.g. a byte range
     of a file) in order, on ``num_proc`` forked workers.  ``jobs`` may be a generator: the
     pool takes it as the workers need it, so the parent never holds all of it."""
+    if _MAPPER:
+        yield from _MAPPER[-1](fn, jobs)
+        return
     if num_proc <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         for job in jobs:
             yield fn(job)
@@ -77,11 +80,40 @@ def _run(bounds):
     return _STATE["fn"](_STATE["items"], start, end)
 
 
+def has_mapper():
+    """Whether a ``use_mapper`` block is active (its workers may not see this machine's files)."""
+    return bool(_MAPPER)
+
+
+class IndexedSlice:
+    """``items[start:end]`` answering at the absolute indices a chunk function reads."""
+
+    def __init__(self, rows, start):
+        self.rows, self.start = rows, start
+
+    def __getitem__(self, i):
+        if not self.start <= i < self.start + len(self.rows):
+            raise IndexError(f"index {i} outside this chunk [{self.start}, "
+                             f"{self.start + len(self.rows)})")
+        return self.rows[i - self.start]
+
+
+class _OnSlice:
+    """A ``chunk_map`` function as one-argument job runner: job = (slice, start, end)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, job):
+        return self.fn(*job)
+
+
 @contextlib.contextmanager
 def use_mapper(mapper):
-    """Within the block, ``chunk_map`` hands its chunks to ``mapper(fn, items, bounds)``, which
-    must yield ``fn(items, start, end)`` per bound in order (the Ray store build:
-    ``integrations/ray_store.py``); the chunks, and so the store's bytes, stay the same."""
+    """Within the block, ``ordered_map`` and ``chunk_map`` hand their jobs to
+    ``mapper(fn, jobs)``, which must yield ``fn(job)`` per job in order (the Ray store build:
+    ``integrations/ray_store.py``); the chunks, and so the store's bytes, stay the same.
+    ``chunk_map``'s jobs carry their own slice of the items (``IndexedSlice``)."""
     _MAPPER.append(mapper)
     try:
         yield
@@ -93,7 +125,8 @@ def chunk_map(fn, items, num_proc, chunk_size=2000):
     """Yield ``fn(items, start, end)`` for consecutive chunks of ``items`` in order."""
     bounds = [(s, min(s + chunk_size, len(items))) for s in range(0, len(items), chunk_size)]
     if _MAPPER:
-        yield from _MAPPER[-1](fn, items, bounds)
+        yield from _MAPPER[-1](_OnSlice(fn), ((IndexedSlice(items[s:e], s), s, e)
+                                              for s, e in bounds))
         return
     if num_proc <= 1 or len(bounds) <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         for b in bounds:

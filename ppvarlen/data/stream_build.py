@@ -77,8 +77,10 @@ class Chunk:
         return lines
 
 
-def _chunks_of(role, path):
-    """Chunks of whole lines, in order, at least one per file (an empty file is reported)."""
+def _chunks_of(role, path, ship=False):
+    """Chunks of whole lines, in order, at least one per file (an empty file is reported).
+    ``ship``: every chunk carries its bytes (workers on other machines cannot read ``path``);
+    otherwise only a gzip'd file's do and a worker reads its byte range itself."""
     gz = path.endswith(".gz")
     try:
         f = gzip.open(path, "rb") if gz else open(path, "rb")
@@ -96,7 +98,7 @@ def _chunks_of(role, path):
                 continue
             body, carry = data[:cut], data[cut:]
             if body or not sent:
-                yield Chunk(role, path, line, offset, len(body), body if gz else None)
+                yield Chunk(role, path, line, offset, len(body), body if gz or ship else None)
                 sent = True
             line += body.count(b"\n")
             offset += len(body)
@@ -127,16 +129,17 @@ class Plan:
     kind: str = "char"
     lowercase: bool = False
     texts_of: object = None
+    ship_bytes: bool = False  # chunks carry their lines (a mapper's workers may be elsewhere)
 
     def chunks(self):
         for role in SPLITS:
             for path in self.files.get(role, ()):
-                yield from _chunks_of(role, path)
+                yield from _chunks_of(role, path, self.ship_bytes)
 
 
 def plan(cfg, extra_corpora=()):
     """A ``Plan`` for ``Data`` (``cfg``) when the corpus can be streamed, else None."""
-    if cfg.corpus not in LINE_FORMATS or cfg.limit is not None or extra_corpora or parallel._MAPPER \
+    if cfg.corpus not in LINE_FORMATS or cfg.limit is not None or extra_corpora \
             or not cfg.train_file:
         return None
     specs = {s: cfg.get(f"{s}_file") for s in SPLITS}
@@ -153,7 +156,8 @@ def plan(cfg, extra_corpora=()):
         return None
     return Plan(cfg.corpus, task, files, {s: v for s, v in specs.items() if v},
                 bool(cfg.skip_invalid), cfg.split_seed, cfg.get("label_names"),
-                tuple(s for s in ("dev", "test") if s not in files))
+                tuple(s for s in ("dev", "test") if s not in files),
+                ship_bytes=parallel.has_mapper())
 
 
 def _first_line_task(path, skip_invalid):

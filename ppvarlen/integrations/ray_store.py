@@ -4,21 +4,24 @@
     python deploy/ray/build_store.py -c configs/sentiment/transformer.yaml \\
         -o Data.corpus=jsonl -o Data.train_file=big.jsonl [--address auto]
 
-The store build (``ppvarlen.data.dataset.build_datasets``) cuts its work into chunks with
-``data.parallel.chunk_map``: vocabulary counting (10,000 examples a chunk) and encoding (2,000).
-Here the chunks run as Ray tasks on every CPU of the cluster instead of a local fork pool; the
-driver gets the results back in chunk order and writes the store with the store's own writer,
-so the files are byte-identical to a one-machine build (tests/test_ray_store.py) and land in
-the same content-keyed cache entry (``Data.cache_dir``): ``tools/train.py`` with the same
-config, and every training rank, then reads it ("store cache: reusing ...") unchanged.
+The store build (``ppvarlen.data.dataset.build_datasets``) cuts its work into jobs and runs
+them with ``data.parallel``; inside ``use_mapper`` the jobs run as Ray tasks on every CPU of the
+cluster instead of a local fork pool.  Line files (JSONL / TSV, plain or gzip'd) go the
+streaming way (``data.stream_build``): the driver only cuts the raw files into chunks of whole
+lines (about 4 MB) and ships each chunk's bytes with its job, the tasks parse, check, count the
+vocabulary (pass 1) and encode (pass 2); other inputs (Parquet, ``Data.limit``, ...) are read
+by the driver and the tasks count and encode slices of the examples.  The driver gets the
+results back in job order and writes the store with the store's own writer, so the files are
+byte-identical to a one-machine build (tests/test_ray_store.py, both ways) and land in the same
+content-keyed cache entry (``Data.cache_dir``): ``tools/train.py`` with the same config, and
+every training rank, then reads it ("store cache: reusing ...") unchanged.
 
-Ray tasks rather than Ray Data: a chunk's result is the Python/numpy columns the writer
-appends in order, which Ray Data would push through Arrow blocks for nothing.  Each task
-receives only its own slice of the examples; the chunk function (tokenizer and vocabulary
-included) is put in the object store once.  At most ``max_in_flight`` chunks are pending, so
-the driver holds a bounded number of encoded chunks.  The driver reads the raw files and
-writes the store: both must be on storage it sees, and ``Data.cache_dir`` on storage the
-training machines see (a shared filesystem) for them to reuse the store.
+Ray tasks rather than Ray Data: a job's result is the counts or the numpy columns the writer
+appends in order, which Ray Data would push through Arrow blocks for nothing.  The job
+function (tokenizer and vocabulary included) is put in the object store once.  At most
+``max_in_flight`` jobs are pending, so the driver holds a bounded number of chunks.  The input
+files need only be readable by the driver; ``Data.cache_dir`` must be on storage the training
+machines see (a shared filesystem) for them to reuse the store.
 """
 import argparse
 import collections
@@ -33,37 +36,24 @@ from ppvarlen.utils.log import setup_logging
 from .ray_cluster import add_cluster_args, ray_cluster
 
 
-class _Slice:
-    """``items[start:end]`` answering at the absolute indices a chunk function reads."""
-
-    def __init__(self, rows, start):
-        self.rows, self.start = rows, start
-
-    def __getitem__(self, i):
-        if not self.start <= i < self.start + len(self.rows):
-            raise IndexError(f"index {i} outside this chunk [{self.start}, "
-                             f"{self.start + len(self.rows)})")
-        return self.rows[i - self.start]
-
-
-def _run_chunk(fn, part, start, end):
-    return fn(part, start, end)
+def _run_job(fn, job):
+    return fn(job)
 
 
 def ray_mapper(max_in_flight=None, num_cpus=1):
-    """A ``data.parallel.use_mapper`` mapper running each chunk as a Ray task, results in order."""
-    def mapper(fn, items, bounds):
+    """A ``data.parallel.use_mapper`` mapper running each job as a Ray task, results in order."""
+    def mapper(fn, jobs):
         import ray
 
         if not ray.is_initialized():
             raise RuntimeError("build_store_on_ray needs a Ray cluster: call ray.init() first "
                                "(or pass --address to deploy/ray/build_store.py)")
         limit = max_in_flight or max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
-        run = ray.remote(num_cpus=num_cpus)(_run_chunk)
+        run = ray.remote(num_cpus=num_cpus)(_run_job)
         fn_ref = ray.put(fn)
         pending = collections.deque()
-        for start, end in bounds:
-            pending.append(run.remote(fn_ref, _Slice(items[start:end], start), start, end))
+        for job in jobs:
+            pending.append(run.remote(fn_ref, job))
             if len(pending) >= limit:
                 yield ray.get(pending.popleft())
         while pending:
