@@ -14,10 +14,13 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Serve's controller reads these from its environment (ray/serve/_private/constants.py): it
 # kills an HTTP proxy whose readiness check misses RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S
-# (default 5 s), and Ray's workers run at nice 15 -- on a loaded host the proxy was killed
-# before it answered (ActorDiedError).
+# (default 5 s) -- on a loaded host the proxy was killed before it answered (ActorDiedError).
+# The raylet starts Ray's workers at nice 15 unless RAY_worker_niceness says otherwise (Ray's
+# own job manager sets it to 0): next to two busy processes at nice 0 the proxy actor then got
+# so little CPU that serve.start gave up after its fixed 60 s ("HTTP proxies not available").
 RAY_SERVE_SLOW_MACHINE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120",
-                              "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "120"}
+                              "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "120",
+                              "RAY_worker_niceness": "0"}
 
 
 @pytest.fixture(scope="module")

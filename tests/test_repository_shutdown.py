@@ -13,17 +13,10 @@ import threading
 
 import httpx
 from test_deploy_helpers import TEXTS, cls_export  # noqa: F401
-from test_server import REPO, wait_for
+from test_server import REPO, answers_200, wait_for
 
 DEADLINE_S = 180  # generous: the machine is shared and may be busy
 IN_FLIGHT = 8
-
-
-def _ready(url):
-    try:
-        return httpx.get(url + "/v2/health/ready", timeout=30).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def test_sigterm_after_a_reload_drains_and_exits_0(cls_export, tmp_path):  # noqa: F811
@@ -42,7 +35,7 @@ def test_sigterm_after_a_reload_drains_and_exits_0(cls_export, tmp_path):  # noq
             return port_file.exists() and int(port_file.read_text())
 
         url = f"http://127.0.0.1:{wait_for(port_written, 'the port file', DEADLINE_S, 0.2)}"
-        wait_for(lambda: _ready(url), "version 1 ready", DEADLINE_S, 0.2)
+        wait_for(lambda: answers_200(url + "/v2/health/ready"), "version 1 ready", DEADLINE_S, 0.2)
 
         # hot reload: version 2 appears (a rename) and is loaded through the endpoint
         shutil.copytree(cls_export[0], tmp_path / "staging")

@@ -283,7 +283,8 @@ def test_serve_script_starts_and_stops_on_sigint(cls_export, tmp_path):  # noqa:
         socket.create_connection(("127.0.0.1", port), timeout=60).close()
         url = f"http://127.0.0.1:{port}"
         # the socket listens before the app's startup (loading the predictor) completes
-        wait_for(lambda: _health_ok(url), "serve.py's /health", timeout=180, every=0.2)
+        wait_for(lambda: answers_200(url + "/health"), "serve.py's /health", timeout=180,
+                 every=0.2)
         r = httpx.post(url + "/predict", json={"texts": ["好"]}, timeout=120)
         assert r.status_code == 200
         proc.send_signal(signal.SIGINT)
@@ -294,9 +295,10 @@ def test_serve_script_starts_and_stops_on_sigint(cls_export, tmp_path):  # noqa:
             proc.wait(60)
 
 
-def _health_ok(url):
+def answers_200(url):
+    """Whether a GET of ``url`` answers 200 now (False while the server is not listening)."""
     try:
-        return httpx.get(url + "/health", timeout=30).status_code == 200
+        return httpx.get(url, timeout=30).status_code == 200
     except httpx.TransportError:
         return False
 

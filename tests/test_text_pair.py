@@ -6,17 +6,15 @@ derived for tests (the sentiment labels are real, the pairing is ours), not a be
 """
 import json
 import os
-import re
-import subprocess
-import sys
 
 import numpy as np
 import paddle
 import pytest
 from fastapi.testclient import TestClient
-from test_server import RunningServer
+from test_api import assert_passed_without_oip_infer, schemathesis_run
+from tiny_task import tiny_model, tiny_task_cfg
 
-from ppvarlen.config import ConfigError, load_config
+from ppvarlen.config import ConfigError
 from ppvarlen.data.collate import Collator
 from ppvarlen.data.errors import DataError
 from ppvarlen.deploy.predictor import Predictor
@@ -34,18 +32,8 @@ def derive_pairs(directory, limit=240):
 
 
 def pair_cfg(out, paths, data=None, **model):
-    return load_config(data={
-        "Global": {"output_dir": str(out), "seed": 3},
-        "Data": {"corpus": "jsonl", "train_file": paths["train"], "dev_file": paths["dev"],
-                 "test_file": paths["test"], "max_len": 48, "max_tokens": 768, **(data or {})},
-        "Model": model or {"name": "transformer_cls", "hidden_size": 16, "num_layers": 1,
-                           "num_heads": 2, "ffn_size": 32, "dropout": 0.1, "max_position": 64,
-                           "type_vocab_size": 2},
-        "Optimizer": {"lr": 3e-3, "warmup_steps": 2},
-        "Train": {"max_steps": 6, "log_every": 1, "eval_every": 6, "keep_last": 1,
-                  "progress_bar": False},
-        "Export": {"format": ["paddle", "onnx"]},
-    })
+    return tiny_task_cfg(out, paths, {"max_len": 48, "max_tokens": 768, **(data or {})},
+                         model or tiny_model("transformer_cls"))
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +102,21 @@ def _padded(items, pad_id, extra):
     return [paddle.to_tensor(batch[k]) for k in ("input_ids", "seq_len", "token_type_ids")]
 
 
+def _random_pair_items(shapes, low, high, seed):
+    """Pair items of random ids in [low, high) with the (len a, len b) ``shapes``."""
+    rng = np.random.RandomState(seed)
+    task = get_task("text_pair")
+
+    class Enc:
+        cls_id, sep_id = 2, 3
+
+    items = []
+    for la, lb in shapes:
+        ids, seg = task.pair_ids(Enc, rng.randint(low, high, la), rng.randint(low, high, lb))
+        items.append({"input_ids": ids, "token_type_ids": seg, "label": 0, "doc_id": 0})
+    return items
+
+
 @pytest.mark.parametrize("extra", [0, 5])
 def test_a_pair_alone_equals_it_in_any_padded_batch(extra):
     """Padding invariance: a pair's logits alone == in a batch with longer/shorter pairs."""
@@ -122,16 +125,7 @@ def test_a_pair_alone_equals_it_in_any_padded_batch(extra):
                          "num_heads": 2, "ffn_size": 32, "dropout": 0.0, "max_position": 64,
                          "type_vocab_size": 2}, 50, 2, 0, "text_pair")
     model.eval()
-    rng = np.random.RandomState(1)
-    task = get_task("text_pair")
-
-    class Enc:
-        cls_id, sep_id = 2, 3
-
-    items = []
-    for la, lb in ((3, 4), (9, 2), (1, 1), (6, 8)):
-        ids, seg = task.pair_ids(Enc, rng.randint(6, 50, la), rng.randint(6, 50, lb))
-        items.append({"input_ids": ids, "token_type_ids": seg, "label": 0, "doc_id": 0})
+    items = _random_pair_items(((3, 4), (9, 2), (1, 1), (6, 8)), 6, 50, seed=1)
     with paddle.no_grad():
         together = model(*_padded(items, 0, extra)).numpy()
         for i, item in enumerate(items):
@@ -176,17 +170,7 @@ def test_paddlenlp_pair_matches_paddlenlp_eager_and_is_padding_invariant(ernie_d
     model = build_model({"name": "paddlenlp_seq_cls", "pretrained_dir": ernie_dir,
                          "max_position": 512}, config.vocab_size, 2, 0, "text_pair")
     model.eval()
-    rng = np.random.RandomState(2)
-    task = get_task("text_pair")
-
-    class Enc:
-        cls_id, sep_id = 2, 3
-
-    items = []
-    for la, lb in ((3, 4), (9, 2), (1, 1)):
-        ids, seg = task.pair_ids(Enc, rng.randint(5, config.vocab_size, la),
-                                 rng.randint(5, config.vocab_size, lb))
-        items.append({"input_ids": ids, "token_type_ids": seg, "label": 0, "doc_id": 0})
+    items = _random_pair_items(((3, 4), (9, 2), (1, 1)), 5, config.vocab_size, seed=2)
     net = pt.AutoModelForSequenceClassification.from_pretrained(ernie_dir)
     net.eval()
     with paddle.no_grad():
@@ -263,17 +247,4 @@ def test_schemathesis_finds_no_failure_on_the_pair_api(trained, tmp_path):
     out, _, _ = trained
     export_dir = str(tmp_path / "export")
     export_checkpoint(os.path.join(out, "best"), export_dir, verify=False)
-    exe = os.path.join(os.path.dirname(sys.executable), "schemathesis")
-    config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          "deploy", "schemathesis.toml")
-    with RunningServer(create_app(Predictor(export_dir, "onnx"), max_wait_ms=1)) as srv:
-        r = subprocess.run([exe, "--config-file", config, "run", srv.url + "/openapi.json",
-                            "--checks", "all", "--max-examples", "40", "--seed", "1",
-                            "--no-color"], capture_output=True, text=True, timeout=300,
-                           cwd=tmp_path)
-    # every generated case passed; the one tolerated warning: deploy/schemathesis.toml's filter
-    # for the OIP infer operations, which a pair export does not offer (oip_infer = False)
-    warnings = re.findall(r"⚠️ (.+)", r.stdout)
-    assert r.returncode == 0 and re.search(r"(\d+) generated, \1 passed", r.stdout), \
-        r.stdout[-4000:]
-    assert all(w.startswith("Unmatched filters") for w in warnings), warnings
+    assert_passed_without_oip_infer(schemathesis_run(export_dir, tmp_path))

@@ -1,0 +1,21 @@
+"""The small random-init run the task tests (text pairs, extractive QA) train and export."""
+from ppvarlen.config import load_config
+
+
+def tiny_model(name):
+    return {"name": name, "hidden_size": 16, "num_layers": 1, "num_heads": 2, "ffn_size": 32,
+            "dropout": 0.1, "max_position": 64, "type_vocab_size": 2}
+
+
+def tiny_task_cfg(out, paths, data, model, log_every=1):
+    """A 6-step run on ``paths`` (train/dev/test files) with ``data`` Data keys, ``model``."""
+    return load_config(data={
+        "Global": {"output_dir": str(out), "seed": 3},
+        "Data": {"corpus": "jsonl", "train_file": paths["train"], "dev_file": paths["dev"],
+                 "test_file": paths["test"], **data},
+        "Model": model,
+        "Optimizer": {"lr": 3e-3, "warmup_steps": 2},
+        "Train": {"max_steps": 6, "log_every": log_every, "eval_every": 6, "keep_last": 1,
+                  "progress_bar": False},
+        "Export": {"format": ["paddle", "onnx"]},
+    })
