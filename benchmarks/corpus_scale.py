@@ -25,6 +25,10 @@ For each size, cold (empty caches) then warm (the same command again):
   ``data ready in`` line (reading, vocabulary, encoding, or loading a cache).
   Sampler planning: one epoch of the config's train sampler (construction, ``len``, all
   batches) over lengths = characters per text cut to ``Data.max_len``, in a process of its own.
+  Epoch memory: one whole epoch of the train loader (``data.loader.build_loader``: the
+  sampler, the items read from the store and collated; no model) in a process of its own,
+  after the warm run, its ``RssAnon`` (``/proc/self/status``: anonymous memory, not the
+  store's file pages, which belong to the page cache) sampled every 200 batches.
 * Hugging Face ``datasets`` (one process; ``num_proc > 1`` fails in this stack):
   ``load_dataset('json')``, a char vocabulary counted over the texts (min_freq 2 as the
   config), ``map`` encoding to ids cut to ``max_len`` with a length column; its cache
@@ -54,6 +58,7 @@ FIRST_STEP = re.compile(r"\bstep 1 +loss\b")
 DATA_READY = re.compile(r"data ready in ([\d.]+) s")
 PLANNED = re.compile(r"sampler planned (\d+) batches in ([\d.]+) s")
 SUFFIX = {"k": 1_000, "m": 1_000_000}
+PHASES = ("cold", "warm", "hf", "plan", "epoch")
 
 
 def parse_size(text):
@@ -276,6 +281,19 @@ def hf_run(path, meta, workdir, phase, timeout):
     return res
 
 
+def epoch_run(path, workdir, n, overrides, timeout):
+    out = os.path.join(workdir, f"epoch_{size_name(n)}.json")
+    cmd = [sys.executable, os.path.abspath(__file__), "epoch", "--path", path, "--result", out]
+    for o in overrides:
+        cmd += ["-o", o]
+    r = run_measured(cmd, _env(workdir), out[:-5] + ".log", None, timeout)
+    if r["returncode"] != 0:
+        return {"error": f"exit {r['returncode']}; see {out[:-5]}.log"}
+    with open(out, encoding="utf-8") as f:
+        return {**json.load(f), "peak_rss_mb": r["peak_rss_mb"],
+                "loadavg_1m_before_after": r["loadavg_1m_before_after"]}
+
+
 def plan_run(path, workdir, n, timeout):
     out = os.path.join(workdir, f"plan_{size_name(n)}.json")
     cmd = [sys.executable, os.path.abspath(__file__), "plan", "--path", path, "--result", out]
@@ -357,6 +375,43 @@ def plan_worker(path, result):
                    "iterated_batches": iterated, "build_and_len_s": round(t1 - t0, 3),
                    "epoch_iteration_s": round(t2 - t1, 3),
                    "sampler_planning_s": round(t2 - t0, 3)}, f)
+
+
+def _rss_anon_mb():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def epoch_worker(path, result, overrides):
+    """One epoch of the train loader over the file's store (built or reused, as the trainer
+    does), with the process's anonymous memory sampled along the way."""
+    from ppvarlen.config import load_config
+    from ppvarlen.data.loader import build_loader
+    from ppvarlen.tasks import build_datasets
+
+    cfg = load_config(CONFIG, ["Data.corpus=jsonl", f"Data.train_file={path}", *overrides])
+    bundle = build_datasets(cfg.Data)
+    start = _rss_anon_mb()
+    t0 = time.perf_counter()
+    loader = build_loader(bundle.train, cfg.Data, "train", seed=cfg.Global.seed)
+    loader.sampler.set_epoch(0)
+    peak, batches, items, tokens = start, 0, 0, 0
+    for batch in loader:
+        batches += 1
+        items += len(batch["input_ids"])
+        tokens += int(batch["seq_len"].sum())
+        if batches % 200 == 0:
+            peak = max(peak, _rss_anon_mb())
+    end = _rss_anon_mb()
+    with open(result, "w", encoding="utf-8") as f:
+        json.dump({"batches": batches, "items": items, "tokens": tokens,
+                   "epoch_s": round(time.perf_counter() - t0, 2),
+                   "rss_anon_mb_after_store_open": round(start, 1),
+                   "rss_anon_mb_peak": round(max(peak, end), 1),
+                   "rss_anon_mb_end": round(end, 1)}, f)
 
 
 # ---------------------------------------------------------------- the report
@@ -443,19 +498,25 @@ def run(args):
         res = report["results"][name] = {"corpus": {k: meta[k] for k in
                                                     ("lines", "chars", "bytes", "seed")}}
         print(f"{name}: {path} ({meta['bytes'] / 2**20:.0f} MB)", flush=True)
-        shutil.rmtree(os.path.join(args.workdir, "cache"), ignore_errors=True)  # cold
-        for phase in ("cold", "warm"):
+        if "cold" in args.phases:
+            shutil.rmtree(os.path.join(args.workdir, "cache"), ignore_errors=True)
+        for phase in [p for p in ("cold", "warm") if p in args.phases]:
             res.setdefault("ppvarlen", {})[phase] = r = ppvarlen_run(
                 path, meta, args.workdir, phase, args.override, args.timeout)
             print(f"  ppvarlen {phase}: {json.dumps(r)}", flush=True)
-        if not args.skip_hf and (args.hf_max_size is None or n <= args.hf_max_size):
+        if "hf" in args.phases and not args.skip_hf and \
+                (args.hf_max_size is None or n <= args.hf_max_size):
             for phase in ("cold", "warm"):
                 res.setdefault("hf_datasets", {})[phase] = r = hf_run(
                     path, meta, args.workdir, phase, args.timeout)
                 print(f"  hf_datasets {phase}: {json.dumps(r)}", flush=True)
-        if not args.skip_plan:
+        if "plan" in args.phases and not args.skip_plan:
             res["sampler_planning"] = r = plan_run(path, args.workdir, n, args.timeout)
             print(f"  sampler planning: {json.dumps(r)}", flush=True)
+        if "epoch" in args.phases:
+            res["epoch_memory"] = r = epoch_run(path, args.workdir, n, args.override,
+                                                args.timeout)
+            print(f"  epoch memory: {json.dumps(r)}", flush=True)
         report["growth_1M_to_10M"] = growth(report["results"])
         atomic_write_json(args.out + ".json", report)  # after every size: a long run keeps its part
     plot(report, args.out + ".png")
@@ -479,6 +540,9 @@ def main(argv=None):
                    help="run Hugging Face datasets only up to this size (e.g. 1M: at 10M it "
                         "takes longer than a session has)")
     r.add_argument("--skip-plan", action="store_true", help="no separate sampler planning run")
+    r.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES,
+                   help="what to measure per size (default: all; without cold the cache "
+                        "under --workdir is kept, e.g. --phases epoch after a run)")
     r.add_argument("--timeout", type=float, default=3600, help="seconds per measured process")
     r.add_argument("-o", "--override", action="append", default=[],
                    help="extra -o for the ppvarlen runs, e.g. Data.num_proc=2")
@@ -486,10 +550,11 @@ def main(argv=None):
     g.add_argument("--size", type=parse_size, required=True)
     g.add_argument("--path", required=True)
     g.add_argument("--seed", type=int, default=0)
-    for name in ("hf", "plan"):  # workers the run starts in processes of their own
+    for name in ("hf", "plan", "epoch"):  # workers the run starts in processes of their own
         w = sub.add_parser(name)
         w.add_argument("--path", required=True)
         w.add_argument("--result", required=True)
+        w.add_argument("-o", "--override", action="append", default=[])
     args = ap.parse_args(argv)
     if args.command == "run":
         run(args)
@@ -497,6 +562,8 @@ def main(argv=None):
         print(json.dumps(generate(args.path, args.size, args.seed)))
     elif args.command == "hf":
         hf_worker(args.path, args.result)
+    elif args.command == "epoch":
+        epoch_worker(args.path, args.result, args.override)
     else:
         plan_worker(args.path, args.result)
 

@@ -4,8 +4,11 @@ import os
 import re
 import sys
 
+import numpy as np
 import pytest
 from script_loader import load_script
+
+from ppvarlen.data.store import StoreSplit
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -75,3 +78,19 @@ def test_run_measured_stops_at_the_marker_and_sees_the_memory(tmp_path):
     assert not (tmp_path / "finished").exists()
     assert r["peak_rss_mb"] >= 64 and r["peak_pss_mb"] > 0
     assert "step 1" in (tmp_path / "log").read_text(encoding="utf-8")
+
+
+def test_epoch_worker_reads_every_train_item_once(tmp_path):
+    """The epoch-memory worker walks one whole epoch of the train loader over the store: every
+    train item once, its tokens those of the store's lengths (counted independently here)."""
+    cs = _module()
+    path, _ = cs.corpus(str(tmp_path), 400, 0)
+    cache = tmp_path / "cache"
+    cs.epoch_worker(path, str(tmp_path / "r.json"), [f"Data.cache_dir={cache}", "Data.num_proc=1"])
+    r = json.loads((tmp_path / "r.json").read_text())
+    train = [os.path.join(d, "train") for d, subdirs, _ in os.walk(cache) if "train" in subdirs]
+    assert len(train) == 1
+    lengths = np.load(os.path.join(train[0], "lengths.npy"))
+    assert r["items"] == len(StoreSplit(train[0])) == len(lengths) > 250
+    assert r["tokens"] == int(lengths.sum())
+    assert r["batches"] >= 1 and 0 < r["rss_anon_mb_after_store_open"] <= r["rss_anon_mb_peak"]

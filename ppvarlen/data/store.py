@@ -8,7 +8,7 @@ API (what the dataset builder, the Ray job and benchmarks use)::
         w.add_columns({"input_ids": [np.array([2, 7, 3])], "score": [1], "doc_id": [0]})
         w.set_extra("doc_lengths", np.array([3]))   # split-level arrays besides the fields
         w.set_meta({"stats": {...}})                # JSON, merged into manifest.json
-    split = StoreSplit(path)                        # opens manifest + small arrays only
+    split = StoreSplit(path)                        # opens the manifest, memory-maps the arrays
     len(split); split.lengths; split[i] -> {"input_ids": array, "score": np.int64, ...}
     split.row_lengths("input_ids"); split.extra("doc_lengths"); split.meta["stats"]
 
@@ -237,7 +237,7 @@ def is_complete(path):
 
 
 class StoreSplit:
-    """Read side of one split directory: small arrays in memory, ragged rows memory-mapped.
+    """Read side of one split directory: every array memory-mapped (``.npy`` and ragged rows).
 
     Memmaps are opened lazily and dropped when pickled, so DataLoader worker processes
     (fork or spawn) reopen them instead of copying token ids.
@@ -263,7 +263,9 @@ class StoreSplit:
         self._maps = {}
 
     def _load(self, name):
-        return np.load(os.path.join(self.path, name + ".npy"), allow_pickle=False)
+        # memory-mapped: a 10M-item split's per-item arrays are page cache the OS can drop,
+        # not anonymous memory of every process that opens the store
+        return np.load(os.path.join(self.path, name + ".npy"), mmap_mode="r", allow_pickle=False)
 
     def __getstate__(self):
         state = dict(self.__dict__)
