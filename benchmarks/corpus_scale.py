@@ -281,22 +281,13 @@ def hf_run(path, meta, workdir, phase, timeout):
     return res
 
 
-def epoch_run(path, workdir, n, overrides, timeout):
-    out = os.path.join(workdir, f"epoch_{size_name(n)}.json")
-    cmd = [sys.executable, os.path.abspath(__file__), "epoch", "--path", path, "--result", out]
+def worker_run(kind, path, workdir, n, timeout, overrides=()):
+    """One of this script's workers (``plan``, ``epoch``) in a process of its own -> its result
+    with the process's peak RSS."""
+    out = os.path.join(workdir, f"{kind}_{size_name(n)}.json")
+    cmd = [sys.executable, os.path.abspath(__file__), kind, "--path", path, "--result", out]
     for o in overrides:
         cmd += ["-o", o]
-    r = run_measured(cmd, _env(workdir), out[:-5] + ".log", None, timeout)
-    if r["returncode"] != 0:
-        return {"error": f"exit {r['returncode']}; see {out[:-5]}.log"}
-    with open(out, encoding="utf-8") as f:
-        return {**json.load(f), "peak_rss_mb": r["peak_rss_mb"],
-                "loadavg_1m_before_after": r["loadavg_1m_before_after"]}
-
-
-def plan_run(path, workdir, n, timeout):
-    out = os.path.join(workdir, f"plan_{size_name(n)}.json")
-    cmd = [sys.executable, os.path.abspath(__file__), "plan", "--path", path, "--result", out]
     r = run_measured(cmd, _env(workdir), out[:-5] + ".log", None, timeout)
     if r["returncode"] != 0:
         return {"error": f"exit {r['returncode']}; see {out[:-5]}.log"}
@@ -511,11 +502,11 @@ def run(args):
                     path, meta, args.workdir, phase, args.timeout)
                 print(f"  hf_datasets {phase}: {json.dumps(r)}", flush=True)
         if "plan" in args.phases and not args.skip_plan:
-            res["sampler_planning"] = r = plan_run(path, args.workdir, n, args.timeout)
+            res["sampler_planning"] = r = worker_run("plan", path, args.workdir, n, args.timeout)
             print(f"  sampler planning: {json.dumps(r)}", flush=True)
         if "epoch" in args.phases:
-            res["epoch_memory"] = r = epoch_run(path, args.workdir, n, args.override,
-                                                args.timeout)
+            res["epoch_memory"] = r = worker_run("epoch", path, args.workdir, n, args.timeout,
+                                                 args.override)
             print(f"  epoch memory: {json.dumps(r)}", flush=True)
         report["growth_1M_to_10M"] = growth(report["results"])
         atomic_write_json(args.out + ".json", report)  # after every size: a long run keeps its part

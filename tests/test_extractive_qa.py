@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import given, settings, strategies as st
 from test_api import assert_passed_without_oip_infer, schemathesis_run
-from tiny_task import tiny_model, tiny_task_cfg
+from tiny_task import assert_exact_parity, tiny_model, tiny_task_cfg
 
 from ppvarlen.config import load_config
 from ppvarlen.data.collate import Collator
@@ -352,13 +352,7 @@ def test_export_verify_paddle_and_onnx(exported):
     export_dir, manifest = exported
     assert [i["name"] for i in manifest["inputs"]] == ["input_ids", "seq_len", "token_type_ids"]
     assert [o["name"] for o in manifest["outputs"]] == ["start_logits", "end_logits"]
-    with open(os.path.join(export_dir, "parity.json")) as f:
-        report = json.load(f)
-    assert report["passed"], report["failures"]
-    for part in ("grid", "test"):
-        for name in ("paddle_inference_onednn", "onnx"):
-            r = report["results"][part][name]
-            assert r["max_abs_diff"] <= 1e-4 and r["agreement"] == 1.0, (part, name, r)
+    assert_exact_parity(export_dir)
 
 
 def test_serve_questions_over_http_windows_long_contexts(trained, exported):

@@ -12,7 +12,7 @@ import paddle
 import pytest
 from fastapi.testclient import TestClient
 from test_api import assert_passed_without_oip_infer, schemathesis_run
-from tiny_task import tiny_model, tiny_task_cfg
+from tiny_task import assert_exact_parity, tiny_model, tiny_task_cfg
 
 from ppvarlen.config import ConfigError
 from ppvarlen.data.collate import Collator
@@ -205,13 +205,7 @@ def test_pair_export_verifies_on_paddle_and_onnx(model, trained, tmp_path, reque
     export_dir = tmp_path / "export"
     manifest = export_checkpoint(checkpoint, str(export_dir), verify=True)
     assert [i["name"] for i in manifest["inputs"]] == ["input_ids", "seq_len", "token_type_ids"]
-    with open(export_dir / "parity.json") as f:
-        report = json.load(f)
-    assert report["passed"], report["failures"]
-    for part in ("grid", "test"):
-        for name in ("paddle_inference_onednn", "onnx"):
-            r = report["results"][part][name]
-            assert r["max_abs_diff"] <= 1e-4 and r["agreement"] == 1.0, (part, name, r)
+    assert_exact_parity(str(export_dir))
 
 
 def test_serve_pairs_over_http(trained, tmp_path):

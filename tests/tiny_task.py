@@ -1,4 +1,7 @@
 """The small random-init run the task tests (text pairs, extractive QA) train and export."""
+import json
+import os
+
 from ppvarlen.config import load_config
 
 
@@ -19,3 +22,15 @@ def tiny_task_cfg(out, paths, data, model, log_every=1):
                   "progress_bar": False},
         "Export": {"format": ["paddle", "onnx"]},
     })
+
+
+def assert_exact_parity(export_dir):
+    """The export's ``--verify`` report: passed, and both backends (Paddle Inference with
+    oneDNN, ONNX Runtime) within 1e-4 of eager with full agreement on the grid and the test set."""
+    with open(os.path.join(export_dir, "parity.json")) as f:
+        report = json.load(f)
+    assert report["passed"], report["failures"]
+    for part in ("grid", "test"):
+        for name in ("paddle_inference_onednn", "onnx"):
+            r = report["results"][part][name]
+            assert r["max_abs_diff"] <= 1e-4 and r["agreement"] == 1.0, (part, name, r)
