@@ -247,6 +247,20 @@ SCHEMA = {
         "batch_overhead_tokens": Field(int, None, help="padding worth one extra forward pass when "
                                        "the batcher groups texts by length; null = measured at "
                                        "start-up"),
+        "allow_external_symlinks": Field(bool, False, help="serve exports whose files, or "
+                                         "repository entries whose directories, are symbolic "
+                                         "links out of the export (or the repository); false = "
+                                         "refused with the link named"),
+        "auth_token_file": Field(str, None, path=True, help="a file whose first line is the "
+                                 "bearer token a client must send (Authorization: Bearer TOKEN) "
+                                 "to the model repository's endpoints (POST /v2/repository/...); "
+                                 "null = those endpoints are open to whoever reaches the port"),
+        "auth_all_routes": Field(bool, False, help="with auth_token_file: every route needs the "
+                                 "token except the health probes (/v2/health/live, "
+                                 "/v2/health/ready)"),
+        "cors_origins": ListOf(str, [], help="origins a browser may call the server from "
+                               "(CORS, e.g. [\"https://app.example.com\"]); [] = none: no CORS "
+                               "headers are sent"),
     },
 }
 

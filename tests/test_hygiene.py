@@ -83,9 +83,10 @@ LAYER_RULES = {  # package or module -> the ppvarlen subpackages it must not imp
     "ppvarlen/data": "tasks|engine|export|deploy",
     "ppvarlen/models": "engine|export|deploy",
     "ppvarlen/deploy": "models|engine|export",
-    # export builds its parity backends with the serving engine factory and reads manifests with
-    # the serving reader; nothing else of deploy
-    "ppvarlen/export": r"deploy(?!\.(engines|manifest)\b)",
+    # export builds its parity backends with the serving engine factory, reads manifests with
+    # the serving reader and admits what it wrote with the serving admission check (through
+    # the serving predictor); nothing else of deploy
+    "ppvarlen/export": r"deploy(?!\.(engines|manifest|admission|predictor)\b)",
     # tasks read their metrics from ppvarlen/metrics.py, never from the trainer's package; they
     # receive model objects and never import models (deploy imports tasks: a serving host needs
     # no model or training code)
@@ -116,7 +117,7 @@ def test_layering_pattern_catches_the_forms_it_names():
 def test_layering():
     """data knows nothing of tasks/engine/export/deploy (not even lazily), models nothing of
     engine/export/deploy; deploy never imports models/engine/export; export only deploy's engine
-    factory and manifest reader; tasks nothing of models/engine/export/deploy (not even in a
+    factory, manifest reader and admission check; tasks nothing of models/engine/export/deploy (not even in a
     method)."""
     bad = []
     for d, pattern in LAYER_RULES.items():

@@ -432,8 +432,8 @@ def test_grid_lengths_hand_worked():
     assert grid_lengths(1, [1]) == [1]
 
 
-def test_export_parity_and_the_serving_smoke_check_share_one_grid():
-    from ppvarlen.deploy import repository
+def test_export_parity_and_the_serving_admission_check_share_one_grid():
+    from ppvarlen.deploy import admission
     from ppvarlen.export import parity
 
-    assert parity.grid_lengths is grid_lengths and repository.grid_lengths is grid_lengths
+    assert parity.grid_lengths is grid_lengths and admission.grid_lengths is grid_lengths

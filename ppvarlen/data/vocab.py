@@ -372,6 +372,10 @@ class TextEncoder:
             except (ValueError, UnicodeDecodeError) as e:
                 raise DataError(f"{meta_path}: not valid JSON ({e}); re-save the model or "
                                 f"delete encoder.json to read vocab.txt as plain") from None
+            if not isinstance(meta, dict):
+                raise DataError(f"{meta_path}: must be a JSON object (kind, lowercase, "
+                                f"vocab_size, ...), got {type(meta).__name__}; re-save the model "
+                                f"or delete encoder.json to read vocab.txt as plain")
         saved_kind = meta.get("kind")
         if kind is not None and saved_kind is not None and kind != saved_kind:
             raise DataError(f"{meta_path}: vocabulary was saved as kind {saved_kind!r} but "

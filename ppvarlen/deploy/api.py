@@ -7,6 +7,7 @@ with its JSON error body, and fills ``/docs`` with a request and the answer the 
 model really gives to it.  The prediction object is the task's
 (``task.prediction_model(label_names)``).
 """
+import json
 from typing import Annotated, Optional
 
 from fastapi.openapi.utils import get_openapi
@@ -57,6 +58,12 @@ class Metrics(BaseModel):
                                     "tag_sequences_repaired, tag_chunks_repaired")
     latency_ms: LatencyMs
     settings: dict
+
+
+def predict_body(predictions, model_version):
+    """The bytes of a ``/predict`` answer: strict JSON (a NaN raises ValueError, never sent)."""
+    return json.dumps({"predictions": predictions, "model_version": model_version},
+                      ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
 def request_model(limits, max_text_chars, task=None):

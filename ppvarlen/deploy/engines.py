@@ -137,6 +137,10 @@ class PaddleEngine:
         return PaddleEngine(None, {"outputs": self.output_names, "inputs": self.inputs},
                             _predictor=(self._predictor.clone(), self.settings))
 
+    def graph_inputs(self):
+        """The input names the loaded program takes (admission compares them with the manifest)."""
+        return list(self._predictor.get_input_names())
+
     def run(self, *arrays):
         """``arrays``: the manifest's declared inputs, in order (the task's ``input_specs``)."""
         p = self._predictor
@@ -204,6 +208,9 @@ class OnnxEngine:
         return OnnxEngine(None, {"outputs": self.output_names, "inputs": self.inputs},
                           _session=(self._session, self.settings))
 
+    def graph_inputs(self):
+        return [i.name for i in self._session.get_inputs()]
+
     def run(self, *arrays):
         """``arrays``: the manifest's declared inputs, in order (the task's ``input_specs``)."""
         feeds = dict(zip(self.input_names, arrays))
@@ -238,6 +245,10 @@ class OnnxGreedyEngine:
     def clone(self):
         return OnnxGreedyEngine(None, {"decoding": self.decoding},
                                 _sessions=(self._encoder, self._step, self.settings))
+
+    def graph_inputs(self):
+        """The encoder's inputs: the source rows the manifest declares."""
+        return [i.name for i in self._encoder.get_inputs()]
 
     @staticmethod
     def _run(session, names, arrays):

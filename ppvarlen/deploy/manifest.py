@@ -25,8 +25,9 @@ def _where(export_dir):
     return os.path.join(export_dir, MANIFEST)
 
 
-def load_manifest(export_dir, verify=True):
-    """Return the manifest dict of ``export_dir``; with ``verify`` check every file's sha256."""
+def load_manifest(export_dir, verify=True, allow_external_symlinks=False):
+    """Return the manifest dict of ``export_dir``; with ``verify`` check every file's sha256
+    and that no file is a symbolic link out of the directory (unless allowed)."""
     path = _where(export_dir)
     if not os.path.isdir(export_dir):
         raise UnservableExportError(f"export directory not found: {export_dir}; pass the --output directory "
@@ -56,17 +57,36 @@ def load_manifest(export_dir, verify=True):
     if problems:
         raise UnservableExportError(f"{path}: {problems[0]}")
     if verify:
-        verify_files(export_dir, manifest)
+        verify_files(export_dir, manifest, allow_external_symlinks)
     return manifest
 
 
-def verify_files(export_dir, manifest):
-    """Every file in ``manifest['files']`` exists and has the recorded sha256."""
+def outside(path, root):
+    """True when the resolved ``path`` is not ``root`` (resolved) or below it."""
+    return os.path.commonpath([os.path.realpath(path), os.path.realpath(root)]) != \
+        os.path.realpath(root)
+
+
+def refuse_external_link(export_dir, full):
+    if outside(full, export_dir):
+        raise UnservableExportError(f"{full}: a symbolic link to {os.path.realpath(full)}, "
+                                    f"outside the export directory {export_dir}; copy the file "
+                                    f"into the export, or set Deploy.allow_external_symlinks: "
+                                    f"true to serve it as it is")
+
+
+def verify_files(export_dir, manifest, allow_external_symlinks=False):
+    """Every file in ``manifest['files']`` exists, has the recorded sha256 and (unless allowed)
+    stays inside the export directory once symbolic links are followed."""
     files = manifest["files"]
     if not isinstance(files, dict) or not files:
         raise UnservableExportError(f"{_where(export_dir)}: 'files' must map relative paths to sha256")
+    if not allow_external_symlinks:
+        refuse_external_link(export_dir, _where(export_dir))
     for rel, expected in files.items():
         full = resolve(export_dir, rel)
+        if not allow_external_symlinks:
+            refuse_external_link(export_dir, full)
         if not os.path.isfile(full):
             raise UnservableExportError(f"{full}: listed in the manifest but missing; copy the whole export "
                                         f"directory")

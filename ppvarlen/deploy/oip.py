@@ -18,6 +18,7 @@ import numpy as np
 
 from ppvarlen.tasks import get_task
 
+from .edge import header_int, shown
 from .errors import ApiError
 
 INPUT = "text"
@@ -26,10 +27,11 @@ EXTENSIONS = ["binary_tensor_data", "parameters", "model_repository"]
 # request parameters with a meaning here; the tasks' long-text policies a request may choose
 REQUEST_PARAMETERS = {"long_text", "binary_data_output"}
 NUMPY = {"FP32": "<f4", "INT64": "<i8", "BOOL": "?"}
+MAX_ID_CHARS = 256
 
 
 def _json_text(value):
-    return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
 
 
 def _tensor_of(name, annotation, label_names):
@@ -87,7 +89,7 @@ def _object(value, where, allowed):
         _fail(f"{where} must be a JSON object, got {type(value).__name__}")
     unknown = sorted(set(value) - set(allowed))
     if unknown:
-        _fail(f"{where}: unknown field(s) {unknown}; allowed: {sorted(allowed)}")
+        _fail(f"{where}: unknown field(s) {shown(unknown)}; allowed: {sorted(allowed)}")
     return value
 
 
@@ -102,10 +104,10 @@ def split_body(body, header_length):
     """(JSON bytes, binary bytes) of a request (binary extension: header length given)."""
     if header_length is None:
         return body, b""
-    if not header_length.isdigit() or int(header_length) > len(body):
-        raise ApiError(400, f"bad {HEADER_LENGTH} header {header_length!r}: the JSON part's "
-                       f"length in bytes, at most the body's {len(body)}", HEADER_LENGTH)
-    n = int(header_length)
+    n = header_int(header_length, HEADER_LENGTH)
+    if n > len(body):
+        raise ApiError(400, f"bad {HEADER_LENGTH} header {n}: the JSON part's length in bytes, "
+                       f"at most the body's {len(body)}", HEADER_LENGTH)
     return body[:n], body[n:]
 
 
@@ -135,10 +137,13 @@ def parse_infer(payload, binary, limits, model):
     request_id = payload.get("id")
     if "id" in payload and not isinstance(request_id, str):
         _fail(f"id must be a string, got {type(request_id).__name__}")
+    if request_id is not None and len(request_id) > MAX_ID_CHARS:
+        _fail(f"id has {len(request_id)} characters; at most {MAX_ID_CHARS} (it is echoed in "
+              f"the answer)")
     params = _object(payload.get("parameters", {}), "parameters", REQUEST_PARAMETERS)
     policy = params.get("long_text")
     if "long_text" in params and policy not in long_text_choices(model):
-        _fail(f"parameters.long_text {policy!r}: one of {long_text_choices(model)}")
+        _fail(f"parameters.long_text {shown(policy)}: one of {long_text_choices(model)}")
     binary_default = params.get("binary_data_output", False)
     if not isinstance(binary_default, bool):
         _fail("parameters.binary_data_output must be true or false")
@@ -147,13 +152,15 @@ def parse_infer(payload, binary, limits, model):
         _fail(f"inputs must be a list of exactly one tensor, {INPUT!r} (BYTES, shape [N])")
     tensor = _object(inputs[0], "inputs[0]", {"name", "shape", "datatype", "parameters", "data"})
     if tensor.get("name") != INPUT:
-        _fail(f"inputs[0].name {tensor.get('name')!r}: this model's only input is {INPUT!r}")
+        _fail(f"inputs[0].name {shown(tensor.get('name'))}: this model's only input is "
+              f"{INPUT!r}")
     if tensor.get("datatype") != "BYTES":
-        _fail(f"inputs[0].datatype {tensor.get('datatype')!r}: {INPUT!r} is BYTES (UTF-8 texts)")
+        _fail(f"inputs[0].datatype {shown(tensor.get('datatype'))}: {INPUT!r} is BYTES (UTF-8 "
+              f"texts)")
     shape = tensor.get("shape")
     if (not isinstance(shape, list) or len(shape) != 1 or not _is_integer(shape[0])
             or shape[0] < 1):
-        _fail(f"inputs[0].shape {shape!r}: must be [N], N >= 1 texts")
+        _fail(f"inputs[0].shape {shown(shape)}: must be [N], N >= 1 texts")
     count = int(shape[0])
     if count > limits.max_texts_per_request:
         _fail(f"{count} texts in one request; at most {limits.max_texts_per_request} "
@@ -163,7 +170,7 @@ def parse_infer(payload, binary, limits, model):
     if "binary_data_size" in tparams:
         size = tparams["binary_data_size"]
         if not _is_integer(size) or size != len(binary):
-            _fail(f"inputs[0].parameters.binary_data_size {size!r} does not match the "
+            _fail(f"inputs[0].parameters.binary_data_size {shown(size)} does not match the "
                   f"{len(binary)} bytes after the JSON header")
         if "data" in tensor:
             _fail("inputs[0] has both data and binary_data_size; send one")
@@ -195,7 +202,8 @@ def parse_infer(payload, binary, limits, model):
         for k, out in enumerate(requested):
             _object(out, f"outputs[{k}]", {"name", "parameters"})
             if out.get("name") not in names:
-                _fail(f"outputs[{k}].name {out.get('name')!r}: this model's outputs are {names}")
+                _fail(f"outputs[{k}].name {shown(out.get('name'))}: this model's outputs are "
+                      f"{names}")
             oparams = _object(out.get("parameters", {}), f"outputs[{k}].parameters",
                               {"binary_data"})
             flag = oparams.get("binary_data", binary_default)
@@ -239,7 +247,7 @@ def infer_response(model, request_id, params, wanted, results):
         body["id"] = request_id
     if params.get("long_text"):
         body["parameters"] = {"long_text": params["long_text"]}
-    header = json.dumps(body, ensure_ascii=False).encode("utf-8")
+    header = json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
     if not blobs:
         return header, {"content-type": "application/json"}
     return header + b"".join(blobs), {"content-type": "application/octet-stream",

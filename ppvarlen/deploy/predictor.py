@@ -31,6 +31,19 @@ from .engines import build_engine, input_names
 from .manifest import UnservableExportError, load_manifest, require_listed
 
 
+class NonFiniteOutput(RuntimeError):
+    """The model produced NaN or inf for a text: a broken model version, never an answer."""
+
+
+def _finite(value):
+    """True unless a float array in ``value`` (an array, or a tuple/list of them) holds NaN/inf."""
+    if isinstance(value, np.ndarray):
+        return value.dtype.kind not in "fc" or bool(np.all(np.isfinite(value)))
+    if isinstance(value, (tuple, list)):
+        return all(_finite(v) for v in value if isinstance(v, (np.ndarray, tuple, list)))
+    return True
+
+
 class EncodedText:
     """One text ready for the model.
 
@@ -60,13 +73,14 @@ class Predictor:
 
     def __init__(self, export_dir, backend="paddle", device="cpu", precision="fp32", threads=1,
                  max_batch_tokens=8192, max_batch_size=64, tensorrt=False, verify=True,
-                 split_long_sources=False, _shared=None):
+                 split_long_sources=False, allow_external_symlinks=False, _shared=None):
         if _shared is not None:
             self.__dict__.update(_shared)
         else:
             self.export_dir = export_dir
             self.backend = backend
-            self.manifest = m = load_manifest(export_dir, verify=verify)
+            self.manifest = m = load_manifest(export_dir, verify=verify,
+                                              allow_external_symlinks=allow_external_symlinks)
             self.task = get_task(m["task"])  # its outputs, responses and limits
             self.label_names = list(m["label_names"])
             tok = m["tokenizer"] if isinstance(m["tokenizer"], dict) else {"kind": m["tokenizer"]}
@@ -245,12 +259,26 @@ class Predictor:
         per_item = [[] for _ in items]
         for (i, _), out in zip(rows, outputs):
             per_item[i].append(out)
+        bad = [i for i, outs in enumerate(per_item) if not all(map(_finite, outs))]
+        if bad:  # never a NaN answer: the caller refuses these texts (the batcher isolates them)
+            raise NonFiniteOutput(f"the model's outputs are not finite (NaN/inf) for "
+                                  f"{len(bad)} of {len(items)} text(s), e.g. text {bad[0]}")
         return [self.task.response(self, it, outs) for it, outs in zip(items, per_item)]
 
     def _run_rows(self, id_lists, extras=None):
         """Pad, validate, run; per row: logits [C], tag ids [len] or generated ids (seq2seq).
         ``extras``: per row {name: aligned row} of the task's further declared inputs, padded
         with their declared pad value."""
+        out, seq_len = self.run_engine(id_lists, extras)
+        rows = self.task.engine_rows(self, out, seq_len)
+        steps = self.task.target_counts(rows)
+        if steps is not None:
+            self.real_target_tokens += steps[0]
+            self.padded_target_tokens += steps[1]
+        return rows
+
+    def run_engine(self, id_lists, extras=None):
+        """Pad, validate and run id rows -> (the engine's named outputs, seq_len); counted."""
         seq_len = np.array([len(x) for x in id_lists], dtype=np.int64)
         width = int(seq_len.max())
         input_ids = pad_sequences(id_lists, self.encoder.pad_id, width)
@@ -267,9 +295,4 @@ class Predictor:
         out = self.engine.run(input_ids, seq_len, *more)
         self.real_tokens += int(seq_len.sum())
         self.padded_tokens += int(input_ids.size)
-        rows = self.task.engine_rows(self, out, seq_len)
-        steps = self.task.target_counts(rows)
-        if steps is not None:
-            self.real_target_tokens += steps[0]
-            self.padded_target_tokens += steps[1]
-        return rows
+        return out, seq_len

@@ -51,8 +51,16 @@ class PromMetrics:
                                   "takes traffic, 0 once unloaded", ["model", "version"],
                                   registry=r)
         self.load_failures = Counter("ppvarlen_model_load_failures", "model versions refused at "
-                                     "load, by reason (manifest, parity, load)",
+                                     "load, by reason (manifest: files or hashes, load: the "
+                                     "runtime, symlink, or the admission check that failed: "
+                                     "graph, smoke, padding, render)",
                                      ["model", "version", "reason"], registry=r)
+        self.model_healthy = Gauge("ppvarlen_model_version_healthy", "0 once a version "
+                                   "produced non-finite outputs (its texts get 503), else 1",
+                                   ["model", "version"], registry=r)
+        self.nonfinite_outputs = Counter("ppvarlen_nonfinite_outputs", "texts refused because "
+                                         "the model answered NaN/inf for them",
+                                         ["model", "version"], registry=r)
         self.answers = Counter("ppvarlen_task_answers", "the task's answer counters, e.g. "
                                "tag_chunks_repaired (invalid tag sequences read by conlleval's "
                                "rule, docs/TAGGING.md)", ["counter"], registry=r)

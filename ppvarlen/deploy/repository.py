@@ -6,34 +6,36 @@ request picks one (the newest, or the version its path names), encodes with that
 vocabulary and submits to that version's batcher — a version retired in between refuses the
 submit (``BatcherClosed``) and the request simply picks again, so no request is lost.
 
-``Repository``: ``DIR/NAME/VERSION/`` export directories (VERSION a positive integer, as in
-Triton's and TF Serving's repositories).  A version that appears is loaded and verified
-*before* it takes traffic — every file against the manifest's sha256 (``load_manifest``), then
-``smoke_check``: on the manifest's shape grid each row must give the same output alone and
-batched with neighbours of other lengths (the padding invariance the exporter's parity gate
-checks).  Then it takes traffic, and the older version drains (queued texts finish) and is
-unloaded.  A version that fails is refused with the reason (log, metrics, repository index)
-and the old one keeps serving; a refused version is retried only when its manifest.json
-changes.  New versions are found by polling (``Deploy.repository_poll_s``) and by
+``Repository``: ``DIR/NAME/VERSION/`` export directories (VERSION a positive integer in ASCII
+digits, as in Triton's and TF Serving's repositories; other names are not versions).  A version
+that appears is loaded and verified *before* it takes traffic — every file against the
+manifest's sha256 (``load_manifest``), no symbolic link out of the repository or the export
+unless ``Deploy.allow_external_symlinks``, then the admission check (``admission.admit``:
+manifest against graph, special ids and the longest length, finite outputs, padding
+invariance, every response path).  Then it takes traffic, and the older version drains (queued
+texts finish) and is unloaded.  A version that fails — whatever it raises — is refused with the
+reason (log, metrics, repository index, the load endpoint's 409), never raised out of start-up
+or the poller: the newest version that passes serves, older good versions are the fallback.  A
+refused version is retried only when its manifest.json changes.  New versions are found by polling (``Deploy.repository_poll_s``) and by
 ``POST /v2/repository/models/NAME/load``.  Copy a version elsewhere and rename it into place:
 a half-copied directory fails the hash check and is refused until its manifest changes.
 """
 import os
+import re
 import threading
 import time
 
-import numpy as np
-
 from ppvarlen.data.errors import DataError
-from ppvarlen.data.order import grid_lengths
 from ppvarlen.data.parallel import release_memory
 from ppvarlen.utils.log import get_logger
 
+from .admission import AdmissionError, admit, first_line
 from .batcher import BatcherClosed, DynamicBatcher
-from .manifest import MANIFEST, UnservableExportError
+from .edge import shown
+from .manifest import MANIFEST, UnservableExportError, outside
 
 log = get_logger("deploy.repository")
-GRID_BATCH = 4  # a grid row is checked alone and with this many rows in all
+VERSION_NAME = re.compile(r"[0-9]+", re.ASCII)  # str.isdigit() also takes '²', int() does not
 
 
 class BatchSettings:
@@ -60,6 +62,7 @@ class ServedModel:
         self.batcher = None
         self.example = None
         self.overhead_tokens = None
+        self.unhealthy = None  # why this version stopped being trusted (non-finite outputs)
 
     def start(self, settings, metrics=None):
         """Warm up, measure the batching overhead, start the batcher (blocking)."""
@@ -147,6 +150,17 @@ class ModelRegistry:
         with self._lock:
             self.status[(name, str(version))] = {"state": "UNAVAILABLE", "reason": reason}
 
+    def mark_unhealthy(self, model, reason):
+        """``model`` answered NaN/inf: it keeps its place (a newer version replaces it) but
+        says so in the index, /health and its ready endpoint.  True the first time."""
+        with self._lock:
+            first = model.unhealthy is None
+            model.unhealthy = model.unhealthy or reason
+            if self._ready.get(model.name, {}).get(model.version) is model:
+                self.status[(model.name, model.version)] = {"state": "UNHEALTHY",
+                                                            "reason": model.unhealthy}
+            return first
+
     def names(self):
         with self._lock:
             return sorted(n for n, vs in self._ready.items() if vs)
@@ -173,14 +187,14 @@ class ModelRegistry:
                 name = served[0]
             versions = self._ready.get(name) or {}
             if not versions:
-                raise NotServed(f"model {name!r} is not served; served models: {served}")
+                raise NotServed(f"model {shown(name)} is not served; served models: {served}")
             if version is None:
                 return versions[max(versions, key=int)]
             if str(version) not in versions:
                 state = self.status.get((name, str(version)))
                 why = f" ({state['reason']})" if state and state["reason"] else ""
-                raise NotServed(f"model {name!r} has no ready version {version!r}{why}; ready "
-                                f"versions: {sorted(versions, key=int)}")
+                raise NotServed(f"model {shown(name)} has no ready version {shown(version)}{why}; "
+                                f"ready versions: {sorted(versions, key=int)}")
             return versions[str(version)]
 
     def submit(self, encode, name=None, version=None, attempts=5):
@@ -207,46 +221,19 @@ class ModelRegistry:
             return [{"name": n, "version": v, **s} for (n, v), s in sorted(self.status.items())]
 
 
-# ---------------------------------------------------------------- verification
-
-def smoke_check(predictor, seed=0):
-    """Each grid length must give the same output alone as batched with neighbours of other
-    lengths, and finite numbers; raises UnservableExportError naming the length that does not."""
-    m = predictor.manifest
-    rng = np.random.RandomState(seed)
-    first = max(int(v) for v in m["special_ids"].values()) + 1
-    high = predictor.encoder.vocab_size
-    try:
-        for n in grid_lengths(predictor.max_len, m.get("buckets")):
-            rows = [list(rng.randint(first, high, size=k))
-                    for k in [n] + list(rng.randint(1, predictor.max_len + 1, GRID_BATCH - 1))]
-            alone = np.asarray(predictor._run_rows(rows[:1])[0])
-            batched = np.asarray(predictor._run_rows(rows)[0])
-            if alone.dtype.kind == "f":
-                if not np.all(np.isfinite(alone)):
-                    raise UnservableExportError(f"length {n}: non-finite outputs")
-                same = alone.shape == batched.shape and np.allclose(alone, batched, rtol=1e-4,
-                                                                    atol=1e-4)
-            else:
-                same = np.array_equal(alone, batched)
-            if not same:
-                raise UnservableExportError(f"length {n}: the output alone differs from the output "
-                                  f"batched with other lengths (padding changes the answer)")
-    finally:
-        predictor._reset_counters()
-
-
 # ---------------------------------------------------------------- repository
 
 def scan(root):
-    """{name: [version, ...]} of ``root/NAME/VERSION/`` directories (VERSION an integer)."""
+    """{name: [version, ...]} of ``root/NAME/VERSION/`` directories (VERSION a positive integer
+    in ASCII digits)."""
     out = {}
     for name in sorted(os.listdir(root)):
         model_dir = os.path.join(root, name)
         if name.startswith(".") or not os.path.isdir(model_dir):
             continue
         versions = [v for v in os.listdir(model_dir)
-                    if v.isdigit() and int(v) > 0 and os.path.isdir(os.path.join(model_dir, v))]
+                    if VERSION_NAME.fullmatch(v) and int(v) > 0
+                    and os.path.isdir(os.path.join(model_dir, v))]
         out[name] = sorted(versions, key=int)
     return out
 
@@ -259,11 +246,19 @@ def _fingerprint(path):
         return None
 
 
+class Refused(Exception):
+    """A version is not served; ``kind`` is the metrics' reason label (manifest, load, symlink)."""
+
+    def __init__(self, kind, reason):
+        super().__init__(reason)
+        self.kind = kind
+
+
 class Repository:
     """Loads, verifies, swaps in and unloads versions of ``root/NAME/VERSION/``."""
 
     def __init__(self, root, load_predictor, registry, settings, metrics=None, poll_s=None,
-                 after_load=None):
+                 after_load=None, allow_external_symlinks=False):
         if not os.path.isdir(root):
             raise UnservableExportError(f"model repository not found: {root}; pass a directory holding "
                               f"NAME/VERSION/ export directories")
@@ -274,6 +269,7 @@ class Repository:
         self.load_predictor = load_predictor  # export dir -> Predictor (verifies the manifest)
         self.metrics, self.poll_s = metrics, poll_s
         self.after_load = after_load  # called once a version's predictor exists (server hook)
+        self.allow_external_symlinks = allow_external_symlinks
         self._refused = {}  # (name, version) -> manifest fingerprint when refused
         self._lock = threading.Lock()  # one load at a time
         self._stop = threading.Event()
@@ -294,7 +290,7 @@ class Repository:
         with self._lock:
             versions = scan(self.root).get(name)
             if not versions:
-                raise UnservableExportError(f"no model {name!r} in the repository {self.root}")
+                raise UnservableExportError(f"no model {shown(name)} in the repository {self.root}")
             served = self.registry.versions(name)
             newest_served = int(served[-1]) if served else 0
             for v in reversed(versions):
@@ -312,37 +308,53 @@ class Repository:
                                                                 "reason": "not loaded"})}
 
     def _load(self, name, version, path):
+        """Load, admit and start one version -> True; False when refused (never raises)."""
         start = time.monotonic()
-        reason, model = None, None
+        try:
+            model = ServedModel(name, version, self._admitted(path)).start(self.settings,
+                                                                           self.metrics)
+        except Refused as e:
+            kind, reason = e.kind, str(e)
+        except AdmissionError as e:
+            kind, reason = e.check, str(e)
+        except Exception as e:  # noqa: BLE001 - any failure refuses the version
+            kind, reason = "load", f"start: {type(e).__name__}: {first_line(e)}"
+        else:
+            self.registry.add(model)
+            if self.metrics is not None:
+                self.metrics.model_loaded.labels(name, version).set(1)
+                self.metrics.model_healthy.labels(name, version).set(1)
+            log.info("model %s version %s verified and serving (%.1fs)", name, version,
+                     time.monotonic() - start)
+            return True
+        log.error("model %s version %s refused (%s): %s; still serving %s", name, version,
+                  kind, reason, self.registry.versions(name) or "nothing")
+        self._refused[(name, version)] = _fingerprint(path)
+        self.registry.refuse(name, version, reason)
+        if self.metrics is not None:
+            self.metrics.load_failures.labels(name, version, kind).inc()
+        release_memory()
+        return False
+
+    def _admitted(self, path):
+        """The predictor of the version at ``path`` once it passed admission; Refused (or
+        AdmissionError) with the reason otherwise."""
+        if not self.allow_external_symlinks:
+            real = os.path.realpath(path)
+            if outside(real, self.root):
+                raise Refused("symlink", f"{path} resolves to {real}, outside the repository "
+                              f"{self.root}; move the export into the repository or set "
+                              f"Deploy.allow_external_symlinks: true")
         try:
             predictor = self.load_predictor(path)
         except (UnservableExportError, DataError, OSError, ValueError) as e:
-            reason, kind = str(e), "manifest"
-        else:
-            if self.after_load is not None:
-                self.after_load()
-            try:
-                smoke_check(predictor)
-                model = ServedModel(name, version, predictor).start(self.settings, self.metrics)
-            except UnservableExportError as e:
-                reason, kind = f"smoke test: {e}", "parity"
-            except Exception as e:  # noqa: BLE001 - any failure refuses the version
-                reason, kind = f"{type(e).__name__}: {e}", "load"
-        if reason is not None:
-            log.error("model %s version %s refused (%s): %s; still serving %s", name, version,
-                      kind, reason, self.registry.versions(name) or "nothing")
-            self._refused[(name, version)] = _fingerprint(path)
-            self.registry.refuse(name, version, reason)
-            if self.metrics is not None:
-                self.metrics.load_failures.labels(name, version, kind).inc()
-            release_memory()
-            return False
-        self.registry.add(model)
-        if self.metrics is not None:
-            self.metrics.model_loaded.labels(name, version).set(1)
-        log.info("model %s version %s verified and serving (%.1fs)", name, version,
-                 time.monotonic() - start)
-        return True
+            raise Refused("manifest", first_line(e)) from None
+        except Exception as e:  # noqa: BLE001 - a broken file raises anything from a runtime
+            raise Refused("load", f"{path}: {type(e).__name__}: {first_line(e)}") from None
+        if self.after_load is not None:
+            self.after_load()
+        admit(predictor)
+        return predictor
 
     def _retire_older(self, name, version):
         for old in self.registry.versions(name):

@@ -13,7 +13,6 @@ import asyncio
 import collections
 import contextlib
 import functools
-import json
 import re
 import signal
 import socket
@@ -24,6 +23,7 @@ from importlib import metadata
 import numpy as np
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from ppvarlen.config import ConfigError
@@ -33,14 +33,17 @@ from ppvarlen.utils.io import atomic_write_text
 from ppvarlen.utils.log import get_logger
 
 from . import api, oip
+from .admission import admit
 from .batcher import BatcherClosed, QueueFull
+from .edge import (SHOWN_CHARS, AnswerErrors, RequireToken, parse_json, read_body, read_token,
+                   shown)
 from .engines import import_runtime
 from .errors import ApiError
 from .manifest import UnservableExportError
-from .predictor import Predictor
+from .predictor import NonFiniteOutput, Predictor
 from .prom import PromMetrics
-from .repository import (BatchSettings, ModelRegistry, NotServed, Repository, ServedModel,
-                         SeveralModels)
+from .repository import (VERSION_NAME, BatchSettings, ModelRegistry, NotServed, Repository,
+                         ServedModel, SeveralModels)
 
 log = get_logger("deploy.server")
 
@@ -103,8 +106,8 @@ def validate_payload(payload, limits, key="texts", check_item=None, item_words="
                        f"{type(payload).__name__}", "body")
     unknown = sorted(set(payload) - {key})
     if unknown:
-        raise ApiError(422, f"unknown field(s) {unknown}; the body takes only \"{key}\"",
-                       unknown[0])
+        raise ApiError(422, f"unknown field(s) {shown(unknown)}; the body takes only "
+                       f"\"{key}\"", unknown[0][:SHOWN_CHARS])
     if key not in payload:
         raise ApiError(422, f"field \"{key}\" is required: a list of {item_words}", key)
     texts = payload[key]
@@ -126,23 +129,6 @@ def validate_payload(payload, limits, key="texts", check_item=None, item_words="
 
 
 
-async def _read_body(request, limit):
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise ApiError(400, f"bad Content-Length header {declared!r}", "Content-Length")
-        if int(declared) > limit:
-            raise ApiError(413, f"body is {declared} bytes; at most {limit} "
-                           f"(Deploy.max_body_bytes)", "body")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:  # chunked uploads announce no length: count while reading
-            raise ApiError(413, f"body exceeds {limit} bytes (Deploy.max_body_bytes)", "body")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def model_name_of(predictor):
     """The name OIP paths use for a single export: the manifest's model_name if path-safe."""
     name = predictor.manifest.get("model_name") or "model"
@@ -158,7 +144,8 @@ class _CountRequests:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        start, status = time.perf_counter(), [500]
+        # no answer at all: the client went away first (nginx's 499)
+        start, status = time.perf_counter(), [499]
 
         async def send_status(message):
             if message["type"] == "http.response.start":
@@ -174,10 +161,13 @@ class _CountRequests:
 
 def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192,
                max_batch_size=64, queue_size=1024, limits=None, drain_timeout_s=30.0,
-               overhead_tokens=None, repository=None, load_predictor=None, poll_s=None):
+               overhead_tokens=None, repository=None, load_predictor=None, poll_s=None,
+               auth_token=None, auth_all_routes=False, cors_origins=(),
+               allow_external_symlinks=False):
     """The FastAPI app: one export (``predictor``, served as version 1 of its manifest's
     model_name) or a model repository (``repository`` dir, ``load_predictor(export_dir)``);
-    batchers (one predictor clone per worker) live in its lifespan."""
+    batchers (one predictor clone per worker) live in its lifespan.  ``auth_token``: the
+    bearer token of the repository's endpoints (every route's with ``auth_all_routes``)."""
 
 
     if (predictor is None) == (repository is None):
@@ -201,7 +191,7 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
     repo = None
     if repository is not None:
         repo = Repository(repository, load_predictor, registry, settings, prom, poll_s,
-                          after_load)
+                          after_load, allow_external_symlinks)
 
     def begin_drain():
         """Shutdown has begun: refuse new requests (503), stop polling the repository, and
@@ -223,6 +213,7 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
             await asyncio.to_thread(model.start, settings, prom)
             registry.add(model)
             prom.model_loaded.labels(model.name, model.version).set(1)
+            prom.model_healthy.labels(model.name, model.version).set(1)
         yield
         begin_drain()
         if repo is not None:
@@ -233,6 +224,15 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
         log.info("shutdown: queue %s", "drained" if drained else "NOT drained before timeout")
 
     app = FastAPI(title="ppvarlen", lifespan=lifespan)
+    # outermost last: count every answer, answer every error, then the token, then CORS
+    if cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins),
+                           allow_methods=["GET", "POST"], allow_headers=["*"],
+                           expose_headers=["X-Model-Name", "X-Model-Version",
+                                           oip.HEADER_LENGTH])
+    if auth_token is not None:
+        app.add_middleware(RequireToken, token=auth_token, all_routes=auth_all_routes)
+    app.add_middleware(AnswerErrors, on_status=metrics.record)
     app.add_middleware(_CountRequests, prom=prom)
 
     @app.exception_handler(ApiError)
@@ -253,10 +253,26 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
         return ApiError(409 if isinstance(e, SeveralModels) else 404, str(e), None)
 
     def model_or_404(name=None, version=None):
+        if version is not None and not VERSION_NAME.fullmatch(version):
+            raise ApiError(404, f"version {shown(version)}: versions are positive integers in "
+                           f"ASCII digits", None)
         try:
             return registry.get(name, version)
         except NotServed as e:
             raise not_served(e) from None
+
+    def refuse_nonfinite(model, failures, where):
+        """NaN/inf from the model is never an answer: 503 naming the version, counted, and
+        the version marked unhealthy (the index, /health and its ready endpoint say so)."""
+        reason = f"non-finite outputs (NaN/inf) for {len(failures)} text(s), e.g. {where}"
+        prom.nonfinite_outputs.labels(model.name, model.version).inc(len(failures))
+        prom.model_healthy.labels(model.name, model.version).set(0)
+        if registry.mark_unhealthy(model, reason):
+            log.error("model %s version %s marked unhealthy: %s", model.name, model.version,
+                      reason)
+        raise ApiError(503, f"model {model.name!r} version {model.version} answered NaN/inf for "
+                       f"{where}; the version is marked unhealthy — the operator must replace "
+                       f"it (a newer version in the repository takes over)", where)
 
     async def run_texts(texts, name=None, version=None, long_text=None, where="texts"):
         """Encode with the chosen version's vocab, batch, wait -> (model, results)."""
@@ -282,6 +298,9 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
                            None, {"Retry-After": "1"}) from None
         results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures),
                                        return_exceptions=True)
+        nonfinite = [i for i, r in enumerate(results) if isinstance(r, NonFiniteOutput)]
+        if nonfinite:
+            refuse_nonfinite(model, nonfinite, f"{where}[{nonfinite[0]}]")
         for i, r in enumerate(results):
             if isinstance(r, BaseException):
                 log.error("%s[%d] failed: %r", where, i, r)
@@ -305,31 +324,31 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
         start = time.perf_counter()
         metrics.count_request()
         check_open()
-        body = await _read_body(request, limits.max_body_bytes)
-        try:
-            payload = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ApiError(400, f"body is not valid JSON: {e}", "body") from None
+        payload = parse_json(await read_body(request, limits.max_body_bytes))
         task = model_or_404().task
         texts = validate_payload(payload, limits, task.request_key, task.check_request_item,
                                  task.request_item_words)
         model, results, truncated, split, answers = await run_texts(texts,
                                                                     where=task.request_key)
+        content = api.predict_body(results, model.version)
         metrics.record(200, time.perf_counter() - start, len(texts), truncated, split,
                        answers)
-        return JSONResponse({"predictions": results, "model_version": model.version},
-                            headers=version_headers(model))
+        return Response(content, media_type="application/json",
+                        headers=version_headers(model))
 
     @app.get("/health")
     async def health():
         names = registry.names()  # a repository of several models: the first one's details
         model = model_or_404(names[0] if names else None)
-        body = {"status": "draining" if state["draining"] else "ok", "task": model.task_name,
+        status = "draining" if state["draining"] else "unhealthy" if model.unhealthy else "ok"
+        body = {"status": status, "task": model.task_name,
                 "backend": model.backend, "model_name": model.name,
                 "model_version": model.version, "labels": model.label_names,
                 "workers": workers, "queue_depth": registry.queue_depth(),
                 **model.health_extras}
-        return JSONResponse(body, status_code=503 if state["draining"] else 200)
+        if model.unhealthy:
+            body["unhealthy_reason"] = model.unhealthy
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/metrics")
     async def get_metrics():
@@ -369,20 +388,19 @@ def create_app(predictor=None, workers=1, max_wait_ms=5.0, max_batch_tokens=8192
 
     async def model_ready(name: str, version: str = None):
         model = model_or_404(name, version)
-        if state["draining"]:
-            return JSONResponse({"name": name, "ready": False}, status_code=503)
+        if state["draining"] or model.unhealthy:
+            why = "the server is shutting down" if state["draining"] else model.unhealthy
+            return JSONResponse({"name": name, "ready": False, "reason": why}, status_code=503,
+                                headers=version_headers(model))
         return JSONResponse({"name": name, "ready": True}, headers=version_headers(model))
 
     async def infer(request: Request, name: str, version: str = None):
         start = time.perf_counter()
         metrics.count_request()
         check_open()
-        body = await _read_body(request, limits.max_body_bytes)
+        body = await read_body(request, limits.max_body_bytes)
         head, binary = oip.split_body(body, request.headers.get(oip.HEADER_LENGTH))
-        try:
-            payload = json.loads(head)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ApiError(400, f"body is not valid JSON: {e}", "body") from None
+        payload = parse_json(head)
         model = model_or_404(name, version)
         if not model.task.oip_infer:
             raise ApiError(422, f"model {model.name!r} ({model.task_name}) takes "
@@ -492,18 +510,31 @@ def app_from_config(export_dir, deploy_cfg, backend=None, repository=None):
                              max_batch_tokens=deploy_cfg.max_batch_tokens,
                              max_batch_size=deploy_cfg.max_batch_size,
                              tensorrt=deploy_cfg.tensorrt,
-                             split_long_sources=deploy_cfg.split_long_sources)
+                             split_long_sources=deploy_cfg.split_long_sources,
+                             allow_external_symlinks=deploy_cfg.allow_external_symlinks)
     limits = Limits(deploy_cfg.max_texts_per_request, deploy_cfg.max_body_bytes,
                     deploy_cfg.max_text_chars)
     common = dict(workers=deploy_cfg.workers, max_wait_ms=deploy_cfg.max_wait_ms,
                   max_batch_tokens=deploy_cfg.max_batch_tokens,
                   max_batch_size=deploy_cfg.max_batch_size, queue_size=deploy_cfg.queue_size,
                   limits=limits, drain_timeout_s=deploy_cfg.drain_timeout_s,
-                  overhead_tokens=deploy_cfg.batch_overhead_tokens)
+                  overhead_tokens=deploy_cfg.batch_overhead_tokens,
+                  auth_token=(read_token(deploy_cfg.auth_token_file)
+                              if deploy_cfg.auth_token_file else None),
+                  auth_all_routes=deploy_cfg.auth_all_routes,
+                  cors_origins=tuple(deploy_cfg.cors_origins or ()),
+                  allow_external_symlinks=deploy_cfg.allow_external_symlinks)
+    if deploy_cfg.auth_all_routes and not deploy_cfg.auth_token_file:
+        raise ConfigError("Deploy.auth_all_routes: true needs Deploy.auth_token_file (the file "
+                          "holding the token)")
     if repository is not None:
         return create_app(repository=repository, load_predictor=load,
                           poll_s=deploy_cfg.repository_poll_s, **common)
-    return create_app(load(export_dir), **common)
+    predictor = load(export_dir)
+    # the check a repository runs before a version takes traffic; one export has no fallback
+    report = admit(predictor)
+    log.info("export %s admitted: %s", export_dir, ", ".join(report))
+    return create_app(predictor, **common)
 
 
 def serve(export_dir, deploy_cfg, host=None, port=None, backend=None, repository=None,

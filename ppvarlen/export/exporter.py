@@ -12,6 +12,9 @@ import numpy as np
 from ..config import ConfigError, load_config
 from ..data.lengths import length_stats
 from ..data.vocab import TextEncoder
+from ..deploy.admission import admit
+from ..deploy.manifest import UnservableExportError
+from ..deploy.predictor import Predictor
 from ..engine.checkpoint import load_for_inference
 from ..models import build_model
 from ..models.paddlenlp_auto import label_names_of, model_name_for, read_config
@@ -107,8 +110,22 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
             if report.get("speed"):  # verified + measured, per backend and precision
                 manifest["precision_measured"] = precision_speed.manifest_section(report)
         atomic_write_json(os.path.join(tmp, "manifest.json"), manifest)
+        if verify:
+            admit_export(tmp, name, backends)
     log.info("export written to %s (%s; precisions %s)", output, ", ".join(backends), precisions)
     return manifest
+
+
+def admit_export(export_dir, name, backends):
+    """The serving admission check on the directory being written, every backend: what a
+    model repository would refuse is not written."""
+    for backend in backends:
+        try:
+            report = admit(Predictor(export_dir, backend))
+        except UnservableExportError as e:
+            raise ExportFailedError(f"{name}: the {backend} backend would be refused by the "
+                                    f"server ({e}); export not written") from None
+        log.info("admission of %s (%s): %s passed", name, backend, ", ".join(report))
 
 
 class ForwardView:

@@ -173,6 +173,11 @@ class Task:
         """What a manifest of this task lacks (messages; empty when servable)."""
         return []
 
+    def output_problems(self, predictor, out, seq_len):
+        """What the engine's outputs of one batch (rows of ``seq_len`` tokens) say against the
+        manifest (messages; empty when they agree), e.g. one logit per label name."""
+        return []
+
     def too_long_fix(self):
         return "shorten the text or re-export with Data.long_text: window"
 
@@ -229,6 +234,21 @@ class Task:
     def prediction_model(self, label_names):
         """The pydantic model of one ``response`` (the HTTP API's prediction object)."""
         raise NotImplementedError
+
+
+def output_width_problems(out, name, seq_len, width, what, per_token=False):
+    """Problems of output ``name``: rows [B] (and positions [L] when ``per_token``) by
+    ``width`` values, one per ``what``."""
+    if name not in out:
+        return [f"the graph has no output {name!r} (it gives {sorted(out)}); re-export"]
+    shape = tuple(np.shape(out[name]))
+    rank = 3 if per_token else 2
+    want = (len(seq_len),) + ((int(max(seq_len)),) if per_token else ()) + (width,)
+    if len(shape) != rank or shape[0] != want[0] or shape[-1] != width:
+        return [f"the graph's {name!r} has shape {list(shape)} for {len(seq_len)} texts but the "
+                f"manifest lists {width} {what}, so it should be {list(want)}; the manifest "
+                f"comes from another model — re-export"]
+    return []
 
 
 def unpad(rows, seq_len, padding_side):

@@ -7,7 +7,7 @@ import pydantic
 from .. import metrics
 from ..data.longtext import aggregate_classification
 from ..data.store import Field
-from .base import Task
+from .base import Task, output_width_problems
 
 
 def softmax(logits):
@@ -54,6 +54,10 @@ class ClassificationTask(Task):
         out = metrics.classification_metrics(preds, [gold[int(d)] for d in docs], len(label_names))
         out["num_examples"] = int(len(docs))
         return out
+
+    def output_problems(self, predictor, out, seq_len):
+        return output_width_problems(out, "logits", seq_len, len(predictor.label_names),
+                                     "label_names")
 
     def engine_rows(self, predictor, out, seq_len):
         return list(out["logits"].astype(np.float32))

@@ -397,6 +397,16 @@ class ExtractiveQATask(Task):
     def too_long_fix(self):
         return "shorten the context or re-export with Data.long_text: window"
 
+    def output_problems(self, predictor, out, seq_len):
+        width = int(max(seq_len))
+        for name in ("start_logits", "end_logits"):
+            shape = list(np.shape(out[name])) if name in out else None
+            if shape != [len(seq_len), width]:
+                return [f"the graph's {name!r} has shape {shape} for {len(seq_len)} windows "
+                        f"of {width} positions; it should be {[len(seq_len), width]} — "
+                        f"re-export"]
+        return []
+
     def engine_rows(self, predictor, out, seq_len):
         return [(out["start_logits"][r, :n], out["end_logits"][r, :n])
                 for r, n in enumerate(seq_len)]

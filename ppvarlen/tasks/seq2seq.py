@@ -152,6 +152,15 @@ class Seq2SeqTask(Task):
         # Paddle: [B, T] tokens after BOS, EOS, padding
         return strip_eos(out["tokens"], predictor.decoding["eos_id"])
 
+    def output_problems(self, predictor, out, seq_len):
+        rows = self.engine_rows(predictor, out, seq_len)
+        limit = predictor.encoder.output_size or predictor.encoder.vocab_size
+        top = max((int(i) for r in rows for i in r), default=0)
+        if top >= limit:
+            return [f"the graph generated id {top} but the vocabulary has {limit} output "
+                    f"tokens; the vocabulary comes from another model — re-export"]
+        return []
+
     def target_counts(self, rows):
         steps = max(len(g) for g in rows) + 1  # the loop stops at the last EOS
         return sum(len(g) + 1 for g in rows), len(rows) * steps

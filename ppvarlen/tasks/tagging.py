@@ -13,7 +13,7 @@ from ..data.collate import IGNORE_INDEX
 from ..data.longtext import aggregate_tokens
 from ..utils.viterbi import crf_decode
 from ..data.store import Field
-from .base import Task, unpad
+from .base import Task, output_width_problems, unpad
 
 
 @functools.lru_cache(maxsize=8)
@@ -93,6 +93,20 @@ class TaggingTask(Task):
                                       label_names)
         out["num_examples"] = len(gold_docs)
         return out
+
+    def output_problems(self, predictor, out, seq_len):
+        n = len(predictor.label_names)
+        if "emissions" in out:
+            return output_width_problems(out, "emissions", seq_len, n, "tag names",
+                                         per_token=True)
+        tags = out.get("tags")
+        if tags is None:
+            return [f"the graph has neither 'emissions' nor 'tags' (it gives {sorted(out)})"]
+        top = max(int(np.max(tags[r, :int(k)], initial=0)) for r, k in enumerate(seq_len))
+        if top >= n:
+            return [f"the graph answers tag id {top} or more but the manifest lists {n} tag "
+                    f"names; the manifest comes from another model — re-export"]
+        return []
 
     def engine_rows(self, predictor, out, seq_len):
         """Tag ids per row: from the graph, or Viterbi in numpy over ONNX emissions."""

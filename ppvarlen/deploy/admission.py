@@ -1,0 +1,218 @@
+"""Admission: prove that an export serves before it takes traffic.
+
+One check, run by ``ppvarlen-export --verify`` (on the directory being written, every backend),
+by the model repository before a version takes traffic, and by single-export start-up.  On a
+loaded ``Predictor`` it runs, in order, and refuses with the first failure
+(``AdmissionError``: which check failed, and why):
+
+1. ``graph``: the graph takes exactly the inputs the manifest declares.
+2. ``smoke``: one batch whose rows hold every special id, the vocabulary's largest id and the
+   export's longest length runs; its outputs have the shape the manifest's labels need
+   (``Task.output_problems``: e.g. one logit per label name) and are finite on every real
+   position.  A row of the largest id fails here when the vocabulary outgrew the embedding
+   table; a corrupted special-token row shows up as non-finite outputs.
+3. ``padding``: each length of the manifest's grid (``data.order.grid_lengths``) gives the same
+   output alone as batched with other lengths.
+4. ``render``: the task's example request answered through every response path the server has
+   (``/predict`` JSON, and where the task is offered there, Open Inference Protocol JSON and
+   binary), each parsed back as strict JSON (no NaN) and, for ``/predict``, valid against the
+   task's prediction model.
+
+``admit`` returns the evidence of each check (the repository index and export logs show it).
+Anything the predictor raises during a check is a refusal naming the check, never an
+exception out of the caller's loop.
+"""
+import json
+
+import numpy as np
+
+from ppvarlen.data.order import grid_lengths
+
+from . import api, oip
+from .manifest import UnservableExportError
+
+GRID_BATCH = 4  # a grid row is checked alone and with this many rows in all
+CHECKS = ("graph", "smoke", "padding", "render")
+
+
+class AdmissionError(UnservableExportError):
+    """An export failed one admission check; ``check`` names it (one of ``CHECKS``)."""
+
+    def __init__(self, check, message):
+        super().__init__(f"{check} check: {message}")
+        self.check = check
+
+
+def admit(predictor, seed=0):
+    """Run every check on ``predictor`` -> {check: evidence}; AdmissionError on the first
+    failure.  The predictor's token counters are reset afterwards (checks are not traffic)."""
+    report = {}
+    try:
+        for name, check in (("graph", check_graph), ("smoke", check_smoke),
+                            ("padding", check_padding), ("render", check_render)):
+            try:
+                report[name] = check(predictor, seed) if name in ("smoke", "padding") \
+                    else check(predictor)
+            except AdmissionError:
+                raise
+            except Exception as e:  # noqa: BLE001 - whatever a broken artifact raises refuses it
+                raise AdmissionError(name, f"{type(e).__name__}: {first_line(e)}") from None
+    finally:
+        predictor._reset_counters()
+    return report
+
+
+def first_line(error):
+    """The first non-empty line of an error message (Paddle's run several screens long)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0][:300] if lines else type(error).__name__
+
+
+# ---------------------------------------------------------------- 1. graph
+
+def check_graph(predictor):
+    declared = [spec["name"] for spec in predictor.task.input_specs]
+    graph = list(predictor.engine.graph_inputs())
+    if sorted(graph) != sorted(declared):
+        raise AdmissionError("graph", f"the graph's inputs are {graph} but the manifest "
+                             f"declares {declared}; the model files come from another export "
+                             f"— re-export instead of mixing files")
+    return {"inputs": graph}
+
+
+# ---------------------------------------------------------------- 2. smoke
+
+def smoke_rows(predictor, seed=0):
+    """Id rows the way requests reach the graph (special tokens around when the export adds
+    them): every special id with the largest vocabulary id, the longest length the export
+    takes, and a single token."""
+    m, enc = predictor.manifest, predictor.encoder
+    rng = np.random.RandomState(seed)
+    wrap = 2 if predictor.add_special_tokens else 0
+    room = max(1, predictor.max_len - wrap)
+    special = sorted({int(v) for v in (m.get("special_ids") or {}).values() if v is not None})
+    largest = enc.vocab_size - 1
+    first = (max(special) + 1) if special else 0
+    high = max(first + 1, enc.vocab_size)
+    bodies = [(special + [largest])[:room],
+              list(rng.randint(first, high, size=room - 1)) + [largest],
+              [largest]]
+    if wrap:
+        bodies = [[enc.cls_id] + b + [enc.sep_id] for b in bodies]
+    return [[int(i) for i in b] for b in bodies]
+
+
+def check_smoke(predictor, seed=0):
+    rows = smoke_rows(predictor, seed)
+    try:
+        out, seq_len = predictor.run_engine(rows)
+    except Exception as e:  # noqa: BLE001 - the engine's own words name the broken part
+        raise AdmissionError("smoke", f"rows holding every special id and the largest "
+                             f"vocabulary id {predictor.encoder.vocab_size - 1} (vocab_size "
+                             f"{predictor.encoder.vocab_size}), up to {predictor.max_len} "
+                             f"tokens, fail to run: {type(e).__name__}: {first_line(e)} "
+                             f"(is the vocabulary larger than the model's embedding "
+                             f"table?)") from None
+    problems = predictor.task.output_problems(predictor, out, seq_len)
+    if problems:
+        raise AdmissionError("smoke", problems[0])
+    for name, value in out.items():
+        bad = nonfinite_rows(value, seq_len, per_token=_per_token(predictor, name))
+        if bad:
+            raise AdmissionError("smoke", f"output {name!r} is not finite for the row(s) "
+                                 f"{bad} of {rows} (a special-token or embedding row of the "
+                                 f"weights holds NaN/inf?)")
+    predictor.task.engine_rows(predictor, out, seq_len)  # the task reads them without error
+    return {"rows": len(rows), "lengths": [int(n) for n in seq_len],
+            "outputs": {k: list(np.shape(v)) for k, v in out.items()}}
+
+
+def _per_token(predictor, name):
+    specs = predictor.manifest.get("outputs") or predictor.task.output_specs
+    return any(isinstance(s, dict) and s.get("name") == name and s.get("per") == "token"
+               for s in specs)
+
+
+def nonfinite_rows(value, seq_len, per_token=False):
+    """Rows of a float output [B, ...] with a NaN or inf (per-token outputs: real positions
+    only); [] for integer outputs or lists of ids."""
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "fc":
+        return []
+    bad = []
+    for r in range(min(len(value), len(seq_len))):
+        row = value[r, :int(seq_len[r])] if per_token and value.ndim >= 2 else value[r]
+        if not np.all(np.isfinite(row)):
+            bad.append(r)
+    return bad
+
+
+# ---------------------------------------------------------------- 3. padding
+
+def check_padding(predictor, seed=0):
+    m = predictor.manifest
+    rng = np.random.RandomState(seed)
+    first = max(int(v) for v in m["special_ids"].values() if v is not None) + 1
+    high = max(first + 1, predictor.encoder.vocab_size)
+    lengths = grid_lengths(predictor.max_len, m.get("buckets"))
+    for n in lengths:
+        rows = [list(rng.randint(first, high, size=k))
+                for k in [n] + list(rng.randint(1, predictor.max_len + 1, GRID_BATCH - 1))]
+        alone = np.asarray(predictor._run_rows(rows[:1])[0])
+        batched = np.asarray(predictor._run_rows(rows)[0])
+        if alone.dtype.kind == "f":
+            if not np.all(np.isfinite(alone)):
+                raise AdmissionError("padding", f"length {n}: non-finite outputs")
+            same = alone.shape == batched.shape and np.allclose(alone, batched, rtol=1e-4,
+                                                                atol=1e-4)
+        else:
+            same = np.array_equal(alone, batched)
+        if not same:
+            raise AdmissionError("padding", f"length {n}: the output alone differs from the "
+                                 f"output batched with other lengths (padding changes the "
+                                 f"answer)")
+    return {"lengths": lengths}
+
+
+# ---------------------------------------------------------------- 4. render
+
+def _strict_json(raw, where):
+    def refuse(constant):
+        raise AdmissionError("render", f"{where} holds {constant}, which is not JSON")
+
+    return json.loads(raw, parse_constant=refuse)
+
+
+def check_render(predictor):
+    task = predictor.task
+    example = list(task.examples[:1])
+    if not example:
+        return {"paths": []}
+    results = predictor.predict(example)
+    body = _strict_json(api.predict_body(results, "0"), "the /predict answer")
+    prediction = task.prediction_model(predictor.label_names)
+    for k, r in enumerate(body["predictions"]):
+        try:
+            prediction.model_validate(r)
+        except ValueError as e:
+            raise AdmissionError("render", f"the /predict answer to the example "
+                                 f"{example[k]!r} does not fit the task's prediction model: "
+                                 f"{first_line(e)}") from None
+    paths = ["/predict"]
+    if task.oip_infer:
+        served = _Rendered(predictor)
+        names = [n for n, *_ in oip.outputs(task.name, predictor.label_names)]
+        for binary in (False, True):
+            content, headers = oip.infer_response(served, None, {},
+                                                  [(n, binary) for n in names], results)
+            head = content[:int(headers[oip.HEADER_LENGTH])] if binary else content
+            _strict_json(head, "the OIP infer answer")
+        paths += ["OIP JSON", "OIP binary"]
+    return {"paths": paths, "example": example}
+
+
+class _Rendered:
+    """What the OIP renderer reads of a served model, for a predictor not served yet."""
+
+    def __init__(self, predictor):
+        self.name, self.version = predictor.manifest.get("model_name") or "model", "0"
+        self.task_name, self.label_names = predictor.task.name, list(predictor.label_names)

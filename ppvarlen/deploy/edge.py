@@ -1,0 +1,206 @@
+"""The server's edge: what happens to a request before a route reads it, and to an error after.
+
+* ``read_body``: the body within ``Deploy.max_body_bytes`` (declared or counted), a client that
+  goes away mid-body is one log line (``ClientGone``), not a traceback.
+* ``parse_json``: strict JSON -> 400 naming what is wrong: not UTF-8, nested too deep, an
+  integer too long to convert, NaN/Infinity, a lone surrogate (it could not be encoded back
+  into an answer); so no route ever holds a value it could not echo.
+* ``shown``: how an error message quotes a client's value (bounded, escaped).
+* ``RequireToken``: ASGI middleware for ``Deploy.auth_token_file`` (bearer token).
+* ``AnswerErrors``: ASGI middleware, outermost: an exception no route turned into an answer
+  becomes the project's JSON 500 (logged once with its traceback), never text/plain.
+"""
+import hmac
+import json
+import os
+import re
+
+from starlette.requests import ClientDisconnect
+
+from ppvarlen.config import ConfigError
+from ppvarlen.utils.log import get_logger
+
+from .errors import ApiError
+
+log = get_logger("deploy.server")
+DECIMAL = re.compile(r"[0-9]{1,19}", re.ASCII)  # str.isdigit() also takes '²', int() does not
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+SHOWN_CHARS = 64
+HEALTH_PROBES = ("/v2/health/live", "/v2/health/ready")
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its request was read."""
+
+
+def header_int(value, name):
+    """An ASCII-decimal header value -> int; ApiError 400 naming the header otherwise."""
+    if not DECIMAL.fullmatch(value):
+        raise ApiError(400, f"bad {name} header {shown(value)}: a decimal number of bytes", name)
+    return int(value)
+
+
+async def read_body(request, limit):
+    declared = request.headers.get("content-length")
+    if declared is not None and header_int(declared, "Content-Length") > limit:
+        raise ApiError(413, f"body is {declared} bytes; at most {limit} (Deploy.max_body_bytes)",
+                       "body")
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:  # chunked uploads announce no length: count while reading
+                raise ApiError(413, f"body exceeds {limit} bytes (Deploy.max_body_bytes)",
+                               "body")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone(f"{request.method} {request.url.path}: the client disconnected after "
+                         f"{size} bytes of the body") from None
+    return b"".join(chunks)
+
+
+def _not_json(constant):
+    raise ValueError(f"{constant} is not a JSON value")
+
+
+def parse_json(raw, where="body"):
+    """Strict JSON of a request body (bytes) -> the value; ApiError 400 naming the problem."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ApiError(400, f"{where} is not valid JSON: not UTF-8 at byte {e.start}; send "
+                       f"UTF-8",
+                       where) from None
+    try:
+        value = json.loads(text, parse_constant=_not_json)
+    except RecursionError:
+        raise ApiError(400, f"{where} nests arrays/objects too deeply to parse; the API's "
+                       f"bodies are a few levels deep", where) from None
+    except ValueError as e:  # JSONDecodeError, NaN/Infinity, integers over Python's digit limit
+        raise ApiError(400, f"{where} is not valid JSON: {shown(str(e), 200)}", where) from None
+    if SURROGATE_ESCAPE.search(text):
+        path = _surrogate_path(value)
+        if path is not None:
+            raise ApiError(400, f"{where}{path} holds a lone UTF-16 surrogate escape (\\ud800-"
+                           f"\\udfff without its pair); JSON strings must be valid Unicode",
+                           f"{where}{path}")
+    return value
+
+
+def _has_surrogate(s):
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _surrogate_path(value):
+    """The JSON path (e.g. ``.inputs[0].data[2]``) of the first string or key holding a lone
+    surrogate, or None.  Iterative: the value may be as deep as the parser allowed."""
+    stack = [(value, "")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str):
+            if _has_surrogate(node):
+                return path
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                if _has_surrogate(k):
+                    return f"{path} (a key)"
+                stack.append((v, f"{path}.{k}"))
+        elif isinstance(node, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(node))
+    return None
+
+
+def shown(value, limit=SHOWN_CHARS):
+    """A client's value as an error message quotes it: repr, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} characters)"
+
+
+# ---------------------------------------------------------------- bearer token
+
+def read_token(path):
+    """The bearer token in the first line of ``path``; ConfigError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"Deploy.auth_token_file {path}: cannot be read ({e})") from None
+    if len(token) < 16 or not token.isascii() or any(c.isspace() for c in token):
+        raise ConfigError(f"Deploy.auth_token_file {path}: the first line must be a token of at "
+                          f"least 16 printable ASCII characters without spaces, e.g. the output "
+                          f"of `python -c \"import secrets; print(secrets.token_urlsafe(32))\"`")
+    if os.stat(path).st_mode & 0o077:
+        log.warning("Deploy.auth_token_file %s is readable by other users; chmod 600 it", path)
+    return token
+
+
+class RequireToken:
+    """ASGI middleware: requests to protected paths need ``Authorization: Bearer TOKEN``
+    (401 otherwise).  Protected: the repository's endpoints, or with ``all_routes`` every path
+    but the health probes."""
+
+    def __init__(self, app, token, all_routes=False):
+        self.app, self.all_routes = app, all_routes
+        self._expected = f"Bearer {token}".encode("ascii")
+
+    def protects(self, path):
+        if self.all_routes:
+            return path not in HEALTH_PROBES
+        return path.startswith("/v2/repository")
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not self.protects(scope["path"]):
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if hmac.compare_digest(given, self._expected):
+            return await self.app(scope, receive, send)
+        why = "no Authorization header" if not given else "a wrong token"
+        body = json.dumps({"error": f"{scope['path']} needs Authorization: Bearer TOKEN "
+                           f"(the token of Deploy.auth_token_file); the request had {why}",
+                           "field": "Authorization"}).encode()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"www-authenticate", b'Bearer realm="ppvarlen"'),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+# ---------------------------------------------------------------- last resort
+
+class AnswerErrors:
+    """ASGI middleware, outermost: a bug that escaped every route still gets the project's
+    JSON answer (500, logged once with its traceback); a client that went away is one line."""
+
+    def __init__(self, app, on_status=None):
+        self.app, self.on_status = app, on_status
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = [False]
+
+        async def tracking_send(message):
+            if message["type"] == "http.response.start":
+                started[0] = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except ClientGone as e:
+            log.info("%s", e)
+        except Exception:  # noqa: BLE001 - the last place an answer can still be given
+            log.exception("%s %s: internal error", scope.get("method"), scope.get("path"))
+            if self.on_status is not None:
+                self.on_status(500)
+            if started[0]:
+                return  # the answer had begun: the connection closes, nothing more to send
+            body = json.dumps({"error": "internal server error (logged); retry, or report it "
+                               "with the server's log", "field": None}).encode()
+            await send({"type": "http.response.start", "status": 500,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
