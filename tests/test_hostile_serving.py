@@ -23,12 +23,13 @@ import sys
 import httpx
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 from test_deploy_helpers import TEXTS, cls_export  # noqa: F401
 from test_model_repository import ClientLoop, Records, rss_bytes, wait_until
 from test_prometheus import samples, value
 from test_server import REPO, RunningServer
 
-from ppvarlen.config import load_config
+from ppvarlen.config import ConfigError, load_config
 from ppvarlen.deploy import api
 from ppvarlen.deploy.admission import AdmissionError, admit
 from ppvarlen.deploy.manifest import UnservableExportError
@@ -434,3 +435,53 @@ def test_a_bug_in_a_route_is_a_json_500_counted_everywhere(server, monkeypatch):
     assert counts.get("500") == 1, counts
     metrics = samples(httpx.get(server.url + "/metrics", timeout=30).text)
     assert value(metrics, "ppvarlen_requests_total", route="/predict", status="500") == 1
+
+
+# ---------------------------------------------------------------- token and CORS
+
+TOKEN = "t0k3n-" + "x" * 26
+
+
+def test_bearer_token_guards_the_repository_endpoints_or_every_route(bad, tmp_path):
+    root = repository(tmp_path / "models", [(1, bad["good"])])
+    load = functools.partial(Predictor, backend="onnx")
+    for all_routes in (False, True):
+        app = create_app(repository=root, load_predictor=load, auth_token=TOKEN,
+                         auth_all_routes=all_routes)
+        with TestClient(app) as client:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+                r = client.post("/v2/repository/index", headers=headers)
+                assert r.status_code == 401 and r.json()["field"] == "Authorization", r.text
+                assert r.headers["www-authenticate"].startswith("Bearer")
+            ok = client.post("/v2/repository/index", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert ok.status_code == 200 and ok.json()[0]["state"] == "READY"
+            predict = client.post("/predict", json={"texts": [TEXT]})
+            assert predict.status_code == (401 if all_routes else 200), predict.text
+            assert client.get("/v2/health/ready").status_code == 200  # probes stay open
+
+
+def test_token_file_and_cors_keys(bad, tmp_path):
+    weak = tmp_path / "weak"
+    weak.write_text("short\n")
+    strong = tmp_path / "token"
+    strong.write_text(TOKEN + "\n")
+    strong.chmod(0o600)
+    for overrides, words in ((["Deploy.auth_all_routes=true"], "needs Deploy.auth_token_file"),
+                             ([f"Deploy.auth_token_file={weak}"], "at least 16"),
+                             ([f"Deploy.auth_token_file={tmp_path / 'missing'}"],
+                              "cannot be read")):
+        with pytest.raises(ConfigError, match=words):
+            app_from_config(bad["good"], load_config(overrides=overrides).Deploy, "onnx")
+    origin = "https://app.example.com"
+    deploy = load_config(overrides=[f"Deploy.auth_token_file={strong}",
+                                    f"Deploy.cors_origins=[{origin}]"]).Deploy
+    with TestClient(app_from_config(bad["good"], deploy, "onnx")) as client:
+        preflight = client.options("/predict", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST"})
+        assert preflight.headers["access-control-allow-origin"] == origin
+        other = client.post("/predict", json={"texts": [TEXT]},
+                            headers={"Origin": "https://evil.example"})
+        assert other.status_code == 200 and "access-control-allow-origin" not in other.headers
+    with TestClient(app_from_config(bad["good"], load_config().Deploy, "onnx")) as client:
+        r = client.post("/predict", json={"texts": [TEXT]}, headers={"Origin": origin})
+        assert "access-control-allow-origin" not in r.headers  # default: no CORS at all
