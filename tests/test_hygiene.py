@@ -361,6 +361,8 @@ LAZY_IMPORTS = [
     ("ppvarlen/engine/logbook.py", ("visualdl",), "optional: Train.visualdl only"),
     ("ppvarlen/*", ("matplotlib",), "about a second to import, for an optional PNG only"),
     # files another branch rewrites this session: their imports move up after that merge
+    ("ppvarlen/deploy/server.py", ("ppvarlen.deploy.connections",),
+     "serve() only: server.py's imports are another branch's this session"),
 ]
 
 

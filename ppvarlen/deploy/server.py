@@ -540,8 +540,10 @@ def serve(export_dir, deploy_cfg, host=None, port=None, backend=None, repository
                           f"--port (or Deploy.port), or 0 for any free port") from None
     bound = sock.getsockname()[1]
     log.info("serving %s on http://%s:%d", repository or export_dir, host, bound)
-    config = uvicorn.Config(app, host=host, port=bound, log_level="warning",
-                            timeout_graceful_shutdown=int(deploy_cfg.drain_timeout_s))
+    # another branch rewrites this module: the import moves to the top after that merge
+    from .connections import uvicorn_config
+
+    config = uvicorn_config(app, deploy_cfg, host, bound)  # with the Deploy connection bounds
     # listening before the port file appears: a client that reads it is queued, not refused,
     # until the app has started
     sock.listen(config.backlog)
