@@ -229,6 +229,48 @@ SCHEMA = {
         "max_body_bytes": Field(int, 1 << 20, help="largest /predict body in bytes (413 "
                                 "beyond, refused before parsing)"),
         "max_text_chars": Field(int, 20000, help="longest text (characters) a request may send"),
+        # connection bounds (ppvarlen/deploy/connections.py; docs/SERVING.md "Connection limits")
+        "max_header_bytes": Field(int, 65536, nullable=True,
+                                  help="largest request head (request line and header lines) in "
+                                  "bytes: 431 beyond, then closed; null = no bound. 64 KiB holds "
+                                  "large cookies and tokens (nginx allows 32 KiB, Node 16 KiB) "
+                                  "and bounds what a connection buffers before its request is "
+                                  "whole"),
+        "max_headers": Field(int, 100, nullable=True,
+                             help="most header fields in a request: 431 beyond, then closed; "
+                             "null = no bound. 100 as Apache's LimitRequestFields; clients send "
+                             "a few dozen at most"),
+        "header_timeout_s": Field(float, 10.0, nullable=True,
+                                  help="seconds from a request's first byte to its complete "
+                                  "head: 408 after, then closed (clients that trickle their "
+                                  "headers, slowloris); null = no bound. A client sends its head "
+                                  "at once; 10 s, well under nginx's and Node's 60 s"),
+        "body_timeout_s": Field(float, 60.0, nullable=True,
+                                help="seconds from a request's complete head to the end of its "
+                                "body, a deadline for the whole body (not a pause between "
+                                "reads, which a byte every few seconds would defeat): 408 after, "
+                                "then closed; null = no bound. A body of max_body_bytes' default "
+                                "1 MiB needs about 17 KiB/s"),
+        "idle_timeout_s": Field(float, 10.0, nullable=True,
+                                help="seconds a new connection may stay silent before its first "
+                                "byte: closed unanswered after (preconnects and opened-but-unused "
+                                "sockets give their descriptor back); header_timeout_s runs from "
+                                "that first byte; null = no bound"),
+        "max_connections": Field(int, 1024, nullable=True,
+                                 help="most open client connections: one more is answered 503 "
+                                 "with Retry-After and closed at accept, before it sends "
+                                 "anything, so idle sockets cannot use up the process's file "
+                                 "descriptors (the open-file soft limit is raised to fit when the "
+                                 "hard limit allows); null = no bound. 1024 as the "
+                                 "worker_connections of nginx's own nginx.conf; raise it on a big "
+                                 "host"),
+        "keep_alive_timeout_s": Field(float, 5.0,
+                                      help="seconds an idle keep-alive connection stays open "
+                                      "after an answer (uvicorn's timeout_keep_alive; 5 s as "
+                                      "uvicorn and Node); behind a load balancer that reuses "
+                                      "connections, set it above the balancer's idle timeout so "
+                                      "the server never closes one the balancer is about to "
+                                      "reuse"),
         "device": Field(str, "cpu", choices=["cpu", "gpu"], help="inference device"),
         "precision": Field(str, "fp32", choices=["fp32", "bf16", "fp16", "int8", "auto"],
                            help="bf16: paddle backend on CPU (oneDNN); fp16: onnx, or paddle on GPU; "

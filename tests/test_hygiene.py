@@ -361,7 +361,6 @@ LAZY_IMPORTS = [
     ("ppvarlen/*", ("pyarrow",), "optional: Parquet input only (not a ppvarlen dependency)"),
     ("ppvarlen/engine/logbook.py", ("visualdl",), "optional: Train.visualdl only"),
     ("ppvarlen/*", ("matplotlib",), "about a second to import, for an optional PNG only"),
-    # files another branch rewrites this session: their imports move up after that merge
 ]
 
 

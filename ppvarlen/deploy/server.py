@@ -35,6 +35,7 @@ from ppvarlen.utils.log import get_logger
 from . import api, oip
 from .admission import admit
 from .batcher import BatcherClosed, QueueFull
+from .connections import uvicorn_config
 from .edge import (SHOWN_CHARS, AnswerErrors, RequireToken, parse_json, read_body, read_token,
                    shown)
 from .engines import import_runtime
@@ -571,8 +572,7 @@ def serve(export_dir, deploy_cfg, host=None, port=None, backend=None, repository
                           f"--port (or Deploy.port), or 0 for any free port") from None
     bound = sock.getsockname()[1]
     log.info("serving %s on http://%s:%d", repository or export_dir, host, bound)
-    config = uvicorn.Config(app, host=host, port=bound, log_level="warning",
-                            timeout_graceful_shutdown=int(deploy_cfg.drain_timeout_s))
+    config = uvicorn_config(app, deploy_cfg, host, bound)  # with the Deploy connection bounds
     # listening before the port file appears: a client that reads it is queued, not refused,
     # until the app has started
     sock.listen(config.backlog)
