@@ -354,6 +354,9 @@ def _lengths(args):
 
 # ---------------------------------------------------------------- serving side
 
+INFER_DEPLOY_KEY = "Deploy.max_text_chars"  # the other Deploy settings have flags of their own
+
+
 def main_infer(argv=None):
     """Predict every line of a file with an exported model; JSONL out, in input order.
 
@@ -365,6 +368,8 @@ def main_infer(argv=None):
     batches and their records written in input order, so memory stays bounded on any file.
     Bad lines are reported with their line number (and written as {"line", "error"}
     records); the other lines are still predicted; the exit code is 1 if any line failed.
+    A text over Deploy.max_text_chars characters (the server's limit; -o to raise it) is such
+    a bad line, and so is a line longer than such a text takes (read no further).
     The summary (stderr, JSON) counts truncated and windowed texts and warns on truncation.
     """
     parser = _parser(main_infer, config=False)
@@ -389,17 +394,28 @@ def main_infer(argv=None):
                         help=f"lines read, sorted by length and batched together (default "
                         f"{WINDOW}); memory grows with it, padding shrinks")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("-o", "--override", action="append", default=[],
+                        metavar=f"{INFER_DEPLOY_KEY}=N",
+                        help=f"the one server setting this command reads: the longest text in "
+                        f"characters ({INFER_DEPLOY_KEY}, default "
+                        f"{SCHEMA['Deploy']['max_text_chars'].default})")
     return _run(parser, argv, _infer)
 
 
 def _infer(args):
+    other = [o for o in args.override if o.partition("=")[0].strip() != INFER_DEPLOY_KEY]
+    if other:
+        raise ConfigError(f"ppvarlen-infer takes only -o {INFER_DEPLOY_KEY}=N, got {other}; "
+                          f"its other settings are flags (--threads, --max-batch-tokens, "
+                          f"--max-batch-size, --precision, ...)")
+    deploy = _deploy_overrides(args.override, "ppvarlen-infer").Deploy
     predictor = Predictor(args.model_dir, args.backend, device=args.device,
                           precision=args.precision, threads=args.threads,
                           max_batch_tokens=args.max_batch_tokens,
                           max_batch_size=args.max_batch_size, tensorrt=args.tensorrt,
                           split_long_sources=args.split_long_sources)
     summary = run_file(predictor, args.input, args.output, progress=not args.no_progress,
-                       window=args.window)
+                       window=args.window, max_text_chars=deploy.max_text_chars)
     print(json.dumps(summary, ensure_ascii=False), file=sys.stderr)
     return 1 if summary["failed"] else 0
 

@@ -41,6 +41,20 @@ SCHEMA = {
         "test_file": Field(str, None, path=True, help="the test file(s); null = 10% of train_file "
                            "by a hash of the text"),
         "skip_invalid": Field(bool, False, help="skip malformed lines (counted) instead of failing"),
+        "max_line_bytes": Field(int, 4 << 20, help="longest line of a jsonl/tsv file (and text "
+                                "cell of a parquet file) in bytes, line end not counted: a "
+                                "longer one stops the build naming file:line (Data.skip_invalid "
+                                "does not skip it). A line is read no further than this, so a "
+                                "file without line ends costs no more than one such line; a line "
+                                "costs many times its size in memory while it is parsed and "
+                                "encoded. 4 MiB is some 1.3 million CJK characters, far more "
+                                "than one example's text"),
+        "max_decompressed_ratio": Field(float, 100.0, nullable=True,
+                                        help="a .gz file may expand to at most this many times "
+                                        "the compressed bytes read so far (checked once 8 MiB "
+                                        "are decompressed): a gzip bomb stops the build early, "
+                                        "naming the file. Text corpora compress 2 to 10 times; "
+                                        "null = no check"),
         "limit": Field(int, None, help="keep only the first N examples per split (quick runs)"),
         "split_seed": Field(int, 0, help="0 = the standard 80/10/10 hash split; another number "
                             "gives another partition with the same guarantees (duplicates stay "

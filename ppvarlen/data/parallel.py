@@ -12,6 +12,7 @@ import ctypes
 import gc
 import multiprocessing
 import os
+import signal
 
 _STATE = {}
 _MAPPER = []  # a mapper set by ``use_mapper`` (e.g. the Ray one) runs the chunks instead
@@ -60,11 +61,17 @@ def release_memory():
         pass
 
 
+def _quiet_on_sigterm():
+    """A worker's SIGTERM ends it without a word: the handler paddle installed in the parent
+    (inherited by the fork) prints a fatal-error report, as if the worker had crashed."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _pool_imap(run, jobs, num_proc):
     """``Pool.imap`` whose workers exit on their own when all is done: ``with Pool`` would
-    SIGTERM them, and a forked worker that imported paddle prints a fatal-error report then."""
+    SIGTERM them.  On an error (a bad line stops the build) they are terminated, quietly."""
     release_memory()
-    pool = multiprocessing.get_context("fork").Pool(num_proc)
+    pool = multiprocessing.get_context("fork").Pool(num_proc, initializer=_quiet_on_sigterm)
     try:
         yield from pool.imap(run, jobs)
         pool.close()

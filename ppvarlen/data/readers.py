@@ -8,19 +8,28 @@ wrong and how to fix it; with ``skip_invalid`` it is skipped instead and counted
 reason (logged, and returned in ``FileData.skipped``).  Nothing is dropped silently:
 an empty text is an error like any other.
 
+Reading is bounded whatever the file holds (``ReadLimits``): a line is read at most
+``Data.max_line_bytes`` bytes far (``bounded_lines``), so a line longer than that, or a file
+without line ends, stops the build after that much; a ``.gz`` file that expands beyond
+``Data.max_decompressed_ratio`` times the compressed bytes read so far (a gzip bomb) stops it
+too (``open_data_file``).  The streaming build (``data.stream_build``) reads through the same two.
+
 Labels are mapped to ids only after all files are read (``map_labels``), so train,
 dev and test share one label set.  Tagging lines must all fit one tag scheme (BIO, BIOES,
 BMES or plain; ``data.tagschemes``), checked per file and over all files, before any training.
 """
 import glob
 import gzip
+import io
 import json
 import os
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ..config import ConfigError
+from ..config_schema import SCHEMA
 from ..utils.log import get_logger
 from . import tagschemes
 from .errors import DataError
@@ -63,16 +72,137 @@ class FileData:
         return out
 
 
-def _decoded_lines(path):
-    """Yield (line_number, text or BadLine); each line decoded on its own so a bad byte
-    is reported on its line, not as a whole-file failure."""
+# ---------------------------------------------------------------- bounded reading
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """What reading one data file may cost: the longest line in bytes (its line end not
+    counted) and how many times the compressed bytes a ``.gz`` file may expand to (None: not
+    checked).  Plain values, so a streaming build's workers get them with their chunks."""
+
+    max_line_bytes: int
+    max_decompressed_ratio: float = None
+
+    @classmethod
+    def of(cls, data_cfg=None):
+        """The limits a ``Data`` section (a Config or a dict) sets; the schema's defaults for
+        keys it does not set, or for None."""
+        data_cfg = {} if data_cfg is None else data_cfg
+        values = {k: data_cfg.get(k, SCHEMA["Data"][k].default)
+                  for k in ("max_line_bytes", "max_decompressed_ratio")}
+        if not isinstance(values["max_line_bytes"], int) or values["max_line_bytes"] < 1:
+            raise ConfigError(f"Data.max_line_bytes must be a positive number of bytes, got "
+                              f"{values['max_line_bytes']!r}")
+        ratio = values["max_decompressed_ratio"]
+        if ratio is not None and ratio < 1:
+            raise ConfigError(f"Data.max_decompressed_ratio must be >= 1 (null: no check), got "
+                              f"{ratio!r}")
+        return cls(**values)
+
+
+# A .gz file's ratio is checked only once this much is decompressed: a small file's ratio says
+# nothing (a few repeated lines compress a hundredfold or more) and it costs little to read.
+RATIO_FREE_BYTES = 8 << 20
+
+
+class _GzipWithinRatio(io.RawIOBase):
+    """The decompressed bytes of a ``.gz`` file, refused (DataError) once they exceed
+    ``max_ratio`` times the compressed bytes read so far: a bomb stops early, at a cost bounded
+    by the ratio times its compressed size, wherever in the file it expands."""
+
+    def __init__(self, path, compressed, max_ratio):
+        self.path, self.max_ratio = path, max_ratio
+        self._compressed = compressed
+        self._gzip = gzip.GzipFile(fileobj=compressed, mode="rb")
+        self.decompressed = 0
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        try:
+            n = self._gzip.readinto(buffer)
+        except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+            raise DataError(f"{self.path}: cannot decompress ({e}); the file is not gzip'd or "
+                            f"is cut short: check it, or drop the .gz suffix of a plain file") \
+                from None
+        self.decompressed += n
+        if self.max_ratio is not None and self.decompressed > RATIO_FREE_BYTES:
+            compressed = self._compressed.tell()
+            if self.decompressed > self.max_ratio * compressed:
+                raise DataError(
+                    f"{self.path}: the first {compressed:,} compressed bytes decompress to "
+                    f"{self.decompressed:,} bytes, more than Data.max_decompressed_ratio "
+                    f"({self.max_ratio:g}) times as many; text corpora compress far less, so "
+                    f"this looks like a gzip bomb or not a corpus. If the file is right, raise "
+                    f"the bound, e.g. -o Data.max_decompressed_ratio="
+                    f"{int(4 * self.decompressed / compressed)} (null: no check)")
+        return n
+
+    def close(self):
+        if not self.closed:
+            self._gzip.close()
+            self._compressed.close()
+        super().close()
+
+
+def open_data_file(path, limits):
+    """``path`` opened for reading bytes; a ``.gz`` file decompressed within ``limits``' ratio."""
     try:
-        f = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+        f = open(path, "rb")
     except OSError as e:
         raise DataError(f"{path}: cannot open data file ({e.strerror}); check Data.train_file / "
                         f"dev_file / test_file") from None
-    with f:
-        for n, raw in enumerate(f, 1):
+    if not path.endswith(".gz"):
+        return f
+    return io.BufferedReader(_GzipWithinRatio(path, f, limits.max_decompressed_ratio))
+
+
+class _LongLine:
+    def __repr__(self):
+        return "LONG_LINE"
+
+
+LONG_LINE = _LongLine()  # what ``bounded_lines`` yields for a line over its bound
+
+
+def bounded_lines(f, max_line_bytes):
+    """Yield each line of the binary file ``f`` (bytes, with its line end), reading at most
+    ``max_line_bytes + 1`` bytes of a line at a time: a longer line yields ``LONG_LINE``
+    instead once that much of it is read (a caller that stops there read no more), and the
+    rest of it is read past in pieces of that size when the caller goes on.  Memory stays
+    bounded however long a line is, or a file without line ends."""
+    while True:
+        raw = f.readline(max_line_bytes + 1)
+        if not raw:
+            return
+        if len(raw) <= max_line_bytes or raw.endswith(b"\n"):
+            yield raw
+            continue
+        yield LONG_LINE
+        while raw and not raw.endswith(b"\n"):
+            raw = f.readline(max_line_bytes + 1)
+
+
+def long_line_error(where, limit, what="the line"):
+    """The DataError for a line (or a Parquet cell) over Data.max_line_bytes at ``where``
+    (``file:line``).  It names the bound, not the length: reading stops at the bound."""
+    return DataError(f"{where}: {what} is longer than Data.max_line_bytes ({limit:,} bytes), "
+                     f"the most one example may take (each costs many times its size in memory "
+                     f"while it is read and encoded). Check the file: one that long is more "
+                     f"often a file without line ends, or in another format, than one example. "
+                     f"If such examples are real, raise the bound, e.g. "
+                     f"-o Data.max_line_bytes={4 * limit}")
+
+
+def _decoded_lines(path, limits):
+    """Yield (line_number, text or BadLine); each line decoded on its own so a bad byte
+    is reported on its line, not as a whole-file failure.  A line over the bound stops the
+    reading (``long_line_error``), with or without Data.skip_invalid."""
+    with open_data_file(path, limits) as f:
+        for n, raw in enumerate(bounded_lines(f, limits.max_line_bytes), 1):
+            if raw is LONG_LINE:
+                raise long_line_error(f"{path}:{n}", limits.max_line_bytes)
             yield n, decode_line(raw, n)
 
 
@@ -90,8 +220,9 @@ def decode_line(raw, n):
     return line.rstrip("\r\n")
 
 
-def _parquet_rows(path):
-    """Yield (row_number, dict) of a Parquet file, streamed in record batches."""
+def _parquet_rows(path, limits):
+    """Yield (row_number, dict) of a Parquet file, streamed in record batches; a text cell over
+    Data.max_line_bytes stops the reading as a line over it does."""
     import pyarrow.parquet as pq
 
     try:
@@ -100,9 +231,26 @@ def _parquet_rows(path):
         raise DataError(f"{path}: cannot read as Parquet ({e}); check the file") from None
     n = 0
     for batch in pf.iter_batches(batch_size=8192):
+        _check_cell_bytes(path, batch, n + 1, limits.max_line_bytes)
         for row in batch.to_pylist():
             n += 1
             yield n, row
+
+
+def _check_cell_bytes(path, batch, first_row, limit):
+    """DataError naming the first cell of a text column of ``batch`` over ``limit`` bytes."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for name, column in zip(batch.schema.names, batch.columns):
+        kind = column.type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or
+                pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
+            continue
+        over = pc.greater(pc.binary_length(column), limit)
+        if pc.any(over).as_py():
+            k = pc.index(over, True).as_py()
+            raise long_line_error(f"{path}:{first_row + k}", limit, f"field {name!r}")
 
 
 def expand_inputs(spec):
@@ -120,15 +268,15 @@ def expand_inputs(spec):
     return files
 
 
-def read_files(spec, fmt, task=None, skip_invalid=False, tag_scheme="auto"):
+def read_files(spec, fmt, task=None, skip_invalid=False, tag_scheme="auto", limits=None):
     """``read_file`` over every shard of ``spec`` (``expand_inputs``) -> one FileData whose
     ``line_numbers`` name the shard (``shard:line``)."""
     files = expand_inputs(spec)
     if len(files) == 1:
-        return read_file(files[0], fmt, task, skip_invalid, tag_scheme)
+        return read_file(files[0], fmt, task, skip_invalid, tag_scheme, limits)
     merged = None
     for path in files:
-        fd = read_file(path, fmt, task, skip_invalid, tag_scheme)
+        fd = read_file(path, fmt, task, skip_invalid, tag_scheme, limits)
         task = fd.task  # every shard is read as the first one's task
         if merged is None:
             merged = FileData(path=spec, task=fd.task, header=fd.header)
@@ -240,12 +388,14 @@ def _is_tsv_header(line, names):
     return tuple(c.strip().lower() for c in line.split("\t")) == tuple(names)
 
 
-def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto"):
-    """Read one ``jsonl`` or ``tsv`` file -> FileData.
+def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto", limits=None):
+    """Read one ``jsonl``, ``tsv`` or ``parquet`` file -> FileData.
 
     ``task=None`` (jsonl only) takes the task from the fields of the first JSON object.
-    Tagging files are checked against one tag scheme (``check_tag_scheme``).
+    Tagging files are checked against one tag scheme (``check_tag_scheme``).  ``limits``:
+    ``ReadLimits`` (None: the schema's defaults).
     """
+    limits = limits or ReadLimits.of()
     if task is not None and task not in TASKS:
         raise ConfigError(f"Data.task {task!r}: no corpus format of that name; the formats are "
                           f"{sorted(TASKS)} (a task module registers its own, docs/TASKS.md)")
@@ -256,7 +406,7 @@ def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto"):
                             f"({DEFAULT_TASK}), but the task is {task!r}, which has no TSV form; "
                             f"use a JSONL file with {TASKS[task].fields} fields")
     out = FileData(path=path, task=task)
-    rows = _parquet_rows(path) if fmt == "parquet" else _decoded_lines(path)
+    rows = _parquet_rows(path, limits) if fmt == "parquet" else _decoded_lines(path, limits)
     for n, line in rows:
         if fmt == "tsv" and n == 1 and isinstance(line, str) and \
                 _is_tsv_header(line, TASKS[task].fields):

@@ -21,8 +21,13 @@ checked formats (tagging reads its lines in order over all files), pair vocabula
 mixing names and ids under ``Data.skip_invalid``.
 Hand-written rather than ``datasets``/Arrow: the per-line checks and messages are ppvarlen's,
 and the workers are the same fork pool (``data.parallel``) that needs no pickled tokenizer.
+
+Reading is bounded as the in-memory path's is (``readers.ReadLimits``): files are opened with
+``readers.open_data_file`` (a ``.gz`` within ``Data.max_decompressed_ratio``), the parent holds
+at most ``Data.max_line_bytes`` of an unfinished line (``_line_chunks``), and the workers check
+each line of their chunk against that bound; either way the error is raised in input order,
+as a bad line's is.
 """
-import gzip
 import hashlib
 import os
 from collections import Counter
@@ -37,10 +42,10 @@ from . import parallel
 from .corpora.registry import _check_tag_scheme
 from .corpora.user_files import logger
 from .parallel import ordered_map
-from .readers import (_SKIP_HINT, DEFAULT_TASK, TASKS, BadLine, JsonTask, _decoded_lines,
-                      _is_tsv_header, _label_id, _map_class_labels, _no_labels,
-                      _task_from_first_line, decode_line, expand_inputs, map_class_labels,
-                      parse_json_line)
+from .readers import (_SKIP_HINT, DEFAULT_TASK, TASKS, BadLine, JsonTask, ReadLimits,
+                      _decoded_lines, _is_tsv_header, _label_id, _map_class_labels, _no_labels,
+                      _task_from_first_line, decode_line, expand_inputs, long_line_error,
+                      map_class_labels, open_data_file, parse_json_line)
 from .splits import SPLITS, example_key, split_method, stable_split
 from .vocab import TextEncoder, split_items
 
@@ -55,7 +60,9 @@ class NotStreamable(Exception):
 @dataclass(frozen=True)
 class Chunk:
     """Whole lines of one file: bytes [offset, offset + size) of a plain file, or ``data``
-    (a gzip'd file's decompressed lines); ``first_line`` numbers its first line (1-based)."""
+    (a gzip'd file's decompressed lines); ``first_line`` numbers its first line (1-based).
+    ``error``: reading the file stopped here (a line over Data.max_line_bytes, a gzip bomb); the
+    chunk carries the message so that it is raised in input order, as a bad line's is."""
 
     role: str  # the Data key's split: train / dev / test
     path: str
@@ -63,6 +70,7 @@ class Chunk:
     offset: int = 0
     size: int = 0
     data: bytes = None
+    error: str = None
 
     def raw_lines(self):
         if self.data is not None:
@@ -77,39 +85,63 @@ class Chunk:
         return lines
 
 
-def _chunks_of(role, path, ship=False):
+def _chunks_of(role, path, limits=None, ship=False):
     """Chunks of whole lines, in order, at least one per file (an empty file is reported).
     ``ship``: every chunk carries its bytes (workers on other machines cannot read ``path``);
     otherwise only a gzip'd file's do and a worker reads its byte range itself."""
-    gz = path.endswith(".gz")
-    try:
-        f = gzip.open(path, "rb") if gz else open(path, "rb")
-    except OSError as e:
-        raise DataError(f"{path}: cannot open data file ({e.strerror}); check Data.train_file / "
-                        f"dev_file / test_file") from None
-    line, offset, carry, sent = 1, 0, b"", False
-    with f:
-        while True:
+    limits = limits or ReadLimits.of()
+    with open_data_file(path, limits) as f:
+        yield from _line_chunks(role, path, f, limits.max_line_bytes,
+                                carry_data=ship or path.endswith(".gz"))
+
+
+def _line_chunks(role, path, f, max_line_bytes, carry_data):
+    """``_chunks_of`` over the open binary file ``f``.
+
+    Each block is read once and searched once, for its last line end.  A line that runs past
+    a block is kept as the list of its pieces and joined once, when its end is found, so the
+    work is linear in the file's size however long its lines (joining the pieces block by
+    block would copy a long line again for every block it spans).  Once an unfinished line
+    holds more than ``max_line_bytes``, the chunks end with one that carries the error."""
+    line, offset, sent = 1, 0, False
+    open_line, open_bytes = [], 0  # the pieces of the line the last block ended in
+    while True:
+        try:
             block = f.read(CHUNK_BYTES)
-            data = carry + block
-            cut = data.rfind(b"\n") + 1 if block else len(data)
-            if cut == 0 and block:
-                carry = data  # a line longer than a block: read on
-                continue
-            body, carry = data[:cut], data[cut:]
-            if body or not sent:
-                yield Chunk(role, path, line, offset, len(body), body if gz or ship else None)
-                sent = True
-            line += body.count(b"\n")
-            offset += len(body)
-            if not block:
+        except DataError as e:  # a .gz file beyond Data.max_decompressed_ratio, or broken
+            yield Chunk(role, path, line, offset, error=str(e))
+            return
+        cut = block.rfind(b"\n") + 1
+        if block and not cut:
+            open_line.append(block)
+            open_bytes += len(block)
+            if open_bytes > max_line_bytes:
+                yield Chunk(role, path, line, offset,
+                            error=str(long_line_error(f"{path}:{line}", max_line_bytes)))
                 return
+            continue
+        end = cut if block else 0  # at the end of the file the open line is the last one
+        body = b"".join(open_line + [block[:end]])
+        open_line = [block[end:]] if end < len(block) else []
+        open_bytes = len(block) - end
+        if body or not sent:
+            yield Chunk(role, path, line, offset, len(body), body if carry_data else None)
+            sent = True
+        line += body.count(b"\n")
+        offset += len(body)
+        if not block:
+            return
 
 
-def _lines(chunk):
-    """(line number, text or BadLine) as ``readers._decoded_lines`` gives them."""
+def _lines(chunk, max_line_bytes):
+    """(line number, text or BadLine) as ``readers._decoded_lines`` gives them; DataError for
+    the chunk's read error or a line over ``max_line_bytes`` (the message that path gives)."""
+    if chunk.error is not None:
+        raise DataError(chunk.error)
     for k, raw in enumerate(chunk.raw_lines()):
         n = chunk.first_line + k
+        if len(raw) > max_line_bytes:
+            raise long_line_error(f"{chunk.path}:{n}", max_line_bytes)
         yield n, decode_line(raw, n)
 
 
@@ -130,11 +162,12 @@ class Plan:
     lowercase: bool = False
     texts_of: object = None
     ship_bytes: bool = False  # chunks carry their lines (a mapper's workers may be elsewhere)
+    limits: ReadLimits = field(default_factory=ReadLimits.of)
 
     def chunks(self):
         for role in SPLITS:
             for path in self.files.get(role, ()):
-                yield from _chunks_of(role, path, self.ship_bytes)
+                yield from _chunks_of(role, path, self.limits, self.ship_bytes)
 
 
 def plan(cfg, extra_corpora=()):
@@ -144,11 +177,12 @@ def plan(cfg, extra_corpora=()):
         return None
     specs = {s: cfg.get(f"{s}_file") for s in SPLITS}
     files = {s: expand_inputs(spec) for s, spec in specs.items() if spec}
+    limits = ReadLimits.of(cfg)
     task = cfg.task
     if cfg.corpus == "tsv":
         task = task or DEFAULT_TASK
     elif task is None:
-        task = _first_line_task(files["train"][0], cfg.skip_invalid)
+        task = _first_line_task(files["train"][0], cfg.skip_invalid, limits)
     fmt = TASKS.get(task)
     if fmt is None or (cfg.corpus == "tsv" and not fmt.tsv) or \
             fmt.map_labels not in (_map_class_labels, map_class_labels, _no_labels) or \
@@ -157,13 +191,13 @@ def plan(cfg, extra_corpora=()):
     return Plan(cfg.corpus, task, files, {s: v for s, v in specs.items() if v},
                 bool(cfg.skip_invalid), cfg.split_seed, cfg.get("label_names"),
                 tuple(s for s in ("dev", "test") if s not in files),
-                ship_bytes=parallel.has_mapper())
+                ship_bytes=parallel.has_mapper(), limits=limits)
 
 
-def _first_line_task(path, skip_invalid):
+def _first_line_task(path, skip_invalid, limits):
     """The task the first JSON line's fields tell (as ``readers.read_file``), else None."""
     try:
-        for n, line in _decoded_lines(path):
+        for n, line in _decoded_lines(path, limits):
             if isinstance(line, BadLine):
                 if not skip_invalid:
                     return None  # the in-memory path reports it
@@ -212,7 +246,7 @@ def _parse(plan, n, line, chunk):
 
 def _examples(plan, chunk, scan=None):
     """Yield (line, example) of the chunk's valid lines; ``scan``: count lines and skips."""
-    for n, line in _lines(chunk):
+    for n, line in _lines(chunk, plan.limits.max_line_bytes):
         if plan.fmt == "tsv" and n == 1 and isinstance(line, str) and \
                 _is_tsv_header(line, TASKS[plan.task].fields):
             if scan is not None:
@@ -286,23 +320,27 @@ class Scanner:
         scan = ChunkScan(chunk.role, chunk.path)
         keys, train, codes = {}, [], []
         carve = chunk.role == "train" and plan.carve
-        for n, ex in _kept(plan, chunk, scan):
-            key = example_key(_key_view(ex))
-            split = chunk.role
-            if carve:
-                split = _split_of_key(plan, key)
-                codes.append(SPLITS.index(split))
-            label = ex.get("label")
-            if label is not None:
-                kind = "str" if isinstance(label, str) else "int"
-                scan.kinds.setdefault(kind, (n, label))
-                if scan.first_label is None:
-                    scan.first_label = label
-                scan.labels.setdefault(split, Counter())[label] += 1
-            scan.sizes[split] = scan.sizes.get(split, 0) + 1
-            keys.setdefault(split, []).append(_key_hash(key))
-            if plan.count_vocab and split == "train":
-                train.append(ex)
+        try:
+            for n, ex in _kept(plan, chunk, scan):
+                key = example_key(_key_view(ex))
+                split = chunk.role
+                if carve:
+                    split = _split_of_key(plan, key)
+                    codes.append(SPLITS.index(split))
+                label = ex.get("label")
+                if label is not None:
+                    kind = "str" if isinstance(label, str) else "int"
+                    scan.kinds.setdefault(kind, (n, label))
+                    if scan.first_label is None:
+                        scan.first_label = label
+                    scan.labels.setdefault(split, Counter())[label] += 1
+                scan.sizes[split] = scan.sizes.get(split, 0) + 1
+                keys.setdefault(split, []).append(_key_hash(key))
+                if plan.count_vocab and split == "train":
+                    train.append(ex)
+        except DataError as e:  # a line over Data.max_line_bytes, a gzip bomb: in input order
+            scan.error = str(e)
+            return scan
         scan.keys = {s: np.asarray(v, np.uint64) for s, v in keys.items()}
         if carve:
             scan.split_codes = np.asarray(codes, np.uint8)

@@ -6,6 +6,12 @@ Output: JSONL, line ``i`` answering input line ``i``: ``{"line": n, **prediction
 or ``{"line": n, "error": why}`` for a line that could not be used (also reported
 on stderr); the other lines are still predicted.
 
+The server's bound on a text holds here too: a text longer than ``Deploy.max_text_chars``
+characters is refused with its line's error record, and a line is read no further than the
+bytes such a text can take in JSON (``line_bytes_bound``): a longer line is refused after that
+much, read past in pieces of that size, so one huge line (or a file without line ends) costs
+bounded memory and the lines after it are still predicted.
+
 The file is read in windows of ``window`` usable texts (and at most ``WINDOW_CHARS``
 characters; lines that cannot be used ride along): each window is tokenised, sorted by
 length into token-budget batches by the predictor, and its records are written in input
@@ -29,12 +35,25 @@ import time
 
 from tqdm import tqdm
 
+from ppvarlen.config_schema import SCHEMA
 from ppvarlen.data.errors import DataError
+from ppvarlen.data.readers import LONG_LINE, bounded_lines
 from ppvarlen.utils.io import atomic_text_writer
 
 WINDOW = 4096  # usable texts sorted and batched together; larger windows pack denser batches
 # A window also closes at this many characters, so a file of very long lines stays bounded.
 WINDOW_CHARS = 1 << 22
+MAX_TEXT_CHARS = SCHEMA["Deploy"]["max_text_chars"].default
+# JSON may escape each character of a text as \uXXXX, twice for one beyond the BMP; a line
+# also holds fields besides the text (ids, metadata), given this much room.
+JSON_BYTES_PER_CHAR = 12
+OTHER_FIELDS_BYTES = 1 << 20
+
+
+def line_bytes_bound(max_text_chars):
+    """The longest input line worth reading: a text of ``max_text_chars`` characters, JSON
+    escaped, and the other fields of its line."""
+    return JSON_BYTES_PER_CHAR * max_text_chars + OTHER_FIELDS_BYTES
 
 
 def check_input(path):
@@ -48,11 +67,16 @@ def check_input(path):
     return ext
 
 
-def _lines(path):
-    """(line number, line) streamed, split where Python's text mode splits: \\n, \\r\\n and \\r."""
+def _lines(path, max_line_bytes):
+    """(line number, line or LONG_LINE) streamed, split where Python's text mode splits: \\n,
+    \\r\\n and \\r; a line over ``max_line_bytes`` is LONG_LINE, read no further."""
     n = 0
     with open(path, "rb") as f:
-        for raw in f:
+        for raw in bounded_lines(f, max_line_bytes):
+            if raw is LONG_LINE:
+                n += 1
+                yield n, LONG_LINE
+                continue
             raw = raw[:-1] if raw.endswith(b"\n") else raw
             raw = raw[:-1] if raw.endswith(b"\r") else raw
             try:
@@ -65,32 +89,48 @@ def _lines(path):
                 yield n, part
 
 
-def iter_texts(path, field="text"):
+def iter_texts(path, field="text", max_text_chars=MAX_TEXT_CHARS):
     """(line_no, text | DataError) for every line of a .txt or .jsonl file, streamed.
 
     ``field``: the JSONL key holding the text ("text"; "source" is also read for seq2seq).
+    A text over ``max_text_chars`` characters (Deploy.max_text_chars), or a line longer than
+    such a text takes, is a DataError like any unusable line.
     """
     ext = check_input(path)
-    for n, line in _lines(path):
+    bound = line_bytes_bound(max_text_chars)
+    for n, line in _lines(path, bound):
+        if line is LONG_LINE:
+            yield n, DataError(f"{path}:{n}: line is longer than {bound:,} bytes, more than a "
+                               f"text of Deploy.max_text_chars ({max_text_chars:,}) characters "
+                               f"takes; not read. Split the text, or raise the limit, e.g. "
+                               f"-o Deploy.max_text_chars={4 * max_text_chars}")
+            continue
         if ext == ".txt":
-            yield n, line
+            text = line
+        else:
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                yield n, DataError(f"{path}:{n}: not valid JSON ({e.msg})")
+                continue
+            key = field if isinstance(obj, dict) and field in obj else "text"
+            if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
+                names = " or ".join(f'"{k}"' for k in dict.fromkeys(("text", field)))
+                yield n, DataError(f"{path}:{n}: expected an object with a string field {names}")
+                continue
+            text = obj[key]
+        if len(text) > max_text_chars:
+            yield n, DataError(f"{path}:{n}: text has {len(text):,} characters; at most "
+                               f"{max_text_chars:,} (Deploy.max_text_chars, as the server). "
+                               f"Split the text, or raise the limit, e.g. "
+                               f"-o Deploy.max_text_chars={len(text)}")
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            yield n, DataError(f"{path}:{n}: not valid JSON ({e.msg})")
-            continue
-        key = field if isinstance(obj, dict) and field in obj else "text"
-        if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
-            names = " or ".join(f'"{k}"' for k in dict.fromkeys(("text", field)))
-            yield n, DataError(f"{path}:{n}: expected an object with a string field {names}")
-            continue
-        yield n, obj[key]
+        yield n, text
 
 
-def read_texts(path, field="text"):
+def read_texts(path, field="text", max_text_chars=MAX_TEXT_CHARS):
     """``iter_texts`` as a list (small files and tests)."""
-    return list(iter_texts(path, field))
+    return list(iter_texts(path, field, max_text_chars))
 
 
 def encoded_windows(predictor, input_path, rows, size=WINDOW, max_chars=WINDOW_CHARS):
@@ -182,8 +222,10 @@ def truncation_warning(predictor, truncated, texts):
             f"{predictor.task.too_long_fix()}")
 
 
-def run_file(predictor, input_path, output_path=None, progress=True, window=WINDOW):
+def run_file(predictor, input_path, output_path=None, progress=True, window=WINDOW,
+             max_text_chars=MAX_TEXT_CHARS):
     """Predict every line of ``input_path``; write JSONL to ``output_path`` (or stdout).
+    A text over ``max_text_chars`` (Deploy.max_text_chars) gets an error record.
 
     Returns the summary dict (see the module docstring): texts, predicted, failed,
     truncated, windowed, seconds, model_seconds, texts/s, tokens/s, padding efficiency,
@@ -198,7 +240,7 @@ def run_file(predictor, input_path, output_path=None, progress=True, window=WIND
     bar = tqdm(total=total, unit="text", smoothing=0, disable=not progress, file=sys.stderr)
     start = time.perf_counter()
     with _open_output(output_path) as out:
-        rows = iter_texts(input_path, predictor.task.text_field)
+        rows = iter_texts(input_path, predictor.task.text_field, max_text_chars)
         for chunk in encoded_windows(predictor, input_path, rows, window):
             records = _predict_window(predictor, chunk, totals)
             out.write("".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records))

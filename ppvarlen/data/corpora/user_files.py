@@ -11,12 +11,14 @@ def user_corpus(cfg, fmt):
         raise ConfigError(f"Data.train_file: Data.corpus: {fmt} reads your own files; set "
                           f"Data.train_file (and optionally dev_file / test_file)")
     scheme = cfg.get("tag_scheme", "auto")
-    files = {"train": readers.read_files(cfg.train_file, fmt, cfg.task, cfg.skip_invalid, scheme)}
+    limits = readers.ReadLimits.of(cfg)
+    files = {"train": readers.read_files(cfg.train_file, fmt, cfg.task, cfg.skip_invalid, scheme,
+                                         limits)}
     task = files["train"].task
     for split in ("dev", "test"):
         path = cfg.get(f"{split}_file")
         if path:  # read with the train file's task: a file of another task fails on its line 1
-            files[split] = readers.read_files(path, fmt, task, cfg.skip_invalid, scheme)
+            files[split] = readers.read_files(path, fmt, task, cfg.skip_invalid, scheme, limits)
     labels = readers.map_labels(list(files.values()), cfg.get("label_names"), cfg.skip_invalid,
                                 scheme)
     splits, how = _assign_splits(files, cfg.split_seed)
