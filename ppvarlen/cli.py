@@ -444,6 +444,9 @@ def main_serve(argv=None):
                         help="default: Deploy.port (8080); 0 takes a free port (see --port-file)")
     parser.add_argument("--port-file", default=None,
                         help="write the bound port to this file once listening (for --port 0)")
+    parser.add_argument("--grpc-port", type=int, default=None,
+                        help="also serve the Open Inference Protocol over gRPC on this port "
+                        "(default: Deploy.grpc_port, null = no gRPC)")
     parser.add_argument("-o", "--override", action="append", default=[], metavar="Deploy.KEY=V",
                         help="override a Deploy setting, e.g. -o Deploy.max_wait_ms=2")
     return _run(parser, argv, _serve)
@@ -455,7 +458,7 @@ def _serve(args):
     from .deploy.server import serve
 
     serve(args.model_dir, cfg.Deploy, args.host, args.port, args.backend, args.model_repository,
-          args.port_file)
+          args.port_file, args.grpc_port)
     return 0
 
 

@@ -228,6 +228,9 @@ SCHEMA = {
         "host": Field(str, "127.0.0.1", help="address the server binds (0.0.0.0 to accept "
                       "other machines)"),
         "port": Field(int, 8080, help="the server's TCP port"),
+        "grpc_port": Field(int, None, help="also serve the Open Inference Protocol over gRPC "
+                           "(inference.GRPCInferenceService, as Triton and KServe) on this port "
+                           "of Deploy.host; 0 = a free port (logged); null = no gRPC"),
         "threads": Field(int, 1, help="math threads per predictor; 1 measured fastest on 2 "
                          "shared cores (the server's event loop needs one); raise on big hosts"),
         "workers": Field(int, 1, help="predictor threads taking batches from the queue"),
@@ -297,7 +300,7 @@ SCHEMA = {
                                     "decoded and joined (result 'pieces'); false = the export's "
                                     "long_text policy (g2p: error)"),
         "drain_timeout_s": Field(float, 30.0, help="on shutdown, wait this long for queued texts"),
-        "repository_poll_s": Field(float, 10.0, help="--model-repository: look for new model "
+        "repository_poll_s": Field(float, 10.0, nullable=True, help="--model-repository: look for new model "
                                    "versions this often (seconds); null or 0 = only on "
                                    "POST /v2/repository/models/NAME/load"),
         "batch_overhead_tokens": Field(int, None, help="padding worth one extra forward pass when "

@@ -17,7 +17,7 @@ from test_server import RunningServer, post, run_concurrently
 from ppvarlen.data.errors import DataError
 from ppvarlen.deploy.manifest import UnservableExportError
 from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import create_app
+from ppvarlen.deploy.server import create_app, deploy_settings
 
 MAX_SOURCE = 16
 LONG = "这是一段非常非常非常非常长的句子，超过了最大长度"  # > MAX_SOURCE chars
@@ -149,7 +149,7 @@ def test_split_long_sources_decodes_each_clause_piece_and_joins_them(s2s_export,
 def test_server_splits_long_sources_when_told_and_counts_them(s2s_export, tmp_path):
     export_dir = _with_policy(s2s_export[0], str(tmp_path / "e"), "error")
     want = Predictor(export_dir, "onnx", split_long_sources=True).predict(["好", LONG])
-    app = create_app(Predictor(export_dir, "onnx", split_long_sources=True), max_wait_ms=1)
+    app = create_app(Predictor(export_dir, "onnx", split_long_sources=True), deploy=deploy_settings(max_wait_ms=1))
     with RunningServer(app) as srv:
         r = post(srv.url, {"texts": ["好", LONG]})
         metrics = httpx.get(srv.url + "/metrics.json").json()
@@ -167,7 +167,7 @@ def test_server_concurrent_requests_match_predictor(s2s_export):
     export_dir = s2s_export[0]
     pool = MIXED + [LONG]
     want = dict(zip(pool, Predictor(export_dir, "onnx").predict(pool)))
-    app = create_app(Predictor(export_dir, "paddle"), workers=2, max_wait_ms=20)
+    app = create_app(Predictor(export_dir, "paddle"), deploy=deploy_settings(workers=2, max_wait_ms=20))
     requests = [[pool[(k + j) % len(pool)] for j in range(1 + k % 4)] for k in range(12)]
     with RunningServer(app) as srv:
         replies = run_concurrently(lambda texts: post(srv.url, {"texts": texts}),
@@ -184,7 +184,7 @@ def test_server_concurrent_requests_match_predictor(s2s_export):
 
 def test_server_error_policy_answers_4xx_naming_the_field(s2s_export, tmp_path):
     export_dir = _with_policy(s2s_export[0], str(tmp_path / "e"), "error")
-    app = create_app(Predictor(export_dir, "onnx"), max_wait_ms=1)
+    app = create_app(Predictor(export_dir, "onnx"), deploy=deploy_settings(max_wait_ms=1))
     with RunningServer(app) as srv:
         r = post(srv.url, {"texts": ["好", LONG]})
         assert r.status_code == 422

@@ -34,7 +34,7 @@ from ppvarlen.deploy import api
 from ppvarlen.deploy.admission import AdmissionError, admit
 from ppvarlen.deploy.manifest import UnservableExportError
 from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import app_from_config, create_app
+from ppvarlen.deploy.server import app_from_config, create_app, deploy_settings
 from ppvarlen.export.errors import ExportFailedError
 from ppvarlen.export.exporter import admit_export
 from ppvarlen.utils.io import sha256_file
@@ -233,7 +233,7 @@ def test_start_up_serves_the_good_version_under_bad_ones(bad, tmp_path):
     """good v1 + bad v2 (truncated weights, Paddle) -> v1; good v2 under bad v3 -> v2."""
     load = functools.partial(Predictor, backend="paddle")
     root = repository(tmp_path / "a", [(1, bad["good"]), (2, bad["truncated_pdiparams"])])
-    with RunningServer(create_app(repository=root, load_predictor=load, poll_s=0.2)) as srv:
+    with RunningServer(create_app(repository=root, load_predictor=load, deploy=deploy_settings(repository_poll_s=0.2))) as srv:
         r = httpx.post(srv.url + "/predict", json={"texts": [TEXT]}, timeout=60)
         assert r.status_code == 200 and r.headers["X-Model-Version"] == "1", r.text
         index = index_of(srv.url)
@@ -244,7 +244,7 @@ def test_start_up_serves_the_good_version_under_bad_ones(bad, tmp_path):
         assert "still serving ['1']" in load_answer.json()["error"]
     root = repository(tmp_path / "b", [(2, bad["good"]), (3, bad["five_labels"])])
     load = functools.partial(Predictor, backend="onnx")
-    with RunningServer(create_app(repository=root, load_predictor=load, poll_s=0.2)) as srv:
+    with RunningServer(create_app(repository=root, load_predictor=load, deploy=deploy_settings(repository_poll_s=0.2))) as srv:
         r = httpx.post(srv.url + "/predict", json={"texts": [TEXT]}, timeout=60)
         assert r.status_code == 200 and r.headers["X-Model-Version"] == "2", r.text
         assert "5 label_names" in index_of(srv.url)["3"]["reason"]
@@ -262,7 +262,7 @@ def test_bad_versions_under_load_never_fail_a_request(bad, tmp_path):
     log = Records()
     logging.getLogger("ppvarlen.deploy.repository").addHandler(log)
     load = functools.partial(Predictor, backend="onnx")
-    app = create_app(repository=str(root), load_predictor=load, poll_s=0.3, max_wait_ms=2)
+    app = create_app(repository=str(root), load_predictor=load, deploy=deploy_settings(repository_poll_s=0.3, max_wait_ms=2))
     kinds = [k for k, (backend, _) in REFUSALS.items() if backend == "onnx"] + ["dir_link"]
     try:
         with RunningServer(app) as srv, ClientLoop(srv.url) as loop:
@@ -319,7 +319,7 @@ def test_nonfinite_outputs_get_503_and_mark_the_version_unhealthy(bad, tmp_path)
     poisoned_char = "电"
     export = nan_embedding_row(bad["good"], tmp_path / "nan", vocab.index(poisoned_char))
     assert encoder["special_ids"]["sep"] != vocab.index(poisoned_char)
-    app = create_app(Predictor(export, "onnx"), max_wait_ms=2)
+    app = create_app(Predictor(export, "onnx"), deploy=deploy_settings(max_wait_ms=2))
     with RunningServer(app) as srv:
         ok = httpx.post(srv.url + "/predict", json={"texts": ["质量一般般"]}, timeout=60)
         assert ok.status_code == 200, ok.text
@@ -345,7 +345,7 @@ def test_nonfinite_outputs_get_503_and_mark_the_version_unhealthy(bad, tmp_path)
 
 @pytest.fixture(scope="module")
 def server(cls_export):  # noqa: F811
-    app = create_app(Predictor(cls_export[0], "onnx"), max_wait_ms=2)
+    app = create_app(Predictor(cls_export[0], "onnx"), deploy=deploy_settings(max_wait_ms=2))
     with RunningServer(app) as srv:
         srv.expected = httpx.post(srv.url + "/predict", json={"texts": [TEXT]},
                                   timeout=60).json()
@@ -447,7 +447,7 @@ def test_bearer_token_guards_the_repository_endpoints_or_every_route(bad, tmp_pa
     load = functools.partial(Predictor, backend="onnx")
     for all_routes in (False, True):
         app = create_app(repository=root, load_predictor=load, auth_token=TOKEN,
-                         auth_all_routes=all_routes)
+                         deploy=deploy_settings(auth_all_routes=all_routes))
         with TestClient(app) as client:
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
                 r = client.post("/v2/repository/index", headers=headers)

@@ -263,7 +263,7 @@ CORPUS_READERS = ("ppvarlen/data/corpora/", "ppvarlen/data/readers.py", "ppvarle
 # one disappears (then delete it here), so the list only shrinks
 KNOWN_FIELD_NAMES = {
     ("ppvarlen/data/vocab.py", "tokens"): "a pre-tokenised corpus line's key (not an item field)",
-    ("ppvarlen/deploy/server.py", "labels"): "/health key listing the label names",
+    ("ppvarlen/deploy/routes_predict.py", "labels"): "/health key listing the label names",
     ("ppvarlen/export/precision_speed.py", "tokens"): "a timing report's token count key",
     ("ppvarlen/export/exporter.py", "label"): "pretrained-dir verify file format (docstring)",
     ("ppvarlen/export/exporter.py", "tags"): "pretrained-dir verify file format (docstring)",

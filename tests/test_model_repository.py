@@ -21,7 +21,7 @@ from test_prometheus import samples, value
 from test_server import RunningServer
 
 from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import create_app
+from ppvarlen.deploy.server import create_app, deploy_settings
 
 CLIENTS = 16
 DEADLINE_S = 120  # generous: the machine is shared and may be busy
@@ -129,8 +129,7 @@ def test_hot_reload_under_load(cls_export, tmp_path):  # noqa: F811
     log = Records()
     logging.getLogger("ppvarlen.deploy.repository").addHandler(log)
     load = functools.partial(Predictor, backend="onnx")
-    app = create_app(repository=str(root), load_predictor=load, poll_s=0.2, max_wait_ms=2,
-                     workers=1, drain_timeout_s=60)
+    app = create_app(repository=str(root), load_predictor=load, deploy=deploy_settings(repository_poll_s=0.2, max_wait_ms=2, workers=1, drain_timeout_s=60))
     with RunningServer(app) as srv, ClientLoop(srv.url) as loop:
         index = lambda: {e["version"]: e for e in httpx.post(srv.url + "/v2/repository/index",  # noqa: E731
                                                               timeout=30).json()}
@@ -206,7 +205,7 @@ def test_two_models_in_one_repository(cls_export, tag_export, tmp_path):  # noqa
     own = {"sentiment": dict(zip(TEXTS, Predictor(cls_export[0], "onnx").predict(TEXTS))),
            "ner": dict(zip(TEXTS, Predictor(tag_export[0], "onnx").predict(TEXTS)))}
     app = create_app(repository=str(root), load_predictor=functools.partial(Predictor,
-                     backend="onnx"), poll_s=None, max_wait_ms=2, drain_timeout_s=60)
+                     backend="onnx"), deploy=deploy_settings(repository_poll_s=None, max_wait_ms=2, drain_timeout_s=60))
     with RunningServer(app) as srv:
         get = lambda path: httpx.get(srv.url + path, timeout=60)  # noqa: E731
         meta = {name: get(f"/v2/models/{name}").json() for name in own}

@@ -13,7 +13,7 @@ from test_server import RunningServer
 from tritonclient.utils import InferenceServerException
 
 from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import Limits, create_app
+from ppvarlen.deploy.server import create_app, deploy_settings
 
 # mixed lengths: 1 to 26 characters, one beyond the exports' max_len of 16 tokens
 MIXED_TEXTS = TEXTS + ["好", "北京", "这是一段非常非常非常非常长的句子，超过了最大长度"]
@@ -34,8 +34,8 @@ def s2s_export(tmp_path_factory):
 def served(request, cls_export, tag_export, s2s_export):  # noqa: F811
     export_dir = {"classification": cls_export, "tagging": tag_export,
                   "seq2seq": s2s_export}[request.param][0]
-    limits = Limits(max_texts_per_request=16, max_text_chars=200)
-    app = create_app(Predictor(export_dir, "onnx"), workers=2, max_wait_ms=5, limits=limits)
+    limits = dict(max_texts_per_request=16, max_text_chars=200)
+    app = create_app(Predictor(export_dir, "onnx"), deploy=deploy_settings(workers=2, max_wait_ms=5, **limits))
     with RunningServer(app) as srv:
         yield request.param, srv
 

@@ -6,7 +6,7 @@ from test_deploy_helpers import TEXTS, cls_export  # noqa: F401
 from test_server import RunningServer, run_concurrently
 
 from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import Limits, create_app
+from ppvarlen.deploy.server import create_app, deploy_settings
 
 INFER = "/v2/models/{name}/infer"
 
@@ -30,8 +30,7 @@ def infer_body(texts):
 
 
 def test_prometheus_counts_equal_what_was_sent(cls_export):  # noqa: F811
-    app = create_app(Predictor(cls_export[0], "onnx"), workers=2, max_wait_ms=10,
-                     limits=Limits(max_text_chars=40))
+    app = create_app(Predictor(cls_export[0], "onnx"), deploy=deploy_settings(workers=2, max_wait_ms=10, **dict(max_text_chars=40)))
     good = [[TEXTS[(k + j) % len(TEXTS)] for j in range(1 + k % 3)] for k in range(9)]
     with RunningServer(app) as srv:
         name = httpx.get(srv.url + "/health").json()["model_name"]

@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray")
 from ray import serve  # noqa: E402
 
 from ppvarlen.deploy.predictor import Predictor  # noqa: E402
-from ppvarlen.deploy.server import create_app  # noqa: E402
+from ppvarlen.deploy.server import create_app, deploy_settings  # noqa: E402
 from ppvarlen.integrations.ray_batch import run_batch  # noqa: E402
 from ppvarlen.config import ConfigError  # noqa: E402
 from ppvarlen.integrations.ray_serve import (ReplicaStartError, build_app,  # noqa: E402
@@ -178,7 +178,7 @@ def test_serve_two_replicas_answer_like_the_single_process_server(fresh_serve, e
                                                                    reviews, free_port):
     requests = [{"texts": reviews[k:k + 1 + k % 4]} for k in range(0, 240, 5)]
     requests += [{"texts": ["好", ""]}, {"texts": "not a list"}, {"texts": ["a"], "extra": 1}]
-    single = create_app(Predictor(export_dir, "paddle"), max_wait_ms=5)
+    single = create_app(Predictor(export_dir, "paddle"), deploy=deploy_settings(max_wait_ms=5))
     with RunningServer(single) as srv:
         want = run_concurrently(lambda r: post(srv.url, r), [(r,) for r in requests])
     url = run_config(serve_config(free_port, export_dir))

@@ -13,7 +13,7 @@ import pytest
 from test_deploy_helpers import TEXTS, cls_export, tag_export  # noqa: F401
 
 from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import Limits, create_app
+from ppvarlen.deploy.server import create_app, deploy_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -137,7 +137,7 @@ def test_concurrent_requests_keep_order_and_match_predictor(cls_export, tag_expo
                                                             task):
     export_dir = (cls_export if task == "classification" else tag_export)[0]
     expected_of = Predictor(export_dir, "onnx")
-    app = create_app(Predictor(export_dir, "paddle"), workers=2, max_wait_ms=20)
+    app = create_app(Predictor(export_dir, "paddle"), deploy=deploy_settings(workers=2, max_wait_ms=20))
     requests = [[TEXTS[(k + j) % len(TEXTS)] * (1 + j % 2) for j in range(1 + k % 4)]
                 for k in range(16)]
     with RunningServer(app) as srv:
@@ -170,8 +170,8 @@ def test_concurrent_requests_keep_order_and_match_predictor(cls_export, tag_expo
 
 
 def test_malformed_requests_get_4xx_naming_the_field(cls_export):  # noqa: F811
-    limits = Limits(max_texts_per_request=3, max_body_bytes=2000, max_text_chars=50)
-    app = create_app(Predictor(cls_export[0], "onnx"), limits=limits, max_wait_ms=1)
+    limits = dict(max_texts_per_request=3, max_body_bytes=2000, max_text_chars=50)
+    app = create_app(Predictor(cls_export[0], "onnx"), deploy=deploy_settings(**limits, max_wait_ms=1))
     cases = [
         (dict(content=b"{\"texts\": [\"a\""), 400, "body", "not valid JSON"),
         (dict(content=b"\xff\xfe"), 400, "body", "not valid JSON"),
@@ -201,7 +201,7 @@ def test_malformed_requests_get_4xx_naming_the_field(cls_export):  # noqa: F811
 def test_bad_requests_do_not_affect_batchmates(cls_export):  # noqa: F811
     p = Predictor(cls_export[0], "paddle")
     want = p.predict(TEXTS)
-    app = create_app(p, max_wait_ms=50)
+    app = create_app(p, deploy=deploy_settings(max_wait_ms=50))
     with RunningServer(app) as srv:
         calls = [({"texts": TEXTS},), ({"texts": [1]},), ({"texts": TEXTS},), ({"texts": [""]},)]
         replies = run_concurrently(lambda payload: post(srv.url, payload), calls * 3)
@@ -216,7 +216,7 @@ def test_overload_gets_503_while_accepted_requests_succeed(cls_export):  # noqa:
     p = Predictor(cls_export[0], "onnx")
     want = {t: r for t, r in zip(TEXTS, p.predict(TEXTS))}
     gated = GatedPredictor(p)
-    app = create_app(gated, max_wait_ms=0, max_batch_size=1, queue_size=2)
+    app = create_app(gated, deploy=deploy_settings(max_wait_ms=0, max_batch_size=1, queue_size=2))
     texts = [TEXTS[k % len(TEXTS)] for k in range(12)]
     with RunningServer(app) as srv:
         burst = {}
@@ -249,7 +249,7 @@ def test_overload_gets_503_while_accepted_requests_succeed(cls_export):  # noqa:
 def test_shutdown_drains_accepted_requests(cls_export):  # noqa: F811
     p = Predictor(cls_export[0], "onnx")
     gated = GatedPredictor(p)
-    app = create_app(gated, max_wait_ms=0, max_batch_size=1, queue_size=100)
+    app = create_app(gated, deploy=deploy_settings(max_wait_ms=0, max_batch_size=1, queue_size=100))
     srv = RunningServer(app).__enter__()
     replies = {}
     threads = [threading.Thread(target=lambda k=k: replies.__setitem__(

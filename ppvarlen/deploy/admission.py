@@ -14,8 +14,8 @@ loaded ``Predictor`` it runs, in order, and refuses with the first failure
 3. ``padding``: each length of the manifest's grid (``data.order.grid_lengths``) gives the same
    output alone as batched with other lengths.
 4. ``render``: the task's example request answered through every response path the server has
-   (``/predict`` JSON, and where the task is offered there, Open Inference Protocol JSON and
-   binary), each parsed back as strict JSON (no NaN) and, for ``/predict``, valid against the
+   (``/predict`` JSON, Open Inference Protocol JSON and binary — gRPC sends the binary
+   form), each parsed back as strict JSON (no NaN) and, for ``/predict``, valid against the
    task's prediction model.
 
 ``admit`` returns the evidence of each check (the repository index and export logs show it).
@@ -197,17 +197,14 @@ def check_render(predictor):
             raise AdmissionError("render", f"the /predict answer to the example "
                                  f"{example[k]!r} does not fit the task's prediction model: "
                                  f"{first_line(e)}") from None
-    paths = ["/predict"]
-    if task.oip_infer:
-        served = _Rendered(predictor)
-        names = [n for n, *_ in oip.outputs(task.name, predictor.label_names)]
-        for binary in (False, True):
-            content, headers = oip.infer_response(served, None, {},
-                                                  [(n, binary) for n in names], results)
-            head = content[:int(headers[oip.HEADER_LENGTH])] if binary else content
-            _strict_json(head, "the OIP infer answer")
-        paths += ["OIP JSON", "OIP binary"]
-    return {"paths": paths, "example": example}
+    served = _Rendered(predictor)
+    names = [n for n, *_ in oip.outputs(task.name, predictor.label_names)]
+    for binary in (False, True):
+        content, headers = oip.infer_response(served, None, {},
+                                              [(n, binary) for n in names], results)
+        head = content[:int(headers[oip.HEADER_LENGTH])] if binary else content
+        _strict_json(head, "the OIP infer answer")
+    return {"paths": ["/predict", "OIP JSON", "OIP binary"], "example": example}
 
 
 class _Rendered:

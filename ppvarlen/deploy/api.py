@@ -220,9 +220,11 @@ class RepositoryEntry(BaseModel):
                                     "that failed)")
 
 
-def infer_request_schema(limits, max_text_chars, output_names, long_text_choices):
-    """The infer body as JSON Schema.  The schema cannot say that shape [N] must equal the
-    number of data items; the server checks that (422)."""
+def infer_request_schema(limits, max_text_chars, output_names, long_text_choices,
+                         input_names=("text",)):
+    """The infer body as JSON Schema: one tensor per name of ``input_names``.  The schema
+    cannot say that shape [N] must equal the number of data items, nor that each input comes
+    once with the same N; the server checks that (422)."""
     text = {"type": "string", "minLength": 1, "maxLength": max_text_chars,
             "pattern": NON_BLANK_PATTERN}
     count = {"type": "integer", "minimum": 1, "maximum": limits.max_texts_per_request}
@@ -235,11 +237,12 @@ def infer_request_schema(limits, max_text_chars, output_names, long_text_choices
                 "long_text": {"enum": long_text_choices, "description": "this request's "
                               "long-text policy instead of the export's"},
                 "binary_data_output": {"type": "boolean"}}},
-            "inputs": {"type": "array", "minItems": 1, "maxItems": 1, "items": {
+            "inputs": {"type": "array", "minItems": len(input_names),
+                       "maxItems": len(input_names), "items": {
                 "type": "object", "additionalProperties": False,
                 "required": ["name", "shape", "datatype", "data"],
                 "properties": {
-                    "name": {"enum": ["text"]},
+                    "name": {"enum": list(input_names)},
                     "datatype": {"enum": ["BYTES"]},
                     "shape": {"type": "array", "items": count, "minItems": 1, "maxItems": 1,
                               "description": "[N]: N texts, as many as data holds"},
@@ -255,6 +258,10 @@ def infer_request_schema(limits, max_text_chars, output_names, long_text_choices
                                                   "type": "boolean"}}}}}},
         },
     }
+
+
+STATS_SCHEMA = {"type": "object", "required": ["model_stats"],
+                "properties": {"model_stats": {"type": "array", "items": {"type": "object"}}}}
 
 
 def _infer_ok(schema_ref):
@@ -274,7 +281,8 @@ def add_oip(doc, served, metadata, limits, max_text_chars, long_text_choices, re
     components = doc["components"]["schemas"]
     error = _schema(OipError, components)
     components["InferRequest"] = infer_request_schema(
-        limits, max_text_chars, [o["name"] for o in metadata["outputs"]], long_text_choices)
+        limits, max_text_chars, [o["name"] for o in metadata["outputs"]], long_text_choices,
+        [i["name"] for i in metadata["inputs"]])
     not_found = _json(error, "no such model, or no ready version of that number")
     name = {"name": "name", "in": "path", "required": True,
             "schema": {"type": "string", "enum": sorted(served)}}
@@ -297,6 +305,15 @@ def add_oip(doc, served, metadata, limits, max_text_chars, long_text_choices, re
             "200": _json(_schema(ModelReady, components), "ready"),
             "404": not_found,
             "503": _json(_schema(ModelReady, components), "shutting down")})
+        paths[base + "/config"]["get"].update(parameters=params, responses={
+            "200": {"description": "the Triton model configuration (model_configuration "
+                                   "extension): inputs, outputs, dynamic batching",
+                    "content": {"application/json": {"schema": {"type": "object"}}}},
+            "404": not_found})
+        paths[base + "/stats"]["get"].update(parameters=params, responses={
+            "200": {"description": "Triton's statistics extension: counts and durations",
+                    "content": {"application/json": {"schema": STATS_SCHEMA}}},
+            "404": not_found})
         post = paths[base + "/infer"]["post"]
         post.update(parameters=params, requestBody={"required": True, "content": {
             "application/json": {"schema": {"$ref": "#/components/schemas/InferRequest"}}}},
@@ -312,6 +329,9 @@ def add_oip(doc, served, metadata, limits, max_text_chars, long_text_choices, re
                 "500": _json(error, "the model failed on a text (a bug: see the server log)"),
                 "503": _json(error, "the queue is full or the server is shutting down; retry",
                              headers=RETRY_AFTER)})
+    paths["/v2/models/stats"]["get"]["responses"] = {
+        "200": {"description": "Triton's statistics extension, every ready version",
+                "content": {"application/json": {"schema": STATS_SCHEMA}}}}
     if repository:
         paths["/v2/repository/index"]["post"]["responses"] = {
             "200": {"description": "every version seen, with its state",

@@ -71,8 +71,8 @@ class DynamicBatcher:
 
     ``predictors``: one per worker thread (e.g. ``[p, p.clone()]``).  Each item
     passed to ``submit`` must have a ``.num_tokens`` (its padded cost per row).
-    ``on_batch(size, real_tokens, padded_tokens, queue_waits_s)`` is called after each
-    batch that ran (metrics).
+    ``on_batch(size, real_tokens, padded_tokens, queue_waits_s, compute_s)`` is called after
+    each batch that ran (metrics and the statistics extension).
     """
 
     def __init__(self, predictors, max_wait_ms=5.0, max_batch_tokens=8192, max_batch_size=64,
@@ -203,6 +203,7 @@ class DynamicBatcher:
             results, error = predictor.predict_encoded([j.item for j in batch]), None
         except Exception as e:  # noqa: BLE001 - isolate the bad text below
             results, error = None, e
+        compute = time.monotonic() - started
         if results is None and len(batch) > 1:
             # One bad text must not fail its batch-mates: rerun them one by one.
             for j in batch:
@@ -221,7 +222,7 @@ class DynamicBatcher:
             try:
                 self._on_batch(len(batch), predictor.real_tokens - before[0],
                                predictor.padded_tokens - before[1],
-                               [started - j.enqueued for j in batch])
+                               [started - j.enqueued for j in batch], compute)
             except Exception:  # noqa: BLE001 - a metrics bug must not lose the answers
                 log.exception("on_batch callback failed")
         for j, r in zip(batch, results):

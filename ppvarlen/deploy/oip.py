@@ -1,13 +1,18 @@
-"""Open Inference Protocol v2 (KServe / Triton REST): tensors in and out of ppvarlen's results.
+"""Open Inference Protocol v2 (KServe / Triton, REST and gRPC): tensors in and out of
+ppvarlen's results.
 
-The model takes one input, ``text`` (``BYTES``, shape ``[-1]``: a batch of UTF-8 texts) and
-answers with one output per field of the task's ``/predict`` prediction, one row per text
+The model takes one ``BYTES`` input of shape ``[-1]`` (a batch of UTF-8 texts) per text of the
+task's request item (``Task.oip_inputs``: ``text``; ``text_a`` and ``text_b`` for text pairs;
+``question`` and ``context`` for extractive QA, the way Triton ensembles take several text
+inputs) and answers with one output per field of the task's ``/predict`` prediction, one row per text
 (``outputs``): typed tensors where the protocol has a type (a ``{label: probability}`` map is
 an ``FP32`` ``[-1, C]`` tensor), JSON strings in ``BYTES`` where it has none (tags, entities).  Both JSON
 tensor data and Triton's binary tensor data extension (``Inference-Header-Content-Length``:
 the JSON header, then each binary tensor in order; ``BYTES`` elements as a 4-byte
 little-endian length and the bytes) are read and written.  Errors are ``ApiError`` with the
-server's statuses; the server renders them as the protocol's ``{"error": "..."}``.
+server's statuses; the server renders them as the protocol's ``{"error": "..."}`` (REST) or
+status codes (gRPC).  ``model_config`` is the Triton model configuration the
+``model_configuration`` extension serves (what ``perf_analyzer`` reads before it sends load).
 """
 import functools
 import json
@@ -21,9 +26,11 @@ from ppvarlen.tasks import get_task
 from .edge import header_int, shown
 from .errors import ApiError
 
-INPUT = "text"
 HEADER_LENGTH = "Inference-Header-Content-Length"
-EXTENSIONS = ["binary_tensor_data", "parameters", "model_repository"]
+EXTENSIONS = ["binary_tensor_data", "parameters", "model_repository", "model_configuration",
+              "statistics"]
+TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT64": "TYPE_INT64",
+                "BOOL": "TYPE_BOOL"}
 # request parameters with a meaning here; the tasks' long-text policies a request may choose
 REQUEST_PARAMETERS = {"long_text", "binary_data_output"}
 NUMPY = {"FP32": "<f4", "INT64": "<i8", "BOOL": "?"}
@@ -67,9 +74,37 @@ def outputs(task_name, label_names):
 
 def model_metadata(name, versions, model):
     return {"name": name, "versions": list(versions), "platform": f"ppvarlen_{model.backend}",
-            "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1]}],
+            "inputs": [{"name": n, "datatype": "BYTES", "shape": [-1]}
+                       for n in model.task.oip_inputs],
             "outputs": [{"name": n, "datatype": d, "shape": [-1] + tail}
                         for n, d, tail, _ in outputs(model.task_name, model.label_names)]}
+
+
+def model_config(model):
+    """The Triton model configuration of a served version (JSON field names of Triton's
+    ``model_config.proto``; the gRPC service parses the same document into the message).
+    ``max_batch_size`` 0: each input tensor carries the batch itself, ``[-1]`` texts; the
+    dynamic batcher is ppvarlen's length-aware one, its settings in ``parameters``."""
+    deploy = model.settings
+    params = {"batcher": "ppvarlen length-aware: texts sorted by length, split into the "
+                         "cheapest token-budget groups (padding + a fixed cost per forward pass)",
+              "max_batch_tokens": deploy.max_batch_tokens,
+              "max_texts_per_batch": deploy.max_batch_size,
+              "batch_overhead_tokens": model.overhead_tokens,
+              "long_text": model.long_text, "task": model.task_name}
+    return {"name": model.name, "platform": f"ppvarlen_{model.backend}", "backend": "ppvarlen",
+            "version_policy": {"latest": {"num_versions": 1}},
+            "max_batch_size": 0,
+            "input": [{"name": n, "data_type": "TYPE_STRING", "dims": [-1]}
+                      for n in model.task.oip_inputs],
+            "output": [{"name": n, "data_type": TRITON_TYPES[d], "dims": [-1] + tail}
+                       for n, d, tail, _ in outputs(model.task_name, model.label_names)],
+            "dynamic_batching": {"max_queue_delay_microseconds": int(deploy.max_wait_ms * 1000),
+                                 "preserve_ordering": True,
+                                 "default_queue_policy": {"max_queue_size": deploy.queue_size}},
+            "instance_group": [{"name": model.name, "kind": "KIND_CPU",
+                                "count": deploy.workers}],
+            "parameters": {k: {"string_value": str(v)} for k, v in params.items()}}
 
 
 def long_text_choices(model):
@@ -132,7 +167,12 @@ def decode_bytes_tensor(raw, count, where):
 
 
 def parse_infer(payload, binary, limits, model):
-    """The infer request -> (texts, id, parameters, [(output name, binary?)])."""
+    """The infer request -> (request items, id, parameters, [(output name, binary?)]).
+
+    One ``BYTES`` tensor of shape [N] per name of ``Task.oip_inputs``, in any order, the same
+    N each; row i of them is request item i (``Task.oip_item``).  Binary tensors
+    (``binary_data_size``) take their bytes from ``binary`` in the order the inputs are
+    listed, as the extension says."""
     _object(payload, "body", {"id", "parameters", "inputs", "outputs"})
     request_id = payload.get("id")
     if "id" in payload and not isinstance(request_id, str):
@@ -147,70 +187,83 @@ def parse_infer(payload, binary, limits, model):
     binary_default = params.get("binary_data_output", False)
     if not isinstance(binary_default, bool):
         _fail("parameters.binary_data_output must be true or false")
+    names = list(model.task.oip_inputs)
+    listed = " and ".join(repr(n) for n in names)
     inputs = payload.get("inputs")
-    if not isinstance(inputs, list) or len(inputs) != 1:
-        _fail(f"inputs must be a list of exactly one tensor, {INPUT!r} (BYTES, shape [N])")
-    tensor = _object(inputs[0], "inputs[0]", {"name", "shape", "datatype", "parameters", "data"})
-    if tensor.get("name") != INPUT:
-        _fail(f"inputs[0].name {shown(tensor.get('name'))}: this model's only input is "
-              f"{INPUT!r}")
-    if tensor.get("datatype") != "BYTES":
-        _fail(f"inputs[0].datatype {shown(tensor.get('datatype'))}: {INPUT!r} is BYTES (UTF-8 "
-              f"texts)")
-    shape = tensor.get("shape")
-    if (not isinstance(shape, list) or len(shape) != 1 or not _is_integer(shape[0])
-            or shape[0] < 1):
-        _fail(f"inputs[0].shape {shown(shape)}: must be [N], N >= 1 texts")
-    count = int(shape[0])
-    if count > limits.max_texts_per_request:
-        _fail(f"{count} texts in one request; at most {limits.max_texts_per_request} "
-              f"(Deploy.max_texts_per_request) — split the request")
-    tparams = _object(tensor.get("parameters", {}), "inputs[0].parameters",
-                      {"binary_data_size"})
-    if "binary_data_size" in tparams:
-        size = tparams["binary_data_size"]
-        if not _is_integer(size) or size != len(binary):
-            _fail(f"inputs[0].parameters.binary_data_size {shown(size)} does not match the "
-                  f"{len(binary)} bytes after the JSON header")
-        if "data" in tensor:
-            _fail("inputs[0] has both data and binary_data_size; send one")
-        texts = decode_bytes_tensor(binary, count, "inputs[0]")
-    else:
-        if binary:
-            _fail(f"{len(binary)} bytes after the JSON header but no input has binary_data_size")
-        data = tensor.get("data")
-        if not isinstance(data, list):
-            _fail("inputs[0].data must be a list of strings (or use the binary extension)")
-        if len(data) != count:
-            _fail(f"inputs[0].shape says {count} texts but data has {len(data)}")
-        for i, t in enumerate(data):
-            if not isinstance(t, str):
-                _fail(f"inputs[0].data[{i}] must be a string, got {type(t).__name__}")
-        texts = data
-    for i, t in enumerate(texts):
-        if len(t) > limits.max_text_chars:
-            _fail(f"inputs[0].data[{i}] has {len(t)} characters; at most "
-                  f"{limits.max_text_chars} (Deploy.max_text_chars)", refused_texts=1)
-    names = [n for n, *_ in outputs(model.task_name, model.label_names)]
+    if not isinstance(inputs, list) or len(inputs) != len(names):
+        _fail(f"inputs must be a list of exactly {len(names)} tensor(s), {listed} (BYTES, "
+              f"shape [N])")
+    columns, count, used = {}, None, 0
+    for k, tensor in enumerate(inputs):
+        where = f"inputs[{k}]"
+        _object(tensor, where, {"name", "shape", "datatype", "parameters", "data"})
+        name = tensor.get("name")
+        if name not in names or name in columns:
+            _fail(f"{where}.name {shown(name)}: this model's inputs are {listed}, each once")
+        if tensor.get("datatype") != "BYTES":
+            _fail(f"{where}.datatype {shown(tensor.get('datatype'))}: {name!r} is BYTES (UTF-8 "
+                  f"texts)")
+        shape = tensor.get("shape")
+        if (not isinstance(shape, list) or len(shape) != 1 or not _is_integer(shape[0])
+                or shape[0] < 1):
+            _fail(f"{where}.shape {shown(shape)}: must be [N], N >= 1 texts")
+        n = int(shape[0])
+        if n > limits.max_texts_per_request:
+            _fail(f"{n} texts in one request; at most {limits.max_texts_per_request} "
+                  f"(Deploy.max_texts_per_request) — split the request")
+        if count is not None and n != count:
+            _fail(f"{where}.shape [{n}] differs from the other inputs' [{count}]: row i of "
+                  f"every input makes request item i")
+        count = n
+        tparams = _object(tensor.get("parameters", {}), f"{where}.parameters",
+                          {"binary_data_size"})
+        if "binary_data_size" in tparams:
+            size = tparams["binary_data_size"]
+            if not _is_integer(size) or size < 0 or used + size > len(binary):
+                _fail(f"{where}.parameters.binary_data_size {shown(size)} does not match the "
+                      f"{len(binary) - used} bytes left after the JSON header")
+            if "data" in tensor:
+                _fail(f"{where} has both data and binary_data_size; send one")
+            columns[name] = decode_bytes_tensor(binary[used:used + int(size)], n, where)
+            used += int(size)
+        else:
+            data = tensor.get("data")
+            if not isinstance(data, list):
+                _fail(f"{where}.data must be a list of strings (or use the binary extension)")
+            if len(data) != n:
+                _fail(f"{where}.shape says {n} texts but data has {len(data)}")
+            for i, t in enumerate(data):
+                if not isinstance(t, str):
+                    _fail(f"{where}.data[{i}] must be a string, got {type(t).__name__}")
+            columns[name] = data
+        for i, t in enumerate(columns[name]):
+            if len(t) > limits.max_text_chars:
+                _fail(f"{where}.data[{i}] has {len(t)} characters; at most "
+                      f"{limits.max_text_chars} (Deploy.max_text_chars)", refused_texts=1)
+    if used != len(binary):
+        _fail(f"{len(binary) - used} bytes of binary data after the JSON header that no "
+              f"input's binary_data_size accounts for")
+    items = [model.task.oip_item(tuple(columns[n][i] for n in names)) for i in range(count)]
+    out_names = [n for n, *_ in outputs(model.task_name, model.label_names)]
     requested = payload.get("outputs")
     if "outputs" not in payload:
-        wanted = [(n, binary_default) for n in names]
+        wanted = [(n, binary_default) for n in out_names]
     else:
         if not isinstance(requested, list) or not requested:
             _fail("outputs must be a non-empty list of {\"name\": ...} (or left out: all)")
         wanted = []
         for k, out in enumerate(requested):
             _object(out, f"outputs[{k}]", {"name", "parameters"})
-            if out.get("name") not in names:
+            if out.get("name") not in out_names:
                 _fail(f"outputs[{k}].name {shown(out.get('name'))}: this model's outputs are "
-                      f"{names}")
+                      f"{out_names}")
             oparams = _object(out.get("parameters", {}), f"outputs[{k}].parameters",
                               {"binary_data"})
             flag = oparams.get("binary_data", binary_default)
             if not isinstance(flag, bool):
                 _fail(f"outputs[{k}].parameters.binary_data must be true or false")
             wanted.append((out["name"], flag))
-    return texts, request_id, params, wanted
+    return items, request_id, params, wanted
 
 
 # ---------------------------------------------------------------- responses
@@ -225,16 +278,31 @@ def _binary(datatype, values):
     return np.asarray(values, dtype=NUMPY[datatype]).tobytes()
 
 
-def infer_response(model, request_id, params, wanted, results):
-    """(body bytes, headers) of the infer answer for ``results`` (one per text)."""
+def output_tensors(model, names, results):
+    """[(name, datatype, shape, flat values)] of the outputs ``names`` (REST and gRPC)."""
     specs = {n: (d, tail, get) for n, d, tail, get in outputs(model.task_name,
                                                               model.label_names)}
-    out_json, blobs = [], []
-    for name, as_binary in wanted:
+    out = []
+    for name in names:
         datatype, tail, get = specs[name]
         values = [get(r) for r in results]
         flat = [x for v in values for x in v] if tail else values
-        tensor = {"name": name, "datatype": datatype, "shape": [len(results)] + tail}
+        out.append((name, datatype, [len(results)] + tail, flat))
+    return out
+
+
+def raw_contents(datatype, values):
+    """A tensor's flat values in the binary form (the binary extension's BYTES elements, or
+    little-endian numbers): REST's binary outputs and gRPC's ``raw_output_contents``."""
+    return _binary(datatype, values)
+
+
+def infer_response(model, request_id, params, wanted, results):
+    """(body bytes, headers) of the infer answer for ``results`` (one per text)."""
+    tensors = output_tensors(model, [n for n, _ in wanted], results)
+    out_json, blobs = [], []
+    for (name, datatype, shape, flat), (_, as_binary) in zip(tensors, wanted):
+        tensor = {"name": name, "datatype": datatype, "shape": shape}
         if as_binary:
             blob = _binary(datatype, flat)
             tensor["parameters"] = {"binary_data_size": len(blob)}

@@ -1,12 +1,15 @@
-"""Prometheus metrics of the server (``GET /metrics``, the text format scrapers read).
+"""The server's counters, one set: Prometheus (``GET /metrics``) and the JSON summary
+(``GET /metrics.json``) are two views of the same ``ServerMetrics`` object.
 
 Built with ``prometheus_client`` on a registry of the app's own (two apps in one process,
 e.g. tests or one per Ray Serve replica process, never share counts).  One server process
 holds every batcher thread (``Deploy.workers`` are threads), so its counts are the
 server's.  Names (all prefixed ``ppvarlen_``) are listed in docs/SERVING.md.
 """
+import collections
 import threading
 
+import numpy as np
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge,
                                Histogram, ProcessCollector, generate_latest)
 
@@ -17,10 +20,11 @@ TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
 TEXT_OUTCOMES = ("served", "truncated", "split", "refused")
 
 
-class PromMetrics:
-    """The server's metric families on a registry of its own."""
+class ServerMetrics:
+    """The server's metric families on a registry of its own, and the inference routes'
+    request counts and a window of recent latencies (bounded memory) for ``/metrics.json``."""
 
-    def __init__(self):
+    def __init__(self, window=10000):
         self.registry = r = CollectorRegistry()
         ProcessCollector(registry=r)
         self.requests = Counter("ppvarlen_requests", "HTTP requests answered, by route template "
@@ -68,6 +72,49 @@ class PromMetrics:
             self.texts.labels(outcome)  # present (at 0) before the first request
         self._totals = {}
         self._lock = threading.Lock()  # batcher threads report concurrently
+        self.inference_requests = 0
+        self.responses = collections.Counter()  # the inference routes' answers by status
+        self.text_counts = collections.Counter()  # served, truncated, split
+        self.answer_counts = collections.Counter()
+        self._latencies = collections.deque(maxlen=window)
+
+    def count_request(self):
+        """An inference request arrived (``/predict``, OIP infer over REST or gRPC)."""
+        with self._lock:
+            self.inference_requests += 1
+
+    def record(self, status, latency_s=None, texts=0, truncated=0, split=0, answers=None):
+        """An inference request's answer (errors with only their status)."""
+        with self._lock:
+            self.responses[str(status)] += 1
+            if latency_s is not None:
+                self._latencies.append(latency_s * 1000.0)
+            if texts:
+                self.text_counts.update(served=texts, truncated=truncated, split=split)
+            self.answer_counts.update(answers or {})
+        if texts:
+            self.texts.labels("served").inc(texts)
+            self.texts.labels("truncated").inc(truncated)
+            self.texts.labels("split").inc(split)
+        for counter, n in (answers or {}).items():
+            self.answers.labels(counter).inc(n)
+
+    def refused(self, texts):
+        self.texts.labels("refused").inc(texts)
+
+    def snapshot(self):
+        """The JSON summary's counters and latency percentiles."""
+        with self._lock:
+            lat = np.array(self._latencies, dtype=np.float64)
+            out = {"requests": self.inference_requests, "responses": dict(self.responses),
+                   "texts": self.text_counts["served"],
+                   "truncated_texts": self.text_counts["truncated"],
+                   "split_texts": self.text_counts["split"],
+                   "answers": dict(self.answer_counts)}
+        pct = {f"p{q}": float(np.percentile(lat, q)) if lat.size else None for q in (50, 95, 99)}
+        out["latency_ms"] = {**pct, "mean": float(lat.mean()) if lat.size else None,
+                             "window": int(lat.size)}
+        return out
 
     def observe_request(self, route, status, seconds):
         self.requests.labels(route, str(status)).inc()

@@ -32,21 +32,11 @@ from ppvarlen.utils.log import get_logger
 from .admission import AdmissionError, admit, first_line
 from .batcher import BatcherClosed, DynamicBatcher
 from .edge import shown
+from .stats import VersionStats
 from .manifest import MANIFEST, UnservableExportError, outside
 
 log = get_logger("deploy.repository")
 VERSION_NAME = re.compile(r"[0-9]+", re.ASCII)  # str.isdigit() also takes '²', int() does not
-
-
-class BatchSettings:
-    """The batcher settings every loaded version uses (the Deploy keys of the same names)."""
-
-    def __init__(self, workers=1, max_wait_ms=5.0, max_batch_tokens=8192, max_batch_size=64,
-                 queue_size=1024, overhead_tokens=None, drain_timeout_s=30.0):
-        self.workers, self.max_wait_ms = workers, max_wait_ms
-        self.max_batch_tokens, self.max_batch_size = max_batch_tokens, max_batch_size
-        self.queue_size, self.overhead_tokens = queue_size, overhead_tokens
-        self.drain_timeout_s = drain_timeout_s
 
 
 class ServedModel:
@@ -63,28 +53,33 @@ class ServedModel:
         self.example = None
         self.overhead_tokens = None
         self.unhealthy = None  # why this version stopped being trusted (non-finite outputs)
+        self.stats = VersionStats()  # Triton's statistics extension
+        self.settings = None  # the Deploy section it started with (the model config reads it)
 
-    def start(self, settings, metrics=None):
-        """Warm up, measure the batching overhead, start the batcher (blocking)."""
+    def start(self, deploy, metrics=None):
+        """Warm up, measure the batching overhead, start the batcher with the ``deploy``
+        settings (blocking)."""
         p = self.predictor
-        predictors = [p] + [p.clone() for _ in range(settings.workers - 1)]
+        self.settings = deploy
+        predictors = [p] + [p.clone() for _ in range(deploy.workers - 1)]
         for q in predictors:
             q.warmup()
-        self.overhead_tokens = settings.overhead_tokens
+        self.overhead_tokens = deploy.batch_overhead_tokens
         if self.overhead_tokens is None:
             self.overhead_tokens = p.measure_overhead_tokens()
         self.example = _example(self)
         p._reset_counters()  # the example is not traffic
-        on_batch = None
-        if metrics is not None:
-            def on_batch(size, real, padded, waits):
+        def on_batch(size, real, padded, waits, compute_s):
+            self.stats.observe_batch(size, waits, compute_s)
+            if metrics is not None:
                 metrics.observe_batch(self.name, self.version, size, real, padded, waits)
-        self.batcher = DynamicBatcher(predictors, settings.max_wait_ms, settings.max_batch_tokens,
-                                      settings.max_batch_size, settings.queue_size,
+
+        self.batcher = DynamicBatcher(predictors, deploy.max_wait_ms, deploy.max_batch_tokens,
+                                      deploy.max_batch_size, deploy.queue_size,
                                       self.overhead_tokens, on_batch)
         log.info("model %s version %s ready (%s, %s backend, %d worker(s)); a forward pass "
                  "costs as much as %d tokens", self.name, self.version, p.task.name, p.backend,
-                 settings.workers, self.overhead_tokens)
+                 deploy.workers, self.overhead_tokens)
         return self
 
     def stop_waiting(self):
@@ -257,19 +252,18 @@ class Refused(Exception):
 class Repository:
     """Loads, verifies, swaps in and unloads versions of ``root/NAME/VERSION/``."""
 
-    def __init__(self, root, load_predictor, registry, settings, metrics=None, poll_s=None,
-                 after_load=None, allow_external_symlinks=False):
+    def __init__(self, root, load_predictor, registry, deploy, metrics=None, after_load=None):
         if not os.path.isdir(root):
             raise UnservableExportError(f"model repository not found: {root}; pass a directory holding "
                               f"NAME/VERSION/ export directories")
         if not any(scan(root).values()):
             raise UnservableExportError(f"model repository {root} holds no NAME/VERSION/ export "
                               f"directories (VERSION a positive integer, e.g. {root}/NAME/1/)")
-        self.root, self.registry, self.settings = root, registry, settings
+        self.root, self.registry, self.deploy = root, registry, deploy
         self.load_predictor = load_predictor  # export dir -> Predictor (verifies the manifest)
-        self.metrics, self.poll_s = metrics, poll_s
+        self.metrics, self.poll_s = metrics, deploy.repository_poll_s
         self.after_load = after_load  # called once a version's predictor exists (server hook)
-        self.allow_external_symlinks = allow_external_symlinks
+        self.allow_external_symlinks = deploy.allow_external_symlinks
         self._refused = {}  # (name, version) -> manifest fingerprint when refused
         self._lock = threading.Lock()  # one load at a time
         self._stop = threading.Event()
@@ -311,8 +305,8 @@ class Repository:
         """Load, admit and start one version -> True; False when refused (never raises)."""
         start = time.monotonic()
         try:
-            model = ServedModel(name, version, self._admitted(path)).start(self.settings,
-                                                                           self.metrics)
+            model = ServedModel(name, version, self._admitted(path))
+            model.start(self.deploy, self.metrics)
         except Refused as e:
             kind, reason = e.kind, str(e)
         except AdmissionError as e:
@@ -361,7 +355,7 @@ class Repository:
             if int(old) < int(version):
                 model = self.registry.get(name, old)
                 self.registry.withdraw(model)  # new requests go to `version` from now on
-                drained = model.close(self.settings.drain_timeout_s)
+                drained = model.close(self.deploy.drain_timeout_s)
                 if self.metrics is not None:
                     self.metrics.model_loaded.labels(name, old).set(0)
                 log.info("model %s version %s unloaded (%s)", name, old,

@@ -36,9 +36,9 @@ except ImportError as e:  # the core package never needs Ray
                       "ppvarlen[ray]") from e
 
 from ppvarlen.cli import run_command
-from ppvarlen.config import ConfigError, load_config
+from ppvarlen.config import ConfigError
 from ppvarlen.deploy.manifest import UnservableExportError
-from ppvarlen.deploy.server import app_from_config
+from ppvarlen.deploy.server import app_from_config, deploy_settings
 
 from .ray_cluster import add_cluster_args, ray_cluster
 
@@ -47,14 +47,21 @@ DEPLOYMENT = "ppvarlen"
 ARGS = ("model_dir", "model_repository", "backend", "deploy")
 
 
-def deploy_settings(deploy):
-    """The Deploy section from a dict of Deploy keys, validated like ``-o Deploy.KEY=V``."""
+# Serve's proxy holds the sockets: the server's own listening and connection keys do not apply
+PROXY_KEYS = ("host", "port", "grpc_port", "max_header_bytes", "max_headers", "header_timeout_s",
+              "body_timeout_s", "idle_timeout_s", "max_connections", "keep_alive_timeout_s")
+
+
+def replica_deploy_settings(deploy):
+    """The Deploy section from a dict of Deploy keys, validated like ``-o Deploy.KEY=V``; a
+    key the proxy owns is refused rather than silently ignored."""
     deploy = dict(deploy or {})
-    for key in ("host", "port"):
+    for key in PROXY_KEYS:
         if key in deploy:
-            raise ConfigError(f"args.deploy.{key} has no effect under Ray Serve; set "
-                              f"http_options.{key} in the Serve config")
-    return load_config(data={"Deploy": deploy}).Deploy
+            raise ConfigError(f"args.deploy.{key} has no effect under Ray Serve (its proxy holds "
+                              f"the connections); set http_options (host, port, timeouts) in "
+                              f"the Serve config")
+    return deploy_settings(**deploy)
 
 
 @serve.deployment(name=DEPLOYMENT, ray_actor_options={"num_cpus": 1},
@@ -66,7 +73,7 @@ class PpvarlenReplica:
     def __init__(self, model_dir, backend=None, deploy=None, model_repository=None):
         # create_app's lifespan (warm-up, overhead measurement, batcher) runs when Serve
         # starts the replica's ASGI app, and drains the batcher when Serve stops it.
-        self._app = app_from_config(model_dir, deploy_settings(deploy), backend,
+        self._app = app_from_config(model_dir, replica_deploy_settings(deploy), backend,
                                     model_repository)
 
     def __serve_build_asgi_app__(self):
@@ -83,7 +90,7 @@ def build_app(args, deployment_options=None):
             "model_dir is missing" if not where else "both model_dir and model_repository")
         raise ConfigError(f"Serve config args: {what}; ppvarlen takes {list(ARGS)} (model_dir "
                           f"or model_repository required)")
-    deploy_settings(args.get("deploy"))  # a bad Deploy key fails here, not in every replica
+    replica_deploy_settings(args.get("deploy"))  # a bad Deploy key fails here, not in every replica
     deployment = PpvarlenReplica.options(**(deployment_options or {}))
     return deployment.bind(args.get("model_dir"), args.get("backend"), args.get("deploy") or {},
                            args.get("model_repository"))

@@ -213,7 +213,14 @@ class Task:
     examples = []  # request items of the /docs example (deploy/api.py)
     request_key = "texts"  # the /predict body's list: {"texts": [...]}
     request_item_words = "strings"  # what the list holds, in an error message
-    oip_infer = True  # its request items are single texts: OIP v2's BYTES "text" tensor holds them
+    # the Open Inference Protocol's BYTES input tensors of a request item, in order (one text:
+    # "text"; a task whose item holds several texts names one tensor per text)
+    oip_inputs = ("text",)
+
+    def oip_item(self, texts):
+        """The request item of one row of the OIP input tensors (``texts``: one string per
+        ``oip_inputs`` name, in that order)."""
+        return texts[0]
 
     def request_item(self, text_type):
         """The pydantic type of one request item, given the server's bounded text type."""

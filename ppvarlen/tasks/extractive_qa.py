@@ -414,7 +414,10 @@ class ExtractiveQATask(Task):
     examples = [{"question": QUESTIONS["LOC"], "context": "江泽民在北京会见了客人。"}]
     request_key = "questions"
     request_item_words = "objects {\"question\": .., \"context\": ..}"
-    oip_infer = False  # OIP v2's one text tensor cannot carry a question with its context
+    oip_inputs = ("question", "context")  # two BYTES tensors, as Triton takes several texts
+
+    def oip_item(self, texts):
+        return dict(zip(self.oip_inputs, texts))
 
     def request_item(self, text_type):
         class Question(BaseModel):

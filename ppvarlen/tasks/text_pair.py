@@ -142,7 +142,10 @@ class TextPairTask(ClassificationTask):
     # ------------------------------------------------------------ serving: {"pairs": [[a, b]]}
     request_key = "pairs"
     request_item_words = "pairs [text_a, text_b]"
-    oip_infer = False  # OIP v2's one text tensor cannot carry a pair (POST /predict does)
+    oip_inputs = ("text_a", "text_b")  # two BYTES tensors, as Triton takes several texts
+
+    def oip_item(self, texts):
+        return list(texts)
 
     def request_item(self, text_type):
         return Tuple[text_type, text_type]
