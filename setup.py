@@ -65,6 +65,10 @@ setup(
         "uvicorn[standard]",  # httptools + uvloop: the pure-Python h11 parser caps QPS
         "httpx",
         "prometheus-client>=0.17",  # GET /metrics (ppvarlen/deploy/prom.py)
+        # the Open Inference Protocol over gRPC: the protocol's .proto files as Triton compiles
+        # them (tritonclient.grpc's service_pb2 / model_config_pb2) and grpcio's server
+        "tritonclient[grpc]>=2.40",
+        "grpcio>=1.60",
     ],
     extras_require={
         # Ray Data batch inference and Ray Serve (ppvarlen.integrations, deploy/ray/);
@@ -75,7 +79,7 @@ setup(
         # (seed printed); mutmut: benchmarks/mutation.py (docs/TESTING.md)
         "test": ["pytest>=7", "pytest-xdist>=3", "pytest-timeout>=2.3", "pytest-randomly>=3.15",
                  "mutmut>=3.3,<4", "hypothesis>=6", "scikit-learn", "seqeval",
-                 "schemathesis>=4.30,<5", "tritonclient[http]>=2.40", *RAY, *DOCS],
+                 "schemathesis>=4.30,<5", "tritonclient[http,grpc]>=2.40", *RAY, *DOCS],
         "docs": DOCS,
         # ONNX Runtime's CUDA provider; both wheels install the same `onnxruntime` module:
         # `pip uninstall onnxruntime` first (docs/PRECISION.md)

@@ -253,6 +253,7 @@ def test_on_batch_gets_the_batch_size_its_tokens_and_waits():
     all_done = time.monotonic()
     assert pred.batches == [["h1", "h2"], [0, 1]]
     assert [c[:3] for c in calls] == [(2, 4, 6), (2, 8, 10)]  # per batch, not cumulative
+    assert all(0 <= c[4] <= all_done - first_submit for c in calls), calls  # forward time
     waits = [c[3] for c in calls]
     assert [len(w) for w in waits] == [2, 2]
     # a queue wait lies within the time the test has been running (no speed is asserted)

@@ -226,4 +226,6 @@ class DynamicBatcher:
             except Exception:  # noqa: BLE001 - a metrics bug must not lose the answers
                 log.exception("on_batch callback failed")
         for j, r in zip(batch, results):
+            # (queue wait, forward pass) of this text, for the statistics extension
+            j.future.timing = (started - j.enqueued, compute)
             j.future.set_result(r)

@@ -187,8 +187,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                     for name, datatype, shape, _ in tensors],
                 raw_output_contents=[oip.raw_contents(datatype, flat)
                                      for _, datatype, _, flat in tensors])
-            outcome.model.stats.observe_output(time.perf_counter() - rendering)
-            state.answered(outcome, started)
+            state.answered(outcome, started, time.perf_counter() - rendering)
             return response
         return await self._call("ModelInfer", context, answer)
 

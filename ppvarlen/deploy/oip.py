@@ -32,7 +32,10 @@ EXTENSIONS = ["binary_tensor_data", "parameters", "model_repository", "model_con
 TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT64": "TYPE_INT64",
                 "BOOL": "TYPE_BOOL"}
 # request parameters with a meaning here; the tasks' long-text policies a request may choose
-REQUEST_PARAMETERS = {"long_text", "binary_data_output"}
+REQUEST_PARAMETERS = {"long_text", "binary_data_output",
+                      # Triton's gRPC clients send it on every request (streaming models' flag;
+                      # nothing streams here): accepted, without effect
+                      "triton_enable_empty_final_response"}
 NUMPY = {"FP32": "<f4", "INT64": "<i8", "BOOL": "?"}
 MAX_ID_CHARS = 256
 

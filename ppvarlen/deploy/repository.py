@@ -70,7 +70,7 @@ class ServedModel:
         self.example = _example(self)
         p._reset_counters()  # the example is not traffic
         def on_batch(size, real, padded, waits, compute_s):
-            self.stats.observe_batch(size, waits, compute_s)
+            self.stats.observe_batch(size, compute_s)
             if metrics is not None:
                 metrics.observe_batch(self.name, self.version, size, real, padded, waits)
 

@@ -87,8 +87,7 @@ def router(state):
         rendering = time.perf_counter()
         content, headers = oip.infer_response(outcome.model, request_id, params, wanted,
                                               outcome.results)
-        outcome.model.stats.observe_output(time.perf_counter() - rendering)
-        state.answered(outcome, started)
+        state.answered(outcome, started, time.perf_counter() - rendering)
         return Response(content, headers={**headers, **version_headers(outcome.model)})
 
     for path, handler, methods in [

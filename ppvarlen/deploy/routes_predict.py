@@ -64,8 +64,7 @@ def router(state):
         outcome = await state.infer(items, where=task.request_key, started=started)
         rendering = time.perf_counter()
         content = api.predict_body(outcome.results, outcome.model.version)
-        outcome.model.stats.observe_output(time.perf_counter() - rendering)
-        state.answered(outcome, started)
+        state.answered(outcome, started, time.perf_counter() - rendering)
         return Response(content, media_type="application/json",
                         headers=version_headers(outcome.model))
 

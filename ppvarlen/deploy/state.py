@@ -62,11 +62,12 @@ def rearm_signal_handlers():
 class Outcome:
     """What ``AppState.infer`` hands a route: the version that answered and its results."""
 
-    __slots__ = ("model", "results", "truncated", "split", "answers")
+    __slots__ = ("model", "results", "truncated", "split", "answers", "input_s", "timings")
 
-    def __init__(self, model, results, truncated, split, answers):
+    def __init__(self, model, results, truncated, split, answers, input_s, timings):
         self.model, self.results = model, results
         self.truncated, self.split, self.answers = truncated, split, answers
+        self.input_s, self.timings = input_s, timings  # encoding; (queue, forward) per text
 
 
 class AppState:
@@ -174,12 +175,11 @@ class AppState:
         except BatcherClosed:
             raise ApiError(503, "server is shutting down or the version was unloaded; retry",
                            None, {"Retry-After": "1"}) from None
-        model.stats.observe_input(encoded["seconds"])
         results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures),
                                        return_exceptions=True)
         failures = [i for i, r in enumerate(results) if isinstance(r, BaseException)]
         if failures:
-            model.stats.observe_request(False, time.perf_counter() - started)
+            model.stats.observe_failure(time.perf_counter() - started)
             nonfinite = [i for i in failures if isinstance(results[i], NonFiniteOutput)]
             if nonfinite:
                 self._refuse_nonfinite(model, nonfinite, f"{where}[{nonfinite[0]}]")
@@ -189,14 +189,17 @@ class AppState:
                            f"{type(results[i]).__name__}", f"{where}[{i}]")
         truncated = sum(bool(r.get("truncated")) for r in results)
         split = sum(r.get("pieces", 1) > 1 for r in results)
-        return Outcome(model, results, truncated, split, model.task.answer_counts(results))
+        return Outcome(model, results, truncated, split, model.task.answer_counts(results),
+                       encoded["seconds"], [getattr(f, "timing", (0.0, 0.0)) for f in futures])
 
-    def answered(self, outcome, started):
-        """Count a successful inference request (``started``: its ``time.perf_counter()``)."""
+    def answered(self, outcome, started, output_s):
+        """Count a successful inference request (``started``: its ``time.perf_counter()``;
+        ``output_s``: the time its answer took to render)."""
         seconds = time.perf_counter() - started
         self.metrics.record(200, seconds, len(outcome.results), outcome.truncated,
                             outcome.split, outcome.answers)
-        outcome.model.stats.observe_request(True, seconds)
+        outcome.model.stats.observe_success(seconds, outcome.input_s, outcome.timings,
+                                            output_s)
 
     def failed(self, error):
         """Count a refused request (an ApiError)."""

@@ -6,7 +6,9 @@ From the batcher's own timings and the request path, in the extension's terms:
 ``queue``: each text's wait in the batcher's queue; ``compute_input``: a request's tokenising
 (encoding) time; ``compute_infer``: each text's batch's forward pass (a text is counted with
 the whole time of the batch it ran in, as Triton counts a batched request); ``compute_output``:
-rendering the answer.  ``inference_count``: texts; ``execution_count``: batches;
+rendering the answer.  The queue and compute durations are counted per text, all at once
+when the request is answered (perf_analyzer requires equal counts): a request's encoding and
+rendering time is shared out over its texts.  ``inference_count``: texts; ``execution_count``: batches;
 ``batch_stats``: per batch size, batches and their forward time.
 """
 import threading
@@ -31,29 +33,31 @@ class VersionStats:
         entry[0] += count
         entry[1] += int(seconds * 1e9)
 
-    def observe_batch(self, size, waits, compute_s):
+    def observe_batch(self, size, compute_s):
         with self._lock:
             self.inference_count += size
             self.execution_count += 1
             self.last_inference_ms = int(time.time() * 1000)
-            for w in waits:
-                self._add("queue", w)
-            self._add("compute_infer", compute_s * size, size)
             batch = self._batches.setdefault(size, [0, 0])
             batch[0] += 1
             batch[1] += int(compute_s * 1e9)
 
-    def observe_input(self, seconds):
+    def observe_success(self, seconds, input_s, timings, output_s):
+        """One answered request, all its durations at once (so the counts always agree):
+        ``timings`` (queue wait, forward pass) per text; encoding and rendering times are
+        shared out over its texts."""
+        n = len(timings)
         with self._lock:
-            self._add("compute_input", seconds)
+            self._add("success", seconds)
+            self._add("compute_input", input_s, n)
+            self._add("compute_output", output_s, n)
+            for queue_s, compute_s in timings:
+                self._add("queue", queue_s)
+                self._add("compute_infer", compute_s)
 
-    def observe_output(self, seconds):
+    def observe_failure(self, seconds):
         with self._lock:
-            self._add("compute_output", seconds)
-
-    def observe_request(self, ok, seconds):
-        with self._lock:
-            self._add("success" if ok else "fail", seconds)
+            self._add("fail", seconds)
 
     def document(self, name, version):
         """The extension's ``model_stats`` entry (JSON field names; gRPC parses the same)."""
