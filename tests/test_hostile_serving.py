@@ -272,8 +272,10 @@ def test_bad_versions_under_load_never_fail_a_request(bad, tmp_path):
                 if kind == "dir_link":  # a version directory linked from outside the repository
                     os.symlink(outside / "tiny_elsewhere", target)
                     words = "outside the repository"
-                else:
-                    shutil.copytree(bad[kind], target, symlinks=True)
+                else:  # staged and renamed in, as docs/SERVING.md says: the poller never
+                    # sees a half-copied directory
+                    shutil.copytree(bad[kind], tmp_path / "staging" / kind, symlinks=True)
+                    os.rename(tmp_path / "staging" / kind, target)
                     words = REFUSALS[kind][1]
                 r = httpx.post(srv.url + "/v2/repository/models/tiny/load", timeout=120)
                 assert r.status_code == 409 and words in r.json()["error"], (kind, r.text)
@@ -283,7 +285,8 @@ def test_bad_versions_under_load_never_fail_a_request(bad, tmp_path):
                 before = len(loop.answers)
                 loop.wait_for(lambda a: len(a) >= before + 20, f"answers after {kind}")
             good = len(kinds) + 2
-            shutil.copytree(bad["good"], root / "tiny" / str(good))
+            shutil.copytree(bad["good"], tmp_path / "staging" / "good")
+            os.rename(tmp_path / "staging" / "good", root / "tiny" / str(good))
             r = httpx.post(srv.url + "/v2/repository/models/tiny/load", timeout=120)
             assert r.status_code == 200 and r.json()["state"] == "READY", r.text
             loop.wait_for(lambda a: sum(v == str(good) for _, v, _, _ in a) >= 50,

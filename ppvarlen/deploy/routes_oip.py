@@ -90,7 +90,10 @@ def router(state):
         state.answered(outcome, started, time.perf_counter() - rendering)
         return Response(content, headers={**headers, **version_headers(outcome.model)})
 
+    # the infer routes first: a request is matched against the routes in order
     for path, handler, methods in [
+            ("/v2/models/{name}/infer", infer, ["POST"]),
+            ("/v2/models/{name}/versions/{version}/infer", infer, ["POST"]),
             ("/v2/models/stats", all_stats, ["GET"]),
             ("/v2/models/{name}", model_metadata, ["GET"]),
             ("/v2/models/{name}/versions/{version}", model_metadata, ["GET"]),
@@ -99,9 +102,7 @@ def router(state):
             ("/v2/models/{name}/config", model_config, ["GET"]),
             ("/v2/models/{name}/versions/{version}/config", model_config, ["GET"]),
             ("/v2/models/{name}/stats", model_stats, ["GET"]),
-            ("/v2/models/{name}/versions/{version}/stats", model_stats, ["GET"]),
-            ("/v2/models/{name}/infer", infer, ["POST"]),
-            ("/v2/models/{name}/versions/{version}/infer", infer, ["POST"])]:
+            ("/v2/models/{name}/versions/{version}/stats", model_stats, ["GET"])]:
         routes.add_api_route(path, handler, methods=methods)
 
     if state.repository is not None:

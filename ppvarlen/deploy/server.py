@@ -13,7 +13,6 @@ import contextlib
 import functools
 import signal
 import socket
-import time
 
 import uvicorn
 from fastapi import FastAPI
@@ -35,30 +34,6 @@ from .predictor import Predictor
 from .state import AppState, deploy_settings, max_text_chars, model_name_of  # noqa: F401
 
 log = get_logger("deploy.server")
-
-
-class _CountRequests:
-    """ASGI middleware: every answer's route template, status and time (Prometheus)."""
-
-    def __init__(self, app, metrics):
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        # no answer at all: the client went away first (nginx's 499)
-        start, status = time.perf_counter(), [499]
-
-        async def send_status(message):
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            route = getattr(scope.get("route"), "path", "unmatched")
-            self.metrics.observe_request(route, status[0], time.perf_counter() - start)
 
 
 def create_app(predictor=None, deploy=None, repository=None, load_predictor=None,
@@ -86,7 +61,7 @@ def create_app(predictor=None, deploy=None, repository=None, load_predictor=None
         await state.stop()
 
     app = FastAPI(title="ppvarlen", lifespan=lifespan)
-    # outermost last: count every answer, answer every error, then the token, then CORS
+    # outermost last: count and answer every error, then the token, then CORS
     if deploy.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(deploy.cors_origins),
                            allow_methods=["GET", "POST"], allow_headers=["*"],
@@ -94,8 +69,8 @@ def create_app(predictor=None, deploy=None, repository=None, load_predictor=None
                                            oip.HEADER_LENGTH])
     if auth_token is not None:
         app.add_middleware(RequireToken, token=auth_token, all_routes=deploy.auth_all_routes)
-    app.add_middleware(AnswerErrors, on_status=state.metrics.record)
-    app.add_middleware(_CountRequests, metrics=state.metrics)
+    app.add_middleware(AnswerErrors, observe=state.metrics.observe_request,
+                       on_error=lambda: state.metrics.record(500))
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc):
