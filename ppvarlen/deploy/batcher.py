@@ -56,14 +56,37 @@ class BatcherClosed(RuntimeError):
     """The batcher is shutting down and accepts no new work."""
 
 
-class _Job:
-    __slots__ = ("item", "length", "future", "enqueued")
+class Answered:
+    """An answer delivered to an event loop: the result and its timings (seconds)."""
 
-    def __init__(self, item, length):
+    __slots__ = ("result", "queue_s", "compute_s")
+
+    def __init__(self, result, queue_s, compute_s):
+        self.result, self.queue_s, self.compute_s = result, queue_s, compute_s
+
+
+class _Job:
+    __slots__ = ("item", "length", "future", "enqueued", "loop")
+
+    def __init__(self, item, length, loop=None):
         self.item = item
         self.length = length
-        self.future = Future()
+        self.loop = loop
+        # an asyncio future of ``loop`` (created in its thread: submit runs there), else a
+        # thread-safe one
+        self.future = loop.create_future() if loop is not None else Future()
         self.enqueued = time.monotonic()
+
+
+def _resolve(outcomes):
+    """In the event loop: set each (future, Answered or exception) not cancelled meanwhile."""
+    for future, outcome in outcomes:
+        if future.done():
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
 
 
 class DynamicBatcher:
@@ -103,9 +126,13 @@ class DynamicBatcher:
             t.start()
 
     # ------------------------------------------------------------ callers
-    def submit(self, items):
-        """Queue all ``items`` (or none: raises QueueFull) and return one Future each."""
-        jobs = [_Job(it, int(it.num_tokens)) for it in items]
+    def submit(self, items, loop=None):
+        """Queue all ``items`` (or none: raises QueueFull) and return one future each: with
+        ``loop`` (the running event loop; call from its thread) asyncio futures resolving to
+        ``Answered``, resolved a batch at a time in one callback on the loop (one wake-up
+        per batch, not per text); else ``concurrent.futures.Future`` resolving to the
+        result."""
+        jobs = [_Job(it, int(it.num_tokens), loop) for it in items]
         with self._cond:
             if self._closed:
                 raise BatcherClosed("server is shutting down")
@@ -150,8 +177,8 @@ class DynamicBatcher:
             self._closed = True
             if not drain:
                 dropped, self._pending = self._pending, []
-                for j in dropped:
-                    j.future.set_exception(BatcherClosed("server shut down before this text ran"))
+                self._deliver(dropped, [BatcherClosed("server shut down before this text ran")]
+                              * len(dropped), time.monotonic(), 0.0)
             self._cond.notify_all()
         deadline = time.monotonic() + timeout
         for t in self._workers:
@@ -216,7 +243,7 @@ class DynamicBatcher:
                 self._stats["failed_items"] += 1
         if results is None:
             log.warning("prediction failed for one text: %s", error)
-            batch[0].future.set_exception(error)
+            self._deliver(batch, [error], started, compute)
             return
         if self._on_batch is not None:
             try:
@@ -225,7 +252,25 @@ class DynamicBatcher:
                                [started - j.enqueued for j in batch], compute)
             except Exception:  # noqa: BLE001 - a metrics bug must not lose the answers
                 log.exception("on_batch callback failed")
-        for j, r in zip(batch, results):
-            # (queue wait, forward pass) of this text, for the statistics extension
-            j.future.timing = (started - j.enqueued, compute)
-            j.future.set_result(r)
+        self._deliver(batch, results, started, compute)
+
+    @staticmethod
+    def _deliver(batch, outcomes, started, compute):
+        """Hand each job its result (or exception); event-loop jobs get theirs in one
+        callback per loop."""
+        by_loop = {}
+        for j, outcome in zip(batch, outcomes):
+            if j.loop is None:
+                if isinstance(outcome, BaseException):
+                    j.future.set_exception(outcome)
+                else:
+                    j.future.set_result(outcome)
+                continue
+            if not isinstance(outcome, BaseException):
+                outcome = Answered(outcome, started - j.enqueued, compute)
+            by_loop.setdefault(j.loop, []).append((j.future, outcome))
+        for loop, outcomes_of_loop in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_resolve, outcomes_of_loop)
+            except RuntimeError:  # the loop closed (server gone): nobody waits for these
+                pass

@@ -87,11 +87,11 @@ class ServedModel:
         if batcher is not None:
             batcher.stop_waiting()
 
-    def submit(self, items):
+    def submit(self, items, loop=None):
         batcher = self.batcher
         if batcher is None:
             raise BatcherClosed(f"model {self.name} version {self.version} is unloaded")
-        return batcher.submit(items)
+        return batcher.submit(items, loop)
 
     def close(self, timeout):
         """Drain the queue, stop the workers, drop the engines; True when drained in time."""
@@ -192,8 +192,9 @@ class ModelRegistry:
                                 f"ready versions: {sorted(versions, key=int)}")
             return versions[str(version)]
 
-    def submit(self, encode, name=None, version=None, attempts=5):
-        """Pick a version, ``encode(predictor)`` the texts, queue them -> (model, futures).
+    def submit(self, encode, name=None, version=None, attempts=5, loop=None):
+        """Pick a version, ``encode(predictor)`` the texts, queue them -> (model, futures)
+        (``loop``: see ``DynamicBatcher.submit``).
 
         A version withdrawn between the pick and the submit refuses it; pick again (the
         version that replaced it is ready by then).  ``encode`` may raise (bad texts)."""
@@ -203,7 +204,7 @@ class ModelRegistry:
             try:
                 if predictor is None:
                     raise BatcherClosed(f"model {model.name} version {model.version} is unloaded")
-                return model, model.submit(encode(predictor))
+                return model, model.submit(encode(predictor), loop)
             except BatcherClosed:
                 if version is not None or attempt == attempts - 1:
                     raise

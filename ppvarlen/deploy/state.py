@@ -166,7 +166,8 @@ class AppState:
             return out
 
         try:
-            model, futures = self.registry.submit(encode, name, version)
+            model, futures = self.registry.submit(encode, name, version,
+                                                  loop=asyncio.get_running_loop())
         except NotServed as e:
             raise _not_served(e) from None
         except QueueFull as e:
@@ -175,8 +176,8 @@ class AppState:
         except BatcherClosed:
             raise ApiError(503, "server is shutting down or the version was unloaded; retry",
                            None, {"Retry-After": "1"}) from None
-        results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures),
-                                       return_exceptions=True)
+        answered = await asyncio.gather(*futures, return_exceptions=True)
+        results = [a if isinstance(a, BaseException) else a.result for a in answered]
         failures = [i for i, r in enumerate(results) if isinstance(r, BaseException)]
         if failures:
             model.stats.observe_failure(time.perf_counter() - started)
@@ -190,7 +191,7 @@ class AppState:
         truncated = sum(bool(r.get("truncated")) for r in results)
         split = sum(r.get("pieces", 1) > 1 for r in results)
         return Outcome(model, results, truncated, split, model.task.answer_counts(results),
-                       encoded["seconds"], [getattr(f, "timing", (0.0, 0.0)) for f in futures])
+                       encoded["seconds"], [(a.queue_s, a.compute_s) for a in answered])
 
     def answered(self, outcome, started, output_s):
         """Count a successful inference request (``started``: its ``time.perf_counter()``;
