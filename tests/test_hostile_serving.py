@@ -27,7 +27,7 @@ from fastapi.testclient import TestClient
 from test_deploy_helpers import TEXTS, cls_export  # noqa: F401
 from test_model_repository import ClientLoop, Records, rss_bytes, wait_until
 from test_prometheus import samples, value
-from test_server import REPO, RunningServer
+from test_server import REPO, RunningServer, run_concurrently
 
 from ppvarlen.config import ConfigError, load_config
 from ppvarlen.deploy import api
@@ -488,3 +488,45 @@ def test_token_file_and_cors_keys(bad, tmp_path):
     with TestClient(app_from_config(bad["good"], load_config().Deploy, "onnx")) as client:
         r = client.post("/predict", json={"texts": [TEXT]}, headers={"Origin": origin})
         assert "access-control-allow-origin" not in r.headers  # default: no CORS at all
+
+
+def test_a_4000_request_soak_of_good_and_hostile_requests(server):
+    """16 clients, 4,000 requests, one in four hostile (the cases above, in turn): no 5xx,
+    every good request answered exactly, every hostile one refused with its 4xx, and the
+    server's memory and open files where they were."""
+    fds = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731 - the server runs in-process
+    rss0, fds0 = rss_bytes(), fds()
+    oip_good = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [TEXT]}]}
+
+    def client(k):
+        out = []
+        with httpx.Client(timeout=120) as c:
+            for i in range(250):
+                n = k * 250 + i
+                if n % 4 == 3:
+                    route, body, headers, status, _, _ = HOSTILE[(n // 4) % len(HOSTILE)]
+                    r = c.post(server.url + route, content=body, headers=headers)
+                    out.append(("hostile", status, r.status_code, None))
+                elif n % 2:
+                    r = c.post(server.url + "/predict", json={"texts": [TEXT]})
+                    out.append(("predict", 200, r.status_code, r.json()))
+                else:
+                    r = c.post(server.url + OIP, json=oip_good)
+                    out.append(("oip", 200, r.status_code, r.json()))
+        return out
+
+    results = [x for part in run_concurrently(client, [(k,) for k in range(16)]) for x in part]
+    assert len(results) == 4000
+    assert not [r for r in results if r[2] >= 500], [r[:3] for r in results if r[2] >= 500][:5]
+    assert all(want == got for _, want, got, _ in results), \
+        [r[:3] for r in results if r[1] != r[2]][:5]
+    oip_answer = {o["name"]: o["data"] for o in results[0][3]["outputs"]}
+    for kind, _, _, body in results:
+        if kind == "predict":
+            assert body == server.expected
+        elif kind == "oip":
+            assert {o["name"]: o["data"] for o in body["outputs"]} == oip_answer
+    assert oip_answer["label"] == [server.expected["predictions"][0]["label"]]
+    still_serving(server)
+    assert rss_bytes() - rss0 < 150 * 2**20
+    assert fds() - fds0 < 20
