@@ -149,13 +149,12 @@ def check_truncation(model, texts=None, unreadable=0):
                 "max_tokens": int(lengths.max()), "p50_tokens": float(np.median(lengths)),
                 "tokens_past_limit": int(over.sum()), "max_excess": int(over.max()) if len(over) else 0,
                 "long_text_policy": model.long_text}
-    counted = f"{len(lengths)} texts (p50 {np.median(lengths):.0f}, max {lengths.max()} tokens" \
-              f" with special tokens), limit {limit} ({where})"
+    spread = f"token lengths p50 {np.median(lengths):.0f}, max {lengths.max()} with special tokens"
     if not len(over):
-        return CheckResult(8, title, PASS, f"none longer than the limit: {counted}", evidence,
-                           pitfalls=[16])
-    summary = (f"{len(over)} of {counted} are longer, by up to {over.max()} tokens "
-               f"({over.sum()} tokens past the limit in all)")
+        return CheckResult(8, title, PASS, f"none of {len(lengths)} texts is longer than the limit "
+                           f"{limit} ({where}; {spread})", evidence, pitfalls=[16])
+    summary = (f"{len(over)} of {len(lengths)} texts are longer than the limit {limit} ({where}), "
+               f"by up to {over.max()} tokens ({over.sum()} tokens past it in all; {spread})")
     if model.long_text == "window":
         return CheckResult(8, title, PASS, summary + "; the export windows them (long_text: "
                            "window)", evidence, pitfalls=[16])
@@ -163,7 +162,11 @@ def check_truncation(model, texts=None, unreadable=0):
                "error": "the export refuses them (long_text: error)"}.get(
         model.long_text, "your serving code decides: a tokenizer with max_length cuts them "
                          "silently, without it the model gets the whole text (check 6)")
-    return CheckResult(8, title, FAIL, f"{summary}; {happens}", evidence,
-                       f"decide what long texts get: ppvarlen offers {LONG_TEXT_OPTIONS}; a "
-                       f"PaddleNLP directory gets them through ppvarlen-export --pretrained-dir",
-                       [16])
+    if model.long_text is not None:
+        fix = (f"re-export with -o Data.long_text=window (Data.stride sets the overlap) so every "
+               f"token is read, or a larger Data.max_len (up to Model.max_position); "
+               f"ppvarlen offers {LONG_TEXT_OPTIONS}")
+    else:
+        fix = (f"decide what long texts get: ppvarlen offers {LONG_TEXT_OPTIONS}; a PaddleNLP "
+               f"directory gets them through ppvarlen-export --pretrained-dir")
+    return CheckResult(8, title, FAIL, f"{summary}; {happens}", evidence, fix, [16])
