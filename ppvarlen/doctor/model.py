@@ -27,6 +27,7 @@ class LoadedModel:
         self.fixed_batch = self.fixed_length = None
         self.dygraph = False
         self.fp16 = None
+        self.float32_only = None  # why no float16 variant of this model can serve, if none can
         self.notes = []
 
     # ------------------------------------------------------------ what the checks draw from

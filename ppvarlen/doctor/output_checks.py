@@ -182,8 +182,8 @@ def check_edge_rows(model, texts=None):
         except ModelRaised as e:
             results[what], failed = f"the model raises: {e}", True
             continue
-        bad = {name: rows_ for name, rows_ in nonfinite_outputs(outputs).items()
-               if index in rows_}
+        bad = {name: bad_rows for name, bad_rows in nonfinite_outputs(outputs).items()
+               if index in bad_rows}
         if bad:
             results[what], failed = f"non-finite {', '.join(sorted(bad))}", True
         else:
@@ -218,13 +218,16 @@ def _flips(reference, half):
 def check_precision(model, texts=None):
     title = "float16 masks"
     if model.graph is None:
-        return CheckResult(5, title, NOT_APPLICABLE, "a dygraph model has no graph file to scan "
-                           "and Paddle has no CPU float16 kernels; run the doctor on its export "
-                           "(ONNX or Paddle inference model)", pitfalls=[11, 30])
+        why = ("a dygraph model has no graph file to scan and Paddle has no CPU float16 "
+               "kernels; run the doctor on its export (ONNX or Paddle inference model)"
+               if model.dygraph else "no single graph file to scan (use --backend paddle)")
+        return CheckResult(5, title, NOT_APPLICABLE, why, pitfalls=[11, 30])
     constants = model.graph.mask_constants()
     evidence = {"mask_constants": constants}
-    found = "; ".join(f"{c['value']:.3g} ({c['op']}) reaches {c['softmax']} through "
-                      f"{c['ops_between']} op(s)" for c in constants[:3])
+    said = [f"{c['value']:.3g} ({c['op']}) reaches {c['softmax']} through {c['ops_between']} "
+            f"op(s)" for c in constants]
+    found = "; ".join(f"{text}" + (f" (x{said.count(text)})" if said.count(text) > 1 else "")
+                      for text in list(dict.fromkeys(said))[:3])
     fp16_text, fp16_bad, shipped_clean = None, False, False
     if model.fp16 is not None and model.run is not None:
         try:
@@ -250,6 +253,9 @@ def check_precision(model, texts=None):
     parts = [f"mask constant(s) below float16's -65504: {found}" if constants else
              "no constant <= -65504 reaches a softmax"] + ([fp16_text] if fp16_text else [])
     summary = "; ".join(parts)
+    if constants and model.float32_only and not fp16_bad:
+        return CheckResult(5, title, NOT_APPLICABLE, f"{summary}; {model.float32_only}",
+                           evidence, pitfalls=[11, 36])
     if fp16_bad or (constants and not shipped_clean):
         return CheckResult(5, title, FAIL, summary, evidence,
                            "build additive masks with the compute dtype's most negative finite "

@@ -25,7 +25,7 @@ import paddle.inference as paddle_inference
 from ppvarlen.config import ConfigError
 from ppvarlen.data.errors import DataError
 from ppvarlen.deploy.admission import PredictorRows
-from ppvarlen.deploy.manifest import UnservableExportError
+from ppvarlen.deploy.manifest import UnservableExportError, load_manifest
 from ppvarlen.deploy.predictor import Predictor
 from ppvarlen.deploy.row_checks import ModelRaised, first_line
 from ppvarlen.models.paddlenlp_auto import check_pretrained_dir, load_auto_model
@@ -112,9 +112,10 @@ def load(path, tokenizer_dir=None, backend=None):
 
 def load_export(path, backend, tokenizer_dir):
     try:
-        predictor = Predictor(path, backend or "paddle")
-        if backend is None and "paddle" not in predictor.manifest["backends"]:
-            predictor = Predictor(path, "onnx")
+        if backend is None:  # the hashes are checked once, by the Predictor below
+            backend = "paddle" if "paddle" in load_manifest(path, verify=False)["backends"] \
+                else "onnx"
+        predictor = Predictor(path, backend)
     except (UnservableExportError, ConfigError, DataError) as e:
         raise ModelLoadError(f"{path} cannot be loaded: {e}") from None
     manifest, name = predictor.manifest, predictor.backend
@@ -123,10 +124,12 @@ def load_export(path, backend, tokenizer_dir):
     graph_file = os.path.join(path, entry.get("model", default))
     model = LoadedModel(path, EXPORT, f"{'Paddle Inference' if name == 'paddle' else 'ONNX Runtime'}"
                         f" (CPU, the serving Predictor, backend {name})")
-    if name == "paddle":
-        model.graph = paddle_graph.read_pir(graph_file)
-    elif os.path.basename(graph_file) != "encoder.onnx":
-        model.graph = onnx_graph.read_graph(onnx_graph.load_model(graph_file), graph_file)
+    if os.path.isfile(graph_file):  # a seq2seq ONNX export has an encoder and a decoder step
+        try:
+            model.graph = paddle_graph.read_pir(graph_file) if name == "paddle" else \
+                onnx_graph.read_graph(onnx_graph.load_model(graph_file), graph_file)
+        except (paddle_graph.ProgramFormatError, OSError, ValueError) as e:
+            raise ModelLoadError(f"{graph_file} cannot be read: {first_line(e)}") from None
     model.inputs = model.graph.inputs if model.graph else []
     model.tokenizer = from_encoder(predictor.encoder, predictor.add_special_tokens, path)
     if tokenizer_dir:
@@ -144,6 +147,8 @@ def load_export(path, backend, tokenizer_dir):
     model.add_max_position(manifest.get("max_position"), "manifest max_position")
     if model.graph is not None:
         _read_tables(model, specs[0]["name"])
+    if predictor.task.generates:
+        model.float32_only = "a seq2seq export serves in float32 only (docs/PITFALLS.md 36)"
     precisions = (manifest.get("precisions") or {}).get("onnx", [])
     if "fp16" in precisions:
         model.fp16 = lambda: (PredictorRows(Predictor(path, "onnx", precision="fp16")),
