@@ -54,8 +54,8 @@ class MaskedMean(nn.Layer):
 
     def forward(self, input_ids, attention_mask):
         real = _real(input_ids, attention_mask, True)
-        pooled = (paddle.tanh(self.emb(input_ids)) * real).sum(1) / paddle.clip(real.sum(1), min=1.0)
-        return self.out(pooled)
+        summed = (paddle.tanh(self.emb(input_ids)) * real).sum(1)
+        return self.out(summed / paddle.clip(real.sum(1), min=1.0))
 
 
 class MinusBillionAttention(nn.Layer):

@@ -184,7 +184,8 @@ def test_position_limit_is_probed_past_the_table(reports):
     assert check.status == "pass"
     assert check.evidence["max_position_sources"] == {"config.json max_position_embeddings": 64}
     assert check.evidence["at_limit"] == "runs"
-    assert check.evidence["past_limit"].startswith("raises") and "< 64" in check.evidence["past_limit"]
+    past = check.evidence["past_limit"]
+    assert past.startswith("raises") and "< 64" in past
 
 
 def test_truncation_counts_the_users_long_texts(models, tmp_path):

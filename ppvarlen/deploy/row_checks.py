@@ -17,7 +17,7 @@ import numpy as np
 # Two float outputs of one row agree when |delta| <= ATOL + RTOL * (the reference's largest
 # |value|): fp32 kernels over different shapes reorder sums, a padding or batching bug moves
 # outputs by far more.  Admission guards a served export with these; the doctor hunts bugs in
-# models whose outputs may be tiny (random init: logits of 1e-2), so it passes a smaller ATOL.
+# models whose outputs may be tiny (random init), so it passes a smaller ATOL.
 ATOL, RTOL = 1e-4, 1e-4
 
 

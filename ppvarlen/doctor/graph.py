@@ -25,7 +25,7 @@ class GraphInput:
         self.name, self.shape, self.dtype = name, shape, dtype
 
     def fixed(self, axis):
-        """The fixed size of ``axis``, or None when it is dynamic (or the input has no such axis)."""
+        """The fixed size of ``axis``; None when it is dynamic or the input has no such axis."""
         if self.shape is None or axis >= len(self.shape):
             return None
         size = self.shape[axis]

@@ -39,8 +39,9 @@ def check_dimensions(model, texts=None):
     if not fixed:
         return CheckResult(1, title, PASS, f"batch and sequence dynamic: {shapes}", evidence,
                            pitfalls=[1, 20])
-    said = "; ".join(f"{label} fixed at {size} ({', '.join(n for n, a, s in fixed if a == label and s == size)})"
-                     for label, size in dict.fromkeys((a, s) for _, a, s in fixed))
+    said = "; ".join(
+        f"{label} fixed at {size} ({', '.join(n for n, a, s in fixed if (a, s) == (label, size))})"
+        for label, size in dict.fromkeys((a, s) for _, a, s in fixed))
     summary = f"{said}: {shapes}"
     sequence = next((s for _, a, s in fixed if a == "sequence"), None)
     if sequence:
@@ -113,10 +114,11 @@ def check_positions(model, texts=None):
     past, past_what = _probe(model, limit + 1, rng)
     evidence["past_limit"] = past if past == "runs" else f"{past}: {past_what}"
     if past == "runs":
+        finite = "non-finite" if nonfinite_outputs(past_what) else "finite"
         return CheckResult(6, title, FAIL,
                            f"length {limit} runs; {limit + 1}, past the limit {said_limit}, runs "
-                           f"too and answers ({'non-finite' if nonfinite_outputs(past_what) else 'finite'} "
-                           f"outputs): positions past the table wrap, are clipped or read outside it, silently",
+                           f"too and answers ({finite} outputs): positions past the table wrap, "
+                           f"are clipped or read outside it, silently",
                            evidence, f"cut or window inputs to {limit} tokens before the model "
                            f"(ppvarlen's Predictor refuses lengths past the manifest's "
                            f"max_position; {LONG_TEXT_OPTIONS})", [16, 17])
@@ -147,7 +149,8 @@ def check_truncation(model, texts=None, unreadable=0):
                 "limit_from": where, "longer": int(len(over)),
                 "share_longer": round(float(len(over) / len(lengths)), 4),
                 "max_tokens": int(lengths.max()), "p50_tokens": float(np.median(lengths)),
-                "tokens_past_limit": int(over.sum()), "max_excess": int(over.max()) if len(over) else 0,
+                "tokens_past_limit": int(over.sum()),
+                "max_excess": int(over.max()) if len(over) else 0,
                 "long_text_policy": model.long_text}
     spread = f"token lengths p50 {np.median(lengths):.0f}, max {lengths.max()} with special tokens"
     if not len(over):

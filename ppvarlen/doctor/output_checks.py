@@ -19,7 +19,7 @@ COMPANION_LENGTHS = (1, 40)  # a one-token and a long text beside the row checke
 # closer call is rounding, not a broken mask)
 FLIP_MARGIN = 0.1
 # absolute part of the "same output" tolerance (row_checks): a random-init model's logits are
-# around 1e-2, and padding that leaks into them moves them by less than serving's 1e-4
+# small, and padding that leaks into them can move them by less than serving's ATOL
 ATOL = 1e-6
 
 

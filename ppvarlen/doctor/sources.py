@@ -98,6 +98,7 @@ def detect(path):
 
 
 def load(path, tokenizer_dir=None, backend=None):
+    """MODEL -> ``LoadedModel`` (``backend``: an export's, default paddle when it has one)."""
     kind, target = detect(path)
     if kind == EXPORT:
         return load_export(target, backend, tokenizer_dir)
@@ -122,8 +123,8 @@ def load_export(path, backend, tokenizer_dir):
     entry = manifest["backends"][name] if isinstance(manifest["backends"][name], dict) else {}
     default = "paddle/model.json" if name == "paddle" else "onnx/model.onnx"
     graph_file = os.path.join(path, entry.get("model", default))
-    model = LoadedModel(path, EXPORT, f"{'Paddle Inference' if name == 'paddle' else 'ONNX Runtime'}"
-                        f" (CPU, the serving Predictor, backend {name})")
+    runtime = "Paddle Inference" if name == "paddle" else "ONNX Runtime"
+    model = LoadedModel(path, EXPORT, f"{runtime} (CPU, the serving Predictor, backend {name})")
     if os.path.isfile(graph_file):  # a seq2seq ONNX export has an encoder and a decoder step
         try:
             model.graph = paddle_graph.read_pir(graph_file) if name == "paddle" else \
@@ -182,7 +183,8 @@ def load_paddlenlp(path, tokenizer_dir):
     names = model.tokenizer.input_names if model.tokenizer and model.tokenizer.input_names \
         else ["input_ids", "token_type_ids"]
     model.inputs = [GraphInput(n, [None, None], "int64") for n in names]
-    model.pad_id = model.tokenizer.pad_id if model.tokenizer else int(config.get("pad_token_id") or 0)
+    model.pad_id = model.tokenizer.pad_id if model.tokenizer else \
+        int(config.get("pad_token_id") or 0)
     roles, unmapped, note = map_inputs(model.inputs)
     model.set_feeding(roles, unmapped, note)
     if "mask" not in roles.values():
@@ -308,7 +310,8 @@ def _measure_outputs(model):
 
 
 def _cast_runner(model, onnx_file, proto=None):
-    """(row runner, what it is, False: not a variant the model ships) of ``onnx_file`` with every float constant cast to float16."""
+    """(row runner, what it is, False: not a variant the model ships) of ``onnx_file`` with
+    every float constant cast to float16."""
     half = fp16.plain_cast(proto if proto is not None else onnx_graph.load_model(onnx_file))
     session = _session(half.SerializeToString())
     inputs = onnx_graph.graph_inputs(half)

@@ -56,6 +56,7 @@ def check_tokenizer(model, texts=None):
     evidence = {"vocab_size": tok.vocab_size, "embedding_rows": rows,
                 "embedding_from": model.embedding_source, "special_ids": tok.special_ids,
                 "expects_cls_sep": tok.expects_wrap, "adds_cls_sep": tok.wraps,
+                "config_vocab_size": model.config.get("vocab_size"),
                 "tokenizer_pad_id": tok.pad_id, "config_pad_token_id": config_pad,
                 "largest_id_row": probe}
     specials = " ".join(f"{NAMES.get(k, k)} {i}" for k, i in tok.special_ids.items()
