@@ -33,6 +33,7 @@ CONSOLE_SCRIPTS = [
     "ppvarlen-bench=ppvarlen.cli:main_bench",
     "ppvarlen-check-gpu=ppvarlen.cli:main_check_gpu",
     "ppvarlen-config=ppvarlen.cli:main_config",
+    "ppvarlen-doctor=ppvarlen.cli:main_doctor",
 ]
 
 setup(

@@ -3,9 +3,9 @@
 Each ``main_*`` function is a console script (setup.py) and the ``main`` of a PaddleClas-style
 shim (``tools/*.py``, ``deploy/python/*.py``); it takes ``argv`` and returns the exit code.
 
-Error policy (``run_command``): the typed errors a user can fix -- ``ConfigError``, ``DataError``
-and ``UnservableExportError`` (an export directory that cannot be served) -- print one
-paragraph on stderr and exit 2; ``ExportFailedError`` (an export that could not be produced
+Error policy (``run_command``): the typed errors a user can fix -- ``ConfigError``, ``DataError``,
+``UnservableExportError`` (an export directory that cannot be served) and ``ModelLoadError``
+(a model ppvarlen-doctor cannot load) -- print one paragraph on stderr and exit 2; ``ExportFailedError`` (an export that could not be produced
 or failed its parity check; the old export is kept) exits 1.  Anything else is a bug and keeps
 its traceback.  Each command imports its own module (the trainer, the exporter, the server,
 ...) when it runs, the one kind of import inside a function here: ``--help`` and config errors
@@ -34,6 +34,7 @@ from .data.errors import DataError
 from .deploy.infer import WINDOW, run_file
 from .deploy.manifest import UnservableExportError
 from .deploy.predictor import Predictor
+from .doctor.errors import ModelLoadError
 from .export.errors import ExportFailedError
 from .tasks import get_task
 from .utils.io import atomic_write_json
@@ -45,6 +46,7 @@ ERROR_POLICY = (
     (ConfigError, 2, "error"),
     (DataError, 2, "error"),
     (UnservableExportError, 2, "error"),
+    (ModelLoadError, 2, "error"),
 )
 USER_ERRORS = tuple(cls for cls, _, _ in ERROR_POLICY)
 
@@ -532,6 +534,45 @@ def _bench(args):
     _print_json(run_benchmark(args.model_dir, args.output_dir, args.backend, args.concurrency,
                               args.requests, args.duration, common_overrides=common))
     return 0
+
+
+def main_doctor(argv=None):
+    """Find the variable-length bugs in a model you already have; exit 0 all pass, 1 a check failed.
+
+        ppvarlen-doctor MODEL [--tokenizer DIR] [--texts FILE] [--json REPORT] [--backend paddle|onnx]
+        python tools/doctor.py MODEL ...                           # the same command
+
+    MODEL: a ppvarlen export directory (manifest.json), a PaddleNLP save_pretrained directory
+    (config.json + model.safetensors), a Paddle inference model (MODEL.json PIR or legacy
+    MODEL.pdmodel, + MODEL.pdiparams) or an ONNX file.  It is loaded the way it is deployed
+    (Paddle Inference, ONNX Runtime, the PaddleNLP dygraph model called with what its tokenizer
+    returns), fed controlled batches, and each check reported pass / fail / n/a with the
+    measured evidence and the fix: 1 dynamic dimensions, 2 padding invariance, 3 batch
+    invariance, 4 empty and 1-token rows, 5 float16 masks, 6 position limits, 7 tokenizer <->
+    model, 8 truncation on --texts (a text per line, or JSONL with "text").  Graph inputs are
+    fed by name (input_ids, token_type_ids, attention_mask, seq_len, position_ids); the report
+    says what went to which input, and a graph whose inputs cannot be mapped gets its
+    model-running checks marked n/a.  Exit 2 when MODEL cannot be loaded (the error names the
+    file and what is missing).  docs/guide/doctor.md maps each check to its pitfall.
+    """
+    parser = _parser(main_doctor, config=False)
+    parser.add_argument("model", metavar="MODEL", help="export dir, PaddleNLP dir, Paddle "
+                        "inference model (.json / .pdmodel) or .onnx file")
+    parser.add_argument("--tokenizer", metavar="DIR", help="tokenizer directory (vocab.txt, "
+                        "tokenizer_config.json; a config.json there gives the position table); "
+                        "default: the model's own, or one saved beside a graph file")
+    parser.add_argument("--texts", metavar="FILE", help="your texts (.txt, one per line, or "
+                        ".jsonl with \"text\"): truncation and padding cost on them")
+    parser.add_argument("--json", metavar="REPORT", help="write the report as JSON")
+    parser.add_argument("--backend", choices=["paddle", "onnx"], default=None,
+                        help="an export's backend to check (default: paddle when exported)")
+    return _run(parser, argv, _doctor)
+
+
+def _doctor(args):
+    from .doctor.diagnose import run_doctor
+
+    return run_doctor(args.model, args.tokenizer, args.texts, args.json, args.backend)
 
 
 # ---------------------------------------------------------------- the schema itself

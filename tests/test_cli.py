@@ -17,12 +17,13 @@ from ppvarlen.export.errors import ExportFailedError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = {"train", "eval", "export", "lengths", "pretrain", "infer", "serve", "bench",
-            "check-gpu", "config"}
+            "check-gpu", "config", "doctor"}
 # shim -> the console script it is the same command as
 SHIMS = {"tools/train.py": "train", "tools/eval.py": "eval", "tools/export.py": "export",
          "tools/analyze_lengths.py": "lengths", "tools/pretrain.py": "pretrain",
          "deploy/python/infer.py": "infer", "deploy/python/serve.py": "serve",
-         "deploy/python/bench_client.py": "bench", "tools/check_gpu.py": "check_gpu"}
+         "deploy/python/bench_client.py": "bench", "tools/check_gpu.py": "check_gpu",
+         "tools/doctor.py": "doctor"}
 # tools/quickstart.py is not a command of its own: it runs the shims above by path, as a user would;
 # tools/gen_docs.py is the maintainers' generator of docs/reference/ (over ppvarlen/docs_gen.py)
 NOT_SHIMS = {"tools/quickstart.py", "tools/gen_docs.py"}

@@ -80,19 +80,23 @@ def test_importing_ppvarlen_leaves_the_environment_and_warning_filters_alone():
 
 LAYER_RULES = {  # package or module -> the ppvarlen subpackages it must not import (at any depth)
     # data is task-agnostic: a task hands its store fields and encode function in (issue 23)
-    "ppvarlen/data": "tasks|engine|export|deploy",
-    "ppvarlen/models": "engine|export|deploy",
-    "ppvarlen/deploy": "models|engine|export",
+    "ppvarlen/data": "tasks|engine|export|deploy|doctor",
+    "ppvarlen/models": "engine|export|deploy|doctor",
+    "ppvarlen/deploy": "models|engine|export|doctor",
     # export builds its parity backends with the serving engine factory, reads manifests with
     # the serving reader and admits what it wrote with the serving admission check (through
     # the serving predictor); nothing else of deploy
-    "ppvarlen/export": r"deploy(?!\.(engines|manifest|admission|predictor)\b)",
+    "ppvarlen/export": r"deploy(?!\.(engines|manifest|admission|predictor)\b)|doctor",
     # tasks read their metrics from ppvarlen/metrics.py, never from the trainer's package; they
     # receive model objects and never import models (deploy imports tasks: a serving host needs
     # no model or training code)
-    "ppvarlen/tasks": "models|engine|export|deploy",
+    "ppvarlen/tasks": "models|engine|export|deploy|doctor",
     # the metrics are read by tasks, the trainer and the server alike
-    "ppvarlen/metrics.py": "tasks|models|engine|export|deploy",
+    "ppvarlen/metrics.py": "tasks|models|engine|export|deploy|doctor",
+    # the doctor loads models the way they are deployed: the serving predictor and its shared
+    # checks (deploy), PaddleNLP directories (models); never the trainer or the exporter, and
+    # nothing imports the doctor but the command line
+    "ppvarlen/doctor": "engine|export",
 }
 
 
@@ -118,7 +122,7 @@ def test_layering():
     """data knows nothing of tasks/engine/export/deploy (not even lazily), models nothing of
     engine/export/deploy; deploy never imports models/engine/export; export only deploy's engine
     factory, manifest reader and admission check; tasks nothing of models/engine/export/deploy (not even in a
-    method)."""
+    method); the doctor nothing of engine/export, and no library layer the doctor."""
     bad = []
     for d, pattern in LAYER_RULES.items():
         rx = _layer_rx(pattern)
@@ -343,7 +347,8 @@ PADDLE_FREE = "the serving path (deploy, tasks, data) imports without paddle"
 LAZY_IMPORTS = [
     ("ppvarlen/cli.py", ("ppvarlen.engine", "ppvarlen.export.exporter",
                          "ppvarlen.export.gpu_check", "ppvarlen.data.report",
-                         "ppvarlen.deploy.server", "ppvarlen.deploy.bench"),
+                         "ppvarlen.deploy.server", "ppvarlen.deploy.bench",
+                         "ppvarlen.doctor.diagnose"),
      "one import of the command's module when it runs: --help and config errors stay instant "
      "and paddle-free (tests/test_cli.py)"),
     ("ppvarlen/deploy/*", ("paddle",), PADDLE_FREE + "; Paddle Inference loads when it runs"),

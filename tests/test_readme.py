@@ -34,7 +34,7 @@ README_COMMANDS = {"tools/train.py": "main_train", "tools/eval.py": "main_eval",
                    "tools/pretrain.py": "main_pretrain", "deploy/python/infer.py": "main_infer",
                    "deploy/python/serve.py": "main_serve",
                    "deploy/python/bench_client.py": "main_bench",
-                   "tools/check_gpu.py": "main_check_gpu"}
+                   "tools/check_gpu.py": "main_check_gpu", "tools/doctor.py": "main_doctor"}
 
 
 def documentation_pages():

@@ -21,15 +21,25 @@ loaded ``Predictor`` it runs, in order, and refuses with the first failure
 ``admit`` returns the evidence of each check (the repository index and export logs show it).
 Anything the predictor raises during a check is a refusal naming the check, never an
 exception out of the caller's loop.
+
+The finite-output, alone-vs-batched and vocabulary-vs-embedding judgements are those of
+``ppvarlen.deploy.row_checks``, which ``ppvarlen-doctor`` runs on any model; ``PredictorRows``
+is a loaded predictor seen through that module's row-runner interface (the doctor runs a
+ppvarlen export through it too).
 """
 import json
 
 import numpy as np
 
+from ppvarlen.data.collate import pad_sequences
 from ppvarlen.data.order import grid_lengths
+from ppvarlen.utils.inputs import validate_batch
 
 from . import api, oip
 from .manifest import UnservableExportError
+# first_line and nonfinite_rows are read from here too (the repository, earlier callers)
+from .row_checks import (InputRefused, ModelRaised, batch_difference, first_line,  # noqa: F401
+                         nonfinite_outputs, nonfinite_rows, split_rows, vocabulary_problem)
 
 GRID_BATCH = 4  # a grid row is checked alone and with this many rows in all
 CHECKS = ("graph", "smoke", "padding", "render")
@@ -55,6 +65,8 @@ def admit(predictor, seed=0):
                     else check(predictor)
             except AdmissionError:
                 raise
+            except (InputRefused, ModelRaised) as e:
+                raise AdmissionError(name, str(e)) from None
             except Exception as e:  # noqa: BLE001 - whatever a broken artifact raises refuses it
                 raise AdmissionError(name, f"{type(e).__name__}: {first_line(e)}") from None
     finally:
@@ -62,10 +74,43 @@ def admit(predictor, seed=0):
     return report
 
 
-def first_line(error):
-    """The first non-empty line of an error message (Paddle's run several screens long)."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0][:300] if lines else type(error).__name__
+class PredictorRows:
+    """A loaded ``Predictor`` as a row runner (``ppvarlen.deploy.row_checks``):
+    ``run(id_rows, width=None)`` -> one ``{output name: array}`` per row.
+
+    ``answers=False``: the engine's named outputs, per-token outputs (the manifest's
+    ``per: token``) cut to each row's length; ``answers=True``: the task's row per input row
+    (``Task.engine_rows``: logits, tag ids, generated ids) under the name ``answer``.  Rows the
+    predictor's input validation refuses (empty rows, ids outside the vocabulary, lengths past
+    ``max_position``) raise ``InputRefused``; anything the engine raises, ``ModelRaised``.
+    ``last`` holds the last batch's (named outputs, seq_len)."""
+
+    def __init__(self, predictor, answers=False):
+        self.predictor, self.answers, self.last = predictor, answers, None
+        specs = predictor.manifest.get("outputs") or predictor.task.output_specs
+        self.per_token = {s["name"] for s in specs
+                          if isinstance(s, dict) and s.get("per") == "token"}
+
+    def run(self, id_rows, width=None):
+        p = self.predictor
+        seq_len = np.array([len(r) for r in id_rows], dtype=np.int64)
+        longest = max(int(seq_len.max()) if len(seq_len) else 0, int(width or 0))
+        try:  # the predictor's own validation, before the engine: a refusal, not a failure
+            validate_batch(pad_sequences(id_rows, p.encoder.pad_id, longest), seq_len,
+                           max_position=p.max_position, vocab_size=p.encoder.vocab_size)
+        except ValueError as e:
+            raise InputRefused(f"the predictor refuses these rows: {first_line(e)}") from None
+        try:
+            out, seq_len = p.run_engine(id_rows, width=width)
+            self.last = (out, seq_len)
+            if self.answers:
+                return [{"answer": np.asarray(r)}
+                        for r in p.task.engine_rows(p, out, seq_len)]
+        except Exception as e:  # noqa: BLE001 - the engine's own words name the broken part
+            raise ModelRaised(f"{type(e).__name__}: {first_line(e)}") from None
+        return split_rows(out, seq_len, self.per_token)
+
+    __call__ = run
 
 
 # ---------------------------------------------------------------- 1. graph
@@ -104,46 +149,23 @@ def smoke_rows(predictor, seed=0):
 
 def check_smoke(predictor, seed=0):
     rows = smoke_rows(predictor, seed)
+    runner = PredictorRows(predictor)
     try:
-        out, seq_len = predictor.run_engine(rows)
-    except Exception as e:  # noqa: BLE001 - the engine's own words name the broken part
-        raise AdmissionError("smoke", f"rows holding every special id and the largest "
-                             f"vocabulary id {predictor.encoder.vocab_size - 1} (vocab_size "
-                             f"{predictor.encoder.vocab_size}), up to {predictor.max_len} "
-                             f"tokens, fail to run: {type(e).__name__}: {first_line(e)} "
-                             f"(is the vocabulary larger than the model's embedding "
-                             f"table?)") from None
+        outputs = runner.run(rows)
+    except (InputRefused, ModelRaised) as e:
+        raise AdmissionError("smoke", vocabulary_problem(
+            predictor.encoder.vocab_size, run_error=str(e), max_len=predictor.max_len)) from None
+    out, seq_len = runner.last
     problems = predictor.task.output_problems(predictor, out, seq_len)
     if problems:
         raise AdmissionError("smoke", problems[0])
-    for name, value in out.items():
-        bad = nonfinite_rows(value, seq_len, per_token=_per_token(predictor, name))
-        if bad:
-            raise AdmissionError("smoke", f"output {name!r} is not finite for the row(s) "
-                                 f"{bad} of {rows} (a special-token or embedding row of the "
-                                 f"weights holds NaN/inf?)")
+    for name, bad in nonfinite_outputs(outputs).items():
+        raise AdmissionError("smoke", f"output {name!r} is not finite for the row(s) "
+                             f"{bad} of {rows} (a special-token or embedding row of the "
+                             f"weights holds NaN/inf?)")
     predictor.task.engine_rows(predictor, out, seq_len)  # the task reads them without error
     return {"rows": len(rows), "lengths": [int(n) for n in seq_len],
             "outputs": {k: list(np.shape(v)) for k, v in out.items()}}
-
-
-def _per_token(predictor, name):
-    specs = predictor.manifest.get("outputs") or predictor.task.output_specs
-    return any(isinstance(s, dict) and s.get("name") == name and s.get("per") == "token"
-               for s in specs)
-
-
-def nonfinite_rows(value, seq_len, per_token=False):
-    """Rows of a float output [B, ...] with a NaN or inf (per-token outputs: real positions
-    only); [] for integer outputs or lists of ids."""
-    if not isinstance(value, np.ndarray) or value.dtype.kind not in "fc":
-        return []
-    bad = []
-    for r in range(min(len(value), len(seq_len))):
-        row = value[r, :int(seq_len[r])] if per_token and value.ndim >= 2 else value[r]
-        if not np.all(np.isfinite(row)):
-            bad.append(r)
-    return bad
 
 
 # ---------------------------------------------------------------- 3. padding
@@ -154,19 +176,14 @@ def check_padding(predictor, seed=0):
     first = max(int(v) for v in m["special_ids"].values() if v is not None) + 1
     high = max(first + 1, predictor.encoder.vocab_size)
     lengths = grid_lengths(predictor.max_len, m.get("buckets"))
+    run = PredictorRows(predictor, answers=True)
     for n in lengths:
         rows = [list(rng.randint(first, high, size=k))
                 for k in [n] + list(rng.randint(1, predictor.max_len + 1, GRID_BATCH - 1))]
-        alone = np.asarray(predictor._run_rows(rows[:1])[0])
-        batched = np.asarray(predictor._run_rows(rows)[0])
-        if alone.dtype.kind == "f":
-            if not np.all(np.isfinite(alone)):
-                raise AdmissionError("padding", f"length {n}: non-finite outputs")
-            same = alone.shape == batched.shape and np.allclose(alone, batched, rtol=1e-4,
-                                                                atol=1e-4)
-        else:
-            same = np.array_equal(alone, batched)
-        if not same:
+        alone, difference = batch_difference(run, rows[0], rows[1:])
+        if nonfinite_outputs([alone]):
+            raise AdmissionError("padding", f"length {n}: non-finite outputs")
+        if not difference["same"]:
             raise AdmissionError("padding", f"length {n}: the output alone differs from the "
                                  f"output batched with other lengths (padding changes the "
                                  f"answer)")

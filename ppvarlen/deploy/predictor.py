@@ -277,10 +277,11 @@ class Predictor:
             self.padded_target_tokens += steps[1]
         return rows
 
-    def run_engine(self, id_lists, extras=None):
-        """Pad, validate and run id rows -> (the engine's named outputs, seq_len); counted."""
+    def run_engine(self, id_lists, extras=None, width=None):
+        """Pad (to the longest row, or to ``width``), validate and run id rows -> (the engine's
+        named outputs, seq_len); counted."""
         seq_len = np.array([len(x) for x in id_lists], dtype=np.int64)
-        width = int(seq_len.max())
+        width = max(int(seq_len.max()), int(width or 0))
         input_ids = pad_sequences(id_lists, self.encoder.pad_id, width)
         validate_batch(input_ids, seq_len, max_position=self.max_position,
                        vocab_size=self.encoder.vocab_size)
