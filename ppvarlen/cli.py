@@ -366,18 +366,24 @@ def main_infer(argv=None):
             --input texts.txt|texts.jsonl [--output preds.jsonl] [--precision fp32|bf16|fp16]
         python deploy/python/infer.py ...                          # the same command
 
+    Each line is one request item in the task's fields: {"text": ...} (or a .txt line;
+    seq2seq also {"source": ...}), text pairs {"text_a": ..., "text_b": ...}, extractive QA
+    {"question": ..., "context": ...}; other fields are ignored (a corpus file reads as is).
+
     The file is streamed: --window lines at a time are sorted by length into token-budget
     batches and their records written in input order, so memory stays bounded on any file.
-    Bad lines are reported with their line number (and written as {"line", "error"}
-    records); the other lines are still predicted; the exit code is 1 if any line failed.
-    A text over Deploy.max_text_chars characters (the server's limit; -o to raise it) is such
-    a bad line, and so is a line longer than such a text takes (read no further).
+    Bad lines (a field missing or not a string, a text the export refuses) are reported
+    with their line number (and written as {"line", "error"} records); the other lines are
+    still predicted; the exit code is 1 if any line failed.  A text over
+    Deploy.max_text_chars characters (the server's limit, each text of an item; -o to raise
+    it) is such a bad line, and so is a line longer than such texts take (read no further).
     The summary (stderr, JSON) counts truncated and windowed texts and warns on truncation.
     """
     parser = _parser(main_infer, config=False)
     parser.add_argument("--model-dir", required=True, help="export directory (has manifest.json)")
     parser.add_argument("--backend", choices=["paddle", "onnx"], default="paddle")
-    parser.add_argument("--input", required=True, help=".txt (a text per line) or .jsonl")
+    parser.add_argument("--input", required=True, help=".jsonl (a request item per line, in "
+                        "the task's fields) or .txt (a text per line; one-text tasks)")
     parser.add_argument("--output", default=None, help="JSONL predictions (default: stdout)")
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16", "int8", "auto"],
                         default="fp32", help="auto: the fastest precision the export verified "

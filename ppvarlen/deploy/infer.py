@@ -1,23 +1,29 @@
 """Batch inference over a file: one prediction per input line, in input order, streamed.
 
-Input: ``.txt`` (one text per line) or ``.jsonl`` (``{"text": ...}`` per line; a seq2seq
-export also reads ``{"source": ...}``, the seq2seq data format, other fields ignored).
+Input: ``.jsonl``, one request item per line in the fields the task declares
+(``Task.line_fields``: the names of its OIP inputs): ``{"text": ...}`` (classification,
+tagging; a seq2seq export also reads ``{"source": ...}``, the seq2seq data format),
+``{"text_a": ..., "text_b": ...}`` (text pairs, the pair corpus's fields) or ``{"question":
+..., "context": ...}`` (extractive QA); other fields are ignored, so a corpus file is read as
+it is.  ``.txt`` (one text per line) for a task whose item is one text.  Each line's texts
+become the task's request item (``Task.oip_item``), encoded as the server encodes it
+(``Task.encode_request``).
 Output: JSONL, line ``i`` answering input line ``i``: ``{"line": n, **prediction}``
-or ``{"line": n, "error": why}`` for a line that could not be used (also reported
-on stderr); the other lines are still predicted.
+or ``{"line": n, "error": why}`` for a line that could not be used (a field missing or not
+a string, named with the line; also reported on stderr); the other lines are still predicted.
 
 The server's bound on a text holds here too: a text longer than ``Deploy.max_text_chars``
-characters is refused with its line's error record, and a line is read no further than the
-bytes such a text can take in JSON (``line_bytes_bound``): a longer line is refused after that
-much, read past in pieces of that size, so one huge line (or a file without line ends) costs
-bounded memory and the lines after it are still predicted.
+characters (each text of an item) is refused with its line's error record, and a line is read
+no further than the bytes its item's texts can take in JSON (``line_bytes_bound``): a longer
+line is refused after that much, read past in pieces of that size, so one huge line (or a
+file without line ends) costs bounded memory and the lines after it are still predicted.
 
-The file is read in windows of ``window`` usable texts (and at most ``WINDOW_CHARS``
-characters; lines that cannot be used ride along): each window is tokenised, sorted by
-length into token-budget batches by the predictor, and its records are written in input
-order before the next window is read, so memory stays bounded whatever the file size and the first records
-appear after one window.  A file output is written to a temporary file and moved
-into place at the end (an interrupted run leaves the old output, or none).
+The file is read in windows of ``window`` usable items (and at most ``WINDOW_CHARS``
+characters of their texts; lines that cannot be used ride along): each window is tokenised,
+sorted by length into token-budget batches by the predictor, and its records are written in
+input order before the next window is read, so memory stays bounded whatever the file size and
+the first records appear after one window.  A file output is written to a temporary file and
+moved into place at the end (an interrupted run leaves the old output, or none).
 
 The summary counts the texts the export truncated (and warns when there are any:
 truncation is never silent) and those run as several windows; its ``seconds`` is
@@ -38,6 +44,7 @@ from tqdm import tqdm
 from ppvarlen.config_schema import SCHEMA
 from ppvarlen.data.errors import DataError
 from ppvarlen.data.readers import LONG_LINE, bounded_lines
+from ppvarlen.tasks.base import Task
 from ppvarlen.utils.io import atomic_text_writer
 
 WINDOW = 4096  # usable texts sorted and batched together; larger windows pack denser batches
@@ -45,23 +52,40 @@ WINDOW = 4096  # usable texts sorted and batched together; larger windows pack d
 WINDOW_CHARS = 1 << 22
 MAX_TEXT_CHARS = SCHEMA["Deploy"]["max_text_chars"].default
 # JSON may escape each character of a text as \uXXXX, twice for one beyond the BMP; a line
-# also holds fields besides the text (ids, metadata), given this much room.
+# also holds fields besides the texts (ids, labels, metadata), given this much room.
 JSON_BYTES_PER_CHAR = 12
 OTHER_FIELDS_BYTES = 1 << 20
+JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number",
+              float: "a number", bool: "true/false", type(None): "null"}
 
 
-def line_bytes_bound(max_text_chars):
-    """The longest input line worth reading: a text of ``max_text_chars`` characters, JSON
-    escaped, and the other fields of its line."""
-    return JSON_BYTES_PER_CHAR * max_text_chars + OTHER_FIELDS_BYTES
+def line_bytes_bound(max_text_chars, texts=1):
+    """The longest input line worth reading: ``texts`` texts (a request item's) of
+    ``max_text_chars`` characters, JSON escaped, and the other fields of its line."""
+    return JSON_BYTES_PER_CHAR * max_text_chars * texts + OTHER_FIELDS_BYTES
 
 
-def check_input(path):
-    """DataError unless ``path`` is an existing .txt or .jsonl file; returns its extension."""
+def line_example(task):
+    """A JSONL line of ``task``'s request item, for messages: ``{"text_a": "...", ...}``."""
+    return "{" + ", ".join(f'"{names[0]}": "..."' for names in task.line_fields()) + "}"
+
+
+def check_input(path, task=None):
+    """DataError unless ``path`` is an existing .jsonl file (or .txt, for a task whose item
+    is one text); returns its extension."""
+    task = task or Task()
+    fields = task.line_fields()
+    example = line_example(task)
     ext = os.path.splitext(path)[1].lower()
+    one_text = len(fields) == 1
     if ext not in (".txt", ".jsonl"):
-        raise DataError(f"{path}: input must be .txt (a text per line) or .jsonl "
-                        f"({{\"text\": ...}} per line), got {ext or 'no extension'}")
+        txt = " or .txt (a text per line)" if one_text else ""
+        raise DataError(f"{path}: input must be .jsonl ({example} per line){txt}, got "
+                        f"{ext or 'no extension'}")
+    if ext == ".txt" and not one_text:
+        names = ", ".join(f'"{names[0]}"' for names in fields)
+        raise DataError(f"{path}: a {task.name} request item has {len(fields)} texts ({names}) "
+                        f"and a .txt line holds one; write .jsonl lines {example}")
     if not os.path.isfile(path):
         raise DataError(f"{path}: input file not found")
     return ext
@@ -89,54 +113,91 @@ def _lines(path, max_line_bytes):
                 yield n, part
 
 
-def iter_texts(path, field="text", max_text_chars=MAX_TEXT_CHARS):
-    """(line_no, text | DataError) for every line of a .txt or .jsonl file, streamed.
+def _json_type(value):
+    return JSON_TYPES.get(type(value), type(value).__name__)
 
-    ``field``: the JSONL key holding the text ("text"; "source" is also read for seq2seq).
-    A text over ``max_text_chars`` characters (Deploy.max_text_chars), or a line longer than
-    such a text takes, is a DataError like any unusable line.
+
+def _line_texts(line, task, where):
+    """[(field, text)] of a JSONL line's request item, one per ``Task.line_fields`` entry,
+    or a DataError naming the line and the field."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        return DataError(f"{where}: not valid JSON ({e.msg})")
+    except RecursionError:
+        return DataError(f"{where}: not valid JSON here (nested too deeply)")
+    example = line_example(task)
+    if not isinstance(obj, dict):
+        return DataError(f"{where}: expected an object {example}, got {_json_type(obj)}")
+    texts = []
+    for names in task.line_fields():
+        key = next((k for k in names if k in obj), None)
+        if key is None:
+            also = "".join(f' (or "{k}")' for k in names[1:])
+            return DataError(f'{where}: field "{names[0]}"{also} is missing; expected an '
+                             f'object {example}')
+        if not isinstance(obj[key], str):
+            return DataError(f'{where}: field "{key}" must be a string, got '
+                             f'{_json_type(obj[key])}; expected an object {example}')
+        texts.append((key, obj[key]))
+    return texts
+
+
+def iter_items(path, task=None, max_text_chars=MAX_TEXT_CHARS):
+    """(line_no, request item | DataError) for every line of a .txt or .jsonl file, streamed.
+
+    ``task``: whose request items the lines hold (``Task.line_fields``, ``Task.oip_item``;
+    default one text, ``{"text": ...}``).  A text over ``max_text_chars`` characters
+    (Deploy.max_text_chars; each text of an item), or a line longer than the item's texts
+    take, is a DataError like any unusable line.
     """
-    ext = check_input(path)
-    bound = line_bytes_bound(max_text_chars)
+    task = task or Task()
+    ext = check_input(path, task)
+    count = len(task.line_fields())
+    bound = line_bytes_bound(max_text_chars, count)
+    takes = ("a text of {} characters takes" if count == 1 else
+             f"{count} texts of {{}} characters each take")
     for n, line in _lines(path, bound):
+        where = f"{path}:{n}"
         if line is LONG_LINE:
-            yield n, DataError(f"{path}:{n}: line is longer than {bound:,} bytes, more than a "
-                               f"text of Deploy.max_text_chars ({max_text_chars:,}) characters "
-                               f"takes; not read. Split the text, or raise the limit, e.g. "
+            most = takes.format(f"Deploy.max_text_chars ({max_text_chars:,})")
+            yield n, DataError(f"{where}: line is longer than {bound:,} bytes, more than "
+                               f"{most}; not read. Split the text, or raise the limit, e.g. "
                                f"-o Deploy.max_text_chars={4 * max_text_chars}")
             continue
-        if ext == ".txt":
-            text = line
-        else:
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                yield n, DataError(f"{path}:{n}: not valid JSON ({e.msg})")
-                continue
-            key = field if isinstance(obj, dict) and field in obj else "text"
-            if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
-                names = " or ".join(f'"{k}"' for k in dict.fromkeys(("text", field)))
-                yield n, DataError(f"{path}:{n}: expected an object with a string field {names}")
-                continue
-            text = obj[key]
-        if len(text) > max_text_chars:
-            yield n, DataError(f"{path}:{n}: text has {len(text):,} characters; at most "
+        texts = [("text", line)] if ext == ".txt" else _line_texts(line, task, where)
+        if isinstance(texts, DataError):
+            yield n, texts
+            continue
+        long = next(((key, t) for key, t in texts if len(t) > max_text_chars), None)
+        if long is not None:
+            key, text = long
+            yield n, DataError(f"{where}: {key} has {len(text):,} characters; at most "
                                f"{max_text_chars:,} (Deploy.max_text_chars, as the server). "
                                f"Split the text, or raise the limit, e.g. "
                                f"-o Deploy.max_text_chars={len(text)}")
             continue
-        yield n, text
+        yield n, task.oip_item(tuple(t for _, t in texts))
 
 
-def read_texts(path, field="text", max_text_chars=MAX_TEXT_CHARS):
-    """``iter_texts`` as a list (small files and tests)."""
-    return list(iter_texts(path, field, max_text_chars))
+def read_texts(path, task=None, max_text_chars=MAX_TEXT_CHARS):
+    """``iter_items`` as a list (small files and tests)."""
+    return list(iter_items(path, task, max_text_chars))
+
+
+def item_chars(item):
+    """Characters of a request item's texts: one text, a pair's list or a QA object's values
+    (a window's character budget)."""
+    if isinstance(item, str):
+        return len(item)
+    return sum(len(t) for t in (item.values() if isinstance(item, dict) else item))
 
 
 def encoded_windows(predictor, input_path, rows, size=WINDOW, max_chars=WINDOW_CHARS):
-    """Windows of ``[(line_no, error record | None, EncodedText | None)]`` from ``rows``.
+    """Windows of ``[(line_no, error record | None, EncodedText | None)]`` from ``rows``
+    (``(line_no, request item | DataError)``, as ``iter_items`` yields them).
 
-    A window closes at ``size`` texts that encode (so the batches are those of a whole-file
+    A window closes at ``size`` items that encode (so the batches are those of a whole-file
     run cut every ``size`` usable texts, whatever bad lines sit between them) or at about
     ``max_chars`` characters of them; bad lines ride along uncounted (reported on stderr when
     met), but at most ``3 x size`` of them wait in one window.
@@ -144,26 +205,27 @@ def encoded_windows(predictor, input_path, rows, size=WINDOW, max_chars=WINDOW_C
     if size < 1:
         raise ValueError(f"window must be >= 1, got {size}")
     cur, good, chars = [], 0, 0
-    for n, text in rows:
-        item = None
-        if not isinstance(text, DataError):
-            if good and (good >= size or chars + len(text) > max_chars):
+    for n, item in rows:
+        encoded = None
+        if not isinstance(item, DataError):
+            size_chars = item_chars(item)
+            if good and (good >= size or chars + size_chars > max_chars):
                 yield cur
                 cur, good, chars = [], 0, 0
             try:
-                item = predictor.encode(text)
+                encoded = predictor.task.encode_request(predictor, item, None)
             except DataError as e:
-                text = DataError(f"{input_path}:{n}: {e}")
-        if item is None:
-            print(f"bad line: {text}", file=sys.stderr)
-            cur.append((n, {"line": n, "error": str(text)}, None))
+                item = DataError(f"{input_path}:{n}: {e}")
+        if encoded is None:
+            print(f"bad line: {item}", file=sys.stderr)
+            cur.append((n, {"line": n, "error": str(item)}, None))
             if len(cur) - good >= 3 * size:
                 yield cur
                 cur, good, chars = [], 0, 0
             continue
-        cur.append((n, None, item))
+        cur.append((n, None, encoded))
         good += 1
-        chars += len(text)
+        chars += size_chars
     if cur:
         yield cur
 
@@ -224,14 +286,15 @@ def truncation_warning(predictor, truncated, texts):
 
 def run_file(predictor, input_path, output_path=None, progress=True, window=WINDOW,
              max_text_chars=MAX_TEXT_CHARS):
-    """Predict every line of ``input_path``; write JSONL to ``output_path`` (or stdout).
-    A text over ``max_text_chars`` (Deploy.max_text_chars) gets an error record.
+    """Predict every line of ``input_path`` (the request items of ``predictor``'s task);
+    write JSONL to ``output_path`` (or stdout).  A text over ``max_text_chars``
+    (Deploy.max_text_chars) gets an error record.
 
     Returns the summary dict (see the module docstring): texts, predicted, failed,
     truncated, windowed, seconds, model_seconds, texts/s, tokens/s, padding efficiency,
     warnings.
     """
-    check_input(input_path)
+    check_input(input_path, predictor.task)
     real0, padded0 = predictor.real_tokens, predictor.padded_tokens
     out0, steps0 = predictor.real_target_tokens, predictor.padded_target_tokens
     totals = _Totals()
@@ -240,7 +303,7 @@ def run_file(predictor, input_path, output_path=None, progress=True, window=WIND
     bar = tqdm(total=total, unit="text", smoothing=0, disable=not progress, file=sys.stderr)
     start = time.perf_counter()
     with _open_output(output_path) as out:
-        rows = iter_texts(input_path, predictor.task.text_field, max_text_chars)
+        rows = iter_items(input_path, predictor.task, max_text_chars)
         for chunk in encoded_windows(predictor, input_path, rows, window):
             records = _predict_window(predictor, chunk, totals)
             out.write("".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records))

@@ -34,7 +34,7 @@ class Task:
     default_special_tokens = False  # Data.add_special_tokens: null means this
     pairs = False                  # source/target pairs (seq2seq) instead of windowed token rows
     example_weighting = False      # Train.loss_weighting=example applies (one label per example)
-    text_field = "text"            # field of a JSONL line the predictor reads
+    text_field = "text"            # field of a corpus example the load test sends (bench)
     servable = True                # an export of it can be served (deploy)
     generates = False              # outputs are decoded step by step (many runs per batch)
     token_spans = False            # the response needs each token's character offsets
@@ -221,6 +221,12 @@ class Task:
         """The request item of one row of the OIP input tensors (``texts``: one string per
         ``oip_inputs`` name, in that order)."""
         return texts[0]
+
+    def line_fields(self):
+        """The fields of a JSONL line holding a request item's texts (``ppvarlen-infer``): per
+        ``oip_inputs`` name, in that order, the field names it is read under (the first one
+        present wins); the item is ``oip_item`` of the texts.  Other fields are ignored."""
+        return tuple((name,) for name in self.oip_inputs)
 
     def request_item(self, text_type):
         """The pydantic type of one request item, given the server's bounded text type."""

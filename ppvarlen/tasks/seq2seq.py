@@ -31,6 +31,9 @@ class Seq2SeqTask(Task):
     # generated ids after BOS, EOS-terminated, pad after (Paddle graph)
     output_specs = [{"name": "tokens", "dtype": "int64", "dims": [-1, -1]}]
 
+    def line_fields(self):
+        return (("source", "text"),)  # the seq2seq data format's field, or the OIP input's
+
     # ------------------------------------------------------------ data
     def check_data_config(self, data_cfg, builds_encoder):
         if builds_encoder and data_cfg.tokenizer == "pretrained":

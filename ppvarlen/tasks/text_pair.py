@@ -139,6 +139,10 @@ class TextPairTask(ClassificationTask):
             segments[row, rng.randint(1, n + 1) if n > 1 else n:n] = 1
         return (segments,)
 
+    def too_long_fix(self):
+        return ("shorten the texts or re-export with a larger Data.max_len (a pair is cut "
+                "longest-first; Data.long_text: window does not apply to pairs)")
+
     # ------------------------------------------------------------ serving: {"pairs": [[a, b]]}
     request_key = "pairs"
     request_item_words = "pairs [text_a, text_b]"
