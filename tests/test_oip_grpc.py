@@ -214,7 +214,7 @@ def test_grpc_refusals_are_status_codes_naming_the_field(served):
             "inputs[0].data[1] has 201 characters; at most 200 (Deploy.max_text_chars)")
     refused([texts_input(["  "])], "INVALID_ARGUMENT", "inputs[0].data[0]: text is empty")
     # 16 texts of 200 characters: every limit above holds, the message is over 8192 bytes
-    refused([texts_input(["好" * 200] * 16)], "RESOURCE_EXHAUSTED", "larger than max")
+    refused([texts_input(["好" * 200] * 16)], "RESOURCE_EXHAUSTED", "Deploy.max_body_bytes")
     refused([texts_input(["好"])], "NOT_FOUND", "model 'nope' is not served", model="nope")
     refused([texts_input(["好"])], "NOT_FOUND", "no ready version '7'", version="7")
     ok = client.infer(served.name, [texts_input(["好"])])  # still answering
@@ -238,20 +238,14 @@ def test_grpc_long_text_parameter_chooses_the_policy(served):
     client.close()
 
 
-@pytest.mark.xfail(strict=True, reason="server bug: REST echoes parameters.long_text in the "
-                   "infer response (docs/SERVING.md: 'is echoed back'), gRPC's ModelInfer "
-                   "response leaves parameters empty")
 def test_grpc_echoes_the_long_text_parameter_as_rest_does(served):
     client = served.client()
     result = client.infer(served.name, [texts_input(["好"])],
                           parameters={"long_text": "truncate"})
-    assert result.get_response().parameters["long_text"].string_value == "truncate"
+    assert result.get_response().parameters["long_text"].string_param == "truncate"
     client.close()
 
 
-@pytest.mark.xfail(strict=True, reason="server bug: a gRPC message over Deploy.max_body_bytes "
-                   "is refused by grpc core ('Received message larger than max (N vs. 8192)'), "
-                   "so the message names no setting, unlike REST's 413")
 def test_grpc_message_over_the_body_limit_names_the_setting(served):
     client = served.client()
     with pytest.raises(InferenceServerException) as err:

@@ -8,7 +8,8 @@ it), so both transports refuse and answer alike; BYTES tensors arrive as
 ``raw_input_contents`` (the binary extension's length-prefixed elements) or ``bytes_contents``,
 and every output leaves as ``raw_output_contents``.  The server runs ``grpc.aio`` on an event
 loop in a thread of its own; requests reach the batcher through thread-safe futures.
-Bounds: messages of at most ``Deploy.max_body_bytes``, at most ``Deploy.max_connections``
+Bounds: messages of at most ``Deploy.max_body_bytes`` (RESOURCE_EXHAUSTED naming the key; past
+twice that, grpc core's own refusal), at most ``Deploy.max_connections``
 calls at once (RESOURCE_EXHAUSTED beyond), and every limit ``parse_infer`` enforces.
 """
 import asyncio
@@ -168,6 +169,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             started = time.perf_counter()
             state.metrics.count_request()
             state.check_open()
+            size = request.ByteSize()
+            if size > state.deploy.max_body_bytes:
+                raise ApiError(413, f"message is {size} bytes; at most "
+                               f"{state.deploy.max_body_bytes} (Deploy.max_body_bytes)", None)
             version = request.model_version or None
             model = state.model(request.model_name, version)
             payload, binary = _payload(request)
@@ -187,6 +192,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                     for name, datatype, shape, _ in tensors],
                 raw_output_contents=[oip.raw_contents(datatype, flat)
                                      for _, datatype, _, flat in tensors])
+            if params.get("long_text"):  # echoed, as over REST
+                response.parameters["long_text"].string_param = params["long_text"]
             state.answered(outcome, started, time.perf_counter() - rendering)
             return response
         return await self._call("ModelInfer", context, answer)
@@ -233,7 +240,9 @@ class GrpcServer:
     async def _start(self):
         deploy = self.state.deploy
         limit = deploy.max_body_bytes
-        options = [("grpc.max_receive_message_length", limit),
+        # grpc core refuses past its limit in its own words; up to twice the body limit the
+        # message reaches ModelInfer, whose 413 names Deploy.max_body_bytes
+        options = [("grpc.max_receive_message_length", 2 * limit),
                    ("grpc.max_send_message_length", max(limit, 64 << 20)),
                    ("grpc.so_reuseport", 0)]
         self._server = grpc.aio.server(options=options,
