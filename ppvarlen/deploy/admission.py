@@ -165,7 +165,8 @@ def check_smoke(predictor, seed=0):
                              f"weights holds NaN/inf?)")
     predictor.task.engine_rows(predictor, out, seq_len)  # the task reads them without error
     return {"rows": len(rows), "lengths": [int(n) for n in seq_len],
-            "outputs": {k: list(np.shape(v)) for k, v in out.items()}}
+            "outputs": {k: list(v.shape) if isinstance(v, np.ndarray) else [len(v)]
+                        for k, v in out.items()}}  # a list: ids of different lengths per row
 
 
 # ---------------------------------------------------------------- 3. padding

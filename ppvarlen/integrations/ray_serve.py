@@ -58,9 +58,9 @@ def replica_deploy_settings(deploy):
     deploy = dict(deploy or {})
     for key in PROXY_KEYS:
         if key in deploy:
+            where = f"http_options.{key}" if key in ("host", "port") else "http_options"
             raise ConfigError(f"args.deploy.{key} has no effect under Ray Serve (its proxy holds "
-                              f"the connections); set http_options (host, port, timeouts) in "
-                              f"the Serve config")
+                              f"the connections); set {where} in the Serve config")
     return deploy_settings(**deploy)
 
 
