@@ -602,8 +602,8 @@ def plot(results, path):
     from matplotlib.figure import Figure  # no pyplot: the process's backend stays as it was
 
     rows = results["summary"]
-    fig = Figure(figsize=(11, 4.2))
-    a, b = fig.subplots(1, 2)
+    fig = Figure(figsize=(15, 4.4))
+    a, b, cpu = fig.subplots(1, 3)
     styles = {("ppvarlen", "http"): ("C0", "-"), ("ppvarlen", "grpc"): ("C0", "--"),
               ("triton", "http"): ("C1", "-"), ("triton", "grpc"): ("C1", "--")}
     for (server, protocol), (color, line) in styles.items():
@@ -614,11 +614,16 @@ def plot(results, path):
         a.plot(xs, [r[f"{server}_qps"] for r in pts], line, color=color, marker="o", label=label)
         b.plot(xs, [r[f"{server}_p99_ms"] for r in pts], line, color=color, marker="o",
                label=label)
+        cpu.plot(xs, [r[f"{server}_cpu_ms_per_text"] for r in pts], line, color=color,
+                 marker="o", label=label)
     offline = results["offline"]["texts_per_s_mean"]
     if offline:
         a.axhline(offline, color="C2", linestyle=":", label="ppvarlen-infer texts/s")
+        a.axhline(TARGET_OFFLINE_SHARE * offline, color="C2", linestyle="-.", linewidth=0.8,
+                  label=f"{TARGET_OFFLINE_SHARE:.0%} of it")
     for ax, title, unit in ((a, "throughput", "requests / s (one text each)"),
-                            (b, "client p99 latency", "ms")):
+                            (b, "client p99 latency", "ms"),
+                            (cpu, "server CPU per text (all its processes)", "CPU ms / text")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted({r["concurrency"] for r in rows}),
                       [str(c) for c in sorted({r["concurrency"] for r in rows})])
