@@ -42,6 +42,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib.metadata import PackageNotFoundError, version
+
+import httpx
+
+from ppvarlen.deploy import oip
+from ppvarlen.deploy.bench import free_port, split_texts
+from ppvarlen.deploy.manifest import load_manifest
+from ppvarlen.deploy.predictor import Predictor
+from ppvarlen.utils.io import atomic_write_json
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ANCHOR = os.path.join(REPO, "benchmarks", "triton_anchor.py")
@@ -60,13 +69,15 @@ STABILITY_PERCENTAGE = 100000
 WINDOWS = 3
 TARGET_QPS_RATIO = 2.0
 TARGET_OFFLINE_SHARE = 0.6
+# benchmarks/triton_anchor.py's outputs, named and ordered as ppvarlen's OIP answer
+ANCHOR_OUTPUTS = ("label", "label_id", "probs", "num_tokens", "truncated")
 EQUAL_PROBS_TOLERANCE = 1e-3  # different padding in the two batchers moves float sums a little
 
 
 def perf_analyzer_howto(looked_at=()):
     """What to do when perf_analyzer is missing or does not start (the exact commands)."""
-    where = "".join(f"\n  - {p}" for p in looked_at)
-    return f"""perf_analyzer was not found or does not start.{' Looked at:' + where if where else ''}
+    where = " Looked at:" + "".join(f"\n  - {p}" for p in looked_at) if looked_at else ""
+    return f"""perf_analyzer was not found or does not start.{where}
 It ships inside PyPI's tritonclient wheel (PyPI's `perf-analyzer` package is an empty
 placeholder); without a GPU it needs Debian's libb64 and CUDA's runtime library from PyPI:
 
@@ -188,7 +199,8 @@ def pytriton_data_file(python):
     code = ("import importlib.util, os; s = importlib.util.find_spec('pytriton'); "
             "print(os.path.join(list(s.submodule_search_locations)[0], 'proxy', 'data.py') "
             "if s else '')")
-    r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=_anchor_env())
     path = r.stdout.strip()
     if r.returncode != 0 or not path:
         raise SetupError(f"{python} has no pytriton; make the venv with "
@@ -205,7 +217,7 @@ def setup_triton_venv(directory, base_python="python3.11"):
     steps.append([python, "-m", "pip", "install", *TRITON_PACKAGES])
     for cmd in steps:
         print("+ " + shlex.join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
+        subprocess.run(cmd, check=True, env=_anchor_env())  # this checkout is no package there
     apply_patch(python)
     return python
 
@@ -240,7 +252,8 @@ def venv_versions(python):
             "for n in ('nvidia-pytriton', 'tritonclient', 'onnxruntime', 'numpy'):\n"
             "    try: out[n] = m.version(n)\n    except m.PackageNotFoundError: out[n] = None\n"
             "print(json.dumps(out))")
-    r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=_anchor_env())
     return json.loads(r.stdout) if r.returncode == 0 else {"error": r.stderr[-500:]}
 
 
@@ -348,10 +361,23 @@ def check_tokenization(texts, ppvarlen_ids, anchor_ids):
     return len(texts)
 
 
-def ppvarlen_ids(model_dir, texts):
-    from ppvarlen.deploy.predictor import Predictor
+def served_outputs(predictor):
+    """(OIP input names, OIP output names) ppvarlen-serve gives this export."""
+    return (list(predictor.task.oip_inputs),
+            [n for n, *_ in oip.outputs(predictor.task.name, predictor.label_names)])
 
+
+def check_anchor_can_mirror(inputs, outputs):
+    """SetupError unless ppvarlen serves this export with the anchor's input and outputs."""
+    if inputs != ["text"] or outputs != list(ANCHOR_OUTPUTS):
+        raise SetupError(f"ppvarlen-serve answers this export with inputs {inputs} and outputs "
+                         f"{outputs}; the Triton anchor mirrors a text classifier's (['text'] "
+                         f"-> {list(ANCHOR_OUTPUTS)}) only")
+
+
+def ppvarlen_ids(model_dir, texts):
     predictor = Predictor(model_dir, "onnx")
+    check_anchor_can_mirror(*served_outputs(predictor))
     out = []
     for t in texts:
         encoded = predictor.encode(t)
@@ -375,18 +401,20 @@ def anchor_ids(python, model_dir, texts, work):
         return json.load(f)
 
 
-def compare_answers(ppvarlen_body, triton_body, label_names):
-    """(max |prob diff|, texts whose label differs) between the two servers' OIP answers."""
+def compare_answers(ppvarlen_body, triton_body):
+    """(max |prob difference|, [outputs whose values differ]) between the two servers' OIP
+    answers to the same texts: every output but ``probs`` must be equal (the label, its id,
+    the token count, the truncation flag), ``probs`` close; a missing output or another
+    length differs."""
     def tensors(body):
         return {t["name"]: t["data"] for t in body["outputs"]}
     a, b = tensors(ppvarlen_body), tensors(triton_body)
-    width = len(label_names)
-    pa, pb = a["probs"], b["probs"]
-    diff = max(abs(x - y) for x, y in zip(pa, pb)) if pa else 0.0
-    labels = [i for i, (x, y) in enumerate(zip(a["label"], b["label"])) if x != y]
-    if len(pa) != len(pb) or len(a["label"]) * width != len(pa):
-        labels = labels or [-1]
-    return diff, labels
+    differ = sorted(n for n in set(a) | set(b)
+                    if n != "probs" and (n not in a or n not in b or a[n] != b[n]))
+    pa, pb = a.get("probs", []), b.get("probs", [])
+    if len(pa) != len(pb) or not pa:
+        return float("inf"), differ + ["probs"]
+    return max(abs(x - y) for x, y in zip(pa, pb)), differ
 
 
 def _infer_body(texts, batched):
@@ -394,30 +422,23 @@ def _infer_body(texts, batched):
     return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": shape, "data": texts}]}
 
 
-def check_answers(http, model, label_names, texts):
-    import httpx
-
+def check_answers(http, model, texts):
     bodies = {}
     for server, batched in (("ppvarlen", False), ("triton", True)):
         r = httpx.post(f"{http[server]}/v2/models/{model}/infer", json=_infer_body(texts, batched),
                        timeout=60)
         r.raise_for_status()
         bodies[server] = r.json()
-    diff, labels = compare_answers(bodies["ppvarlen"], bodies["triton"], label_names)
-    if labels or diff > EQUAL_PROBS_TOLERANCE:
-        raise AnswerMismatch(f"the servers disagree on {len(texts)} sample texts: labels differ "
-                             f"at {labels[:5]}, max probability difference {diff:.2e} (allowed "
-                             f"{EQUAL_PROBS_TOLERANCE})")
-    return {"texts": len(texts), "labels_equal": True, "max_prob_diff": diff}
+    diff, differ = compare_answers(bodies["ppvarlen"], bodies["triton"])
+    if differ or diff > EQUAL_PROBS_TOLERANCE:
+        raise AnswerMismatch(f"the servers answer {len(texts)} sample texts differently: "
+                             f"outputs {differ} differ, max probability difference {diff:.2e} "
+                             f"(allowed {EQUAL_PROBS_TOLERANCE}).  Refusing to measure")
+    return {"texts": len(texts), "max_prob_diff": diff, "outputs_equal": sorted(
+        t["name"] for t in bodies["ppvarlen"]["outputs"] if t["name"] != "probs")}
 
 
 # ---------------------------------------------------------------- servers
-
-def _free_port():
-    from ppvarlen.deploy.bench import free_port
-
-    return free_port()
-
 
 def _anchor_env():
     # the anchor's venv only: nothing of this checkout or of the project's venv on its path
@@ -425,8 +446,6 @@ def _anchor_env():
 
 
 def _wait_ready(url, proc, what, timeout_s, log_path):
-    import httpx
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -476,7 +495,7 @@ def stop_process(proc, timeout_s=60):
 
 def process_tree_cpu_s(pid):
     """User + system CPU seconds of a process and its descendants so far."""
-    import psutil
+    import psutil  # installed with the project's dependencies (visualdl's), not one of them
 
     try:
         root = psutil.Process(pid)
@@ -659,8 +678,6 @@ def machine():
 
 
 def ppvarlen_version():
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         v = version("ppvarlen")
     except PackageNotFoundError:
@@ -689,8 +706,6 @@ def cpu_ms_per_text(cpu_before, cpu_after, count_before, count_after):
 def measure(binary, env, model, url, protocol, concurrency, input_file, window_ms, work, tag,
             server=None):
     """One perf_analyzer run; ``server``: (its pid, its REST base URL) for the CPU cost."""
-    import httpx
-
     def snapshot():
         if server is None:
             return None, None
@@ -723,8 +738,6 @@ def measure(binary, env, model, url, protocol, concurrency, input_file, window_m
 
 
 def texts_for_run(model_dir, limit):
-    from ppvarlen.deploy.bench import split_texts
-
     # one text per line for ppvarlen-infer's .txt input: a text with a line break would split
     texts = [t for t in split_texts(model_dir) if t.strip() and "\n" not in t and "\r" not in t]
     return texts[:limit] if limit else texts
@@ -742,8 +755,6 @@ def run(args):
                          f"benchmarks/serve_vs_triton.py --setup-triton-venv /tmp/tritonvenv` "
                          f"(a venv of its own: PyTriton 0.7 wants numpy<2)")
     check_patched(args.triton_python)
-    from ppvarlen.deploy.manifest import load_manifest
-
     model_dir = os.path.abspath(args.model_dir)
     manifest = load_manifest(model_dir)
     model = manifest.get("model_name") or "model"
@@ -787,8 +798,8 @@ def run(args):
     offline = [run_infer(model_dir, texts_file, os.path.join(work, "infer_before.jsonl"))]
     print(f"ppvarlen-infer before the servers: {offline[0]['texts_per_s']} texts/s", flush=True)
 
-    ports = {"ppvarlen": {"http": _free_port(), "grpc": _free_port()},
-             "triton": {"http": _free_port(), "grpc": _free_port()}}
+    ports = {"ppvarlen": {"http": free_port(), "grpc": free_port()},
+             "triton": {"http": free_port(), "grpc": free_port()}}
     serve_cmd = [sys.executable, os.path.join(REPO, "deploy", "python", "serve.py"),
                  "--model-dir", model_dir, "--backend", "onnx", "--host", "127.0.0.1",
                  "--port", str(ports["ppvarlen"]["http"]),
@@ -814,13 +825,10 @@ def run(args):
                     "ppvarlen-serve", 180, os.path.join(work, "ppvarlen_serve.log"))
         _wait_ready(http["triton"] + f"/v2/models/{model}/ready", procs["triton"],
                     "the Triton anchor", 300, os.path.join(work, "triton_anchor.log"))
-        import httpx
-
         results["versions"]["tritonserver"] = httpx.get(http["triton"] + "/v2",
                                                         timeout=10).json().get("version")
         sample = texts[:24] + sorted(texts, key=len)[-8:]  # the longest are truncated
-        results["answer_check"] = check_answers(http, model, list(manifest["label_names"]),
-                                                sample)
+        results["answer_check"] = check_answers(http, model, sample)
         print(f"answers equal on {len(sample)} sample texts (max prob diff "
               f"{results['answer_check']['max_prob_diff']:.1e})", flush=True)
 
@@ -862,8 +870,6 @@ def run(args):
     results["machine"]["loadavg_1m_during"] = {"min": min(loads), "max": max(loads),
                                               "median": statistics.median(loads)} if loads else None
     results["wall_s"] = round(time.time() - started, 1)
-    from ppvarlen.utils.io import atomic_write_json
-
     atomic_write_json(os.path.join(args.out, "serve_vs_triton.json"), results)
     plot(results, os.path.join(args.out, "serve_vs_triton.png"))
     print_report(results)

@@ -62,9 +62,13 @@ class AnchorTokenizer:
 
     def __init__(self, export_dir):
         manifest = _read_json(os.path.join(export_dir, "manifest.json"))
-        if manifest.get("task") != "classification":
-            raise UnsupportedExport(f"task {manifest.get('task')!r}: the anchor serves "
-                                    f"classification exports only")
+        # what the anchor runs: one text's ids and length in, one row of label logits out
+        inputs = [i.get("name") for i in manifest.get("inputs", [])]
+        outputs = [o.get("name") for o in manifest.get("outputs", [])]
+        if inputs != ["input_ids", "seq_len"] or outputs != ["logits"]:
+            raise UnsupportedExport(f"the model takes {inputs} and gives {outputs}; the anchor "
+                                    f"runs models of input_ids + seq_len -> logits (a text "
+                                    f"classifier) only")
         tok = manifest["tokenizer"] if isinstance(manifest["tokenizer"], dict) \
             else {"kind": manifest["tokenizer"]}
         meta_path = os.path.join(export_dir, "encoder.json")

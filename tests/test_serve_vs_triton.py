@@ -91,6 +91,8 @@ def _tiny_export(path, texts, lowercase=False, max_len=8, kind="char"):
     enc = TextEncoder.build(texts, kind, lowercase=lowercase)
     enc.save(str(path))
     manifest = {"task": "classification", "label_names": ["negative", "positive"],
+                "inputs": [{"name": "input_ids"}, {"name": "seq_len"}],
+                "outputs": [{"name": "logits"}],
                 "tokenizer": {"kind": kind, "lowercase": lowercase,
                               "add_special_tokens": True},
                 "max_len": max_len, "long_text": {"policy": "truncate", "max_len": max_len}}
@@ -157,6 +159,11 @@ def test_the_anchor_refuses_exports_it_cannot_tokenize_like_ppvarlen(tmp_path, a
     (tmp_path / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
     with pytest.raises(anchor.UnsupportedExport, match="only truncates"):
         anchor.AnchorTokenizer(str(tmp_path))
+    manifest["long_text"] = "truncate"
+    manifest["outputs"] = [{"name": "emissions"}]  # a tagger: logits per token, not per text
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    with pytest.raises(anchor.UnsupportedExport, match="text classifier"):
+        anchor.AnchorTokenizer(str(tmp_path))
 
 
 def test_the_anchor_pads_a_batch_to_its_longest_text(anchor):
@@ -164,15 +171,19 @@ def test_the_anchor_pads_a_batch_to_its_longest_text(anchor):
     assert ids.tolist() == [[2, 7, 3], [2, 3, 0]] and lengths.tolist() == [3, 2]
 
 
-def test_answers_compare_labels_and_probabilities(bench):
-    def body(labels, probs):
-        return {"outputs": [{"name": "label", "data": labels}, {"name": "probs", "data": probs}]}
-    same = bench.compare_answers(body(["a", "b"], [0.9, 0.1, 0.2, 0.8]),
-                                 body(["a", "b"], [0.9000004, 0.0999996, 0.2, 0.8]), ["a", "b"])
-    assert same[1] == [] and same[0] < 1e-6
-    diff, labels = bench.compare_answers(body(["a", "b"], [0.9, 0.1, 0.2, 0.8]),
-                                         body(["a", "a"], [0.9, 0.1, 0.6, 0.4]), ["a", "b"])
-    assert labels == [1] and diff == pytest.approx(0.4)
+def test_answers_must_be_equal_but_for_float_noise_in_the_probabilities(bench):
+    def body(labels, probs, tokens=(9, 4)):
+        return {"outputs": [{"name": "label", "data": labels}, {"name": "probs", "data": probs},
+                            {"name": "num_tokens", "data": list(tokens)}]}
+    diff, differ = bench.compare_answers(body(["a", "b"], [0.9, 0.1, 0.2, 0.8]),
+                                         body(["a", "b"], [0.9000004, 0.0999996, 0.2, 0.8]))
+    assert differ == [] and diff < 1e-6
+    diff, differ = bench.compare_answers(body(["a", "b"], [0.9, 0.1, 0.2, 0.8]),
+                                         body(["a", "a"], [0.9, 0.1, 0.6, 0.4], (9, 5)))
+    assert differ == ["label", "num_tokens"] and diff == pytest.approx(0.4)
+    short = {"outputs": [{"name": "label", "data": ["a", "b"]}]}  # no probs at all
+    assert bench.compare_answers(body(["a", "b"], [0.9, 0.1, 0.2, 0.8]), short) == \
+        (float("inf"), ["num_tokens", "probs"])
 
 
 def test_missing_perf_analyzer_prints_how_to_get_it(bench, monkeypatch, capsys):
@@ -280,3 +291,14 @@ def test_the_anchor_runs_without_pytriton_installed_for_its_tokenizer(tmp_path, 
     ids = json.loads(dst.read_text(encoding="utf-8"))
     assert len(ids) == 2 and all(i[0] == 2 and i[-1] == 3 for i in ids)
     assert os.path.getsize(dst) > 0
+
+
+def test_only_an_export_served_with_the_anchors_input_and_outputs_is_measured(bench):
+    task = get_task("classification")
+    inputs, outputs = bench.served_outputs(
+        Predictor(None, _shared={"task": task, "label_names": ["negative", "positive"]}))
+    assert (inputs, outputs) == (["text"], list(bench.ANCHOR_OUTPUTS))
+    bench.check_anchor_can_mirror(inputs, outputs)
+    tagger = Predictor(None, _shared={"task": get_task("tagging"), "label_names": ["B", "O"]})
+    with pytest.raises(bench.SetupError, match="text classifier"):
+        bench.check_anchor_can_mirror(*bench.served_outputs(tagger))
