@@ -27,7 +27,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from starlette.requests import ClientDisconnect
 from test_deploy_helpers import TEXTS, make_tiny_export
-from test_server import listening_socket, wait_for
+from test_server import RunningServer, wait_for
 from uvicorn.protocols.http import httptools_impl
 
 from ppvarlen.config import ConfigError, load_config
@@ -68,33 +68,12 @@ def small_app():
     return app
 
 
-class BoundedServer:
-    """``small_app`` (or ``app``) served in a thread by uvicorn with the config
-    ``connections.uvicorn_config`` builds from Deploy ``keys``; ``events`` counts refusals."""
+class BoundedServer(RunningServer):
+    """``small_app`` (or ``app``) served as ``serve()`` serves, with the Deploy ``keys``."""
 
     def __init__(self, app=None, **keys):
         self.app = app or small_app()
-        self.sock = listening_socket()
-        self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = connections.uvicorn_config(self.app, deploy_settings(**keys), "127.0.0.1",
-                                            self.port)
-        self.events = config.http.events
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        wait_for(lambda: self.server.started or not self.thread.is_alive(), "the server to start")
-        assert self.thread.is_alive(), "the server thread died while starting"
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(120)
-        assert not self.thread.is_alive(), "the server did not stop within 120 s"
-        self.sock.close()
+        super().__init__(self.app, **keys)
 
     def connect(self):
         return socket.create_connection(("127.0.0.1", self.port), timeout=WAIT_S)

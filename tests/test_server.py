@@ -13,6 +13,7 @@ import pytest
 from test_deploy_helpers import TEXTS, cls_export, tag_export  # noqa: F401
 
 from ppvarlen.deploy.predictor import Predictor
+from ppvarlen.deploy.connections import uvicorn_config
 from ppvarlen.deploy.server import create_app, deploy_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,16 +41,20 @@ def wait_for(condition, what, timeout=120, every=0.02):
 
 
 class RunningServer:
-    """uvicorn in a thread on 127.0.0.1 (a pre-bound socket); stops (gracefully) on exit."""
+    """uvicorn in a thread on 127.0.0.1 (a pre-bound socket), configured as ``serve()``
+    configures it (``connection_keys``: Deploy connection bounds); stops (gracefully) on exit;
+    ``events`` counts the connection layer's refusals."""
 
-    def __init__(self, app):
+    def __init__(self, app, **connection_keys):
         import uvicorn
 
         self.sock = listening_socket()
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                   log_level="warning"))
+        # the uvicorn config serve() runs, with the Deploy connection bounds
+        config = uvicorn_config(app, deploy_settings(**connection_keys), "127.0.0.1", self.port)
+        self.events = config.http.events
+        self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        daemon=True)
 

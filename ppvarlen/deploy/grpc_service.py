@@ -24,7 +24,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from ppvarlen.utils.log import get_logger
 
 from . import oip
-from .edge import HEALTH_PROBES, shown
+from .edge import HEALTH_PROBES
 from .errors import ApiError
 from .routes_oip import load_newest, server_version, statistics
 
