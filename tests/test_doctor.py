@@ -80,7 +80,8 @@ def test_the_export_runs_through_the_serving_predictor_and_its_own_limits(report
     assert "refused before the model" in checks[6].summary  # length 17: validation refuses it
     assert "refused before the model" in checks[4].evidence[
         "a fully padded row (0 tokens) beside a real one"]
-    assert checks[5].status == "pass" and "cast to float16" in checks[5].summary
+    # float32 only (its manifest lists no fp16): the mask scan runs, no cast is tried
+    assert checks[5].status == "pass" and "no constant" in checks[5].summary
     assert checks[7].evidence["vocab_size"] == checks[7].evidence["embedding_rows"]
 
 

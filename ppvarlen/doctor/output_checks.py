@@ -248,7 +248,7 @@ def check_precision(model, texts=None):
         except Exception as e:  # noqa: BLE001 - a variant that cannot run here is evidence
             fp16_text = f"the float16 copy does not run here ({type(e).__name__}: {e})"
             evidence["fp16"] = {"error": fp16_text}
-    elif model.run is not None:
+    elif model.run is not None and not model.float32_only:
         fp16_text = "no float16 run here (Paddle Inference has no CPU float16 kernels)"
     parts = [f"mask constant(s) below float16's -65504: {found}" if constants else
              "no constant <= -65504 reaches a softmax"] + ([fp16_text] if fp16_text else [])

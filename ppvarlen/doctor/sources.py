@@ -154,9 +154,13 @@ def load_export(path, backend, tokenizer_dir):
     if "fp16" in precisions:
         model.fp16 = lambda: (PredictorRows(Predictor(path, "onnx", precision="fp16")),
                               "the export's own fp16 ONNX file (onnx/model_fp16.onnx)", True)
-    elif "onnx" in manifest["backends"] and not predictor.task.generates:
-        onnx_file = os.path.join(path, "onnx", "model.onnx")
-        model.fp16 = lambda: _cast_runner(model, onnx_file)
+    elif not predictor.task.generates:
+        # ppvarlen serves a precision only where the export made and verified it (the
+        # manifest's precisions): a float16 cast of this graph is not something it can serve
+        model.float32_only = (f"this export serves float32 only (manifest precisions: "
+                              f"{manifest.get('precisions') or {'onnx': ['fp32']}}); "
+                              f"ppvarlen-export --precision fp32,fp16 builds a float16 file with "
+                              f"float16-safe masks, verified against fp32")
     return model
 
 
