@@ -58,8 +58,8 @@ SERVERS = ("ppvarlen", "triton")
 PROTOCOLS = ("http", "grpc")
 CONCURRENCIES = (1, 8, 32, 64)
 QUICK_CONCURRENCIES = (1, 8)
-# where the documented setup below unpacks perf_analyzer
-DEFAULT_PERF_ANALYZER = "/tmp/pa/tritonclient-2.41.0.data/data/bin/perf_analyzer"
+# where tools/get_perf_analyzer.sh installs perf_analyzer (a wrapper that sets its library path)
+DEFAULT_PERF_ANALYZER = os.path.join(REPO, ".perf_analyzer", "perf_analyzer")
 CUDA_RUNTIME_LIB = os.path.join("nvidia", "cuda_runtime", "lib")
 TRITON_PACKAGES = ["nvidia-pytriton==0.7.*", "onnxruntime", "numpy"]
 # perf_analyzer's stability rule (max/min of the last 3 windows within s%) with s this large
@@ -75,23 +75,18 @@ EQUAL_PROBS_TOLERANCE = 1e-3  # different padding in the two batchers moves floa
 
 
 def perf_analyzer_howto(looked_at=()):
-    """What to do when perf_analyzer is missing or does not start (the exact commands)."""
+    """What to do when perf_analyzer is missing or does not start (the exact command)."""
     where = " Looked at:" + "".join(f"\n  - {p}" for p in looked_at) if looked_at else ""
     return f"""perf_analyzer was not found or does not start.{where}
-It ships inside PyPI's tritonclient wheel (PyPI's `perf-analyzer` package is an empty
-placeholder); without a GPU it needs Debian's libb64 and CUDA's runtime library from PyPI:
+It ships inside PyPI's tritonclient 2.41.0 wheel (PyPI's `perf-analyzer` package is an empty
+placeholder); without a GPU it needs Debian's libb64-0d and libcudart.so.12 from PyPI's
+nvidia-cuda-runtime-cu12. This checkout's script installs all three from packages:
 
-  mkdir -p /tmp/pa && cd /tmp/pa
-  pip download --no-deps tritonclient==2.41.0
-  unzip -o tritonclient-2.41.0-py3-none-manylinux1_x86_64.whl 'tritonclient-2.41.0.data/data/bin/*'
-  chmod +x tritonclient-2.41.0.data/data/bin/perf_analyzer
-  apt-get install -y libb64-0d
-  pip download --no-deps nvidia-cuda-runtime-cu12
-  unzip -o nvidia_cuda_runtime_cu12-*.whl 'nvidia/cuda_runtime/lib/*'
+  bash tools/get_perf_analyzer.sh      # -> {DEFAULT_PERF_ANALYZER}
 
 Then run this benchmark again: it looks at $PERF_ANALYZER, then PATH, then
-{DEFAULT_PERF_ANALYZER}, and puts the {CUDA_RUNTIME_LIB}/ directory found beside the
-binary (in /tmp/pa here) on perf_analyzer's LD_LIBRARY_PATH ($PERF_ANALYZER_LIBS overrides)."""
+{DEFAULT_PERF_ANALYZER} (a binary unpacked by hand finds its {CUDA_RUNTIME_LIB}/ in a
+directory above it; $PERF_ANALYZER_LIBS overrides)."""
 
 
 class SetupError(RuntimeError):
