@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from . import oip
-from .edge import parse_json, read_body
+from .edge import parse_json, read_body, shown
 from .errors import ApiError
 from .manifest import UnservableExportError
 from .routes_predict import version_headers
@@ -127,7 +127,7 @@ async def load_newest(state, name):
     except UnservableExportError as e:
         raise ApiError(404, str(e), None) from None
     if status["state"] != "READY":
-        raise ApiError(409, f"model {name!r} version {status['version']} refused: "
+        raise ApiError(409, f"model {shown(name)} version {status['version']} refused: "
                        f"{status['reason']}; still serving "
                        f"{state.registry.versions(name) or 'nothing'}", None)
     return status
