@@ -155,3 +155,8 @@ register_model(
 register_model(
     "paddlenlp_qa", tasks=["extractive_qa"],
     builder="ppvarlen.models.paddlenlp_auto:build", keys=PADDLENLP)
+register_model(
+    "paddlenlp_embed", tasks=["embedding"], builder="ppvarlen.models.paddlenlp_auto:build",
+    keys={**PADDLENLP, "pooling": POOLING,
+          "normalize": Field(bool, None, help="L2-normalise the pooled embedding; null = what "
+                             "the directory says (modules.json Normalize), else false")})
