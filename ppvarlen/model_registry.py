@@ -157,6 +157,7 @@ register_model(
     builder="ppvarlen.models.paddlenlp_auto:build", keys=PADDLENLP)
 register_model(
     "paddlenlp_embed", tasks=["embedding"], builder="ppvarlen.models.paddlenlp_auto:build",
+    min_labels=0,
     keys={**PADDLENLP, "pooling": POOLING,
           "normalize": Field(bool, None, help="L2-normalise the pooled embedding; null = what "
                              "the directory says (modules.json Normalize), else false")})

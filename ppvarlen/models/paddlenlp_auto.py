@@ -45,8 +45,6 @@ from .masks import (key_padding_mask, masked_cross_entropy, pool, position_cross
 from .sentence_transformers_dir import resolve_pooling, write_pooling_modules
 from .transformer_cls import check_max_position
 
-# the poolings of the embedding models (masks.pool over real tokens)
-EMBEDDING_POOLINGS = ("cls", "mean", "last")
 SAFE_WEIGHTS = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
 PICKLE_WEIGHTS = ("model_state.pdparams", "model_state.pdparams.index.json")
@@ -124,8 +122,9 @@ class PaddleNLPModel(nn.Layer):
     has_head = True  # the directory's head is kept: its num_labels must match the data
 
     @classmethod
-    def options_of(cls, directory, config, options):
-        """The constructor's keyword arguments beyond (net, max_position): none."""
+    def options_of(cls, directory, config, options, keys=None, log_choice=True):
+        """The constructor's keyword arguments beyond (net, max_position) from the family's
+        Model keys ``options`` (``keys``: how errors name each key): none."""
         return {}
 
     def __init__(self, net, max_position):
@@ -235,12 +234,15 @@ class PaddleNLPEmbedder(PaddleNLPModel):
     has_head = False
 
     @classmethod
-    def options_of(cls, directory, config, options):
+    def options_of(cls, directory, config, options, keys=None, log_choice=True):
         """pooling / normalize: Model.pooling / Model.normalize merged with what the directory
         says (``resolve_pooling``: a contradiction is a ConfigError)."""
-        pooling, normalize = resolve_pooling(directory, options.get("pooling"),
-                                             options.get("normalize"), EMBEDDING_POOLINGS,
-                                             hidden_size=int(config.hidden_size))
+        keys = keys or {}
+        pooling, normalize = resolve_pooling(
+            directory, options.get("pooling"), options.get("normalize"),
+            hidden_size=int(config.hidden_size),
+            pooling_key=keys.get("pooling", "Model.pooling"),
+            normalize_key=keys.get("normalize", "Model.normalize"), log_choice=log_choice)
         return {"pooling": pooling, "normalize": normalize}
 
     def __init__(self, net, max_position, pooling, normalize):

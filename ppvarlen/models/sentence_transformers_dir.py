@@ -34,6 +34,8 @@ from ..utils.log import get_logger
 
 log = get_logger("models")
 
+# the poolings of a PaddleNLP encoder as an embedding model (masks.pool over real tokens)
+PADDLENLP_EMBED_POOLINGS = ("cls", "mean", "last")
 MODULES_FILE = "modules.json"
 ST_PACKAGE = "sentence_transformers.models."
 # Pooling's boolean config keys -> ppvarlen's pooling name (None: ppvarlen has no such pooling)
@@ -163,13 +165,16 @@ def _read_pooling_config(path, hidden_size):
     return POOLING_MODE_KEYS[on[0]], f"{path}: {key}"
 
 
-def resolve_pooling(directory, pooling, normalize, supported, hidden_size=None,
-                    pooling_key="Model.pooling", normalize_key="Model.normalize",
-                    default_normalize=False):
+def resolve_pooling(directory, pooling, normalize, supported=PADDLENLP_EMBED_POOLINGS,
+                    hidden_size=None, pooling_key="Model.pooling",
+                    normalize_key="Model.normalize", default_normalize=False, log_choice=True):
     """(pooling, normalize) for the encoder in ``directory``: the user's ``pooling`` /
     ``normalize`` (None = not given) merged with what the directory states.  ConfigError when
-    they disagree, when the directory's pooling is not in ``supported`` or when nobody says
-    the pooling; the choice and where it came from are logged."""
+    they disagree, when a pooling is not in ``supported`` or when nobody says the pooling;
+    the choice and where it came from are logged (``log_choice``)."""
+    if pooling is not None and pooling not in supported:
+        raise ConfigError(f"{pooling_key}={pooling}: a PaddleNLP encoder is pooled with "
+                          f"{' | '.join(supported)}")
     said = read_directory_pooling(directory, hidden_size)
     if said.pooling is not None and said.pooling not in supported:
         raise ConfigError(f"{said.where['pooling']}: {said.pooling} pooling is not supported "
@@ -195,9 +200,10 @@ def resolve_pooling(directory, pooling, normalize, supported, hidden_size=None,
         chosen_normalize, normalize_from = said.normalize, said.where["normalize"]
     else:
         chosen_normalize, normalize_from = bool(default_normalize), "the default"
-    log.info("embedding of %s: %s pooling (from %s), normalize=%s (from %s)", directory,
-             chosen_pooling, pooling_key if pooling is not None else said.where["pooling"],
-             chosen_normalize, normalize_from)
+    if log_choice:
+        log.info("embedding of %s: %s pooling (from %s), normalize=%s (from %s)", directory,
+                 chosen_pooling, pooling_key if pooling is not None else said.where["pooling"],
+                 chosen_normalize, normalize_from)
     return chosen_pooling, chosen_normalize
 
 
