@@ -74,8 +74,9 @@ MAX_POSITION = Field(int, 512, help="longest input in tokens: the size of the le
                      "the export and server apply")
 POOLING = Field(str, None, choices=["cls", "mean", "max", "last", "mean_max"],
                 help="null = the model's default: cls (transformer_cls), last (rnn_cls), mean "
-                "(transformer_embed); real tokens only (pads never pooled); ernie_cls has no "
-                "such key: it always uses ERNIE's [CLS] pooler")
+                "(transformer_embed), what the directory says (paddlenlp_embed: "
+                "1_Pooling/config.json; cls, mean or last); real tokens only (pads never "
+                "pooled); ernie_cls has no such key: it always uses ERNIE's [CLS] pooler")
 PRETRAINED_DIR = Field(str, None, path=True, help="local ERNIE/BERT dir: config + weights + vocab; "
                        "paddlenlp_*: any PaddleNLP save_pretrained directory "
                        "(config.json + model.safetensors + tokenizer files)")
@@ -168,8 +169,9 @@ register_model(
           "projection_dim": Field(int, 0, help="transformer_embed: a Linear head from the "
                                   "pooled width to this many dimensions; 0 = none (the "
                                   "embedding is the pooled state)"),
-          "temperature": Field(float, 0.05, help="transformer_embed, training only: InfoNCE "
+          "temperature": Field(float, 0.05, help="the embedding models, training only: InfoNCE "
                                "temperature (the cosine similarities are divided by it)")})
 register_model(
     "paddlenlp_embed", tasks=["embedding"], builder="ppvarlen.models.paddlenlp_auto:build",
-    min_labels=0, keys={**PADDLENLP, "pooling": POOLING, "normalize": MODEL_FIELDS["normalize"]})
+    min_labels=0, keys={**PADDLENLP, "pooling": POOLING, "normalize": MODEL_FIELDS["normalize"],
+                        "temperature": MODEL_FIELDS["temperature"]})

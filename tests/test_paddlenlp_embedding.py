@@ -252,3 +252,140 @@ def test_directories_ppvarlen_cannot_apply_are_refused(tmp_path):
     typo = write_st_layout(tmp_path / "typo", {"pooling_mode_cls_tokens": True}, False)
     with pytest.raises(ConfigError, match="unknown key.*pooling_mode_cls_tokens"):
         read_directory_pooling(typo)
+
+
+# ---------------------------------------------------------------- train -> directory -> export
+
+def pairs_files(root):
+    """A tiny {"text_a", "text_b"} corpus (every split the same lines)."""
+    lines = "".join(json.dumps({"text_a": a, "text_b": b}, ensure_ascii=False) + "\n"
+                    for a, b in zip(TEXTS, TEXTS[1:] + TEXTS[:1]))
+    paths = {}
+    for split in ("train", "dev", "test"):
+        paths[split] = str(root / f"{split}.jsonl")
+        with open(paths[split], "w", encoding="utf-8") as f:
+            f.write(lines)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def exported(encoder_dir, tmp_path_factory):
+    """{"st": export of a sentence-transformers layout (mean, Normalize) with its verify file,
+    "trained": a 3-step paddlenlp_embed run (cls, no normalisation) and the export of the
+    PaddleNLP directory it wrote, with the same values given as flags}."""
+    from tiny_task import tiny_task_cfg
+
+    from ppvarlen.cli import main_export
+    from ppvarlen.engine import trainer as trainer_mod
+
+    root = tmp_path_factory.mktemp("embed-export")
+    paths = pairs_files(root)
+    st = write_st_layout(copy_dir(encoder_dir, root / "st"),
+                         pooling_config(pooling_mode_mean_tokens=True), normalize=True)
+    assert main_export(["--pretrained-dir", st, "--task", "embedding", "--output",
+                        str(root / "st-export"), "--verify-file", paths["test"]]) == 0
+    run = root / "run"
+    cfg = tiny_task_cfg(run, paths, {"tokenizer": "pretrained", "vocab_file": encoder_dir,
+                                     "add_special_tokens": True, "max_len": 32,
+                                     "max_tokens": 512},
+                        {"name": "paddlenlp_embed", "pretrained_dir": encoder_dir,
+                         "max_position": 512, "pooling": "cls", "normalize": False})
+    raw = cfg.to_dict()
+    raw["Train"].update(max_steps=3, eval_every=3)
+    from ppvarlen.config import load_config
+
+    result = trainer_mod.train(load_config(data=raw))
+    assert main_export(["--pretrained-dir", result["paddlenlp_dir"], "--task", "embedding",
+                        "--pooling", "cls", "--no-normalize", "--format", "onnx",
+                        "--output", str(root / "trained-export")]) == 0
+    return {"st": (st, str(root / "st-export")),
+            "trained": (result["paddlenlp_dir"], str(root / "trained-export"))}
+
+
+def test_export_records_the_embedding_and_passes_parity_and_admission(exported):
+    from tiny_task import assert_exact_parity
+
+    st, out = exported["st"]
+    manifest = json.load(open(os.path.join(out, "manifest.json")))
+    assert manifest["model_name"] == "paddlenlp_embed" and manifest["task"] == "embedding"
+    assert manifest["embedding"] == {"dim": HIDDEN, "pooling": "mean", "normalize": True}
+    assert manifest["label_names"] == []
+    assert manifest["outputs"][0]["compare"] == "cosine"
+    assert_exact_parity(out)  # parity.json passed: grid + the verify file, both backends
+    report = json.load(open(os.path.join(out, "parity.json")))
+    for part in ("grid", "test"):
+        for r in report["results"][part].values():
+            assert r["min_cosine"] >= report["thresholds"]["cosine_min"] == 0.9999
+    _, trained_out = exported["trained"]
+    manifest = json.load(open(os.path.join(trained_out, "manifest.json")))
+    assert manifest["embedding"] == {"dim": HIDDEN, "pooling": "cls", "normalize": False}
+    assert sorted(manifest["backends"]) == ["onnx"]
+
+
+@pytest.mark.parametrize("backend", ["paddle", "onnx"])
+def test_exported_engines_take_any_shape_and_equal_paddlenlp(backend, exported):
+    from ppvarlen.deploy.engines import OnnxEngine, PaddleEngine
+
+    st, out = exported["st"]
+    manifest = json.load(open(os.path.join(out, "manifest.json")))
+    engine = (PaddleEngine if backend == "paddle" else OnnxEngine)(out, manifest)
+    rows, vocab_size = encoded_texts(st)
+    rng = np.random.default_rng(7)
+    for width, order in ((23, [0, 1, 2, 3, 4]), (17, [2, 1])):  # shapes off the parity grid
+        chosen = [rows[i] for i in order]
+        ids, seq_len = padded_batch(chosen, width, rng, vocab_size)
+        got = engine.run(ids, seq_len)["embedding"]
+        assert got.shape == (len(chosen), HIDDEN)
+        for b, row in enumerate(chosen):
+            np.testing.assert_allclose(got[b], paddlenlp_reference(st, row, "mean", True),
+                                       atol=1e-4, rtol=0)
+
+
+def test_training_writes_a_directory_that_says_its_pooling(exported):
+    directory, out = exported["trained"]
+    said = read_directory_pooling(directory, HIDDEN)
+    assert (said.pooling, said.normalize) == ("cls", False)
+    from ppvarlen.deploy.engines import OnnxEngine
+
+    manifest = json.load(open(os.path.join(out, "manifest.json")))
+    rows, vocab_size = encoded_texts(directory)
+    ids, seq_len = padded_batch(rows, 19, np.random.default_rng(2), vocab_size)
+    got = OnnxEngine(out, manifest).run(ids, seq_len)["embedding"]
+    for b, row in enumerate(rows):
+        np.testing.assert_allclose(got[b], paddlenlp_reference(directory, row, "cls", False),
+                                   atol=1e-4, rtol=0)
+
+
+def test_export_refusals_are_one_line_and_name_the_file(exported, encoder_dir, tmp_path, capsys):
+    from ppvarlen.cli import main_export
+
+    st, _ = exported["st"]
+    pooling_file = os.path.join(st, "1_Pooling", "config.json")
+    out = ["--output", str(tmp_path / "o")]
+    cases = [
+        (["--pretrained-dir", st, "--task", "embedding", "--pooling", "cls"],
+         ["--pooling=cls contradicts", pooling_file, "pooling_mode_mean_tokens: true"]),
+        (["--pretrained-dir", st, "--task", "embedding", "--no-normalize"],
+         ["--normalize=false contradicts", "modules.json: module Normalize"]),
+        (["--pretrained-dir", encoder_dir, "--task", "embedding"],
+         ["does not say how to pool", "--pooling (cls | mean | last)"]),
+        (["--pretrained-dir", encoder_dir, "--pooling", "cls"], ["do not say the task"]),
+        (["--checkpoint", str(tmp_path), "-c", "x.yaml", "--pooling", "cls"],
+         ["go with --pretrained-dir"]),
+    ]
+    for argv, wanted in cases:
+        assert main_export(argv + out) == 2, argv
+        err = capsys.readouterr().err
+        for text in wanted:
+            assert text in err, (argv, err)
+    with pytest.raises(SystemExit):  # argparse: not a choice
+        main_export(["--pretrained-dir", encoder_dir, "--task", "embedding", "--pooling", "max"]
+                    + out)
+    assert "invalid choice: 'max'" in capsys.readouterr().err
+    weighted = write_st_layout(copy_dir(encoder_dir, tmp_path / "w"), pooling_config(
+        pooling_mode_weightedmean_tokens=True), normalize=False)
+    assert main_export(["--pretrained-dir", weighted, "--task", "embedding"] + out) == 2
+    err = capsys.readouterr().err
+    assert os.path.join(weighted, "1_Pooling", "config.json") in err
+    assert "pooling_mode_weightedmean_tokens: true" in err and "not supported" in err
+    assert not os.path.exists(tmp_path / "o")

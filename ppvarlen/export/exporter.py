@@ -368,7 +368,7 @@ def export_pretrained_dir(directory, output, cfg, task=None, formats=None, preci
             "tokenizer": "pretrained", "max_len": max_len, "max_position": table,
             "long_text": cfg.Data.long_text, "buckets": [], "length_profile": profile,
             "step": 0, "metrics": {}, "source": {"pretrained_dir": os.path.abspath(directory)},
-            **task.meta_extras(cfg)}
+            **task.meta_extras(cfg), **task.model_meta(model)}
     return export_model(model, meta, encoder, cfg, output, formats, precisions, verify,
                         test_examples)
 

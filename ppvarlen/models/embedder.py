@@ -65,5 +65,5 @@ def build(cfg, vocab_size, num_labels, pad_id, init_weights=True):
         vocab_size, hidden_size=cfg["hidden_size"], num_layers=cfg["num_layers"],
         num_heads=cfg["num_heads"], ffn_size=cfg["ffn_size"], dropout=cfg["dropout"],
         max_position=cfg["max_position"], pooling=cfg["pooling"] or DEFAULT_POOLING,
-        normalize=cfg["normalize"], projection_dim=cfg["projection_dim"],
+        normalize=True if cfg["normalize"] is None else cfg["normalize"], projection_dim=cfg["projection_dim"],
         temperature=cfg["temperature"])

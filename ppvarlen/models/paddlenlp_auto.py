@@ -243,11 +243,16 @@ class PaddleNLPEmbedder(PaddleNLPModel):
             hidden_size=int(config.hidden_size),
             pooling_key=keys.get("pooling", "Model.pooling"),
             normalize_key=keys.get("normalize", "Model.normalize"), log_choice=log_choice)
-        return {"pooling": pooling, "normalize": normalize}
+        return {"pooling": pooling, "normalize": normalize,
+                "temperature": options.get("temperature", 0.05)}
 
-    def __init__(self, net, max_position, pooling, normalize):
+    def __init__(self, net, max_position, pooling, normalize, temperature=0.05):
         super().__init__(net, max_position)
         self.pooling, self.normalize = pooling, bool(normalize)
+        if not temperature > 0:
+            raise ConfigError(f"Model.temperature={temperature}: InfoNCE divides the "
+                              f"similarities by it; use a positive value (e.g. 0.05)")
+        self.temperature = float(temperature)  # the embedding task's InfoNCE (training only)
         self.embedding_dim = int(net.config.hidden_size)
         # the [CLS] pooler (dense + tanh) is off the embedding's path: frozen, as the token
         # classifier's (a resumed run finds optimizer moments for every trainable parameter)
@@ -328,6 +333,6 @@ def model_name_for(config, task, directory):
 def build(cfg, vocab_size, num_labels, pad_id, init_weights=True):
     """The registered builder of the paddlenlp_* families; without ``init_weights`` a ppvarlen
     checkpoint supplies every weight: config.json suffices."""
-    options = {k: cfg[k] for k in ("pooling", "normalize") if k in cfg}
+    options = {k: cfg[k] for k in ("pooling", "normalize", "temperature") if k in cfg}
     return build_paddlenlp_model(FAMILY[cfg["name"]], cfg["pretrained_dir"], cfg["max_position"],
                                  vocab_size, num_labels, init_weights, options)

@@ -57,7 +57,6 @@ from .base import Task, output_width_problems
 
 FIELDS = ("text_a", "text_b")
 OUTPUT = "embedding"
-DEFAULT_POOLING = "mean"  # the transformer_embed default (models/embedder.py)
 MRR_CUTOFF = 10
 SCORE_BLOCK = 512  # queries scored at once: O(SCORE_BLOCK x N) similarities in memory
 MIN_HALF_CHARS = 8  # a derived pair's halves: at least this many characters each
@@ -255,15 +254,11 @@ class EmbeddingTask(Task):
         groups = text_groups(dataset[i]["input_ids_b"] for i in range(len(dataset)))
         return retrieval_scores(pairs[:, 0], pairs[:, 1], groups)
 
-    def meta_extras(self, cfg):
-        """What the manifest's ``embedding`` entry is made of (from the Model section)."""
-        model = cfg.Model
-        pooling = model.get("pooling") or DEFAULT_POOLING
-        hidden = model.get("hidden_size")
-        width = 2 * hidden if pooling == "mean_max" and hidden else hidden
-        return {"embedding": {"dim": int(model.get("projection_dim") or width or 0),
-                              "pooling": pooling,
-                              "normalize": bool(model.get("normalize", True))}}
+    def model_meta(self, model):
+        """What the manifest's ``embedding`` entry is made of: the built model's width,
+        pooling and normalisation (a PaddleNLP directory may have chosen the last two)."""
+        return {"embedding": {"dim": int(model.embedding_dim), "pooling": str(model.pooling),
+                              "normalize": bool(model.normalize)}}
 
     # ------------------------------------------------------------ deploy
     def manifest_extras(self, meta):
