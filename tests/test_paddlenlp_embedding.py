@@ -252,6 +252,9 @@ def test_directories_ppvarlen_cannot_apply_are_refused(tmp_path):
     typo = write_st_layout(tmp_path / "typo", {"pooling_mode_cls_tokens": True}, False)
     with pytest.raises(ConfigError, match="unknown key.*pooling_mode_cls_tokens"):
         read_directory_pooling(typo)
+    text = write_st_layout(tmp_path / "text", {"pooling_mode_cls_token": "true"}, False)
+    with pytest.raises(ConfigError, match="pooling_mode_cls_token='true'.*true or false"):
+        read_directory_pooling(text)
 
 
 # ---------------------------------------------------------------- train -> directory -> export
@@ -388,4 +391,12 @@ def test_export_refusals_are_one_line_and_name_the_file(exported, encoder_dir, t
     err = capsys.readouterr().err
     assert os.path.join(weighted, "1_Pooling", "config.json") in err
     assert "pooling_mode_weightedmean_tokens: true" in err and "not supported" in err
+    classifier = copy_dir(encoder_dir, tmp_path / "classifier")
+    with open(os.path.join(classifier, "config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(classifier, "config.json"), "w") as f:
+        json.dump({**config, "architectures": ["ErnieForSequenceClassification"]}, f)
+    assert main_export(["--pretrained-dir", classifier, "--pooling", "mean"] + out) == 2
+    assert "--pooling: the classification model paddlenlp_seq_cls has no pooling setting " \
+           "(only paddlenlp_embed reads it: --task embedding)" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "o")

@@ -4,7 +4,11 @@
 ``paddlenlp_token_cls`` ``AutoModelForTokenClassification``, ``paddlenlp_qa``
 ``AutoModelForQuestionAnswering`` (start/end logits), from ``Model.pretrained_dir``
 (ERNIE, BERT and the other architectures PaddleNLP's Auto classes map; the fine-tuned
-classifier is kept, ``num_labels`` comes from the directory's config.json).
+classifier is kept, ``num_labels`` comes from the directory's config.json);
+``paddlenlp_embed`` loads ``AutoModel``, the bare encoder (whatever head the directory has),
+and pools its sequence output over real tokens into embeddings [B, D] (``PaddleNLPEmbedder``;
+the pooling from the directory's sentence-transformers files or Model.pooling,
+models/sentence_transformers_dir.py).
 
 Offline and pickle-free: only an existing directory is read, and only when it holds
 ``model.safetensors``.  PaddleNLP 2.8.1's ``_resolve_model_file_path`` prefers the

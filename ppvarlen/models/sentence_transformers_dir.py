@@ -138,6 +138,10 @@ def _read_pooling_config(path, hidden_size):
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {unknown}; ppvarlen reads "
                           f"{sorted(POOLING_MODE_KEYS) + list(POOLING_OTHER_KEYS)}")
+    not_bool = [k for k in POOLING_MODE_KEYS if k in cfg and not isinstance(cfg[k], bool)]
+    if not_bool:
+        raise ConfigError(f"{path}: {not_bool[0]}={cfg[not_bool[0]]!r}: the pooling_mode_* keys "
+                          f"are true or false")
     dim = cfg.get("word_embedding_dimension")
     if hidden_size is not None and dim is not None and int(dim) != int(hidden_size):
         raise ConfigError(f"{path}: word_embedding_dimension={dim} but the encoder's "
