@@ -62,6 +62,14 @@ def counts(url, model):
             sum(int(m["execution_count"]) for m in stats))
 
 
+def overhead_tokens(url, model):
+    """The batcher's cost of a forward pass in tokens (measured at start unless
+    Deploy.batch_overhead_tokens is set), from the model configuration extension."""
+    config = httpx.get(f"{url}/v2/models/{model}/config", timeout=30).json()
+    value = config.get("parameters", {}).get("batch_overhead_tokens", {}).get("string_value")
+    return int(value) if value not in (None, "None") else None
+
+
 def perf_command(binary, model, url, protocol, concurrency, input_file, requests, csv_path):
     return [binary, "-m", model, "-u", url, "-i", protocol, "--input-data", input_file,
             "--shape", "text:1", "--concurrency-range", f"{concurrency}:{concurrency}",
@@ -114,11 +122,12 @@ def offline_cost(model_dir, texts_file, work):
     return run
 
 
-def start_variant(name, checkout, model_dir, ports, protocols, work):
+def start_variant(name, checkout, model_dir, ports, protocols, work, deploy=()):
     cmd = [sys.executable, os.path.join(checkout, "deploy", "python", "serve.py"),
            "--model-dir", model_dir, "--backend", "onnx", "--host", "127.0.0.1",
-           "--port", str(ports["http"]), "-o", "Deploy.max_wait_ms=5",
-           "-o", "Deploy.max_batch_size=64", "-o", "Deploy.threads=1"]
+           "--port", str(ports["http"])]
+    for key in ("max_wait_ms=5", "max_batch_size=64", "threads=1", *deploy):
+        cmd += ["-o", f"Deploy.{key}"]
     cmd += ["--grpc-port", str(ports["grpc"])] if "grpc" in protocols else []
     env = {**os.environ, "PYTHONPATH": os.path.abspath(checkout)}
     log_path = os.path.join(work, f"serve_{name}.log")
@@ -196,7 +205,7 @@ def run(args):
         for name, checkout in variants.items():
             ports = {"http": free_port(), "grpc": free_port()}
             proc, cmd, log_path = start_variant(name, checkout, model_dir, ports,
-                                                args.protocol, work)
+                                                args.protocol, work, args.deploy)
             procs[name] = proc
             servers[name] = {"pid": proc.pid, "http": f"http://127.0.0.1:{ports['http']}",
                              "grpc": f"127.0.0.1:{ports['grpc']}", "command": cmd,
@@ -204,7 +213,12 @@ def run(args):
         for name, s in servers.items():
             svt._wait_ready(f"{s['http']}/v2/models/{model}/ready", procs[name], name, 240,
                             s["log"])
-        results["servers"] = {n: s["command"] for n, s in servers.items()}
+        results["servers"] = {n: {"command": s["command"],
+                                  "batch_overhead_tokens": overhead_tokens(s["http"], model)}
+                              for n, s in servers.items()}
+        for n, s in results["servers"].items():
+            print(f"{n}: a forward pass costs as much as {s['batch_overhead_tokens']} tokens "
+                  f"(the batcher's planning constant)", flush=True)
         for name, s in servers.items():  # first connections and batch shapes, not recorded
             for p in args.protocol:
                 measure(binary, env, model, s, p, 8, input_file, 200, work, f"warm_{name}_{p}")
@@ -249,6 +263,9 @@ def main(argv=None):
                     "(3 windows a point)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--texts", type=int, default=0, help="use only the first N texts (0: all)")
+    ap.add_argument("--deploy", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Deploy setting for every variant, e.g. batch_overhead_tokens=60 "
+                    "(the same planning constant for all, instead of each measuring its own)")
     ap.add_argument("--out", default="output/bench/serve_cost")
     args = ap.parse_args(argv)
     try:
