@@ -220,7 +220,7 @@ def check_render(predictor):
     for binary in (False, True):
         content, headers = oip.infer_response(served, None, {},
                                               [(n, binary) for n in names], results)
-        head = content[:int(headers[oip.HEADER_LENGTH])] if binary else content
+        head = content[:int(dict(headers)[oip.HEADER_LENGTH_KEY])] if binary else content
         _strict_json(head, "the OIP infer answer")
     return {"paths": ["/predict", "OIP JSON", "OIP binary"], "example": example}
 

@@ -66,12 +66,13 @@ class Answered:
 
 
 class _Job:
-    __slots__ = ("item", "length", "future", "enqueued", "loop")
+    __slots__ = ("item", "length", "future", "enqueued", "loop", "taken")
 
     def __init__(self, item, length, loop=None):
         self.item = item
         self.length = length
         self.loop = loop
+        self.taken = False  # out of the queue: in a batch, or dropped
         # an asyncio future of ``loop`` (created in its thread: submit runs there), else a
         # thread-safe one
         self.future = loop.create_future() if loop is not None else Future()
@@ -115,6 +116,7 @@ class DynamicBatcher:
         self.max_batch_size = max_batch_size
         self.queue_size = queue_size
         self._pending = []  # FIFO of _Job
+        self._pending_tokens = 0  # their lengths' sum
         self._cond = threading.Condition()
         self._closed = False
         self._predictors = list(predictors)
@@ -140,6 +142,7 @@ class DynamicBatcher:
                 raise QueueFull(f"queue holds {len(self._pending)} of {self.queue_size} texts; "
                                 f"{len(jobs)} more do not fit")
             self._pending.extend(jobs)
+            self._pending_tokens += sum(j.length for j in jobs)
             self._cond.notify_all()
         return [j.future for j in jobs]
 
@@ -176,7 +179,9 @@ class DynamicBatcher:
         with self._cond:
             self._closed = True
             if not drain:
-                dropped, self._pending = self._pending, []
+                dropped, self._pending, self._pending_tokens = self._pending, [], 0
+                for j in dropped:
+                    j.taken = True
                 self._deliver(dropped, [BatcherClosed("server shut down before this text ran")]
                               * len(dropped), time.monotonic(), 0.0)
             self._cond.notify_all()
@@ -191,21 +196,30 @@ class DynamicBatcher:
             return True  # draining: no reason to wait for company
         if len(self._pending) >= self.max_batch_size:
             return True
-        if sum(j.length for j in self._pending) >= self.max_batch_tokens:
+        if self._pending_tokens >= self.max_batch_tokens:
             return True
         return now - self._pending[0].enqueued >= self.max_wait
 
-    def _take_batch(self):
-        """Under the lock: remove and return the cheapest-plan group holding the oldest job."""
-        considered = self._pending[:PLAN_WINDOW]
+    def _plan(self, considered):
+        """The cheapest-plan group holding the oldest of ``considered`` (the queue's head),
+        in queue order.  Outside the lock: submits are not held up while it plans."""
         order = sorted(range(len(considered)), key=lambda i: (considered[i].length, i))
         groups = plan_groups([considered[i].length for i in order], self.overhead_tokens,
                              self.max_batch_tokens, self.max_batch_size)
         at = order.index(0)
         start, end = next((a, b) for a, b in groups if a <= at < b)
-        chosen = set(order[start:end])
-        self._pending = [j for i, j in enumerate(self._pending) if i not in chosen]
-        return [considered[i] for i in sorted(chosen)]
+        return [considered[i] for i in sorted(order[start:end])]
+
+    def _take(self, batch):
+        """Under the lock: remove ``batch`` from the queue -> True, or False when one of its
+        jobs was taken meanwhile (by another worker, or dropped by ``close``)."""
+        if any(j.taken for j in batch):
+            return False
+        for j in batch:
+            j.taken = True
+        self._pending = [j for j in self._pending if not j.taken]
+        self._pending_tokens -= sum(j.length for j in batch)
+        return True
 
     def _work(self, predictor):
         while True:
@@ -220,8 +234,12 @@ class DynamicBatcher:
                         timeout = max(0.0, self._pending[0].enqueued + self.max_wait
                                       - time.monotonic())
                     self._cond.wait(timeout)
-                batch = self._take_batch()
-            self._run(predictor, batch)
+                considered = self._pending[:PLAN_WINDOW]
+            batch = self._plan(considered)
+            with self._cond:
+                taken = self._take(batch)
+            if taken:
+                self._run(predictor, batch)
 
     def _run(self, predictor, batch):
         started = time.monotonic()

@@ -1,7 +1,7 @@
 """The server's edge: what happens to a request before a route reads it, and to an error after.
 
-* ``read_body``: the body within ``Deploy.max_body_bytes`` (declared or counted), a client that
-  goes away mid-body is one log line (``ClientGone``), not a traceback.
+* ``read_body``: an ASGI request's body within ``Deploy.max_body_bytes`` (declared or counted),
+  a client that goes away mid-body is one log line (``ClientGone``), not a traceback.
 * ``parse_json``: strict JSON -> 400 naming what is wrong: not UTF-8, nested too deep, an
   integer too long to convert, NaN/Infinity, a lone surrogate (it could not be encoded back
   into an answer); so no route ever holds a value it could not echo.
@@ -16,8 +16,6 @@ import json
 import os
 import re
 import time
-
-from starlette.requests import ClientDisconnect
 
 from ppvarlen.config import ConfigError
 from ppvarlen.utils.log import get_logger
@@ -42,23 +40,33 @@ def header_int(value, name):
     return int(value)
 
 
-async def read_body(request, limit):
-    declared = request.headers.get("content-length")
+def header(scope, name):
+    """The first value of header ``name`` (lowercase bytes) of an ASGI scope as str, or None."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def read_body(scope, receive, limit):
+    """The body of an ASGI request, within ``limit`` bytes; ClientGone when the client left."""
+    declared = header(scope, b"content-length")
     if declared is not None and header_int(declared, "Content-Length") > limit:
         raise ApiError(413, f"body is {declared} bytes; at most {limit} (Deploy.max_body_bytes)",
                        "body")
     chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:  # chunked uploads announce no length: count while reading
-                raise ApiError(413, f"body exceeds {limit} bytes (Deploy.max_body_bytes)",
-                               "body")
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise ClientGone(f"{request.method} {request.url.path}: the client disconnected after "
-                         f"{size} bytes of the body") from None
-    return b"".join(chunks)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone(f"{scope['method']} {scope['path']}: the client disconnected after "
+                             f"{size} bytes of the body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:  # chunked uploads announce no length: count while reading
+            raise ApiError(413, f"body exceeds {limit} bytes (Deploy.max_body_bytes)", "body")
+        if not message.get("more_body", False):
+            return b"".join(chunks + [chunk]) if chunks else chunk
+        chunks.append(chunk)
 
 
 def _not_json(constant):

@@ -27,6 +27,7 @@ from .edge import header_int, shown
 from .errors import ApiError
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+HEADER_LENGTH_KEY = HEADER_LENGTH.lower().encode()  # as ASGI headers name it
 EXTENSIONS = ["binary_tensor_data", "parameters", "model_repository", "model_configuration",
               "statistics"]
 TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT64": "TYPE_INT64",
@@ -301,7 +302,8 @@ def raw_contents(datatype, values):
 
 
 def infer_response(model, request_id, params, wanted, results):
-    """(body bytes, headers) of the infer answer for ``results`` (one per text)."""
+    """(body bytes, headers: lowercase (name, value) byte pairs) of the infer answer for
+    ``results`` (one per text)."""
     tensors = output_tensors(model, [n for n, _ in wanted], results)
     out_json, blobs = [], []
     for (name, datatype, shape, flat), (_, as_binary) in zip(tensors, wanted):
@@ -320,6 +322,6 @@ def infer_response(model, request_id, params, wanted, results):
         body["parameters"] = {"long_text": params["long_text"]}
     header = json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
     if not blobs:
-        return header, {"content-type": "application/json"}
-    return header + b"".join(blobs), {"content-type": "application/octet-stream",
-                                      HEADER_LENGTH: str(len(header))}
+        return header, [(b"content-type", b"application/json")]
+    return header + b"".join(blobs), [(b"content-type", b"application/octet-stream"),
+                                      (HEADER_LENGTH_KEY, b"%d" % len(header))]

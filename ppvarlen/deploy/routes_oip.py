@@ -9,10 +9,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from . import oip
-from .edge import parse_json, read_body, shown
+from .edge import header, parse_json, read_body, shown
 from .errors import ApiError
 from .manifest import UnservableExportError
-from .routes_predict import version_headers
+from .routes_predict import version_header_pairs, version_headers
 
 
 def server_version():
@@ -32,7 +32,8 @@ def statistics(state, name=None, version=None):
                             for m in sorted(models, key=lambda m: (m.name, int(m.version)))]}
 
 
-def router(state):
+def router(state, direct):
+    """The /v2 routes over ``state``; the infer routes answered by ``direct``."""
     routes = APIRouter()
     deploy = state.deploy
 
@@ -72,12 +73,12 @@ def router(state):
     async def all_stats():
         return statistics(state)
 
-    async def infer(request: Request, name: str, version: str = None):
+    async def infer(scope, receive, name, version=None):
         started = time.perf_counter()
         state.metrics.count_request()
         state.check_open()
-        body = await read_body(request, deploy.max_body_bytes)
-        head, binary = oip.split_body(body, request.headers.get(oip.HEADER_LENGTH))
+        body = await read_body(scope, receive, deploy.max_body_bytes)
+        head, binary = oip.split_body(body, header(scope, oip.HEADER_LENGTH_KEY))
         payload = parse_json(head)
         model = state.model(name, version)
         items, request_id, params, wanted = oip.parse_infer(payload, binary, deploy, model)
@@ -88,22 +89,24 @@ def router(state):
         content, headers = oip.infer_response(outcome.model, request_id, params, wanted,
                                               outcome.results)
         state.answered(outcome, started, time.perf_counter() - rendering)
-        return Response(content, headers={**headers, **version_headers(outcome.model)})
+        return content, headers + version_header_pairs(outcome.model)
 
-    # the infer routes first: a request is matched against the routes in order
-    for path, handler, methods in [
-            ("/v2/models/{name}/infer", infer, ["POST"]),
-            ("/v2/models/{name}/versions/{version}/infer", infer, ["POST"]),
-            ("/v2/models/stats", all_stats, ["GET"]),
-            ("/v2/models/{name}", model_metadata, ["GET"]),
-            ("/v2/models/{name}/versions/{version}", model_metadata, ["GET"]),
-            ("/v2/models/{name}/ready", model_ready, ["GET"]),
-            ("/v2/models/{name}/versions/{version}/ready", model_ready, ["GET"]),
-            ("/v2/models/{name}/config", model_config, ["GET"]),
-            ("/v2/models/{name}/versions/{version}/config", model_config, ["GET"]),
-            ("/v2/models/{name}/stats", model_stats, ["GET"]),
-            ("/v2/models/{name}/versions/{version}/stats", model_stats, ["GET"])]:
-        routes.add_api_route(path, handler, methods=methods)
+    async def declared_infer(request: Request, name: str, version: str = None):
+        pass  # never called: the direct route answers (the body's schema is api.py's)
+
+    for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
+        direct.post(routes, path, infer, declared_infer)
+    for path, handler in [
+            ("/v2/models/stats", all_stats),
+            ("/v2/models/{name}", model_metadata),
+            ("/v2/models/{name}/versions/{version}", model_metadata),
+            ("/v2/models/{name}/ready", model_ready),
+            ("/v2/models/{name}/versions/{version}/ready", model_ready),
+            ("/v2/models/{name}/config", model_config),
+            ("/v2/models/{name}/versions/{version}/config", model_config),
+            ("/v2/models/{name}/stats", model_stats),
+            ("/v2/models/{name}/versions/{version}/stats", model_stats)]:
+        routes.add_api_route(path, handler, methods=["GET"])
 
     if state.repository is not None:
         @routes.post("/v2/repository/index")

@@ -4,7 +4,8 @@
 repository, counters, the request path to the batchers) and the route modules over it:
 ``routes_predict`` (``POST /predict``, ``/health``, ``/metrics``, ``/metrics.json``) and
 ``routes_oip`` (the Open Inference Protocol v2 under ``/v2``, with Triton's model
-configuration and statistics extensions); ``serve`` adds the protocol's gRPC service
+configuration and statistics extensions); their inference routes are answered ahead of
+FastAPI's routing (``direct``); ``serve`` adds the protocol's gRPC service
 (``grpc_service``, ``Deploy.grpc_port``) on the same state.  Every answer names the version
 that produced it (``X-Model-Version``).  Every input is bounded (``docs/SERVING.md``, the
 threat model); errors are JSON ``{"error": message, "field": name}``.
@@ -15,9 +16,7 @@ import signal
 import socket
 
 import uvicorn
-from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse
 
 from ppvarlen.config import ConfigError
 from ppvarlen.utils.io import atomic_write_text
@@ -26,6 +25,7 @@ from ppvarlen.utils.log import get_logger
 from . import api, oip, routes_oip, routes_predict
 from .admission import admit
 from .connections import uvicorn_config
+from .direct import DirectRoutes, ServingApp, error_response
 from .edge import AnswerErrors, RequireToken, read_token
 from .engines import import_runtime
 from .errors import ApiError
@@ -38,8 +38,8 @@ log = get_logger("deploy.server")
 
 def create_app(predictor=None, deploy=None, repository=None, load_predictor=None,
                auth_token=None, grpc_port=None):
-    """The FastAPI app over one ``AppState``: one export (``predictor``, served as version 1 of
-    its manifest's model_name) or a model repository (``repository`` dir,
+    """The app (a FastAPI ``ServingApp``) over one ``AppState``: one export (``predictor``,
+    served as version 1 of its manifest's model_name) or a model repository (``repository`` dir,
     ``load_predictor(export_dir)``), with the ``deploy`` settings (a Deploy section;
     ``deploy_settings(**keys)`` makes one; default: the schema's).  ``auth_token``: the bearer
     token of ``Deploy.auth_token_file``.  ``grpc_port``: also serve the OIP over gRPC there
@@ -60,7 +60,8 @@ def create_app(predictor=None, deploy=None, repository=None, load_predictor=None
             grpc.stop(deploy.drain_timeout_s)
         await state.stop()
 
-    app = FastAPI(title="ppvarlen", lifespan=lifespan)
+    direct = DirectRoutes(state)
+    app = ServingApp(direct, title="ppvarlen", lifespan=lifespan)
     # outermost last: count and answer every error, then the token, then CORS
     if deploy.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(deploy.cors_origins),
@@ -74,13 +75,10 @@ def create_app(predictor=None, deploy=None, repository=None, load_predictor=None
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc):
-        state.failed(exc)
-        oip_route = request.url.path.startswith("/v2")
-        body = {"error": exc.message} if oip_route else {"error": exc.message, "field": exc.field}
-        return JSONResponse(body, status_code=exc.status, headers=exc.headers)
+        return error_response(state, exc, request.scope)
 
-    app.include_router(routes_predict.router(state))
-    app.include_router(routes_oip.router(state))
+    app.include_router(routes_predict.router(state, direct))
+    app.include_router(routes_oip.router(state, direct))
     app.openapi = functools.partial(_openapi, app, state)
     app.state.app_state = state
     app.state.registry = state.registry

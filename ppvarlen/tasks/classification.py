@@ -63,8 +63,11 @@ class ClassificationTask(Task):
         return list(out["logits"].astype(np.float32))
 
     def response(self, predictor, item, outputs):
-        _, mean_logits = aggregate_classification([0] * len(outputs), np.stack(outputs))
-        probs = softmax(np.asarray(mean_logits[0], np.float64))
+        if len(outputs) == 1:  # one window: its logits are the mean (and cost no grouping)
+            logits = outputs[0]
+        else:
+            logits = aggregate_classification([0] * len(outputs), np.stack(outputs))[1][0]
+        probs = softmax(np.asarray(logits, np.float64))
         k = int(probs.argmax())
         names = predictor.label_names
         return {"label": names[k], "label_id": k,
