@@ -18,7 +18,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from ppvarlen.config import load_config
+from ppvarlen.data import cache
 from ppvarlen.tasks import build_datasets
+from ppvarlen.tasks.classification import ClassificationTask
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "stores")
 WRITE = os.environ.get("PPVARLEN_WRITE_STORE_FIXTURES") == "1"
@@ -189,23 +191,35 @@ def build_case(name, corpus_dir, cache_root, **overrides):
     return build_datasets(cfg, **kwargs)
 
 
+def _changed(name, digests, entry):
+    """The files of the cache entry whose bytes differ from the fixture's (entry.json included)."""
+    with open(os.path.join(FIXTURES, name + ".json"), encoding="utf-8") as f:
+        want = json.load(f)
+    assert want["store_format"] == cache.STORE_FORMAT_VERSION, (
+        f"{name}: the fixture was written for store format {want['store_format']}, this code "
+        f"writes {cache.STORE_FORMAT_VERSION}: regenerate the fixtures "
+        f"(PPVARLEN_WRITE_STORE_FIXTURES=1 pytest tests/test_store_gate.py)")
+    changed = sorted(k for k in set(want["files"]) | set(digests)
+                     if want["files"].get(k) != digests.get(k))
+    return changed, want["entry"]
+
+
 def _check(name, digests, entry):
     path = os.path.join(FIXTURES, name + ".json")
     if WRITE:
         os.makedirs(FIXTURES, exist_ok=True)
         with open(path, "w", encoding="utf-8") as f:
-            json.dump({"files": digests, "entry": entry}, f, indent=1, ensure_ascii=False,
-                      sort_keys=True)
+            json.dump({"store_format": cache.STORE_FORMAT_VERSION, "files": digests,
+                       "entry": entry}, f, indent=1, ensure_ascii=False, sort_keys=True)
             f.write("\n")
         return
-    with open(path, encoding="utf-8") as f:
-        want = json.load(f)
-    assert entry == want["entry"], f"{name}: entry.json differs from the fixture"
-    changed = sorted(k for k in set(want["files"]) | set(digests)
-                     if want["files"].get(k) != digests.get(k))
-    assert not changed, (f"{name}: the encoded bytes of a fixed corpus changed in {changed}; if "
-                         f"that is meant, bump STORE_FORMAT_VERSION and regenerate the fixtures "
-                         f"(PPVARLEN_WRITE_STORE_FIXTURES=1 pytest tests/test_store_gate.py)")
+    changed, want_entry = _changed(name, digests, entry)
+    assert not changed, (f"{name}: the encoded bytes of a fixed corpus changed in {changed} "
+                         f"(store format {cache.STORE_FORMAT_VERSION}); if that is meant, bump "
+                         f"STORE_FORMAT_VERSION (ppvarlen/data/cache.py) and regenerate the "
+                         f"fixtures (PPVARLEN_WRITE_STORE_FIXTURES=1 pytest "
+                         f"tests/test_store_gate.py)")
+    assert entry == want_entry
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -245,3 +259,94 @@ def test_a_given_vocabulary_and_one_split_give_the_recorded_bytes(corpus_dir, tm
     assert bundle.train is None and len(bundle.test) > 0
     assert np.all(bundle.test.lengths <= 10)
     _check("given_vocab_test_split", *entry_digests(cache, corpus_dir))
+
+
+# ------------------------------------------------------------------ what the cache key means
+
+def test_a_docstring_edit_keeps_the_store_and_an_encoding_change_rebuilds(corpus_dir, tmp_path,
+                                                                          monkeypatch):
+    """Source files of data/ and tasks/ that change no byte (here: new modules holding only a
+    docstring and a comment, as a hash of the sources would count them) reuse the store; a
+    bumped ``STORE_FORMAT_VERSION`` rebuilds it, and an encoding rule changed without a bump
+    gives bytes the gate refuses."""
+    root = str(tmp_path / "cache")
+    assert build_case("jsonl_carved", corpus_dir, root).stats["store"]["cache"].startswith("built")
+    package = os.path.dirname(os.path.abspath(cache.__file__ + "/.."))
+    probes = [os.path.join(package, d, f"_docstring_probe_{os.getpid()}.py")
+              for d in ("data", "tasks")]
+    try:
+        for probe in probes:
+            with open(probe, "w", encoding="utf-8") as f:
+                f.write('"""A docstring edit."""\n# a comment edit\n')
+        again = build_case("jsonl_carved", corpus_dir, root)
+    finally:
+        for probe in probes:
+            os.remove(probe)
+    assert again.stats["store"]["cache"] == "reused"
+    monkeypatch.setattr(cache, "STORE_FORMAT_VERSION", cache.STORE_FORMAT_VERSION + 1)
+    bumped = build_case("jsonl_carved", corpus_dir, root)
+    assert "store format 1 -> 2" in bumped.stats["store"]["cache"]
+    assert bumped.stats["store"]["dir"] != again.stats["store"]["dir"]
+    monkeypatch.undo()
+
+    def shifted_label(self, ex, labels, start, end, specials, doc_id):  # another encoding rule
+        return {"doc_id": doc_id, "label": 1 - ex["label"]}
+
+    monkeypatch.setattr(ClassificationTask, "window_item", shifted_label)
+    other = str(tmp_path / "other")
+    build_case("jsonl_carved", corpus_dir, other)
+    changed, _ = _changed("jsonl_carved", *entry_digests(other, corpus_dir))
+    assert "train/label.npy" in changed
+
+
+def _age(path, seconds=3600):
+    """Set the mtime back (a changed file with another mtime: size alone does not tell)."""
+    t = os.stat(path).st_mtime - seconds
+    os.utime(path, (t, t))
+
+
+def test_a_warm_start_reads_no_input_file_and_a_changed_one_is_read(tmp_path, monkeypatch):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    rows = _reviews(300)
+    paths = [_jsonl(shards / f"p{k}.jsonl", rows[k::2]) for k in range(2)]
+    for p in paths:
+        _age(p)
+    cfg = lambda: load_config(data={"Data": dict(corpus="jsonl", train_file=str(shards / "p*"),
+                                                 cache_dir=str(tmp_path / "cache"))}).Data
+    monkeypatch.setattr(cache, "RACY_SECONDS", 0)  # utime sets the ctime to now
+    hashed = []
+    real = cache._sha256_of_file
+    monkeypatch.setattr(cache, "_sha256_of_file", lambda p: hashed.append(p) or real(p))
+    assert build_datasets(cfg()).stats["store"]["cache"].startswith("built")
+    assert sorted(hashed) == sorted(os.path.abspath(p) for p in paths)  # once each
+    with open(tmp_path / "cache" / cache.FINGERPRINTS, encoding="utf-8") as f:
+        assert sorted(json.load(f)["files"]) == sorted(hashed)
+    hashed.clear()
+    assert build_datasets(cfg()).stats["store"]["cache"] == "reused" and hashed == []
+    # same size, other content, another mtime: read again, and the key changes
+    text = open(paths[1], encoding="utf-8").read()
+    swapped = text.replace('"neg"', '"xxx"').replace('"pos"', '"neg"').replace('"xxx"', '"pos"')
+    assert len(swapped) == len(text) and swapped != text
+    with open(paths[1], "w", encoding="utf-8") as f:
+        f.write(swapped)
+    _age(paths[1], 1800)
+    changed = build_datasets(cfg())
+    assert hashed == [os.path.abspath(paths[1])]
+    assert f"{os.path.abspath(shards / 'p*')} changed" in changed.stats["store"]["cache"]
+
+
+def test_a_file_written_just_before_it_is_hashed_is_not_recorded(tmp_path, monkeypatch):
+    """Its timestamps may not show a change made in the same tick: read again next time."""
+    path = _jsonl(tmp_path / "fresh.jsonl", _reviews(5))
+    prints = cache.Fingerprints(str(tmp_path))
+    first = prints.of(path)
+    assert prints.of(path) == first and prints.hashed == [os.path.abspath(path)]  # once a build
+    prints.save()
+    assert not (tmp_path / cache.FINGERPRINTS).exists()
+    monkeypatch.setattr(cache, "RACY_SECONDS", 0)  # as if RACY_SECONDS had passed
+    again = cache.Fingerprints(str(tmp_path))
+    assert again.of(path) == first and again.hashed == [os.path.abspath(path)]
+    again.save()
+    third = cache.Fingerprints(str(tmp_path))
+    assert third.of(path) == first and third.hashed == []

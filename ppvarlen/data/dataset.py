@@ -129,10 +129,9 @@ def build_datasets(data_cfg, resolve_task, task_hint=None, encoder=None, splits=
         raise ValueError(f"build_datasets: unknown split(s) {sorted(unknown)}; use {SPLITS}")
     t0 = time.time()
     root = cache.cache_dir(data_cfg)
-    code = cache.code_fingerprint(resolve_task)
     builtin = data_cfg.corpus in BUILT_IN
     given_sha = vocab_sha256(encoder) if encoder is not None else None
-    parts, key = _pick_entry(root, data_cfg, task_hint, builtin, given_sha, extra_corpora, code)
+    parts, key = _pick_entry(root, data_cfg, task_hint, builtin, given_sha, extra_corpora)
     entry_dir = os.path.join(root, key)
     with cache.locked(root, key):
         entry = _read_entry(entry_dir)
@@ -146,13 +145,13 @@ def build_datasets(data_cfg, resolve_task, task_hint=None, encoder=None, splits=
             if rebuild:
                 reason = "Data.rebuild_cache is set"
             elif entry is None:
-                reason = cache.explain_miss(root, parts, code)
+                reason = cache.explain_miss(root, parts)
             else:
                 reason = f"split(s) {missing} not encoded yet"
             log.info("store cache: building %s (%s)", entry_dir, reason)
             entry = _build(data_cfg, resolve_task, task_hint, encoder, splits if entry is None
                            or rebuild else missing, extra_corpora, entry_dir, entry, rebuild)
-            cache.remember(root, parts, code, key)
+            cache.remember(root, parts, key)
             how = f"built ({reason})"
         task = resolve_task(entry["task"])
         if encoder is None:
@@ -167,22 +166,26 @@ def build_datasets(data_cfg, resolve_task, task_hint=None, encoder=None, splits=
                       encoder, list(entry["label_names"]), stats)
 
 
-def _pick_entry(root, data_cfg, task_hint, builtin, given_sha, extra_corpora, code):
+def _pick_entry(root, data_cfg, task_hint, builtin, given_sha, extra_corpora):
     """(key parts, key) of the entry to use.  An existing entry built for the corpus's own task
     (no hint) or with a vocabulary equal to the given one is reused: a checkpoint's eval or
     export parity reads the store its training run wrote.  Otherwise the most specific key."""
     hints = [task_hint, None] if task_hint is not None else [None]
     vocabs = [None, given_sha] if given_sha is not None else [None]
-    for hint in hints:
-        for vocab in vocabs:
-            parts = cache.key_parts(data_cfg, hint, builtin, vocab, extra_corpora)
-            key = cache.key_of(parts, code)
-            entry = _read_entry(os.path.join(root, key))
-            if entry is not None and (hint == task_hint or entry["task"] == task_hint) and \
-                    (given_sha is None or entry["vocab_sha256"] == given_sha):
-                return parts, key
-    parts = cache.key_parts(data_cfg, task_hint, builtin, given_sha, extra_corpora)
-    return parts, cache.key_of(parts, code)
+    prints = cache.Fingerprints(root)
+    try:
+        for hint in hints:
+            for vocab in vocabs:
+                parts = cache.key_parts(data_cfg, hint, builtin, vocab, extra_corpora, prints)
+                key = cache.key_of(parts)
+                entry = _read_entry(os.path.join(root, key))
+                if entry is not None and (hint == task_hint or entry["task"] == task_hint) and \
+                        (given_sha is None or entry["vocab_sha256"] == given_sha):
+                    return parts, key
+        parts = cache.key_parts(data_cfg, task_hint, builtin, given_sha, extra_corpora, prints)
+        return parts, cache.key_of(parts)
+    finally:
+        prints.save()
 
 
 def _read_entry(entry_dir):
