@@ -232,15 +232,24 @@ def _build(data_cfg, resolve_task, task_hint, encoder, splits, extra_corpora, en
             data_cfg.tokenizer != "pretrained"
         stream.kind, stream.lowercase = data_cfg.tokenizer, data_cfg.lowercase
         stream.texts_of = task.example_texts
-        try:
-            scanned = stream_build.scan(stream, data_cfg, num_proc)
+        try:  # the parsed examples are spilled next to the entry (the system's /tmp may be RAM)
+            scanned = stream_build.scan(stream, data_cfg, num_proc, os.path.dirname(entry_dir))
         except stream_build.NotStreamable as why:
             log.info("reading the corpus in one process: %s", why)
             stream = None
-    if stream is not None:
-        corpus = scanned.corpus
-    else:
-        corpus = load_corpus(data_cfg)
+    if stream is None:
+        return _build_read(data_cfg, resolve_task, task_hint, encoder, splits, extra_corpora,
+                           entry_dir, entry, rebuild, num_proc, load_corpus(data_cfg), None)
+    try:
+        return _build_read(data_cfg, resolve_task, task_hint, encoder, splits, extra_corpora,
+                           entry_dir, entry, rebuild, num_proc, scanned.corpus, scanned, stream)
+    finally:
+        scanned.close()
+
+
+def _build_read(data_cfg, resolve_task, task_hint, encoder, splits, extra_corpora, entry_dir,
+                entry, rebuild, num_proc, corpus, scanned, stream=None):
+    """``_build`` once the corpus is read (``scanned``: pass 1 of the streamed build, or None)."""
     task = resolve_task(corpus.task if task_hint is None else task_hint)
     if corpus.task not in task.corpus_tasks():
         raise ConfigError(f"Data.corpus {data_cfg.corpus!r} gives a {corpus.task} task but a "
