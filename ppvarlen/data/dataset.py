@@ -1,8 +1,8 @@
 """Encoded datasets: corpus -> token ids ONCE into a cached on-disk store -> length-aware loader.
 
-``build_datasets(data_cfg, resolve_task, ...)`` is task-agnostic: the task (from
+``open_datasets(data_cfg, resolve_task, ...)`` is task-agnostic: the task (from
 ``resolve_task(name)``, which ``ppvarlen.tasks.build_datasets`` passes in: data never imports
-tasks) declares its store ``Field``s and an ``encode_example(ctx, example, doc_id, where)`` ->
+tasks) declares its ``StoreField``s and an ``encode_example(ctx, example, doc_id, where)`` ->
 (items, record) function.  The builder reads the corpus (``data.corpora``), builds or takes the
 encoder, encodes every split on ``Data.num_proc`` worker processes (``data.parallel``: same
 bytes for any count), applies the long-text policy the task's encode function plans
@@ -91,7 +91,7 @@ class EncodedDataset(paddle.io.Dataset):
 @dataclass
 class DataBundle:
     task: str
-    train: EncodedDataset  # None for a split not asked for (build_datasets(splits=...))
+    train: EncodedDataset  # None for a split not asked for (open_datasets(splits=...))
     dev: EncodedDataset
     test: EncodedDataset
     encoder: object
@@ -112,7 +112,7 @@ class EncodeContext:
     max_target_len: int = None
 
 
-def build_datasets(data_cfg, resolve_task, task_hint=None, encoder=None, splits=SPLITS,
+def open_datasets(data_cfg, resolve_task, task_hint=None, encoder=None, splits=SPLITS,
                    extra_corpora=()):
     """Corpus + encoder -> ``DataBundle`` with the encoded ``splits`` (the others are None).
 
@@ -126,7 +126,7 @@ def build_datasets(data_cfg, resolve_task, task_hint=None, encoder=None, splits=
 
     unknown = set(splits) - set(SPLITS)
     if unknown:
-        raise ValueError(f"build_datasets: unknown split(s) {sorted(unknown)}; use {SPLITS}")
+        raise ValueError(f"open_datasets: unknown split(s) {sorted(unknown)}; use {SPLITS}")
     t0 = time.time()
     root = cache.cache_dir(data_cfg)
     builtin = data_cfg.corpus in BUILT_IN
@@ -304,7 +304,7 @@ def _where_suffix(split, cfg):
     return f" (from {source})" if source else f" of corpus {cfg.corpus}"
 
 
-class _ChunkEncoder:
+class _SliceEncoder:
     """Encodes examples[start:end] with the task's function -> columns + summed counts."""
 
     def __init__(self, task, ctx, split, cfg):
@@ -333,7 +333,7 @@ class _ChunkEncoder:
 
 
 class SplitSink:
-    """One split's store being written: takes ``_ChunkEncoder`` results in input order, sums
+    """One split's store being written: takes ``_SliceEncoder`` results in input order, sums
     their counts, and on ``finish`` writes the extras, stats and manifest."""
 
     def __init__(self, split, task, ctx, cfg, path, total):
@@ -394,7 +394,7 @@ class SplitSink:
 def _encode_split(examples, split, task, ctx, cfg, extra, path, num_proc):
     sink = SplitSink(split, task, ctx, cfg, path, len(examples))
     try:
-        for result in chunk_map(_ChunkEncoder(task, ctx, split, cfg), examples, num_proc):
+        for result in chunk_map(_SliceEncoder(task, ctx, split, cfg), examples, num_proc):
             sink.add(result)
         sink.finish(len(examples), extra)
     except BaseException:
@@ -411,7 +411,7 @@ def _encode_streamed(stream, scanned, splits, task, ctx, cfg, entry_dir, num_pro
         for split in splits:
             sinks[split] = SplitSink(split, task, ctx, cfg, os.path.join(entry_dir, split),
                                      sizes[split])
-        encoders = {s: _ChunkEncoder(task, ctx, s, cfg) for s in splits}
+        encoders = {s: _SliceEncoder(task, ctx, s, cfg) for s in splits}
         stream_build.encode(stream, scanned, encoders, sinks, num_proc)
         for split in splits:
             sinks.pop(split).finish(sizes[split])

@@ -15,7 +15,7 @@ int64 array), which the parent appends to an anonymous temp file in the cache di
 (``ScanResult.spill``, gone when the build ends or dies; about the texts' size on disk).
 Pass 2 (``encode``): each worker reads its chunk's columns back (``os.pread`` of the inherited
 file; a mapper's workers get the bytes with the job), maps labels and encodes with the task's
-function (``dataset._ChunkEncoder``); the parent appends the results in chunk order to one
+function (``dataset._SliceEncoder``); the parent appends the results in chunk order to one
 ``SplitSink`` per split.  Chunk boundaries do not change a byte: the store, vocabulary
 and corpus stats are those of the in-memory path (``corpora.user_files`` +
 ``dataset._encode_split``; tests compare them file by file).
@@ -49,7 +49,7 @@ from . import parallel
 from .corpora.registry import _check_tag_scheme
 from .corpora.user_files import logger
 from .parallel import ordered_map
-from .readers import (_SKIP_HINT, DEFAULT_TASK, TASKS, BadLine, JsonTask, ReadLimits,
+from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, BadLine, CorpusFormat, ReadLimits,
                       _decoded_lines, _is_tsv_header, _label_id, _map_class_labels, _no_labels,
                       _task_from_first_line, decode_line, expand_inputs, long_line_error,
                       map_class_labels, open_data_file, parse_json_line)
@@ -190,10 +190,10 @@ def plan(cfg, extra_corpora=()):
         task = task or DEFAULT_TASK
     elif task is None:
         task = _first_line_task(files["train"][0], cfg.skip_invalid, limits)
-    fmt = TASKS.get(task)
+    fmt = FORMATS.get(task)
     if fmt is None or (cfg.corpus == "tsv" and not fmt.tsv) or \
             fmt.map_labels not in (_map_class_labels, map_class_labels, _no_labels) or \
-            fmt.check_file is not JsonTask.__dataclass_fields__["check_file"].default:
+            fmt.check_file is not CorpusFormat.__dataclass_fields__["check_file"].default:
         return None
     return Plan(cfg.corpus, task, files, {s: v for s, v in specs.items() if v},
                 bool(cfg.skip_invalid), cfg.split_seed, cfg.get("label_names"),
@@ -248,7 +248,7 @@ def _parse(plan, n, line, chunk):
     if isinstance(line, BadLine):
         raise line
     if plan.fmt == "tsv":
-        return TASKS[plan.task].tsv(line)
+        return FORMATS[plan.task].tsv(line)
     return parse_json_line(line, plan.task)
 
 
@@ -256,7 +256,7 @@ def _examples(plan, chunk, scan):
     """Yield (line, example) of the chunk's valid lines, counting lines and skips in ``scan``."""
     for n, line in _lines(chunk, plan.limits.max_line_bytes):
         if plan.fmt == "tsv" and n == 1 and isinstance(line, str) and \
-                _is_tsv_header(line, TASKS[plan.task].fields):
+                _is_tsv_header(line, FORMATS[plan.task].fields):
             scan.header = True
             continue
         scan.lines += 1
@@ -447,7 +447,7 @@ def _check_file(fd):
 
 def _label_names(plan, kinds, first_label, labels):
     """The label names as ``readers._map_class_labels`` finds them (None: no labels)."""
-    fmt = TASKS[plan.task]
+    fmt = FORMATS[plan.task]
     if fmt.map_labels is _no_labels:
         return []
     if plan.label_names is not None:
@@ -515,7 +515,7 @@ def _corpus(plan, cfg, per_file, sizes, labels, keys, names):
         stats["split"]["texts_in_two_splits"] = overlap
         logger.warning("the same text appears in two splits %s: evaluation on it is optimistic; "
                        "remove the duplicates from your files", overlap)
-    if TASKS[plan.task].map_labels is not _no_labels:
+    if FORMATS[plan.task].map_labels is not _no_labels:
         index = {name: i for i, name in enumerate(names)}
         stats["per_label"] = {}
         for s in SPLITS:
@@ -530,11 +530,11 @@ def _corpus(plan, cfg, per_file, sizes, labels, keys, names):
 
 # ----------------------------------------------------------------------- pass 2: encode
 
-class ChunkEncoder:
-    """Encodes a chunk's examples of the wanted splits -> {split: ``_ChunkEncoder`` result}."""
+class _PackedChunkEncoder:
+    """Encodes a chunk's examples of the wanted splits -> {split: ``_SliceEncoder`` result}."""
 
     def __init__(self, encoders, names, fd):
-        self.encoders = encoders  # split -> dataset._ChunkEncoder
+        self.encoders = encoders  # split -> dataset._SliceEncoder
         self.names, self.fd = names, fd
 
     def __call__(self, job):
@@ -573,7 +573,7 @@ def encode(plan, result, encoders, sinks, num_proc):
     parsed = ((lambda ref: os.pread(fd, ref[1], ref[0])) if ship else (lambda ref: ref))
     jobs = ((role, bases, codes, parsed(ref)) for role, bases, codes, ref in
             zip(result.roles, result.bases, result.split_codes, result.parsed))
-    for out in ordered_map(ChunkEncoder(encoders, result.corpus.label_names, fd), jobs,
+    for out in ordered_map(_PackedChunkEncoder(encoders, result.corpus.label_names, fd), jobs,
                            num_proc):
         for split, res in out.items():
             sinks[split].add(res)

@@ -21,7 +21,7 @@ import numpy as np
 from ..config import ConfigError
 from ..data.errors import DataError
 from ..data.longtext import plan_spans
-from ..data.store import Field
+from ..data.store import StoreField
 
 INPUTS = [{"name": "input_ids", "dtype": "int64", "dims": [-1, -1]},
           {"name": "seq_len", "dtype": "int64", "dims": [-1]}]
@@ -66,9 +66,9 @@ class Task:
         return {"doc_id": doc_id}
 
     def store_fields(self):
-        """The fields of this task's items, as the store keeps them (``data.store.Field``)."""
-        return [Field("input_ids", "int32", ragged=True, length=True, lengths="seq_len"),
-                Field("doc_id", "int64")]
+        """The fields of this task's items, as the store keeps them (``data.store.StoreField``)."""
+        return [StoreField("input_ids", "int32", ragged=True, length=True, lengths="seq_len"),
+                StoreField("doc_id", "int64")]
 
     def encode_example(self, ctx, ex, doc_id, where):
         """One corpus example -> (items, record) for the store builder (``data.dataset``).
