@@ -41,7 +41,7 @@ PYTHON_API = (
     ("Batching by length", "ppvarlen.data.samplers.BucketBatchSampler"),
     ("Batching by length", "ppvarlen.data.samplers.build_batch_sampler"),
     ("Batching by length", "ppvarlen.data.collate.Collator"),
-    ("Encoded-corpus store", "ppvarlen.data.store.Field"),
+    ("Encoded-corpus store", "ppvarlen.data.store.StoreField"),
     ("Encoded-corpus store", "ppvarlen.data.store.StoreWriter"),
     ("Encoded-corpus store", "ppvarlen.data.store.StoreSplit"),
     ("Encoded-corpus store", "ppvarlen.data.store.IndexedTokens"),

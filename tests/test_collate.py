@@ -4,7 +4,7 @@ import pytest
 
 from ppvarlen.data.collate import Collator
 from ppvarlen.data.errors import DataError
-from ppvarlen.data.store import Field
+from ppvarlen.data.store import StoreField
 from ppvarlen.tasks import get_task
 
 PAD = 7  # deliberately not 0: pad id must come from the tokenizer
@@ -26,7 +26,7 @@ def test_classification_batch():
 
 
 def test_tagging_labels_padded_with_ignore_index_and_masks_with_zero():
-    decl = list(fields("tagging")) + [Field("attention_mask", "int8", ragged=True, pad=0)]
+    decl = list(fields("tagging")) + [StoreField("attention_mask", "int8", ragged=True, pad=0)]
     items = [{"input_ids": [5, 6], "labels": [1, 2], "attention_mask": [1, 1], "doc_id": 0,
               "offset": 0},
              {"input_ids": [5], "labels": [3], "attention_mask": [1], "doc_id": 0, "offset": 1}]
@@ -38,8 +38,8 @@ def test_tagging_labels_padded_with_ignore_index_and_masks_with_zero():
 
 
 def test_a_new_field_needs_only_its_declaration():
-    """A field no task had before (segment ids, padded 0) is collated from its Field alone."""
-    decl = list(fields("classification")) + [Field("segments", "int8", ragged=True, pad=0)]
+    """A field no task had before (segment ids, padded 0) is collated from its StoreField alone."""
+    decl = list(fields("classification")) + [StoreField("segments", "int8", ragged=True, pad=0)]
     items = [{"input_ids": [5, 6, 7], "segments": [0, 0, 1], "label": 1, "doc_id": 0},
              {"input_ids": [5], "segments": [0], "label": 0, "doc_id": 1}]
     b = Collator(PAD, fields=decl)(items)
@@ -99,6 +99,6 @@ def test_bad_options():
     with pytest.raises(ValueError, match="pad_to_multiple_of"):
         Collator(0, pad_to_multiple_of=0)
     with pytest.raises(ValueError, match="no length field"):
-        Collator(0, fields=[Field("doc_id", "int64")])
+        Collator(0, fields=[StoreField("doc_id", "int64")])
     with pytest.raises(ValueError, match="pad must be"):
-        Field("x", "int32", ragged=True, pad="zero")
+        StoreField("x", "int32", ragged=True, pad="zero")

@@ -8,7 +8,7 @@ import pytest
 
 from ppvarlen.data.collate import IGNORE_INDEX, Collator, pad_sequences
 from ppvarlen.data.errors import DataError
-from ppvarlen.data.store import Field
+from ppvarlen.data.store import StoreField
 from ppvarlen.tasks import get_task
 
 
@@ -113,9 +113,9 @@ def test_pad_sequences_gives_int64_whatever_the_pad_value_type():
 def test_with_two_length_fields_a_plain_ragged_field_aligns_with_neither():
     # the one-to-one check applies only with a single length field (Collator's docstring):
     # here "tgt_tags" follows tgt_ids, so checking it against src_ids would refuse good data
-    fields = [Field("src_ids", "int32", ragged=True, length=True, lengths="src_len"),
-              Field("tgt_ids", "int32", ragged=True, length=True),
-              Field("tgt_tags", "int32", ragged=True, pad=-1)]
+    fields = [StoreField("src_ids", "int32", ragged=True, length=True, lengths="src_len"),
+              StoreField("tgt_ids", "int32", ragged=True, length=True),
+              StoreField("tgt_tags", "int32", ragged=True, pad=-1)]
     batch = Collator(0, fields=fields)([{"src_ids": [5], "tgt_ids": [6, 7, 8],
                                          "tgt_tags": [1, 2, 3]},
                                         {"src_ids": [5, 5], "tgt_ids": [6],

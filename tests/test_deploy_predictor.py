@@ -116,6 +116,25 @@ def test_window_policy_aggregates_windows(cls_export, tag_export, tmp_path):  # 
     assert len(tags[0]["tags"]) == len(LONG) and not tags[0]["truncated"]
 
 
+@pytest.mark.parametrize("policy", ["window", "truncate"])
+def test_a_served_text_is_cut_and_wrapped_as_its_store_items(cls_export, tmp_path,  # noqa: F811
+                                                             policy):
+    """Train/serve parity of the window rule (``data.longtext.text_windows``): the predictor's
+    rows of a long text are the input_ids the store holds for it."""
+    from ppvarlen.data.dataset import EncodeContext
+    from ppvarlen.tasks.classification import ClassificationTask
+
+    export_dir, _, encoder = cls_export
+    p = Predictor(_with_policy(export_dir, str(tmp_path / policy), policy, stride=3), "onnx")
+    served = p.encode(LONG)
+    assert p.add_special_tokens  # the wrapping is part of what is compared
+    ctx = EncodeContext(encoder, MAX_LEN, policy, 3, p.add_special_tokens, {})
+    items, _ = ClassificationTask().encode_example(ctx, {"text": LONG, "label": 0}, 0, "t")
+    assert [list(w) for w in served.windows] == [it["input_ids"].tolist() for it in items]
+    assert len(items) == (1 if policy == "truncate" else len(served.windows)) and \
+        (len(items) > 1) == (policy == "window")
+
+
 def test_error_policy_refuses_long_text_only(cls_export, tmp_path):  # noqa: F811
     p = Predictor(_with_policy(cls_export[0], str(tmp_path / "e"), "error"), "onnx")
     assert p.predict(["好"])[0]["label"] in ("negative", "positive")

@@ -113,7 +113,7 @@ def test_layering_pattern_catches_the_forms_it_names():
                  "import ppvarlen.tasks", "from ppvarlen.engine import metrics",
                  "from ..export.parity import x", "    from ...deploy import api"):
         assert rx.search(line), line
-    for line in ("from .store import Field", "from ..utils.io import atomic_dir",
+    for line in ("from .store import StoreField", "from ..utils.io import atomic_dir",
                  "from .corpora import load_corpus", "# from ..tasks import nothing"):
         assert not rx.search(line), line
 

@@ -50,7 +50,7 @@ def _files(root):
 
 
 # streamed: the driver only cuts the raw file into 16 KB chunks of lines (about 40 here) and
-# ships them; Ray tasks parse, count (Scanner) and encode (ChunkEncoder) them.
+# ships them; Ray tasks parse, count (Scanner) and encode (_PackedChunkEncoder) them.
 # In memory (Data.limit): the driver reads the corpus; Ray tasks count 10,000-example chunks
 # and encode 2,000-example ones (train 4,000 -> 2, dev and test 1 each).
 @pytest.mark.parametrize("mode", ["streamed", "in_memory"])
@@ -82,10 +82,10 @@ def test_ray_built_store_equals_the_one_machine_store(cluster, corpus_file, tmp_
                                           max_in_flight=2)
     if mode == "streamed":
         size = os.path.getsize(corpus_file)
-        assert chunks.count("Scanner") == chunks.count("ChunkEncoder") >= size // (16 << 10)
-        assert set(chunks) == {"Scanner", "ChunkEncoder"}
+        assert chunks.count("Scanner") == chunks.count("_PackedChunkEncoder") >= size // (16 << 10)
+        assert set(chunks) == {"Scanner", "_PackedChunkEncoder"}
     else:
-        assert chunks.count("_ChunkCounter") == 1 and chunks.count("_ChunkEncoder") == 4
+        assert chunks.count("_ChunkCounter") == 1 and chunks.count("_SliceEncoder") == 4
     a, b = local.stats["store"]["dir"], on_ray.stats["store"]["dir"]
     assert os.path.basename(a) == os.path.basename(b)  # the same cache key
     assert on_ray.stats["store"]["cache"].startswith("built")

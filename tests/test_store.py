@@ -13,7 +13,7 @@ import pytest
 
 from ppvarlen.config import load_config
 from ppvarlen.data.errors import DataError
-from ppvarlen.data.store import Field, IndexedTokens, StoreSplit, StoreWriter, is_complete
+from ppvarlen.data.store import StoreField, IndexedTokens, StoreSplit, StoreWriter, is_complete
 from ppvarlen.tasks import build_datasets
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,8 +37,8 @@ def data_cfg(**data):
 
 
 def test_store_round_trip_of_declared_fields(tmp_path):
-    fields = [Field("input_ids", "int32", ragged=True, length=True),
-              Field("tags", "int16", ragged=True), Field("label", "int64")]
+    fields = [StoreField("input_ids", "int32", ragged=True, length=True),
+              StoreField("tags", "int16", ragged=True), StoreField("label", "int64")]
     rows = [[2, 7, 3], [2, 9, 9, 9, 3], [2, 3]]
     with StoreWriter(tmp_path / "s", fields) as w:
         w.add_columns({"input_ids": rows[:2], "tags": [[0, 1, 0], [1, 1, 1, 1, 0]],
@@ -56,11 +56,11 @@ def test_store_round_trip_of_declared_fields(tmp_path):
     clone = pickle.loads(pickle.dumps(s))  # a DataLoader worker: memmaps reopened, not copied
     assert clone._maps == {} and clone[2]["input_ids"].tolist() == rows[2]
     with pytest.raises(ValueError, match="only a ragged field"):
-        Field("label", "int64", length=True)
+        StoreField("label", "int64", length=True)
 
 
 def test_failed_write_leaves_nothing(tmp_path):
-    fields = [Field("input_ids", "int32", ragged=True, length=True)]
+    fields = [StoreField("input_ids", "int32", ragged=True, length=True)]
     with pytest.raises(RuntimeError):
         with StoreWriter(tmp_path / "s", fields) as w:
             w.add_columns({"input_ids": [[1, 2]]})

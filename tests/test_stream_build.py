@@ -110,3 +110,32 @@ def test_chunks_cut_at_line_ends_and_number_lines(tmp_path, monkeypatch):
     assert len(chunks) > 2
     got = [(n, raw) for c in chunks for n, raw in enumerate(c.raw_lines(), c.first_line)]
     assert got == list(enumerate(lines, 1))
+
+
+def test_every_line_is_parsed_once(tmp_path, monkeypatch):
+    """Pass 2 encodes the examples pass 1 parsed (spilled as packed columns): no line is
+    JSON-parsed twice (the bytes are the in-memory path's: the tests above and the gate)."""
+    monkeypatch.setattr(stream_build, "CHUNK_BYTES", 4096)
+    train = write_reviews(tmp_path / "train.jsonl", 800)
+    parsed = []
+    real = stream_build.parse_json_line
+    monkeypatch.setattr(stream_build, "parse_json_line",
+                        lambda line, task: parsed.append(line) or real(line, task))
+    monkeypatch.setattr(corpora, "load_corpus", lambda cfg: pytest.fail("parent read the corpus"))
+    bundle = build_datasets(data_cfg(corpus="jsonl", train_file=train, num_proc=1,
+                                     cache_dir=str(tmp_path / "c")))
+    assert len(bundle.train) + len(bundle.dev) + len(bundle.test) == 800
+    assert len(parsed) == 800  # the first line's task is read with json.loads, not parsed
+
+
+def test_packed_examples_round_trip():
+    rows = [{"text": "好\ud800 \u3000x", "label": 3, "answers": [{"text": "好", "start": 0}]},
+            {"text": "", "label": -2, "answers": []}]
+    assert stream_build.unpack_examples(stream_build.pack_examples(rows)) == rows
+    mixed = [{"text": "a", "label": "pos"}, {"text": "b", "label": 1}]
+    assert stream_build.unpack_examples(stream_build.pack_examples(mixed)) == mixed
+    other_keys = [{"text": "a"}, {"source": "b", "target": "c"}]
+    assert stream_build.unpack_examples(stream_build.pack_examples(other_keys)) == other_keys
+    assert stream_build.unpack_examples(stream_build.pack_examples([])) == []
+    big = [{"label": 1 << 70}]
+    assert stream_build.unpack_examples(stream_build.pack_examples(big)) == big

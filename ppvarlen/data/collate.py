@@ -1,6 +1,6 @@
 """Dynamic padding: a list of encoded items -> a dict of int64 numpy arrays (DESIGN.md).
 
-The task declares every field's pad value (``data.store.Field``; pitfall 7): ids get the
+The task declares every field's pad value (``data.store.StoreField``; pitfall 7): ids get the
 tokenizer's pad id, masks and token types 0, labels -100 (the loss's ignore
 index); the collator applies the declarations and names no task field.  It pads each batch to its own longest item, rounded up to
 ``pad_to_multiple_of`` and, with ``bucket_boundaries``, up to the smallest
@@ -15,14 +15,14 @@ so padding is done here with numpy (a dozen lines).
 import numpy as np
 
 from .errors import DataError
-from .store import Field
+from .store import StoreField
 
 IGNORE_INDEX = -100
 
 # the base contract every token-row task shares (``tasks.base.Task.store_fields``): what a
 # collator holds when it is given no declaration (parity's and the predictor's id-only batches)
-IDS_ONLY = (Field("input_ids", "int32", ragged=True, length=True, lengths="seq_len"),
-            Field("doc_id", "int64"))
+IDS_ONLY = (StoreField("input_ids", "int32", ragged=True, length=True, lengths="seq_len"),
+            StoreField("doc_id", "int64"))
 
 
 def pad_sequences(seqs, pad_value, length, side="right"):
@@ -59,7 +59,7 @@ def _scalar(name, i, item):
 class Collator:
     """``Collator(pad_id, fields=task.store_fields())(items) -> dict of numpy arrays``.
 
-    Driven by the task's ``data.store.Field`` declarations, it names no field itself: a ragged
+    Driven by the task's ``data.store.StoreField`` declarations, it names no field itself: a ragged
     field is padded with its ``pad`` ("pad_id" = the tokenizer's) to the batch's longest row
     under ``key`` (default its name), its row lengths go to ``lengths`` when declared; a
     ``shift`` field (teacher forcing) becomes ``<key>_in`` = row[:-1] (pad id) and

@@ -1,8 +1,8 @@
 """Encoded datasets: corpus -> token ids ONCE into a cached on-disk store -> length-aware loader.
 
-``build_datasets(data_cfg, resolve_task, ...)`` is task-agnostic: the task (from
+``open_datasets(data_cfg, resolve_task, ...)`` is task-agnostic: the task (from
 ``resolve_task(name)``, which ``ppvarlen.tasks.build_datasets`` passes in: data never imports
-tasks) declares its store ``Field``s and an ``encode_example(ctx, example, doc_id, where)`` ->
+tasks) declares its ``StoreField``s and an ``encode_example(ctx, example, doc_id, where)`` ->
 (items, record) function.  The builder reads the corpus (``data.corpora``), builds or takes the
 encoder, encodes every split on ``Data.num_proc`` worker processes (``data.parallel``: same
 bytes for any count), applies the long-text policy the task's encode function plans
@@ -91,7 +91,7 @@ class EncodedDataset(paddle.io.Dataset):
 @dataclass
 class DataBundle:
     task: str
-    train: EncodedDataset  # None for a split not asked for (build_datasets(splits=...))
+    train: EncodedDataset  # None for a split not asked for (open_datasets(splits=...))
     dev: EncodedDataset
     test: EncodedDataset
     encoder: object
@@ -112,7 +112,7 @@ class EncodeContext:
     max_target_len: int = None
 
 
-def build_datasets(data_cfg, resolve_task, task_hint=None, encoder=None, splits=SPLITS,
+def open_datasets(data_cfg, resolve_task, task_hint=None, encoder=None, splits=SPLITS,
                    extra_corpora=()):
     """Corpus + encoder -> ``DataBundle`` with the encoded ``splits`` (the others are None).
 
@@ -126,13 +126,12 @@ def build_datasets(data_cfg, resolve_task, task_hint=None, encoder=None, splits=
 
     unknown = set(splits) - set(SPLITS)
     if unknown:
-        raise ValueError(f"build_datasets: unknown split(s) {sorted(unknown)}; use {SPLITS}")
+        raise ValueError(f"open_datasets: unknown split(s) {sorted(unknown)}; use {SPLITS}")
     t0 = time.time()
     root = cache.cache_dir(data_cfg)
-    code = cache.code_fingerprint(resolve_task)
     builtin = data_cfg.corpus in BUILT_IN
     given_sha = vocab_sha256(encoder) if encoder is not None else None
-    parts, key = _pick_entry(root, data_cfg, task_hint, builtin, given_sha, extra_corpora, code)
+    parts, key = _pick_entry(root, data_cfg, task_hint, builtin, given_sha, extra_corpora)
     entry_dir = os.path.join(root, key)
     with cache.locked(root, key):
         entry = _read_entry(entry_dir)
@@ -146,13 +145,13 @@ def build_datasets(data_cfg, resolve_task, task_hint=None, encoder=None, splits=
             if rebuild:
                 reason = "Data.rebuild_cache is set"
             elif entry is None:
-                reason = cache.explain_miss(root, parts, code)
+                reason = cache.explain_miss(root, parts)
             else:
                 reason = f"split(s) {missing} not encoded yet"
             log.info("store cache: building %s (%s)", entry_dir, reason)
             entry = _build(data_cfg, resolve_task, task_hint, encoder, splits if entry is None
                            or rebuild else missing, extra_corpora, entry_dir, entry, rebuild)
-            cache.remember(root, parts, code, key)
+            cache.remember(root, parts, key)
             how = f"built ({reason})"
         task = resolve_task(entry["task"])
         if encoder is None:
@@ -167,22 +166,26 @@ def build_datasets(data_cfg, resolve_task, task_hint=None, encoder=None, splits=
                       encoder, list(entry["label_names"]), stats)
 
 
-def _pick_entry(root, data_cfg, task_hint, builtin, given_sha, extra_corpora, code):
+def _pick_entry(root, data_cfg, task_hint, builtin, given_sha, extra_corpora):
     """(key parts, key) of the entry to use.  An existing entry built for the corpus's own task
     (no hint) or with a vocabulary equal to the given one is reused: a checkpoint's eval or
     export parity reads the store its training run wrote.  Otherwise the most specific key."""
     hints = [task_hint, None] if task_hint is not None else [None]
     vocabs = [None, given_sha] if given_sha is not None else [None]
-    for hint in hints:
-        for vocab in vocabs:
-            parts = cache.key_parts(data_cfg, hint, builtin, vocab, extra_corpora)
-            key = cache.key_of(parts, code)
-            entry = _read_entry(os.path.join(root, key))
-            if entry is not None and (hint == task_hint or entry["task"] == task_hint) and \
-                    (given_sha is None or entry["vocab_sha256"] == given_sha):
-                return parts, key
-    parts = cache.key_parts(data_cfg, task_hint, builtin, given_sha, extra_corpora)
-    return parts, cache.key_of(parts, code)
+    prints = cache.Fingerprints(root)
+    try:
+        for hint in hints:
+            for vocab in vocabs:
+                parts = cache.key_parts(data_cfg, hint, builtin, vocab, extra_corpora, prints)
+                key = cache.key_of(parts)
+                entry = _read_entry(os.path.join(root, key))
+                if entry is not None and (hint == task_hint or entry["task"] == task_hint) and \
+                        (given_sha is None or entry["vocab_sha256"] == given_sha):
+                    return parts, key
+        parts = cache.key_parts(data_cfg, task_hint, builtin, given_sha, extra_corpora, prints)
+        return parts, cache.key_of(parts)
+    finally:
+        prints.save()
 
 
 def _read_entry(entry_dir):
@@ -229,15 +232,24 @@ def _build(data_cfg, resolve_task, task_hint, encoder, splits, extra_corpora, en
             data_cfg.tokenizer != "pretrained"
         stream.kind, stream.lowercase = data_cfg.tokenizer, data_cfg.lowercase
         stream.texts_of = task.example_texts
-        try:
-            scanned = stream_build.scan(stream, data_cfg, num_proc)
+        try:  # the parsed examples are spilled next to the entry (the system's /tmp may be RAM)
+            scanned = stream_build.scan(stream, data_cfg, num_proc, os.path.dirname(entry_dir))
         except stream_build.NotStreamable as why:
             log.info("reading the corpus in one process: %s", why)
             stream = None
-    if stream is not None:
-        corpus = scanned.corpus
-    else:
-        corpus = load_corpus(data_cfg)
+    if stream is None:
+        return _build_read(data_cfg, resolve_task, task_hint, encoder, splits, extra_corpora,
+                           entry_dir, entry, rebuild, num_proc, load_corpus(data_cfg), None)
+    try:
+        return _build_read(data_cfg, resolve_task, task_hint, encoder, splits, extra_corpora,
+                           entry_dir, entry, rebuild, num_proc, scanned.corpus, scanned, stream)
+    finally:
+        scanned.close()
+
+
+def _build_read(data_cfg, resolve_task, task_hint, encoder, splits, extra_corpora, entry_dir,
+                entry, rebuild, num_proc, corpus, scanned, stream=None):
+    """``_build`` once the corpus is read (``scanned``: pass 1 of the streamed build, or None)."""
     task = resolve_task(corpus.task if task_hint is None else task_hint)
     if corpus.task not in task.corpus_tasks():
         raise ConfigError(f"Data.corpus {data_cfg.corpus!r} gives a {corpus.task} task but a "
@@ -292,7 +304,7 @@ def _where_suffix(split, cfg):
     return f" (from {source})" if source else f" of corpus {cfg.corpus}"
 
 
-class _ChunkEncoder:
+class _SliceEncoder:
     """Encodes examples[start:end] with the task's function -> columns + summed counts."""
 
     def __init__(self, task, ctx, split, cfg):
@@ -321,7 +333,7 @@ class _ChunkEncoder:
 
 
 class SplitSink:
-    """One split's store being written: takes ``_ChunkEncoder`` results in input order, sums
+    """One split's store being written: takes ``_SliceEncoder`` results in input order, sums
     their counts, and on ``finish`` writes the extras, stats and manifest."""
 
     def __init__(self, split, task, ctx, cfg, path, total):
@@ -382,7 +394,7 @@ class SplitSink:
 def _encode_split(examples, split, task, ctx, cfg, extra, path, num_proc):
     sink = SplitSink(split, task, ctx, cfg, path, len(examples))
     try:
-        for result in chunk_map(_ChunkEncoder(task, ctx, split, cfg), examples, num_proc):
+        for result in chunk_map(_SliceEncoder(task, ctx, split, cfg), examples, num_proc):
             sink.add(result)
         sink.finish(len(examples), extra)
     except BaseException:
@@ -399,7 +411,7 @@ def _encode_streamed(stream, scanned, splits, task, ctx, cfg, entry_dir, num_pro
         for split in splits:
             sinks[split] = SplitSink(split, task, ctx, cfg, os.path.join(entry_dir, split),
                                      sizes[split])
-        encoders = {s: _ChunkEncoder(task, ctx, s, cfg) for s in splits}
+        encoders = {s: _SliceEncoder(task, ctx, s, cfg) for s in splits}
         stream_build.encode(stream, scanned, encoders, sinks, num_proc)
         for split in splits:
             sinks.pop(split).finish(sizes[split])

@@ -1,4 +1,7 @@
-"""The one loader factory: train, eval and tests get their batches from ``build_loader``.
+"""Loaders: ``build_loader`` (a split's batches from its length-aware batch sampler: the
+trainer's train loader, tests, the corpus-scale benchmark) and ``BatchLoader`` over any batch
+sampler, e.g. ``FixedBatches`` of a given batch list (``engine.evaluate`` reads its rank's share
+of the length-sorted eval batches, ``data.order``, that way).
 
 A ``BatchLoader`` iterates the batch sampler's index lists, reads the items from the dataset
 (a store view: token ids memory-mapped) and collates them into dicts of int64 numpy arrays.
@@ -9,16 +12,15 @@ same batch either way.  The order is always the batch sampler's: with workers th
 are prefetched, never reordered, so the sampler's position (``state_dict``) and exact resume
 are unchanged.
 
-train: shuffled ``Data.sampler`` batches (seed + epoch; ``loader.sampler.set_epoch(e)``
-each epoch).  dev/test: the deterministic length-sorted order under ``Data.eval_max_tokens``
-(``data.order``), the order the trainer's eval, export parity and deploy use.
+``build_loader``'s train split: shuffled ``Data.sampler`` batches (seed + epoch;
+``loader.sampler.set_epoch(e)`` each epoch); dev/test: the token-budget sampler unshuffled under
+``Data.eval_max_tokens`` (a global stable sort by length).
 """
 import numpy as np
 import paddle
 from paddle.io import BatchSampler
 
 from .collate import Collator
-from .order import length_sorted_batches
 from .samplers import TokenBudgetBatchSampler, build_batch_sampler
 
 SPLITS = ("train", "dev", "test")
@@ -96,9 +98,3 @@ def build_loader(dataset, data_cfg, split, num_replicas=1, rank=0, seed=0, colla
 def eval_cost(dataset):
     return dataset.lengths if dataset.src_lengths is None else \
         np.stack([dataset.src_lengths, dataset.tgt_lengths], axis=1)
-
-
-def sorted_loader(dataset, max_tokens, collate, num_workers=0):
-    """(length-sorted batches, their loader): evaluation's order (``data.order``)."""
-    batches = length_sorted_batches(dataset.lengths, max_tokens)
-    return batches, BatchLoader(dataset, FixedBatches(batches), collate, num_workers)

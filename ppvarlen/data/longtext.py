@@ -87,6 +87,24 @@ def plan_spans(n_tokens, max_content, policy, stride, where):
     return window_spans(n_tokens, max_content, stride)
 
 
+def text_windows(ids, max_len, policy, stride, where, specials=None):
+    """One text's token ids -> (rows, spans): the spans of its content ``plan_spans`` keeps under
+    ``policy`` (``max_len`` minus the two special tokens when ``specials`` = (cls_id, sep_id)),
+    each as a row with ``[CLS] .. [SEP]`` around it when ``specials`` is given.  The one rule the
+    stores (``Task.encode_example``) and the predictor (request texts) share, so that a served
+    text is cut and wrapped as the training items were.  ``ids``: a list (rows are lists) or a
+    numpy array (rows are arrays of its dtype)."""
+    spans = plan_spans(len(ids), max_len - (2 if specials else 0), policy, stride, where)
+    if specials is None:
+        return [ids[s:e] for s, e in spans], spans
+    cls_id, sep_id = specials
+    if isinstance(ids, np.ndarray):
+        rows = [np.concatenate(([cls_id], ids[s:e], [sep_id])).astype(ids.dtype) for s, e in spans]
+    else:
+        rows = [[cls_id] + ids[s:e] + [sep_id] for s, e in spans]
+    return rows, spans
+
+
 class LongTextStats:
     """Per-split counts of what the policy did; ``as_dict()`` goes into dataset stats."""
 

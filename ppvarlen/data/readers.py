@@ -340,13 +340,13 @@ def infer_task(obj):
     """The task whose fields a JSON object has, or None; when several formats' fields are all
     there, the one with the most fields ({"text_a", "text_b", "label"} is a labelled text pair,
     not an unlabelled one)."""
-    found = [task for task, spec in TASKS.items() if all(n in obj for n in spec.fields)]
-    return max(found, key=lambda task: len(TASKS[task].fields), default=None)
+    found = [task for task, spec in FORMATS.items() if all(n in obj for n in spec.fields)]
+    return max(found, key=lambda task: len(FORMATS[task].fields), default=None)
 
 
 def parse_json_line(line, task):
     """One JSONL line -> example dict (labels still raw).  Raises BadLine."""
-    spec = TASKS[task]
+    spec = FORMATS[task]
     if not line.strip():
         raise BadLine("blank_line", "blank line; remove it (every line must be one JSON object)")
     try:
@@ -359,7 +359,7 @@ def parse_json_line(line, task):
 
 def parse_object(obj, task):
     """One JSON object (a JSONL line, a Parquet row) -> example dict.  Raises BadLine."""
-    spec = TASKS[task]
+    spec = FORMATS[task]
     if not isinstance(obj, dict):
         raise BadLine("not_an_object", f"expected a JSON object, got {type(obj).__name__}; each "
                                        f"line must look like {spec.example_line}")
@@ -398,20 +398,20 @@ def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto", limit
     ``ReadLimits`` (None: the schema's defaults).
     """
     limits = limits or ReadLimits.of()
-    if task is not None and task not in TASKS:
+    if task is not None and task not in FORMATS:
         raise ConfigError(f"Data.task {task!r}: no corpus format of that name; the formats are "
-                          f"{sorted(TASKS)} (a task module registers its own, docs/TASKS.md)")
+                          f"{sorted(FORMATS)} (a task module registers its own, docs/TASKS.md)")
     if fmt == "tsv":
         task = task or DEFAULT_TASK
-        if not TASKS[task].tsv:
-            raise DataError(f"{path}: TSV files hold {'<TAB>'.join(TASKS[DEFAULT_TASK].fields)} "
+        if not FORMATS[task].tsv:
+            raise DataError(f"{path}: TSV files hold {'<TAB>'.join(FORMATS[DEFAULT_TASK].fields)} "
                             f"({DEFAULT_TASK}), but the task is {task!r}, which has no TSV form; "
-                            f"use a JSONL file with {TASKS[task].fields} fields")
+                            f"use a JSONL file with {FORMATS[task].fields} fields")
     out = FileData(path=path, task=task)
     rows = _parquet_rows(path, limits) if fmt == "parquet" else _decoded_lines(path, limits)
     for n, line in rows:
         if fmt == "tsv" and n == 1 and isinstance(line, str) and \
-                _is_tsv_header(line, TASKS[task].fields):
+                _is_tsv_header(line, FORMATS[task].fields):
             out.header = True
             continue
         out.lines += 1
@@ -419,7 +419,7 @@ def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto", limit
             if isinstance(line, BadLine):
                 raise line
             if fmt == "tsv":
-                example = TASKS[task].tsv(line)
+                example = FORMATS[task].tsv(line)
             elif fmt == "parquet":
                 if out.task is None:
                     out.task = infer_task(line) or DEFAULT_TASK
@@ -438,7 +438,7 @@ def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto", limit
         out.line_numbers.append(n)
     if out.task is None:
         out.task = DEFAULT_TASK
-    TASKS[out.task].check_file(out, skip_invalid, tag_scheme)
+    FORMATS[out.task].check_file(out, skip_invalid, tag_scheme)
     if out.skipped:
         logger.warning("%s: skipped %d invalid line(s) (%s); first: %s", path,
                        sum(out.skipped.values()),
@@ -482,7 +482,7 @@ def map_labels(files, label_names=None, skip_invalid=False, tag_scheme="auto"):
     tagging: tags stay strings (the contract); every line fits one tag scheme
     (``check_tag_scheme``); the names fix their order (tag id = index).
     """
-    return TASKS[files[0].task].map_labels(files, label_names, skip_invalid, tag_scheme)
+    return FORMATS[files[0].task].map_labels(files, label_names, skip_invalid, tag_scheme)
 
 
 def _no_labels(files, label_names, skip_invalid, tag_scheme):
@@ -643,11 +643,12 @@ def _check_lines(fd, check, reason, skip_invalid):
         logger.warning("%s: skipped %d example(s) with bad labels", fd.path, dropped)
 
 
-# ---------------------------------------------------------------- tasks
+# ---------------------------------------------------------------- corpus formats
 
 @dataclass(frozen=True)
-class JsonTask:
-    """How one task's examples are written in JSONL, checked and labelled."""
+class CorpusFormat:
+    """How one task's examples are written in JSONL (and TSV), checked and labelled: the
+    corpus line format a task reads (``FORMATS``, by task name; ``register_format``)."""
 
     fields: tuple
     example_line: str
@@ -657,27 +658,29 @@ class JsonTask:
     tsv: Callable = None  # the TSV line parser (columns = ``fields``), None: no TSV form
 
 
-TASKS = {
-    "classification": JsonTask(("text", "label"), '{"text": "这本书很好", "label": "positive"}',
-                               _parse_classification, _map_class_labels, tsv=parse_tsv_line),
-    "tagging": JsonTask(("tokens", "tags"),
-                        '{"tokens": ["江", "泽", "民"], "tags": ["B-PER", "I-PER", "I-PER"]}',
-                        _parse_tagging, _map_tags,
-                        lambda fd, skip_invalid, tag_scheme: check_tag_scheme([fd], tag_scheme,
-                                                                             skip_invalid)),
-    "seq2seq": JsonTask(("source", "target"), '{"source": "中国", "target": "zhong1 guo2"}',
-                        _parse_seq2seq, _no_labels),
+FORMATS = {
+    "classification": CorpusFormat(("text", "label"),
+                                   '{"text": "这本书很好", "label": "positive"}',
+                                   _parse_classification, _map_class_labels, tsv=parse_tsv_line),
+    "tagging": CorpusFormat(("tokens", "tags"),
+                            '{"tokens": ["江", "泽", "民"], "tags": ["B-PER", "I-PER", "I-PER"]}',
+                            _parse_tagging, _map_tags,
+                            lambda fd, skip_invalid, tag_scheme: check_tag_scheme(
+                                [fd], tag_scheme, skip_invalid)),
+    "seq2seq": CorpusFormat(("source", "target"), '{"source": "中国", "target": "zhong1 guo2"}',
+                            _parse_seq2seq, _no_labels),
 }
 
 map_class_labels = _map_class_labels  # for a task's format that holds one class label per line
+JsonTask = CorpusFormat  # the old name: a task module on a branch not merged yet still uses it
 
 
 def register_format(name, fmt):
     """Add a task's corpus line format (a task module registers its own at import: data knows
     no task).  The same format again is a no-op; another one under a taken name an error."""
-    if TASKS.get(name, fmt) != fmt:
+    if FORMATS.get(name, fmt) != fmt:
         raise ValueError(f"corpus format {name!r} is registered already")
-    TASKS[name] = fmt
+    FORMATS[name] = fmt
 
 
 def tsv_columns(line, names, label_column=True):

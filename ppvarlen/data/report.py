@@ -9,7 +9,7 @@ strategies reuse the real samplers, so the numbers are what training gets.
 """
 import numpy as np
 
-from .dataset import build_datasets
+from .dataset import open_datasets
 from .errors import DataError
 from .lengths import (length_stats, optimal_boundaries, padded_tokens_bucketed, plot_lengths,
                       quantile_boundaries)
@@ -94,7 +94,7 @@ def analyze_lengths(cfg, resolve_task, split="train", png=None, batch_size=32,
     """Build (or read from the store cache) the data ``cfg`` describes and report ``split``'s
     lengths and strategies; ``resolve_task``: task name -> Task (``ppvarlen.tasks.get_task``)."""
     d = cfg.Data
-    bundle = build_datasets(d, resolve_task, splits=(split,))
+    bundle = open_datasets(d, resolve_task, splits=(split,))
     ds = getattr(bundle, split)
     if len(ds) == 0:
         raise DataError(f"split {split!r} of corpus {d.corpus!r} is empty; pick another --split")

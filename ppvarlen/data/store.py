@@ -2,8 +2,8 @@
 
 API (what the dataset builder, the Ray job and benchmarks use)::
 
-    fields = [Field("input_ids", "int32", ragged=True, length=True),
-              Field("score", "int64"), Field("doc_id", "int64")]
+    fields = [StoreField("input_ids", "int32", ragged=True, length=True),
+              StoreField("score", "int64"), StoreField("doc_id", "int64")]
     with StoreWriter(path, fields) as w:            # path appears only when complete
         w.add_columns({"input_ids": [np.array([2, 7, 3])], "score": [1], "doc_id": [0]})
         w.set_extra("doc_lengths", np.array([3]))   # split-level arrays besides the fields
@@ -12,10 +12,10 @@ API (what the dataset builder, the Ray job and benchmarks use)::
     len(split); split.lengths; split[i] -> {"input_ids": array, "score": np.int64, ...}
     split.row_lengths("input_ids"); split.extra("doc_lengths"); split.meta["stats"]
 
-A ``Field`` is declared by the task (``ppvarlen.tasks``), never by the store: ``ragged`` fields
-hold a variable-length row per item (token ids, per-token tags), the others one scalar per item;
-``length=True`` ragged fields sum to the item's ``lengths`` entry (the samplers' input; seq2seq
-declares two, source and target).  ``pad``/``key``/``lengths``/``shift`` say how a batch holds
+A ``StoreField`` is declared by the task (``ppvarlen.tasks``), never by the store: ``ragged``
+fields hold a variable-length row per item (token ids, per-token tags), the others one scalar
+per item; ``length=True`` ragged fields sum to the item's ``lengths`` entry (the samplers'
+input; seq2seq declares two, source and target).  ``pad``/``key``/``lengths``/``shift`` say how a batch holds
 the field (``data.collate`` reads them).  A new task adds fields without changing this module.
 
 Files of a split directory: ``manifest.json`` (format, fields, count, the builder's meta),
@@ -48,7 +48,7 @@ MANIFEST = "manifest.json"
 
 
 @dataclass(frozen=True)
-class Field:
+class StoreField:
     """One per-item field a task stores: name, numpy dtype, a row per item or a scalar."""
     name: str
     dtype: str
@@ -66,16 +66,20 @@ class Field:
 
     def __post_init__(self):
         if self.length and not self.ragged:
-            raise ValueError(f"Field {self.name!r}: only a ragged field can count as length")
+            raise ValueError(f"StoreField {self.name!r}: only a ragged field can count as length")
         if (self.lengths or self.shift) and not self.ragged:
-            raise ValueError(f"Field {self.name!r}: lengths/shift apply to a ragged field only")
+            raise ValueError(f"StoreField {self.name!r}: lengths/shift apply to a ragged field "
+                             f"only")
         if not self.batch and (self.length or self.lengths or self.shift or self.key):
-            raise ValueError(f"Field {self.name!r}: a field left out of batches has no "
+            raise ValueError(f"StoreField {self.name!r}: a field left out of batches has no "
                              f"length/lengths/shift/key")
         if not (self.pad == "pad_id" or isinstance(self.pad, int)):
-            raise ValueError(f"Field {self.name!r}: pad must be an int or 'pad_id', "
+            raise ValueError(f"StoreField {self.name!r}: pad must be an int or 'pad_id', "
                              f"got {self.pad!r}")
         np.dtype(self.dtype)  # an unknown dtype fails at declaration
+
+
+Field = StoreField  # the old name: a task module on a branch not merged yet imports it
 
 
 def _fsync_file(path):
@@ -255,7 +259,7 @@ class StoreSplit:
         if self.meta.get("format") != FORMAT:
             raise DataError(f"{manifest_path}: store format {self.meta.get('format')!r}, this "
                             f"ppvarlen reads {FORMAT!r}; rebuild with Data.rebuild_cache: true")
-        self.fields = [Field(**f) for f in self.meta["fields"]]
+        self.fields = [StoreField(**f) for f in self.meta["fields"]]
         self.count = int(self.meta["count"])
         self.lengths = self._load("lengths")
         self._offsets = {f.name: self._load(f.name + ".offsets") for f in self.fields if f.ragged}

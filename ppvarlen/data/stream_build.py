@@ -5,13 +5,18 @@ arrays.
 Pass 1 (``scan``): each worker reads its chunk (a byte range of a plain file, or raw bytes the
 parent decompressed from a ``.gz``), parses and checks every line with ``data.readers``' parsers
 and messages (``file:line``), puts each example in its split (its file's, or carved from the
-train file by ``data.splits``' stable hash) and returns counts only: lines, skipped lines by
+train file by ``data.splits``' stable hash) and returns counts: lines, skipped lines by
 reason, raw labels per split, the train split's token counts and 64-bit hashes of the split
 keys (the cross-split overlap).  The parent merges them in chunk order into the corpus stats,
 the label names and the vocabulary.
-Pass 2 (``encode``): each worker reads its chunk again, parses, maps labels and encodes with
-the task's function (``dataset._ChunkEncoder``); the parent appends the results in chunk order
-to one ``SplitSink`` per split.  Chunk boundaries do not change a byte: the store, vocabulary
+Every line is parsed once: pass 1 also returns the chunk's kept examples packed as compact
+columns (``pack_examples``: a string field as one UTF-8 blob + offsets, an int field as an
+int64 array), which the parent appends to an anonymous temp file in the cache directory
+(``ScanResult.spill``, gone when the build ends or dies; about the texts' size on disk).
+Pass 2 (``encode``): each worker reads its chunk's columns back (``os.pread`` of the inherited
+file; a mapper's workers get the bytes with the job), maps labels and encodes with the task's
+function (``dataset._SliceEncoder``); the parent appends the results in chunk order to one
+``SplitSink`` per split.  Chunk boundaries do not change a byte: the store, vocabulary
 and corpus stats are those of the in-memory path (``corpora.user_files`` +
 ``dataset._encode_split``; tests compare them file by file).
 
@@ -29,7 +34,9 @@ each line of their chunk against that bound; either way the error is raised in i
 as a bad line's is.
 """
 import hashlib
+import json
 import os
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -42,7 +49,7 @@ from . import parallel
 from .corpora.registry import _check_tag_scheme
 from .corpora.user_files import logger
 from .parallel import ordered_map
-from .readers import (_SKIP_HINT, DEFAULT_TASK, TASKS, BadLine, JsonTask, ReadLimits,
+from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, BadLine, CorpusFormat, ReadLimits,
                       _decoded_lines, _is_tsv_header, _label_id, _map_class_labels, _no_labels,
                       _task_from_first_line, decode_line, expand_inputs, long_line_error,
                       map_class_labels, open_data_file, parse_json_line)
@@ -183,10 +190,10 @@ def plan(cfg, extra_corpora=()):
         task = task or DEFAULT_TASK
     elif task is None:
         task = _first_line_task(files["train"][0], cfg.skip_invalid, limits)
-    fmt = TASKS.get(task)
+    fmt = FORMATS.get(task)
     if fmt is None or (cfg.corpus == "tsv" and not fmt.tsv) or \
             fmt.map_labels not in (_map_class_labels, map_class_labels, _no_labels) or \
-            fmt.check_file is not JsonTask.__dataclass_fields__["check_file"].default:
+            fmt.check_file is not CorpusFormat.__dataclass_fields__["check_file"].default:
         return None
     return Plan(cfg.corpus, task, files, {s: v for s, v in specs.items() if v},
                 bool(cfg.skip_invalid), cfg.split_seed, cfg.get("label_names"),
@@ -234,35 +241,33 @@ class ChunkScan:
     keys: dict = field(default_factory=dict)  # split -> uint64 hashes of the split keys
     counts: Counter = None  # the train split's token counts
     split_codes: np.ndarray = None  # carved train file: SPLITS index of each kept example
+    parsed: bytes = None  # the kept examples, ``pack_examples``'d (pass 2 parses no line again)
 
 
 def _parse(plan, n, line, chunk):
     if isinstance(line, BadLine):
         raise line
     if plan.fmt == "tsv":
-        return TASKS[plan.task].tsv(line)
+        return FORMATS[plan.task].tsv(line)
     return parse_json_line(line, plan.task)
 
 
-def _examples(plan, chunk, scan=None):
-    """Yield (line, example) of the chunk's valid lines; ``scan``: count lines and skips."""
+def _examples(plan, chunk, scan):
+    """Yield (line, example) of the chunk's valid lines, counting lines and skips in ``scan``."""
     for n, line in _lines(chunk, plan.limits.max_line_bytes):
         if plan.fmt == "tsv" and n == 1 and isinstance(line, str) and \
-                _is_tsv_header(line, TASKS[plan.task].fields):
-            if scan is not None:
-                scan.header = True
+                _is_tsv_header(line, FORMATS[plan.task].fields):
+            scan.header = True
             continue
-        if scan is not None:
-            scan.lines += 1
+        scan.lines += 1
         try:
             ex = _parse(plan, n, line, chunk)
         except BadLine as bad:
-            if scan is not None:
-                if not plan.skip_invalid:
-                    scan.error = f"{chunk.path}:{n}: {bad.message} {_SKIP_HINT}"
-                    return
-                scan.skipped[bad.reason] += 1
-                scan.first_skipped.setdefault(bad.reason, (n, bad.message))
+            if not plan.skip_invalid:
+                scan.error = f"{chunk.path}:{n}: {bad.message} {_SKIP_HINT}"
+                return
+            scan.skipped[bad.reason] += 1
+            scan.first_skipped.setdefault(bad.reason, (n, bad.message))
             continue
         yield n, ex
 
@@ -290,23 +295,20 @@ def _key_hash(key):
                                           digest_size=8).digest(), "little")
 
 
-def _kept(plan, chunk, scan=None):
+def _kept(plan, chunk, scan):
     """Yield (line, example) of the chunk's examples that pass the label check."""
     index = None if plan.label_names is None else \
         {name: i for i, name in enumerate(plan.label_names)}
     for n, ex in _examples(plan, chunk, scan):
-        if scan is not None:
-            scan.examples += 1
+        scan.examples += 1
         problem = _unknown_label(plan, ex, index)
         if problem is not None:
-            if scan is not None:
-                if not plan.skip_invalid:
-                    scan.label_error = scan.label_error or \
-                        f"{chunk.path}:{n}: {problem} {_SKIP_HINT}"
-                else:
-                    scan.label_skipped["unknown_label"] += 1
-                    scan.label_first.setdefault("unknown_label", (n, problem))
-            if plan.skip_invalid:
+            if not plan.skip_invalid:
+                scan.label_error = scan.label_error or \
+                    f"{chunk.path}:{n}: {problem} {_SKIP_HINT}"
+            else:
+                scan.label_skipped["unknown_label"] += 1
+                scan.label_first.setdefault("unknown_label", (n, problem))
                 continue
         yield n, ex
 
@@ -318,10 +320,11 @@ class Scanner:
     def __call__(self, chunk):
         plan = self.plan
         scan = ChunkScan(chunk.role, chunk.path)
-        keys, train, codes = {}, [], []
+        keys, train, codes, kept = {}, [], [], []
         carve = chunk.role == "train" and plan.carve
         try:
             for n, ex in _kept(plan, chunk, scan):
+                kept.append(ex)
                 key = example_key(_key_view(ex))
                 split = chunk.role
                 if carve:
@@ -342,6 +345,7 @@ class Scanner:
             scan.error = str(e)
             return scan
         scan.keys = {s: np.asarray(v, np.uint64) for s, v in keys.items()}
+        scan.parsed = pack_examples(kept)
         if carve:
             scan.split_codes = np.asarray(codes, np.uint8)
         if plan.count_vocab:
@@ -356,11 +360,28 @@ class ScanResult:
     counts: Counter  # train token counts (None if not counted)
     bases: list  # per chunk: split -> doc id of its first example
     split_codes: list  # per chunk: its ``ChunkScan.split_codes`` (pass 2 hashes no text again)
+    roles: list  # per chunk: the Data key's split it was read for
+    parsed: list  # per chunk: (offset, size) of its packed examples in ``spill``
+    spill: object  # the temp file of the packed examples (``close`` removes it)
+
+    def close(self):
+        self.spill.close()
 
 
-def scan(plan, cfg, num_proc):
-    """Pass 1 over every chunk -> ``ScanResult`` (raises the first bad line in input order)."""
+def scan(plan, cfg, num_proc, spill_dir=None):
+    """Pass 1 over every chunk -> ``ScanResult`` (raises the first bad line in input order).
+    The packed examples go to an anonymous temp file in ``spill_dir`` (None: the system's)."""
+    spill = tempfile.TemporaryFile(dir=spill_dir)
+    try:
+        return _scan(plan, cfg, num_proc, spill)
+    except BaseException:
+        spill.close()
+        raise
+
+
+def _scan(plan, cfg, num_proc, spill):
     per_file, counts, bases, codes = {}, Counter() if plan.count_vocab else None, [], []
+    roles, parsed, offset = [], [], 0
     sizes = dict.fromkeys(SPLITS, 0)
     labels = {s: Counter() for s in SPLITS}
     keys = {s: [] for s in SPLITS}
@@ -377,6 +398,10 @@ def scan(plan, cfg, num_proc):
         current = _merge_file(per_file, sc)
         bases.append(dict(sizes))
         codes.append(sc.split_codes)
+        roles.append(sc.role)
+        spill.write(sc.parsed)
+        parsed.append((offset, len(sc.parsed)))
+        offset += len(sc.parsed)
         for s, n in sc.sizes.items():
             sizes[s] += n
             keys[s].append(sc.keys[s])
@@ -395,8 +420,9 @@ def scan(plan, cfg, num_proc):
     names = _label_names(plan, kinds, first_label, labels)
     if label_error:
         raise DataError(label_error)
+    spill.flush()
     return ScanResult(_corpus(plan, cfg, per_file, sizes, labels, keys, names), counts, bases,
-                      codes)
+                      codes, roles, parsed, spill)
 
 
 def _merge_file(per_file, sc):
@@ -421,7 +447,7 @@ def _check_file(fd):
 
 def _label_names(plan, kinds, first_label, labels):
     """The label names as ``readers._map_class_labels`` finds them (None: no labels)."""
-    fmt = TASKS[plan.task]
+    fmt = FORMATS[plan.task]
     if fmt.map_labels is _no_labels:
         return []
     if plan.label_names is not None:
@@ -489,7 +515,7 @@ def _corpus(plan, cfg, per_file, sizes, labels, keys, names):
         stats["split"]["texts_in_two_splits"] = overlap
         logger.warning("the same text appears in two splits %s: evaluation on it is optimistic; "
                        "remove the duplicates from your files", overlap)
-    if TASKS[plan.task].map_labels is not _no_labels:
+    if FORMATS[plan.task].map_labels is not _no_labels:
         index = {name: i for i, name in enumerate(names)}
         stats["per_label"] = {}
         for s in SPLITS:
@@ -504,20 +530,22 @@ def _corpus(plan, cfg, per_file, sizes, labels, keys, names):
 
 # ----------------------------------------------------------------------- pass 2: encode
 
-class ChunkEncoder:
-    """Encodes a chunk's examples of the wanted splits -> {split: ``_ChunkEncoder`` result}."""
+class _PackedChunkEncoder:
+    """Encodes a chunk's examples of the wanted splits -> {split: ``_SliceEncoder`` result}."""
 
-    def __init__(self, plan, encoders, names):
-        self.plan, self.encoders = plan, encoders  # split -> dataset._ChunkEncoder
-        self.names = names
+    def __init__(self, encoders, names, fd):
+        self.encoders = encoders  # split -> dataset._SliceEncoder
+        self.names, self.fd = names, fd
 
     def __call__(self, job):
-        chunk, bases, codes = job
-        plan = self.plan
+        role, bases, codes, parsed = job
+        if isinstance(parsed, tuple):  # (offset, size) in the spill file this process can read
+            offset, size = parsed
+            parsed = os.pread(self.fd, size, offset)
         index = {name: i for i, name in enumerate(self.names)}
         rows = {}
-        for k, (n, ex) in enumerate(_kept(plan, chunk)):
-            split = chunk.role if codes is None else SPLITS[codes[k]]
+        for k, ex in enumerate(unpack_examples(parsed)):
+            split = role if codes is None else SPLITS[codes[k]]
             if split in self.encoders:
                 if "label" in ex:
                     ex["label"] = _label_id(ex["label"], index)
@@ -537,9 +565,79 @@ class _At:
 
 
 def encode(plan, result, encoders, sinks, num_proc):
-    """Pass 2: every chunk encoded on the workers, appended to ``sinks`` in input order."""
-    jobs = zip(plan.chunks(), result.bases, result.split_codes)
-    for out in ordered_map(ChunkEncoder(plan, encoders, result.corpus.label_names), jobs,
+    """Pass 2: every chunk's packed examples encoded on the workers, appended to ``sinks`` in
+    input order.  Forked workers read the spill file themselves; a mapper's (which may run
+    elsewhere) get the bytes with their job."""
+    fd = result.spill.fileno()
+    ship = plan.ship_bytes or parallel.has_mapper()
+    parsed = ((lambda ref: os.pread(fd, ref[1], ref[0])) if ship else (lambda ref: ref))
+    jobs = ((role, bases, codes, parsed(ref)) for role, bases, codes, ref in
+            zip(result.roles, result.bases, result.split_codes, result.parsed))
+    for out in ordered_map(_PackedChunkEncoder(encoders, result.corpus.label_names, fd), jobs,
                            num_proc):
         for split, res in out.items():
             sinks[split].add(res)
+
+
+# ------------------------------------------------------------- packed examples
+
+def pack_examples(examples):
+    """Examples (dicts with the same keys) -> bytes: a JSON header, then per field a string
+    column as int64 UTF-8 offsets + the UTF-8 blob, an int column as int64 values, any other
+    column (e.g. a list of answers) as its values' JSON.  Plain bytes, nothing pickled: the
+    spill of pass 1 is read back by ``unpack_examples`` without parsing a line again."""
+    names = list(examples[0]) if examples else []
+    if any(list(ex) != names for ex in examples):
+        names = []
+        columns = [("", "json", [json.dumps(ex, ensure_ascii=False).encode("utf-8",
+                                                                            "surrogatepass")
+                                 for ex in examples])]
+    else:
+        columns = []
+        for name in names:
+            values = [ex[name] for ex in examples]
+            if all(type(v) is str for v in values):
+                columns.append((name, "str", [v.encode("utf-8", "surrogatepass")
+                                              for v in values]))
+            elif all(type(v) is int for v in values) and \
+                    all(-(1 << 63) <= v < (1 << 63) for v in values):
+                columns.append((name, "int", np.asarray(values, "<i8").tobytes()))
+            else:
+                columns.append((name, "json", [json.dumps(v, ensure_ascii=False).encode(
+                    "utf-8", "surrogatepass") for v in values]))
+    parts, fields = [], []
+    for name, kind, data in columns:
+        if kind == "int":
+            parts.append(data)
+            fields.append([name, kind, len(data)])
+        else:
+            offsets = np.zeros(len(data) + 1, "<i8")
+            np.cumsum([len(b) for b in data], out=offsets[1:])
+            blob = b"".join(data)
+            parts += [offsets.tobytes(), blob]
+            fields.append([name, kind, len(blob)])
+    header = json.dumps({"count": len(examples), "fields": fields}).encode()
+    return len(header).to_bytes(8, "little") + header + b"".join(parts)
+
+
+def unpack_examples(data):
+    """``pack_examples``' bytes -> the examples (dicts in the same key order)."""
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    n, pos, columns = header["count"], 8 + size, []
+    view = memoryview(data)
+    for name, kind, nbytes in header["fields"]:
+        if kind == "int":
+            columns.append((name, np.frombuffer(data, "<i8", n, pos).tolist()))
+            pos += nbytes
+            continue
+        offsets = np.frombuffer(data, "<i8", n + 1, pos).tolist()
+        pos += 8 * (n + 1)
+        blob = view[pos:pos + nbytes]
+        pos += nbytes
+        texts = [str(blob[a:b], "utf-8", "surrogatepass") for a, b in zip(offsets, offsets[1:])]
+        columns.append((name, texts if kind == "str" else [json.loads(t) for t in texts]))
+    if len(columns) == 1 and columns[0][0] == "" and n:
+        return columns[0][1]  # whole examples as JSON (their keys differ)
+    return [dict(zip([c[0] for c in columns], row)) for row in zip(*[c[1] for c in columns])] \
+        if columns else [{} for _ in range(n)]

@@ -224,14 +224,10 @@ class Predictor:
             raise DataError(f"text has {len(ids)} tokens but this export takes at most "
                             f"{max_content} (max_len {self.max_len}) and the long_text policy is "
                             f"'error'; {fix}")
-        windows, offsets = [], []
-        for start, end in longtext.plan_spans(len(ids), max_content, policy, self.stride,
-                                              where="text"):
-            chunk = ids[start:end]
-            if self.add_special_tokens:
-                chunk = [self.encoder.cls_id] + chunk + [self.encoder.sep_id]
-            windows.append(chunk)
-            offsets.append(start)
+        windows, spans = longtext.text_windows(
+            ids, self.max_len, policy, self.stride, "text",
+            (self.encoder.cls_id, self.encoder.sep_id) if self.add_special_tokens else None)
+        offsets = [start for start, _ in spans]
         truncated = policy == "truncate" and len(ids) > max_content
         spans = char_spans(text, tokens, self.encoder.lowercase) if self.task.token_spans else None
         return EncodedText(text, windows, offsets, spans, truncated)

@@ -1,7 +1,7 @@
 """Served models: one batcher per loaded model version, and a model repository with hot reload.
 
 ``ServedModel``: a predictor (plus one clone per extra worker thread) and its
-``DynamicBatcher``.  ``ModelRegistry``: the versions taking traffic, by model name; a
+``DynamicBatcher``.  ``LiveVersions``: the versions taking traffic, by model name; a
 request picks one (the newest, or the version its path names), encodes with that version's
 vocabulary and submits to that version's batcher — a version retired in between refuses the
 submit (``BatcherClosed``) and the request simply picks again, so no request is lost.
@@ -121,7 +121,7 @@ class SeveralModels(NotServed):
     """A route that takes no model name (``/predict``) on a server holding several models."""
 
 
-class ModelRegistry:
+class LiveVersions:
     """Model versions taking traffic, by name (thread-safe)."""
 
     def __init__(self):

@@ -21,7 +21,7 @@ from .edge import shown
 from .errors import ApiError
 from .predictor import NonFiniteOutput
 from .prom import ServerMetrics
-from .repository import (VERSION_NAME, ModelRegistry, NotServed, Repository, ServedModel,
+from .repository import (VERSION_NAME, LiveVersions, NotServed, Repository, ServedModel,
                          SeveralModels)
 
 log = get_logger("deploy.server")
@@ -80,7 +80,7 @@ class AppState:
             raise ValueError("the server serves either a predictor or a model repository")
         self.deploy = deploy
         self.metrics = ServerMetrics()
-        self.registry = ModelRegistry()
+        self.registry = LiveVersions()
         self.metrics.queue_depth.set_function(self.registry.queue_depth)
         self.predictor = predictor
         self.draining = False

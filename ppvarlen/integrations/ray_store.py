@@ -4,7 +4,7 @@
     python deploy/ray/build_store.py -c configs/sentiment/transformer.yaml \\
         -o Data.corpus=jsonl -o Data.train_file=big.jsonl [--address auto]
 
-The store build (``ppvarlen.data.dataset.build_datasets``) cuts its work into jobs and runs
+The store build (``ppvarlen.data.dataset.open_datasets``) cuts its work into jobs and runs
 them with ``data.parallel``; inside ``use_mapper`` the jobs run as Ray tasks on every CPU of the
 cluster instead of a local fork pool.  Line files (JSONL / TSV, plain or gzip'd) go the
 streaming way (``data.stream_build``): the driver only cuts the raw files into chunks of whole

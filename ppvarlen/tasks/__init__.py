@@ -29,12 +29,12 @@ def get_task(task):
 
 def build_datasets(data_cfg, task_hint=None, encoder=None, splits=("train", "dev", "test"),
                    extra_corpora=()):
-    """``data.dataset.build_datasets`` with this registry resolving task names: the data layer
+    """``data.dataset.open_datasets`` with this registry resolving task names: the data layer
     receives the Task (its store fields and encode function) and never imports tasks.
     (Imported here, not at the top: a serving host imports this package without paddle.)"""
-    from ..data.dataset import build_datasets as build
+    from ..data.dataset import open_datasets
 
-    return build(data_cfg, get_task, task_hint, encoder, splits, extra_corpora)
+    return open_datasets(data_cfg, get_task, task_hint, encoder, splits, extra_corpora)
 
 
 __all__ = ["Task", "TASKS", "build_datasets", "get_task"]

@@ -20,8 +20,8 @@ import numpy as np
 
 from ..config import ConfigError
 from ..data.errors import DataError
-from ..data.longtext import plan_spans
-from ..data.store import Field
+from ..data.longtext import text_windows
+from ..data.store import StoreField
 
 INPUTS = [{"name": "input_ids", "dtype": "int64", "dims": [-1, -1]},
           {"name": "seq_len", "dtype": "int64", "dims": [-1]}]
@@ -66,9 +66,9 @@ class Task:
         return {"doc_id": doc_id}
 
     def store_fields(self):
-        """The fields of this task's items, as the store keeps them (``data.store.Field``)."""
-        return [Field("input_ids", "int32", ragged=True, length=True, lengths="seq_len"),
-                Field("doc_id", "int64")]
+        """The fields of this task's items, as the store keeps them (``data.store.StoreField``)."""
+        return [StoreField("input_ids", "int32", ragged=True, length=True, lengths="seq_len"),
+                StoreField("doc_id", "int64")]
 
     def encode_example(self, ctx, ex, doc_id, where):
         """One corpus example -> (items, record) for the store builder (``data.dataset``).
@@ -83,16 +83,12 @@ class Task:
         if not len(ids):
             raise DataError(f"{where}: no tokens after tokenisation (empty or only spaces); "
                             f"remove it from the data")
-        n_special = 2 if ctx.specials else 0
-        spans = plan_spans(len(ids), ctx.max_len - n_special, ctx.long_text, ctx.stride, where)
-        items = []
-        for start, end in spans:
-            body = ids[start:end]
-            if ctx.specials:
-                body = np.concatenate(([enc.cls_id], body, [enc.sep_id])).astype(np.int32)
-            items.append({"input_ids": body,
-                          **self.window_item(ex, labels, start, end, ctx.specials, doc_id)})
-        return items, {"doc_length": len(ids) + n_special,
+        rows, spans = text_windows(ids, ctx.max_len, ctx.long_text, ctx.stride, where,
+                                   (enc.cls_id, enc.sep_id) if ctx.specials else None)
+        items = [{"input_ids": row, **self.window_item(ex, labels, start, end, ctx.specials,
+                                                       doc_id)}
+                 for row, (start, end) in zip(rows, spans)]
+        return items, {"doc_length": len(ids) + (2 if ctx.specials else 0),
                        "unk": int(np.count_nonzero(ids == enc.unk_id)),
                        "real": len(ids), "long_text": {"": (len(ids), spans)}}
 

@@ -6,7 +6,7 @@ import pydantic
 
 from .. import metrics
 from ..data.longtext import aggregate_classification
-from ..data.store import Field
+from ..data.store import StoreField
 from .base import Task, output_width_problems
 
 
@@ -27,7 +27,7 @@ class ClassificationTask(Task):
         return {"label": int(ex["label"]), "doc_id": doc_id}
 
     def store_fields(self):
-        return super().store_fields() + [Field("label", "int64", key="labels")]
+        return super().store_fields() + [StoreField("label", "int64", key="labels")]
 
     def loss(self, model, batch, label_smoothing=0.0):
         if not label_smoothing:

@@ -51,7 +51,7 @@ from ..data import readers
 from ..data.corpora import load_corpus
 from ..data.errors import DataError
 from ..data.longtext import plan_spans
-from ..data.store import Field
+from ..data.store import StoreField
 from ..data.vocab import char_spans
 from ..model_registry import MODELS
 from ..utils.inputs import is_blank
@@ -94,7 +94,7 @@ def _parse(obj):
             "answers": [{"text": a["text"], "start": a["start"]} for a in answers]}
 
 
-readers.register_format("extractive_qa", readers.JsonTask(
+readers.register_format("extractive_qa", readers.CorpusFormat(
     FIELDS, '{"question": "这句话提到的第一个地名是什么？", "context": "他在北京工作。", '
             '"answers": [{"text": "北京", "start": 2}]}', _parse, readers._no_labels))
 
@@ -303,14 +303,14 @@ class ExtractiveQATask(Task):
 
     def store_fields(self):
         return super().store_fields() + [
-            Field("token_type_ids", "int8", ragged=True, pad=0),
-            Field("start_token", "int64"), Field("end_token", "int64"),
+            StoreField("token_type_ids", "int8", ragged=True, pad=0),
+            StoreField("start_token", "int64"), StoreField("end_token", "int64"),
             # what the report reads (not batched): each position's characters in the context;
             # the document's characters and gold spans, in its first window only
-            Field("char_start", "int32", ragged=True, batch=False),
-            Field("char_end", "int32", ragged=True, batch=False),
-            Field("context_chars", "int32", ragged=True, batch=False),
-            Field("gold_spans", "int32", ragged=True, batch=False)]
+            StoreField("char_start", "int32", ragged=True, batch=False),
+            StoreField("char_end", "int32", ragged=True, batch=False),
+            StoreField("context_chars", "int32", ragged=True, batch=False),
+            StoreField("gold_spans", "int32", ragged=True, batch=False)]
 
     def encode_example(self, ctx, ex, doc_id, where):
         enc = ctx.encoder

@@ -4,7 +4,7 @@ import pydantic
 from ..config import ConfigError
 from ..data.errors import DataError
 from ..data.longtext import plan_spans
-from ..data.store import Field
+from ..data.store import StoreField
 from ..utils.search import strip_eos
 from .base import Task
 from .seq2seq_metrics import seq2seq_metrics
@@ -44,10 +44,10 @@ class Seq2SeqTask(Task):
                               "target has no alignment to source windows); use truncate or error")
 
     def store_fields(self):
-        return [Field("src_ids", "int32", ragged=True, length=True, lengths="src_len"),
-                Field("tgt_ids", "int32", ragged=True, length=True, key="tgt", lengths="tgt_len",
-                      shift=True),
-                Field("doc_id", "int64")]
+        return [StoreField("src_ids", "int32", ragged=True, length=True, lengths="src_len"),
+                StoreField("tgt_ids", "int32", ragged=True, length=True, key="tgt",
+                           lengths="tgt_len", shift=True),
+                StoreField("doc_id", "int64")]
 
     def encode_example(self, ctx, ex, doc_id, where):
         """A source/target pair -> one ``{src_ids, tgt_ids (BOS .. EOS), doc_id}`` item."""

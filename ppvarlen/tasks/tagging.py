@@ -12,7 +12,7 @@ from ..data import tagschemes
 from ..data.collate import IGNORE_INDEX
 from ..data.longtext import aggregate_tokens
 from ..utils.viterbi import crf_decode
-from ..data.store import Field
+from ..data.store import StoreField
 from .base import Task, output_width_problems, unpad
 
 
@@ -61,9 +61,9 @@ class TaggingTask(Task):
         return {"labels": window, "doc_id": doc_id, "offset": start}
 
     def store_fields(self):
-        return super().store_fields() + [Field("labels", "int32", ragged=True,
+        return super().store_fields() + [StoreField("labels", "int32", ragged=True,
                                                                 pad=IGNORE_INDEX),
-                                         Field("offset", "int64")]
+                                         StoreField("offset", "int64")]
 
     def check_train_config(self, cfg):
         if cfg.Train.label_smoothing:

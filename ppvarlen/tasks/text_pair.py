@@ -22,7 +22,7 @@ from ..config import ConfigError, load_config
 from ..data import readers
 from ..data.corpora import load_corpus
 from ..data.errors import DataError
-from ..data.store import Field
+from ..data.store import StoreField
 from ..model_registry import MODELS
 from ..utils.inputs import is_blank
 from ..utils.io import atomic_write_text
@@ -39,7 +39,7 @@ def _parse(obj):
             "label": readers._check_label(obj["label"])}
 
 
-readers.register_format("text_pair", readers.JsonTask(
+readers.register_format("text_pair", readers.CorpusFormat(
     FIELDS, '{"text_a": "物流很快", "text_b": "送货速度快", "label": "same"}', _parse,
     readers.map_class_labels, tsv=lambda line: readers.tsv_columns(line, FIELDS)))
 
@@ -100,7 +100,7 @@ class TextPairTask(ClassificationTask):
                               f"set Model.type_vocab_size: 2")
 
     def store_fields(self):
-        return super().store_fields() + [Field("token_type_ids", "int8", ragged=True, pad=0)]
+        return super().store_fields() + [StoreField("token_type_ids", "int8", ragged=True, pad=0)]
 
     def encode_example(self, ctx, ex, doc_id, where):
         enc = ctx.encoder
