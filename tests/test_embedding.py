@@ -295,6 +295,31 @@ def test_predict_answers_embeddings_over_http(exported):
         assert health["embedding"] == {"dim": 16, "pooling": "mean", "normalize": True}
 
 
+def test_the_shipped_config_runs_on_the_derived_corpus(halves, tmp_path):
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "configs", "embedding", "transformer.yaml")
+    first = open(path, encoding="utf-8").readline()
+    assert first.startswith("# python -c \"from ppvarlen.tasks.embedding import "
+                            "derive_sentiment_halves") and \
+        "tools/train.py -c configs/embedding/transformer.yaml" in first
+    cfg = load_config(path, [f"Global.output_dir={tmp_path}", "Train.max_steps=2",
+                             "Train.eval_every=2", "Model.num_layers=1", "Model.hidden_size=16",
+                             "Model.ffn_size=32", "Train.progress_bar=false"] +
+                      [f"Data.{s}_file={halves[s]}" for s in ("train", "dev", "test")])
+    result = trainer_mod.train(cfg)
+    assert result["steps"] == 2 and set(result["test"]) == {"recall_at_1", "mrr_at_10",
+                                                            "num_examples"}
+
+
+def test_static_training_gives_the_eager_losses(trained, halves, tmp_path):
+    """Train.to_static: the loss (two forward passes, InfoNCE) as one program, same losses."""
+    out, _ = trained
+    trainer_mod.train(embed_cfg(tmp_path, halves, train={"to_static": True}))
+    eager, static = losses(out), losses(tmp_path)
+    assert [s for s, _ in static] == [s for s, _ in eager]
+    np.testing.assert_allclose([x for _, x in static], [x for _, x in eager], rtol=1e-5)
+
+
 # ------------------------------------------------------------ resume
 def test_resume_after_interrupt_gives_identical_losses_and_weights(trained, halves, tmp_path,
                                                                    monkeypatch):

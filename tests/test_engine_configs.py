@@ -24,7 +24,9 @@ OTHER_TOOL_CONFIGS = ["configs/sentiment/pretrain_mlm.yaml",
                       # a derived pair corpus first: tests/test_text_pair.py trains on one
                       "configs/pairs/transformer.yaml",
                       # a derived QA corpus first: tests/test_extractive_qa.py runs it on one
-                      "configs/qa/transformer.yaml"]
+                      "configs/qa/transformer.yaml",
+                      # a derived pair corpus first: tests/test_embedding.py runs it on one
+                      "configs/embedding/transformer.yaml"]
 
 
 @pytest.mark.parametrize("path", CONFIGS)

@@ -359,12 +359,16 @@ def check(results, precisions_of):
 
 
 def format_table(results):
-    lines = [f"{'batches':<6} {'backend':<28} {'max|diff|':>11} {'agreement':>10} {'compared':>9}"]
+    cosine = any("min_cosine" in r for per_backend in results.values()
+                 for r in per_backend.values())
+    lines = [f"{'batches':<6} {'backend':<28} {'max|diff|':>11} {'agreement':>10} {'compared':>9}"
+             + (f" {'min cosine':>12}" if cosine else "")]
     for part, per_backend in results.items():
         for name, r in per_backend.items():
             agree = "-" if r["agreement"] is None else f"{r['agreement']:.4%}"
             lines.append(f"{part:<6} {name:<28} {r['max_abs_diff']:>11.3g} {agree:>10} "
-                         f"{r['compared']:>9}")
+                         f"{r['compared']:>9}" + (f" {r['min_cosine']:>12.9f}"
+                                                 if "min_cosine" in r else ""))
     return "\n".join(lines)
 
 
