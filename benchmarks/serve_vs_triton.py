@@ -52,6 +52,8 @@ from ppvarlen.deploy.manifest import load_manifest
 from ppvarlen.deploy.predictor import Predictor
 from ppvarlen.utils.io import atomic_write_json
 
+from machine import machine
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ANCHOR = os.path.join(REPO, "benchmarks", "triton_anchor.py")
 SERVERS = ("ppvarlen", "triton")
@@ -655,22 +657,6 @@ def plot(results, path):
 
 
 # ---------------------------------------------------------------- the run
-
-def machine():
-    info = {"cpu_count": os.cpu_count(), "python": sys.version.split()[0]}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            text = f.read()
-        model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
-        flags = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
-        info["cpu_model"] = model.group(1).strip() if model else None
-        info["cpu_simd_flags"] = sorted(f for f in (flags.group(1).split() if flags else [])
-                                        if f.startswith(("avx", "amx", "fma")))
-    except OSError:
-        pass
-    info["loadavg_at_start"] = [round(x, 2) for x in os.getloadavg()]
-    return info
-
 
 def ppvarlen_version():
     try:
