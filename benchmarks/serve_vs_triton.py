@@ -364,17 +364,21 @@ def served_outputs(predictor):
             [n for n, *_ in oip.outputs(predictor.task.name, predictor.label_names)])
 
 
-def check_anchor_can_mirror(inputs, outputs):
-    """SetupError unless ppvarlen serves this export with the anchor's input and outputs."""
-    if inputs != ["text"] or outputs != list(ANCHOR_OUTPUTS):
+def check_anchor_can_mirror(inputs, outputs, expected=ANCHOR_OUTPUTS,
+                            what="a text classifier's"):
+    """SetupError unless ppvarlen serves this export with the anchor's input and outputs
+    (``expected``: the outputs this benchmark's anchor gives, ``what`` names them)."""
+    if inputs != ["text"] or outputs != list(expected):
         raise SetupError(f"ppvarlen-serve answers this export with inputs {inputs} and outputs "
-                         f"{outputs}; the Triton anchor mirrors a text classifier's (['text'] "
-                         f"-> {list(ANCHOR_OUTPUTS)}) only")
+                         f"{outputs}; the Triton anchor of this benchmark mirrors {what} "
+                         f"(['text'] -> {list(expected)}) only")
 
 
-def ppvarlen_ids(model_dir, texts):
+def ppvarlen_ids(model_dir, texts, expected=ANCHOR_OUTPUTS, what="a text classifier's"):
+    """ppvarlen's token ids of each text (``Predictor.encode``, the serving path), once the
+    export is checked to be one the anchor mirrors."""
     predictor = Predictor(model_dir, "onnx")
-    check_anchor_can_mirror(*served_outputs(predictor))
+    check_anchor_can_mirror(*served_outputs(predictor), expected, what)
     out = []
     for t in texts:
         encoded = predictor.encode(t)
@@ -414,7 +418,9 @@ def compare_answers(ppvarlen_body, triton_body):
     return max(abs(x - y) for x, y in zip(pa, pb)), differ
 
 
-def _infer_body(texts, batched):
+def infer_body(texts, batched):
+    """An OIP REST infer body of ``texts``: ``batched`` [B, 1] (Triton's batching models take
+    the batch as the first dim) or [B] (ppvarlen's text tensor carries the batch)."""
     shape = [len(texts), 1] if batched else [len(texts)]
     return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": shape, "data": texts}]}
 
@@ -422,7 +428,7 @@ def _infer_body(texts, batched):
 def check_answers(http, model, texts):
     bodies = {}
     for server, batched in (("ppvarlen", False), ("triton", True)):
-        r = httpx.post(f"{http[server]}/v2/models/{model}/infer", json=_infer_body(texts, batched),
+        r = httpx.post(f"{http[server]}/v2/models/{model}/infer", json=infer_body(texts, batched),
                        timeout=60)
         r.raise_for_status()
         bodies[server] = r.json()
@@ -509,6 +515,45 @@ def process_tree_cpu_s(pid):
     return total
 
 
+def server_commands(args, model_dir, model, ports):
+    """{"ppvarlen": serve.py's command, "triton": the anchor's}: the same export, batching
+    wait, batch size and math threads (``args``), each on its ``ports`` (http, grpc)."""
+    serve_cmd = [sys.executable, os.path.join(REPO, "deploy", "python", "serve.py"),
+                 "--model-dir", model_dir, "--backend", "onnx", "--host", "127.0.0.1",
+                 "--port", str(ports["ppvarlen"]["http"]),
+                 "--grpc-port", str(ports["ppvarlen"]["grpc"]),
+                 "-o", f"Deploy.max_wait_ms={args.max_wait_ms}",
+                 "-o", f"Deploy.max_batch_size={args.max_batch_size}",
+                 "-o", f"Deploy.threads={args.threads}"]
+    anchor_cmd = [args.triton_python, ANCHOR, "--model-dir", model_dir, "--model-name", model,
+                  "--http-port", str(ports["triton"]["http"]),
+                  "--grpc-port", str(ports["triton"]["grpc"]),
+                  "--max-wait-ms", str(args.max_wait_ms),
+                  "--max-batch-size", str(args.max_batch_size), "--threads", str(args.threads)]
+    return {"ppvarlen": serve_cmd, "triton": anchor_cmd}
+
+
+def start_servers(commands, http, model, work, procs):
+    """Start both (``procs`` gets each process as it starts, so the caller's ``finally``
+    stops what did) and wait until each says its model is ready."""
+    procs["ppvarlen"] = start_process(commands["ppvarlen"],
+                                      os.path.join(work, "ppvarlen_serve.log"))
+    procs["triton"] = start_process(commands["triton"], os.path.join(work, "triton_anchor.log"),
+                                    env=_anchor_env())
+    _wait_ready(http["ppvarlen"] + f"/v2/models/{model}/ready", procs["ppvarlen"],
+                "ppvarlen-serve", 180, os.path.join(work, "ppvarlen_serve.log"))
+    _wait_ready(http["triton"] + f"/v2/models/{model}/ready", procs["triton"],
+                "the Triton anchor", 300, os.path.join(work, "triton_anchor.log"))
+
+
+def idle_cpu_share(procs, seconds=5):
+    """What each idle server costs the one under load (both stay up for the whole run)."""
+    before = {s: process_tree_cpu_s(p.pid) for s, p in procs.items()}
+    time.sleep(seconds)
+    return {s: round((process_tree_cpu_s(p.pid) - before[s]) / seconds, 3)
+            for s, p in procs.items()}
+
+
 # ---------------------------------------------------------------- offline rate
 
 def run_infer(model_dir, texts_file, out_path):
@@ -552,15 +597,16 @@ def summarize(measurements, concurrencies, protocols=PROTOCOLS):
                 row[f"{s}_cpu_ms_per_text"] = round(statistics.median(cpu), 3) if cpu else None
                 row[f"{s}_qps_each_round"] = [m["qps"] for m in got]
                 row[f"{s}_p99_ms_each_round"] = [m["p99_ms"] for m in got]
-            row["qps_ratio"] = _ratio(row["ppvarlen_qps"], row["triton_qps"])
-            row["p99_ratio"] = _ratio(row["ppvarlen_p99_ms"], row["triton_p99_ms"])
-            row["cpu_ratio"] = _ratio(row["ppvarlen_cpu_ms_per_text"],
+            row["qps_ratio"] = ratio(row["ppvarlen_qps"], row["triton_qps"])
+            row["p99_ratio"] = ratio(row["ppvarlen_p99_ms"], row["triton_p99_ms"])
+            row["cpu_ratio"] = ratio(row["ppvarlen_cpu_ms_per_text"],
                                       row["triton_cpu_ms_per_text"])
             rows.append(row)
     return rows
 
 
-def _ratio(a, b):
+def ratio(a, b):
+    """a / b to 2 places; None when either is missing."""
     return round(a / b, 2) if a is not None and b else None
 
 
@@ -781,31 +827,14 @@ def run(args):
 
     ports = {"ppvarlen": {"http": free_port(), "grpc": free_port()},
              "triton": {"http": free_port(), "grpc": free_port()}}
-    serve_cmd = [sys.executable, os.path.join(REPO, "deploy", "python", "serve.py"),
-                 "--model-dir", model_dir, "--backend", "onnx", "--host", "127.0.0.1",
-                 "--port", str(ports["ppvarlen"]["http"]),
-                 "--grpc-port", str(ports["ppvarlen"]["grpc"]),
-                 "-o", f"Deploy.max_wait_ms={args.max_wait_ms}",
-                 "-o", f"Deploy.max_batch_size={args.max_batch_size}",
-                 "-o", f"Deploy.threads={args.threads}"]
-    anchor_cmd = [args.triton_python, ANCHOR, "--model-dir", model_dir, "--model-name", model,
-                  "--http-port", str(ports["triton"]["http"]),
-                  "--grpc-port", str(ports["triton"]["grpc"]),
-                  "--max-wait-ms", str(args.max_wait_ms),
-                  "--max-batch-size", str(args.max_batch_size), "--threads", str(args.threads)]
-    results["commands"] = {"ppvarlen_serve": shlex.join(serve_cmd),
-                           "triton_anchor": shlex.join(anchor_cmd),
+    commands = server_commands(args, model_dir, model, ports)
+    results["commands"] = {"ppvarlen_serve": shlex.join(commands["ppvarlen"]),
+                           "triton_anchor": shlex.join(commands["triton"]),
                            "benchmark": shlex.join([sys.executable] + sys.argv)}
     http = {s: f"http://127.0.0.1:{ports[s]['http']}" for s in SERVERS}
     procs = {}
     try:
-        procs["ppvarlen"] = start_process(serve_cmd, os.path.join(work, "ppvarlen_serve.log"))
-        procs["triton"] = start_process(anchor_cmd, os.path.join(work, "triton_anchor.log"),
-                                        env=_anchor_env())
-        _wait_ready(http["ppvarlen"] + f"/v2/models/{model}/ready", procs["ppvarlen"],
-                    "ppvarlen-serve", 180, os.path.join(work, "ppvarlen_serve.log"))
-        _wait_ready(http["triton"] + f"/v2/models/{model}/ready", procs["triton"],
-                    "the Triton anchor", 300, os.path.join(work, "triton_anchor.log"))
+        start_servers(commands, http, model, work, procs)
         results["versions"]["tritonserver"] = httpx.get(http["triton"] + "/v2",
                                                         timeout=10).json().get("version")
         sample = texts[:24] + sorted(texts, key=len)[-8:]  # the longest are truncated
@@ -813,11 +842,7 @@ def run(args):
         print(f"answers equal on {len(sample)} sample texts (max prob diff "
               f"{results['answer_check']['max_prob_diff']:.1e})", flush=True)
 
-        # what an idle server costs the one under load (both stay up for the whole run)
-        idle0 = {s: process_tree_cpu_s(p.pid) for s, p in procs.items()}
-        time.sleep(5)
-        results["idle_cpu_share_of_a_core"] = {
-            s: round((process_tree_cpu_s(p.pid) - idle0[s]) / 5, 3) for s, p in procs.items()}
+        results["idle_cpu_share_of_a_core"] = idle_cpu_share(procs)
 
         urls = {s: {"http": f"127.0.0.1:{ports[s]['http']}",
                     "grpc": f"127.0.0.1:{ports[s]['grpc']}"} for s in SERVERS}
