@@ -392,7 +392,7 @@ def main_infer(argv=None):
     {"question": ..., "context": ...}; other fields are ignored (a corpus file reads as is).
     An embedding export writes its vectors to --output X.npy (float32 [N, D], row i = line
     i + 1: every line must be usable) or X.parquet (columns line, embedding, num_tokens,
-    truncated; needs pyarrow: pip install 'ppvarlen[parquet]'), streamed the same way.
+    truncated; needs pyarrow: the extra ppvarlen[parquet]), streamed the same way.
 
     The file is streamed: --window lines at a time are sorted by length into token-budget
     batches and their records written in input order, so memory stays bounded on any file.

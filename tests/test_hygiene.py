@@ -278,6 +278,8 @@ KNOWN_FIELD_NAMES = {
     ("ppvarlen/deploy/engines.py", "src_ids"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
     ("ppvarlen/deploy/engines.py", "src_len"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
     ("ppvarlen/deploy/engines.py", "tokens"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
+    ("ppvarlen/deploy/routes_openai.py", "embedding"): "the OpenAI API's own names (data[i]."
+    "embedding, \"object\": \"embedding\")",
 }
 
 

@@ -11,8 +11,9 @@ the corpus size.  Both files are written to a temporary file and renamed at the 
   for N at the end, in the same bytes.  A ``.npy`` has no place to say which line a row
   answers, so every line must be usable: the first bad line stops the run (DataError).
 * Parquet (``ParquetRows``, pyarrow's ``ParquetWriter``; the optional extra
-  ``ppvarlen[parquet]``): one row group per window, columns ``line`` (int64), ``embedding``
-  (fixed-size list of D float32), ``num_tokens`` (int32, special tokens excluded),
+  ``ppvarlen[parquet]``): one row group per window, columns ``line`` (int64), the task's
+  vector field (``embedding``: a fixed-size list of D float32), ``num_tokens`` (int32, special
+  tokens excluded),
   ``truncated`` (bool).  A bad line has no row (``line`` says which input line each row
   answers); it is reported as for JSONL output and the run exits 1.
 """
@@ -36,21 +37,22 @@ def output_format(path, chosen=None):
     return SUFFIXES.get(os.path.splitext(path or "")[1].lower(), "jsonl")
 
 
-def _rows(records):
-    """(line numbers, float32 [n, D], num_tokens, truncated) of the predicted records."""
+def _rows(records, field):
+    """(line numbers, float32 [n, D], num_tokens, truncated) of the predicted records, their
+    vectors under ``field``."""
     good = [r for r in records if "error" not in r]
     return (np.array([r["line"] for r in good], np.int64),
-            np.asarray([r["embedding"] for r in good], np.float32),
+            np.asarray([r[field] for r in good], np.float32),
             np.array([r["num_tokens"] for r in good], np.int32),
             np.array([r["truncated"] for r in good], np.bool_))
 
 
 class NpyRows:
     """A float32 ``[N, D]`` .npy file written window by window (``f``: a seekable binary
-    file)."""
+    file; ``spec``: the task's ``embedding_spec``)."""
 
-    def __init__(self, f, dim):
-        self.f, self.dim, self.count = f, dim, 0
+    def __init__(self, f, spec):
+        self.f, self.field, self.dim, self.count = f, spec["field"], spec["dim"], 0
         self.data_start = self._header(0)
 
     def _header(self, count):
@@ -66,7 +68,7 @@ class NpyRows:
                             f"every line must be usable: fix or remove the line, or write "
                             f".parquet (its 'line' column says which input line each row "
                             f"answers; bad lines are left out)")
-        _, vectors, _, _ = _rows(records)
+        _, vectors, _, _ = _rows(records, self.field)
         self.f.write(vectors.astype("<f4", copy=False).tobytes())
         self.count += len(vectors)
 
@@ -78,19 +80,20 @@ class NpyRows:
 
 
 class ParquetRows:
-    """A Parquet file written one row group per window (``f``: a binary file)."""
+    """A Parquet file written one row group per window (``f``: a binary file; ``spec``: the
+    task's ``embedding_spec``, whose field names the vectors' column)."""
 
-    def __init__(self, f, dim):
+    def __init__(self, f, spec):
         pa, pq = _pyarrow()
-        self.pa, self.dim = pa, dim
+        self.pa, self.field, self.dim = pa, spec["field"], spec["dim"]
         self.schema = pa.schema([("line", pa.int64()),
-                                 ("embedding", pa.list_(pa.float32(), dim)),
+                                 (self.field, pa.list_(pa.float32(), self.dim)),
                                  ("num_tokens", pa.int32()), ("truncated", pa.bool_())])
         self.writer = pq.ParquetWriter(f, self.schema)
         self.row_groups = 0
 
     def write(self, records):
-        lines, vectors, tokens, truncated = _rows(records)
+        lines, vectors, tokens, truncated = _rows(records, self.field)
         if not len(lines):
             return
         pa = self.pa
@@ -112,19 +115,20 @@ def _pyarrow():
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise DataError("Parquet output needs pyarrow, which is not installed: pip install "
-                        "'ppvarlen[parquet]' (or write .npy)") from None
+        raise DataError("Parquet output needs pyarrow, which is not installed: install the "
+                        "parquet extra, ppvarlen[parquet] (or write .npy)") from None
     return pa, pq
 
 
 @contextlib.contextmanager
-def array_writer(fmt, path, dim):
-    """The writer of ``fmt`` (npy | parquet) for D = ``dim`` embeddings into ``path``
-    (atomic: the file appears when the block ends without an error)."""
+def array_writer(fmt, path, spec):
+    """The writer of ``fmt`` (npy | parquet) of the embeddings ``spec`` describes
+    (``Task.embedding_spec``) into ``path`` (atomic: the file appears when the block ends
+    without an error)."""
     if fmt == "parquet":
         _pyarrow()  # refuse before the temporary file exists
     with atomic_binary_writer(path) as f:
-        writer = WRITERS[fmt](f, dim)
+        writer = WRITERS[fmt](f, spec)
         try:
             yield writer
         except BaseException:

@@ -300,8 +300,8 @@ def _open_records(predictor, output_path, fmt):
                 out.flush()
             yield write
         return
-    dim = predictor.task.embedding_spec(predictor.manifest)["dim"]
-    with embedding_files.array_writer(fmt, output_path, dim) as rows:
+    spec = predictor.task.embedding_spec(predictor.manifest)
+    with embedding_files.array_writer(fmt, output_path, spec) as rows:
         yield rows.write
 
 

@@ -156,7 +156,7 @@ def check_dimensions(spec, dimensions, name):
 def vectors(results, spec, dimensions=None):
     """float32 [N, D'] of the texts' results: the first ``dimensions`` values (all: None),
     re-normalised to unit L2 norm when cut and the model normalises."""
-    rows = np.asarray([r["embedding"] for r in results], np.float32)
+    rows = np.asarray([r[spec["field"]] for r in results], np.float32)
     if dimensions is None or dimensions == rows.shape[1]:
         return rows
     rows = rows[:, :dimensions].astype(np.float64)
@@ -235,9 +235,11 @@ def request_schema(name, spec, limits, max_text_chars):
                 "input": {"description": "a text, or a list of texts (answered in order)",
                           "oneOf": [text, {"type": "array", "items": text, "minItems": 1,
                                            "maxItems": limits.max_texts_per_request}]},
-                "model": {"enum": [name]},
-                "encoding_format": {"enum": [*ENCODINGS, None], "description": "float "
-                                    "(default) or base64: little-endian float32 bytes"},
+                "model": {"type": "string", "enum": [name],
+                          "description": "a served embedding model's name"},
+                "encoding_format": {"type": ["string", "null"], "enum": [*ENCODINGS, None],
+                                    "description": "float (default) or base64: little-endian "
+                                    "float32 bytes"},
                 "dimensions": {"type": ["integer", "null"],
                                "minimum": 1 if spec["truncatable"] else spec["dim"],
                                "maximum": spec["dim"],
@@ -251,8 +253,9 @@ RESPONSE_SCHEMA = {
     "title": "EmbeddingsResponse", "type": "object",
     "required": ["object", "data", "model", "usage"],
     "properties": {
-        "object": {"const": "list"},
-        "data": {"type": "array", "items": {
+        "object": {"type": "string", "const": "list"},
+        "data": {"type": "array", "description": "one per input, in order: {object: "
+                 "embedding, embedding: D floats or a base64 string, index}", "items": {
             "type": "object", "required": ["object", "embedding", "index"],
             "properties": {"object": {"const": "embedding"},
                            "embedding": {"oneOf": [{"type": "array",
@@ -260,8 +263,10 @@ RESPONSE_SCHEMA = {
                                                    {"type": "string",
                                                     "contentEncoding": "base64"}]},
                            "index": {"type": "integer", "minimum": 0}}}},
-        "model": {"type": "string"},
-        "usage": {"type": "object", "required": ["prompt_tokens", "total_tokens"],
+        "model": {"type": "string", "description": "the model asked for"},
+        "usage": {"type": "object", "description": "{prompt_tokens, total_tokens}: the tokens "
+                  "the model read, special tokens excluded", "required": ["prompt_tokens",
+                                                                     "total_tokens"],
                   "properties": {"prompt_tokens": {"type": "integer", "minimum": 0},
                                  "total_tokens": {"type": "integer", "minimum": 0}}}}}
 
@@ -269,6 +274,8 @@ ERROR_SCHEMA = {
     "title": "OpenAIErrorBody", "type": "object", "required": ["error"],
     "properties": {"error": {
         "type": "object", "required": ["message", "type", "param", "code"],
+        "description": "{message, type: invalid_request_error | server_error, param: the "
+                       "field at fault or null, code: e.g. model_not_found or null}",
         "properties": {"message": {"type": "string"},
                        "type": {"enum": ["invalid_request_error", "server_error"]},
                        "param": {"type": ["string", "null"]},

@@ -213,9 +213,10 @@ class Task:
 
     def embedding_spec(self, manifest):
         """What the OpenAI-style embeddings route (``POST /v1/embeddings``) and
-        ``ppvarlen-infer``'s array outputs need of an export of this task: ``{"dim": D,
-        "normalize": bool, "truncatable": bool}`` (its ``response`` results then carry
-        ``embedding``, D floats, and ``num_tokens``); None: the task answers no embeddings."""
+        ``ppvarlen-infer``'s array outputs need of an export of this task: ``{"field": the
+        ``response`` field holding the D floats, "dim": D, "normalize": bool, "truncatable":
+        bool}`` (the results carry ``num_tokens`` too); None: the task answers no
+        embeddings."""
         return None
 
     def oip_tensor_types(self, manifest):

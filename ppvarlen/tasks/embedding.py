@@ -297,7 +297,7 @@ class EmbeddingTask(Task):
         """``truncatable`` (default false): the model was trained to be cut to its first
         dimensions (Matryoshka-style), so ``/v1/embeddings`` may answer ``dimensions`` < D."""
         entry = manifest["embedding"]
-        return {"dim": entry["dim"], "normalize": entry["normalize"],
+        return {"field": OUTPUT, "dim": entry["dim"], "normalize": entry["normalize"],
                 "truncatable": entry.get("truncatable", False)}
 
     def oip_tensor_types(self, manifest):
