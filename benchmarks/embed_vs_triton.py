@@ -278,22 +278,13 @@ def plot(results, path):
         for ax, n in ((qps_ax, "qps"), (p99_ax, "p99_ms")):
             ax.plot(xs, [r[f"{view}:{target}:{n}"] for r in rows], line, color=color,
                     marker="o", label=label)
-    for ax, title, unit in ((qps_ax, "throughput", "requests / s (one text each)"),
-                            (p99_ax, "client p99 latency", "ms")):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(xs, [str(c) for c in xs])
-        ax.set_xlabel("concurrent requests")
-        ax.set_ylabel(unit)
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
+    svt.style_axes(((qps_ax, "throughput", "requests / s (one text each)"),
+                    (p99_ax, "client p99 latency", "ms")), xs, "concurrent requests")
     qps_ax.legend(fontsize=7)
     s = results["settings"]
-    fig.suptitle(f"embedding export (random-init transformer_embed, D={s['dim']}), 1 math thread "
-                 f"each, max_wait {s['max_wait_ms']} ms; 2 shared cores", fontsize=10)
-    fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    os.replace(tmp, path)
+    svt.save_figure(fig, path, f"embedding export (random-init transformer_embed, D={s['dim']}), "
+                               f"1 math thread each, max_wait {s['max_wait_ms']} ms; 2 shared "
+                               f"cores")
 
 
 # ---------------------------------------------------------------- the run
@@ -305,16 +296,7 @@ def texts_for_run(test_texts, limit):
 
 def run(args):
     started = time.time()
-    binary, looked = svt.find_perf_analyzer()
-    if binary is None:
-        raise svt.SetupError(svt.perf_analyzer_howto(looked))
-    pa_version = svt.perf_analyzer_version(binary)
-    pa_env = svt.perf_analyzer_env(binary)
-    if not os.path.isfile(args.triton_python):
-        raise svt.SetupError(f"{args.triton_python} not found: make the PyTriton venv with "
-                             f"`python benchmarks/serve_vs_triton.py --setup-triton-venv "
-                             f"/tmp/tritonvenv`")
-    svt.check_patched(args.triton_python)
+    binary, pa_version, pa_env = svt.check_tools(args.triton_python)
     os.makedirs(args.out, exist_ok=True)
     splits = sentiment_splits()
     if args.model_dir:
@@ -404,10 +386,7 @@ def run(args):
         for p in procs.values():
             svt.stop_process(p)
     results["summary"] = summarize(results["measurements"], concurrencies)
-    results["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    loads = [m["loadavg_1m_before"] for m in results["measurements"]]
-    results["machine"]["loadavg_1m_during"] = {"min": min(loads), "max": max(loads),
-                                              "median": statistics.median(loads)} if loads else None
+    svt.record_load(results)
     results["wall_s"] = round(time.time() - started, 1)
     atomic_write_json(os.path.join(args.out, "embed_vs_triton.json"), results)
     plot(results, os.path.join(args.out, "embed_vs_triton.png"))
@@ -416,10 +395,7 @@ def run(args):
 
 
 def print_report(results):
-    m = results["machine"]
-    print(f"\nmachine: {m.get('cpu_model')}, {m['cpu_count']} cores (shared with other jobs), "
-          f"flags {' '.join(m.get('cpu_simd_flags', []))}; load average (1 min) during the run "
-          f"{m.get('loadavg_1m_during')}")
+    print("\n" + svt.machine_line(results["machine"]))
     print(format_table(results["summary"]))
     print(f"wall time {results['wall_s']} s")
 

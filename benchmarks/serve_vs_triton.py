@@ -683,19 +683,28 @@ def plot(results, path):
         a.axhline(offline, color="C2", linestyle=":", label="ppvarlen-infer texts/s")
         a.axhline(TARGET_OFFLINE_SHARE * offline, color="C2", linestyle="-.", linewidth=0.8,
                   label=f"{TARGET_OFFLINE_SHARE:.0%} of it")
-    for ax, title, unit in ((a, "throughput", "requests / s (one text each)"),
-                            (b, "client p99 latency", "ms"),
-                            (cpu, "server CPU per text (all its processes)", "CPU ms / text")):
+    style_axes(((a, "throughput", "requests / s (one text each)"),
+                (b, "client p99 latency", "ms"),
+                (cpu, "server CPU per text (all its processes)", "CPU ms / text")),
+               sorted({r["concurrency"] for r in rows}), "concurrent requests (perf_analyzer)")
+    a.legend(fontsize=8)
+    save_figure(fig, path, f"same export, 1 math thread each, max_wait "
+                           f"{results['settings']['max_wait_ms']} ms; 2 shared cores (contended)")
+
+
+def style_axes(axes_titles_units, concurrencies, xlabel):
+    """Each (axis, title, unit): concurrency on a log2 x axis, ticks at the points measured."""
+    for ax, title, unit in axes_titles_units:
         ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted({r["concurrency"] for r in rows}),
-                      [str(c) for c in sorted({r["concurrency"] for r in rows})])
-        ax.set_xlabel("concurrent requests (perf_analyzer)")
+        ax.set_xticks(list(concurrencies), [str(c) for c in concurrencies])
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(unit)
         ax.set_title(title)
         ax.grid(alpha=0.3)
-    a.legend(fontsize=8)
-    fig.suptitle(f"same export, 1 math thread each, max_wait {results['settings']['max_wait_ms']}"
-                 f" ms; 2 shared cores (contended)", fontsize=10)
+
+
+def save_figure(fig, path, title):
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=100)
@@ -770,18 +779,38 @@ def texts_for_run(model_dir, limit):
     return texts[:limit] if limit else texts
 
 
-def run(args):
-    started = time.time()
+def check_tools(triton_python):
+    """(perf_analyzer's path, its version line, its environment) once it starts and the
+    PyTriton venv is there and patched; SetupError saying how to get what is missing."""
     binary, looked = find_perf_analyzer()
     if binary is None:
         raise SetupError(perf_analyzer_howto(looked))
     pa_version = perf_analyzer_version(binary)
-    pa_env = perf_analyzer_env(binary)
-    if not os.path.isfile(args.triton_python):
-        raise SetupError(f"{args.triton_python} not found: make the PyTriton venv with `python "
+    if not os.path.isfile(triton_python):
+        raise SetupError(f"{triton_python} not found: make the PyTriton venv with `python "
                          f"benchmarks/serve_vs_triton.py --setup-triton-venv /tmp/tritonvenv` "
                          f"(a venv of its own: PyTriton 0.7 wants numpy<2)")
-    check_patched(args.triton_python)
+    check_patched(triton_python)
+    return binary, pa_version, perf_analyzer_env(binary)
+
+
+def record_load(results):
+    """The load average at the end and over the measurements (each took it before it ran)."""
+    results["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    loads = [m["loadavg_1m_before"] for m in results["measurements"]]
+    results["machine"]["loadavg_1m_during"] = {"min": min(loads), "max": max(loads),
+                                              "median": statistics.median(loads)} if loads else None
+
+
+def machine_line(m):
+    return (f"machine: {m.get('cpu_model')}, {m['cpu_count']} cores (shared with other jobs), "
+            f"flags {' '.join(m.get('cpu_simd_flags', []))}; load average (1 min) during the "
+            f"run {m.get('loadavg_1m_during')}")
+
+
+def run(args):
+    started = time.time()
+    binary, pa_version, pa_env = check_tools(args.triton_python)
     model_dir = os.path.abspath(args.model_dir)
     manifest = load_manifest(model_dir)
     model = manifest.get("model_name") or "model"
@@ -871,10 +900,7 @@ def run(args):
     results["offline"] = {"runs": offline, "texts_per_s_mean": rate}
     results["summary"] = summarize(results["measurements"], concurrencies)
     results["targets"] = evaluate_targets(results["summary"], rate)
-    results["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    loads = [m["loadavg_1m_before"] for m in results["measurements"]]
-    results["machine"]["loadavg_1m_during"] = {"min": min(loads), "max": max(loads),
-                                              "median": statistics.median(loads)} if loads else None
+    record_load(results)
     results["wall_s"] = round(time.time() - started, 1)
     atomic_write_json(os.path.join(args.out, "serve_vs_triton.json"), results)
     plot(results, os.path.join(args.out, "serve_vs_triton.png"))
@@ -884,10 +910,7 @@ def run(args):
 
 
 def print_report(results):
-    m = results["machine"]
-    print(f"\nmachine: {m.get('cpu_model')}, {m['cpu_count']} cores, flags "
-          f"{' '.join(m.get('cpu_simd_flags', []))}; load average (1 min) during the run "
-          f"{m.get('loadavg_1m_during')}")
+    print("\n" + machine_line(results["machine"]))
     print(format_table(results["summary"]))
     o = results["offline"]
     print(f"ppvarlen-infer on the same texts: {o['texts_per_s_mean']} texts/s "
