@@ -26,7 +26,8 @@ before the servers start and after they stop (the offline rate the serving targe
 
 Writes ``serve_vs_triton.json`` (every measurement, perf_analyzer's server-side statistics, the
 machine, the versions, every command) and ``serve_vs_triton.png``; prints the ratio table and
-whether the targets were met.  No number here gates anything.
+whether the targets were met.  No number here gates anything.  benchmarks/embed_vs_triton.py
+(the embedding task's /v1/embeddings against the same anchor) runs on these functions.
 """
 import argparse
 import csv
