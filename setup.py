@@ -20,6 +20,7 @@ PADDLE = [] if os.environ.get("PPVARLEN_SKIP_PADDLE") else ["paddlepaddle==3.3.1
 DOCS = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings-python>=1.10"]
 # Tested with Ray 2.60.0 (ray_serve uses Serve's late-bound ingress, __serve_build_asgi_app__).
 RAY = ["ray[data,serve]>=2.60,<3"]
+PARQUET = ["pyarrow>=14"]
 
 # The commands, all in ppvarlen/cli.py; tools/*.py and deploy/python/*.py are shims over them.
 CONSOLE_SCRIPTS = [
@@ -80,8 +81,12 @@ setup(
         # (seed printed); mutmut: benchmarks/mutation.py (docs/TESTING.md)
         "test": ["pytest>=7", "pytest-xdist>=3", "pytest-timeout>=2.3", "pytest-randomly>=3.15",
                  "mutmut>=3.3,<4", "hypothesis>=6", "scikit-learn", "seqeval",
-                 "schemathesis>=4.30,<5", "tritonclient[http,grpc]>=2.40", *RAY, *DOCS],
+                 "schemathesis>=4.30,<5", "tritonclient[http,grpc]>=2.40",
+                 # the official client of the OpenAI API, against /v1/embeddings
+                 "openai>=1.40", *PARQUET, *RAY, *DOCS],
         "docs": DOCS,
+        # ppvarlen-infer's Parquet embedding output (and Parquet corpus input)
+        "parquet": PARQUET,
         # ONNX Runtime's CUDA provider; both wheels install the same `onnxruntime` module:
         # `pip uninstall onnxruntime` first (docs/PRECISION.md)
         "onnxruntime-gpu": ["onnxruntime-gpu>=1.18"],

@@ -51,6 +51,8 @@ import sys
 import threading
 import time
 
+from machine import machine
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "sentiment", "transformer.yaml")
 GENERATOR_VERSION = 1
@@ -406,26 +408,6 @@ def epoch_worker(path, result, overrides):
 
 
 # ---------------------------------------------------------------- the report
-
-def machine():
-    info = {"cpu_count": os.cpu_count(), "python": sys.version.split()[0]}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            text = f.read()
-        model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
-        flags = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
-        info["cpu_model"] = model.group(1).strip() if model else None
-        simd = sorted(f for f in (flags.group(1).split() if flags else [])
-                      if f.startswith(("avx", "amx", "sse4", "fma")))
-        info["cpu_simd_flags"] = simd
-    except OSError:
-        pass
-    try:
-        info["loadavg"] = os.getloadavg()
-    except OSError:
-        pass
-    return info
-
 
 def growth(results, small="1M", big="10M"):
     out = {}

@@ -20,6 +20,8 @@ import time
 
 import numpy as np
 
+from machine import machine
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -64,22 +66,6 @@ def old_numbers(lengths, pool, max_tokens):
             "batches": len(batches)}
 
 
-def cpu_info():
-    model, flags = "unknown", []
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and model == "unknown":
-                    model = line.split(":", 1)[1].strip()
-                if line.startswith("flags"):
-                    flags = sorted(x for x in line.split(":", 1)[1].split()
-                                   if x.startswith(("avx512", "amx")))
-                    break
-    except OSError:
-        pass
-    return {"model": model, "avx512_amx_flags": flags, "cores": os.cpu_count()}
-
-
 def plot(results, path):
     import matplotlib
 
@@ -118,7 +104,7 @@ def main():
     args = ap.parse_args()
     from ppvarlen.utils.io import atomic_write_json
 
-    results = {"cpu": cpu_info(), "load_average_at_start": os.getloadavg(),
+    results = {"machine": machine(),
                "max_tokens": args.max_tokens, "new": [], "old": [],
                "note": "one run each; 2 cores shared with other jobs (CPU s are fairer than wall)"}
     sizes = sorted(set(args.sizes) | ({args.old_size} if args.old_size else set()))

@@ -26,7 +26,8 @@ before the servers start and after they stop (the offline rate the serving targe
 
 Writes ``serve_vs_triton.json`` (every measurement, perf_analyzer's server-side statistics, the
 machine, the versions, every command) and ``serve_vs_triton.png``; prints the ratio table and
-whether the targets were met.  No number here gates anything.
+whether the targets were met.  No number here gates anything.  benchmarks/embed_vs_triton.py
+(the embedding task's /v1/embeddings against the same anchor) runs on these functions.
 """
 import argparse
 import csv
@@ -51,6 +52,8 @@ from ppvarlen.deploy.bench import free_port, split_texts
 from ppvarlen.deploy.manifest import load_manifest
 from ppvarlen.deploy.predictor import Predictor
 from ppvarlen.utils.io import atomic_write_json
+
+from machine import machine
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ANCHOR = os.path.join(REPO, "benchmarks", "triton_anchor.py")
@@ -362,17 +365,21 @@ def served_outputs(predictor):
             [n for n, *_ in oip.outputs(predictor.task.name, predictor.label_names)])
 
 
-def check_anchor_can_mirror(inputs, outputs):
-    """SetupError unless ppvarlen serves this export with the anchor's input and outputs."""
-    if inputs != ["text"] or outputs != list(ANCHOR_OUTPUTS):
+def check_anchor_can_mirror(inputs, outputs, expected=ANCHOR_OUTPUTS,
+                            what="a text classifier's"):
+    """SetupError unless ppvarlen serves this export with the anchor's input and outputs
+    (``expected``: the outputs this benchmark's anchor gives, ``what`` names them)."""
+    if inputs != ["text"] or outputs != list(expected):
         raise SetupError(f"ppvarlen-serve answers this export with inputs {inputs} and outputs "
-                         f"{outputs}; the Triton anchor mirrors a text classifier's (['text'] "
-                         f"-> {list(ANCHOR_OUTPUTS)}) only")
+                         f"{outputs}; the Triton anchor of this benchmark mirrors {what} "
+                         f"(['text'] -> {list(expected)}) only")
 
 
-def ppvarlen_ids(model_dir, texts):
+def ppvarlen_ids(model_dir, texts, expected=ANCHOR_OUTPUTS, what="a text classifier's"):
+    """ppvarlen's token ids of each text (``Predictor.encode``, the serving path), once the
+    export is checked to be one the anchor mirrors."""
     predictor = Predictor(model_dir, "onnx")
-    check_anchor_can_mirror(*served_outputs(predictor))
+    check_anchor_can_mirror(*served_outputs(predictor), expected, what)
     out = []
     for t in texts:
         encoded = predictor.encode(t)
@@ -412,7 +419,9 @@ def compare_answers(ppvarlen_body, triton_body):
     return max(abs(x - y) for x, y in zip(pa, pb)), differ
 
 
-def _infer_body(texts, batched):
+def infer_body(texts, batched):
+    """An OIP REST infer body of ``texts``: ``batched`` [B, 1] (Triton's batching models take
+    the batch as the first dim) or [B] (ppvarlen's text tensor carries the batch)."""
     shape = [len(texts), 1] if batched else [len(texts)]
     return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": shape, "data": texts}]}
 
@@ -420,7 +429,7 @@ def _infer_body(texts, batched):
 def check_answers(http, model, texts):
     bodies = {}
     for server, batched in (("ppvarlen", False), ("triton", True)):
-        r = httpx.post(f"{http[server]}/v2/models/{model}/infer", json=_infer_body(texts, batched),
+        r = httpx.post(f"{http[server]}/v2/models/{model}/infer", json=infer_body(texts, batched),
                        timeout=60)
         r.raise_for_status()
         bodies[server] = r.json()
@@ -507,6 +516,45 @@ def process_tree_cpu_s(pid):
     return total
 
 
+def server_commands(args, model_dir, model, ports):
+    """{"ppvarlen": serve.py's command, "triton": the anchor's}: the same export, batching
+    wait, batch size and math threads (``args``), each on its ``ports`` (http, grpc)."""
+    serve_cmd = [sys.executable, os.path.join(REPO, "deploy", "python", "serve.py"),
+                 "--model-dir", model_dir, "--backend", "onnx", "--host", "127.0.0.1",
+                 "--port", str(ports["ppvarlen"]["http"]),
+                 "--grpc-port", str(ports["ppvarlen"]["grpc"]),
+                 "-o", f"Deploy.max_wait_ms={args.max_wait_ms}",
+                 "-o", f"Deploy.max_batch_size={args.max_batch_size}",
+                 "-o", f"Deploy.threads={args.threads}"]
+    anchor_cmd = [args.triton_python, ANCHOR, "--model-dir", model_dir, "--model-name", model,
+                  "--http-port", str(ports["triton"]["http"]),
+                  "--grpc-port", str(ports["triton"]["grpc"]),
+                  "--max-wait-ms", str(args.max_wait_ms),
+                  "--max-batch-size", str(args.max_batch_size), "--threads", str(args.threads)]
+    return {"ppvarlen": serve_cmd, "triton": anchor_cmd}
+
+
+def start_servers(commands, http, model, work, procs):
+    """Start both (``procs`` gets each process as it starts, so the caller's ``finally``
+    stops what did) and wait until each says its model is ready."""
+    procs["ppvarlen"] = start_process(commands["ppvarlen"],
+                                      os.path.join(work, "ppvarlen_serve.log"))
+    procs["triton"] = start_process(commands["triton"], os.path.join(work, "triton_anchor.log"),
+                                    env=_anchor_env())
+    _wait_ready(http["ppvarlen"] + f"/v2/models/{model}/ready", procs["ppvarlen"],
+                "ppvarlen-serve", 180, os.path.join(work, "ppvarlen_serve.log"))
+    _wait_ready(http["triton"] + f"/v2/models/{model}/ready", procs["triton"],
+                "the Triton anchor", 300, os.path.join(work, "triton_anchor.log"))
+
+
+def idle_cpu_share(procs, seconds=5):
+    """What each idle server costs the one under load (both stay up for the whole run)."""
+    before = {s: process_tree_cpu_s(p.pid) for s, p in procs.items()}
+    time.sleep(seconds)
+    return {s: round((process_tree_cpu_s(p.pid) - before[s]) / seconds, 3)
+            for s, p in procs.items()}
+
+
 # ---------------------------------------------------------------- offline rate
 
 def run_infer(model_dir, texts_file, out_path):
@@ -550,15 +598,16 @@ def summarize(measurements, concurrencies, protocols=PROTOCOLS):
                 row[f"{s}_cpu_ms_per_text"] = round(statistics.median(cpu), 3) if cpu else None
                 row[f"{s}_qps_each_round"] = [m["qps"] for m in got]
                 row[f"{s}_p99_ms_each_round"] = [m["p99_ms"] for m in got]
-            row["qps_ratio"] = _ratio(row["ppvarlen_qps"], row["triton_qps"])
-            row["p99_ratio"] = _ratio(row["ppvarlen_p99_ms"], row["triton_p99_ms"])
-            row["cpu_ratio"] = _ratio(row["ppvarlen_cpu_ms_per_text"],
+            row["qps_ratio"] = ratio(row["ppvarlen_qps"], row["triton_qps"])
+            row["p99_ratio"] = ratio(row["ppvarlen_p99_ms"], row["triton_p99_ms"])
+            row["cpu_ratio"] = ratio(row["ppvarlen_cpu_ms_per_text"],
                                       row["triton_cpu_ms_per_text"])
             rows.append(row)
     return rows
 
 
-def _ratio(a, b):
+def ratio(a, b):
+    """a / b to 2 places; None when either is missing."""
     return round(a / b, 2) if a is not None and b else None
 
 
@@ -635,19 +684,28 @@ def plot(results, path):
         a.axhline(offline, color="C2", linestyle=":", label="ppvarlen-infer texts/s")
         a.axhline(TARGET_OFFLINE_SHARE * offline, color="C2", linestyle="-.", linewidth=0.8,
                   label=f"{TARGET_OFFLINE_SHARE:.0%} of it")
-    for ax, title, unit in ((a, "throughput", "requests / s (one text each)"),
-                            (b, "client p99 latency", "ms"),
-                            (cpu, "server CPU per text (all its processes)", "CPU ms / text")):
+    style_axes(((a, "throughput", "requests / s (one text each)"),
+                (b, "client p99 latency", "ms"),
+                (cpu, "server CPU per text (all its processes)", "CPU ms / text")),
+               sorted({r["concurrency"] for r in rows}), "concurrent requests (perf_analyzer)")
+    a.legend(fontsize=8)
+    save_figure(fig, path, f"same export, 1 math thread each, max_wait "
+                           f"{results['settings']['max_wait_ms']} ms; 2 shared cores (contended)")
+
+
+def style_axes(axes_titles_units, concurrencies, xlabel):
+    """Each (axis, title, unit): concurrency on a log2 x axis, ticks at the points measured."""
+    for ax, title, unit in axes_titles_units:
         ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted({r["concurrency"] for r in rows}),
-                      [str(c) for c in sorted({r["concurrency"] for r in rows})])
-        ax.set_xlabel("concurrent requests (perf_analyzer)")
+        ax.set_xticks(list(concurrencies), [str(c) for c in concurrencies])
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(unit)
         ax.set_title(title)
         ax.grid(alpha=0.3)
-    a.legend(fontsize=8)
-    fig.suptitle(f"same export, 1 math thread each, max_wait {results['settings']['max_wait_ms']}"
-                 f" ms; 2 shared cores (contended)", fontsize=10)
+
+
+def save_figure(fig, path, title):
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=100)
@@ -655,22 +713,6 @@ def plot(results, path):
 
 
 # ---------------------------------------------------------------- the run
-
-def machine():
-    info = {"cpu_count": os.cpu_count(), "python": sys.version.split()[0]}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            text = f.read()
-        model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
-        flags = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
-        info["cpu_model"] = model.group(1).strip() if model else None
-        info["cpu_simd_flags"] = sorted(f for f in (flags.group(1).split() if flags else [])
-                                        if f.startswith(("avx", "amx", "fma")))
-    except OSError:
-        pass
-    info["loadavg_at_start"] = [round(x, 2) for x in os.getloadavg()]
-    return info
-
 
 def ppvarlen_version():
     try:
@@ -738,18 +780,38 @@ def texts_for_run(model_dir, limit):
     return texts[:limit] if limit else texts
 
 
-def run(args):
-    started = time.time()
+def check_tools(triton_python):
+    """(perf_analyzer's path, its version line, its environment) once it starts and the
+    PyTriton venv is there and patched; SetupError saying how to get what is missing."""
     binary, looked = find_perf_analyzer()
     if binary is None:
         raise SetupError(perf_analyzer_howto(looked))
     pa_version = perf_analyzer_version(binary)
-    pa_env = perf_analyzer_env(binary)
-    if not os.path.isfile(args.triton_python):
-        raise SetupError(f"{args.triton_python} not found: make the PyTriton venv with `python "
+    if not os.path.isfile(triton_python):
+        raise SetupError(f"{triton_python} not found: make the PyTriton venv with `python "
                          f"benchmarks/serve_vs_triton.py --setup-triton-venv /tmp/tritonvenv` "
                          f"(a venv of its own: PyTriton 0.7 wants numpy<2)")
-    check_patched(args.triton_python)
+    check_patched(triton_python)
+    return binary, pa_version, perf_analyzer_env(binary)
+
+
+def record_load(results):
+    """The load average at the end and over the measurements (each took it before it ran)."""
+    results["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    loads = [m["loadavg_1m_before"] for m in results["measurements"]]
+    results["machine"]["loadavg_1m_during"] = {"min": min(loads), "max": max(loads),
+                                              "median": statistics.median(loads)} if loads else None
+
+
+def machine_line(m):
+    return (f"machine: {m.get('cpu_model')}, {m['cpu_count']} cores (shared with other jobs), "
+            f"flags {' '.join(m.get('cpu_simd_flags', []))}; load average (1 min) during the "
+            f"run {m.get('loadavg_1m_during')}")
+
+
+def run(args):
+    started = time.time()
+    binary, pa_version, pa_env = check_tools(args.triton_python)
     model_dir = os.path.abspath(args.model_dir)
     manifest = load_manifest(model_dir)
     model = manifest.get("model_name") or "model"
@@ -795,31 +857,14 @@ def run(args):
 
     ports = {"ppvarlen": {"http": free_port(), "grpc": free_port()},
              "triton": {"http": free_port(), "grpc": free_port()}}
-    serve_cmd = [sys.executable, os.path.join(REPO, "deploy", "python", "serve.py"),
-                 "--model-dir", model_dir, "--backend", "onnx", "--host", "127.0.0.1",
-                 "--port", str(ports["ppvarlen"]["http"]),
-                 "--grpc-port", str(ports["ppvarlen"]["grpc"]),
-                 "-o", f"Deploy.max_wait_ms={args.max_wait_ms}",
-                 "-o", f"Deploy.max_batch_size={args.max_batch_size}",
-                 "-o", f"Deploy.threads={args.threads}"]
-    anchor_cmd = [args.triton_python, ANCHOR, "--model-dir", model_dir, "--model-name", model,
-                  "--http-port", str(ports["triton"]["http"]),
-                  "--grpc-port", str(ports["triton"]["grpc"]),
-                  "--max-wait-ms", str(args.max_wait_ms),
-                  "--max-batch-size", str(args.max_batch_size), "--threads", str(args.threads)]
-    results["commands"] = {"ppvarlen_serve": shlex.join(serve_cmd),
-                           "triton_anchor": shlex.join(anchor_cmd),
+    commands = server_commands(args, model_dir, model, ports)
+    results["commands"] = {"ppvarlen_serve": shlex.join(commands["ppvarlen"]),
+                           "triton_anchor": shlex.join(commands["triton"]),
                            "benchmark": shlex.join([sys.executable] + sys.argv)}
     http = {s: f"http://127.0.0.1:{ports[s]['http']}" for s in SERVERS}
     procs = {}
     try:
-        procs["ppvarlen"] = start_process(serve_cmd, os.path.join(work, "ppvarlen_serve.log"))
-        procs["triton"] = start_process(anchor_cmd, os.path.join(work, "triton_anchor.log"),
-                                        env=_anchor_env())
-        _wait_ready(http["ppvarlen"] + f"/v2/models/{model}/ready", procs["ppvarlen"],
-                    "ppvarlen-serve", 180, os.path.join(work, "ppvarlen_serve.log"))
-        _wait_ready(http["triton"] + f"/v2/models/{model}/ready", procs["triton"],
-                    "the Triton anchor", 300, os.path.join(work, "triton_anchor.log"))
+        start_servers(commands, http, model, work, procs)
         results["versions"]["tritonserver"] = httpx.get(http["triton"] + "/v2",
                                                         timeout=10).json().get("version")
         sample = texts[:24] + sorted(texts, key=len)[-8:]  # the longest are truncated
@@ -827,11 +872,7 @@ def run(args):
         print(f"answers equal on {len(sample)} sample texts (max prob diff "
               f"{results['answer_check']['max_prob_diff']:.1e})", flush=True)
 
-        # what an idle server costs the one under load (both stay up for the whole run)
-        idle0 = {s: process_tree_cpu_s(p.pid) for s, p in procs.items()}
-        time.sleep(5)
-        results["idle_cpu_share_of_a_core"] = {
-            s: round((process_tree_cpu_s(p.pid) - idle0[s]) / 5, 3) for s, p in procs.items()}
+        results["idle_cpu_share_of_a_core"] = idle_cpu_share(procs)
 
         urls = {s: {"http": f"127.0.0.1:{ports[s]['http']}",
                     "grpc": f"127.0.0.1:{ports[s]['grpc']}"} for s in SERVERS}
@@ -860,10 +901,7 @@ def run(args):
     results["offline"] = {"runs": offline, "texts_per_s_mean": rate}
     results["summary"] = summarize(results["measurements"], concurrencies)
     results["targets"] = evaluate_targets(results["summary"], rate)
-    results["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    loads = [m["loadavg_1m_before"] for m in results["measurements"]]
-    results["machine"]["loadavg_1m_during"] = {"min": min(loads), "max": max(loads),
-                                              "median": statistics.median(loads)} if loads else None
+    record_load(results)
     results["wall_s"] = round(time.time() - started, 1)
     atomic_write_json(os.path.join(args.out, "serve_vs_triton.json"), results)
     plot(results, os.path.join(args.out, "serve_vs_triton.png"))
@@ -873,10 +911,7 @@ def run(args):
 
 
 def print_report(results):
-    m = results["machine"]
-    print(f"\nmachine: {m.get('cpu_model')}, {m['cpu_count']} cores, flags "
-          f"{' '.join(m.get('cpu_simd_flags', []))}; load average (1 min) during the run "
-          f"{m.get('loadavg_1m_during')}")
+    print("\n" + machine_line(results["machine"]))
     print(format_table(results["summary"]))
     o = results["offline"]
     print(f"ppvarlen-infer on the same texts: {o['texts_per_s_mean']} texts/s "

@@ -21,12 +21,13 @@ average is recorded).  A note, not a test.
 import argparse
 import json
 import os
-import re
 import shutil
 import sys
 import time
 
 import numpy as np
+
+from machine import machine
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -140,17 +141,6 @@ def measure(name, flat, offsets, workdir, reads):
     size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
     return {"write_s": write_s, "open_s": open_s, f"random_{reads}_rows_s": read_s,
             "bytes": size, "loadavg_1m": round(os.getloadavg()[0], 2)}
-
-
-def machine():
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-        text = f.read()
-    model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
-    flags = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
-    return {"cpu_model": model.group(1).strip() if model else None,
-            "cpu_simd_flags": sorted(f for f in (flags.group(1).split() if flags else [])
-                                     if f.startswith(("avx", "amx"))),
-            "cpu_count": os.cpu_count()}
 
 
 def main(argv=None):

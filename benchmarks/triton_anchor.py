@@ -1,4 +1,5 @@
-"""The Triton side of benchmarks/serve_vs_triton.py: one ppvarlen export served by Triton.
+"""The Triton side of benchmarks/serve_vs_triton.py and benchmarks/embed_vs_triton.py: one
+ppvarlen export (a text classifier or an embedding model) served by Triton.
 
 Runs in a venv of its own with PyTriton, onnxruntime and numpy (no ppvarlen, no Paddle); the
 benchmark starts it as a subprocess:
@@ -15,8 +16,10 @@ to max_len), pads the batch to its longest text and runs the export's onnx/model
 Runtime.  The tokenizer is written here from those files alone; the benchmark compares its ids
 with ppvarlen's own on every input text and refuses to measure when one differs.  The input
 and outputs carry the names and values of ppvarlen-serve's Open Inference Protocol model
-(``text`` BYTES in; ``label``, ``label_id``, ``probs``, ``num_tokens``, ``truncated`` out), so
-one perf_analyzer input file drives both servers.  Both listeners bind 127.0.0.1 only.
+(``text`` BYTES in; a classifier's ``label``, ``label_id``, ``probs``, ``num_tokens``,
+``truncated`` out, an embedding model's ``embedding`` FP32 [B, D], ``num_tokens`` (special
+tokens excluded, as ppvarlen counts them there), ``truncated``), so one perf_analyzer input
+file drives both servers.  Both listeners bind 127.0.0.1 only.
 """
 import argparse
 import json
@@ -34,6 +37,8 @@ _ESCAPE = re.compile(r"\\(?:(\\)|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8}))")
 # Triton keeps these behind an access token by default; only "statistics" is opened here,
 # because perf_analyzer reads the server-side numbers from it
 RESTRICTED_ENDPOINTS = ["shared-memory", "model-repository", "trace", "logging"]
+# what the model gives, by the export's one output: the kinds of model the anchor serves
+MODEL_KINDS = {"logits": "classifier", "embedding": "embedding"}
 
 
 class UnsupportedExport(ValueError):
@@ -54,7 +59,8 @@ def _read_json(path):
 
 
 class AnchorTokenizer:
-    """Text -> ids for a classification export with ppvarlen's own vocabulary (char or word).
+    """Text -> ids for a classifier or embedding export with ppvarlen's own vocabulary (char
+    or word).
 
     Read from the export's files, not from ppvarlen: a literal "[CLS]" in a text is unknown
     (special tokens are never looked up), ``lowercase`` lowers the text first, a text with
@@ -62,13 +68,17 @@ class AnchorTokenizer:
 
     def __init__(self, export_dir):
         manifest = _read_json(os.path.join(export_dir, "manifest.json"))
-        # what the anchor runs: one text's ids and length in, one row of label logits out
+        # what the anchor runs: one text's ids and length in, one row out (label logits or
+        # the embedding)
         inputs = [i.get("name") for i in manifest.get("inputs", [])]
         outputs = [o.get("name") for o in manifest.get("outputs", [])]
-        if inputs != ["input_ids", "seq_len"] or outputs != ["logits"]:
+        if inputs != ["input_ids", "seq_len"] or len(outputs) != 1 or \
+                outputs[0] not in MODEL_KINDS:
             raise UnsupportedExport(f"the model takes {inputs} and gives {outputs}; the anchor "
                                     f"runs models of input_ids + seq_len -> logits (a text "
-                                    f"classifier) only")
+                                    f"classifier) or -> embedding only")
+        self.model_kind = MODEL_KINDS[outputs[0]]
+        self.dim = int(manifest["embedding"]["dim"]) if self.model_kind == "embedding" else None
         tok = manifest["tokenizer"] if isinstance(manifest["tokenizer"], dict) \
             else {"kind": manifest["tokenizer"]}
         meta_path = os.path.join(export_dir, "encoder.json")
@@ -85,7 +95,7 @@ class AnchorTokenizer:
         if policy != "truncate":
             raise UnsupportedExport(f"long_text policy {policy!r}: the anchor only truncates")
         self.max_len = int(manifest["max_len"])
-        self.label_names = list(manifest["label_names"])
+        self.label_names = list(manifest.get("label_names") or [])
         with open(os.path.join(export_dir, "vocab.txt"), encoding="utf-8") as f:
             lines = f.read().split("\n")
         if lines and lines[-1] == "":
@@ -127,7 +137,7 @@ def softmax(logits):
     return e / e.sum(axis=1, keepdims=True)
 
 
-class OnnxClassifier:
+class OnnxModel:
     """The export's onnx/model.onnx in ONNX Runtime, with the session settings ppvarlen uses
     for it (``threads`` intra-op threads, 1 inter-op thread, the manifest's disabled graph
     optimizers)."""
@@ -149,19 +159,27 @@ class OnnxClassifier:
         self.settings = {"intra_op_threads": int(threads), "inter_op_threads": 1,
                          "disabled_optimizers": disabled, "onnxruntime": ort.__version__}
 
-    def logits(self, input_ids, seq_len):
+    def forward(self, input_ids, seq_len):
+        """The model's one output ([B, labels] logits or [B, D] embeddings), float32."""
         feeds = dict(zip(self.input_names, (input_ids, seq_len)))
         return self.session.run(None, feeds)[0].astype(np.float32)
 
 
-def make_infer(tokenizer, classifier):
-    """The batch function: texts [B, 1] bytes -> ppvarlen's five outputs, one row per text."""
+def make_infer(tokenizer, model):
+    """The batch function: texts [B, 1] bytes -> ppvarlen's outputs for the export, one row
+    per text."""
+    return (make_embed_infer if tokenizer.model_kind == "embedding" else make_classify_infer)(
+        tokenizer, model)
+
+
+def make_classify_infer(tokenizer, classifier):
+    """texts [B, 1] bytes -> a classifier's five outputs."""
     labels = np.array([n.encode("utf-8") for n in tokenizer.label_names], dtype=object)
 
     def infer(text):
         encoded = [tokenizer.encode(row[0].decode("utf-8")) for row in text]
         input_ids, seq_len = pad_batch([ids for ids, _ in encoded])
-        probs = softmax(classifier.logits(input_ids, seq_len).astype(np.float64))
+        probs = softmax(classifier.forward(input_ids, seq_len).astype(np.float64))
         best = probs.argmax(axis=1)
         return {"label": labels[best].reshape(-1, 1),
                 "label_id": best.astype(np.int64).reshape(-1, 1),
@@ -171,14 +189,42 @@ def make_infer(tokenizer, classifier):
     return infer
 
 
+def make_embed_infer(tokenizer, embedder):
+    """texts [B, 1] bytes -> ``embedding`` [B, D] float32, ``num_tokens`` without the special
+    tokens, ``truncated``."""
+    specials = 2 if tokenizer.add_special_tokens else 0
+
+    def infer(text):
+        encoded = [tokenizer.encode(row[0].decode("utf-8")) for row in text]
+        input_ids, seq_len = pad_batch([ids for ids, _ in encoded])
+        return {"embedding": embedder.forward(input_ids, seq_len),
+                "num_tokens": (seq_len - specials).reshape(-1, 1),
+                "truncated": np.array([[t] for _, t in encoded], dtype=np.bool_)}
+    return infer
+
+
+def output_tensors(tokenizer):
+    """PyTriton's output declarations, per row, named and ordered as ppvarlen's OIP answer."""
+    from pytriton.model_config import Tensor
+
+    if tokenizer.model_kind == "embedding":
+        head = [Tensor(name="embedding", dtype=np.float32, shape=(tokenizer.dim,))]
+    else:
+        head = [Tensor(name="label", dtype=bytes, shape=(1,)),
+                Tensor(name="label_id", dtype=np.int64, shape=(1,)),
+                Tensor(name="probs", dtype=np.float32, shape=(len(tokenizer.label_names),))]
+    return head + [Tensor(name="num_tokens", dtype=np.int64, shape=(1,)),
+                   Tensor(name="truncated", dtype=np.bool_, shape=(1,))]
+
+
 def serve(args):
     from pytriton.decorators import batch
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
     tokenizer = AnchorTokenizer(args.model_dir)
-    classifier = OnnxClassifier(args.model_dir, args.threads)
-    infer = batch(make_infer(tokenizer, classifier))
+    model = OnnxModel(args.model_dir, args.threads)
+    infer = batch(make_infer(tokenizer, model))
     config = TritonConfig(http_address="127.0.0.1", http_port=args.http_port,
                           grpc_address="127.0.0.1", grpc_port=args.grpc_port,
                           allow_metrics=False, log_verbose=0)
@@ -187,17 +233,13 @@ def serve(args):
     with Triton(config=config, security_config=security) as triton:
         triton.bind(model_name=args.model_name, infer_func=infer,
                     inputs=[Tensor(name="text", dtype=bytes, shape=(-1,))],
-                    outputs=[Tensor(name="label", dtype=bytes, shape=(1,)),
-                             Tensor(name="label_id", dtype=np.int64, shape=(1,)),
-                             Tensor(name="probs", dtype=np.float32,
-                                    shape=(len(tokenizer.label_names),)),
-                             Tensor(name="num_tokens", dtype=np.int64, shape=(1,)),
-                             Tensor(name="truncated", dtype=np.bool_, shape=(1,))],
+                    outputs=output_tensors(tokenizer),
                     config=ModelConfig(max_batch_size=args.max_batch_size, batcher=batcher),
                     strict=True)
         print(json.dumps({"anchor": "ready", "model": args.model_name,
                           "http_port": args.http_port, "grpc_port": args.grpc_port,
-                          "onnx_session": classifier.settings}), flush=True)
+                          "model_kind": tokenizer.model_kind,
+                          "onnx_session": model.settings}), flush=True)
         # SIGTERM as Ctrl-C: serve() returns on KeyboardInterrupt and the context manager stops
         # Triton and its stub (installed here, once PyTriton's start-up has run)
         signal.signal(signal.SIGTERM, signal.default_int_handler)

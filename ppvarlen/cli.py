@@ -31,6 +31,7 @@ from . import _mkl, _quiet
 from .config import ConfigError, add_config_args, load_config, parse_override
 from .config_schema import MODEL_KEYS, SCHEMA, iter_keys
 from .data.errors import DataError
+from .deploy.embedding_files import FORMATS as EMBEDDING_FORMATS
 from .deploy.infer import WINDOW, run_file
 from .deploy.manifest import UnservableExportError
 from .deploy.predictor import Predictor
@@ -389,6 +390,9 @@ def main_infer(argv=None):
     Each line is one request item in the task's fields: {"text": ...} (or a .txt line;
     seq2seq also {"source": ...}), text pairs {"text_a": ..., "text_b": ...}, extractive QA
     {"question": ..., "context": ...}; other fields are ignored (a corpus file reads as is).
+    An embedding export writes its vectors to --output X.npy (float32 [N, D], row i = line
+    i + 1: every line must be usable) or X.parquet (columns line, embedding, num_tokens,
+    truncated; needs pyarrow: the extra ppvarlen[parquet]), streamed the same way.
 
     The file is streamed: --window lines at a time are sorted by length into token-budget
     batches and their records written in input order, so memory stays bounded on any file.
@@ -404,7 +408,12 @@ def main_infer(argv=None):
     parser.add_argument("--backend", choices=["paddle", "onnx"], default="paddle")
     parser.add_argument("--input", required=True, help=".jsonl (a request item per line, in "
                         "the task's fields) or .txt (a text per line; one-text tasks)")
-    parser.add_argument("--output", default=None, help="JSONL predictions (default: stdout)")
+    parser.add_argument("--output", default=None, help="JSONL predictions (default: stdout); "
+                        "an embedding export also .npy (float32 [N, D], a row per line) or "
+                        ".parquet (line, embedding, num_tokens, truncated columns)")
+    parser.add_argument("--format", choices=list(EMBEDDING_FORMATS), default=None,
+                        dest="output_format", help="the output's format (default: by the "
+                        "--output suffix: .npy, .parquet, else jsonl)")
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16", "int8", "auto"],
                         default="fp32", help="auto: the fastest precision the export verified "
                         "and measured (manifest precision_measured)")
@@ -443,7 +452,8 @@ def _infer(args):
                           max_batch_size=args.max_batch_size, tensorrt=args.tensorrt,
                           split_long_sources=args.split_long_sources)
     summary = run_file(predictor, args.input, args.output, progress=not args.no_progress,
-                       window=args.window, max_text_chars=deploy.max_text_chars)
+                       window=args.window, max_text_chars=deploy.max_text_chars,
+                       output_format=args.output_format)
     print(json.dumps(summary, ensure_ascii=False), file=sys.stderr)
     return 1 if summary["failed"] else 0
 

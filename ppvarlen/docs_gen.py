@@ -164,24 +164,41 @@ def commands_page():
 
 # ---------------------------------------------------------------- HTTP API
 
-def _documentation_predictor():
+EMBEDDING_STAND_IN = {"dim": 256, "pooling": "mean", "normalize": True}
+
+
+def _documentation_predictor(task="classification", labels=("negative", "positive"),
+                             manifest=None):
     """The attributes of a Predictor that the OpenAPI document reads: a sentiment
     classification export with the default limits (the document of a real export differs
-    only in its labels, its prediction object and its length limit)."""
-    return types.SimpleNamespace(task=get_task("classification"),
-                                 label_names=["negative", "positive"], long_text="truncate",
-                                 split_long_sources=False, add_special_tokens=True,
-                                 max_len=SCHEMA["Data"]["max_len"].default,
-                                 backend="paddle", manifest={})
+    only in its labels, its prediction object and its length limit); or the ``task`` export
+    with ``labels`` and ``manifest`` keys."""
+    return types.SimpleNamespace(task=get_task(task), label_names=list(labels),
+                                 long_text="truncate", split_long_sources=False,
+                                 add_special_tokens=True,
+                                 max_len=SCHEMA["Data"]["max_len"].default, backend="paddle",
+                                 manifest=dict(manifest or {}))
 
 
-def openapi_document():
-    """The served OpenAPI document of the stand-in export, registered as version 1 of its
-    model (as the app's startup does) without starting a batcher."""
-    predictor = _documentation_predictor()
+def openapi_document(predictor=None):
+    """The served OpenAPI document of a stand-in export (default: the sentiment one),
+    registered as version 1 of its model (as the app's startup does) without starting a
+    batcher."""
+    predictor = predictor or _documentation_predictor()
     app = create_app(predictor)
     app.state.registry.add(ServedModel(model_name_of(predictor), "1", predictor))
     return app.openapi()
+
+
+def _with_embeddings(doc):
+    """``doc`` with the OpenAI embeddings route of the embedding stand-in's document."""
+    embed = openapi_document(_documentation_predictor(
+        "embedding", (), {"embedding": EMBEDDING_STAND_IN}))
+    doc["paths"].update({p: v for p, v in embed["paths"].items() if p.startswith("/v1/")})
+    schemas = doc["components"]["schemas"]
+    for name in ("EmbeddingsRequest", "EmbeddingsResponse", "OpenAIErrorBody"):
+        schemas[name] = embed["components"]["schemas"][name]
+    return doc
 
 
 def _type_of(schema, prefix=""):
@@ -189,8 +206,11 @@ def _type_of(schema, prefix=""):
     if "$ref" in schema:
         name = schema["$ref"].rsplit("/", 1)[1]
         return f"[{name}](#{prefix}{name.lower()})"
-    if "anyOf" in schema:
-        return " or ".join(_type_of(s, prefix) for s in schema["anyOf"])
+    for options in ("anyOf", "oneOf"):
+        if options in schema:
+            return " or ".join(_type_of(s, prefix) for s in schema[options])
+    if isinstance(schema.get("type"), list):
+        return " or ".join(schema["type"])
     if schema.get("type") == "array":
         return f"array of {_type_of(schema.get('items', {}), prefix)}"
     if schema.get("type") == "object" and "additionalProperties" in schema:
@@ -200,7 +220,8 @@ def _type_of(schema, prefix=""):
 
 
 def _limits(schema):
-    names = ("minLength", "maxLength", "minItems", "maxItems", "pattern", "enum")
+    names = ("minLength", "maxLength", "minItems", "maxItems", "minimum", "maximum", "pattern",
+             "enum")
     found = {n: schema[n] for n in names if n in schema}
     if schema.get("type") == "array":
         found.update({f"items.{n}": v for n, v in _limits(schema.get("items", {})).items()})
@@ -227,14 +248,16 @@ def _schema_table(name, schema, prefix="", level="###"):
 
 
 def http_api_page():
-    doc = openapi_document()
+    doc = _with_embeddings(openapi_document())
     out = [GENERATED_NOTE.format(source="the server's OpenAPI document (ppvarlen/deploy/api.py)"),
            "# HTTP API\n",
            "Rendered from the OpenAPI document `ppvarlen-serve` answers at `/openapi.json` "
            "(its `/docs` page shows the same with a live example). This page is the document "
-           "of a sentiment classification export with the default `Deploy` limits; a server's "
-           "own document carries its labels, its task's prediction object and its limits. "
-           "The prediction object of each task is listed below.\n"]
+           "of a sentiment classification export with the default `Deploy` limits, and "
+           "`POST /v1/embeddings` (the OpenAI embeddings API, declared only while an embedding "
+           "model is served) as an embedding export of width 256 named `model` documents it; "
+           "a server's own document carries its labels, its task's prediction object and its "
+           "limits. The prediction object of each task is listed below.\n"]
     for path, methods in doc["paths"].items():
         for method, op in methods.items():
             out.append(f"## {method.upper()} {path}\n")
@@ -257,7 +280,7 @@ def http_api_page():
     out.append("## The prediction object of each task\n")
     out.append("`predictions` holds one of these per text, by the export's task.\n")
     labels = {"classification": ["negative", "positive"], "tagging": ["O", "B-PER", "I-PER"],
-              "seq2seq": []}
+              "seq2seq": [], "embedding": []}
     for task, names in labels.items():
         model = get_task(task).prediction_model(names)
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")

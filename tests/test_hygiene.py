@@ -278,6 +278,8 @@ KNOWN_FIELD_NAMES = {
     ("ppvarlen/deploy/engines.py", "src_ids"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
     ("ppvarlen/deploy/engines.py", "src_len"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
     ("ppvarlen/deploy/engines.py", "tokens"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
+    ("ppvarlen/deploy/routes_openai.py", "embedding"): "the OpenAI API's own names (data[i]."
+    "embedding, \"object\": \"embedding\")",
 }
 
 
@@ -363,7 +365,8 @@ LAZY_IMPORTS = [
      "ONNX libraries: loaded when an ONNX file is written, converted or run, not by a "
      "Paddle-only export or server (paddle2onnx also imports paddle)"),
     ("ppvarlen/*", ("ray",), "optional extra ppvarlen[ray]"),
-    ("ppvarlen/*", ("pyarrow",), "optional: Parquet input only (not a ppvarlen dependency)"),
+    ("ppvarlen/*", ("pyarrow",), "optional extra ppvarlen[parquet]: Parquet input and "
+     "embedding output only"),
     ("ppvarlen/engine/logbook.py", ("visualdl",), "optional: Train.visualdl only"),
     ("ppvarlen/*", ("matplotlib",), "about a second to import, for an optional PNG only"),
 ]

@@ -231,3 +231,4 @@ class _Rendered:
     def __init__(self, predictor):
         self.name, self.version = predictor.manifest.get("model_name") or "model", "0"
         self.task_name, self.label_names = predictor.task.name, list(predictor.label_names)
+        self.oip_tensor_types = predictor.task.oip_tensor_types(predictor.manifest)

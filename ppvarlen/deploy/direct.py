@@ -42,14 +42,11 @@ def route_path(scope):
 
 
 def error_response(state, error, scope):
-    """The answer to an ``ApiError`` on any route, counted: ``{"error"}`` under ``/v2`` (the
-    protocol's error body), ``{"error", "field"}`` elsewhere."""
+    """The answer to an ``ApiError`` on any route, counted, in the body of the route's
+    protocol (``errors.error_body``)."""
     state.failed(error)
-    if route_path(scope).startswith("/v2"):
-        body = {"error": error.message}
-    else:
-        body = {"error": error.message, "field": error.field}
-    return JSONResponse(body, status_code=error.status, headers=error.headers)
+    return JSONResponse(error.body(route_path(scope)), status_code=error.status,
+                        headers=error.headers)
 
 
 class DirectRoutes:

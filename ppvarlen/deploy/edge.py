@@ -20,7 +20,7 @@ import time
 from ppvarlen.config import ConfigError
 from ppvarlen.utils.log import get_logger
 
-from .errors import ApiError
+from .errors import OPENAI_PREFIX, ApiError, error_body
 
 log = get_logger("deploy.server")
 DECIMAL = re.compile(r"[0-9]{1,19}", re.ASCII)  # str.isdigit() also takes '²', int() does not
@@ -130,6 +130,14 @@ def shown(value, limit=SHOWN_CHARS):
     return text if len(text) <= limit else text[:limit] + f"… ({len(text)} characters)"
 
 
+def edge_error_body(path, status, message, field=None, code=None):
+    """The body of an answer the edge gives itself: ``{"error", "field"}`` on every route (the
+    /v2 routes' clients read it so too), the OpenAI error object under /v1/."""
+    if path.startswith(OPENAI_PREFIX):
+        return error_body(path, status, message, field, code)
+    return {"error": message, "field": field}
+
+
 # ---------------------------------------------------------------- bearer token
 
 def read_token(path):
@@ -169,9 +177,10 @@ class RequireToken:
         if hmac.compare_digest(given, self._expected):
             return await self.app(scope, receive, send)
         why = "no Authorization header" if not given else "a wrong token"
-        body = json.dumps({"error": f"{scope['path']} needs Authorization: Bearer TOKEN "
-                           f"(the token of Deploy.auth_token_file); the request had {why}",
-                           "field": "Authorization"}).encode()
+        body = json.dumps(edge_error_body(
+            scope["path"], 401, f"{scope['path']} needs Authorization: Bearer TOKEN (the token "
+            f"of Deploy.auth_token_file); the request had {why}", "Authorization",
+            "invalid_api_key")).encode()
         await send({"type": "http.response.start", "status": 401,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"www-authenticate", b'Bearer realm="ppvarlen"'),
@@ -211,8 +220,9 @@ class AnswerErrors:
                 self.on_error()
             if status[0] is None:  # else the answer had begun: the connection just closes
                 status[0] = 500
-                body = json.dumps({"error": "internal server error (logged); retry, or "
-                                   "report it with the server's log", "field": None}).encode()
+                body = json.dumps(edge_error_body(scope.get("path", ""), 500, "internal "
+                                                  "server error (logged); retry, or report it "
+                                                  "with the server's log")).encode()
                 await send({"type": "http.response.start", "status": 500,
                             "headers": [(b"content-type", b"application/json"),
                                         (b"content-length", str(len(body)).encode())]})

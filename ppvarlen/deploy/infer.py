@@ -11,6 +11,8 @@ become the task's request item (``Task.oip_item``), encoded as the server encode
 Output: JSONL, line ``i`` answering input line ``i``: ``{"line": n, **prediction}``
 or ``{"line": n, "error": why}`` for a line that could not be used (a field missing or not
 a string, named with the line; also reported on stderr); the other lines are still predicted.
+An embedding export's vectors can go to ``.npy`` or Parquet instead (by the output's suffix or
+``output_format``; ``embedding_files``), written window by window as well.
 
 The server's bound on a text holds here too: a text longer than ``Deploy.max_text_chars``
 characters (each text of an item) is refused with its line's error record, and a line is read
@@ -46,6 +48,8 @@ from ppvarlen.data.errors import DataError
 from ppvarlen.data.readers import LONG_LINE, bounded_lines
 from ppvarlen.tasks.base import Task
 from ppvarlen.utils.io import atomic_text_writer
+
+from . import embedding_files
 
 WINDOW = 4096  # usable texts sorted and batched together; larger windows pack denser batches
 # A window also closes at this many characters, so a file of very long lines stays bounded.
@@ -284,17 +288,51 @@ def truncation_warning(predictor, truncated, texts):
             f"{predictor.task.too_long_fix()}")
 
 
+@contextlib.contextmanager
+def _open_records(predictor, output_path, fmt):
+    """A function writing one window's records: JSONL lines, or an embedding export's rows
+    into a .npy / Parquet file (``embedding_files``)."""
+    if fmt == "jsonl":
+        with _open_output(output_path) as out:
+            def write(records):
+                out.write("".join(json.dumps(rec, ensure_ascii=False) + "\n"
+                                  for rec in records))
+                out.flush()
+            yield write
+        return
+    spec = predictor.task.embedding_spec(predictor.manifest)
+    with embedding_files.array_writer(fmt, output_path, spec) as rows:
+        yield rows.write
+
+
+def check_output(predictor, output_path, fmt):
+    """DataError unless ``fmt`` can be written for ``predictor``'s export."""
+    if fmt not in embedding_files.FORMATS:
+        raise DataError(f"output format {fmt!r}: one of {list(embedding_files.FORMATS)}")
+    if fmt == "jsonl":
+        return
+    if output_path is None:
+        raise DataError(f"a {fmt} output is a file: pass --output PATH")
+    if predictor.task.embedding_spec(predictor.manifest) is None:
+        raise DataError(f"{output_path}: .npy and Parquet outputs hold embeddings, and this "
+                        f"export is a {predictor.task.name} model; write JSONL (--output "
+                        f"X.jsonl)")
+
+
 def run_file(predictor, input_path, output_path=None, progress=True, window=WINDOW,
-             max_text_chars=MAX_TEXT_CHARS):
+             max_text_chars=MAX_TEXT_CHARS, output_format=None):
     """Predict every line of ``input_path`` (the request items of ``predictor``'s task);
-    write JSONL to ``output_path`` (or stdout).  A text over ``max_text_chars``
-    (Deploy.max_text_chars) gets an error record.
+    write JSONL to ``output_path`` (or stdout), or for an embedding export the embeddings
+    as .npy / Parquet (``output_format``, default by the suffix: ``embedding_files``).  A
+    text over ``max_text_chars`` (Deploy.max_text_chars) gets an error record.
 
     Returns the summary dict (see the module docstring): texts, predicted, failed,
     truncated, windowed, seconds, model_seconds, texts/s, tokens/s, padding efficiency,
     warnings.
     """
     check_input(input_path, predictor.task)
+    fmt = embedding_files.output_format(output_path, output_format)
+    check_output(predictor, output_path, fmt)
     real0, padded0 = predictor.real_tokens, predictor.padded_tokens
     out0, steps0 = predictor.real_target_tokens, predictor.padded_target_tokens
     totals = _Totals()
@@ -302,12 +340,10 @@ def run_file(predictor, input_path, output_path=None, progress=True, window=WIND
     # smoothing=0: the bar shows texts over the time since it opened, as the summary does
     bar = tqdm(total=total, unit="text", smoothing=0, disable=not progress, file=sys.stderr)
     start = time.perf_counter()
-    with _open_output(output_path) as out:
+    with _open_records(predictor, output_path, fmt) as write:
         rows = iter_items(input_path, predictor.task, max_text_chars)
         for chunk in encoded_windows(predictor, input_path, rows, window):
-            records = _predict_window(predictor, chunk, totals)
-            out.write("".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records))
-            out.flush()
+            write(_predict_window(predictor, chunk, totals))
             bar.update(len(chunk))
     seconds = time.perf_counter() - start
     bar.close()
@@ -322,7 +358,8 @@ def run_file(predictor, input_path, output_path=None, progress=True, window=WIND
         warnings.append(truncation_warning(predictor, totals.truncated, totals.texts))
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
-    summary = {"input": input_path, "output": output_path, "backend": predictor.backend,
+    summary = {"input": input_path, "output": output_path, "output_format": fmt,
+               "backend": predictor.backend,
                "texts": totals.texts, "predicted": totals.predicted,
                "failed": totals.texts - totals.predicted,
                "truncated": totals.truncated, "windowed": totals.windowed,

@@ -63,17 +63,31 @@ def _tensor_of(name, annotation, label_names):
     return "BYTES", [], lambda r: _json_text(r[name])
 
 
+def _typed(name, datatype, tail):
+    """A field the task typed itself (``Task.oip_tensor_types``): its value as it is."""
+    return datatype, list(tail), lambda r: r[name]
+
+
 @functools.lru_cache(maxsize=64)
-def _outputs(task_name, label_names):
+def _outputs(task_name, label_names, typed):
     prediction = get_task(task_name).prediction_model(list(label_names))
-    return [(name, *_tensor_of(name, field.annotation, label_names))
+    types = {name: (datatype, tail) for name, datatype, tail in typed}
+    return [(name, *(_typed(name, *types[name]) if name in types else
+                     _tensor_of(name, field.annotation, label_names)))
             for name, field in prediction.model_fields.items()]
 
 
-def outputs(task_name, label_names):
+def outputs(task_name, label_names, typed=None):
     """[(name, datatype, shape after the batch dim, result -> value)]: one tensor per field
-    of the task's /predict prediction, so both answer the same values under the same names."""
-    return _outputs(task_name, tuple(label_names))
+    of the task's /predict prediction, so both answer the same values under the same names;
+    ``typed``: the task's own types of some fields (``Task.oip_tensor_types``)."""
+    typed = tuple((n, d, tuple(tail)) for n, (d, tail) in sorted((typed or {}).items()))
+    return _outputs(task_name, tuple(label_names), typed)
+
+
+def model_outputs(model):
+    """``outputs`` of a served version (its task, labels and manifest-typed fields)."""
+    return outputs(model.task_name, model.label_names, model.oip_tensor_types)
 
 
 def model_metadata(name, versions, model):
@@ -81,7 +95,7 @@ def model_metadata(name, versions, model):
             "inputs": [{"name": n, "datatype": "BYTES", "shape": [-1]}
                        for n in model.task.oip_inputs],
             "outputs": [{"name": n, "datatype": d, "shape": [-1] + tail}
-                        for n, d, tail, _ in outputs(model.task_name, model.label_names)]}
+                        for n, d, tail, _ in model_outputs(model)]}
 
 
 def model_config(model):
@@ -102,7 +116,7 @@ def model_config(model):
             "input": [{"name": n, "data_type": "TYPE_STRING", "dims": [-1]}
                       for n in model.task.oip_inputs],
             "output": [{"name": n, "data_type": TRITON_TYPES[d], "dims": [-1] + tail}
-                       for n, d, tail, _ in outputs(model.task_name, model.label_names)],
+                       for n, d, tail, _ in model_outputs(model)],
             "dynamic_batching": {"max_queue_delay_microseconds": int(deploy.max_wait_ms * 1000),
                                  "preserve_ordering": True,
                                  "default_queue_policy": {"max_queue_size": deploy.queue_size}},
@@ -248,7 +262,7 @@ def parse_infer(payload, binary, limits, model):
         _fail(f"{len(binary) - used} bytes of binary data after the JSON header that no "
               f"input's binary_data_size accounts for")
     items = [model.task.oip_item(tuple(columns[n][i] for n in names)) for i in range(count)]
-    out_names = [n for n, *_ in outputs(model.task_name, model.label_names)]
+    out_names = [n for n, *_ in model_outputs(model)]
     requested = payload.get("outputs")
     if "outputs" not in payload:
         wanted = [(n, binary_default) for n in out_names]
@@ -284,8 +298,7 @@ def _binary(datatype, values):
 
 def output_tensors(model, names, results):
     """[(name, datatype, shape, flat values)] of the outputs ``names`` (REST and gRPC)."""
-    specs = {n: (d, tail, get) for n, d, tail, get in outputs(model.task_name,
-                                                              model.label_names)}
+    specs = {n: (d, tail, get) for n, d, tail, get in model_outputs(model)}
     out = []
     for name in names:
         datatype, tail, get = specs[name]

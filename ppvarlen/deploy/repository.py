@@ -48,6 +48,9 @@ class ServedModel:
         self.label_names = list(predictor.label_names)
         # what /health reports of the task (e.g. the tag scheme), kept after an unload
         self.health_extras = predictor.task.health_extras(predictor.manifest)
+        # what /v1/embeddings (None: not an embedding model) and the OIP outputs need of it
+        self.embedding = predictor.task.embedding_spec(predictor.manifest)
+        self.oip_tensor_types = predictor.task.oip_tensor_types(predictor.manifest)
         self.backend, self.long_text = predictor.backend, predictor.long_text
         self.batcher = None
         self.example = None

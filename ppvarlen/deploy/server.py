@@ -4,11 +4,13 @@
 repository, counters, the request path to the batchers) and the route modules over it:
 ``routes_predict`` (``POST /predict``, ``/health``, ``/metrics``, ``/metrics.json``) and
 ``routes_oip`` (the Open Inference Protocol v2 under ``/v2``, with Triton's model
-configuration and statistics extensions); their inference routes are answered ahead of
+configuration and statistics extensions) and ``routes_openai`` (the OpenAI embeddings API,
+``POST /v1/embeddings``); the inference routes of the first two are answered ahead of
 FastAPI's routing (``direct``); ``serve`` adds the protocol's gRPC service
 (``grpc_service``, ``Deploy.grpc_port``) on the same state.  Every answer names the version
 that produced it (``X-Model-Version``).  Every input is bounded (``docs/SERVING.md``, the
-threat model); errors are JSON ``{"error": message, "field": name}``.
+threat model); errors are JSON ``{"error": message, "field": name}`` (the protocols' own
+bodies under ``/v1`` and ``/v2``: ``errors.error_body``).
 """
 import contextlib
 import functools
@@ -22,7 +24,7 @@ from ppvarlen.config import ConfigError
 from ppvarlen.utils.io import atomic_write_text
 from ppvarlen.utils.log import get_logger
 
-from . import api, oip, routes_oip, routes_predict
+from . import api, oip, routes_oip, routes_openai, routes_predict
 from .admission import admit
 from .connections import uvicorn_config
 from .direct import DirectRoutes, ServingApp, error_response
@@ -79,6 +81,7 @@ def create_app(predictor=None, deploy=None, repository=None, load_predictor=None
 
     app.include_router(routes_predict.router(state, direct))
     app.include_router(routes_oip.router(state, direct))
+    app.include_router(routes_openai.router(state))
     app.openapi = functools.partial(_openapi, app, state)
     app.state.app_state = state
     app.state.registry = state.registry
@@ -104,6 +107,7 @@ def _openapi(app, state):
         api.add_oip(doc, {n: registry.versions(n) for n in registry.names()},
                     oip.model_metadata(model.name, registry.versions(model.name), model),
                     deploy, chars, oip.long_text_choices(model), state.repository is not None)
+        routes_openai.add_openapi(doc, state)
         state.openapi = (key, doc)
     return state.openapi[1]
 

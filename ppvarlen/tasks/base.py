@@ -207,6 +207,20 @@ class Task:
         """What the server's /health says about this export besides the common fields."""
         return {}
 
+    def embedding_spec(self, manifest):
+        """What the OpenAI-style embeddings route (``POST /v1/embeddings``) and
+        ``ppvarlen-infer``'s array outputs need of an export of this task: ``{"field": the
+        ``response`` field holding the D floats, "dim": D, "normalize": bool, "truncatable":
+        bool}`` (the results carry ``num_tokens`` too); None: the task answers no
+        embeddings."""
+        return None
+
+    def oip_tensor_types(self, manifest):
+        """{prediction field: (OIP datatype, shape after the batch dim)} for the fields whose
+        tensor the prediction model's annotation cannot type (e.g. a width the manifest
+        holds); the other fields follow their annotation (``deploy.oip``)."""
+        return {}
+
     def bench_overrides(self, manifest):
         """Config overrides naming the corpus whose test texts the load test sends."""
         return ["Data.corpus=sentiment"]

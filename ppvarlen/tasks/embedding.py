@@ -277,6 +277,9 @@ class EmbeddingTask(Task):
                 not isinstance(entry.get("normalize"), bool):
             return [f"embedding must say its pooling (a string) and normalize (true/false), "
                     f"got {entry!r}; re-export"]
+        if not isinstance(entry.get("truncatable", False), bool):
+            return [f"embedding.truncatable must be true or false (whether a client may ask "
+                    f"for fewer dimensions), got {entry['truncatable']!r}"]
         return []
 
     def output_problems(self, predictor, out, seq_len):
@@ -289,6 +292,16 @@ class EmbeddingTask(Task):
 
     def health_extras(self, manifest):
         return {"embedding": manifest.get("embedding")}
+
+    def embedding_spec(self, manifest):
+        """``truncatable`` (default false): the model was trained to be cut to its first
+        dimensions (Matryoshka-style), so ``/v1/embeddings`` may answer ``dimensions`` < D."""
+        entry = manifest["embedding"]
+        return {"field": OUTPUT, "dim": entry["dim"], "normalize": entry["normalize"],
+                "truncatable": entry.get("truncatable", False)}
+
+    def oip_tensor_types(self, manifest):
+        return {OUTPUT: ("FP32", [manifest["embedding"]["dim"]])}
 
     def too_long_fix(self):
         return ("shorten the text or re-export with a larger Data.max_len (an embedding reads "

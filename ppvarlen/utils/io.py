@@ -83,12 +83,25 @@ def atomic_text_writer(path, encoding="utf-8"):
     For outputs too big to hold in memory (``atomic_write_text`` takes the whole text);
     an exception leaves ``path`` as it was and removes the partial file.
     """
+    with _atomic_writer(path, "w", encoding=encoding, newline="") as f:
+        yield f
+
+
+@contextlib.contextmanager
+def atomic_binary_writer(path):
+    """``atomic_text_writer`` for bytes (a seekable binary file)."""
+    with _atomic_writer(path, "wb") as f:
+        yield f
+
+
+@contextlib.contextmanager
+def _atomic_writer(path, mode, **open_keys):
     path = os.fspath(path)
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
     try:
-        with os.fdopen(fd, "w", encoding=encoding, newline="") as f:
+        with os.fdopen(fd, mode, **open_keys) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
