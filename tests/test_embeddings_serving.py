@@ -32,7 +32,7 @@ from ppvarlen.cli import main_infer
 from ppvarlen.config import load_config
 from ppvarlen.data.errors import DataError
 from ppvarlen.data.vocab import TextEncoder
-from ppvarlen.deploy import embedding_files
+from ppvarlen.deploy import embedding_files, routes_openai
 from ppvarlen.deploy.infer import run_file
 from ppvarlen.deploy.predictor import Predictor
 from ppvarlen.deploy.server import create_app, deploy_settings
@@ -298,6 +298,16 @@ def test_dimensions_cut_and_renormalise_where_the_manifest_allows(repository):
     with pytest.raises(openai.BadRequestError, match="at most 16") as e:
         api.embeddings.create(model="strict", input="x", dimensions=DIM + 1)
     assert e.value.param == "dimensions"
+
+
+def test_a_cut_is_renormalised_only_when_the_model_normalises():
+    results = [{"embedding": [3.0, 4.0, 12.0]}, {"embedding": [0.0, 2.0, 1.0]}]
+    spec = {"field": "embedding", "dim": 3, "normalize": True, "truncatable": True}
+    np.testing.assert_allclose(routes_openai.vectors(results, spec, 2),
+                               [[0.6, 0.8], [0.0, 1.0]], atol=1e-7)
+    raw = routes_openai.vectors(results, dict(spec, normalize=False), 2)
+    assert raw.dtype == np.float32 and raw.tolist() == [[3.0, 4.0], [0.0, 2.0]]
+    assert routes_openai.vectors(results, spec).shape == (2, 3)
 
 
 # ------------------------------------------------------------ the Open Inference Protocol
