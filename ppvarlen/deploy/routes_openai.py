@@ -37,12 +37,11 @@ import time
 
 import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
 
 from ..utils.inputs import NON_BLANK_PATTERN
 from .edge import parse_json, read_body, shown
 from .errors import ApiError
-from .routes_predict import version_headers
+from .routes_predict import version_header_pairs
 from .state import max_text_chars
 
 ENDPOINT = "/v1/embeddings"
@@ -212,15 +211,19 @@ async def create_embeddings(state, read):
     return content, outcome.model
 
 
-def router(state):
+def router(state, direct):
+    """``POST /v1/embeddings`` over ``state``, answered by ``direct`` (a DirectRoutes)."""
     routes = APIRouter()
     limit = state.deploy.max_body_bytes
 
-    @routes.post(ENDPOINT)
-    async def embeddings(request: Request):
-        content, model = await create_embeddings(state, lambda: read_body(request, limit))
-        return Response(content, media_type="application/json", headers=version_headers(model))
+    async def embeddings(scope, receive):
+        content, model = await create_embeddings(state, lambda: read_body(scope, receive, limit))
+        return content, [(b"content-type", b"application/json"), *version_header_pairs(model)]
 
+    async def declared_embeddings(request: Request):
+        pass  # never called: the direct route answers (add_openapi documents the body)
+
+    direct.post(routes, ENDPOINT, embeddings, declared_embeddings)
     return routes
 
 

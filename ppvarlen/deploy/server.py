@@ -5,8 +5,8 @@ repository, counters, the request path to the batchers) and the route modules ov
 ``routes_predict`` (``POST /predict``, ``/health``, ``/metrics``, ``/metrics.json``) and
 ``routes_oip`` (the Open Inference Protocol v2 under ``/v2``, with Triton's model
 configuration and statistics extensions) and ``routes_openai`` (the OpenAI embeddings API,
-``POST /v1/embeddings``); the inference routes of the first two are answered ahead of
-FastAPI's routing (``direct``); ``serve`` adds the protocol's gRPC service
+``POST /v1/embeddings``); their inference routes are answered ahead of FastAPI's routing
+(``direct``); ``serve`` adds the protocol's gRPC service
 (``grpc_service``, ``Deploy.grpc_port``) on the same state.  Every answer names the version
 that produced it (``X-Model-Version``).  Every input is bounded (``docs/SERVING.md``, the
 threat model); errors are JSON ``{"error": message, "field": name}`` (the protocols' own
@@ -81,7 +81,7 @@ def create_app(predictor=None, deploy=None, repository=None, load_predictor=None
 
     app.include_router(routes_predict.router(state, direct))
     app.include_router(routes_oip.router(state, direct))
-    app.include_router(routes_openai.router(state))
+    app.include_router(routes_openai.router(state, direct))
     app.openapi = functools.partial(_openapi, app, state)
     app.state.app_state = state
     app.state.registry = state.registry
