@@ -85,7 +85,8 @@ class ClassificationTask(Task):
                                            description="its index in the labels")
             probs: dict[Label, float] = pydantic.Field(description="probability of every label")
             num_tokens: int = pydantic.Field(
-                ge=1, description="tokens of the text, special tokens excluded")
+                ge=1, description="tokens the model read, over all windows, special tokens "
+                "included")
             truncated: bool = pydantic.Field(description="the text was cut to the export's max_len")
 
         return ClassificationPrediction
