@@ -36,6 +36,7 @@ from .deploy.manifest import UnservableExportError
 from .deploy.predictor import Predictor
 from .doctor.errors import ModelLoadError
 from .export.errors import ExportFailedError
+from .models.sentence_transformers_dir import PADDLENLP_EMBED_POOLINGS
 from .tasks import get_task
 from .utils.io import atomic_write_json
 from .utils.log import get_logger, setup_logging
@@ -259,6 +260,8 @@ def main_export(argv=None):
 
         ppvarlen-export --pretrained-dir DIR --output OUT [--task classification|tagging]
             [--verify-file labelled.jsonl] [-c CONFIG] [--format ...] [--precision ...]
+        ppvarlen-export --pretrained-dir DIR --output OUT --task embedding
+            [--pooling cls|mean|last] [--normalize | --no-normalize]
 
     DIR holds config.json, model.safetensors (pickle-only model_state.pdparams is refused)
     and the tokenizer files; the head and label names (id2label) are the directory's, the
@@ -267,15 +270,29 @@ def main_export(argv=None):
     encoded as [CLS] text [SEP].  -c is optional here (Data.max_len, Deploy shape ranges,
     Export settings); parity runs on the shape grid and, with --verify-file, on that JSONL
     file ({"text", "label"} or {"tokens", "tags"} lines, labels from id2label).
+    --task embedding exports DIR's bare encoder (AutoModel) pooled over the real tokens:
+    pooling and normalisation from a sentence-transformers layout in DIR (modules.json,
+    1_Pooling/config.json, 2_Normalize), else --pooling / --normalize; a flag contradicting
+    the directory, or a pooling ppvarlen lacks (max, weightedmean, ...), is an error.
     """
     parser = _parser(main_export)
     parser._option_string_actions["-c"].required = False  # --pretrained-dir needs no config
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", help="checkpoint dir, e.g. OUTPUT_DIR/best (needs -c)")
     source.add_argument("--pretrained-dir", help="a PaddleNLP save_pretrained directory")
-    parser.add_argument("--task", choices=["classification", "tagging"],
+    parser.add_argument("--task", choices=["classification", "tagging", "embedding"],
                         help="--pretrained-dir: the head's task when config.json's architectures "
-                        "do not say it")
+                        "do not say it; embedding: the directory's encoder (AutoModel, any "
+                        "head dropped) pooled into one vector per text")
+    parser.add_argument("--pooling", choices=PADDLENLP_EMBED_POOLINGS,
+                        help="--pretrained-dir --task embedding: pooling over the real tokens "
+                        "when the directory does not say it (sentence-transformers "
+                        "modules.json / 1_Pooling/config.json); one contradicting the "
+                        "directory is an error")
+    parser.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                        help="--pretrained-dir --task embedding: L2-normalise after pooling "
+                        "(default: the directory's modules.json Normalize module, else off); "
+                        "one contradicting the directory is an error")
     parser.add_argument("--verify-file", help="--pretrained-dir: labelled JSONL for the parity "
                         "report besides the shape grid")
     parser.add_argument("--output", required=True, help="export directory to write")
@@ -291,8 +308,10 @@ def _export(args):
     if args.checkpoint and not args.config:
         raise ConfigError("--checkpoint needs -c CONFIG (its Data section gives the test split "
                           "of the parity report), e.g. -c OUTPUT_DIR/config.yaml")
-    if args.pretrained_dir is None and (args.task or args.verify_file):
-        raise ConfigError("--task and --verify-file go with --pretrained-dir")
+    if args.pretrained_dir is None and (args.task or args.verify_file or args.pooling
+                                        or args.normalize is not None):
+        raise ConfigError("--task, --verify-file, --pooling and --normalize go with "
+                          "--pretrained-dir")
     cfg = load_config(args.config, args.override)
     from .export.exporter import check_request, export_checkpoint, export_pretrained_dir
 
@@ -302,7 +321,8 @@ def _export(args):
     if args.pretrained_dir:
         manifest = export_pretrained_dir(args.pretrained_dir, args.output, cfg, args.task,
                                          args.format, args.precision, args.verify,
-                                         args.verify_file)
+                                         args.verify_file,
+                                         {"pooling": args.pooling, "normalize": args.normalize})
     else:
         manifest = export_checkpoint(_checkpoint_dir(args.checkpoint), args.output, cfg,
                                      args.format, args.precision, args.verify)

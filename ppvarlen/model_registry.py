@@ -73,8 +73,10 @@ MAX_POSITION = Field(int, 512, help="longest input in tokens: the size of the le
                      "table (transformer_cls, ernie_*, seq2seq); for the RNN models only the cap "
                      "the export and server apply")
 POOLING = Field(str, None, choices=["cls", "mean", "max", "last", "mean_max"],
-                help="null = the model's default: cls (transformer_cls), last (rnn_cls); "
-                "ernie_cls has no such key: it always uses ERNIE's [CLS] pooler")
+                help="null = the model's default: cls (transformer_cls), last (rnn_cls), mean "
+                "(transformer_embed), what the directory says (paddlenlp_embed: "
+                "1_Pooling/config.json; cls, mean or last); real tokens only (pads never "
+                "pooled); ernie_cls has no such key: it always uses ERNIE's [CLS] pooler")
 PRETRAINED_DIR = Field(str, None, path=True, help="local ERNIE/BERT dir: config + weights + vocab; "
                        "paddlenlp_*: any PaddleNLP save_pretrained directory "
                        "(config.json + model.safetensors + tokenizer files)")
@@ -155,3 +157,21 @@ register_model(
 register_model(
     "paddlenlp_qa", tasks=["extractive_qa"],
     builder="ppvarlen.models.paddlenlp_auto:build", keys=PADDLENLP)
+register_model(
+    "transformer_embed", tasks=["embedding"], builder="ppvarlen.models.embedder:build",
+    min_labels=0,
+    keys={**TRANSFORMER, "pooling": POOLING, "init_from": INIT_FROM,
+          "normalize": Field(bool, None, help="divide each pooled embedding by its L2 norm "
+                             "(after pooling, so cosine = dot product); null = the model's "
+                             "default: true (transformer_embed), what the directory says "
+                             "(paddlenlp_embed: modules.json lists a Normalize module), else "
+                             "false"),
+          "projection_dim": Field(int, 0, help="transformer_embed: a Linear head from the "
+                                  "pooled width to this many dimensions; 0 = none (the "
+                                  "embedding is the pooled state)"),
+          "temperature": Field(float, 0.05, help="the embedding models, training only: InfoNCE "
+                               "temperature (the cosine similarities are divided by it)")})
+register_model(
+    "paddlenlp_embed", tasks=["embedding"], builder="ppvarlen.models.paddlenlp_auto:build",
+    min_labels=0, keys={**PADDLENLP, "pooling": POOLING, "normalize": MODEL_FIELDS["normalize"],
+                        "temperature": MODEL_FIELDS["temperature"]})

@@ -337,9 +337,11 @@ def _parse_seq2seq(obj):
 
 
 def infer_task(obj):
-    """The task whose two fields a JSON object has, or None."""
-    return next((task for task, spec in FORMATS.items() if all(n in obj for n in spec.fields)),
-                None)
+    """The task whose fields a JSON object has, or None; when several formats' fields are all
+    there, the one with the most fields ({"text_a", "text_b", "label"} is a labelled text pair,
+    not an unlabelled one)."""
+    found = [task for task, spec in FORMATS.items() if all(n in obj for n in spec.fields)]
+    return max(found, key=lambda task: len(FORMATS[task].fields), default=None)
 
 
 def parse_json_line(line, task):

@@ -200,6 +200,7 @@ class Trainer:
             "long_text": d.long_text, "buckets": self._bucket_list,
             "length_profile": self._length_profile,
             "step": self.state["step"], "metrics": metrics or {}, **self.task.meta_extras(self.cfg),
+            **self.task.model_meta(self.model),
         }
 
     def _buckets(self):

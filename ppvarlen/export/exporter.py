@@ -17,7 +17,8 @@ from ..deploy.manifest import UnservableExportError
 from ..deploy.predictor import Predictor
 from ..engine.checkpoint import load_for_inference
 from ..models import build_model
-from ..models.paddlenlp_auto import label_names_of, model_name_for, read_config
+from ..model_registry import MODELS
+from ..models.paddlenlp_auto import FAMILY, label_names_of, model_name_for, read_config
 from ..models.seq2seq import DecoderStepProgram, EncoderProgram, GreedyProgram
 from ..tasks import build_datasets, get_task
 from ..utils.io import atomic_dir, atomic_write_json, sha256_file
@@ -313,24 +314,40 @@ def load_test_split(cfg, encoder, task):
 
 
 def export_pretrained_dir(directory, output, cfg, task=None, formats=None, precisions=None,
-                          verify=None, verify_file=None):
+                          verify=None, verify_file=None, model_options=None):
     """``tools/export.py --pretrained-dir``: a PaddleNLP ``save_pretrained`` directory, with no
     ppvarlen training run behind it, exported like a checkpoint.
 
     The model family (models/paddlenlp_auto.py) comes from config.json's ``architectures``
-    (``*ForSequenceClassification`` / ``*ForTokenClassification``) or from ``task``; the label
-    names from its ``id2label``; the tokenizer is the directory's own (AutoTokenizer, files
-    copied into the export).  ``verify_file``: a JSONL file of labelled examples (the corpus
-    format: {"text", "label"} / {"tokens", "tags"}) for the parity report besides the grid.
+    (``*ForSequenceClassification`` / ``*ForTokenClassification``) or from ``task`` (the
+    embedder, which reads the encoder under any head, only from ``task``); the label names
+    from its ``id2label`` (none for a headless family); the tokenizer is the directory's own
+    (AutoTokenizer, files copied into the export).  ``verify_file``: a JSONL file of examples
+    in the corpus format of the task ({"text", "label"} / {"tokens", "tags"} / ...) for the
+    parity report besides the grid.  ``model_options``: {Model key: value or None} from the
+    command line (``--pooling``, ``--normalize``), each a key the family must read, checked
+    against the directory before any weight is loaded.
     """
     config = read_config(directory, key="--pretrained-dir")
     model_name, task_name = model_name_for(config, task, directory)
     task = get_task(task_name)
-    label_names = label_names_of(config)
+    model_class = FAMILY[model_name]
+    options = {k: v for k, v in (model_options or {}).items() if v is not None}
+    for key in options:
+        if key not in MODELS[model_name].keys:
+            readers = [n for n in FAMILY if key in MODELS[n].keys]
+            raise ConfigError(f"--{key}: the {task.name} model {model_name} has no {key} "
+                              f"setting (only {', '.join(readers)} reads it: --task "
+                              f"{' / '.join(t for n in readers for t in MODELS[n].tasks)})")
+    # the flags against the directory first, named as typed (the builder checks again, logged)
+    model_class.options_of(directory, config, options,
+                           keys={k: f"--{k}" for k in MODELS[model_name].keys}, log_choice=False)
+    label_names = label_names_of(config) if model_class.has_head else []
     table = int(config.max_position_embeddings)
     max_len = min(int(cfg.Data.max_len), table)
     raw = cfg.to_dict()
-    raw["Model"] = {"name": model_name, "pretrained_dir": directory, "max_position": table}
+    raw["Model"] = {"name": model_name, "pretrained_dir": directory, "max_position": table,
+                    **options}
     # a PaddleNLP model was fine-tuned on tokenizer(text): [CLS] text [SEP]
     raw["Data"].update(tokenizer="pretrained", vocab_file=directory, max_len=max_len,
                        add_special_tokens=True, lowercase=False, label_names=label_names)
@@ -351,7 +368,7 @@ def export_pretrained_dir(directory, output, cfg, task=None, formats=None, preci
             "tokenizer": "pretrained", "max_len": max_len, "max_position": table,
             "long_text": cfg.Data.long_text, "buckets": [], "length_profile": profile,
             "step": 0, "metrics": {}, "source": {"pretrained_dir": os.path.abspath(directory)},
-            **task.meta_extras(cfg)}
+            **task.meta_extras(cfg), **task.model_meta(model)}
     return export_model(model, meta, encoder, cfg, output, formats, precisions, verify,
                         test_examples)
 

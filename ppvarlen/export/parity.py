@@ -23,7 +23,10 @@ not a served setting.  Two batch sources:
 * the real test split, batched with the shared length-sorted order helper.
 
 Measured per backend: max |diff| of logits / emissions (real positions only)
-and argmax / tag agreement.  fp32 backends must be within ``FP32_TOL`` with
+and argmax / tag agreement; for a row vector the task marks ``"compare": "cosine"`` in its
+output spec (an embedding: its argmax means nothing) the agreement is the share of rows whose
+cosine with the eager row is >= ``COSINE_MIN``, and the lowest cosine is reported
+(``min_cosine``).  fp32 backends must be within ``FP32_TOL`` with
 100% agreement everywhere; bf16/fp16 need ``LOW_PRECISION_AGREEMENT`` on the
 test split (their grid numbers are reported, not gated: random-id inputs have
 near-tied logits that low precision may flip).
@@ -48,6 +51,7 @@ from .precision_speed import measure
 
 FP32_TOL = 1e-4
 LOW_PRECISION_AGREEMENT = 0.995
+COSINE_MIN = 0.9999  # a row vector compared by cosine (``compare: cosine``) agrees at or above
 GRID_BATCH_SIZES = (1, 3, 32)
 ENCODER_OUTPUTS = ["cross_k", "cross_v"]  # the seq2seq ONNX views' outputs
 STEP_OUTPUTS = ["logp", "new_self_k", "new_self_v"]  # ONNX: output names != input names
@@ -242,12 +246,14 @@ class _Stats:
     "row"``: one score vector per row, e.g. logits, label = argmax; ``"per": "token"``: one
     vector per real token, e.g. emissions, labels = the integer output decoded from them (tags)
     or their argmax; ``"per": "position"``: one score per real token [B, L], e.g. a span's start
-    logits, label = the argmax position over the row's real tokens).  max |diff| and agreement
-    are over all of them."""
+    logits, label = the argmax position over the row's real tokens).  A ``"per": "row"`` output
+    with ``"compare": "cosine"`` is a vector per row (an embedding): agreement = its cosine with
+    the reference row >= ``COSINE_MIN``.  max |diff| and agreement are over all of them."""
 
     def __init__(self, outputs):
         self.max_abs_diff, self.agree, self.total = 0.0, 0, 0
         self.max_prob_diff = None  # per-row scores: max |diff| of softmax
+        self.min_cosine = None  # per-row vectors compared by cosine: the lowest row's
         self.scores = [s for s in outputs if s["dtype"].startswith("float")]
         self.labels = next((s["name"] for s in outputs if s["dtype"].startswith("int")), None)
 
@@ -257,16 +263,23 @@ class _Stats:
             a, b = ref[key], got[key]
             if a.shape != b.shape:
                 raise ValueError(f"{key} shape {b.shape} != reference {a.shape}")
-            getattr(self, "_add_" + spec.get("per", "row"))(ref, got, a, b, seq_len)
+            getattr(self, "_add_" + spec.get("per", "row"))(ref, got, a, b, seq_len, spec)
 
-    def _add_row(self, ref, got, a, b, seq_len):
+    def _add_row(self, ref, got, a, b, seq_len, spec):
         self.max_abs_diff = max(self.max_abs_diff, float(np.abs(a - b).max()))
+        if spec.get("compare") == "cosine":  # a vector per row (an embedding): no argmax
+            cosine = row_cosine(a, b)
+            self.min_cosine = min(1.0 if self.min_cosine is None else self.min_cosine,
+                                  float(cosine.min()))
+            self.agree += int((cosine >= COSINE_MIN).sum())
+            self.total += a.shape[0]
+            return
         prob_diff = float(np.abs(_softmax(a) - _softmax(b)).max())
         self.max_prob_diff = max(self.max_prob_diff or 0.0, prob_diff)
         self.agree += int((a.argmax(-1) == b.argmax(-1)).sum())
         self.total += a.shape[0]
 
-    def _add_position(self, ref, got, a, b, seq_len):
+    def _add_position(self, ref, got, a, b, seq_len, spec):
         real = np.arange(a.shape[1])[None, :] < seq_len[:, None]
         self.max_abs_diff = max(self.max_abs_diff, float(np.abs(a - b)[real].max()))
         low = np.finfo(np.float64).min  # pads never win the argmax
@@ -274,7 +287,7 @@ class _Stats:
                            np.where(real, b, low).argmax(-1)).sum())
         self.total += a.shape[0]
 
-    def _add_token(self, ref, got, a, b, seq_len):
+    def _add_token(self, ref, got, a, b, seq_len, spec):
         real = np.arange(a.shape[1])[None, :] < seq_len[:, None]
         self.max_abs_diff = max(self.max_abs_diff, float(np.abs(a - b)[real].max()))
         ref_tags, got_tags = ref.get(self.labels), got.get(self.labels)
@@ -291,7 +304,19 @@ class _Stats:
                "compared": self.total}
         if self.max_prob_diff is not None:
             out["max_prob_diff"] = self.max_prob_diff
+        if self.min_cosine is not None:
+            out["min_cosine"] = self.min_cosine
         return out
+
+
+def row_cosine(a, b):
+    """Cosine similarity of each row of ``a`` with the same row of ``b`` (float64; two
+    all-zero rows count as equal, one all-zero row as orthogonal)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    na, nb = np.linalg.norm(a, axis=-1), np.linalg.norm(b, axis=-1)
+    both_zero = (na == 0) & (nb == 0)
+    cosine = (a * b).sum(-1) / np.maximum(na * nb, np.finfo(np.float64).tiny)
+    return np.where(both_zero, 1.0, cosine)
 
 
 def _softmax(logits):
@@ -319,13 +344,16 @@ def check(results, precisions_of):
         for name, r in per_backend.items():
             if r["agreement"] is None:
                 continue
+            # vectors compared by cosine: agreement = the share of rows with cosine >= COSINE_MIN
+            what = f"rows with cosine >= {COSINE_MIN} (lowest {r['min_cosine']:.6f})" \
+                if "min_cosine" in r else "agreement"
             if precisions_of[name] == "fp32":
                 if r["max_abs_diff"] > FP32_TOL:
                     failures.append(f"{part}/{name}: max |diff| {r['max_abs_diff']:.3g} > {FP32_TOL}")
                 if r["agreement"] < 1.0:
-                    failures.append(f"{part}/{name}: agreement {r['agreement']:.4%} < 100%")
+                    failures.append(f"{part}/{name}: {what} {r['agreement']:.4%} < 100%")
             elif part == "test" and r["agreement"] < LOW_PRECISION_AGREEMENT:
-                failures.append(f"{part}/{name}: agreement {r['agreement']:.4%} < "
+                failures.append(f"{part}/{name}: {what} {r['agreement']:.4%} < "
                                 f"{LOW_PRECISION_AGREEMENT:.1%}")
     return failures
 
@@ -354,7 +382,8 @@ def run_parity(reference, backends, precisions_of, grid, outputs, test_batches=N
     return {"results": results, "precision": precisions_of, "failures": failures,
             "passed": not failures,
             "thresholds": {"fp32_max_abs_diff": FP32_TOL, "fp32_agreement": 1.0,
-                           "low_precision_test_agreement": LOW_PRECISION_AGREEMENT},
+                           "low_precision_test_agreement": LOW_PRECISION_AGREEMENT,
+                           "cosine_min": COSINE_MIN},
             **batch_summary(grid, test_batches)}
 
 

@@ -4,7 +4,11 @@
 ``paddlenlp_token_cls`` ``AutoModelForTokenClassification``, ``paddlenlp_qa``
 ``AutoModelForQuestionAnswering`` (start/end logits), from ``Model.pretrained_dir``
 (ERNIE, BERT and the other architectures PaddleNLP's Auto classes map; the fine-tuned
-classifier is kept, ``num_labels`` comes from the directory's config.json).
+classifier is kept, ``num_labels`` comes from the directory's config.json);
+``paddlenlp_embed`` loads ``AutoModel``, the bare encoder (whatever head the directory has),
+and pools its sequence output over real tokens into embeddings [B, D] (``PaddleNLPEmbedder``;
+the pooling from the directory's sentence-transformers files or Model.pooling,
+models/sentence_transformers_dir.py).
 
 Offline and pickle-free: only an existing directory is read, and only when it holds
 ``model.safetensors``.  PaddleNLP 2.8.1's ``_resolve_model_file_path`` prefers the
@@ -35,11 +39,14 @@ import os
 
 import paddle
 import paddle.nn as nn
+import paddle.nn.functional as F
 
 from ..config import ConfigError
 from ..model_registry import MODELS
 from ..utils.io import atomic_dir
-from .masks import key_padding_mask, masked_cross_entropy, position_cross_entropy, sequence_mask
+from .masks import (key_padding_mask, masked_cross_entropy, pool, position_cross_entropy,
+                    sequence_mask)
+from .sentence_transformers_dir import resolve_pooling, write_pooling_modules
 from .transformer_cls import check_max_position
 
 SAFE_WEIGHTS = "model.safetensors"
@@ -116,6 +123,13 @@ class PaddleNLPModel(nn.Layer):
 
     auto_class = ""
     architecture_suffix = ""
+    has_head = True  # the directory's head is kept: its num_labels must match the data
+
+    @classmethod
+    def options_of(cls, directory, config, options, keys=None, log_choice=True):
+        """The constructor's keyword arguments beyond (net, max_position) from the family's
+        Model keys ``options`` (``keys``: how errors name each key): none."""
+        return {}
 
     def __init__(self, net, max_position):
         super().__init__()
@@ -212,16 +226,70 @@ class PaddleNLPQuestionAnswering(PaddleNLPTokenClassifier):
         return position_cross_entropy((start, end), labels, seq_len), (start, end)
 
 
+class PaddleNLPEmbedder(PaddleNLPModel):
+    """embeddings [B, D] float32: the bare encoder (``AutoModel``, any head of the directory
+    dropped) pooled over real tokens (``masks.pool``: cls = the first position's state, not
+    the [CLS] pooler's tanh; mean; last = position seq_len - 1), then optionally L2-normalised
+    (after pooling, as sentence-transformers' Normalize module does).  The pooling comes from
+    the directory (sentence_transformers_dir) or Model.pooling, never both disagreeing."""
+
+    auto_class = "AutoModel"
+    architecture_suffix = None  # AutoModel reads the encoder of any head: chosen by --task only
+    has_head = False
+
+    @classmethod
+    def options_of(cls, directory, config, options, keys=None, log_choice=True):
+        """pooling / normalize: Model.pooling / Model.normalize merged with what the directory
+        says (``resolve_pooling``: a contradiction is a ConfigError)."""
+        keys = keys or {}
+        pooling, normalize = resolve_pooling(
+            directory, options.get("pooling"), options.get("normalize"),
+            hidden_size=int(config.hidden_size),
+            pooling_key=keys.get("pooling", "Model.pooling"),
+            normalize_key=keys.get("normalize", "Model.normalize"), log_choice=log_choice)
+        return {"pooling": pooling, "normalize": normalize,
+                "temperature": options.get("temperature", 0.05)}
+
+    def __init__(self, net, max_position, pooling, normalize, temperature=0.05):
+        super().__init__(net, max_position)
+        self.pooling, self.normalize = pooling, bool(normalize)
+        if not temperature > 0:
+            raise ConfigError(f"Model.temperature={temperature}: InfoNCE divides the "
+                              f"similarities by it; use a positive value (e.g. 0.05)")
+        self.temperature = float(temperature)  # the embedding task's InfoNCE (training only)
+        self.embedding_dim = int(net.config.hidden_size)
+        # the [CLS] pooler (dense + tanh) is off the embedding's path: frozen, as the token
+        # classifier's (a resumed run finds optimizer moments for every trainable parameter)
+        pooler = getattr(net, "pooler", None)
+        for param in pooler.parameters() if isinstance(pooler, nn.Layer) else ():
+            param.stop_gradient = True
+
+    def forward(self, input_ids, seq_len, token_type_ids=None):
+        states = self.outputs(input_ids, seq_len, token_type_ids)[0].astype("float32")
+        pooled = pool(states, seq_len, self.pooling)
+        return F.normalize(pooled, p=2, axis=-1) if self.normalize else pooled
+
+    def save_paddlenlp_dir(self, directory, encoder, label_names=None):
+        """The encoder as a PaddleNLP directory plus the sentence-transformers module files
+        saying its pooling / normalisation, so the directory alone exports the same vectors."""
+        with atomic_dir(directory) as tmp:
+            self.net.save_pretrained(tmp, safe_serialization=True)
+            encoder.save_pretrained_tokenizer(tmp)
+            write_pooling_modules(tmp, self.pooling, self.normalize, self.embedding_dim)
+        return directory
+
+
 def build_paddlenlp_model(model_class, pretrained_dir, max_position, vocab_size, num_labels,
-                          init_weights=True):
-    """The wrapped PaddleNLP model, its config checked against the data (ConfigError)."""
+                          init_weights=True, options=None):
+    """The wrapped PaddleNLP model, its config checked against the data (ConfigError);
+    ``options`` the Model keys of the family beyond the directory (embedder: pooling, normalize)."""
     config = read_config(pretrained_dir)
     where = os.path.join(pretrained_dir, "config.json")
     if int(config.vocab_size) != int(vocab_size):
         raise ConfigError(f"{where}: vocab_size={config.vocab_size} but the data vocabulary has "
                           f"{vocab_size} tokens; tokenize with the directory's own tokenizer: "
                           f"Data.tokenizer: pretrained, Data.vocab_file: {pretrained_dir}")
-    if int(config.num_labels) != int(num_labels):
+    if model_class.has_head and int(config.num_labels) != int(num_labels):
         raise ConfigError(f"{where}: the model's head has num_labels={config.num_labels} "
                           f"({label_names_of(config)}) but the data has {num_labels} labels; "
                           f"use data with the head's labels, or re-save the model with "
@@ -231,21 +299,30 @@ def build_paddlenlp_model(model_class, pretrained_dir, max_position, vocab_size,
         raise ConfigError(f"Model.max_position={max_position} exceeds the directory's "
                           f"max_position_embeddings={table} ({where}); set Model.max_position: "
                           f"{table} (and Data.max_len <= {table})")
+    extra = model_class.options_of(pretrained_dir, config, options or {})
     net = load_auto_model(pretrained_dir, model_class.auto_class, weights=init_weights)
-    return model_class(net, max_position)
+    return model_class(net, max_position, **extra)
 
 
 # Model.name -> wrapper class; ``architectures`` in config.json ends with the class's suffix
 FAMILY = {"paddlenlp_seq_cls": PaddleNLPSequenceClassifier,
           "paddlenlp_token_cls": PaddleNLPTokenClassifier,
-          "paddlenlp_qa": PaddleNLPQuestionAnswering}
+          "paddlenlp_qa": PaddleNLPQuestionAnswering,
+          "paddlenlp_embed": PaddleNLPEmbedder}
 
 
 def model_name_for(config, task, directory):
     """(Model.name, task name) of a directory: from config.json's ``architectures``, else from
-    ``task``; ConfigError when neither decides or they disagree."""
+    ``task``; ConfigError when neither decides or they disagree.  A family without an
+    architecture suffix (the embedder: AutoModel reads the encoder under any head) is chosen
+    by ``task`` alone."""
+    if task is not None:
+        for name, model_class in FAMILY.items():
+            if model_class.architecture_suffix is None and MODELS[name].serves(task):
+                return name, task
     archs = list(getattr(config, "architectures", None) or [])
-    by_arch = [n for n, c in FAMILY.items() if any(a.endswith(c.architecture_suffix) for a in archs)]
+    by_arch = [n for n, c in FAMILY.items() if c.architecture_suffix is not None
+               and any(a.endswith(c.architecture_suffix) for a in archs)]
     by_task = [n for n in FAMILY if task is None or MODELS[n].serves(task)]
     names = [n for n in by_arch if n in by_task] if by_arch else by_task
     if len(names) != 1:
@@ -258,7 +335,8 @@ def model_name_for(config, task, directory):
 
 
 def build(cfg, vocab_size, num_labels, pad_id, init_weights=True):
-    """The registered builder of paddlenlp_seq_cls / paddlenlp_token_cls; without
-    ``init_weights`` a ppvarlen checkpoint supplies every weight: config.json suffices."""
+    """The registered builder of the paddlenlp_* families; without ``init_weights`` a ppvarlen
+    checkpoint supplies every weight: config.json suffices."""
+    options = {k: cfg[k] for k in ("pooling", "normalize", "temperature") if k in cfg}
     return build_paddlenlp_model(FAMILY[cfg["name"]], cfg["pretrained_dir"], cfg["max_position"],
-                                 vocab_size, num_labels, init_weights)
+                                 vocab_size, num_labels, init_weights, options)

@@ -15,7 +15,8 @@ token embedding; they read only preceding positions and are masked the same way.
 ``wide_buckets > 0`` adds a linear "wide" head over hashed char n-grams
 (``ngram.WideNgramHead``, fastText / TF-IDF-LR style) whose logits are added
 to the encoder's: the linear n-gram model and the deep model are trained jointly.
-``encode`` (embeddings + encoder) is shared with MLM pretraining (models/masked_lm.py).
+``encode`` (embeddings + encoder, ``TransformerEncoderBase``) is shared with MLM pretraining
+(models/masked_lm.py) and the sentence embedder (models/embedder.py).
 Regularisers (training only, identity in eval/export): ``token_dropout`` drops
 whole character embeddings; ``rdrop_alpha > 0`` adds R-Drop to the model's own
 loss (a second dropout pass + symmetric KL between the two).
@@ -48,19 +49,18 @@ def check_max_position(input_ids, max_position, key="Model.max_position"):
                          f"or lower Data.max_len (long texts are truncated/windowed at build time)")
 
 
-class TransformerClassifier(nn.Layer):
-    def __init__(self, vocab_size, num_labels, hidden_size=128, num_layers=2, num_heads=4,
-                 ffn_size=512, dropout=0.1, max_position=512, pooling="cls", ngram_buckets=0,
-                 ngram_orders=(2, 3), ngram_dropout=0.0, wide_buckets=0, wide_orders=(1, 2, 3),
-                 wide_dropout=0.0, wide_scale=1.0, token_dropout=0.0, rdrop_alpha=0.0,
-                 type_vocab_size=0):
+class TransformerEncoderBase(nn.Layer):
+    """Embeddings (token, position, optional segment and hashed n-gram) + a pre-norm Transformer
+    encoder, padding-free as the module docstring says; ``encode`` is what every head reads
+    (the classifier here, the embedder of models/embedder.py, MLM pretraining)."""
+
+    def __init__(self, vocab_size, hidden_size=128, num_layers=2, num_heads=4, ffn_size=512,
+                 dropout=0.1, max_position=512, ngram_buckets=0, ngram_orders=(2, 3),
+                 ngram_dropout=0.0, token_dropout=0.0, type_vocab_size=0):
         super().__init__()
         if hidden_size % num_heads:
             raise ConfigError(f"Model.hidden_size={hidden_size} must be divisible by "
                              f"Model.num_heads={num_heads}")
-        if pooling not in POOLINGS:
-            raise ConfigError(f"Model.pooling={pooling!r}: transformer_cls supports {', '.join(POOLINGS)}")
-        self.pooling = pooling
         self.max_position = max_position
         self.token_embedding = nn.Embedding(vocab_size, hidden_size)
         self.position_embedding = nn.Embedding(max_position, hidden_size)
@@ -72,18 +72,10 @@ class TransformerClassifier(nn.Layer):
         if not 0.0 <= token_dropout < 1.0:
             raise ConfigError(f"Model.token_dropout={token_dropout}: use a probability in [0, 1)")
         self.token_dropout = token_dropout
-        if rdrop_alpha < 0:
-            raise ConfigError(f"Model.rdrop_alpha={rdrop_alpha}: use 0 (off) or a positive weight")
-        self.rdrop_alpha = rdrop_alpha
         self.embedding_dropout = nn.Dropout(dropout)
         layer = nn.TransformerEncoderLayer(hidden_size, num_heads, ffn_size, dropout=dropout,
                                            activation="gelu", normalize_before=True)
         self.encoder = nn.TransformerEncoder(layer, num_layers, norm=nn.LayerNorm(hidden_size))
-        self.head_dropout = nn.Dropout(dropout)
-        pooled_size = 2 * hidden_size if pooling == "mean_max" else hidden_size
-        self.classifier = nn.Linear(pooled_size, num_labels)
-        self.wide_head = build_wide_head(vocab_size, wide_buckets, wide_orders, num_labels, wide_dropout)
-        self.wide_scale = wide_scale
 
     def encode(self, input_ids, seq_len, token_type_ids=None):
         """Encoder states [B, L, H] (pad rows are computed but meaningless) and the [B, L] float mask."""
@@ -106,6 +98,29 @@ class TransformerClassifier(nn.Layer):
         x = self.embedding_dropout(x)
         h = self.encoder(x, src_mask=key_padding_mask(seq_len, max_len, dtype=x.dtype))
         return h, mask
+
+
+class TransformerClassifier(TransformerEncoderBase):
+    def __init__(self, vocab_size, num_labels, hidden_size=128, num_layers=2, num_heads=4,
+                 ffn_size=512, dropout=0.1, max_position=512, pooling="cls", ngram_buckets=0,
+                 ngram_orders=(2, 3), ngram_dropout=0.0, wide_buckets=0, wide_orders=(1, 2, 3),
+                 wide_dropout=0.0, wide_scale=1.0, token_dropout=0.0, rdrop_alpha=0.0,
+                 type_vocab_size=0):
+        if pooling not in POOLINGS:
+            raise ConfigError(f"Model.pooling={pooling!r}: transformer_cls supports {', '.join(POOLINGS)}")
+        if rdrop_alpha < 0:
+            raise ConfigError(f"Model.rdrop_alpha={rdrop_alpha}: use 0 (off) or a positive weight")
+        # the parameters are created in the order they always were (same init for a seed)
+        super().__init__(vocab_size, hidden_size, num_layers, num_heads, ffn_size, dropout,
+                         max_position, ngram_buckets, ngram_orders, ngram_dropout,
+                         token_dropout, type_vocab_size)
+        self.pooling = pooling
+        self.rdrop_alpha = rdrop_alpha
+        self.head_dropout = nn.Dropout(dropout)
+        pooled_size = 2 * hidden_size if pooling == "mean_max" else hidden_size
+        self.classifier = nn.Linear(pooled_size, num_labels)
+        self.wide_head = build_wide_head(vocab_size, wide_buckets, wide_orders, num_labels, wide_dropout)
+        self.wide_scale = wide_scale
 
     def _logits(self, input_ids, seq_len, token_type_ids=None):
         h, mask = self.encode(input_ids, seq_len, token_type_ids)

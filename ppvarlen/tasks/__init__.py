@@ -7,6 +7,7 @@ imports the tasks without paddle: the methods that train or evaluate import it w
 from ..config import ConfigError
 from .base import Task
 from .classification import ClassificationTask
+from .embedding import EmbeddingTask
 from .extractive_qa import ExtractiveQATask
 from .masked_lm import MaskedLMTask
 from .seq2seq import Seq2SeqTask
@@ -14,7 +15,7 @@ from .tagging import TaggingTask
 from .text_pair import TextPairTask
 
 TASKS = {t.name: t for t in (ClassificationTask, TaggingTask, Seq2SeqTask, MaskedLMTask,
-                              TextPairTask, ExtractiveQATask)}
+                              TextPairTask, ExtractiveQATask, EmbeddingTask)}
 
 
 def get_task(task):

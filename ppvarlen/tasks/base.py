@@ -160,6 +160,11 @@ class Task:
         """Checkpoint-meta fields besides the common ones."""
         return {}
 
+    def model_meta(self, model):
+        """Checkpoint-meta fields the built model decides (what a pretrained directory chose
+        rather than the config, e.g. an embedding's width and pooling), over ``meta_extras``."""
+        return {}
+
     def write_artifacts(self, model, data, out_dir):
         """Files the run leaves in ``out_dir`` besides checkpoints -> result entries."""
         return {}
