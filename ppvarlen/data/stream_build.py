@@ -346,8 +346,8 @@ class Scanner:
         if carve:
             scan.split_codes = np.asarray(codes, np.uint8)
         if plan.count_vocab:
-            scan.counts = TextEncoder._count(split_items(train, plan.texts_of), plan.kind,
-                                             plan.lowercase)
+            scan.counts = TextEncoder.token_counts(split_items(train, plan.texts_of),
+                                                   plan.kind, plan.lowercase)
         return scan
 
 

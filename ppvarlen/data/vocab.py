@@ -150,7 +150,7 @@ class TextEncoder:
         if max_size is not None and max_size <= len(SPECIAL_TOKENS):
             raise ConfigError(f"Data.max_size: {max_size} leaves no room beyond the "
                               f"{len(SPECIAL_TOKENS)} special tokens; use a larger value or null")
-        counts = texts if isinstance(texts, Counter) else cls._count(texts, kind, lowercase)
+        counts = texts if isinstance(texts, Counter) else cls.token_counts(texts, kind, lowercase)
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         kept = [t for t, c in ranked if c >= min_freq]
         below_min = len(ranked) - len(kept)
@@ -168,7 +168,9 @@ class TextEncoder:
         return enc
 
     @classmethod
-    def _count(cls, texts, kind, lowercase):
+    def token_counts(cls, texts, kind, lowercase):
+        """Counter of the tokens of ``texts`` (strings, or token lists) as a ``kind``
+        vocabulary tokenizes them; a literal special-token string is not counted."""
         probe = cls(SPECIAL_TOKENS, kind, lowercase)
         counts = Counter()
         plain = []  # char-level texts without lowercasing: counted as one string (in C)
@@ -203,7 +205,7 @@ class TextEncoder:
         probe = cls(SPECIAL_TOKENS, target_kind, lowercase)
         target_tokens = [probe.tokenize(t) for t in targets]  # token lists: counted as given
         enc = cls.build(list(sources) + target_tokens, kind, lowercase, min_freq, max_size)
-        in_targets = cls._count(target_tokens, kind, lowercase)
+        in_targets = cls.token_counts(target_tokens, kind, lowercase)
         kept = enc.tokens[len(SPECIAL_TOKENS):]
         first = [t for t in kept if t in in_targets]
         out = cls(list(SPECIAL_TOKENS) + first + [t for t in kept if t not in in_targets],
@@ -514,8 +516,8 @@ class _ChunkCounter:
         self.kind, self.lowercase, self.texts_of = kind, lowercase, texts_of
 
     def __call__(self, examples, start, end):
-        return TextEncoder._count(split_items((examples[i] for i in range(start, end)),
-                                              self.texts_of), self.kind, self.lowercase)
+        return TextEncoder.token_counts(split_items((examples[i] for i in range(start, end)),
+                                                    self.texts_of), self.kind, self.lowercase)
 
 
 def count_tokens(examples, kind, lowercase, num_proc=1, texts_of=None):
