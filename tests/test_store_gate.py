@@ -1,8 +1,9 @@
 """The store gate: every corpus kind the suite builds, built from a small fixed corpus, must
 give the bytes recorded in ``tests/fixtures/stores/<case>.json`` (sha256 of every file of the
 cache entry: the stores' arrays and manifests, entry.json, the vocabulary).  The fixtures were
-written by the code before the one-ingestion-path rework (issue 34), so a refactor of the
-ingestion path that changes a byte fails here.
+written by the code before the one-ingestion-path rework (issue 34: ``ae5416d``; the embedding
+case by ``cd28549``, where that task landed), so a refactor of the ingestion path that changes a
+byte fails here.
 
 A deliberate change of what is encoded: bump ``STORE_FORMAT_VERSION`` (ppvarlen/data/cache.py)
 and regenerate the fixtures:  PPVARLEN_WRITE_STORE_FIXTURES=1 pytest tests/test_store_gate.py
