@@ -1,8 +1,9 @@
 """The store gate: every corpus kind the suite builds, built from a small fixed corpus, must
 give the bytes recorded in ``tests/fixtures/stores/<case>.json`` (sha256 of every file of the
 cache entry: the stores' arrays and manifests, entry.json, the vocabulary).  The fixtures were
-written by the code before the one-ingestion-path rework (issue 34), so a refactor of the
-ingestion path that changes a byte fails here.
+written by the code before the one-ingestion-path rework (issue 34: ``ae5416d``; the embedding
+case by ``cd28549``, where that task landed), so a refactor of the ingestion path that changes a
+byte fails here.
 
 A deliberate change of what is encoded: bump ``STORE_FORMAT_VERSION`` (ppvarlen/data/cache.py)
 and regenerate the fixtures:  PPVARLEN_WRITE_STORE_FIXTURES=1 pytest tests/test_store_gate.py
@@ -105,6 +106,8 @@ def _corpus(root):
     _jsonl(p("pairs.jsonl"), [{"text_a": _review(i), "text_b": _review(i + 11) * (1 + i % 4),
                                "label": ["same", "different"][i % 2]} for i in range(300)])
     _jsonl(p("qa.jsonl"), _qa(150))
+    _jsonl(p("embed.jsonl"), [{"text_a": _review(i) * (1 + i % 3), "text_b": _review(i + 5)}
+                              for i in range(200)])
     _jsonl(p("tags.jsonl"), _tagged(300))
     _jsonl(p("tags_dev.jsonl"), _tagged(40, 300))
     _jsonl(p("g2p.jsonl"), [{"source": _review(i)[:12].strip() or "空",
@@ -134,6 +137,7 @@ CASES = {
     "parquet": (dict(corpus="parquet", train_file="{c}/train.parquet",
                      test_file="{c}/test.parquet", max_len=16), {}),
     "text_pair": (dict(corpus="jsonl", train_file="{c}/pairs.jsonl", max_len=20), {}),
+    "embedding": (dict(corpus="jsonl", train_file="{c}/embed.jsonl", max_len=14), {}),
     "extractive_qa": (dict(corpus="jsonl", train_file="{c}/qa.jsonl", max_len=32,
                            long_text="window", stride=6), {}),
     "tagging_file": (dict(corpus="jsonl", train_file="{c}/tags.jsonl",

@@ -139,3 +139,17 @@ def test_packed_examples_round_trip():
     assert stream_build.unpack_examples(stream_build.pack_examples([])) == []
     big = [{"label": 1 << 70}]
     assert stream_build.unpack_examples(stream_build.pack_examples(big)) == big
+
+
+def test_the_format_says_whether_it_streams():
+    """``CorpusFormat.checked_line_by_line``: the chunked build asks the format, it compares no
+    functions; tagging's tag scheme is checked over whole files, so it is read in order."""
+    from ppvarlen.data.readers import FORMATS
+
+    import ppvarlen.tasks  # noqa: F401  (the task modules register their formats)
+
+    assert not FORMATS["tagging"].checked_line_by_line
+    assert all(FORMATS[n].checked_line_by_line for n in ("classification", "seq2seq",
+                                                          "text_pair", "extractive_qa"))
+    assert FORMATS["classification"].labelled and FORMATS["text_pair"].labelled
+    assert not FORMATS["seq2seq"].labelled and not FORMATS["extractive_qa"].labelled

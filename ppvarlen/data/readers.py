@@ -645,6 +645,10 @@ def _check_lines(fd, check, reason, skip_invalid):
 
 # ---------------------------------------------------------------- corpus formats
 
+def _no_file_check(fd, skip_invalid, tag_scheme):
+    return None
+
+
 @dataclass(frozen=True)
 class CorpusFormat:
     """How one task's examples are written in JSONL (and TSV), checked and labelled: the
@@ -654,8 +658,21 @@ class CorpusFormat:
     example_line: str
     parse: Callable       # JSON object -> example dict; raises BadLine
     map_labels: Callable  # (files, label_names, skip_invalid, tag_scheme) -> Labels
-    check_file: Callable = lambda fd, skip_invalid, tag_scheme: None  # after reading one file
+    check_file: Callable = _no_file_check  # after reading one file (tagging: its tag scheme)
     tsv: Callable = None  # the TSV line parser (columns = ``fields``), None: no TSV form
+
+    @property
+    def labelled(self):
+        """Whether its examples carry a label that ``map_labels`` maps to an id."""
+        return self.map_labels is not _no_labels
+
+    @property
+    def checked_line_by_line(self):
+        """Whether each line is checked on its own and holds one class label or none, so a
+        file can be read in chunks on several workers (``data.stream_build``); tagging is not:
+        its tag scheme is checked over whole files, in order."""
+        return self.map_labels in (_map_class_labels, _no_labels) and \
+            self.check_file is _no_file_check
 
 
 FORMATS = {

@@ -49,10 +49,9 @@ from . import parallel
 from .corpora.registry import _check_tag_scheme
 from .corpora.user_files import logger
 from .parallel import ordered_map
-from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, BadLine, CorpusFormat, ReadLimits,
-                      _decoded_lines, _is_tsv_header, _label_id, _map_class_labels, _no_labels,
-                      _task_from_first_line, decode_line, expand_inputs, long_line_error,
-                      map_class_labels, open_data_file, parse_json_line)
+from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, BadLine, ReadLimits, _decoded_lines,
+                      _is_tsv_header, _label_id, _task_from_first_line, decode_line,
+                      expand_inputs, long_line_error, open_data_file, parse_json_line)
 from .splits import SPLITS, example_key, split_method, stable_split
 from .vocab import TextEncoder, split_items
 
@@ -191,9 +190,7 @@ def plan(cfg, extra_corpora=()):
     elif task is None:
         task = _first_line_task(files["train"][0], cfg.skip_invalid, limits)
     fmt = FORMATS.get(task)
-    if fmt is None or (cfg.corpus == "tsv" and not fmt.tsv) or \
-            fmt.map_labels not in (_map_class_labels, map_class_labels, _no_labels) or \
-            fmt.check_file is not CorpusFormat.__dataclass_fields__["check_file"].default:
+    if fmt is None or (cfg.corpus == "tsv" and not fmt.tsv) or not fmt.checked_line_by_line:
         return None
     return Plan(cfg.corpus, task, files, {s: v for s, v in specs.items() if v},
                 bool(cfg.skip_invalid), cfg.split_seed, cfg.get("label_names"),
@@ -349,8 +346,8 @@ class Scanner:
         if carve:
             scan.split_codes = np.asarray(codes, np.uint8)
         if plan.count_vocab:
-            scan.counts = TextEncoder._count(split_items(train, plan.texts_of), plan.kind,
-                                             plan.lowercase)
+            scan.counts = TextEncoder.token_counts(split_items(train, plan.texts_of),
+                                                   plan.kind, plan.lowercase)
         return scan
 
 
@@ -448,7 +445,7 @@ def _check_file(fd):
 def _label_names(plan, kinds, first_label, labels):
     """The label names as ``readers._map_class_labels`` finds them (None: no labels)."""
     fmt = FORMATS[plan.task]
-    if fmt.map_labels is _no_labels:
+    if not fmt.labelled:
         return []
     if plan.label_names is not None:
         return list(plan.label_names)
@@ -515,7 +512,7 @@ def _corpus(plan, cfg, per_file, sizes, labels, keys, names):
         stats["split"]["texts_in_two_splits"] = overlap
         logger.warning("the same text appears in two splits %s: evaluation on it is optimistic; "
                        "remove the duplicates from your files", overlap)
-    if FORMATS[plan.task].map_labels is not _no_labels:
+    if FORMATS[plan.task].labelled:
         index = {name: i for i, name in enumerate(names)}
         stats["per_label"] = {}
         for s in SPLITS:

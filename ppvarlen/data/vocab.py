@@ -1,4 +1,7 @@
-"""Text -> token ids: ``TextEncoder`` (char / word vocabulary, or a pretrained vocab.txt).
+"""Text -> token ids: vocabularies behind one protocol (``Vocabulary``): ``TextEncoder`` (a char
+/ word vocabulary built from the train split; a seq2seq one holds its target alphabet first)
+and ``PretrainedTokenizer`` (a PaddleNLP tokenizer over a local vocab.txt).  ``Vocabulary.load``
+(also reached as ``TextEncoder.load``) reads either from its files.
 
 Built from the train split only (so dev/test UNK rates are honest), saved as a plain
 ``vocab.txt`` (line number = id) plus ``encoder.json`` (kind, lowercase, special
@@ -11,11 +14,11 @@ such tokens are written escaped (``\\u3000``, ``\\t``; a backslash itself as ``\
 ``encoder.json`` records the escaping, so a vocab.txt without it (e.g. a BERT vocab)
 is read literally.
 
-``kind="pretrained"`` wraps a PaddleNLP tokenizer built from local files only (never a
-model name that could download); only that path imports paddlenlp.  A vocab.txt with a
-``tokenizer_config.json`` beside it (a PaddleNLP ``save_pretrained`` directory) is read with
-``AutoTokenizer`` and that file decides the tokenizer class and its options (do_lower_case,
-tokenize_chinese_chars, ...); ``save`` copies the tokenizer files (``TOKENIZER_FILES``) next to
+``PretrainedTokenizer`` (``kind="pretrained"``) wraps a PaddleNLP tokenizer built from local
+files only (never a model name that could download); only that path imports paddlenlp.  A
+vocab.txt with a ``tokenizer_config.json`` beside it (a PaddleNLP ``save_pretrained``
+directory) is read with ``AutoTokenizer`` and that file decides the tokenizer class and its
+options (do_lower_case, tokenize_chinese_chars, ...); ``save`` copies the tokenizer files (``TOKENIZER_FILES``) next to
 vocab.txt, so a checkpoint or export tokenizes exactly like ``AutoTokenizer`` on the
 directory.  A bare vocab.txt gets ``ErnieTokenizer(do_lower_case=Data.lowercase)``.
 """
@@ -89,47 +92,159 @@ def char_spans(text, tokens, lowercase=False):
     return spans
 
 
-class TextEncoder:
-    """Tokenize, encode and decode text with one vocabulary.
+class Vocabulary:
+    """What every vocabulary does (the protocol the tasks, the store build, the predictor and
+    the doctor use): ``tokenize`` / ``encode`` / ``encode_array`` / ``decode``, ``vocab_size``,
+    the special ids, ``save`` and ``Vocabulary.load``.  Two kinds implement it:
+    ``TextEncoder`` (a char / word vocabulary built from the train split, with the seq2seq
+    target alphabet when ``build_seq2seq`` made it) and ``PretrainedTokenizer`` (a PaddleNLP
+    WordPiece tokenizer over a local vocab.txt)."""
 
-    ``kind``: ``char`` (every character a token; Chinese), ``word`` (whitespace split) or
-    ``pretrained`` (PaddleNLP ErnieTokenizer over a local vocab.txt).
-    """
+    kind = ""
+    auto_tokenizer = False  # a PaddleNLP AutoTokenizer directory (tokenizer_config.json)
+    # seq2seq: ids < output_size are the tokens a decoder may generate (the train targets'
+    # tokens come first in the vocabulary); None = every id (classification, tagging)
+    output_size = None
+    # seq2seq: how targets split into tokens ("char" letters or "word" = whitespace-separated
+    # units such as pinyin syllables); None = like the source (``kind``)
+    target_kind = None
 
-    def __init__(self, tokens, kind="char", lowercase=False, _pretrained=None):
+    def __init__(self, lowercase):
+        self.lowercase = lowercase
+        self.stats = {}  # filled by build(): counts behind the vocabulary
+
+    @property
+    def special_ids(self):
+        return {"pad": self.pad_id, "unk": self.unk_id, "cls": self.cls_id, "sep": self.sep_id,
+                "bos": self.bos_id, "eos": self.eos_id}
+
+    def normalize(self, tokens):
+        """Given tokens (tagging data) -> the tokens this vocabulary looks up."""
+        return [t.lower() for t in tokens] if self.lowercase else list(tokens)
+
+    def encode_text(self, text):
+        return self.encode(self.tokenize(text))
+
+    def encode_array(self, text):
+        """``encode(tokenize(text))`` as an int32 numpy array."""
+        return np.asarray(self.encode(self.tokenize(text)), np.int32)
+
+    def encode_target(self, text):
+        """Target text -> ids a decoder can produce (a token outside the output alphabet ->
+        [UNK]); targets split per ``target_kind``."""
+        kind = self.target_kind or self.kind
+        ids = self.encode(list(text) if kind == "char" else text.split())  # encode lowercases
+        if self.output_size is None:
+            return ids
+        return [i if i < self.output_size else self.unk_id for i in ids]
+
+    def decode_target(self, ids):
+        """Generated ids (no BOS/EOS) -> target text: chars joined with "", words with " "."""
+        kind = self.target_kind or self.kind
+        return ("" if kind == "char" else " ").join(self.decode(ids))
+
+    def unk_rate(self, id_lists):
+        """Share of [UNK] among real tokens (pad/cls/sep/bos/eos not counted)."""
+        special = {self.pad_id, self.cls_id, self.sep_id, self.bos_id, self.eos_id} - {None}
+        total = unk = 0
+        for ids in id_lists:
+            for i in ids:
+                i = int(i)
+                if i in special:
+                    continue
+                total += 1
+                unk += i == self.unk_id
+        return unk / total if total else 0.0
+
+    # ------------------------------------------------------------ files
+
+    def save(self, directory):
+        """Write ``vocab.txt`` + ``encoder.json`` into ``directory`` (atomic per file)."""
+        os.makedirs(directory, exist_ok=True)
+        names = dict(zip(("pad", "unk", "cls", "sep", "bos", "eos"), SPECIAL_TOKENS))
+        meta = {"format_version": ENCODER_FORMAT, "kind": self.kind, "lowercase": self.lowercase,
+                "vocab_size": self.vocab_size,
+                "special_tokens": {k: names[k] for k, i in self.special_ids.items() if i is not None},
+                "special_ids": self.special_ids}
+        if self.output_size is not None:
+            meta["output_size"] = self.output_size
+            meta["target_kind"] = self.target_kind or self.kind
+        text = self._vocab_text(directory, meta)
+        atomic_write_text(os.path.join(directory, "vocab.txt"), text)
+        atomic_write_json(os.path.join(directory, "encoder.json"), meta)
+
+    def save_pretrained_tokenizer(self, directory):
+        raise ConfigError("only a pretrained tokenizer (Data.tokenizer: pretrained) can be "
+                          "saved in PaddleNLP's format")
+
+    @classmethod
+    def load(cls, dir_or_file, kind=None, lowercase=None):
+        """Load from a directory (vocab.txt + encoder.json) or a vocab.txt file: a
+        ``TextEncoder``, or a ``PretrainedTokenizer`` for kind ``pretrained``.
+
+        ``kind``/``lowercase`` default to encoder.json's; without encoder.json, kind
+        defaults to char (pretrained for a BERT/ERNIE vocab must be asked for).
+        """
+        path = os.fspath(dir_or_file)
+        vocab_path = os.path.join(path, "vocab.txt") if os.path.isdir(path) else path
+        if not os.path.isfile(vocab_path):
+            raise DataError(f"{vocab_path}: vocabulary file not found; give the directory holding "
+                            f"vocab.txt (a checkpoint or export dir) or the vocab.txt path itself "
+                            f"(Data.vocab_file for tokenizer: pretrained)")
+        meta_path = os.path.join(os.path.dirname(os.path.abspath(vocab_path)), "encoder.json")
+        meta = {}
+        if os.path.isfile(meta_path):
+            try:
+                with open(meta_path, encoding="utf-8") as f:
+                    meta = json.load(f)
+            except (ValueError, UnicodeDecodeError) as e:
+                raise DataError(f"{meta_path}: not valid JSON ({e}); re-save the model or "
+                                f"delete encoder.json to read vocab.txt as plain") from None
+            if not isinstance(meta, dict):
+                raise DataError(f"{meta_path}: must be a JSON object (kind, lowercase, "
+                                f"vocab_size, ...), got {type(meta).__name__}; re-save the model "
+                                f"or delete encoder.json to read vocab.txt as plain")
+        saved_kind = meta.get("kind")
+        if kind is not None and saved_kind is not None and kind != saved_kind:
+            raise DataError(f"{meta_path}: vocabulary was saved as kind {saved_kind!r} but "
+                            f"{kind!r} was asked for; set Data.tokenizer: {saved_kind}")
+        kind = kind or saved_kind or "char"
         if kind not in KINDS:
             raise ConfigError(f"Data.tokenizer: {kind!r} is not one of {list(KINDS)}")
+        lowercase = meta.get("lowercase", False) if lowercase is None else lowercase
+        if kind == "pretrained":
+            return PretrainedTokenizer.from_vocab_file(vocab_path, lowercase)
+        return TextEncoder.from_files(vocab_path, meta_path, meta, kind, lowercase)
+
+
+class TextEncoder(Vocabulary):
+    """A char / word vocabulary (``kind``: ``char``, every character a token (Chinese), or
+    ``word``, whitespace split), built from the train split (``build``; a seq2seq vocabulary
+    with its target alphabet first: ``build_seq2seq``) or loaded (``Vocabulary.load``)."""
+
+    def __init__(self, tokens, kind="char", lowercase=False):
+        if kind not in ("char", "word"):
+            if kind in KINDS:
+                raise ConfigError("Data.tokenizer: pretrained vocabularies are loaded from "
+                                  "Data.vocab_file (Vocabulary.load(path, 'pretrained')), not "
+                                  "listed")
+            raise ConfigError(f"Data.tokenizer: {kind!r} is not one of {list(KINDS)}")
+        super().__init__(lowercase)
         self.kind = kind
-        self.lowercase = lowercase
         self.tokens = list(tokens)
-        self._tok = _pretrained
-        self.auto_tokenizer = False  # _tok came from AutoTokenizer (tokenizer_config.json)
-        if _pretrained is None:
-            if tuple(self.tokens[:len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
-                raise DataError(f"vocabulary must start with the special tokens "
-                                f"{list(SPECIAL_TOKENS)} (ids 0-5), got {self.tokens[:6]}")
-            self._ids = {t: i for i, t in enumerate(self.tokens)}
-            if len(self._ids) != len(self.tokens):
-                dup = next(t for t, c in Counter(self.tokens).items() if c > 1)
-                raise DataError(f"vocabulary lists token {dup!r} twice; each token needs one id")
-            # Text never yields a special id: a literal "[SEP]" in user text is [UNK],
-            # so data cannot inject structure tokens.
-            for t in SPECIAL_TOKENS:
-                del self._ids[t]
-            self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.bos_id, self.eos_id = range(6)
-        else:
-            vocab = _pretrained.vocab
-            self.pad_id, self.unk_id, self.cls_id, self.sep_id = (
-                vocab.to_indices(t) for t in (PAD, UNK, CLS, SEP))
-            self.bos_id = self.eos_id = None  # BERT/ERNIE vocabularies have no [BOS]/[EOS]
-        self.stats = {}  # filled by build(): counts behind the vocabulary
-        self._char_table = None  # encode_chars: codepoint -> id, made on first use
-        # seq2seq: ids < output_size are the tokens a decoder may generate (the train targets'
-        # tokens come first in the vocabulary); None = every id (classification, tagging)
-        self.output_size = None
-        # seq2seq: how targets split into tokens ("char" letters or "word" = whitespace-separated
-        # units such as pinyin syllables); None = like the source (``kind``)
-        self.target_kind = None
+        if tuple(self.tokens[:len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
+            raise DataError(f"vocabulary must start with the special tokens "
+                            f"{list(SPECIAL_TOKENS)} (ids 0-5), got {self.tokens[:6]}")
+        self._ids = {t: i for i, t in enumerate(self.tokens)}
+        if len(self._ids) != len(self.tokens):
+            dup = next(t for t, c in Counter(self.tokens).items() if c > 1)
+            raise DataError(f"vocabulary lists token {dup!r} twice; each token needs one id")
+        # Text never yields a special id: a literal "[SEP]" in user text is [UNK],
+        # so data cannot inject structure tokens.
+        for t in SPECIAL_TOKENS:
+            del self._ids[t]
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.bos_id, self.eos_id = range(6)
+        self._char_table = None  # encode_array: codepoint -> id, made on first use
 
     # ------------------------------------------------------------ building
 
@@ -150,7 +265,7 @@ class TextEncoder:
         if max_size is not None and max_size <= len(SPECIAL_TOKENS):
             raise ConfigError(f"Data.max_size: {max_size} leaves no room beyond the "
                               f"{len(SPECIAL_TOKENS)} special tokens; use a larger value or null")
-        counts = texts if isinstance(texts, Counter) else cls._count(texts, kind, lowercase)
+        counts = texts if isinstance(texts, Counter) else cls.token_counts(texts, kind, lowercase)
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         kept = [t for t, c in ranked if c >= min_freq]
         below_min = len(ranked) - len(kept)
@@ -168,7 +283,9 @@ class TextEncoder:
         return enc
 
     @classmethod
-    def _count(cls, texts, kind, lowercase):
+    def token_counts(cls, texts, kind, lowercase):
+        """Counter of the tokens of ``texts`` (strings, or token lists) as a ``kind``
+        vocabulary tokenizes them; a literal special-token string is not counted."""
         probe = cls(SPECIAL_TOKENS, kind, lowercase)
         counts = Counter()
         plain = []  # char-level texts without lowercasing: counted as one string (in C)
@@ -203,7 +320,7 @@ class TextEncoder:
         probe = cls(SPECIAL_TOKENS, target_kind, lowercase)
         target_tokens = [probe.tokenize(t) for t in targets]  # token lists: counted as given
         enc = cls.build(list(sources) + target_tokens, kind, lowercase, min_freq, max_size)
-        in_targets = cls._count(target_tokens, kind, lowercase)
+        in_targets = cls.token_counts(target_tokens, kind, lowercase)
         kept = enc.tokens[len(SPECIAL_TOKENS):]
         first = [t for t in kept if t in in_targets]
         out = cls(list(SPECIAL_TOKENS) + first + [t for t in kept if t not in in_targets],
@@ -213,58 +330,27 @@ class TextEncoder:
         out.stats = dict(enc.stats, output_size=out.output_size)
         return out
 
-    def encode_target(self, text):
-        """Target text -> ids a decoder can produce (a token outside the output alphabet ->
-        [UNK]); targets split per ``target_kind``."""
-        kind = self.target_kind or self.kind
-        ids = self.encode(list(text) if kind == "char" else text.split())  # encode lowercases
-        if self.output_size is None:
-            return ids
-        return [i if i < self.output_size else self.unk_id for i in ids]
-
-    def decode_target(self, ids):
-        """Generated ids (no BOS/EOS) -> target text: chars joined with "", words with " "."""
-        kind = self.target_kind or self.kind
-        return ("" if kind == "char" else " ").join(self.decode(ids))
-
     # ------------------------------------------------------------ text <-> ids
 
     @property
     def vocab_size(self):
-        return len(self.tokens) if self._tok is None else len(self._tok.vocab)
-
-    @property
-    def special_ids(self):
-        return {"pad": self.pad_id, "unk": self.unk_id, "cls": self.cls_id, "sep": self.sep_id,
-                "bos": self.bos_id, "eos": self.eos_id}
-
-    def normalize(self, tokens):
-        """Given tokens (tagging data) -> the tokens this vocabulary looks up."""
-        return [t.lower() for t in tokens] if self.lowercase else list(tokens)
+        return len(self.tokens)
 
     def tokenize(self, text):
-        if self._tok is not None:
-            return self._tok.tokenize(text)
         if self.lowercase:
             text = text.lower()
         return list(text) if self.kind == "char" else text.split()
 
     def encode(self, tokens):
         """Tokens -> ids; unknown tokens (and literal special-token strings) -> unk_id."""
-        if self._tok is not None:
-            vocab = self._tok.vocab.token_to_idx
-            return [vocab.get(t, self.unk_id) for t in self.normalize(tokens)]
         ids, unk = self._ids, self.unk_id
         return [ids.get(t, unk) for t in self.normalize(tokens)]
 
-    def encode_text(self, text):
-        return self.encode(self.tokenize(text))
-
     def encode_array(self, text):
-        """``encode(tokenize(text))`` as an int32 numpy array; for a built char vocabulary
-        without lowercasing a codepoint table lookup (the corpus-encoding hot path)."""
-        if self.kind != "char" or self._tok is not None or self.lowercase:
-            return np.asarray(self.encode(self.tokenize(text)), np.int32)
+        """``encode(tokenize(text))`` as an int32 numpy array; for a char vocabulary without
+        lowercasing a codepoint table lookup (the corpus-encoding hot path)."""
+        if self.kind != "char" or self.lowercase:
+            return super().encode_array(text)
         if self._char_table is None:
             table = np.full(0x110000, self.unk_id, np.int32)
             for token, i in self._ids.items():
@@ -276,10 +362,6 @@ class TextEncoder:
 
     def decode(self, ids, skip_special=False):
         """Ids -> tokens (a list; join them as your task needs: "" for char, " " for word)."""
-        if self._tok is not None:
-            special = {self.pad_id, self.cls_id, self.sep_id} if skip_special else set()
-            return [t for i, t in zip(ids, self._tok.convert_ids_to_tokens([int(i) for i in ids]))
-                    if int(i) not in special]
         out = []
         for i in ids:
             i = int(i)
@@ -290,100 +372,15 @@ class TextEncoder:
             out.append(self.tokens[i])
         return out
 
-    def unk_rate(self, id_lists):
-        """Share of [UNK] among real tokens (pad/cls/sep/bos/eos not counted)."""
-        special = {self.pad_id, self.cls_id, self.sep_id, self.bos_id, self.eos_id} - {None}
-        total = unk = 0
-        for ids in id_lists:
-            for i in ids:
-                i = int(i)
-                if i in special:
-                    continue
-                total += 1
-                unk += i == self.unk_id
-        return unk / total if total else 0.0
-
     # ------------------------------------------------------------ files
 
-    def save(self, directory):
-        """Write ``vocab.txt`` + ``encoder.json`` into ``directory`` (atomic per file)."""
-        os.makedirs(directory, exist_ok=True)
-        names = dict(zip(("pad", "unk", "cls", "sep", "bos", "eos"), SPECIAL_TOKENS))
-        meta = {"format_version": ENCODER_FORMAT, "kind": self.kind, "lowercase": self.lowercase,
-                "vocab_size": self.vocab_size,
-                "special_tokens": {k: names[k] for k, i in self.special_ids.items() if i is not None},
-                "special_ids": self.special_ids}
-        if self.output_size is not None:
-            meta["output_size"] = self.output_size
-            meta["target_kind"] = self.target_kind or self.kind
-        if self._tok is None:
-            text = "".join(escape_token(t) + "\n" for t in self.tokens)
-            meta["vocab_escape"] = "backslash"
-        else:
-            tokens = [self._tok.vocab.to_tokens(i) for i in range(len(self._tok.vocab))]
-            text = "".join(t + "\n" for t in tokens)  # verbatim: it is someone else's vocab
-            meta["vocab_escape"] = None
-            meta["tokenizer_class"] = type(self._tok).__name__
-            meta["tokenizer_files"] = self._write_tokenizer_files(directory)
-        atomic_write_text(os.path.join(directory, "vocab.txt"), text)
-        atomic_write_json(os.path.join(directory, "encoder.json"), meta)
-
-    def _write_tokenizer_files(self, directory):
-        """An AutoTokenizer's files (not vocab.txt: ``save`` writes it) -> names written."""
-        if not self.auto_tokenizer:
-            return []
-        written = []
-        with tempfile.TemporaryDirectory() as tmp:
-            self._tok.save_pretrained(tmp)
-            for name in TOKENIZER_FILES:
-                if os.path.isfile(os.path.join(tmp, name)):
-                    with open(os.path.join(tmp, name), encoding="utf-8") as f:
-                        atomic_write_text(os.path.join(directory, name), f.read())
-                    written.append(name)
-        return written
-
-    def save_pretrained_tokenizer(self, directory):
-        """The tokenizer as PaddleNLP's ``save_pretrained`` writes it (vocab.txt,
-        tokenizer_config.json, ...): ``AutoTokenizer.from_pretrained(directory)`` reads it."""
-        if self._tok is None:
-            raise ConfigError("only a pretrained tokenizer (Data.tokenizer: pretrained) can be "
-                              "saved in PaddleNLP's format")
-        self._tok.save_pretrained(directory)
+    def _vocab_text(self, directory, meta):
+        meta["vocab_escape"] = "backslash"
+        return "".join(escape_token(t) + "\n" for t in self.tokens)
 
     @classmethod
-    def load(cls, dir_or_file, kind=None, lowercase=None):
-        """Load from a directory (vocab.txt + encoder.json) or a vocab.txt file.
-
-        ``kind``/``lowercase`` default to encoder.json's; without encoder.json, kind
-        defaults to char (pretrained for a BERT/ERNIE vocab must be asked for).
-        """
-        path = os.fspath(dir_or_file)
-        vocab_path = os.path.join(path, "vocab.txt") if os.path.isdir(path) else path
-        if not os.path.isfile(vocab_path):
-            raise DataError(f"{vocab_path}: vocabulary file not found; give the directory holding "
-                            f"vocab.txt (a checkpoint or export dir) or the vocab.txt path itself "
-                            f"(Data.vocab_file for tokenizer: pretrained)")
-        meta_path = os.path.join(os.path.dirname(os.path.abspath(vocab_path)), "encoder.json")
-        meta = {}
-        if os.path.isfile(meta_path):
-            try:
-                with open(meta_path, encoding="utf-8") as f:
-                    meta = json.load(f)
-            except (ValueError, UnicodeDecodeError) as e:
-                raise DataError(f"{meta_path}: not valid JSON ({e}); re-save the model or "
-                                f"delete encoder.json to read vocab.txt as plain") from None
-            if not isinstance(meta, dict):
-                raise DataError(f"{meta_path}: must be a JSON object (kind, lowercase, "
-                                f"vocab_size, ...), got {type(meta).__name__}; re-save the model "
-                                f"or delete encoder.json to read vocab.txt as plain")
-        saved_kind = meta.get("kind")
-        if kind is not None and saved_kind is not None and kind != saved_kind:
-            raise DataError(f"{meta_path}: vocabulary was saved as kind {saved_kind!r} but "
-                            f"{kind!r} was asked for; set Data.tokenizer: {saved_kind}")
-        kind = kind or saved_kind or "char"
-        lowercase = meta.get("lowercase", False) if lowercase is None else lowercase
-        if kind == "pretrained":
-            return cls._load_pretrained(vocab_path, lowercase)
+    def from_files(cls, vocab_path, meta_path, meta, kind, lowercase):
+        """The vocabulary ``save`` wrote (``meta``: its encoder.json, {} when there is none)."""
         try:
             with open(vocab_path, encoding="utf-8") as f:
                 lines = f.read().split("\n")
@@ -412,8 +409,70 @@ class TextEncoder:
         enc.target_kind = target_kind
         return enc
 
+
+class PretrainedTokenizer(Vocabulary):
+    """A PaddleNLP WordPiece tokenizer over a local vocab.txt (``kind`` ``pretrained``): an
+    AutoTokenizer directory (``tokenizer_config.json`` decides its class and options) or a bare
+    vocab.txt read with ``ErnieTokenizer(do_lower_case=Data.lowercase)``.  Its special ids are
+    the file's; it has no [BOS]/[EOS]."""
+
+    kind = "pretrained"
+
+    def __init__(self, tok, lowercase, auto_tokenizer=False):
+        super().__init__(lowercase)
+        self._tok = tok
+        self.auto_tokenizer = auto_tokenizer
+        self.tokens = []  # the token list is the tokenizer's (``vocab_sha256`` hashes this one)
+        vocab = tok.vocab
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id = (
+            vocab.to_indices(t) for t in (PAD, UNK, CLS, SEP))
+        self.bos_id = self.eos_id = None  # BERT/ERNIE vocabularies have no [BOS]/[EOS]
+
+    @property
+    def vocab_size(self):
+        return len(self._tok.vocab)
+
+    def tokenize(self, text):
+        return self._tok.tokenize(text)
+
+    def encode(self, tokens):
+        """Tokens -> ids; unknown tokens -> unk_id."""
+        vocab = self._tok.vocab.token_to_idx
+        return [vocab.get(t, self.unk_id) for t in self.normalize(tokens)]
+
+    def decode(self, ids, skip_special=False):
+        special = {self.pad_id, self.cls_id, self.sep_id} if skip_special else set()
+        return [t for i, t in zip(ids, self._tok.convert_ids_to_tokens([int(i) for i in ids]))
+                if int(i) not in special]
+
+    def _vocab_text(self, directory, meta):
+        tokens = [self._tok.vocab.to_tokens(i) for i in range(len(self._tok.vocab))]
+        meta["vocab_escape"] = None
+        meta["tokenizer_class"] = type(self._tok).__name__
+        meta["tokenizer_files"] = self._write_tokenizer_files(directory)
+        return "".join(t + "\n" for t in tokens)  # verbatim: it is someone else's vocab
+
+    def _write_tokenizer_files(self, directory):
+        """An AutoTokenizer's files (not vocab.txt: ``save`` writes it) -> names written."""
+        if not self.auto_tokenizer:
+            return []
+        written = []
+        with tempfile.TemporaryDirectory() as tmp:
+            self._tok.save_pretrained(tmp)
+            for name in TOKENIZER_FILES:
+                if os.path.isfile(os.path.join(tmp, name)):
+                    with open(os.path.join(tmp, name), encoding="utf-8") as f:
+                        atomic_write_text(os.path.join(directory, name), f.read())
+                    written.append(name)
+        return written
+
+    def save_pretrained_tokenizer(self, directory):
+        """The tokenizer as PaddleNLP's ``save_pretrained`` writes it (vocab.txt,
+        tokenizer_config.json, ...): ``AutoTokenizer.from_pretrained(directory)`` reads it."""
+        self._tok.save_pretrained(directory)
+
     @classmethod
-    def _load_pretrained(cls, vocab_path, lowercase):
+    def from_vocab_file(cls, vocab_path, lowercase):
         # Check the file first: PaddleNLP asserts (a bare traceback) on a missing [UNK].
         try:
             with open(vocab_path, encoding="utf-8") as f:
@@ -432,13 +491,10 @@ class TextEncoder:
                 raise ConfigError(f"Data.lowercase: true, but {directory}/tokenizer_config.json "
                                   f"says do_lower_case: false, and that file decides how this "
                                   f"tokenizer works; remove Data.lowercase")
-            enc = cls([], "pretrained", do_lower, _pretrained=tok)
-            enc.auto_tokenizer = True
-            return enc
+            return cls(tok, do_lower, auto_tokenizer=True)
         from paddlenlp.transformers import ErnieTokenizer  # heavy: only on this path
 
-        tok = ErnieTokenizer(vocab_file=vocab_path, do_lower_case=lowercase)
-        return cls([], "pretrained", lowercase, _pretrained=tok)
+        return cls(ErnieTokenizer(vocab_file=vocab_path, do_lower_case=lowercase), lowercase)
 
 
 def _auto_tokenizer(directory):
@@ -514,8 +570,8 @@ class _ChunkCounter:
         self.kind, self.lowercase, self.texts_of = kind, lowercase, texts_of
 
     def __call__(self, examples, start, end):
-        return TextEncoder._count(split_items((examples[i] for i in range(start, end)),
-                                              self.texts_of), self.kind, self.lowercase)
+        return TextEncoder.token_counts(split_items((examples[i] for i in range(start, end)),
+                                                    self.texts_of), self.kind, self.lowercase)
 
 
 def count_tokens(examples, kind, lowercase, num_proc=1, texts_of=None):

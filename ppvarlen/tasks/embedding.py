@@ -50,8 +50,8 @@ from ..config import ConfigError, load_config
 from ..data import readers
 from ..data.corpora import load_corpus
 from ..data.errors import DataError
-from ..data.longtext import plan_spans
-from ..data.store import Field
+from ..data.longtext import text_windows
+from ..data.store import StoreField
 from ..utils.io import atomic_write_text
 from .base import Task, output_width_problems
 
@@ -68,9 +68,10 @@ def _parse(obj):
             "text_b": readers._require_text(obj["text_b"], "text_b")}
 
 
-readers.register_format("embedding", readers.JsonTask(
+readers.register_format("embedding", readers.CorpusFormat(
     FIELDS, '{"text_a": "物流很快，包装完好", "text_b": "送货速度快，东西不错"}', _parse,
-    readers._no_labels, tsv=lambda line: readers.tsv_columns(line, FIELDS, label_column=False)))
+    readers._no_labels,
+    tsv=lambda line: readers.tsv_columns(line, FIELDS, label_column=False)))
 
 
 # ------------------------------------------------------------------ the derived corpus
@@ -189,9 +190,9 @@ class EmbeddingTask(Task):
                               "truncate (each text cut to Data.max_len) or error")
 
     def store_fields(self):
-        return [Field("input_ids", "int32", ragged=True, length=True, lengths="seq_len"),
-                Field("input_ids_b", "int32", ragged=True, length=True, lengths="seq_len_b"),
-                Field("doc_id", "int64")]
+        return [StoreField("input_ids", "int32", ragged=True, length=True, lengths="seq_len"),
+                StoreField("input_ids_b", "int32", ragged=True, length=True, lengths="seq_len_b"),
+                StoreField("doc_id", "int64")]
 
     def encode_example(self, ctx, ex, doc_id, where):
         enc = ctx.encoder
@@ -202,12 +203,10 @@ class EmbeddingTask(Task):
             if not len(ids):
                 raise DataError(f"{where}: field {field!r} has no tokens after tokenisation "
                                 f"(empty or only spaces); remove the example")
-            spans = plan_spans(len(ids), ctx.max_len - n_special, ctx.long_text, 0,
-                               f"{where} field {field!r}")
-            body = ids[:spans[0][1]]
-            if ctx.specials:
-                body = np.concatenate(([enc.cls_id], body, [enc.sep_id])).astype(np.int32)
-            rows[key] = body
+            windows, spans = text_windows(ids, ctx.max_len, ctx.long_text, 0,
+                                          f"{where} field {field!r}",
+                                          (enc.cls_id, enc.sep_id) if ctx.specials else None)
+            rows[key] = windows[0]  # long_text window is refused: one span, the text's start
             long_text[field] = (len(ids), spans)
             unk += int(np.count_nonzero(ids == enc.unk_id))
             real += len(ids)
