@@ -184,7 +184,11 @@ def run(args):
     env = svt.perf_analyzer_env(binary)
     model_dir = os.path.abspath(args.model_dir)
     model = load_manifest(model_dir).get("model_name") or "model"
-    variants = dict(v.split("=", 1) for v in args.variant)
+    variants, variant_deploy = {}, {}
+    for spec in args.variant:  # NAME=CHECKOUT[,KEY=VALUE...]
+        name, rest = spec.split("=", 1)
+        checkout, *keys = rest.split(",")
+        variants[name], variant_deploy[name] = checkout, keys
     texts = svt.texts_for_run(model_dir, args.texts)
     work = tempfile.mkdtemp(prefix="serve_cost_")
     input_file = os.path.join(work, "perf_input.json")
@@ -194,7 +198,8 @@ def run(args):
     with open(texts_file, "w", encoding="utf-8") as f:
         f.writelines(t + "\n" for t in texts * 3)
     results = {"benchmark": "serve_cost", "machine": svt.machine(), "model_dir": model_dir,
-               "variants": {n: os.path.abspath(p) for n, p in variants.items()},
+               "variants": {n: {"checkout": os.path.abspath(p), "deploy": variant_deploy[n]}
+                            for n, p in variants.items()},
                "settings": vars(args), "measurements": []}
     offline = results["offline"] = offline_cost(model_dir, texts_file, work)
     print(f"ppvarlen-infer: {offline['texts_per_s']} texts/s, {offline['wall_ms_per_text']} "
@@ -205,7 +210,8 @@ def run(args):
         for name, checkout in variants.items():
             ports = {"http": free_port(), "grpc": free_port()}
             proc, cmd, log_path = start_variant(name, checkout, model_dir, ports,
-                                                args.protocol, work, args.deploy)
+                                                args.protocol, work,
+                                                args.deploy + variant_deploy[name])
             procs[name] = proc
             servers[name] = {"pid": proc.pid, "http": f"http://127.0.0.1:{ports['http']}",
                              "grpc": f"127.0.0.1:{ports['grpc']}", "command": cmd,
@@ -255,8 +261,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-dir", required=True, help="a classification export (e.g. the "
                     "quickstart's output/quickstart/export)")
-    ap.add_argument("--variant", action="append", required=True, metavar="NAME=CHECKOUT",
-                    help="a ppvarlen checkout to serve (repeat: the first is the reference)")
+    ap.add_argument("--variant", action="append", required=True,
+                    metavar="NAME=CHECKOUT[,KEY=VALUE...]",
+                    help="a ppvarlen checkout to serve, with Deploy settings of its own (repeat: "
+                    "the first is the reference)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--protocol", nargs="+", choices=svt.PROTOCOLS, default=["http"])
     ap.add_argument("--requests", type=int, default=1500, help="requests per window "
