@@ -2,12 +2,13 @@
 
     PYTHONPATH=$PWD python benchmarks/serve_cost.py --model-dir output/quickstart/export \\
         --variant base=/tmp/ppvarlen-main --variant new=. [--concurrency 32 64] \\
-        [--requests 1500] [--rounds 3] [--protocol http grpc]
+        [--requests 1500] [--rounds 3] [--protocol http grpc] [--deploy KEY=VALUE]
 
-Each ``--variant NAME=CHECKOUT`` is a ppvarlen checkout (e.g. ``git archive main | tar -x -C
-DIR``) served as its own ``ppvarlen-serve`` process (``CHECKOUT/deploy/python/serve.py`` with
-``PYTHONPATH=CHECKOUT``, ONNX backend, 1 math thread, a 5 ms batching wait), all of them up
-side by side for the whole run.  Load: perf_analyzer (found as ``serve_vs_triton.py`` finds
+Each ``--variant NAME=CHECKOUT[,KEY=VALUE...]`` is a ppvarlen checkout (e.g. ``git archive
+main | tar -x -C DIR``) served as its own ``ppvarlen-serve`` process
+(``CHECKOUT/deploy/python/serve.py`` with ``PYTHONPATH=CHECKOUT``, ONNX backend, 1 math
+thread, a 5 ms batching wait, the Deploy keys given after it), all of them up side by side
+for the whole run.  Load: perf_analyzer (found as ``serve_vs_triton.py`` finds
 it), one text of the export's test split per request, closed loop, each point at least
 ``--requests`` requests per window over 3 windows.  Points run interleaved (round, concurrency,
 protocol, then every variant back to back; every other round in the reverse variant order)
@@ -16,10 +17,14 @@ so a burst of load from the other jobs on a shared machine hits every variant.
 Per point and variant: the server process's CPU seconds (utime + stime of
 ``/proc/PID/stat``, all its threads) over the texts it answered (``inference_count`` of its
 statistics extension) — what the other jobs on the machine move far less than QPS — and
-texts/s and the mean batch (texts / batches, the same extension).  ``ppvarlen-infer`` on the
-same texts (before the servers start) gives the engine's CPU per text and texts/s; the table
-shows each variant's cost as a multiple of it.  Medians over the rounds; every measurement in
-``--out``/serve_cost.json.
+texts/s and the mean batch (texts / batches, the same extension).  "main thread": the part of
+the CPU the process's main thread used, REST's event loop (gRPC runs on a loop of its own
+thread, the batcher and ONNX Runtime in theirs).  ``ppvarlen-infer`` on the same texts
+(before the servers start, one math thread) gives the offline ms per text and texts/s; "x
+offline" is a variant's CPU per text over that, "share of offline" its texts/s over that.
+``--deploy KEY=VALUE`` sets a Deploy key for every variant (e.g. ``batch_overhead_tokens``,
+which each server otherwise measures at start, a noisy constant on a shared machine).
+Medians over the rounds; every measurement in ``--out``/serve_cost.json.
 """
 import argparse
 import json
@@ -162,7 +167,7 @@ def summarize(measurements, variants, offline):
 
 
 def format_table(rows, variants):
-    head = ("| protocol | c | variant | CPU ms / text | of it, event loop | x offline | texts/s "
+    head = ("| protocol | c | variant | CPU ms / text | of it, main thread | x offline | texts/s "
             "| share of offline | mean batch | p99 ms | cores busy | CPU vs " + variants[0] + " |")
     lines = [head, "|" + "---|" * 12]
     base = {(r["protocol"], r["concurrency"]): r for r in rows if r["variant"] == variants[0]}
