@@ -2,12 +2,13 @@
 
     PYTHONPATH=$PWD python benchmarks/serve_cost.py --model-dir output/quickstart/export \\
         --variant base=/tmp/ppvarlen-main --variant new=. [--concurrency 32 64] \\
-        [--requests 1500] [--rounds 3] [--protocol http grpc]
+        [--requests 1500] [--rounds 3] [--protocol http grpc] [--deploy KEY=VALUE]
 
-Each ``--variant NAME=CHECKOUT`` is a ppvarlen checkout (e.g. ``git archive main | tar -x -C
-DIR``) served as its own ``ppvarlen-serve`` process (``CHECKOUT/deploy/python/serve.py`` with
-``PYTHONPATH=CHECKOUT``, ONNX backend, 1 math thread, a 5 ms batching wait), all of them up
-side by side for the whole run.  Load: perf_analyzer (found as ``serve_vs_triton.py`` finds
+Each ``--variant NAME=CHECKOUT[,KEY=VALUE...]`` is a ppvarlen checkout (e.g. ``git archive
+main | tar -x -C DIR``) served as its own ``ppvarlen-serve`` process
+(``CHECKOUT/deploy/python/serve.py`` with ``PYTHONPATH=CHECKOUT``, ONNX backend, 1 math
+thread, a 5 ms batching wait, the Deploy keys given after it), all of them up side by side
+for the whole run.  Load: perf_analyzer (found as ``serve_vs_triton.py`` finds
 it), one text of the export's test split per request, closed loop, each point at least
 ``--requests`` requests per window over 3 windows.  Points run interleaved (round, concurrency,
 protocol, then every variant back to back; every other round in the reverse variant order)
@@ -16,10 +17,14 @@ so a burst of load from the other jobs on a shared machine hits every variant.
 Per point and variant: the server process's CPU seconds (utime + stime of
 ``/proc/PID/stat``, all its threads) over the texts it answered (``inference_count`` of its
 statistics extension) — what the other jobs on the machine move far less than QPS — and
-texts/s and the mean batch (texts / batches, the same extension).  ``ppvarlen-infer`` on the
-same texts (before the servers start) gives the engine's CPU per text and texts/s; the table
-shows each variant's cost as a multiple of it.  Medians over the rounds; every measurement in
-``--out``/serve_cost.json.
+texts/s and the mean batch (texts / batches, the same extension).  "main thread": the part of
+the CPU the process's main thread used, REST's event loop (gRPC runs on a loop of its own
+thread, the batcher and ONNX Runtime in theirs).  ``ppvarlen-infer`` on the same texts
+(before the servers start, one math thread) gives the offline ms per text and texts/s; "x
+offline" is a variant's CPU per text over that, "share of offline" its texts/s over that.
+``--deploy KEY=VALUE`` sets a Deploy key for every variant (e.g. ``batch_overhead_tokens``,
+which each server otherwise measures at start, a noisy constant on a shared machine).
+Medians over the rounds; every measurement in ``--out``/serve_cost.json.
 """
 import argparse
 import json
@@ -162,7 +167,7 @@ def summarize(measurements, variants, offline):
 
 
 def format_table(rows, variants):
-    head = ("| protocol | c | variant | CPU ms / text | of it, event loop | x offline | texts/s "
+    head = ("| protocol | c | variant | CPU ms / text | of it, main thread | x offline | texts/s "
             "| share of offline | mean batch | p99 ms | cores busy | CPU vs " + variants[0] + " |")
     lines = [head, "|" + "---|" * 12]
     base = {(r["protocol"], r["concurrency"]): r for r in rows if r["variant"] == variants[0]}
@@ -184,7 +189,11 @@ def run(args):
     env = svt.perf_analyzer_env(binary)
     model_dir = os.path.abspath(args.model_dir)
     model = load_manifest(model_dir).get("model_name") or "model"
-    variants = dict(v.split("=", 1) for v in args.variant)
+    variants, variant_deploy = {}, {}
+    for spec in args.variant:  # NAME=CHECKOUT[,KEY=VALUE...]
+        name, rest = spec.split("=", 1)
+        checkout, *keys = rest.split(",")
+        variants[name], variant_deploy[name] = checkout, keys
     texts = svt.texts_for_run(model_dir, args.texts)
     work = tempfile.mkdtemp(prefix="serve_cost_")
     input_file = os.path.join(work, "perf_input.json")
@@ -194,7 +203,8 @@ def run(args):
     with open(texts_file, "w", encoding="utf-8") as f:
         f.writelines(t + "\n" for t in texts * 3)
     results = {"benchmark": "serve_cost", "machine": svt.machine(), "model_dir": model_dir,
-               "variants": {n: os.path.abspath(p) for n, p in variants.items()},
+               "variants": {n: {"checkout": os.path.abspath(p), "deploy": variant_deploy[n]}
+                            for n, p in variants.items()},
                "settings": vars(args), "measurements": []}
     offline = results["offline"] = offline_cost(model_dir, texts_file, work)
     print(f"ppvarlen-infer: {offline['texts_per_s']} texts/s, {offline['wall_ms_per_text']} "
@@ -205,7 +215,8 @@ def run(args):
         for name, checkout in variants.items():
             ports = {"http": free_port(), "grpc": free_port()}
             proc, cmd, log_path = start_variant(name, checkout, model_dir, ports,
-                                                args.protocol, work, args.deploy)
+                                                args.protocol, work,
+                                                args.deploy + variant_deploy[name])
             procs[name] = proc
             servers[name] = {"pid": proc.pid, "http": f"http://127.0.0.1:{ports['http']}",
                              "grpc": f"127.0.0.1:{ports['grpc']}", "command": cmd,
@@ -255,8 +266,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-dir", required=True, help="a classification export (e.g. the "
                     "quickstart's output/quickstart/export)")
-    ap.add_argument("--variant", action="append", required=True, metavar="NAME=CHECKOUT",
-                    help="a ppvarlen checkout to serve (repeat: the first is the reference)")
+    ap.add_argument("--variant", action="append", required=True,
+                    metavar="NAME=CHECKOUT[,KEY=VALUE...]",
+                    help="a ppvarlen checkout to serve, with Deploy settings of its own (repeat: "
+                    "the first is the reference)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--protocol", nargs="+", choices=svt.PROTOCOLS, default=["http"])
     ap.add_argument("--requests", type=int, default=1500, help="requests per window "

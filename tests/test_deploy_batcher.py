@@ -162,3 +162,28 @@ def test_bad_settings_are_refused():
         DynamicBatcher([FakePredictor()], max_batch_size=0)
     with pytest.raises(ValueError, match="predictor"):
         DynamicBatcher([])
+
+
+def test_several_workers_run_every_text_exactly_once():
+    # workers plan outside the lock, on a copy of the queue's head: two may plan the same
+    # text, and only one of them may run it
+    preds = [FakePredictor() for _ in range(3)]
+    b = DynamicBatcher(preds, max_wait_ms=1, max_batch_tokens=60, max_batch_size=4)
+    futures = {}
+
+    def client(k):
+        for j in range(25):
+            futures[(k, j)] = b.submit([Item((k, j), 1 + (k * j) % 13)])[0]
+            time.sleep(0.0005 * (j % 3))
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert {key: f.result(120) for key, f in futures.items()} == {
+        key: ("echo", key) for key in futures}
+    assert b.close()
+    ran = [v for p in preds for batch in p.batches for v in batch]
+    assert sorted(ran) == sorted(futures) and len(ran) == 200
+    assert b.metrics()["items"] == 200 and b.queue_depth() == 0

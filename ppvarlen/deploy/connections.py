@@ -384,6 +384,9 @@ def uvicorn_config(app, deploy_cfg, host, port):
     limits = fit_open_file_limit(ConnectionLimits.from_deploy(deploy_cfg))
     # no limit_concurrency: uvicorn checks it only once a request's head is in (idle
     # connections are never refused), and the connection that reaches it is refused too
+    # access_log off: its lines are info (never shown from warnings up), yet uvicorn formats
+    # the client address and path for each answer before the logger drops them
     return uvicorn.Config(app, host=host, port=port, http=bounded_protocol(limits),
                           timeout_keep_alive=limits.keep_alive_timeout_s, log_level="warning",
+                          access_log=False,
                           timeout_graceful_shutdown=int(deploy_cfg.drain_timeout_s))

@@ -1,7 +1,7 @@
 """The inference routes, answered ahead of FastAPI's routing.
 
-``POST /predict`` and ``POST /v2/models/{name}[/versions/{version}]/infer`` carry the load, one
-text a request at its heaviest; on them FastAPI's middleware layers, routing, dependency
+``POST /predict``, ``POST /v2/models/{name}[/versions/{version}]/infer`` and ``POST
+/v1/embeddings`` carry the load, one text a request at its heaviest; on them FastAPI's middleware layers, routing, dependency
 solving and request objects cost the event loop about as much as the route's own work.
 ``ServingApp`` (the app ``create_app`` returns) hands a request for a route of its
 ``DirectRoutes`` straight to the handler, through the same edge middlewares as every other

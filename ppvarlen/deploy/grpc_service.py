@@ -19,6 +19,7 @@ import time
 
 import grpc
 from google.protobuf import json_format
+
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from ppvarlen.utils.log import get_logger
@@ -27,6 +28,11 @@ from . import oip
 from .edge import HEALTH_PROBES
 from .errors import ApiError
 from .routes_oip import load_newest, server_version, statistics
+
+try:  # uvicorn[standard]'s event loop where it installs (not on Windows), as uvicorn picks it
+    import uvloop
+except ImportError:  # pragma: no cover - platforms without uvloop
+    uvloop = None
 
 log = get_logger("deploy.grpc")
 SERVICE = "inference.GRPCInferenceService"
@@ -226,7 +232,7 @@ class GrpcServer:
     def __init__(self, state, host, port, auth_token=None, auth_all_routes=False):
         self.state, self.host, self.port = state, host, port
         self.service = InferenceService(state, auth_token, auth_all_routes)
-        self._loop = asyncio.new_event_loop()
+        self._loop = uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="grpc",
                                         daemon=True)
         self._server = None

@@ -68,8 +68,10 @@ class ServerMetrics:
         self.answers = Counter("ppvarlen_task_answers", "the task's answer counters, e.g. "
                                "tag_chunks_repaired (invalid tag sequences read by conlleval's "
                                "rule, docs/TAGGING.md)", ["counter"], registry=r)
-        for outcome in TEXT_OUTCOMES:
-            self.texts.labels(outcome)  # present (at 0) before the first request
+        # present (at 0) before the first request; children kept, as the request path
+        # counts into them on every answer (a labels() lookup takes a lock and a tuple)
+        self._texts = {outcome: self.texts.labels(outcome) for outcome in TEXT_OUTCOMES}
+        self._route_children = {}  # (route, status) -> (requests child, duration child)
         self._totals = {}
         self._lock = threading.Lock()  # batcher threads report concurrently
         self.inference_requests = 0
@@ -90,17 +92,23 @@ class ServerMetrics:
             if latency_s is not None:
                 self._latencies.append(latency_s * 1000.0)
             if texts:
-                self.text_counts.update(served=texts, truncated=truncated, split=split)
-            self.answer_counts.update(answers or {})
+                counts = self.text_counts
+                counts["served"] += texts
+                counts["truncated"] += truncated
+                counts["split"] += split
+            if answers:
+                self.answer_counts.update(answers)
         if texts:
-            self.texts.labels("served").inc(texts)
-            self.texts.labels("truncated").inc(truncated)
-            self.texts.labels("split").inc(split)
+            self._texts["served"].inc(texts)
+            if truncated:
+                self._texts["truncated"].inc(truncated)
+            if split:
+                self._texts["split"].inc(split)
         for counter, n in (answers or {}).items():
             self.answers.labels(counter).inc(n)
 
     def refused(self, texts):
-        self.texts.labels("refused").inc(texts)
+        self._texts["refused"].inc(texts)
 
     def snapshot(self):
         """The JSON summary's counters and latency percentiles."""
@@ -117,8 +125,13 @@ class ServerMetrics:
         return out
 
     def observe_request(self, route, status, seconds):
-        self.requests.labels(route, str(status)).inc()
-        self.request_seconds.labels(route).observe(seconds)
+        children = self._route_children.get((route, status))
+        if children is None:  # routes are templates and statuses few: a bounded set
+            children = (self.requests.labels(route, str(status)),
+                        self.request_seconds.labels(route))
+            self._route_children[(route, status)] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def observe_batch(self, model, version, size, real, padded, waits):
         """One batch a worker ran: its size, tokens and each text's queue wait."""

@@ -174,6 +174,9 @@ class LiveVersions:
     def get(self, name=None, version=None):
         """The version named, or the newest ready one; ``name`` None = the only model served."""
         with self._lock:
+            versions = self._ready.get(name) if name is not None else None
+            if versions and version is None:  # the request path's usual case: no sorting
+                return versions[max(versions, key=int)]
             served = sorted(n for n, vs in self._ready.items() if vs)
             if name is None:
                 if len(served) > 1:

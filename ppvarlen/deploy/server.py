@@ -14,6 +14,7 @@ bodies under ``/v1`` and ``/v2``: ``errors.error_body``).
 """
 import contextlib
 import functools
+import gc
 import signal
 import socket
 
@@ -148,9 +149,16 @@ def serve(export_dir, deploy_cfg, host=None, port=None, backend=None, repository
     ``grpc_port`` (default ``Deploy.grpc_port``; null: none) also serves the Open Inference
     Protocol over gRPC, on the same models, limits and counters."""
 
-
-
     class DrainingServer(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets)  # the app's lifespan has loaded the model(s)
+            if repository is None:
+                # The one export lives as long as this process: out of the collector's
+                # sight, a collection walks only what requests allocate.  Not for a
+                # repository, whose retired versions must stay collectable.
+                gc.collect()
+                gc.freeze()
+
         async def shutdown(self, sockets=None):
             app.state.begin_drain()  # before uvicorn waits for the in-flight requests
             await super().shutdown(sockets)
