@@ -47,7 +47,7 @@ FILE_KEYS = ("train_file", "dev_file", "test_file", "vocab_file")
 # (a new encoding rule, another stat): every cached store is then rebuilt once.
 STORE_FORMAT_VERSION = 1
 FINGERPRINTS = "fingerprints.json"
-RACY_SECONDS = 2  # coarser than any file system's timestamp granularity (FAT's is 2 s)
+RACY_SECONDS = 2  # at least the coarsest timestamp granularity of a file system ppvarlen may run on
 MAX_RECORDED_FILES = 20_000  # the record stays small; the oldest entries go first
 
 
