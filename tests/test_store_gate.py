@@ -360,3 +360,16 @@ def test_a_file_written_just_before_it_is_hashed_is_not_recorded(tmp_path, monke
     again.save()
     third = cache.Fingerprints(str(tmp_path))
     assert third.of(path) == first and third.hashed == []
+
+
+@pytest.mark.parametrize("record", [[1, 2], {"files": [1]}, {"files": {"FILE": [1]}},
+                                    {"files": {"FILE": {"stat": 1}}}, "not json"])
+def test_a_damaged_fingerprint_record_means_hashing_again(record, tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_text("some text")
+    text = record if isinstance(record, str) else json.dumps(record).replace(
+        "FILE", str(path.resolve()))
+    (tmp_path / cache.FINGERPRINTS).write_text(text)
+    prints = cache.Fingerprints(str(tmp_path))
+    assert prints.of(str(path)) == {"size": 9, "sha256": hashlib.sha256(b"some text").hexdigest()}
+    assert prints.hashed == [str(path.resolve())]

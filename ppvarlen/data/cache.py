@@ -74,6 +74,8 @@ class Fingerprints:
                 self.files = json.load(f)["files"]
         except (OSError, ValueError, KeyError, TypeError):
             self.files = {}
+        if not isinstance(self.files, dict):  # a damaged record: every file is hashed again
+            self.files = {}
         self.changed = False
         self.hashed = []  # paths whose content was read (tests, logs)
         self.racy = set()  # hashed too soon after a change: used by this build, not recorded
@@ -86,7 +88,8 @@ class Fingerprints:
         st = os.stat(path)
         stamp = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
         known = self.files.get(path)
-        if known is not None and known.get("stat") == stamp:
+        if isinstance(known, dict) and known.get("stat") == stamp \
+                and isinstance(known.get("sha256"), str):
             return {"size": st.st_size, "sha256": known["sha256"]}
         started = time.time_ns()
         sha = _sha256_of_file(path)
