@@ -383,7 +383,7 @@ def epoch_worker(path, result, overrides):
     does), with the process's anonymous memory sampled along the way."""
     from ppvarlen.config import load_config
     from ppvarlen.data.loader import build_loader
-    from ppvarlen.tasks import build_datasets
+    from ppvarlen.store_build import build_datasets
 
     cfg = load_config(CONFIG, ["Data.corpus=jsonl", f"Data.train_file={path}", *overrides])
     bundle = build_datasets(cfg.Data)

@@ -42,7 +42,7 @@ def main():
     args = ap.parse_args()
     import numpy as np
 
-    from ppvarlen.tasks import build_datasets
+    from ppvarlen.store_build import build_datasets
     from ppvarlen.data.report import compare_strategies, strategy_batches
     from ppvarlen.tasks import get_task
     from ppvarlen.utils.io import atomic_write_json

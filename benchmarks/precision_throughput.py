@@ -174,7 +174,7 @@ def main():
     import paddle
 
     from ppvarlen.data.collate import Collator
-    from ppvarlen.tasks import build_datasets
+    from ppvarlen.store_build import build_datasets
     from ppvarlen.export import parity
     from ppvarlen.export.exporter import export_model
     from ppvarlen.utils.io import atomic_write_json

@@ -360,12 +360,12 @@ def main_lengths(argv=None):
 
 def _lengths(args):
     cfg = load_config(args.config, args.override)
-    from .data.report import analyze_lengths, format_report
+    from .length_report import analyze_lengths, format_report
 
     setup_logging(cfg.Global.log_level)
     # pool 0 (the whole split) is always in the report, as "fairseq"
     pools = [p for p in dict.fromkeys(args.pool_sizes) if p > 0]
-    report = analyze_lengths(cfg, get_task, args.split, args.png, args.batch_size, pools)
+    report = analyze_lengths(cfg, args.split, args.png, args.batch_size, pools)
     print(format_report(report))
     if args.json:
         atomic_write_json(args.json, report)

@@ -130,7 +130,7 @@ def test_config_error_through_a_shim_has_no_traceback(tmp_path):
     (ExportFailedError("parity check failed"), 1, "export failed"),
 ])
 def test_typed_errors_follow_the_policy(error, code, prefix, tmp_path, capsys, monkeypatch):
-    import ppvarlen.data.report as report
+    import ppvarlen.length_report as report
 
     def fail(*args):
         raise error
@@ -144,7 +144,7 @@ def test_typed_errors_follow_the_policy(error, code, prefix, tmp_path, capsys, m
 
 @pytest.mark.parametrize("error", [ValueError("a bug"), KeyError("a bug"), RuntimeError("a bug")])
 def test_other_exceptions_propagate(error, tmp_path, monkeypatch):
-    import ppvarlen.data.report as report
+    import ppvarlen.length_report as report
 
     def fail(*args):
         raise error
@@ -159,7 +159,7 @@ def test_other_exceptions_propagate(error, tmp_path, monkeypatch):
 def test_a_bug_keeps_its_traceback_in_a_real_process(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("Data: {corpus: sentiment}\n", encoding="utf-8")
-    code = ("import sys\nimport ppvarlen.data.report as r\nfrom ppvarlen import cli\n"
+    code = ("import sys\nimport ppvarlen.length_report as r\nfrom ppvarlen import cli\n"
             "def boom(*a):\n    raise ValueError('deliberate bug')\n"
             "r.analyze_lengths = boom\nsys.exit(cli.main_lengths(['-c', sys.argv[1]]))\n")
     r = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True,

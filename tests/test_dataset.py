@@ -6,7 +6,7 @@ import pytest
 
 from ppvarlen.config import ConfigError, load_config
 from ppvarlen.data.loader import build_loader
-from ppvarlen.tasks import build_datasets
+from ppvarlen.store_build import build_datasets
 from ppvarlen.data.errors import DataError
 
 

@@ -30,7 +30,8 @@ from ppvarlen.engine.checkpoint import load_for_inference
 from ppvarlen.export import parity
 from ppvarlen.export.exporter import export_checkpoint
 from ppvarlen.models import build_model
-from ppvarlen.tasks import build_datasets, get_task
+from ppvarlen.store_build import build_datasets
+from ppvarlen.tasks import get_task
 from ppvarlen.tasks.embedding import (derive_sentiment_halves, info_nce, retrieval_ranks,
                                       retrieval_scores, split_in_halves)
 

@@ -70,7 +70,7 @@ def test_output_layout(full_run):
     from sklearn.metrics import accuracy_score
 
     from ppvarlen.data.collate import Collator
-    from ppvarlen.tasks import build_datasets
+    from ppvarlen.store_build import build_datasets
 
     model, _, encoder, cfg = load_for_inference(os.path.join(out, "best"))
     test = build_datasets(cfg.Data, encoder=encoder).test
@@ -111,7 +111,7 @@ def test_eval_is_deterministic_and_matches_recorded_metrics(full_run):
     out, _ = full_run
     model, meta, encoder, cfg = load_for_inference(os.path.join(out, "best"))
     from ppvarlen.data.collate import Collator
-    from ppvarlen.tasks import build_datasets
+    from ppvarlen.store_build import build_datasets
 
     dev = build_datasets(cfg.Data, encoder=encoder).dev
     collate = Collator(encoder.pad_id, fields=dev.store.fields)

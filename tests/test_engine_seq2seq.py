@@ -6,7 +6,7 @@ import pytest
 
 from ppvarlen.config import ConfigError, load_config
 from ppvarlen.data.collate import Collator
-from ppvarlen.tasks import build_datasets
+from ppvarlen.store_build import build_datasets
 from ppvarlen.engine import evaluate_checkpoint, load_for_inference
 from ppvarlen.engine import trainer as trainer_mod
 from ppvarlen.engine.evaluate import predict

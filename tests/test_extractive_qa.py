@@ -24,7 +24,8 @@ from ppvarlen.engine import trainer as trainer_mod
 from ppvarlen.engine.checkpoint import load_for_inference
 from ppvarlen.export.exporter import export_checkpoint
 from ppvarlen.models import build_model
-from ppvarlen.tasks import build_datasets, get_task
+from ppvarlen.store_build import build_datasets
+from ppvarlen.tasks import get_task
 from ppvarlen.tasks.extractive_qa import (QUESTIONS, best_span, context_positions,
                                           derive_people_daily_qa, encode_windows, exact_match,
                                           f1_score, qa_scores)

@@ -41,7 +41,7 @@ from ppvarlen.config import load_config
 from ppvarlen.data import stream_build
 from ppvarlen.data.corpora import load_corpus
 from ppvarlen.data.errors import DataError
-from ppvarlen.tasks import build_datasets
+from ppvarlen.store_build import build_datasets
 
 
 def peak_mb():

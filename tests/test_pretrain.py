@@ -77,7 +77,7 @@ def test_pretrain_writes_encoder_that_warm_starts_a_classifier(tmp_path):
     with open(os.path.join(out, "metrics.json"), encoding="utf-8") as f:
         assert json.load(f)["encoder_file"] == os.path.join(out, ENCODER_FILE)
 
-    from ppvarlen.tasks import build_datasets
+    from ppvarlen.store_build import build_datasets
     from ppvarlen.models.weights import read_weights
 
     encoder = build_datasets(cfg.Data, splits=("train",)).encoder

@@ -58,7 +58,7 @@ def test_ray_built_store_equals_the_one_machine_store(cluster, corpus_file, tmp_
                                                      monkeypatch, mode):
     from ppvarlen.data import corpora, stream_build
     from ppvarlen.integrations import ray_store
-    from ppvarlen.tasks import build_datasets
+    from ppvarlen.store_build import build_datasets
 
     chunks = []  # the jobs the Ray mapper ran
     real_mapper = ray_store.ray_mapper

@@ -317,7 +317,7 @@ def test_metrics():
 def test_g2p_batches_through_the_model():
     """Real g2p data -> B's dataset/sampler/collator -> C's registry -> this model, end to end."""
     from ppvarlen.data.collate import Collator
-    from ppvarlen.tasks import build_datasets
+    from ppvarlen.store_build import build_datasets
     from ppvarlen.data.samplers import build_batch_sampler
     from ppvarlen.models import build_model
 

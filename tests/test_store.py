@@ -14,7 +14,7 @@ import pytest
 from ppvarlen.config import load_config
 from ppvarlen.data.errors import DataError
 from ppvarlen.data.store import StoreField, IndexedTokens, StoreSplit, StoreWriter, is_complete
-from ppvarlen.tasks import build_datasets
+from ppvarlen.store_build import build_datasets
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REVIEWS = ["质量很好，物流也快", "太差了，不推荐", "一般般吧", "非常满意！！", "包装破损，客服不理人"]
@@ -134,7 +134,7 @@ def test_malformed_row_at_the_end_of_a_large_shard_names_file_and_line(tmp_path)
 BUILD = """
 import sys
 from ppvarlen.config import load_config
-from ppvarlen.tasks import build_datasets
+from ppvarlen.store_build import build_datasets
 build_datasets(load_config(data={"Data": {"corpus": "jsonl", "train_file": sys.argv[1],
                                           "cache_dir": sys.argv[2], "num_proc": 1}}).Data)
 """

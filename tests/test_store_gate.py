@@ -21,7 +21,7 @@ import snownlp
 
 from ppvarlen.config import load_config
 from ppvarlen.data import cache
-from ppvarlen.tasks import build_datasets
+from ppvarlen.store_build import build_datasets
 from ppvarlen.tasks.classification import ClassificationTask
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "stores")

@@ -9,7 +9,7 @@ import pytest
 from ppvarlen.config import load_config
 from ppvarlen.data import corpora, stream_build
 from ppvarlen.data.errors import DataError
-from ppvarlen.tasks import build_datasets
+from ppvarlen.store_build import build_datasets
 
 from test_store import write_reviews
 

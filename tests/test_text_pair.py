@@ -57,7 +57,7 @@ def test_pairs_train_and_report_accuracy_and_f1(trained):
 
 
 def test_items_are_cls_a_sep_b_sep_with_segments(trained):
-    from ppvarlen.tasks import build_datasets
+    from ppvarlen.store_build import build_datasets
 
     out, _, _ = trained
     _, meta, encoder, cfg = load_for_inference(os.path.join(out, "best"))
@@ -79,7 +79,7 @@ def test_longest_first_truncation_is_counted():
 
 
 def test_pair_too_long_under_error_policy_and_window_refused(tmp_path):
-    from ppvarlen.tasks import build_datasets
+    from ppvarlen.store_build import build_datasets
 
     paths = derive_pairs(str(tmp_path), limit=40)
     cfg = pair_cfg(tmp_path / "o", paths, {"max_len": 8, "long_text": "error"})

@@ -1,4 +1,4 @@
 """Corpora, vocabulary, the encoded-corpus store, length-aware batching and padding.
 
-Knows nothing of tasks/engine/export/deploy: a task hands its store fields and encode function
-in (``data.dataset.open_datasets(data_cfg, resolve_task, ...)``)."""
+Knows nothing of tasks/engine/export/deploy: the corpus is read into plain records
+(``data.sources``) that the store build above the tasks (``ppvarlen.store_build``) encodes."""

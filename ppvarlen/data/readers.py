@@ -1,22 +1,19 @@
-"""User data files: JSONL (classification / tagging / seq2seq), TSV ``text<TAB>label`` and
-Parquet (one row = one JSONL object's fields, read with pyarrow).  A ``.gz`` file is read
-through gzip; ``Data.train_file`` (dev/test) may name a directory or a glob of shards, read in
-sorted order (``read_files``), every error still naming the shard and its line (row).
+"""User data files: the line formats, their parsers and checks, and bounded reading.
 
-Every line is checked.  A bad line raises ``DataError`` naming ``file:line``, what is
-wrong and how to fix it; with ``skip_invalid`` it is skipped instead and counted per
-reason (logged, and returned in ``FileData.skipped``).  Nothing is dropped silently:
-an empty text is an error like any other.
+JSONL (one object per line: classification / tagging / seq2seq, and the formats task modules
+register), TSV ``text<TAB>label`` and Parquet (one row = one JSONL object's fields).  Every
+record is checked: a bad one raises ``BadLine`` naming what is wrong and how to fix it, which
+the reader (``data.sources``) reports as ``file:line`` or, with ``Data.skip_invalid``, skips and
+counts per reason.  Nothing is dropped silently: an empty text is an error like any other.
 
 Reading is bounded whatever the file holds (``ReadLimits``): a line is read at most
 ``Data.max_line_bytes`` bytes far (``bounded_lines``), so a line longer than that, or a file
 without line ends, stops the build after that much; a ``.gz`` file that expands beyond
 ``Data.max_decompressed_ratio`` times the compressed bytes read so far (a gzip bomb) stops it
-too (``open_data_file``).  The streaming build (``data.stream_build``) reads through the same two.
+too (``open_data_file``).
 
-Labels are mapped to ids only after all files are read (``map_labels``), so train,
-dev and test share one label set.  Tagging lines must all fit one tag scheme (BIO, BIOES,
-BMES or plain; ``data.tagschemes``), checked per file and over all files, before any training.
+Tagging lines must all fit one tag scheme (BIO, BIOES, BMES or plain; ``data.tagschemes``),
+checked per file and over all files (``check_tag_scheme``, ``map_tags``), before any training.
 """
 import glob
 import gzip
@@ -220,23 +217,6 @@ def decode_line(raw, n):
     return line.rstrip("\r\n")
 
 
-def _parquet_rows(path, limits):
-    """Yield (row_number, dict) of a Parquet file, streamed in record batches; a text cell over
-    Data.max_line_bytes stops the reading as a line over it does."""
-    import pyarrow.parquet as pq
-
-    try:
-        pf = pq.ParquetFile(path)
-    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
-        raise DataError(f"{path}: cannot read as Parquet ({e}); check the file") from None
-    n = 0
-    for batch in pf.iter_batches(batch_size=8192):
-        _check_cell_bytes(path, batch, n + 1, limits.max_line_bytes)
-        for row in batch.to_pylist():
-            n += 1
-            yield n, row
-
-
 def _check_cell_bytes(path, batch, first_row, limit):
     """DataError naming the first cell of a text column of ``batch`` over ``limit`` bytes."""
     import pyarrow as pa
@@ -266,27 +246,6 @@ def expand_inputs(spec):
         raise DataError(f"{spec}: no data files {'in this directory' if os.path.isdir(spec) else 'match this pattern'}; "
                         f"check Data.train_file / dev_file / test_file")
     return files
-
-
-def read_files(spec, fmt, task=None, skip_invalid=False, tag_scheme="auto", limits=None):
-    """``read_file`` over every shard of ``spec`` (``expand_inputs``) -> one FileData whose
-    ``line_numbers`` name the shard (``shard:line``)."""
-    files = expand_inputs(spec)
-    if len(files) == 1:
-        return read_file(files[0], fmt, task, skip_invalid, tag_scheme, limits)
-    merged = None
-    for path in files:
-        fd = read_file(path, fmt, task, skip_invalid, tag_scheme, limits)
-        task = fd.task  # every shard is read as the first one's task
-        if merged is None:
-            merged = FileData(path=spec, task=fd.task, header=fd.header)
-        merged.examples += fd.examples
-        merged.line_numbers += [f"{path}:{n}" for n in fd.line_numbers]
-        merged.lines += fd.lines
-        merged.skipped.update(fd.skipped)
-        for reason, first in fd.first_skipped.items():
-            merged.first_skipped.setdefault(reason, f"{path} {first}")
-    return merged
 
 
 def _require_text(value, name, reason_empty="empty_text"):
@@ -390,66 +349,6 @@ def _is_tsv_header(line, names):
     return tuple(c.strip().lower() for c in line.split("\t")) == tuple(names)
 
 
-def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto", limits=None):
-    """Read one ``jsonl``, ``tsv`` or ``parquet`` file -> FileData.
-
-    ``task=None`` (jsonl only) takes the task from the fields of the first JSON object.
-    Tagging files are checked against one tag scheme (``check_tag_scheme``).  ``limits``:
-    ``ReadLimits`` (None: the schema's defaults).
-    """
-    limits = limits or ReadLimits.of()
-    if task is not None and task not in FORMATS:
-        raise ConfigError(f"Data.task {task!r}: no corpus format of that name; the formats are "
-                          f"{sorted(FORMATS)} (a task module registers its own, docs/TASKS.md)")
-    if fmt == "tsv":
-        task = task or DEFAULT_TASK
-        if not FORMATS[task].tsv:
-            raise DataError(f"{path}: TSV files hold {'<TAB>'.join(FORMATS[DEFAULT_TASK].fields)} "
-                            f"({DEFAULT_TASK}), but the task is {task!r}, which has no TSV form; "
-                            f"use a JSONL file with {FORMATS[task].fields} fields")
-    out = FileData(path=path, task=task)
-    rows = _parquet_rows(path, limits) if fmt == "parquet" else _decoded_lines(path, limits)
-    for n, line in rows:
-        if fmt == "tsv" and n == 1 and isinstance(line, str) and \
-                _is_tsv_header(line, FORMATS[task].fields):
-            out.header = True
-            continue
-        out.lines += 1
-        try:
-            if isinstance(line, BadLine):
-                raise line
-            if fmt == "tsv":
-                example = FORMATS[task].tsv(line)
-            elif fmt == "parquet":
-                if out.task is None:
-                    out.task = infer_task(line) or DEFAULT_TASK
-                example = parse_object(line, out.task)
-            else:
-                if out.task is None and line.strip():
-                    out.task = _task_from_first_line(path, n, line)
-                example = parse_json_line(line, out.task or DEFAULT_TASK)
-        except BadLine as bad:
-            if not skip_invalid:
-                raise DataError(f"{path}:{n}: {bad.message} {_SKIP_HINT}") from None
-            out.skipped[bad.reason] += 1
-            out.first_skipped.setdefault(bad.reason, f"line {n}: {bad.message}")
-            continue
-        out.examples.append(example)
-        out.line_numbers.append(n)
-    if out.task is None:
-        out.task = DEFAULT_TASK
-    FORMATS[out.task].check_file(out, skip_invalid, tag_scheme)
-    if out.skipped:
-        logger.warning("%s: skipped %d invalid line(s) (%s); first: %s", path,
-                       sum(out.skipped.values()),
-                       ", ".join(f"{r}: {c}" for r, c in sorted(out.skipped.items())),
-                       next(iter(out.first_skipped.values())))
-    if not out.examples:
-        raise DataError(f"{path}: no valid examples ({out.lines} lines read"
-                        f"{', all skipped as invalid' if out.skipped else ''}); check the file")
-    return out
-
-
 def _task_from_first_line(path, n, line):
     try:
         obj = json.loads(line)
@@ -466,30 +365,17 @@ def _task_from_first_line(path, n, line):
 
 @dataclass
 class Labels:
-    """What ``map_labels`` found: the label names (id order) and what goes into corpus stats."""
+    """What ``map_tags`` found: the tag names (id order) and what goes into corpus stats."""
 
     names: list
     stats: dict = field(default_factory=dict)
-    count_per_label: bool = False  # the corpus counts examples per label and split
 
 
-def map_labels(files, label_names=None, skip_invalid=False, tag_scheme="auto"):
-    """Turn raw labels into ids in place, over all files at once -> Labels.
-
-    classification: names given (``Data.label_names``) -> a name maps to its index and an
-    id must be < len(names); otherwise string labels -> sorted set of names, integer
-    labels -> ids as given, names "0".."max".  Mixing names and ids is an error.
-    tagging: tags stay strings (the contract); every line fits one tag scheme
-    (``check_tag_scheme``); the names fix their order (tag id = index).
-    """
-    return FORMATS[files[0].task].map_labels(files, label_names, skip_invalid, tag_scheme)
-
-
-def _no_labels(files, label_names, skip_invalid, tag_scheme):
-    return Labels([])
-
-
-def _map_tags(files, label_names, skip_invalid, tag_scheme):
+def map_tags(files, label_names, skip_invalid, tag_scheme):
+    """Tagging data's labels over all files (``FileData`` of tags, in input order) -> Labels:
+    tags stay strings (the contract); every line fits one tag scheme (``check_tag_scheme``);
+    the names fix their order (tag id = index).  Lines that do not fit are dropped from
+    ``fd.examples`` (Data.skip_invalid) or raise DataError."""
     scheme, evidence = check_tag_scheme(files, tag_scheme, skip_invalid, label_names)
     logger.info("tag scheme: %s (from %s)", scheme.upper(), evidence)
     if label_names is None:
@@ -577,33 +463,8 @@ def _detect_scheme(files, skip_invalid):
     return scheme, "the tags (" + ", ".join(f"{t} first at {first_at[t]}" for t in shown) + ")"
 
 
-def _map_class_labels(files, label_names, skip_invalid, tag_scheme):
-    if label_names is None:
-        first = next(ex["label"] for fd in files for ex in fd.examples)
-        kind = str if isinstance(first, str) else int
-        for fd in files:
-            _drop(fd, lambda ex: None if isinstance(ex["label"], kind) else ex["label"],
-                  lambda lab: ("mixed_label_kinds",
-                               f"label {lab!r} is a {'name' if isinstance(lab, str) else 'class id'} "
-                               f"but the first label ({first!r}) is a "
-                               f"{'name' if kind is str else 'class id'}; use names or ids "
-                               f"throughout"),
-                  skip_invalid)
-        labels = {ex["label"] for fd in files for ex in fd.examples}
-        label_names = sorted(labels) if kind is str else [str(i) for i in range(max(labels) + 1)]
-    index = {name: i for i, name in enumerate(label_names)}
-    for fd in files:
-        _drop(fd, lambda ex: None if _label_id(ex["label"], index) is not None else ex["label"],
-              lambda lab: ("unknown_label",
-                           f"label {lab!r} is not one of the {len(label_names)} classes "
-                           f"{list(label_names)}; fix the label or list it in Data.label_names"),
-              skip_invalid)
-        for ex in fd.examples:
-            ex["label"] = _label_id(ex["label"], index)
-    return Labels(list(label_names), count_per_label=True)
-
-
-def _label_id(label, index):
+def label_id(label, index):
+    """A raw class label's id in ``index`` (name -> id), or None when it is not one."""
     if isinstance(label, str):
         return index.get(label)
     return label if label < len(index) else None
@@ -645,51 +506,30 @@ def _check_lines(fd, check, reason, skip_invalid):
 
 # ---------------------------------------------------------------- corpus formats
 
-def _no_file_check(fd, skip_invalid, tag_scheme):
-    return None
-
-
 @dataclass(frozen=True)
 class CorpusFormat:
-    """How one task's examples are written in JSONL (and TSV), checked and labelled: the
-    corpus line format a task reads (``FORMATS``, by task name; ``register_format``)."""
+    """How one task's examples are written in JSONL (and TSV) and checked: the corpus line
+    format a task reads (``FORMATS``, by task name; ``register_format``)."""
 
     fields: tuple
     example_line: str
     parse: Callable       # JSON object -> example dict; raises BadLine
-    map_labels: Callable  # (files, label_names, skip_invalid, tag_scheme) -> Labels
-    check_file: Callable = _no_file_check  # after reading one file (tagging: its tag scheme)
+    text_fields: tuple    # the fields a vocabulary counts (a string, or a token list)
+    labels: str = None    # "class": one class label per line (names or ids); "tags": tags
     tsv: Callable = None  # the TSV line parser (columns = ``fields``), None: no TSV form
-
-    @property
-    def labelled(self):
-        """Whether its examples carry a label that ``map_labels`` maps to an id."""
-        return self.map_labels is not _no_labels
-
-    @property
-    def checked_line_by_line(self):
-        """Whether each line is checked on its own and holds one class label or none, so a
-        file can be read in chunks on several workers (``data.stream_build``); tagging is not:
-        its tag scheme is checked over whole files, in order."""
-        return self.map_labels in (_map_class_labels, _no_labels) and \
-            self.check_file is _no_file_check
 
 
 FORMATS = {
     "classification": CorpusFormat(("text", "label"),
                                    '{"text": "这本书很好", "label": "positive"}',
-                                   _parse_classification, _map_class_labels, tsv=parse_tsv_line),
+                                   _parse_classification, ("text",), "class",
+                                   tsv=parse_tsv_line),
     "tagging": CorpusFormat(("tokens", "tags"),
                             '{"tokens": ["江", "泽", "民"], "tags": ["B-PER", "I-PER", "I-PER"]}',
-                            _parse_tagging, _map_tags,
-                            lambda fd, skip_invalid, tag_scheme: check_tag_scheme(
-                                [fd], tag_scheme, skip_invalid)),
+                            _parse_tagging, ("tokens",), "tags"),
     "seq2seq": CorpusFormat(("source", "target"), '{"source": "中国", "target": "zhong1 guo2"}',
-                            _parse_seq2seq, _no_labels),
+                            _parse_seq2seq, ("source", "target")),
 }
-
-map_class_labels = _map_class_labels  # for a task's format that holds one class label per line
-JsonTask = CorpusFormat  # the old name: a task module on a branch not merged yet still uses it
 
 
 def register_format(name, fmt):

@@ -29,6 +29,7 @@ import re
 import tempfile
 import unicodedata
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,7 +37,6 @@ from ..config import ConfigError
 from ..utils.io import atomic_write_json, atomic_write_text
 from ..utils.log import get_logger
 from .errors import DataError
-from .parallel import chunk_map
 
 logger = get_logger("data.vocab")
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[BOS]", "[EOS]")
@@ -251,7 +251,7 @@ class TextEncoder(Vocabulary):
     @classmethod
     def build(cls, texts, kind="char", lowercase=False, min_freq=1, max_size=None):
         """Vocabulary from ``texts`` (strings, or token lists for tagging data; or a Counter of
-        tokens already counted, ``count_tokens``).
+        tokens already counted, ``count_fields``).
 
         Tokens seen fewer than ``min_freq`` times are left out; ``max_size`` caps the
         vocab size including the 6 special tokens.  Order: frequency desc, then token,
@@ -305,28 +305,24 @@ class TextEncoder(Vocabulary):
         return counts
 
     @classmethod
-    def build_seq2seq(cls, sources, targets, kind="char", lowercase=False, min_freq=1,
-                      max_size=None, target_kind=None):
-        """One vocabulary for both sides, the train targets' tokens first.
+    def build_seq2seq(cls, source_counts, target_counts, kind="char", lowercase=False,
+                      min_freq=1, max_size=None, target_kind=None):
+        """One vocabulary for both sides, the train targets' tokens first; the counts are
+        ``count_fields``' (``TokenCounting.of(..., pairs=True)``: the targets split by the
+        target tokenizer).
 
         The decoder's output layer then covers only ids < ``output_size`` (the specials and
         the target alphabet: ~40 symbols for pinyin instead of ~4,600 source characters),
         which is most of a training step's cost otherwise.  Within each group the order is
         ``build``'s (frequency desc, then token).
         """
-        target_kind = target_kind or kind
-        if target_kind not in ("char", "word"):
-            raise ConfigError(f"Data.target_tokenizer: {target_kind!r} must be char or word")
-        probe = cls(SPECIAL_TOKENS, target_kind, lowercase)
-        target_tokens = [probe.tokenize(t) for t in targets]  # token lists: counted as given
-        enc = cls.build(list(sources) + target_tokens, kind, lowercase, min_freq, max_size)
-        in_targets = cls.token_counts(target_tokens, kind, lowercase)
+        enc = cls.build(source_counts + target_counts, kind, lowercase, min_freq, max_size)
         kept = enc.tokens[len(SPECIAL_TOKENS):]
-        first = [t for t in kept if t in in_targets]
-        out = cls(list(SPECIAL_TOKENS) + first + [t for t in kept if t not in in_targets],
+        first = [t for t in kept if t in target_counts]
+        out = cls(list(SPECIAL_TOKENS) + first + [t for t in kept if t not in target_counts],
                   kind, lowercase)
         out.output_size = len(SPECIAL_TOKENS) + len(first)
-        out.target_kind = target_kind
+        out.target_kind = target_kind or kind
         out.stats = dict(enc.stats, output_size=out.output_size)
         return out
 
@@ -518,24 +514,47 @@ def vocab_sha256(encoder):
     return hashlib.sha256("\n".join(encoder.tokens).encode("utf-8")).hexdigest()
 
 
-def split_items(examples, texts_of=None):
-    """What a vocabulary counts per example: its text, or its token list (tagging); a task
-    whose examples hold other texts passes ``texts_of(example)`` -> its texts / token lists.
-    (seq2seq vocabularies: ``TextEncoder.build_seq2seq``.)"""
-    for ex in examples:
-        if texts_of is not None:
-            yield from texts_of(ex)
-        else:
-            yield ex["text"] if "text" in ex else ex["tokens"]
+@dataclass(frozen=True)
+class TokenCounting:
+    """What a vocabulary counts of an example: per group, the fields (a string, or a token
+    list) and how a string is cut first (None: as the vocabulary tokenizes; a seq2seq target:
+    by ``Data.target_tokenizer``, its pieces then counted as tokens)."""
+
+    kind: str
+    lowercase: bool
+    groups: tuple  # ((fields, cut_by), ...)
+
+    @classmethod
+    def of(cls, data_cfg, text_fields, pairs=False):
+        """The counting of a corpus format's ``text_fields``; ``pairs``: the first field's
+        texts and the second's (seq2seq) counted apart, for ``TextEncoder.build_seq2seq``."""
+        if not pairs:
+            return cls(data_cfg.tokenizer, data_cfg.lowercase, ((tuple(text_fields), None),))
+        target_kind = data_cfg.get("target_tokenizer") or data_cfg.tokenizer
+        if target_kind not in ("char", "word"):
+            raise ConfigError(f"Data.target_tokenizer: {target_kind!r} must be char or word")
+        source, target = text_fields
+        return cls(data_cfg.tokenizer, data_cfg.lowercase,
+                   (((source,), None), ((target,), target_kind)))
 
 
-def build_encoder(data_cfg, corpus, pairs=False, num_proc=1, texts_of=None, counts=None):
+def count_fields(examples, counting):
+    """The token counts of ``examples`` -> one Counter per group of ``counting``."""
+    out = []
+    for fields, cut_by in counting.groups:
+        items = [ex[f] for ex in examples for f in fields]
+        if cut_by is not None:
+            probe = TextEncoder(SPECIAL_TOKENS, cut_by, counting.lowercase)
+            items = [probe.tokenize(t) for t in items]
+        out.append(TextEncoder.token_counts(items, counting.kind, counting.lowercase))
+    return tuple(out)
+
+
+def build_encoder(data_cfg, counts=None, pairs=False):
     """The encoder ``Data`` asks for: loaded from ``Data.vocab_file`` (pretrained) or built
-    from the train split (``encoder.stats``: counts behind it, train UNK rate); ``pairs``:
-    one vocabulary over sources and targets (the task says so).  The UNK rate of every split
-    is measured where the splits are encoded (``data.dataset``); tokens are counted on
-    ``num_proc`` processes (the counts, and so the vocabulary, do not depend on it), unless
-    ``counts`` (the train split's, counted by ``data.stream_build``) are given."""
+    from the train split's token ``counts`` (``count_fields``; ``encoder.stats``: the counts
+    behind it, train UNK rate); ``pairs``: one vocabulary over sources and targets (the task
+    says so).  The UNK rate of every split is measured where the splits are encoded."""
     if data_cfg.vocab_file and data_cfg.tokenizer != "pretrained":
         raise ConfigError(f"Data.vocab_file is read only with Data.tokenizer: pretrained (here "
                           f"{data_cfg.tokenizer!r}, whose vocabulary is built from the train "
@@ -547,38 +566,14 @@ def build_encoder(data_cfg, corpus, pairs=False, num_proc=1, texts_of=None, coun
         enc = TextEncoder.load(data_cfg.vocab_file, "pretrained", data_cfg.lowercase)
         enc.stats = {"kind": "pretrained", "vocab_file": data_cfg.vocab_file,
                      "vocab_size": enc.vocab_size}
-    elif pairs:
-        train = corpus.splits["train"]
-        enc = TextEncoder.build_seq2seq([ex["source"] for ex in train],
-                                        [ex["target"] for ex in train], data_cfg.tokenizer,
+        return enc
+    if pairs:
+        enc = TextEncoder.build_seq2seq(counts[0], counts[1], data_cfg.tokenizer,
                                         data_cfg.lowercase, data_cfg.min_freq, data_cfg.max_size,
-                                        data_cfg.target_tokenizer)
+                                        data_cfg.get("target_tokenizer"))
     else:
-        if counts is None:
-            counts = count_tokens(corpus.splits["train"], data_cfg.tokenizer,
-                                  data_cfg.lowercase, num_proc, texts_of)
-        enc = TextEncoder.build(counts, data_cfg.tokenizer, data_cfg.lowercase,
+        enc = TextEncoder.build(counts[0], data_cfg.tokenizer, data_cfg.lowercase,
                                 data_cfg.min_freq, data_cfg.max_size)
-    if data_cfg.tokenizer != "pretrained":
-        logger.info("vocabulary: %s, %d tokens from the train split (%d types, min_freq %d)",
-                    enc.kind, enc.vocab_size, enc.stats["train_types"], data_cfg.min_freq)
+    logger.info("vocabulary: %s, %d tokens from the train split (%d types, min_freq %d)",
+                enc.kind, enc.vocab_size, enc.stats["train_types"], data_cfg.min_freq)
     return enc
-
-
-class _ChunkCounter:
-    def __init__(self, kind, lowercase, texts_of=None):
-        self.kind, self.lowercase, self.texts_of = kind, lowercase, texts_of
-
-    def __call__(self, examples, start, end):
-        return TextEncoder.token_counts(split_items((examples[i] for i in range(start, end)),
-                                                    self.texts_of), self.kind, self.lowercase)
-
-
-def count_tokens(examples, kind, lowercase, num_proc=1, texts_of=None):
-    """Token counts of the examples' texts (or token lists), counted in chunks on workers."""
-    if kind == "pretrained":
-        raise ConfigError("Data.tokenizer: pretrained vocabularies are loaded, not counted")
-    counts = Counter()
-    for part in chunk_map(_ChunkCounter(kind, lowercase, texts_of), examples, num_proc, chunk_size=10000):
-        counts.update(part)
-    return counts

@@ -12,7 +12,8 @@ from tqdm import tqdm
 from ..data.collate import Collator
 from ..data.loader import FixedBatches, BatchLoader
 from ..data.order import length_sorted_batches, restore_order
-from ..tasks import build_datasets, get_task
+from ..store_build import build_datasets
+from ..tasks import get_task
 from .checkpoint import load_for_inference
 from .distributed import all_gather_objects
 

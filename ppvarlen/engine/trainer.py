@@ -21,7 +21,8 @@ from ..data.loader import build_loader
 from ..data.vocab import vocab_sha256
 from ..models import build_model
 from ..models.weights import load_weights, read_metadata
-from ..tasks import build_datasets, get_task
+from ..store_build import build_datasets
+from ..tasks import get_task
 from ..utils.io import atomic_write_json
 from ..utils.log import get_logger, setup_logging
 from . import checkpoint as ckpt

@@ -20,7 +20,8 @@ from ..models import build_model
 from ..model_registry import MODELS
 from ..models.paddlenlp_auto import FAMILY, label_names_of, model_name_for, read_config
 from ..models.seq2seq import DecoderStepProgram, EncoderProgram, GreedyProgram
-from ..tasks import build_datasets, get_task
+from ..store_build import build_datasets
+from ..tasks import get_task
 from ..utils.io import atomic_dir, atomic_write_json, sha256_file
 from ..utils.log import get_logger
 from . import manifest as manifest_mod

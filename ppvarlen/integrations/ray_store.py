@@ -30,7 +30,7 @@ import json
 from ppvarlen.cli import positive_int, run_command
 from ppvarlen.config import add_config_args, load_config
 from ppvarlen.data.parallel import use_mapper
-from ppvarlen.tasks import build_datasets
+from ppvarlen.store_build import build_datasets
 from ppvarlen.utils.log import setup_logging
 
 from .ray_cluster import add_cluster_args, ray_cluster

@@ -27,14 +27,4 @@ def get_task(task):
     return TASKS[task]()
 
 
-def build_datasets(data_cfg, task_hint=None, encoder=None, splits=("train", "dev", "test"),
-                   extra_corpora=()):
-    """``data.dataset.open_datasets`` with this registry resolving task names: the data layer
-    receives the Task (its store fields and encode function) and never imports tasks.
-    (Imported here, not at the top: a serving host imports this package without paddle.)"""
-    from ..data.dataset import open_datasets
-
-    return open_datasets(data_cfg, get_task, task_hint, encoder, splits, extra_corpora)
-
-
-__all__ = ["Task", "TASKS", "build_datasets", "get_task"]
+__all__ = ["Task", "TASKS", "get_task"]

@@ -16,6 +16,8 @@ Layering: this package imports data, utils and ``ppvarlen.metrics`` only (never 
 or deploy); ``paddle`` is imported inside the methods that need it, so a serving host imports no
 model or training code.  Model objects are received and their methods called, never imported.
 """
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..config import ConfigError
@@ -25,6 +27,19 @@ from ..data.store import StoreField
 
 INPUTS = [{"name": "input_ids", "dtype": "int64", "dims": [-1, -1]},
           {"name": "seq_len", "dtype": "int64", "dims": [-1]}]
+
+
+@dataclass
+class EncodeContext:
+    """What a task's ``encode_example`` reads besides the example (picklable, plain values)."""
+    encoder: object
+    max_len: int
+    long_text: str
+    stride: int
+    specials: bool
+    tag_ids: dict
+    max_source_len: int = None
+    max_target_len: int = None
 
 
 class Task:
@@ -46,8 +61,6 @@ class Task:
         return f"<task {self.name}>"
 
     # ------------------------------------------------------------ data
-    example_texts = None  # example -> its texts for the vocabulary; None: its text / tokens
-
     def corpus_tasks(self):
         return self.reads or (self.name,)
 
@@ -71,7 +84,7 @@ class Task:
                 StoreField("doc_id", "int64")]
 
     def encode_example(self, ctx, ex, doc_id, where):
-        """One corpus example -> (items, record) for the store builder (``data.dataset``).
+        """One corpus example -> (items, record) for the store builder (``ppvarlen.store_build``).
 
         Items: dicts with every ``store_fields`` field (token rows under the long-text policy,
         ``[CLS] .. [SEP]`` with ``ctx.specials``; ``window_item`` adds the label fields).

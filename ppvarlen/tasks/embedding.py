@@ -70,8 +70,7 @@ def _parse(obj):
 
 readers.register_format("embedding", readers.CorpusFormat(
     FIELDS, '{"text_a": "物流很快，包装完好", "text_b": "送货速度快，东西不错"}', _parse,
-    readers._no_labels,
-    tsv=lambda line: readers.tsv_columns(line, FIELDS, label_column=False)))
+    ("text_a", "text_b"), tsv=lambda line: readers.tsv_columns(line, FIELDS, label_column=False)))
 
 
 # ------------------------------------------------------------------ the derived corpus
@@ -178,9 +177,6 @@ class EmbeddingTask(Task):
     default_special_tokens = True
     output_specs = [{"name": OUTPUT, "dtype": "float32", "dims": [-1, -1], "per": "row",
                      "compare": "cosine"}]
-
-    def example_texts(self, ex):
-        return [ex["text_a"], ex["text_b"]]
 
     # ------------------------------------------------------------ data
     def check_data_config(self, data_cfg, builds_encoder):

@@ -96,7 +96,7 @@ def _parse(obj):
 
 readers.register_format("extractive_qa", readers.CorpusFormat(
     FIELDS, '{"question": "这句话提到的第一个地名是什么？", "context": "他在北京工作。", '
-            '"answers": [{"text": "北京", "start": 2}]}', _parse, readers._no_labels))
+            '"answers": [{"text": "北京", "start": 2}]}', _parse, ("question", "context")))
 
 
 # ------------------------------------------------------------------ windows
@@ -277,9 +277,6 @@ class ExtractiveQATask(Task):
                      "per": "position"},
                     {"name": "end_logits", "dtype": "float32", "dims": [-1, -1],
                      "per": "position"}]
-
-    def example_texts(self, ex):
-        return [ex["question"], ex["context"]]
 
     def check_data_config(self, data_cfg, builds_encoder):
         if data_cfg.add_special_tokens is False:

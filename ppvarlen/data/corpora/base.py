@@ -44,6 +44,18 @@ def apply_limit(corpus, limit):
                 corpus.stats["limit"]["after"], before)
 
 
+def check_tag_scheme_key(wanted, corpus_name, corpus):
+    """``Data.tag_scheme`` (``wanted``) must be the corpus's own (it is never silently ignored)."""
+    found = corpus.stats.get("tag_scheme", {}).get("scheme")
+    if wanted in ("auto", found):
+        return
+    if found is None:
+        raise ConfigError(f"Data.tag_scheme: {wanted!r} applies to tagging data, but corpus "
+                          f"{corpus_name!r} is a {corpus.task} corpus; remove Data.tag_scheme")
+    raise ConfigError(f"Data.tag_scheme: {wanted!r}, but corpus {corpus_name!r} uses {found} "
+                      f"tags; remove Data.tag_scheme or set it to {found}")
+
+
 def label_counts(examples, names):
     c = Counter(ex["label"] for ex in examples)
     return {name: c.get(i, 0) for i, name in enumerate(names)}

@@ -1,4 +1,5 @@
-"""``load_corpus(data_cfg)``: the registry of built-in corpora, their cache, and user files.
+"""``load_corpus(data_cfg)``: the registry of built-in corpora and their cache; user files are
+read by the one ingestion path (``data.sources.read_corpus``).
 
 A built-in corpus is a function of a few Data keys (its cache key); adding one means writing
 its reader module and one ``BUILT_IN`` entry.  ``Data.limit`` is applied to a fresh copy, so
@@ -9,11 +10,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ...config import Config, ConfigError, load_config
-from .base import apply_limit, fresh_copy
+from .. import sources
+from .base import apply_limit, check_tag_scheme_key, fresh_copy
 from .g2p_corpus import g2p_corpus
 from .ner import ner_corpus
 from .sentiment import sentiment_corpus
-from .user_files import user_corpus
 
 
 @dataclass(frozen=True)
@@ -39,26 +40,12 @@ def load_corpus(data_cfg):
     name = cfg.corpus
     built_in = BUILT_IN.get(name)
     if built_in is None:
-        corpus = user_corpus(cfg, fmt=name)
-    else:
-        _check_built_in_keys(cfg, name, built_in)
-        corpus = fresh_copy(_built(name, tuple(cfg.get(k) for k in built_in.keys)))
-    _check_tag_scheme(cfg, corpus)
+        return sources.read_corpus(cfg)
+    _check_built_in_keys(cfg, name, built_in)
+    corpus = fresh_copy(_built(name, tuple(cfg.get(k) for k in built_in.keys)))
+    check_tag_scheme_key(cfg.get("tag_scheme", "auto"), name, corpus)
     apply_limit(corpus, cfg.limit)
     return corpus
-
-
-def _check_tag_scheme(cfg, corpus):
-    """``Data.tag_scheme`` must be the corpus's own (it is never silently ignored)."""
-    wanted = cfg.get("tag_scheme", "auto")
-    found = corpus.stats.get("tag_scheme", {}).get("scheme")
-    if wanted in ("auto", found):
-        return
-    if found is None:
-        raise ConfigError(f"Data.tag_scheme: {wanted!r} applies to tagging data, but corpus "
-                          f"{cfg.corpus!r} is a {corpus.task} corpus; remove Data.tag_scheme")
-    raise ConfigError(f"Data.tag_scheme: {wanted!r}, but corpus {cfg.corpus!r} uses {found} tags; "
-                      f"remove Data.tag_scheme or set it to {found}")
 
 
 @functools.lru_cache(maxsize=6)

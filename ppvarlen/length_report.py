@@ -1,6 +1,6 @@
 """Length analysis report: the length table and batching strategies side by side.
 
-``analyze_lengths(cfg, resolve_task, split)`` is what ``tools/analyze_lengths.py`` runs (it reads
+``analyze_lengths(cfg, split)`` is what ``tools/analyze_lengths.py`` runs (it reads
 the split from the store cache, encoding it only on a first run);
 ``compare_strategies(lengths, ...)`` simulates one epoch of each strategy on a
 lengths array and reports its padding efficiency (real tokens / computed
@@ -9,11 +9,11 @@ strategies reuse the real samplers, so the numbers are what training gets.
 """
 import numpy as np
 
-from .dataset import open_datasets
-from .errors import DataError
-from .lengths import (length_stats, optimal_boundaries, padded_tokens_bucketed, plot_lengths,
-                      quantile_boundaries)
-from .samplers import BucketBatchSampler, TokenBudgetBatchSampler
+from .data.errors import DataError
+from .data.lengths import (length_stats, optimal_boundaries, padded_tokens_bucketed,
+                           plot_lengths, quantile_boundaries)
+from .data.samplers import BucketBatchSampler, TokenBudgetBatchSampler
+from .store_build import build_datasets
 
 
 def _summary(lengths, batches, pad_lengths):
@@ -89,12 +89,11 @@ def compare_strategies(lengths, max_len, batch_size=32, max_tokens=4096, num_buc
     return out, bounds
 
 
-def analyze_lengths(cfg, resolve_task, split="train", png=None, batch_size=32,
-                    pool_sizes=(50, 100, 200)):
+def analyze_lengths(cfg, split="train", png=None, batch_size=32, pool_sizes=(50, 100, 200)):
     """Build (or read from the store cache) the data ``cfg`` describes and report ``split``'s
-    lengths and strategies; ``resolve_task``: task name -> Task (``ppvarlen.tasks.get_task``)."""
+    lengths and strategies."""
     d = cfg.Data
-    bundle = open_datasets(d, resolve_task, splits=(split,))
+    bundle = build_datasets(d, splits=(split,))
     ds = getattr(bundle, split)
     if len(ds) == 0:
         raise DataError(f"split {split!r} of corpus {d.corpus!r} is empty; pick another --split")

@@ -1,0 +1,952 @@
+"""Every corpus as ordered chunks of records, read in two passes: the one ingestion path.
+
+``plan(data_cfg)`` -> a frozen ``Plan`` of the user's files (JSONL / TSV, plain or gzip'd, a
+directory or a glob of shards; Parquet, one chunk per row group), or ``memory_plan(corpus)`` of
+a corpus already in memory (the built-in corpora: one chunk per slice of a split).
+
+Pass 1 (``scan``): each worker reads one chunk, parses and checks every record with
+``data.readers``' parsers and messages (``file:line``), hashes its split key (the split of a
+train file's example comes from ``data.splits``' stable hash), counts the train split's tokens
+(``vocab.TokenCounting``) and returns the chunk's kept examples packed as compact columns
+(``pack_examples``: a string field as one UTF-8 blob + offsets, an int field as int64, any other
+as JSON), which the parent appends to an anonymous temp file (gone when the build ends or dies).
+The parent merges the chunks in input order: the label, split, overlap, limit and stats rules
+are written once, here (``_Merge``); the tag-scheme checks of tagging data run over the merged
+tags in chunk order with ``data.readers``' checks.  ``Scanned`` is the result: the ``Corpus``
+(splits hold example counts), the token counts and the pass-2 jobs.
+
+Pass 2 (``Scanned.jobs`` / ``Scanned.read``): a job's examples read back from the temp file
+(``os.pread`` of the inherited file; a mapper's workers get the bytes with the job), with label
+ids, their split and the doc id of the first.  The code that encodes them with a task sits
+above the tasks (``ppvarlen/store_build.py``): control flows down, nothing is handed in here.
+Chunk boundaries change no byte of a store.
+
+Reading is bounded (``readers.ReadLimits``): files are opened with ``readers.open_data_file``
+(a ``.gz`` within ``Data.max_decompressed_ratio``), the parent holds at most
+``Data.max_line_bytes`` of an unfinished line (``_line_chunks``) and the workers check each
+line (a Parquet text cell) against that bound; the error is raised in input order, as a bad
+line's is.  Hand-written rather than ``datasets``/Arrow: the per-line checks and messages are
+ppvarlen's, and the workers are the same fork pool (``data.parallel``) that needs no pickled
+tokenizer.
+"""
+import hashlib
+import json
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ..config import ConfigError
+from ..utils.log import get_logger
+from . import parallel
+from .corpora.base import Corpus, check_tag_scheme_key
+from .errors import DataError
+from .parallel import ordered_map
+from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, BadLine, FileData, ReadLimits,
+                      _check_cell_bytes, _decoded_lines, _is_tsv_header, _task_from_first_line,
+                      check_tag_scheme, decode_line, expand_inputs, infer_task, label_id,
+                      long_line_error, map_tags, open_data_file, parse_json_line,
+                      parse_object)
+from .splits import SPLITS, example_key, split_method, stable_split
+from .vocab import count_fields
+
+logger = get_logger("data.sources")
+
+CHUNK_BYTES = 4 << 20  # a chunk of whole lines: a few thousand examples, a few MB per worker
+MEMORY_CHUNK = 2000  # examples per chunk of a corpus in memory
+USER_FORMATS = ("jsonl", "tsv", "parquet")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Records of one file: bytes [offset, offset + size) of a plain line file, ``data`` (a
+    gzip'd file's decompressed lines, or any chunk's bytes when shipped), or Parquet row group
+    ``row_group`` (``rows``: its rows, when shipped); ``first_line`` numbers its first record.
+    ``error``: reading the file stopped here (a line over Data.max_line_bytes, a gzip bomb); the
+    chunk carries the message so that it is raised in input order, as a bad line's is."""
+
+    role: str  # the Data key's split: train / dev / test
+    path: str
+    first_line: int
+    offset: int = 0
+    size: int = 0
+    data: bytes = None
+    error: str = None
+    row_group: int = None
+    rows: list = None
+
+    def raw_lines(self):
+        if self.data is not None:
+            data = self.data
+        else:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(self.size)
+        lines = data.split(b"\n")
+        if lines and not lines[-1]:
+            lines.pop()  # the newline ending the last line opens no new one
+        return lines
+
+
+def _chunks_of(role, path, limits=None, ship=False):
+    """Chunks of whole lines, in order, at least one per file (an empty file is reported).
+    ``ship``: every chunk carries its bytes (workers on other machines cannot read ``path``);
+    otherwise only a gzip'd file's do and a worker reads its byte range itself."""
+    limits = limits or ReadLimits.of()
+    with open_data_file(path, limits) as f:
+        yield from _line_chunks(role, path, f, limits.max_line_bytes,
+                                carry_data=ship or path.endswith(".gz"))
+
+
+def _line_chunks(role, path, f, max_line_bytes, carry_data):
+    """``_chunks_of`` over the open binary file ``f``.
+
+    Each block is read once and searched once, for its last line end.  A line that runs past
+    a block is kept as the list of its pieces and joined once, when its end is found, so the
+    work is linear in the file's size however long its lines (joining the pieces block by
+    block would copy a long line again for every block it spans).  Once an unfinished line
+    holds more than ``max_line_bytes``, the chunks end with one that carries the error."""
+    line, offset, sent = 1, 0, False
+    open_line, open_bytes = [], 0  # the pieces of the line the last block ended in
+    while True:
+        try:
+            block = f.read(CHUNK_BYTES)
+        except DataError as e:  # a .gz file beyond Data.max_decompressed_ratio, or broken
+            yield Chunk(role, path, line, offset, error=str(e))
+            return
+        cut = block.rfind(b"\n") + 1
+        if block and not cut:
+            open_line.append(block)
+            open_bytes += len(block)
+            if open_bytes > max_line_bytes:
+                yield Chunk(role, path, line, offset,
+                            error=str(long_line_error(f"{path}:{line}", max_line_bytes)))
+                return
+            continue
+        end = cut if block else 0  # at the end of the file the open line is the last one
+        body = b"".join(open_line + [block[:end]])
+        open_line = [block[end:]] if end < len(block) else []
+        open_bytes = len(block) - end
+        if body or not sent:
+            yield Chunk(role, path, line, offset, len(body), body if carry_data else None)
+            sent = True
+        line += body.count(b"\n")
+        offset += len(body)
+        if not block:
+            return
+
+
+def _parquet_file(path):
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise DataError(f"{path}: cannot read as Parquet ({e}); check the file") from None
+
+
+def _parquet_chunks(role, path, ship=False):
+    """One chunk per row group (at least one per file, so that an empty file is reported)."""
+    meta = _parquet_file(path).metadata
+    first = 1
+    for i in range(meta.num_row_groups):
+        rows = _row_group(path, i, first) if ship else None
+        yield Chunk(role, path, first, row_group=i, rows=rows)
+        first += meta.row_group(i).num_rows
+    if not meta.num_row_groups:
+        yield Chunk(role, path, 1, rows=[])
+
+
+def _row_group(path, i, first_row):
+    table = _parquet_file(path).read_row_group(i)
+    return table, first_row
+
+
+def _parquet_rows(chunk, limits):
+    """(row number, dict) of the chunk's row group; a text cell over Data.max_line_bytes stops
+    the reading as a line over it does."""
+    if chunk.rows == []:
+        return
+    table, first = chunk.rows if chunk.rows is not None else \
+        _row_group(chunk.path, chunk.row_group, chunk.first_line)
+    _check_cell_bytes(chunk.path, table, first, limits.max_line_bytes)
+    for k, row in enumerate(table.to_pylist()):
+        yield first + k, row
+
+
+# ----------------------------------------------------------------------------- the plan
+
+@dataclass(frozen=True)
+class Plan:
+    """What reading the user's files takes, decided before the first worker starts (plain
+    values, so a mapper's workers get it with their jobs)."""
+
+    fmt: str  # jsonl / tsv / parquet
+    task: str  # the corpus format read (Data.task, or the fields of the first record)
+    task_given: bool
+    files: dict  # role -> [paths]
+    specs: dict  # role -> the Data key's value
+    skip_invalid: bool
+    split_seed: int
+    label_names: tuple = None  # given (Data.label_names) or None
+    carve: tuple = ()  # splits carved from the train file
+    tag_scheme: str = "auto"
+    limit: int = None
+    ship_bytes: bool = False  # chunks carry their records (a mapper's workers may be elsewhere)
+    limits: ReadLimits = field(default_factory=ReadLimits.of)
+
+    def chunks(self):
+        for role in SPLITS:
+            for path in self.files.get(role, ()):
+                if self.fmt == "parquet":
+                    yield from _parquet_chunks(role, path, self.ship_bytes)
+                else:
+                    yield from _chunks_of(role, path, self.limits, self.ship_bytes)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """A corpus already read (a built-in corpus): its splits are cut into slices."""
+
+    corpus: Corpus
+
+    @property
+    def task(self):
+        return self.corpus.task
+
+
+def memory_plan(corpus):
+    return MemoryPlan(corpus)
+
+
+def plan(cfg):
+    """The ``Plan`` for the Data section ``cfg`` of a user-file corpus (``USER_FORMATS``)."""
+    if cfg.corpus not in USER_FORMATS:
+        raise ConfigError(f"Data.corpus {cfg.corpus!r}: not a file format ({USER_FORMATS})")
+    if not cfg.train_file:
+        raise ConfigError(f"Data.train_file: Data.corpus: {cfg.corpus} reads your own files; set "
+                          f"Data.train_file (and optionally dev_file / test_file)")
+    if cfg.limit is not None and cfg.limit < 1:
+        raise ConfigError(f"Data.limit: {cfg.limit} keeps nothing; use a positive number or null")
+    specs = {s: cfg.get(f"{s}_file") for s in SPLITS}
+    specs = {s: v for s, v in specs.items() if v}
+    files = {s: expand_inputs(spec) for s, spec in specs.items()}
+    limits = ReadLimits.of(cfg)
+    task = cfg.task
+    if task is not None and task not in FORMATS:
+        raise ConfigError(f"Data.task {task!r}: no corpus format of that name; the formats are "
+                          f"{sorted(FORMATS)} (a task module registers its own, docs/TASKS.md)")
+    if cfg.corpus == "tsv":
+        task = task or DEFAULT_TASK
+        if not FORMATS[task].tsv:
+            raise DataError(f"{files['train'][0]}: TSV files hold "
+                            f"{'<TAB>'.join(FORMATS[DEFAULT_TASK].fields)} ({DEFAULT_TASK}), but "
+                            f"the task is {task!r}, which has no TSV form; use a JSONL file with "
+                            f"{FORMATS[task].fields} fields")
+    elif task is None and cfg.corpus == "parquet":
+        task = _first_row_task(files["train"][0])
+    elif task is None:
+        task = _first_line_task(files["train"][0], limits)
+    names = cfg.get("label_names")
+    return Plan(cfg.corpus, task, cfg.task is not None, files, specs, bool(cfg.skip_invalid),
+                cfg.split_seed, None if names is None else tuple(names),
+                tuple(s for s in ("dev", "test") if s not in files),
+                cfg.get("tag_scheme", "auto"), cfg.limit, parallel.has_mapper(), limits)
+
+
+def _first_line_task(path, limits):
+    """The task the first JSON object's fields tell (a line before it that is not one is
+    reported by the scan), else the default."""
+    try:
+        for n, line in _decoded_lines(path, limits):
+            if isinstance(line, BadLine) or not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                return _task_from_first_line(path, n, line)
+    except DataError:
+        pass  # an unreadable file: the scan reports it where it stops
+    return DEFAULT_TASK
+
+
+def _first_row_task(path):
+    table = _parquet_file(path)
+    for i in range(table.metadata.num_row_groups):
+        rows = table.read_row_group(i).slice(0, 1).to_pylist()
+        if rows:
+            return infer_task(rows[0]) or DEFAULT_TASK
+    return DEFAULT_TASK
+
+
+# ------------------------------------------------------------------------- pass 1: scan
+
+@dataclass
+class ChunkScan:
+    """What pass 1 found in one chunk; per-example arrays are over its kept examples."""
+
+    role: str
+    path: str
+    lines: int = 0
+    header: bool = False
+    examples: int = 0  # valid records (before label checks)
+    error: str = None  # the first bad record's message (not skip_invalid): raised in order
+    skipped: Counter = field(default_factory=Counter)
+    first_skipped: dict = field(default_factory=dict)  # reason -> (line, message)
+    label_skipped: Counter = field(default_factory=Counter)
+    label_first: dict = field(default_factory=dict)
+    label_error: str = None  # the first unknown label (raised after every record is read)
+    kinds: dict = field(default_factory=dict)  # "str"/"int" -> (line, label) first seen
+    first_label: object = None
+    label_values: list = field(default_factory=list)  # distinct raw labels, first seen first
+    label_codes: np.ndarray = None  # index into label_values per example (-1: no label)
+    hashes: np.ndarray = None  # uint64 hash of each example's split key
+    codes: np.ndarray = None  # SPLITS index of each example
+    line_numbers: np.ndarray = None  # each example's line (tag-scheme checks need them)
+    tags: list = None  # tagging: each example's tags
+    counts: tuple = None  # the train split's token counts (``TokenCounting``)
+    parsed: bytes = None  # the kept examples, ``pack_examples``'d (pass 2 parses none again)
+
+
+def _key_view(ex):
+    """The example as ``example_key`` sees it once labels are ids: a name's id is not known
+    yet, and the key does not read it."""
+    return {**ex, "label": 0} if isinstance(ex.get("label"), str) else ex
+
+
+def _key_hash(key):
+    return int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogatepass"),
+                                          digest_size=8).digest(), "little")
+
+
+class Scanner:
+    """Pass 1 over one chunk (a job of ``ordered_map``)."""
+
+    def __init__(self, plan, counting):
+        self.plan, self.counting = plan, counting
+        self.fmt = FORMATS[plan.task]
+        self.index = None if plan.label_names is None else \
+            {name: i for i, name in enumerate(plan.label_names)}
+
+    def _records(self, chunk, scan):
+        """Yield (line, raw record: text, dict, or BadLine) of the chunk."""
+        plan = self.plan
+        if plan.fmt == "parquet":
+            yield from _parquet_rows(chunk, plan.limits)
+            return
+        if chunk.error is not None:
+            raise DataError(chunk.error)
+        for k, raw in enumerate(chunk.raw_lines()):
+            n = chunk.first_line + k
+            if len(raw) > plan.limits.max_line_bytes:
+                raise long_line_error(f"{chunk.path}:{n}", plan.limits.max_line_bytes)
+            line = decode_line(raw, n)
+            if plan.fmt == "tsv" and n == 1 and isinstance(line, str) and \
+                    _is_tsv_header(line, self.fmt.fields):
+                scan.header = True
+                continue
+            yield n, line
+
+    def _parse(self, line):
+        if isinstance(line, BadLine):
+            raise line
+        if self.plan.fmt == "tsv":
+            return self.fmt.tsv(line)
+        if self.plan.fmt == "parquet":
+            return parse_object(line, self.plan.task)
+        return parse_json_line(line, self.plan.task)
+
+    def _examples(self, chunk, scan):
+        """Yield (line, example) of the chunk's valid records, counting skips in ``scan``."""
+        for n, line in self._records(chunk, scan):
+            scan.lines += 1
+            try:
+                ex = self._parse(line)
+            except BadLine as bad:
+                if not self.plan.skip_invalid:
+                    scan.error = f"{chunk.path}:{n}: {bad.message} {_SKIP_HINT}"
+                    return
+                scan.skipped[bad.reason] += 1
+                scan.first_skipped.setdefault(bad.reason, (n, bad.message))
+                continue
+            yield n, ex
+
+    def _unknown_label(self, ex):
+        if self.index is None or "label" not in ex or \
+                label_id(ex["label"], self.index) is not None:
+            return None
+        names = self.plan.label_names
+        return (f"label {ex['label']!r} is not one of the {len(names)} classes {list(names)}; "
+                f"fix the label or list it in Data.label_names")
+
+    def __call__(self, chunk):
+        plan, fmt = self.plan, self.fmt
+        scan = ChunkScan(chunk.role, chunk.path)
+        hashes, codes, lines, kept, train, tags = [], [], [], [], [], []
+        label_codes, label_index = [], {}
+        carve = chunk.role == "train" and plan.carve
+        role_code = SPLITS.index(chunk.role)
+        try:
+            for n, ex in self._examples(chunk, scan):
+                scan.examples += 1
+                problem = self._unknown_label(ex) if fmt.labels == "class" else None
+                if problem is not None:
+                    if not plan.skip_invalid:
+                        scan.label_error = scan.label_error or \
+                            f"{chunk.path}:{n}: {problem} {_SKIP_HINT}"
+                    else:
+                        scan.label_skipped["unknown_label"] += 1
+                        scan.label_first.setdefault("unknown_label", (n, problem))
+                        continue
+                kept.append(ex)
+                key = example_key(_key_view(ex))
+                code = role_code
+                if carve:
+                    s = stable_split(key, plan.split_seed)
+                    code = SPLITS.index(s if s in plan.carve else "train")
+                codes.append(code)
+                hashes.append(_key_hash(key))
+                lines.append(n)
+                if fmt.labels == "class":
+                    label = ex["label"]
+                    scan.kinds.setdefault("str" if isinstance(label, str) else "int", (n, label))
+                    if scan.first_label is None:
+                        scan.first_label = label
+                    label_codes.append(label_index.setdefault(label, len(label_index)))
+                elif fmt.labels == "tags":
+                    tags.append(ex["tags"])
+                if self.counting is not None and code == 0:
+                    train.append(ex)
+        except DataError as e:  # a line over Data.max_line_bytes, a gzip bomb: in input order
+            scan.error = str(e)
+            return scan
+        scan.hashes = np.asarray(hashes, np.uint64)
+        scan.codes = np.asarray(codes, np.uint8)
+        scan.line_numbers = np.asarray(lines, np.int64)
+        scan.label_values = list(label_index)
+        scan.label_codes = np.asarray(label_codes, np.int32)
+        scan.tags = tags if fmt.labels == "tags" else None
+        scan.parsed = pack_examples(kept)
+        if self.counting is not None:
+            scan.counts = count_fields(train, self.counting)
+        return scan
+
+
+@dataclass
+class _FileScan:
+    """One file's chunks merged (in input order)."""
+
+    role: str
+    path: str
+    lines: int = 0
+    header: bool = False
+    examples: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    first_skipped: dict = field(default_factory=dict)
+    label_skipped: Counter = field(default_factory=Counter)
+    label_first: dict = field(default_factory=dict)
+    kinds: dict = field(default_factory=dict)
+
+    def add(self, sc):
+        self.lines += sc.lines
+        self.header = self.header or sc.header
+        self.examples += sc.examples
+        self.skipped.update(sc.skipped)
+        for reason, first in sc.first_skipped.items():
+            self.first_skipped.setdefault(reason, first)
+        self.label_skipped.update(sc.label_skipped)
+        for reason, first in sc.label_first.items():
+            self.label_first.setdefault(reason, first)
+        for kind, first in sc.kinds.items():
+            self.kinds.setdefault(kind, first)
+
+    def check(self):
+        if not self.examples:
+            raise DataError(f"{self.path}: no valid examples ({self.lines} lines read"
+                            f"{', all skipped as invalid' if self.skipped else ''}); check "
+                            f"the file")
+
+
+@dataclass
+class _ChunkRef:
+    """What the parent keeps of a chunk for pass 2 (and the merge's rules)."""
+
+    role: str
+    path: str
+    codes: np.ndarray
+    hashes: np.ndarray
+    label_values: list
+    label_codes: np.ndarray
+    spill: tuple  # (offset, size) of its packed examples in the temp file
+    keep: np.ndarray = None  # examples kept by the merge's rules (None: all)
+    bases: dict = None  # split -> doc id of its first example of that split
+    counts: dict = None  # split -> its examples of that split
+
+
+class Scanned:
+    """The corpus after pass 1: ``corpus`` (splits hold example counts), ``counts`` (the train
+    split's token counts, or None), and the pass-2 jobs (``jobs``, ``read``).  ``close`` it."""
+
+    def __init__(self, corpus, counts, refs=None, spill=None, limit=None, memory=None):
+        self.corpus, self.counts = corpus, counts
+        self.refs, self.spill, self.limit, self.memory = refs, spill, limit, memory
+        self.fd = spill.fileno() if spill is not None else None
+        self.index = {name: i for i, name in enumerate(corpus.label_names)}
+        self.class_labels = memory is None and FORMATS[corpus.task].labels == "class"
+
+    def close(self):
+        if self.spill is not None:
+            self.spill.close()
+
+    def jobs(self, splits):
+        """Pass-2 jobs over the examples of ``splits``, in input order (small picklable values;
+        with a mapper they carry their examples' bytes)."""
+        if self.memory is not None:
+            ship = parallel.has_mapper()
+            for split in SPLITS:
+                if split not in splits:
+                    continue
+                examples = self.memory.splits[split]
+                for start in range(0, len(examples), MEMORY_CHUNK):
+                    end = min(start + MEMORY_CHUNK, len(examples))
+                    yield (split, start, end, examples[start:end] if ship else None)
+            return
+        ship = parallel.has_mapper()
+        for ref in self.refs:
+            if not any(ref.counts[s] and (self.limit is None or ref.bases[s] < self.limit)
+                       for s in splits):
+                continue
+            data = os.pread(self.fd, ref.spill[1], ref.spill[0]) if ship else ref.spill
+            yield (ref.bases, ref.codes, ref.keep, data, tuple(splits))
+
+    def read(self, job):
+        """A job's examples -> {split: (doc id of the first, [examples])} (labels as ids)."""
+        if self.memory is not None:
+            split, start, end, rows = job
+            return {split: (start, rows if rows is not None
+                            else self.memory.splits[split][start:end])}
+        bases, codes, keep, data, splits = job
+        if isinstance(data, tuple):  # (offset, size) in the temp file this process inherited
+            data = os.pread(self.fd, data[1], data[0])
+        out = {}
+        for k, ex in enumerate(unpack_examples(data)):
+            if keep is not None and not keep[k]:
+                continue
+            split = SPLITS[codes[k]]
+            if split not in splits:
+                continue
+            if self.class_labels:
+                ex["label"] = label_id(ex["label"], self.index)
+            out.setdefault(split, []).append(ex)
+        res = {}
+        for split, rows in out.items():
+            base = bases[split]
+            if self.limit is not None:
+                rows = rows[:max(0, self.limit - base)]
+            if rows:
+                res[split] = (base, rows)
+        return res
+
+
+def scan(plan, counting, num_proc, spill_dir=None):
+    """Pass 1 -> ``Scanned``.  ``counting``: the ``vocab.TokenCounting`` of the train split's
+    tokens, or None (a vocabulary is given).  Raises the first bad record in input order.  The
+    packed examples go to an anonymous temp file in ``spill_dir`` (None: the system's)."""
+    if isinstance(plan, MemoryPlan):
+        corpus = plan.corpus
+        counts = None
+        if counting is not None:
+            counts = _count_memory(corpus.splits["train"], counting, num_proc)
+        sizes = Corpus(corpus.task, {s: len(corpus.splits[s]) for s in SPLITS},
+                       corpus.label_names, corpus.stats)
+        return Scanned(sizes, counts, memory=corpus)
+    spill = tempfile.TemporaryFile(dir=spill_dir)
+    try:
+        return _Merge(plan, counting, spill).run(num_proc)
+    except BaseException:
+        spill.close()
+        raise
+
+
+class _CountSlice:
+    def __init__(self, counting):
+        self.counting = counting
+
+    def __call__(self, examples, start, end):
+        return count_fields([examples[i] for i in range(start, end)], self.counting)
+
+
+def _sum_counts(parts, counting):
+    total = tuple(Counter() for _ in counting.groups)
+    for part in parts:
+        for t, c in zip(total, part):
+            t.update(c)
+    return total
+
+
+def _count_memory(examples, counting, num_proc):
+    return _sum_counts(parallel.chunk_map(_CountSlice(counting), examples, num_proc,
+                                          chunk_size=10000), counting)
+
+
+class _CountJob:
+    """Pass 2's read, then counting: the train split's tokens once the merge dropped some."""
+
+    def __init__(self, scanned, counting):
+        self.scanned, self.counting = scanned, counting
+
+    def __call__(self, job):
+        got = self.scanned.read(job).get("train")
+        return count_fields(got[1] if got else [], self.counting)
+
+
+class _Merge:
+    """Pass 1's chunks merged in input order, then the corpus-wide rules, once."""
+
+    def __init__(self, plan, counting, spill):
+        self.plan, self.counting, self.spill = plan, counting, spill
+        self.fmt = FORMATS[plan.task]
+        self.files, self.refs, self.offset = {}, [], 0
+        self.kinds, self.first_label, self.label_error = {}, None, None
+        self.counts = None if counting is None else tuple(Counter() for _ in counting.groups)
+        self.tag_files = {}  # path -> FileData of its tags (tagging data)
+
+    def run(self, num_proc):
+        plan = self.plan
+        size = sum(os.path.getsize(p) for ps in plan.files.values() for p in ps)
+        bar = tqdm(desc="read", unit=" lines", unit_scale=True, mininterval=2,
+                   disable=size < (64 << 20))
+        current = None
+        for sc in ordered_map(Scanner(plan, self.counting), plan.chunks(), num_proc):
+            if current is not None and sc.path != current.path:
+                current.check()
+            if sc.error is not None:
+                raise DataError(sc.error)
+            current = self.files.setdefault(sc.path, _FileScan(sc.role, sc.path))
+            current.add(sc)
+            self._add(sc)
+            bar.update(sc.lines)
+        bar.close()
+        if current is not None:
+            current.check()
+        if self.fmt.labels == "tags":
+            names, label_stats, file_stats = self._tag_rules()
+        else:
+            names, label_stats, file_stats = self._class_rules(), {}, None
+        if self.label_error:
+            raise DataError(self.label_error)
+        self.spill.flush()
+        sizes = self._bases()
+        scanned = Scanned(self._corpus(names, sizes, label_stats, file_stats), self.counts,
+                          self.refs, self.spill, plan.limit)
+        if plan.limit is not None:
+            scanned.corpus.stats["limit"] = {"limit": plan.limit, "before": dict(sizes),
+                                             "after": {s: min(n, plan.limit)
+                                                       for s, n in sizes.items()}}
+            scanned.corpus.splits = dict(scanned.corpus.stats["limit"]["after"])
+            logger.info("Data.limit=%d: kept %s of %s examples per split", plan.limit,
+                        scanned.corpus.splits, sizes)
+        dropped = any(r.keep is not None and not r.keep.all() for r in self.refs)
+        if self.counting is not None and (dropped or plan.limit is not None):
+            scanned.counts = _sum_counts(ordered_map(_CountJob(scanned, self.counting),
+                                                     scanned.jobs(("train",)), num_proc),
+                                         self.counting)
+        check_tag_scheme_key(plan.tag_scheme, plan.fmt, scanned.corpus)
+        return scanned
+
+    def _add(self, sc):
+        self.spill.write(sc.parsed)
+        self.refs.append(_ChunkRef(sc.role, sc.path, sc.codes, sc.hashes, sc.label_values,
+                                   sc.label_codes, (self.offset, len(sc.parsed))))
+        self.offset += len(sc.parsed)
+        for kind, (n, lab) in sc.kinds.items():
+            self.kinds.setdefault(kind, (f"{sc.path}:{n}", lab))
+        if self.first_label is None:
+            self.first_label = sc.first_label
+        self.label_error = self.label_error or sc.label_error
+        if self.counts is not None:
+            for total, c in zip(self.counts, sc.counts):
+                total.update(c)
+        if sc.tags is not None:
+            fd = self.tag_files.get(sc.path)
+            if fd is None:
+                fd = self.tag_files[sc.path] = FileData(sc.path, self.plan.task)
+            k = len(self.refs) - 1
+            fd.examples += [{"tags": t, "at": (k, i)} for i, t in enumerate(sc.tags)]
+            fd.line_numbers += sc.line_numbers.tolist()
+
+    # ------------------------------------------------------------- class labels
+    def _class_rules(self):
+        """The label names as the data gives them: Data.label_names, else the sorted names, or
+        ids 0..max.  Names and ids mixed: an error, or (Data.skip_invalid) the examples of the
+        other kind than the first label's are skipped."""
+        plan = self.plan
+        if self.fmt.labels != "class":
+            return []
+        if plan.label_names is not None:
+            return list(plan.label_names)
+        first = self.first_label
+        kind = "str" if isinstance(first, str) else "int"
+        other = "int" if kind == "str" else "str"
+        if other in self.kinds:
+            if not plan.skip_invalid:
+                where, lab = self.kinds[other]
+                raise DataError(f"{where}: {_mixed_kinds(lab, first)} {_SKIP_HINT}")
+            self._skip_other_kind(first, other)
+        seen = {v for r in self.refs for v in r.label_values
+                if isinstance(v, str) == (kind == "str")}
+        return sorted(seen) if kind == "str" else [str(i) for i in range(max(seen) + 1)]
+
+    def _skip_other_kind(self, first, other):
+        is_other = (lambda v: isinstance(v, str)) if other == "str" else \
+            (lambda v: not isinstance(v, str))
+        for ref in self.refs:
+            flags = np.asarray([is_other(v) for v in ref.label_values], bool)
+            drop = flags[ref.label_codes] if len(ref.label_codes) else np.zeros(0, bool)
+            if drop.any():
+                ref.keep = ~drop
+                fs = self.files[ref.path]
+                fs.label_skipped["mixed_label_kinds"] += int(drop.sum())
+        for fs in self.files.values():
+            if other in fs.kinds and fs.label_skipped.get("mixed_label_kinds"):
+                n, lab = fs.kinds[other]
+                fs.label_first.setdefault("mixed_label_kinds", (n, _mixed_kinds(lab, first)))
+        logger.warning("skipped the examples whose label is a %s: the first label (%r) is a %s",
+                       "name" if other == "str" else "class id", first,
+                       "class id" if other == "str" else "name")
+
+    # ------------------------------------------------------------- tags
+    def _tag_rules(self):
+        """Tagging data: every file's lines fit one tag scheme (``readers.check_tag_scheme``),
+        then all files' (``readers.map_tags``), in input order; the examples they skip are
+        dropped from pass 2.  -> (names, stats, file stats)."""
+        plan = self.plan
+        by_role = {}
+        for role, paths in plan.files.items():
+            shards = []
+            for path in paths:
+                fs, fd = self.files[path], self.tag_files.get(path, FileData(path, plan.task))
+                fd.lines, fd.header = fs.lines, fs.header
+                fd.skipped = Counter(fs.skipped)
+                fd.first_skipped = {r: f"line {n}: {m}" for r, (n, m) in fs.first_skipped.items()}
+                check_tag_scheme([fd], plan.tag_scheme, plan.skip_invalid)
+                if not fd.examples:
+                    raise DataError(f"{path}: no valid examples ({fd.lines} lines read"
+                                    f"{', all skipped as invalid' if fd.skipped else ''}); check "
+                                    f"the file")
+                shards.append(fd)
+            by_role[role] = _merged_shards(plan.specs[role], plan.task, shards)
+        labels = map_tags(list(by_role.values()), plan.label_names, plan.skip_invalid,
+                          plan.tag_scheme)
+        for ref in self.refs:
+            ref.keep = np.zeros(len(ref.codes), bool)
+        for fd in by_role.values():
+            for ex in fd.examples:
+                k, i = ex["at"]
+                self.refs[k].keep[i] = True
+        file_stats = {role: {"path": fd.path, **fd.stats()} for role, fd in by_role.items()}
+        return labels.names, labels.stats, file_stats
+
+    # ------------------------------------------------------------- splits and stats
+    def _bases(self):
+        """Each chunk's doc id per split (after the skips) -> the split sizes."""
+        sizes = dict.fromkeys(SPLITS, 0)
+        for ref in self.refs:
+            codes = ref.codes if ref.keep is None else ref.codes[ref.keep]
+            per = np.bincount(codes, minlength=len(SPLITS))
+            ref.bases = dict(sizes)
+            ref.counts = {s: int(per[i]) for i, s in enumerate(SPLITS)}
+            for i, s in enumerate(SPLITS):
+                sizes[s] += int(per[i])
+        return sizes
+
+    def _corpus(self, names, sizes, label_stats, file_stats):
+        plan = self.plan
+        skipped_total = 0
+        if file_stats is None:
+            file_stats = {}
+            for role, paths in plan.files.items():
+                file_stats[role], n = _file_stats(plan, role, [self.files[p] for p in paths])
+                skipped_total += n
+        else:
+            skipped_total = sum(sum(fs.get("skipped", {}).values()) for fs in file_stats.values())
+        stats = {"corpus": plan.fmt, "task": plan.task,
+                 "task_from": "Data.task" if plan.task_given else "fields of the first line",
+                 "files": file_stats,
+                 "split": {"sizes": dict(sizes),
+                           "from": {s: ("file" if s in plan.files else "train_file, by stable hash")
+                                    for s in SPLITS}},
+                 "skipped_total": skipped_total, **label_stats}
+        if len(plan.files) < 3:
+            stats["split"]["method"] = split_method(plan.split_seed)
+        overlap = self._overlap()
+        if overlap:
+            stats["split"]["texts_in_two_splits"] = overlap
+            logger.warning("the same text appears in two splits %s: evaluation on it is "
+                           "optimistic; remove the duplicates from your files", overlap)
+        if self.fmt.labels == "class":
+            stats["per_label"] = self._per_label(names)
+        return Corpus(plan.task, dict(sizes), names, stats)
+
+    def _overlap(self):
+        keys = {s: [] for s in SPLITS}
+        for ref in self.refs:
+            codes, hashes = (ref.codes, ref.hashes) if ref.keep is None else \
+                (ref.codes[ref.keep], ref.hashes[ref.keep])
+            for i, s in enumerate(SPLITS):
+                keys[s].append(hashes[codes == i])
+        unique = {s: np.unique(np.concatenate(v)) if v else np.zeros(0, np.uint64)
+                  for s, v in keys.items()}
+        overlap = {}
+        for a, b in (("train", "dev"), ("train", "test"), ("dev", "test")):
+            n = len(np.intersect1d(unique[a], unique[b], assume_unique=True))
+            if n:
+                overlap[f"{a}&{b}"] = n
+        return overlap
+
+    def _per_label(self, names):
+        index = {name: i for i, name in enumerate(names)}
+        counts = np.zeros((len(SPLITS), len(names)), np.int64)
+        for ref in self.refs:
+            if not len(ref.label_codes):
+                continue
+            ids = np.asarray([-1 if (j := label_id(v, index)) is None else j
+                              for v in ref.label_values], np.int64)[ref.label_codes]
+            codes = ref.codes
+            if ref.keep is not None:
+                ids, codes = ids[ref.keep], codes[ref.keep]
+            ok = ids >= 0
+            np.add.at(counts, (codes[ok].astype(np.int64), ids[ok]), 1)
+        return {s: {name: int(counts[i, j]) for j, name in enumerate(names)}
+                for i, s in enumerate(SPLITS)}
+
+
+def _mixed_kinds(label, first):
+    kind = "name" if isinstance(first, str) else "class id"
+    return (f"label {label!r} is a {'name' if isinstance(label, str) else 'class id'} but the "
+            f"first label ({first!r}) is a {kind}; use names or ids throughout")
+
+
+def _merged_shards(spec, task, shards):
+    """The FileData of a Data key's shards as one (``shard:line`` line numbers), or the file's."""
+    if len(shards) == 1:
+        return shards[0]
+    merged = FileData(path=spec, task=task, header=shards[0].header)
+    for fd in shards:
+        merged.examples += fd.examples
+        merged.line_numbers += [f"{fd.path}:{n}" for n in fd.line_numbers]
+        merged.lines += fd.lines
+        merged.skipped.update(fd.skipped)
+        for reason, first in fd.first_skipped.items():
+            merged.first_skipped.setdefault(reason, f"{fd.path} {first}")
+    return merged
+
+
+def _file_stats(plan, role, fds):
+    """The stats of a split's file, or of its shards merged."""
+    multi = len(fds) > 1
+    out = {"path": plan.specs[role] if multi else fds[0].path,
+           "lines": sum(fd.lines for fd in fds),
+           "examples": sum(fd.examples - sum(fd.label_skipped.values()) for fd in fds)}
+    if fds[0].header:
+        out["header_line"] = True
+    skipped, first = Counter(), {}
+    for fd in fds:
+        skipped.update(fd.skipped)
+        for reason, (n, msg) in fd.first_skipped.items():
+            first.setdefault(reason, f"{fd.path} line {n}: {msg}" if multi
+                             else f"line {n}: {msg}")
+    for fd in fds:  # labels are checked after every file is read
+        skipped.update(fd.label_skipped)
+        for reason, (n, msg) in fd.label_first.items():
+            first.setdefault(reason, f"{fd.path}:{n}: {msg}" if multi else f"line {n}: {msg}")
+    if skipped:
+        out["skipped"] = dict(sorted(skipped.items()))
+        out["first_skipped"] = dict(sorted(first.items()))
+    return out, sum(skipped.values())
+
+
+# ------------------------------------------------------------- a corpus in memory
+
+def read_corpus(cfg):
+    """The user files of ``cfg`` read whole -> ``Corpus`` with example lists (labels as ids):
+    the chunked path, its examples gathered (for tools and tests; a store build never does)."""
+    scanned = scan(plan(cfg), None, 1)
+    try:
+        splits = {s: [] for s in SPLITS}
+        for job in scanned.jobs(SPLITS):
+            for split, (_, rows) in scanned.read(job).items():
+                splits[split] += rows
+        corpus = scanned.corpus
+        return Corpus(corpus.task, splits, corpus.label_names, corpus.stats)
+    finally:
+        scanned.close()
+
+
+# ------------------------------------------------------------- packed examples
+
+def pack_examples(examples):
+    """Examples (dicts with the same keys) -> bytes: a JSON header, then per field a string
+    column as int64 UTF-8 offsets + the UTF-8 blob, an int column as int64 values, any other
+    column (e.g. a list of answers) as its values' JSON.  Plain bytes, nothing pickled: the
+    spill of pass 1 is read back by ``unpack_examples`` without parsing a line again."""
+    names = list(examples[0]) if examples else []
+    if any(list(ex) != names for ex in examples):
+        names = []
+        columns = [("", "json", [json.dumps(ex, ensure_ascii=False).encode("utf-8",
+                                                                            "surrogatepass")
+                                 for ex in examples])]
+    else:
+        columns = []
+        for name in names:
+            values = [ex[name] for ex in examples]
+            if all(type(v) is str for v in values):
+                columns.append((name, "str", [v.encode("utf-8", "surrogatepass")
+                                              for v in values]))
+            elif all(type(v) is int for v in values) and \
+                    all(-(1 << 63) <= v < (1 << 63) for v in values):
+                columns.append((name, "int", np.asarray(values, "<i8").tobytes()))
+            else:
+                columns.append((name, "json", [json.dumps(v, ensure_ascii=False).encode(
+                    "utf-8", "surrogatepass") for v in values]))
+    parts, fields = [], []
+    for name, kind, data in columns:
+        if kind == "int":
+            parts.append(data)
+            fields.append([name, kind, len(data)])
+        else:
+            offsets = np.zeros(len(data) + 1, "<i8")
+            np.cumsum([len(b) for b in data], out=offsets[1:])
+            blob = b"".join(data)
+            parts += [offsets.tobytes(), blob]
+            fields.append([name, kind, len(blob)])
+    header = json.dumps({"count": len(examples), "fields": fields}).encode()
+    return len(header).to_bytes(8, "little") + header + b"".join(parts)
+
+
+def unpack_examples(data):
+    """``pack_examples``' bytes -> the examples (dicts in the same key order)."""
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    n, pos, columns = header["count"], 8 + size, []
+    view = memoryview(data)
+    for name, kind, nbytes in header["fields"]:
+        if kind == "int":
+            columns.append((name, np.frombuffer(data, "<i8", n, pos).tolist()))
+            pos += nbytes
+            continue
+        offsets = np.frombuffer(data, "<i8", n + 1, pos).tolist()
+        pos += 8 * (n + 1)
+        blob = view[pos:pos + nbytes]
+        pos += nbytes
+        texts = [str(blob[a:b], "utf-8", "surrogatepass") for a, b in zip(offsets, offsets[1:])]
+        columns.append((name, texts if kind == "str" else [json.loads(t) for t in texts]))
+    if len(columns) == 1 and columns[0][0] == "" and n:
+        return columns[0][1]  # whole examples as JSON (their keys differ)
+    return [dict(zip([c[0] for c in columns], row)) for row in zip(*[c[1] for c in columns])] \
+        if columns else [{} for _ in range(n)]

@@ -1,0 +1,332 @@
+"""Encoded datasets of a Data section: the task drives the encoding, above both tasks and data.
+
+``build_datasets(data_cfg, task_hint, encoder, splits, extra_corpora)`` -> ``DataBundle``.  The
+corpus is read by the one ingestion path (``data.sources``: every corpus as ordered chunks,
+pass 1 parsing and checking them once); this module takes the Task (``tasks.get_task``: its
+store fields and ``encode_example``), builds or takes the encoder, encodes pass 2's chunks on
+``Data.num_proc`` worker processes (``data.parallel``: same bytes for any count), and writes one
+store directory per split (``data.store``) into the cache entry the inputs key
+(``data.cache``): a second run with the same inputs reads the store and never touches the raw
+files.  The datasets are views on the store (``data.dataset.EncodedDataset``).
+"""
+import json
+import os
+import time
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from .config import ConfigError
+from .data import cache, sources
+from .data.corpora import load_corpus
+from .data.corpora.registry import BUILT_IN
+from .data.dataset import SPLITS, DataBundle, EncodedDataset
+from .data.lengths import length_stats
+from .data.longtext import LongTextStats
+from .data.parallel import ordered_map, resolve_num_proc
+from .data.readers import FORMATS
+from .data.store import StoreSplit, StoreWriter, is_complete, pack_columns
+from .data.vocab import TextEncoder, TokenCounting, build_encoder, vocab_sha256
+from .tasks import get_task
+from .tasks.base import EncodeContext
+from .utils.io import atomic_dir, atomic_write_json
+from .utils.log import get_logger
+
+log = get_logger("store_build")
+
+ENTRY = "entry.json"
+
+
+def build_datasets(data_cfg, task_hint=None, encoder=None, splits=SPLITS, extra_corpora=()):
+    """Corpus + encoder -> ``DataBundle`` with the encoded ``splits`` (the others are None).
+
+    ``task_hint``: the task the items are encoded for; it must read the corpus's task
+    (masked-LM reads any text corpus); None = the corpus's own task.  ``extra_corpora``:
+    corpora whose train split the task adds to the train split (``Pretrain.extra_corpora``;
+    masked-LM only).  Callers that bring the checkpoint's encoder and need one split (export
+    parity, eval) pass ``splits=("test",)``: a cached store of the same inputs and vocabulary
+    is read, else only that split is encoded."""
+    unknown = set(splits) - set(SPLITS)
+    if unknown:
+        raise ValueError(f"build_datasets: unknown split(s) {sorted(unknown)}; use {SPLITS}")
+    t0 = time.time()
+    root = cache.cache_dir(data_cfg)
+    builtin = data_cfg.corpus in BUILT_IN
+    given_sha = vocab_sha256(encoder) if encoder is not None else None
+    parts, key = _pick_entry(root, data_cfg, task_hint, builtin, given_sha, extra_corpora)
+    entry_dir = os.path.join(root, key)
+    with cache.locked(root, key):
+        entry = _read_entry(entry_dir)
+        rebuild = bool(data_cfg.get("rebuild_cache"))
+        missing = [s for s in splits if not is_complete(os.path.join(entry_dir, s))]
+        if entry is not None and not rebuild and not missing:
+            log.info("store cache: reusing %s (same input files, vocabulary and encoding keys)",
+                     entry_dir)
+            how = "reused"
+        else:
+            if rebuild:
+                reason = "Data.rebuild_cache is set"
+            elif entry is None:
+                reason = cache.explain_miss(root, parts)
+            else:
+                reason = f"split(s) {missing} not encoded yet"
+            log.info("store cache: building %s (%s)", entry_dir, reason)
+            fresh = entry is None or rebuild
+            entry = _build(data_cfg, task_hint, encoder, splits if fresh else missing,
+                           extra_corpora, entry_dir, None if fresh else entry)
+            cache.remember(root, parts, key)
+            how = f"built ({reason})"
+        task = get_task(entry["task"])
+        if encoder is None:
+            encoder = _entry_encoder(data_cfg, entry, entry_dir)
+        _check(data_cfg, task, encoder, builds_encoder=given_sha is None)
+        datasets = {s: EncodedDataset(StoreSplit(os.path.join(entry_dir, s)), s, task.name,
+                                      encoder.pad_id) for s in splits}
+    stats = {"corpus": entry["corpus_stats"], "encoder": dict(getattr(encoder, "stats", {})),
+             "store": {"dir": entry_dir, "cache": how, "seconds": round(time.time() - t0, 2)}}
+    stats.update({s: ds.stats for s, ds in datasets.items()})
+    return DataBundle(task.name, datasets.get("train"), datasets.get("dev"), datasets.get("test"),
+                      encoder, list(entry["label_names"]), stats)
+
+
+def _pick_entry(root, data_cfg, task_hint, builtin, given_sha, extra_corpora):
+    """(key parts, key) of the entry to use.  An existing entry built for the corpus's own task
+    (no hint) or with a vocabulary equal to the given one is reused: a checkpoint's eval or
+    export parity reads the store its training run wrote.  Otherwise the most specific key."""
+    hints = [task_hint, None] if task_hint is not None else [None]
+    vocabs = [None, given_sha] if given_sha is not None else [None]
+    prints = cache.Fingerprints(root)
+    try:
+        for hint in hints:
+            for vocab in vocabs:
+                parts = cache.key_parts(data_cfg, hint, builtin, vocab, extra_corpora, prints)
+                key = cache.key_of(parts)
+                entry = _read_entry(os.path.join(root, key))
+                if entry is not None and (hint == task_hint or entry["task"] == task_hint) and \
+                        (given_sha is None or entry["vocab_sha256"] == given_sha):
+                    return parts, key
+        parts = cache.key_parts(data_cfg, task_hint, builtin, given_sha, extra_corpora, prints)
+        return parts, cache.key_of(parts)
+    finally:
+        prints.save()
+
+
+def _read_entry(entry_dir):
+    try:
+        with open(os.path.join(entry_dir, ENTRY), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _entry_encoder(data_cfg, entry, entry_dir):
+    if data_cfg.tokenizer == "pretrained":  # the user's vocab.txt, loaded as on a first run
+        return build_encoder(data_cfg)
+    enc = TextEncoder.load(os.path.join(entry_dir, "vocab"))
+    enc.stats = entry.get("encoder_stats", {})
+    return enc
+
+
+def _check(data_cfg, task, encoder, builds_encoder):
+    task.check_data_config(data_cfg, builds_encoder)
+    task.check_encoder(encoder)
+    _check_lengths_config(data_cfg, _specials(data_cfg, task))
+
+
+def _specials(data_cfg, task):
+    return task.default_special_tokens if data_cfg.add_special_tokens is None \
+        else data_cfg.add_special_tokens
+
+
+def _plan(data_cfg):
+    if data_cfg.corpus in BUILT_IN:
+        return sources.memory_plan(load_corpus(data_cfg))
+    return sources.plan(data_cfg)
+
+
+def _build(data_cfg, task_hint, encoder, splits, extra_corpora, entry_dir, entry):
+    """Read the corpus, make the encoder, encode ``splits`` into ``entry_dir`` -> entry dict
+    (``entry``: the one already there, whose vocabulary the missing splits are encoded with)."""
+    num_proc = resolve_num_proc(data_cfg.get("num_proc"))
+    plan = _plan(data_cfg)
+    task = get_task(plan.task if task_hint is None else task_hint)
+    if plan.task not in task.corpus_tasks():
+        raise ConfigError(f"Data.corpus {data_cfg.corpus!r} gives a {plan.task} task but a "
+                          f"{task.name} task is expected here (model / checkpoint); pick a "
+                          f"matching corpus")
+    task.check_data_config(data_cfg, encoder is None)
+    counting = None
+    if entry is None and encoder is None and data_cfg.tokenizer != "pretrained":
+        counting = TokenCounting.of(data_cfg, FORMATS[plan.task].text_fields, task.pairs)
+    # the parsed examples are spilled next to the entry (the system's /tmp may be RAM)
+    scanned = sources.scan(plan, counting, num_proc, os.path.dirname(entry_dir))
+    try:
+        corpus = scanned.corpus
+        if entry is None:
+            if encoder is None:
+                encoder = build_encoder(data_cfg, scanned.counts, task.pairs)
+            entry = {"task": task.name, "label_names": list(corpus.label_names),
+                     "corpus_stats": corpus.stats, "vocab_sha256": vocab_sha256(encoder),
+                     "encoder_stats": dict(getattr(encoder, "stats", {}))}
+            with atomic_dir(entry_dir) as tmp:
+                if data_cfg.tokenizer != "pretrained":
+                    encoder.save(os.path.join(tmp, "vocab"))
+                atomic_write_json(os.path.join(tmp, ENTRY), entry)
+        elif encoder is None:
+            encoder = _entry_encoder(data_cfg, entry, entry_dir)
+        task.check_encoder(encoder)
+        specials = _specials(data_cfg, task)
+        _check_lengths_config(data_cfg, specials)
+        ctx = EncodeContext(encoder, data_cfg.max_len, data_cfg.long_text, data_cfg.stride,
+                            specials, {name: k for k, name in enumerate(corpus.label_names)},
+                            data_cfg.get("max_source_len"), data_cfg.get("max_target_len"))
+        _encode(scanned, splits, task, ctx, data_cfg, extra_corpora, entry_dir, num_proc)
+        return entry
+    finally:
+        scanned.close()
+
+
+def _check_lengths_config(cfg, specials):
+    if cfg.max_len < 1 + 2 * bool(specials):
+        raise ConfigError(f"Data.max_len={cfg.max_len} leaves no room for text after the special "
+                          f"tokens; use a larger value (e.g. 512)")
+    if cfg.long_text == "window":
+        content = cfg.max_len - 2 * bool(specials)
+        if not 0 <= cfg.stride < content:
+            raise ConfigError(f"Data.stride={cfg.stride} must be smaller than the {content} "
+                              f"content tokens of a window (Data.max_len {cfg.max_len} minus "
+                              f"special tokens); lower Data.stride")
+
+
+def _where_suffix(split, cfg):
+    source = {"train": cfg.train_file, "dev": cfg.dev_file, "test": cfg.test_file}.get(split)
+    return f" (from {source})" if source else f" of corpus {cfg.corpus}"
+
+
+class _At:
+    """A chunk's examples answering at the split-wide indices (doc ids) the encoder reads."""
+
+    def __init__(self, rows, start):
+        self.rows, self.start = rows, start
+
+    def __getitem__(self, i):
+        return self.rows[i - self.start]
+
+
+class _SliceEncoder:
+    """Encodes examples[start:end] with the task's function -> columns + summed counts."""
+
+    def __init__(self, task, ctx, split, cfg):
+        self.task, self.ctx, self.split, self.cfg = task, ctx, split, cfg
+        self.fields = task.store_fields()
+        self.where_suffix = _where_suffix(split, cfg)  # once: a per-item format is not free
+
+    def __call__(self, examples, start, end):
+        columns = {f.name: [] for f in self.fields}
+        unk = real = 0
+        doc_lengths, long_text = [], {}
+        for i in range(start, end):
+            items, record = self.task.encode_example(self.ctx, examples[i], i,
+                                                     f"{self.split} example {i}{self.where_suffix}")
+            for item in items:
+                for f in self.fields:
+                    columns[f.name].append(item[f.name])
+            unk += record["unk"]
+            real += record["real"]
+            doc_lengths.append(record["doc_length"])
+            for name, (n, spans) in record["long_text"].items():
+                lt = long_text.setdefault(name, LongTextStats(self.split, self.ctx.long_text))
+                lt.add(n, spans)
+        return (pack_columns(self.fields, columns), unk, real, np.asarray(doc_lengths, np.int64),
+                long_text)
+
+
+class _ChunkEncoder:
+    """Pass 2 on a worker: a job's examples (``Scanned.read``) -> {split: encoded columns}."""
+
+    def __init__(self, scanned, encoders):
+        self.scanned, self.encoders = scanned, encoders
+
+    def __call__(self, job):
+        return {split: self.encoders[split](_At(rows, base), base, base + len(rows))
+                for split, (base, rows) in self.scanned.read(job).items()}
+
+
+class SplitSink:
+    """One split's store being written: takes ``_SliceEncoder`` results in input order, sums
+    their counts, and on ``finish`` writes the extras, stats and manifest."""
+
+    def __init__(self, split, task, ctx, cfg, path, total):
+        self.split, self.task, self.ctx, self.cfg = split, task, ctx, cfg
+        self.fields = task.store_fields()
+        self.writer = StoreWriter(path, self.fields)
+        self.unk = self.real = 0
+        self.doc_lengths, self.long_text = [], {}
+        self.bar = tqdm(total=total, desc=f"encode {split}", unit="ex", mininterval=2,
+                        disable=total < 50_000)
+
+    def add(self, result):
+        columns, u, r, docs, lts = result
+        self.writer.add_packed(columns)
+        self.unk, self.real = self.unk + u, self.real + r
+        self.doc_lengths.append(docs)
+        for name, lt in lts.items():
+            total = self.long_text.setdefault(name, LongTextStats(self.split, self.ctx.long_text))
+            for k in ("documents", "long_documents", "truncated", "tokens_lost", "windows"):
+                setattr(total, k, getattr(total, k) + getattr(lt, k))
+        self.bar.update(len(docs))
+
+    def abort(self):
+        self.bar.close()
+        self.writer.abort()
+
+    def finish(self, n_docs, extra=([], None)):
+        split, writer, long_text, fields = self.split, self.writer, self.long_text, self.fields
+        self.bar.close()
+        for lt in long_text.values():
+            lt.log()
+        if not long_text:
+            long_text[""] = LongTextStats(split, self.ctx.long_text)
+        lt_stats = long_text[""].as_dict() if "" in long_text else \
+            {name: lt.as_dict() for name, lt in long_text.items()}
+        extra_items, sources_count = extra
+        doc_lengths = self.doc_lengths
+        if extra_items:  # other corpora's text (masked-LM): counted as documents of their own
+            writer.add_columns({f.name: [it[f.name] for it in extra_items] for f in fields})
+            doc_lengths.append(np.asarray([len(it["input_ids"]) for it in extra_items], np.int64))
+        writer.set_extra("doc_lengths", np.concatenate(doc_lengths) if doc_lengths
+                         else np.zeros(0, np.int64))
+        n_items = writer.count
+        lengths = writer.lengths()
+        stats = {"documents": n_docs, "items": n_items,
+                 "unk_rate": round(self.unk / self.real, 6) if self.real else 0.0,
+                 "long_text": lt_stats,
+                 "lengths": length_stats(lengths) if n_items else {"count": 0}}
+        if sources_count is not None:  # items per source text (masked-LM)
+            stats["sources"] = {f"{self.cfg.corpus}/{split}": n_items - len(extra_items),
+                                **sources_count}
+        writer.set_meta({"split": split, "task": self.task.name, "long_text": lt_stats,
+                         "stats": stats})
+        writer.close()
+
+
+def _encode(scanned, splits, task, ctx, cfg, extra_corpora, entry_dir, num_proc):
+    """Pass 2: every wanted split written at once, in input order."""
+    sizes = scanned.corpus.splits
+    sinks = {}
+    try:
+        for split in splits:
+            sinks[split] = SplitSink(split, task, ctx, cfg, os.path.join(entry_dir, split),
+                                     sizes[split])
+        encoders = {s: _SliceEncoder(task, ctx, s, cfg) for s in splits}
+        for out in ordered_map(_ChunkEncoder(scanned, encoders), scanned.jobs(splits), num_proc):
+            for split, res in out.items():
+                sinks[split].add(res)
+        for split in splits:
+            extra = task.extra_train_items(extra_corpora, cfg, ctx.encoder, sizes[split]) \
+                if split == "train" and extra_corpora else ([], None)
+            sinks.pop(split).finish(sizes[split], extra)
+    except BaseException:
+        for sink in sinks.values():
+            sink.abort()
+        raise
