@@ -48,7 +48,7 @@ import paddle
 import serve_vs_triton as svt
 from machine import machine
 from ppvarlen.config import load_config
-from ppvarlen.data.corpora import load_corpus
+from ppvarlen.data.sources import load_corpus
 from ppvarlen.data.vocab import TextEncoder
 from ppvarlen.deploy.bench import free_port
 from ppvarlen.deploy.manifest import load_manifest

@@ -25,7 +25,7 @@ def main():
     ap.add_argument("--max-target-len", type=int, default=96, help="Data.max_target_len of the run")
     ap.add_argument("--json", default="output/bench/g2p_punctuation.json")
     args = ap.parse_args()
-    from ppvarlen.data.corpora import load_corpus
+    from ppvarlen.data.sources import load_corpus
     from ppvarlen.data.g2p import without_final_punctuation
     from ppvarlen.deploy.predictor import Predictor
     from ppvarlen.tasks.seq2seq_metrics import seq2seq_metrics

@@ -47,7 +47,7 @@ def run_split(args, split_seed, out_root):
     import numpy as np
 
     from ppvarlen.config import load_config
-    from ppvarlen.data.corpora import load_corpus
+    from ppvarlen.data.sources import load_corpus
     from tfidf_baseline import fit_baseline
 
     output_dir = os.path.join(out_root, f"split{split_seed}")

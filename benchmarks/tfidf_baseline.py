@@ -40,7 +40,7 @@ def main():
     from sklearn.metrics import accuracy_score, f1_score
 
     from ppvarlen.config import load_config
-    from ppvarlen.data.corpora import load_corpus
+    from ppvarlen.data.sources import load_corpus
 
     corpus = load_corpus(load_config(data={"Data": {"corpus": "sentiment"}}).Data)
     t0 = time.time()

@@ -18,7 +18,6 @@ from tqdm.auto import tqdm
 
 from .config import ConfigError
 from .data import cache, sources
-from .data.corpora import load_corpus
 from .data.corpora.registry import BUILT_IN
 from .data.dataset import SPLITS, DataBundle, EncodedDataset
 from .data.lengths import length_stats
@@ -140,7 +139,7 @@ def _specials(data_cfg, task):
 
 def _plan(data_cfg):
     if data_cfg.corpus in BUILT_IN:
-        return sources.memory_plan(load_corpus(data_cfg))
+        return sources.memory_plan(sources.load_corpus(data_cfg))
     return sources.plan(data_cfg)
 
 

@@ -302,7 +302,7 @@ def test_resolved_config_keeps_data_paths_absolute_so_it_works_from_another_dire
     eval) can use from any directory: path keys are written absolute."""
     import json
 
-    from ppvarlen.data.corpora import load_corpus
+    from ppvarlen.data.sources import load_corpus
     from ppvarlen.data.errors import DataError
 
     run_dir, elsewhere = tmp_path / "run", tmp_path / "elsewhere"

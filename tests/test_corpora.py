@@ -9,7 +9,8 @@ import time
 import pytest
 
 from ppvarlen.config import ConfigError, load_config
-from ppvarlen.data.corpora import NER_LABELS, SENTIMENT_LABELS, load_corpus, parse_ner_line
+from ppvarlen.data.corpora import NER_LABELS, SENTIMENT_LABELS, parse_ner_line
+from ppvarlen.data.sources import load_corpus
 from ppvarlen.data.errors import DataError
 from ppvarlen.data.splits import SPLITS, example_key, stable_fraction, stable_split
 
@@ -165,7 +166,7 @@ _SPLIT_SCRIPT = """
 import hashlib, json, sys
 sys.path.insert(0, {repo!r})
 from ppvarlen.data.splits import stable_split
-from ppvarlen.data.corpora import load_corpus
+from ppvarlen.data.sources import load_corpus
 keys = [f"样本 {{i}}" for i in range(3000)]
 out = {{"synthetic": [stable_split(k) for k in keys]}}
 c = load_corpus({{"corpus": "sentiment"}})

@@ -56,7 +56,7 @@ def trained(request, tmp_path_factory):
 def dygraph_reference(cfg, ckpt_dir):
     """Per test document: (text, predicted label id | tag ids) from the engine's eval path."""
     from ppvarlen.data.collate import Collator
-    from ppvarlen.data.corpora import load_corpus
+    from ppvarlen.data.sources import load_corpus
     from ppvarlen.store_build import build_datasets
     from ppvarlen.data.longtext import aggregate_classification, aggregate_tokens
     from ppvarlen.engine.checkpoint import load_for_inference

@@ -121,7 +121,7 @@ def test_a_served_text_is_cut_and_wrapped_as_its_store_items(cls_export, tmp_pat
                                                              policy):
     """Train/serve parity of the window rule (``data.longtext.text_windows``): the predictor's
     rows of a long text are the input_ids the store holds for it."""
-    from ppvarlen.data.dataset import EncodeContext
+    from ppvarlen.tasks.base import EncodeContext
     from ppvarlen.tasks.classification import ClassificationTask
 
     export_dir, _, encoder = cls_export

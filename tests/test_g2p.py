@@ -5,7 +5,7 @@ import pytest
 
 from ppvarlen.config import ConfigError
 from ppvarlen.data import g2p
-from ppvarlen.data.corpora import load_corpus
+from ppvarlen.data.sources import load_corpus
 from ppvarlen.data.corpora.people_daily import read_people_daily
 from ppvarlen.data.errors import DataError
 from ppvarlen.data.splits import stable_split

@@ -21,9 +21,10 @@ from test_deploy_helpers import TEXTS, cls_export  # noqa: F401
 from test_store import write_reviews
 
 from ppvarlen.config import ConfigError, load_config
-from ppvarlen.data import stream_build
+from ppvarlen.data import sources
 from ppvarlen.data.errors import DataError
-from ppvarlen.data.readers import ReadLimits, read_file
+from ppvarlen.data.readers import ReadLimits
+from ppvarlen.data.sources import read_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INFER = os.path.join(REPO, "deploy", "python", "infer.py")
@@ -38,8 +39,8 @@ FIRST_LINES = [json.dumps({"text": TEXTS[0], "label": "pos"}, ensure_ascii=False
 BUILD_CHILD = r"""
 import json, resource, sys
 from ppvarlen.config import load_config
-from ppvarlen.data import stream_build
-from ppvarlen.data.corpora import load_corpus
+from ppvarlen.data import sources
+from ppvarlen.data.sources import load_corpus
 from ppvarlen.data.errors import DataError
 from ppvarlen.store_build import build_datasets
 
@@ -61,7 +62,6 @@ for path, rebuild in ((normal, False), (hostile, False), (normal, True)):
         if mode == "memory":
             out = {"examples": sum(map(len, load_corpus(cfg).splits.values()))}
         else:
-            assert stream_build.plan(cfg) is not None, "not the streaming path"
             out = {"examples": len(build_datasets(cfg).train)}
     except DataError as e:
         out = {"error": str(e)}
@@ -152,15 +152,14 @@ def _line_file(tmp_path, lengths):
 def _stream_scan(path, **data):
     cfg = load_config(data={"Data": {"corpus": "jsonl", "task": "classification",
                                      "train_file": path, **data}}).Data
-    plan = stream_build.plan(cfg)
-    return stream_build.scan(plan, cfg, num_proc=1)
+    return sources.scan(sources.plan(cfg), None, num_proc=1)
 
 
 def test_both_paths_draw_the_line_at_the_same_byte(tmp_path, monkeypatch):
     """A line of exactly max_line_bytes passes, one byte more fails at its line, on both paths
     and under Data.skip_invalid too; a line over the bound inside one stream chunk is found by
     the worker, one across chunks by the parent: the same message either way."""
-    monkeypatch.setattr(stream_build, "CHUNK_BYTES", 256)
+    monkeypatch.setattr(sources, "CHUNK_BYTES", 256)
     limit = 100
     ok = _line_file(tmp_path, [40, limit, 60])
     assert len(read_file(ok, "jsonl", limits=ReadLimits(limit)).examples) == 3
@@ -215,7 +214,7 @@ def test_a_compressible_corpus_has_a_way_out(tmp_path):
     assert os.path.getsize(big) * 100 < (24 << 20)  # a ratio over the default
 
     def chunk_bytes(path, ratio):
-        chunks = list(stream_build._chunks_of("train", str(path), ReadLimits(4 << 20, ratio)))
+        chunks = list(sources._chunks_of("train", str(path), ReadLimits(4 << 20, ratio)))
         errors = [c.error for c in chunks if c.error]
         if errors:
             raise DataError(errors[0])
@@ -282,12 +281,12 @@ class _BlockFile:
 def test_chunking_work_is_linear_in_the_line_length(monkeypatch):
     """The chunker's copying and searching per byte of a long line does not grow with its length
     (it did: each block re-copied and re-searched the line so far)."""
-    monkeypatch.setattr(stream_build, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(sources, "CHUNK_BYTES", 4096)
     per_byte = []
     for size in (1 << 20, 3 << 20):
         data = b"short\n" + b"x" * size + b"\nlast\n"
         _CountedBytes.work[0] = 0
-        chunks = list(stream_build._line_chunks("train", "f.jsonl", _BlockFile(data), 1 << 30,
+        chunks = list(sources._line_chunks("train", "f.jsonl", _BlockFile(data), 1 << 30,
                                                 carry_data=True))
         assert b"".join(c.data for c in chunks) == data
         assert [c.first_line for c in chunks][:2] == [1, 2]

@@ -269,7 +269,6 @@ CORPUS_READERS = ("ppvarlen/data/corpora/", "ppvarlen/data/readers.py", "ppvarle
 # remaining (file, name) uses, each with its reason; the test fails when one is added AND when
 # one disappears (then delete it here), so the list only shrinks
 KNOWN_FIELD_NAMES = {
-    ("ppvarlen/data/vocab.py", "tokens"): "a pre-tokenised corpus line's key (not an item field)",
     ("ppvarlen/deploy/routes_predict.py", "labels"): "/health key listing the label names",
     ("ppvarlen/export/precision_speed.py", "tokens"): "a timing report's token count key",
     ("ppvarlen/export/exporter.py", "label"): "pretrained-dir verify file format (docstring)",

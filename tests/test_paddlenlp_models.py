@@ -17,7 +17,7 @@ import pytest
 from interrupt_helper import interrupt_during_step
 from ppvarlen.cli import main_export, main_infer, main_train
 from ppvarlen.config import ConfigError, load_config
-from ppvarlen.data.corpora import load_corpus
+from ppvarlen.data.sources import load_corpus
 from ppvarlen.models import build_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

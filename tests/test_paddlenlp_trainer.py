@@ -15,7 +15,7 @@ from paddlenlp.transformers import (AutoModelForSequenceClassification,
                                     AutoModelForTokenClassification, AutoTokenizer, BertTokenizer)
 
 from ppvarlen.config import load_config
-from ppvarlen.data.corpora import load_corpus
+from ppvarlen.data.sources import load_corpus
 from ppvarlen.data.errors import DataError
 from ppvarlen.integrations.paddlenlp_trainer import (LengthBatchingTrainer, ModelInputCollator,
                                                      lengths_of, make_random_model_dir)

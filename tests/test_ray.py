@@ -51,7 +51,7 @@ def fresh_serve(cluster):
 @pytest.fixture(scope="module")
 def reviews():
     from ppvarlen.config import load_config
-    from ppvarlen.data.corpora import load_corpus
+    from ppvarlen.data.sources import load_corpus
 
     corpus = load_corpus(load_config(overrides=["Data.corpus=sentiment"]).Data)
     return [ex["text"] for ex in corpus.splits["test"] if ex["text"].strip()][:600]

@@ -53,10 +53,10 @@ def _files(root):
 # ships them; Ray tasks parse, count (Scanner) and encode (_PackedChunkEncoder) them.
 # In memory (Data.limit): the driver reads the corpus; Ray tasks count 10,000-example chunks
 # and encode 2,000-example ones (train 4,000 -> 2, dev and test 1 each).
-@pytest.mark.parametrize("mode", ["streamed", "in_memory"])
+@pytest.mark.parametrize("mode", ["streamed", "limited"])
 def test_ray_built_store_equals_the_one_machine_store(cluster, corpus_file, tmp_path,
                                                      monkeypatch, mode):
-    from ppvarlen.data import corpora, stream_build
+    from ppvarlen.data import sources
     from ppvarlen.integrations import ray_store
     from ppvarlen.store_build import build_datasets
 
@@ -73,19 +73,19 @@ def test_ray_built_store_equals_the_one_machine_store(cluster, corpus_file, tmp_
         return run
 
     monkeypatch.setattr(ray_store, "ray_mapper", counting_mapper)
-    monkeypatch.setattr(stream_build, "CHUNK_BYTES", 16 << 10)
-    extra = ("Data.limit=5000",) if mode == "in_memory" else ()
+    monkeypatch.setattr(sources, "CHUNK_BYTES", 16 << 10)
+    extra = ("Data.limit=5000",) if mode == "limited" else ()
     local = build_datasets(_cfg(corpus_file, tmp_path / "local", *extra).Data)
     if mode == "streamed":  # the driver must not parse the corpus itself
-        monkeypatch.setattr(corpora, "load_corpus", lambda cfg: pytest.fail("driver read it"))
+        monkeypatch.setattr(sources, "read_corpus", lambda cfg: pytest.fail("driver read it"))
     on_ray = ray_store.build_store_on_ray(_cfg(corpus_file, tmp_path / "ray", *extra).Data,
                                           max_in_flight=2)
     if mode == "streamed":
         size = os.path.getsize(corpus_file)
-        assert chunks.count("Scanner") == chunks.count("_PackedChunkEncoder") >= size // (16 << 10)
-        assert set(chunks) == {"Scanner", "_PackedChunkEncoder"}
-    else:
-        assert chunks.count("_ChunkCounter") == 1 and chunks.count("_SliceEncoder") == 4
+        assert chunks.count("Scanner") == chunks.count("_ChunkEncoder") >= size // (16 << 10)
+        assert set(chunks) == {"Scanner", "_ChunkEncoder"}
+    else:  # Data.limit: the train split's tokens counted again, of the kept examples only
+        assert set(chunks) == {"Scanner", "_CountJob", "_ChunkEncoder"}
     a, b = local.stats["store"]["dir"], on_ray.stats["store"]["dir"]
     assert os.path.basename(a) == os.path.basename(b)  # the same cache key
     assert on_ray.stats["store"]["cache"].startswith("built")

@@ -5,9 +5,9 @@ import logging
 import pytest
 
 from ppvarlen.config import ConfigError
-from ppvarlen.data.corpora import load_corpus
+from ppvarlen.data.sources import load_corpus
 from ppvarlen.data.errors import DataError
-from ppvarlen.data.readers import read_file
+from ppvarlen.data.sources import read_file
 from ppvarlen.data.splits import SPLITS, example_key, stable_split
 
 GOOD_CLS = '{"text": "很好看", "label": "pos"}'

@@ -12,7 +12,7 @@ import pytest
 
 from ppvarlen.config import ConfigError
 from ppvarlen.data import tagschemes
-from ppvarlen.data.corpora import load_corpus
+from ppvarlen.data.sources import load_corpus
 from ppvarlen.data.corpora.ner import ner_tags
 from ppvarlen.data.corpora.people_daily import people_daily
 from ppvarlen.data.errors import DataError

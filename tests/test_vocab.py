@@ -7,9 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppvarlen.config import ConfigError, load_config
-from ppvarlen.data.corpora import load_corpus
+from ppvarlen.data.sources import load_corpus
 from ppvarlen.data.errors import DataError
-from ppvarlen.data.vocab import SPECIAL_TOKENS, TextEncoder, build_encoder, escape_token, unescape_token
+from ppvarlen.data.readers import FORMATS
+from ppvarlen.data.vocab import (SPECIAL_TOKENS, TextEncoder, TokenCounting, build_encoder,
+                                  count_fields, escape_token, unescape_token)
 
 
 def test_special_ids_are_fixed():
@@ -145,6 +147,12 @@ def test_load_errors(tmp_path):
         TextEncoder.load(str(tmp_path / "dup"))
 
 
+def train_counts(cfg, corpus, pairs=False):
+    """The train split's token counts, as the store build gives them to ``build_encoder``."""
+    counting = TokenCounting.of(cfg, FORMATS[corpus.task].text_fields, pairs)
+    return count_fields(corpus.splits["train"], counting)
+
+
 def test_build_encoder_uses_train_split_only_and_reports_unk_per_split(tmp_path):
     def write(name, texts):
         p = tmp_path / name
@@ -156,7 +164,7 @@ def test_build_encoder_uses_train_split_only_and_reports_unk_per_split(tmp_path)
         "corpus": "jsonl", "train_file": write("tr.jsonl", ["甲乙", "乙丙"]),
         "dev_file": write("dv.jsonl", ["甲丁"]), "test_file": write("te.jsonl", ["戊戊己甲"])}}).Data
     corpus = load_corpus(cfg)
-    enc = build_encoder(cfg, corpus)
+    enc = build_encoder(cfg, train_counts(cfg, corpus))
     assert enc.tokens[6:] == ["乙", "丙", "甲"]  # 丁 戊 己 only in dev/test
     rates = {s: enc.unk_rate([enc.encode_text(ex["text"]) for ex in corpus.splits[s]])
              for s in ("train", "dev", "test")}
@@ -167,7 +175,7 @@ def test_build_encoder_uses_train_split_only_and_reports_unk_per_split(tmp_path)
 def test_build_encoder_on_real_corpora_counts_only_train():
     cfg = load_config(data={"Data": {"corpus": "people_daily_ner"}}).Data
     corpus = load_corpus(cfg)
-    enc = build_encoder(cfg, corpus)
+    enc = build_encoder(cfg, train_counts(cfg, corpus))
     assert enc.unk_rate(enc.encode(ex["tokens"]) for ex in corpus.splits["train"]) == 0.0
     assert 0.0 < enc.unk_rate(enc.encode(ex["tokens"]) for ex in corpus.splits["test"]) < 0.01
     assert enc.stats["train_tokens"] == sum(len(ex["tokens"]) for ex in corpus.splits["train"])
@@ -204,11 +212,11 @@ def test_pretrained_config_errors(tmp_path):
                                      "limit": 5}}).Data
     corpus = load_corpus(cfg)
     with pytest.raises(ConfigError, match="Data.vocab_file"):
-        build_encoder(cfg, corpus)
+        build_encoder(cfg)
     cfg = load_config(data={"Data": {"corpus": "sentiment", "tokenizer": "pretrained", "limit": 5,
                                      "vocab_file": str(tmp_path / "nope.txt")}}).Data
     with pytest.raises(DataError, match="nope.txt: vocabulary file not found"):
-        build_encoder(cfg, corpus)
+        build_encoder(cfg)
     bad = tmp_path / "bad.txt"
     bad.write_text("中\n国\n[UNK]\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"lacks \['\[PAD\]', '\[CLS\]', '\[SEP\]'\]"):
@@ -223,16 +231,22 @@ def test_seq2seq_vocab_covers_source_and_target(tmp_path):
     p = tmp_path / "s.jsonl"
     p.write_text('{"source": "中国", "target": "zg"}\n' * 3, encoding="utf-8")
     cfg = load_config(data={"Data": {"corpus": "jsonl", "train_file": str(p)}}).Data
-    enc = build_encoder(cfg, load_corpus(cfg), pairs=True)  # the seq2seq task says "pairs"
+    enc = build_encoder(cfg, train_counts(cfg, load_corpus(cfg), True), pairs=True)  # seq2seq
     assert set(enc.tokens[6:]) == {"中", "国", "z", "g"}
     # the target alphabet comes first: the decoder's output layer covers ids < output_size
     assert enc.output_size == 8 and set(enc.tokens[6:8]) == {"z", "g"}
 
 
+def pair_counts(sources, targets, target_kind):
+    counting = TokenCounting("char", False, ((("source",), None), (("target",), target_kind)))
+    return count_fields([{"source": a, "target": b} for a, b in zip(sources, targets)], counting)
+
+
 def test_seq2seq_vocab_target_first_round_trip_and_unk(tmp_path):
     sources = ["中国人", "中国", "国人 a"]
     targets = ["zhong guo ren", "zhong guo", "guo ren a"]
-    enc = TextEncoder.build_seq2seq(sources, targets, "char", target_kind="word")
+    enc = TextEncoder.build_seq2seq(*pair_counts(sources, targets, "word"), "char",
+                                    target_kind="word")
     assert enc.output_size == 6 + 4  # zhong guo ren a: "a" is also a source char, counted once
     assert set(enc.tokens[6:10]) == {"zhong", "guo", "ren", "a"}
     assert all(enc.encode_target(t) == [enc.tokens.index(w) for w in t.split()] for t in targets)
@@ -242,7 +256,7 @@ def test_seq2seq_vocab_target_first_round_trip_and_unk(tmp_path):
     enc.save(tmp_path)
     back = TextEncoder.load(tmp_path)
     assert (back.output_size, back.target_kind, back.tokens) == (10, "word", enc.tokens)
-    letters = TextEncoder.build_seq2seq(sources, targets, "char")  # letters, space included
+    letters = TextEncoder.build_seq2seq(*pair_counts(sources, targets, "char"), "char")  # spaces too
     assert letters.decode_target(letters.encode_target("guo ren")) == "guo ren"
     assert set(letters.tokens[6:letters.output_size]) == set("zhonguremia ") - {"m", "i"}
     meta = json.load(open(tmp_path / "encoder.json"))
@@ -255,4 +269,4 @@ def test_seq2seq_vocab_target_first_round_trip_and_unk(tmp_path):
 def test_vocab_file_without_pretrained_is_a_config_error():
     cfg = load_config(data={"Data": {"corpus": "sentiment", "limit": 5, "vocab_file": "v.txt"}}).Data
     with pytest.raises(ConfigError, match="Data.vocab_file is read only with Data.tokenizer"):
-        build_encoder(cfg, load_corpus(cfg))
+        build_encoder(cfg)

@@ -43,6 +43,7 @@ from ..config import ConfigError
 from ..utils.log import get_logger
 from . import parallel
 from .corpora.base import Corpus, check_tag_scheme_key
+from .corpora.registry import BUILT_IN, data_section, load_built_in
 from .errors import DataError
 from .parallel import ordered_map
 from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, BadLine, FileData, ReadLimits,
@@ -235,21 +236,7 @@ def plan(cfg):
     specs = {s: v for s, v in specs.items() if v}
     files = {s: expand_inputs(spec) for s, spec in specs.items()}
     limits = ReadLimits.of(cfg)
-    task = cfg.task
-    if task is not None and task not in FORMATS:
-        raise ConfigError(f"Data.task {task!r}: no corpus format of that name; the formats are "
-                          f"{sorted(FORMATS)} (a task module registers its own, docs/TASKS.md)")
-    if cfg.corpus == "tsv":
-        task = task or DEFAULT_TASK
-        if not FORMATS[task].tsv:
-            raise DataError(f"{files['train'][0]}: TSV files hold "
-                            f"{'<TAB>'.join(FORMATS[DEFAULT_TASK].fields)} ({DEFAULT_TASK}), but "
-                            f"the task is {task!r}, which has no TSV form; use a JSONL file with "
-                            f"{FORMATS[task].fields} fields")
-    elif task is None and cfg.corpus == "parquet":
-        task = _first_row_task(files["train"][0])
-    elif task is None:
-        task = _first_line_task(files["train"][0], limits)
+    task = _format_task(cfg.corpus, cfg.task, files["train"][0], limits)
     names = cfg.get("label_names")
     return Plan(cfg.corpus, task, cfg.task is not None, files, specs, bool(cfg.skip_invalid),
                 cfg.split_seed, None if names is None else tuple(names),
@@ -257,22 +244,44 @@ def plan(cfg):
                 cfg.get("tag_scheme", "auto"), cfg.limit, parallel.has_mapper(), limits)
 
 
+def _format_task(fmt, task, first_file, limits):
+    """The corpus format (task name) the files are read as: ``task`` (Data.task) when given,
+    else TSV's, or the one the first record's fields tell."""
+    if task is not None and task not in FORMATS:
+        raise ConfigError(f"Data.task {task!r}: no corpus format of that name; the formats are "
+                          f"{sorted(FORMATS)} (a task module registers its own, docs/TASKS.md)")
+    if fmt == "tsv":
+        task = task or DEFAULT_TASK
+        if not FORMATS[task].tsv:
+            raise DataError(f"{first_file}: TSV files hold "
+                            f"{'<TAB>'.join(FORMATS[DEFAULT_TASK].fields)} ({DEFAULT_TASK}), but "
+                            f"the task is {task!r}, which has no TSV form; use a JSONL file with "
+                            f"{FORMATS[task].fields} fields")
+        return task
+    if task is not None:
+        return task
+    return _first_row_task(first_file) if fmt == "parquet" else \
+        _first_line_task(first_file, limits)
+
+
 def _first_line_task(path, limits):
     """The task the first JSON object's fields tell (a line before it that is not one is
     reported by the scan), else the default."""
-    try:
-        for n, line in _decoded_lines(path, limits):
-            if isinstance(line, BadLine) or not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(obj, dict):
-                return _task_from_first_line(path, n, line)
-    except DataError:
-        pass  # an unreadable file: the scan reports it where it stops
-    return DEFAULT_TASK
+    lines = _decoded_lines(path, limits)
+    while True:
+        try:
+            n, line = next(lines)
+        except (StopIteration, DataError):  # an unreadable file: the scan reports where it stops
+            return DEFAULT_TASK
+        if isinstance(line, BadLine) or not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            lines.close()
+            return _task_from_first_line(path, n, line)
 
 
 def _first_row_task(path):
@@ -465,7 +474,13 @@ class _FileScan:
         for kind, first in sc.kinds.items():
             self.kinds.setdefault(kind, first)
 
-    def check(self):
+    def finish(self):
+        """The file's last chunk is merged: its skips logged; no valid record is an error."""
+        if self.skipped:
+            n, msg = next(iter(self.first_skipped.values()))
+            logger.warning("%s: skipped %d invalid line(s) (%s); first: line %d: %s", self.path,
+                           sum(self.skipped.values()),
+                           ", ".join(f"{r}: {c}" for r, c in sorted(self.skipped.items())), n, msg)
         if not self.examples:
             raise DataError(f"{self.path}: no valid examples ({self.lines} lines read"
                             f"{', all skipped as invalid' if self.skipped else ''}); check "
@@ -618,13 +633,14 @@ class _Merge:
 
     def run(self, num_proc):
         plan = self.plan
-        size = sum(os.path.getsize(p) for ps in plan.files.values() for p in ps)
+        size = sum(os.path.getsize(p) for ps in plan.files.values() for p in ps
+                   if os.path.isfile(p))
         bar = tqdm(desc="read", unit=" lines", unit_scale=True, mininterval=2,
                    disable=size < (64 << 20))
         current = None
         for sc in ordered_map(Scanner(plan, self.counting), plan.chunks(), num_proc):
             if current is not None and sc.path != current.path:
-                current.check()
+                current.finish()
             if sc.error is not None:
                 raise DataError(sc.error)
             current = self.files.setdefault(sc.path, _FileScan(sc.role, sc.path))
@@ -633,7 +649,7 @@ class _Merge:
             bar.update(sc.lines)
         bar.close()
         if current is not None:
-            current.check()
+            current.finish()
         if self.fmt.labels == "tags":
             names, label_stats, file_stats = self._tag_rules()
         else:
@@ -872,6 +888,45 @@ def _file_stats(plan, role, fds):
 
 
 # ------------------------------------------------------------- a corpus in memory
+
+def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto", limits=None):
+    """One file read whole by pass 1's reader -> ``FileData`` (labels as written; a tagging
+    file's lines checked against one tag scheme), for tools and tests: a store build reads its
+    files through ``scan``."""
+    limits = limits or ReadLimits.of()
+    task = _format_task(fmt, task, path, limits)
+    one = Plan(fmt, task, True, {"train": [path]}, {"train": path}, bool(skip_invalid), 0,
+               limits=limits)
+    scanner, fd = Scanner(one, None), FileData(path, task)
+    for chunk in one.chunks():
+        sc = scanner(chunk)
+        if sc.error is not None:
+            raise DataError(sc.error)
+        fd.examples += unpack_examples(sc.parsed)
+        fd.line_numbers += sc.line_numbers.tolist()
+        fd.lines += sc.lines
+        fd.header = fd.header or sc.header
+        fd.skipped.update(sc.skipped)
+        for reason, (n, msg) in sc.first_skipped.items():
+            fd.first_skipped.setdefault(reason, f"line {n}: {msg}")
+    if FORMATS[task].labels == "tags":
+        check_tag_scheme([fd], tag_scheme, skip_invalid)
+    if not fd.examples:
+        raise DataError(f"{path}: no valid examples ({fd.lines} lines read"
+                        f"{', all skipped as invalid' if fd.skipped else ''}); check the file")
+    return fd
+
+
+def load_corpus(data_cfg):
+    """The corpus ``Data.corpus`` names, read whole -> ``Corpus`` with example lists (labels as
+    ids); ``data_cfg``: the Data section (or a dict).  A built-in corpus is its reader's; user
+    files are read by the chunked path, its examples gathered (for tools, tests and the corpora
+    tasks derive; a store build reads through ``scan`` and holds no example list)."""
+    cfg = data_section(data_cfg)
+    if cfg.corpus in BUILT_IN:
+        return load_built_in(cfg)
+    return read_corpus(cfg)
+
 
 def read_corpus(cfg):
     """The user files of ``cfg`` read whole -> ``Corpus`` with example lists (labels as ids):

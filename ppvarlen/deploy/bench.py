@@ -21,7 +21,7 @@ import numpy as np
 
 from .manifest import load_manifest
 from ppvarlen.config import load_config
-from ppvarlen.data.corpora import load_corpus
+from ppvarlen.data.sources import load_corpus
 from ppvarlen.tasks import get_task
 from ppvarlen.utils.io import atomic_write_json
 from ppvarlen.utils.log import get_logger

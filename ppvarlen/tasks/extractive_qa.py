@@ -48,7 +48,7 @@ from pydantic import Field as Described
 
 from ..config import ConfigError, load_config
 from ..data import readers
-from ..data.corpora import load_corpus
+from ..data.sources import load_corpus
 from ..data.errors import DataError
 from ..data.longtext import plan_spans
 from ..data.store import StoreField

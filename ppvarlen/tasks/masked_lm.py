@@ -23,7 +23,7 @@ import numpy as np
 
 from ..config import ConfigError
 from ..data.collate import pad_sequences
-from ..data.corpora import load_corpus
+from ..data.sources import load_corpus
 from ..data.vocab import vocab_sha256
 from .base import Task
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..config import ConfigError, load_config
 from ..data import readers
-from ..data.corpora import load_corpus
+from ..data.sources import load_corpus
 from ..data.errors import DataError
 from ..data.store import StoreField
 from ..model_registry import MODELS

@@ -1,5 +1,5 @@
-"""``load_corpus(data_cfg)``: the registry of built-in corpora and their cache; user files are
-read by the one ingestion path (``data.sources.read_corpus``).
+"""The registry of built-in corpora and their cache: ``load_built_in(data_cfg)`` (every corpus,
+user files too: ``data.sources.load_corpus``).
 
 A built-in corpus is a function of a few Data keys (its cache key); adding one means writing
 its reader module and one ``BUILT_IN`` entry.  ``Data.limit`` is applied to a fresh copy, so
@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ...config import Config, ConfigError, load_config
-from .. import sources
 from .base import apply_limit, check_tag_scheme_key, fresh_copy
 from .g2p_corpus import g2p_corpus
 from .ner import ner_corpus
@@ -34,13 +33,10 @@ USER_FORMATS = ("jsonl", "tsv", "parquet")
 USER_FILE_KEYS = ("train_file", "dev_file", "test_file", "label_names")
 
 
-def load_corpus(data_cfg):
-    """Load the corpus named by ``Data.corpus``; ``data_cfg`` is the Data section (or a dict)."""
-    cfg = _data_section(data_cfg)
+def load_built_in(cfg):
+    """The built-in corpus the Data section ``cfg`` names (a fresh copy, ``Data.limit`` applied)."""
     name = cfg.corpus
-    built_in = BUILT_IN.get(name)
-    if built_in is None:
-        return sources.read_corpus(cfg)
+    built_in = BUILT_IN[name]
     _check_built_in_keys(cfg, name, built_in)
     corpus = fresh_copy(_built(name, tuple(cfg.get(k) for k in built_in.keys)))
     check_tag_scheme_key(cfg.get("tag_scheme", "auto"), name, corpus)
@@ -66,7 +62,8 @@ def _check_built_in_keys(cfg, name, built_in):
                               f"Data.corpus to jsonl/tsv")
 
 
-def _data_section(data_cfg):
+def data_section(data_cfg):
+    """The Data section a caller passed: a Config, or a dict (tests), validated with defaults."""
     if isinstance(data_cfg, dict):  # convenience for tests: validate and fill defaults
         return load_config(data={"Data": data_cfg}).Data
     if isinstance(data_cfg, Config) and "corpus" not in data_cfg and "Data" in data_cfg:
