@@ -4,7 +4,7 @@
 corpus is read by the one ingestion path (``data.sources``: every corpus as ordered chunks,
 pass 1 parsing and checking them once); this module takes the Task (``tasks.get_task``: its
 store fields and ``encode_example``), builds or takes the encoder, encodes pass 2's chunks on
-``Data.num_proc`` worker processes (``data.parallel``: same bytes for any count), and writes one
+``Data.num_proc`` worker processes (``utils.parallel``: same bytes for any count), and writes one
 store directory per split (``data.store``) into the cache entry the inputs key
 (``data.cache``): a second run with the same inputs reads the store and never touches the raw
 files.  The datasets are views on the store (``data.dataset.EncodedDataset``).
@@ -19,11 +19,12 @@ from tqdm.auto import tqdm
 from .config import ConfigError
 from .data import cache, sources
 from .data.corpora.registry import BUILT_IN
-from .data.dataset import SPLITS, DataBundle, EncodedDataset
+from .data.dataset import DataBundle, EncodedDataset
 from .data.lengths import length_stats
 from .data.longtext import LongTextStats
-from .data.parallel import ordered_map, resolve_num_proc
+from .utils.parallel import ordered_map, resolve_num_proc
 from .data.readers import FORMATS
+from .data.splits import SPLITS
 from .data.store import StoreSplit, StoreWriter, is_complete, pack_columns
 from .data.vocab import TextEncoder, TokenCounting, build_encoder, vocab_sha256
 from .tasks import get_task
@@ -241,14 +242,14 @@ class _SliceEncoder:
 
 
 class _ChunkEncoder:
-    """Pass 2 on a worker: a job's examples (``Scanned.read``) -> {split: encoded columns}."""
+    """Pass 2 on a worker: a job's examples (``sources.ChunkReader``) -> {split: columns}."""
 
-    def __init__(self, scanned, encoders):
-        self.scanned, self.encoders = scanned, encoders
+    def __init__(self, reader, encoders):
+        self.reader, self.encoders = reader, encoders
 
     def __call__(self, job):
         return {split: self.encoders[split](_At(rows, base), base, base + len(rows))
-                for split, (base, rows) in self.scanned.read(job).items()}
+                for split, (base, rows) in self.reader(job).items()}
 
 
 class SplitSink:
@@ -318,7 +319,8 @@ def _encode(scanned, splits, task, ctx, cfg, extra_corpora, entry_dir, num_proc)
             sinks[split] = SplitSink(split, task, ctx, cfg, os.path.join(entry_dir, split),
                                      sizes[split])
         encoders = {s: _SliceEncoder(task, ctx, s, cfg) for s in splits}
-        for out in ordered_map(_ChunkEncoder(scanned, encoders), scanned.jobs(splits), num_proc):
+        for out in ordered_map(_ChunkEncoder(scanned.reader(), encoders), scanned.jobs(splits),
+                               num_proc):
             for split, res in out.items():
                 sinks[split].add(res)
         for split in splits:

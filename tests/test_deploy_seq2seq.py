@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from test_deploy_helpers import TEXTS, cls_export  # noqa: F401
 from test_server import RunningServer, post, run_concurrently
+from test_vocab import pair_counts
 
 from ppvarlen.data.errors import DataError
 from ppvarlen.deploy.manifest import UnservableExportError
@@ -49,7 +50,8 @@ def make_seq2seq_export(out_dir, long_text="truncate"):
     from ppvarlen.export.exporter import export_model
 
     # targets of whole syllables ("word"): outputs join with spaces, as the trainer decodes them
-    encoder = TextEncoder.build_seq2seq(TEXTS + [LONG], PINYIN, kind="char", target_kind="word")
+    encoder = TextEncoder.build_seq2seq(*pair_counts(TEXTS + [LONG], PINYIN, "word"), kind="char",
+                                        target_kind="word")
     model = _tiny_model(encoder.vocab_size)
     meta = {"task": "seq2seq", "model_name": "seq2seq", "label_names": [], "num_labels": 0,
             "special_ids": encoder.special_ids, "max_len": MAX_SOURCE,

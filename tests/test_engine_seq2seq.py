@@ -75,9 +75,11 @@ def test_eval_batching_does_not_change_outputs_and_matches_recorded_dev(run):
 
 
 def test_seq2seq_report_compares_decoded_text():
+    from test_vocab import pair_counts
     from ppvarlen.data.vocab import TextEncoder
 
-    enc = TextEncoder.build_seq2seq(["中国", "人"], ["zhong guo", "ren"], "char", target_kind="word")
+    enc = TextEncoder.build_seq2seq(*pair_counts(["中国", "人"], ["zhong guo", "ren"], "word"),
+                                    "char", target_kind="word")
     ids = [enc.encode_target(t) for t in ("zhong guo", "ren")]
     data = [{"src_ids": [9], "tgt_ids": [enc.bos_id] + i + [enc.eos_id]} for i in ids]
     assert seq2seq_report(data, ids, enc) == {"seq_acc": 1.0, "ter": 0.0, "num_examples": 2}

@@ -21,6 +21,7 @@ from test_deploy_helpers import TEXTS, cls_export  # noqa: F401
 from test_store import write_reviews
 
 from ppvarlen.config import ConfigError, load_config
+from ppvarlen.data import chunks as record_chunks
 from ppvarlen.data import sources
 from ppvarlen.data.errors import DataError
 from ppvarlen.data.readers import ReadLimits
@@ -39,6 +40,7 @@ FIRST_LINES = [json.dumps({"text": TEXTS[0], "label": "pos"}, ensure_ascii=False
 BUILD_CHILD = r"""
 import json, resource, sys
 from ppvarlen.config import load_config
+from ppvarlen.data import chunks as record_chunks
 from ppvarlen.data import sources
 from ppvarlen.data.sources import load_corpus
 from ppvarlen.data.errors import DataError
@@ -159,7 +161,7 @@ def test_both_paths_draw_the_line_at_the_same_byte(tmp_path, monkeypatch):
     """A line of exactly max_line_bytes passes, one byte more fails at its line, on both paths
     and under Data.skip_invalid too; a line over the bound inside one stream chunk is found by
     the worker, one across chunks by the parent: the same message either way."""
-    monkeypatch.setattr(sources, "CHUNK_BYTES", 256)
+    monkeypatch.setattr(record_chunks, "CHUNK_BYTES", 256)
     limit = 100
     ok = _line_file(tmp_path, [40, limit, 60])
     assert len(read_file(ok, "jsonl", limits=ReadLimits(limit)).examples) == 3
@@ -214,7 +216,7 @@ def test_a_compressible_corpus_has_a_way_out(tmp_path):
     assert os.path.getsize(big) * 100 < (24 << 20)  # a ratio over the default
 
     def chunk_bytes(path, ratio):
-        chunks = list(sources._chunks_of("train", str(path), ReadLimits(4 << 20, ratio)))
+        chunks = list(record_chunks._chunks_of("train", str(path), ReadLimits(4 << 20, ratio)))
         errors = [c.error for c in chunks if c.error]
         if errors:
             raise DataError(errors[0])
@@ -281,12 +283,12 @@ class _BlockFile:
 def test_chunking_work_is_linear_in_the_line_length(monkeypatch):
     """The chunker's copying and searching per byte of a long line does not grow with its length
     (it did: each block re-copied and re-searched the line so far)."""
-    monkeypatch.setattr(sources, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(record_chunks, "CHUNK_BYTES", 4096)
     per_byte = []
     for size in (1 << 20, 3 << 20):
         data = b"short\n" + b"x" * size + b"\nlast\n"
         _CountedBytes.work[0] = 0
-        chunks = list(sources._line_chunks("train", "f.jsonl", _BlockFile(data), 1 << 30,
+        chunks = list(record_chunks._line_chunks("train", "f.jsonl", _BlockFile(data), 1 << 30,
                                                 carry_data=True))
         assert b"".join(c.data for c in chunks) == data
         assert [c.first_line for c in chunks][:2] == [1, 2]

@@ -49,13 +49,13 @@ def _files(root):
     return out
 
 
-# streamed: the driver only cuts the raw file into 16 KB chunks of lines (about 40 here) and
-# ships them; Ray tasks parse, count (Scanner) and encode (_PackedChunkEncoder) them.
-# In memory (Data.limit): the driver reads the corpus; Ray tasks count 10,000-example chunks
-# and encode 2,000-example ones (train 4,000 -> 2, dev and test 1 each).
+# The driver only cuts the raw file into 16 KB chunks of lines (about 40 here) and ships them;
+# Ray tasks parse, count (Scanner) and encode (_ChunkEncoder) them.  With Data.limit the train
+# split's tokens are counted again over the kept examples (_CountJob).
 @pytest.mark.parametrize("mode", ["streamed", "limited"])
 def test_ray_built_store_equals_the_one_machine_store(cluster, corpus_file, tmp_path,
                                                      monkeypatch, mode):
+    from ppvarlen.data import chunks as record_chunks
     from ppvarlen.data import sources
     from ppvarlen.integrations import ray_store
     from ppvarlen.store_build import build_datasets
@@ -73,7 +73,7 @@ def test_ray_built_store_equals_the_one_machine_store(cluster, corpus_file, tmp_
         return run
 
     monkeypatch.setattr(ray_store, "ray_mapper", counting_mapper)
-    monkeypatch.setattr(sources, "CHUNK_BYTES", 16 << 10)
+    monkeypatch.setattr(record_chunks, "CHUNK_BYTES", 16 << 10)
     extra = ("Data.limit=5000",) if mode == "limited" else ()
     local = build_datasets(_cfg(corpus_file, tmp_path / "local", *extra).Data)
     if mode == "streamed":  # the driver must not parse the corpus itself

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from ppvarlen.config import load_config
+from ppvarlen.data import chunks as record_chunks
 from ppvarlen.data import sources
 from ppvarlen.data.errors import DataError
 from ppvarlen.store_build import build_datasets
@@ -36,7 +37,7 @@ def _build_both(tmp_path, monkeypatch, **data):
     for mode in ("whole", "chunked"):
         cache = str(tmp_path / mode)
         with monkeypatch.context() as m:
-            m.setattr(sources, "CHUNK_BYTES", 1 << 30 if mode == "whole" else 4096)
+            m.setattr(record_chunks, "CHUNK_BYTES", 1 << 30 if mode == "whole" else 4096)
             try:
                 build_datasets(data_cfg(cache_dir=cache, num_proc=1 if mode == "whole" else 2,
                                         **data))
@@ -99,11 +100,11 @@ def test_tsv_with_a_header_gives_the_same_store_in_chunks(tmp_path, monkeypatch)
 
 
 def test_chunks_cut_at_line_ends_and_number_lines(tmp_path, monkeypatch):
-    monkeypatch.setattr(sources, "CHUNK_BYTES", 64)
+    monkeypatch.setattr(record_chunks, "CHUNK_BYTES", 64)
     lines = [b"x" * 10, b"y" * 200, b"", b"z" * 63, b"w"]  # one longer than a chunk; no final \n
     path = tmp_path / "f.jsonl"
     path.write_bytes(b"\n".join(lines))
-    chunks = list(sources._chunks_of("train", str(path)))
+    chunks = list(record_chunks._chunks_of("train", str(path)))
     assert len(chunks) > 2
     got = [(n, raw) for c in chunks for n, raw in enumerate(c.raw_lines(), c.first_line)]
     assert got == list(enumerate(lines, 1))
@@ -112,7 +113,7 @@ def test_chunks_cut_at_line_ends_and_number_lines(tmp_path, monkeypatch):
 def test_every_line_is_parsed_once(tmp_path, monkeypatch):
     """Pass 2 encodes the examples pass 1 parsed (spilled as packed columns): no line is
     JSON-parsed twice (the bytes are the in-memory path's: the tests above and the gate)."""
-    monkeypatch.setattr(sources, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(record_chunks, "CHUNK_BYTES", 4096)
     train = write_reviews(tmp_path / "train.jsonl", 800)
     parsed = []
     real = sources.parse_json_line
@@ -128,14 +129,14 @@ def test_every_line_is_parsed_once(tmp_path, monkeypatch):
 def test_packed_examples_round_trip():
     rows = [{"text": "好\ud800 \u3000x", "label": 3, "answers": [{"text": "好", "start": 0}]},
             {"text": "", "label": -2, "answers": []}]
-    assert sources.unpack_examples(sources.pack_examples(rows)) == rows
+    assert record_chunks.unpack_examples(record_chunks.pack_examples(rows)) == rows
     mixed = [{"text": "a", "label": "pos"}, {"text": "b", "label": 1}]
-    assert sources.unpack_examples(sources.pack_examples(mixed)) == mixed
+    assert record_chunks.unpack_examples(record_chunks.pack_examples(mixed)) == mixed
     other_keys = [{"text": "a"}, {"source": "b", "target": "c"}]
-    assert sources.unpack_examples(sources.pack_examples(other_keys)) == other_keys
-    assert sources.unpack_examples(sources.pack_examples([])) == []
+    assert record_chunks.unpack_examples(record_chunks.pack_examples(other_keys)) == other_keys
+    assert record_chunks.unpack_examples(record_chunks.pack_examples([])) == []
     big = [{"label": 1 << 70}]
-    assert sources.unpack_examples(sources.pack_examples(big)) == big
+    assert record_chunks.unpack_examples(record_chunks.pack_examples(big)) == big
 
 
 def test_the_format_declares_its_labels_and_texts():

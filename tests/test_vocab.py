@@ -237,9 +237,12 @@ def test_seq2seq_vocab_covers_source_and_target(tmp_path):
     assert enc.output_size == 8 and set(enc.tokens[6:8]) == {"z", "g"}
 
 
-def pair_counts(sources, targets, target_kind):
-    counting = TokenCounting("char", False, ((("source",), None), (("target",), target_kind)))
-    return count_fields([{"source": a, "target": b} for a, b in zip(sources, targets)], counting)
+def pair_counts(sources, targets, target_kind, kind="char"):
+    """The (source, target) token counts ``TextEncoder.build_seq2seq`` takes."""
+    src = TokenCounting(kind, False, ((("source",), None),))
+    tgt = TokenCounting(kind, False, ((("target",), target_kind),))
+    return (count_fields([{"source": t} for t in sources], src)[0],
+            count_fields([{"target": t} for t in targets], tgt)[0])
 
 
 def test_seq2seq_vocab_target_first_round_trip_and_unk(tmp_path):

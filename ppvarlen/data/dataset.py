@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 
 import paddle
 
-from .splits import SPLITS
-
 
 class EncodedDataset(paddle.io.Dataset):
     """A split's encoded items (a ``StoreSplit``) plus their lengths, known without touching

@@ -4,29 +4,27 @@
 directory or a glob of shards; Parquet, one chunk per row group), or ``memory_plan(corpus)`` of
 a corpus already in memory (the built-in corpora: one chunk per slice of a split).
 
-Pass 1 (``scan``): each worker reads one chunk, parses and checks every record with
-``data.readers``' parsers and messages (``file:line``), hashes its split key (the split of a
-train file's example comes from ``data.splits``' stable hash), counts the train split's tokens
-(``vocab.TokenCounting``) and returns the chunk's kept examples packed as compact columns
-(``pack_examples``: a string field as one UTF-8 blob + offsets, an int field as int64, any other
-as JSON), which the parent appends to an anonymous temp file (gone when the build ends or dies).
+Pass 1 (``scan``): each worker reads one chunk (``data.chunks``), parses and checks every
+record with ``data.readers``' parsers and messages (``file:line``), hashes its split key (the
+split of a train file's example comes from ``data.splits``' stable hash), counts the train
+split's tokens (``vocab.TokenCounting``) and returns the chunk's kept examples packed as compact
+columns (``chunks.pack_examples``), which the parent appends to an anonymous temp file (gone when
+the build ends or dies).
 The parent merges the chunks in input order: the label, split, overlap, limit and stats rules
 are written once, here (``_Merge``); the tag-scheme checks of tagging data run over the merged
 tags in chunk order with ``data.readers``' checks.  ``Scanned`` is the result: the ``Corpus``
 (splits hold example counts), the token counts and the pass-2 jobs.
 
-Pass 2 (``Scanned.jobs`` / ``Scanned.read``): a job's examples read back from the temp file
+Pass 2 (``Scanned.jobs``, read by ``ChunkReader``): a job's examples read back from the temp file
 (``os.pread`` of the inherited file; a mapper's workers get the bytes with the job), with label
 ids, their split and the doc id of the first.  The code that encodes them with a task sits
 above the tasks (``ppvarlen/store_build.py``): control flows down, nothing is handed in here.
 Chunk boundaries change no byte of a store.
 
-Reading is bounded (``readers.ReadLimits``): files are opened with ``readers.open_data_file``
-(a ``.gz`` within ``Data.max_decompressed_ratio``), the parent holds at most
-``Data.max_line_bytes`` of an unfinished line (``_line_chunks``) and the workers check each
-line (a Parquet text cell) against that bound; the error is raised in input order, as a bad
-line's is.  Hand-written rather than ``datasets``/Arrow: the per-line checks and messages are
-ppvarlen's, and the workers are the same fork pool (``data.parallel``) that needs no pickled
+Reading is bounded (``readers.ReadLimits``): the parent holds at most ``Data.max_line_bytes``
+of an unfinished line (``data.chunks``) and the workers check each line (a Parquet text cell)
+against that bound; the error is raised in input order, as a bad line's is.  Hand-written rather than ``datasets``/Arrow: the per-line checks and messages are
+ppvarlen's, and the workers are the same fork pool (``utils.parallel``) that needs no pickled
 tokenizer.
 """
 import hashlib
@@ -41,141 +39,24 @@ from tqdm.auto import tqdm
 
 from ..config import ConfigError
 from ..utils.log import get_logger
-from . import parallel
+from ..utils import parallel
 from .corpora.base import Corpus, check_tag_scheme_key
 from .corpora.registry import BUILT_IN, data_section, load_built_in
 from .errors import DataError
-from .parallel import ordered_map
+from ..utils.parallel import ordered_map
+from .chunks import (_chunks_of, _parquet_chunks, _parquet_file, _parquet_rows, pack_examples,
+                     unpack_examples)
 from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, BadLine, FileData, ReadLimits,
-                      _check_cell_bytes, _decoded_lines, _is_tsv_header, _task_from_first_line,
-                      check_tag_scheme, decode_line, expand_inputs, infer_task, label_id,
-                      long_line_error, map_tags, open_data_file, parse_json_line,
-                      parse_object)
+                      _decoded_lines, _is_tsv_header, _task_from_first_line, check_tag_scheme,
+                      decode_line, expand_inputs, infer_task, label_id, long_line_error, map_tags,
+                      parse_json_line, parse_object)
 from .splits import SPLITS, example_key, split_method, stable_split
 from .vocab import count_fields
 
 logger = get_logger("data.sources")
 
-CHUNK_BYTES = 4 << 20  # a chunk of whole lines: a few thousand examples, a few MB per worker
 MEMORY_CHUNK = 2000  # examples per chunk of a corpus in memory
 USER_FORMATS = ("jsonl", "tsv", "parquet")
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """Records of one file: bytes [offset, offset + size) of a plain line file, ``data`` (a
-    gzip'd file's decompressed lines, or any chunk's bytes when shipped), or Parquet row group
-    ``row_group`` (``rows``: its rows, when shipped); ``first_line`` numbers its first record.
-    ``error``: reading the file stopped here (a line over Data.max_line_bytes, a gzip bomb); the
-    chunk carries the message so that it is raised in input order, as a bad line's is."""
-
-    role: str  # the Data key's split: train / dev / test
-    path: str
-    first_line: int
-    offset: int = 0
-    size: int = 0
-    data: bytes = None
-    error: str = None
-    row_group: int = None
-    rows: list = None
-
-    def raw_lines(self):
-        if self.data is not None:
-            data = self.data
-        else:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read(self.size)
-        lines = data.split(b"\n")
-        if lines and not lines[-1]:
-            lines.pop()  # the newline ending the last line opens no new one
-        return lines
-
-
-def _chunks_of(role, path, limits=None, ship=False):
-    """Chunks of whole lines, in order, at least one per file (an empty file is reported).
-    ``ship``: every chunk carries its bytes (workers on other machines cannot read ``path``);
-    otherwise only a gzip'd file's do and a worker reads its byte range itself."""
-    limits = limits or ReadLimits.of()
-    with open_data_file(path, limits) as f:
-        yield from _line_chunks(role, path, f, limits.max_line_bytes,
-                                carry_data=ship or path.endswith(".gz"))
-
-
-def _line_chunks(role, path, f, max_line_bytes, carry_data):
-    """``_chunks_of`` over the open binary file ``f``.
-
-    Each block is read once and searched once, for its last line end.  A line that runs past
-    a block is kept as the list of its pieces and joined once, when its end is found, so the
-    work is linear in the file's size however long its lines (joining the pieces block by
-    block would copy a long line again for every block it spans).  Once an unfinished line
-    holds more than ``max_line_bytes``, the chunks end with one that carries the error."""
-    line, offset, sent = 1, 0, False
-    open_line, open_bytes = [], 0  # the pieces of the line the last block ended in
-    while True:
-        try:
-            block = f.read(CHUNK_BYTES)
-        except DataError as e:  # a .gz file beyond Data.max_decompressed_ratio, or broken
-            yield Chunk(role, path, line, offset, error=str(e))
-            return
-        cut = block.rfind(b"\n") + 1
-        if block and not cut:
-            open_line.append(block)
-            open_bytes += len(block)
-            if open_bytes > max_line_bytes:
-                yield Chunk(role, path, line, offset,
-                            error=str(long_line_error(f"{path}:{line}", max_line_bytes)))
-                return
-            continue
-        end = cut if block else 0  # at the end of the file the open line is the last one
-        body = b"".join(open_line + [block[:end]])
-        open_line = [block[end:]] if end < len(block) else []
-        open_bytes = len(block) - end
-        if body or not sent:
-            yield Chunk(role, path, line, offset, len(body), body if carry_data else None)
-            sent = True
-        line += body.count(b"\n")
-        offset += len(body)
-        if not block:
-            return
-
-
-def _parquet_file(path):
-    import pyarrow.parquet as pq
-
-    try:
-        return pq.ParquetFile(path)
-    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
-        raise DataError(f"{path}: cannot read as Parquet ({e}); check the file") from None
-
-
-def _parquet_chunks(role, path, ship=False):
-    """One chunk per row group (at least one per file, so that an empty file is reported)."""
-    meta = _parquet_file(path).metadata
-    first = 1
-    for i in range(meta.num_row_groups):
-        rows = _row_group(path, i, first) if ship else None
-        yield Chunk(role, path, first, row_group=i, rows=rows)
-        first += meta.row_group(i).num_rows
-    if not meta.num_row_groups:
-        yield Chunk(role, path, 1, rows=[])
-
-
-def _row_group(path, i, first_row):
-    table = _parquet_file(path).read_row_group(i)
-    return table, first_row
-
-
-def _parquet_rows(chunk, limits):
-    """(row number, dict) of the chunk's row group; a text cell over Data.max_line_bytes stops
-    the reading as a line over it does."""
-    if chunk.rows == []:
-        return
-    table, first = chunk.rows if chunk.rows is not None else \
-        _row_group(chunk.path, chunk.row_group, chunk.first_line)
-    _check_cell_bytes(chunk.path, table, first, limits.max_line_bytes)
-    for k, row in enumerate(table.to_pylist()):
-        yield first + k, row
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -505,24 +386,31 @@ class _ChunkRef:
 
 class Scanned:
     """The corpus after pass 1: ``corpus`` (splits hold example counts), ``counts`` (the train
-    split's token counts, or None), and the pass-2 jobs (``jobs``, ``read``).  ``close`` it."""
+    split's token counts, or None), and the pass-2 jobs (``jobs``, read on a worker by
+    ``reader()``).  ``close`` it."""
 
     def __init__(self, corpus, counts, refs=None, spill=None, limit=None, memory=None):
         self.corpus, self.counts = corpus, counts
         self.refs, self.spill, self.limit, self.memory = refs, spill, limit, memory
-        self.fd = spill.fileno() if spill is not None else None
-        self.index = {name: i for i, name in enumerate(corpus.label_names)}
-        self.class_labels = memory is None and FORMATS[corpus.task].labels == "class"
 
     def close(self):
         if self.spill is not None:
             self.spill.close()
 
+    def reader(self):
+        """What reads a job on a worker (picklable; a mapper's workers get the examples with
+        their jobs, so it holds no corpus then)."""
+        ship = parallel.has_mapper()
+        return ChunkReader(self.corpus.label_names,
+                           self.memory is None and FORMATS[self.corpus.task].labels == "class",
+                           self.limit, None if self.spill is None else self.spill.fileno(),
+                           None if ship else self.memory)
+
     def jobs(self, splits):
         """Pass-2 jobs over the examples of ``splits``, in input order (small picklable values;
         with a mapper they carry their examples' bytes)."""
+        ship = parallel.has_mapper()
         if self.memory is not None:
-            ship = parallel.has_mapper()
             for split in SPLITS:
                 if split not in splits:
                     continue
@@ -531,17 +419,24 @@ class Scanned:
                     end = min(start + MEMORY_CHUNK, len(examples))
                     yield (split, start, end, examples[start:end] if ship else None)
             return
-        ship = parallel.has_mapper()
+        fd = self.spill.fileno()
         for ref in self.refs:
             if not any(ref.counts[s] and (self.limit is None or ref.bases[s] < self.limit)
                        for s in splits):
                 continue
-            data = os.pread(self.fd, ref.spill[1], ref.spill[0]) if ship else ref.spill
+            data = os.pread(fd, ref.spill[1], ref.spill[0]) if ship else ref.spill
             yield (ref.bases, ref.codes, ref.keep, data, tuple(splits))
 
-    def read(self, job):
-        """A job's examples -> {split: (doc id of the first, [examples])} (labels as ids)."""
-        if self.memory is not None:
+
+class ChunkReader:
+    """Pass 2's read of one job -> {split: (doc id of the first, [examples])}, labels as ids."""
+
+    def __init__(self, label_names, class_labels, limit, fd, memory):
+        self.index = {name: i for i, name in enumerate(label_names)}
+        self.class_labels, self.limit, self.fd, self.memory = class_labels, limit, fd, memory
+
+    def __call__(self, job):
+        if len(job) == 4:  # a slice of a corpus in memory
             split, start, end, rows = job
             return {split: (start, rows if rows is not None
                             else self.memory.splits[split][start:end])}
@@ -612,11 +507,11 @@ def _count_memory(examples, counting, num_proc):
 class _CountJob:
     """Pass 2's read, then counting: the train split's tokens once the merge dropped some."""
 
-    def __init__(self, scanned, counting):
-        self.scanned, self.counting = scanned, counting
+    def __init__(self, reader, counting):
+        self.reader, self.counting = reader, counting
 
     def __call__(self, job):
-        got = self.scanned.read(job).get("train")
+        got = self.reader(job).get("train")
         return count_fields(got[1] if got else [], self.counting)
 
 
@@ -669,7 +564,7 @@ class _Merge:
                         scanned.corpus.splits, sizes)
         dropped = any(r.keep is not None and not r.keep.all() for r in self.refs)
         if self.counting is not None and (dropped or plan.limit is not None):
-            scanned.counts = _sum_counts(ordered_map(_CountJob(scanned, self.counting),
+            scanned.counts = _sum_counts(ordered_map(_CountJob(scanned.reader(), self.counting),
                                                      scanned.jobs(("train",)), num_proc),
                                          self.counting)
         check_tag_scheme_key(plan.tag_scheme, plan.fmt, scanned.corpus)
@@ -933,75 +828,11 @@ def read_corpus(cfg):
     the chunked path, its examples gathered (for tools and tests; a store build never does)."""
     scanned = scan(plan(cfg), None, 1)
     try:
-        splits = {s: [] for s in SPLITS}
+        splits, read = {s: [] for s in SPLITS}, scanned.reader()
         for job in scanned.jobs(SPLITS):
-            for split, (_, rows) in scanned.read(job).items():
+            for split, (_, rows) in read(job).items():
                 splits[split] += rows
         corpus = scanned.corpus
         return Corpus(corpus.task, splits, corpus.label_names, corpus.stats)
     finally:
         scanned.close()
-
-
-# ------------------------------------------------------------- packed examples
-
-def pack_examples(examples):
-    """Examples (dicts with the same keys) -> bytes: a JSON header, then per field a string
-    column as int64 UTF-8 offsets + the UTF-8 blob, an int column as int64 values, any other
-    column (e.g. a list of answers) as its values' JSON.  Plain bytes, nothing pickled: the
-    spill of pass 1 is read back by ``unpack_examples`` without parsing a line again."""
-    names = list(examples[0]) if examples else []
-    if any(list(ex) != names for ex in examples):
-        names = []
-        columns = [("", "json", [json.dumps(ex, ensure_ascii=False).encode("utf-8",
-                                                                            "surrogatepass")
-                                 for ex in examples])]
-    else:
-        columns = []
-        for name in names:
-            values = [ex[name] for ex in examples]
-            if all(type(v) is str for v in values):
-                columns.append((name, "str", [v.encode("utf-8", "surrogatepass")
-                                              for v in values]))
-            elif all(type(v) is int for v in values) and \
-                    all(-(1 << 63) <= v < (1 << 63) for v in values):
-                columns.append((name, "int", np.asarray(values, "<i8").tobytes()))
-            else:
-                columns.append((name, "json", [json.dumps(v, ensure_ascii=False).encode(
-                    "utf-8", "surrogatepass") for v in values]))
-    parts, fields = [], []
-    for name, kind, data in columns:
-        if kind == "int":
-            parts.append(data)
-            fields.append([name, kind, len(data)])
-        else:
-            offsets = np.zeros(len(data) + 1, "<i8")
-            np.cumsum([len(b) for b in data], out=offsets[1:])
-            blob = b"".join(data)
-            parts += [offsets.tobytes(), blob]
-            fields.append([name, kind, len(blob)])
-    header = json.dumps({"count": len(examples), "fields": fields}).encode()
-    return len(header).to_bytes(8, "little") + header + b"".join(parts)
-
-
-def unpack_examples(data):
-    """``pack_examples``' bytes -> the examples (dicts in the same key order)."""
-    size = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + size])
-    n, pos, columns = header["count"], 8 + size, []
-    view = memoryview(data)
-    for name, kind, nbytes in header["fields"]:
-        if kind == "int":
-            columns.append((name, np.frombuffer(data, "<i8", n, pos).tolist()))
-            pos += nbytes
-            continue
-        offsets = np.frombuffer(data, "<i8", n + 1, pos).tolist()
-        pos += 8 * (n + 1)
-        blob = view[pos:pos + nbytes]
-        pos += nbytes
-        texts = [str(blob[a:b], "utf-8", "surrogatepass") for a, b in zip(offsets, offsets[1:])]
-        columns.append((name, texts if kind == "str" else [json.loads(t) for t in texts]))
-    if len(columns) == 1 and columns[0][0] == "" and n:
-        return columns[0][1]  # whole examples as JSON (their keys differ)
-    return [dict(zip([c[0] for c in columns], row)) for row in zip(*[c[1] for c in columns])] \
-        if columns else [{} for _ in range(n)]

@@ -316,6 +316,8 @@ class TextEncoder(Vocabulary):
         which is most of a training step's cost otherwise.  Within each group the order is
         ``build``'s (frequency desc, then token).
         """
+        if not isinstance(source_counts, Counter) or not isinstance(target_counts, Counter):
+            raise TypeError("build_seq2seq takes the two sides' token counts (count_fields)")
         enc = cls.build(source_counts + target_counts, kind, lowercase, min_freq, max_size)
         kept = enc.tokens[len(SPECIAL_TOKENS):]
         first = [t for t in kept if t in target_counts]

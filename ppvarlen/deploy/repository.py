@@ -26,7 +26,7 @@ import threading
 import time
 
 from ppvarlen.data.errors import DataError
-from ppvarlen.data.parallel import release_memory
+from ppvarlen.utils.parallel import release_memory
 from ppvarlen.utils.log import get_logger
 
 from .admission import AdmissionError, admit, first_line

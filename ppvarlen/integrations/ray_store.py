@@ -4,13 +4,12 @@
     python deploy/ray/build_store.py -c configs/sentiment/transformer.yaml \\
         -o Data.corpus=jsonl -o Data.train_file=big.jsonl [--address auto]
 
-The store build (``ppvarlen.data.dataset.open_datasets``) cuts its work into jobs and runs
-them with ``data.parallel``; inside ``use_mapper`` the jobs run as Ray tasks on every CPU of the
-cluster instead of a local fork pool.  Line files (JSONL / TSV, plain or gzip'd) go the
-streaming way (``data.stream_build``): the driver only cuts the raw files into chunks of whole
-lines (about 4 MB) and ships each chunk's bytes with its job, the tasks parse, check, count the
-vocabulary (pass 1) and encode (pass 2); other inputs (Parquet, ``Data.limit``, ...) are read
-by the driver and the tasks count and encode slices of the examples.  The driver gets the
+The store build (``ppvarlen.store_build.build_datasets``) cuts its work into jobs and runs
+them with ``utils.parallel``; inside ``use_mapper`` the jobs run as Ray tasks on every CPU of the
+cluster instead of a local fork pool.  Every corpus takes the one ingestion path
+(``data.sources``): the driver only cuts the raw files into chunks (about 4 MB of whole lines, a
+Parquet row group) and ships each chunk's bytes with its job, the tasks parse, check, count the
+vocabulary (pass 1) and encode (pass 2).  The driver gets the
 results back in job order and writes the store with the store's own writer, so the files are
 byte-identical to a one-machine build (tests/test_ray_store.py, both ways) and land in the same
 content-keyed cache entry (``Data.cache_dir``): ``tools/train.py`` with the same config, and
@@ -29,7 +28,7 @@ import json
 
 from ppvarlen.cli import positive_int, run_command
 from ppvarlen.config import add_config_args, load_config
-from ppvarlen.data.parallel import use_mapper
+from ppvarlen.utils.parallel import use_mapper
 from ppvarlen.store_build import build_datasets
 from ppvarlen.utils.log import setup_logging
 
@@ -41,7 +40,7 @@ def _run_job(fn, job):
 
 
 def ray_mapper(max_in_flight=None, num_cpus=1):
-    """A ``data.parallel.use_mapper`` mapper running each job as a Ray task, results in order."""
+    """A ``utils.parallel.use_mapper`` mapper running each job as a Ray task, results in order."""
     def mapper(fn, jobs):
         import ray
 

@@ -1,0 +1,199 @@
+"""A corpus file as ordered chunks of records, and a chunk's parsed examples as compact bytes.
+
+Line files (JSONL / TSV, plain or gzip'd) are cut into chunks of whole lines (``_chunks_of``:
+about ``CHUNK_BYTES``, a byte range of a plain file or a ``.gz``'s decompressed bytes), Parquet
+files into their row groups (``_parquet_chunks``).  Reading is bounded (``readers.ReadLimits``):
+files are opened with ``readers.open_data_file`` (a ``.gz`` within
+``Data.max_decompressed_ratio``), the parent holds at most ``Data.max_line_bytes`` of an
+unfinished line, and a chunk that stops there carries the error, raised in input order.
+``pack_examples`` / ``unpack_examples``: what pass 1 spills and pass 2 reads back (plain bytes,
+nothing pickled).  The passes themselves: ``data.sources``.
+"""
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import DataError
+from .readers import ReadLimits, _check_cell_bytes, long_line_error, open_data_file
+
+CHUNK_BYTES = 4 << 20  # a chunk of whole lines: a few thousand examples, a few MB per worker
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Records of one file: bytes [offset, offset + size) of a plain line file, ``data`` (a
+    gzip'd file's decompressed lines, or any chunk's bytes when shipped), or Parquet row group
+    ``row_group`` (``rows``: its rows, when shipped); ``first_line`` numbers its first record.
+    ``error``: reading the file stopped here (a line over Data.max_line_bytes, a gzip bomb); the
+    chunk carries the message so that it is raised in input order, as a bad line's is."""
+
+    role: str  # the Data key's split: train / dev / test
+    path: str
+    first_line: int
+    offset: int = 0
+    size: int = 0
+    data: bytes = None
+    error: str = None
+    row_group: int = None
+    rows: list = None
+
+    def raw_lines(self):
+        if self.data is not None:
+            data = self.data
+        else:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(self.size)
+        lines = data.split(b"\n")
+        if lines and not lines[-1]:
+            lines.pop()  # the newline ending the last line opens no new one
+        return lines
+
+
+def _chunks_of(role, path, limits=None, ship=False):
+    """Chunks of whole lines, in order, at least one per file (an empty file is reported).
+    ``ship``: every chunk carries its bytes (workers on other machines cannot read ``path``);
+    otherwise only a gzip'd file's do and a worker reads its byte range itself."""
+    limits = limits or ReadLimits.of()
+    with open_data_file(path, limits) as f:
+        yield from _line_chunks(role, path, f, limits.max_line_bytes,
+                                carry_data=ship or path.endswith(".gz"))
+
+
+def _line_chunks(role, path, f, max_line_bytes, carry_data):
+    """``_chunks_of`` over the open binary file ``f``.
+
+    Each block is read once and searched once, for its last line end.  A line that runs past
+    a block is kept as the list of its pieces and joined once, when its end is found, so the
+    work is linear in the file's size however long its lines (joining the pieces block by
+    block would copy a long line again for every block it spans).  Once an unfinished line
+    holds more than ``max_line_bytes``, the chunks end with one that carries the error."""
+    line, offset, sent = 1, 0, False
+    open_line, open_bytes = [], 0  # the pieces of the line the last block ended in
+    while True:
+        try:
+            block = f.read(CHUNK_BYTES)
+        except DataError as e:  # a .gz file beyond Data.max_decompressed_ratio, or broken
+            yield Chunk(role, path, line, offset, error=str(e))
+            return
+        cut = block.rfind(b"\n") + 1
+        if block and not cut:
+            open_line.append(block)
+            open_bytes += len(block)
+            if open_bytes > max_line_bytes:
+                yield Chunk(role, path, line, offset,
+                            error=str(long_line_error(f"{path}:{line}", max_line_bytes)))
+                return
+            continue
+        end = cut if block else 0  # at the end of the file the open line is the last one
+        body = b"".join(open_line + [block[:end]])
+        open_line = [block[end:]] if end < len(block) else []
+        open_bytes = len(block) - end
+        if body or not sent:
+            yield Chunk(role, path, line, offset, len(body), body if carry_data else None)
+            sent = True
+        line += body.count(b"\n")
+        offset += len(body)
+        if not block:
+            return
+
+
+def _parquet_file(path):
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise DataError(f"{path}: cannot read as Parquet ({e}); check the file") from None
+
+
+def _parquet_chunks(role, path, ship=False):
+    """One chunk per row group (at least one per file, so that an empty file is reported)."""
+    meta = _parquet_file(path).metadata
+    first = 1
+    for i in range(meta.num_row_groups):
+        rows = _row_group(path, i, first) if ship else None
+        yield Chunk(role, path, first, row_group=i, rows=rows)
+        first += meta.row_group(i).num_rows
+    if not meta.num_row_groups:
+        yield Chunk(role, path, 1, rows=[])
+
+
+def _row_group(path, i, first_row):
+    table = _parquet_file(path).read_row_group(i)
+    return table, first_row
+
+
+def _parquet_rows(chunk, limits):
+    """(row number, dict) of the chunk's row group; a text cell over Data.max_line_bytes stops
+    the reading as a line over it does."""
+    if chunk.rows == []:
+        return
+    table, first = chunk.rows if chunk.rows is not None else \
+        _row_group(chunk.path, chunk.row_group, chunk.first_line)
+    _check_cell_bytes(chunk.path, table, first, limits.max_line_bytes)
+    for k, row in enumerate(table.to_pylist()):
+        yield first + k, row
+
+
+def pack_examples(examples):
+    """Examples (dicts with the same keys) -> bytes: a JSON header, then per field a string
+    column as int64 UTF-8 offsets + the UTF-8 blob, an int column as int64 values, any other
+    column (e.g. a list of answers) as its values' JSON.  Plain bytes, nothing pickled: the
+    spill of pass 1 is read back by ``unpack_examples`` without parsing a line again."""
+    names = list(examples[0]) if examples else []
+    if any(list(ex) != names for ex in examples):
+        names = []
+        columns = [("", "json", [json.dumps(ex, ensure_ascii=False).encode("utf-8",
+                                                                            "surrogatepass")
+                                 for ex in examples])]
+    else:
+        columns = []
+        for name in names:
+            values = [ex[name] for ex in examples]
+            if all(type(v) is str for v in values):
+                columns.append((name, "str", [v.encode("utf-8", "surrogatepass")
+                                              for v in values]))
+            elif all(type(v) is int for v in values) and \
+                    all(-(1 << 63) <= v < (1 << 63) for v in values):
+                columns.append((name, "int", np.asarray(values, "<i8").tobytes()))
+            else:
+                columns.append((name, "json", [json.dumps(v, ensure_ascii=False).encode(
+                    "utf-8", "surrogatepass") for v in values]))
+    parts, fields = [], []
+    for name, kind, data in columns:
+        if kind == "int":
+            parts.append(data)
+            fields.append([name, kind, len(data)])
+        else:
+            offsets = np.zeros(len(data) + 1, "<i8")
+            np.cumsum([len(b) for b in data], out=offsets[1:])
+            blob = b"".join(data)
+            parts += [offsets.tobytes(), blob]
+            fields.append([name, kind, len(blob)])
+    header = json.dumps({"count": len(examples), "fields": fields}).encode()
+    return len(header).to_bytes(8, "little") + header + b"".join(parts)
+
+
+def unpack_examples(data):
+    """``pack_examples``' bytes -> the examples (dicts in the same key order)."""
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    n, pos, columns = header["count"], 8 + size, []
+    view = memoryview(data)
+    for name, kind, nbytes in header["fields"]:
+        if kind == "int":
+            columns.append((name, np.frombuffer(data, "<i8", n, pos).tolist()))
+            pos += nbytes
+            continue
+        offsets = np.frombuffer(data, "<i8", n + 1, pos).tolist()
+        pos += 8 * (n + 1)
+        blob = view[pos:pos + nbytes]
+        pos += nbytes
+        texts = [str(blob[a:b], "utf-8", "surrogatepass") for a, b in zip(offsets, offsets[1:])]
+        columns.append((name, texts if kind == "str" else [json.loads(t) for t in texts]))
+    if len(columns) == 1 and columns[0][0] == "" and n:
+        return columns[0][1]  # whole examples as JSON (their keys differ)
+    return [dict(zip([c[0] for c in columns], row)) for row in zip(*[c[1] for c in columns])] \
+        if columns else [{} for _ in range(n)]
