@@ -239,16 +239,8 @@ def test_store_bytes_are_the_recorded_ones(name, corpus_dir, tmp_path):
     _check(name, *entry_digests(str(tmp_path / "cache"), corpus_dir))
 
 
-def test_one_process_and_the_streamed_build_give_the_recorded_bytes(corpus_dir, tmp_path,
-                                                                    monkeypatch):
-    """The same corpus read in one process (the in-memory path, when there is a second one)
-    gives the streamed build's recorded bytes."""
-    try:
-        from ppvarlen.data import stream_build
-    except ImportError:
-        stream_build = None
-    if stream_build is not None:
-        monkeypatch.setattr(stream_build, "plan", lambda *a, **k: None)
+def test_one_process_gives_the_recorded_bytes(corpus_dir, tmp_path):
+    """The cases built on two workers, built again in one process: the same bytes."""
     for name in ("jsonl_carved", "glob_gz_skip_invalid"):
         cache = str(tmp_path / name)
         build_case(name, corpus_dir, cache, num_proc=1)
