@@ -19,7 +19,7 @@ from paddlenlp.trainer import TrainingArguments
 from paddlenlp.transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from ppvarlen.config import load_config
-from ppvarlen.data.corpora import load_corpus
+from ppvarlen.data.sources import load_corpus
 from ppvarlen.integrations.paddlenlp_trainer import (LengthBatchingTrainer,
                                                      ModelInputCollator, make_random_model_dir)
 
