@@ -9,6 +9,15 @@ backend's cost per run, measured at start-up) plus its padded size, batch x
 longest — and runs the group holding the oldest text, so no text waits behind
 an endless stream of better-fitting ones.  Mixing a 20-token review into a batch
 of 250-token ones pads it 12x; when runs are cheap it is faster on its own.
+
+Waiting for company is pointless once no company can come: with ``callers`` (a ``Callers``
+the server counts its inference requests in), a batch also runs as soon as every caller the
+server has seen lately is inside, their texts queued or running, none still being parsed or
+encoded.  Closed-loop clients send their next request only after an answer, so waiting
+longer then only adds latency.  "Seen lately" is the most requests held at once over the
+last one to two ``Callers.window_s``: a client that is between requests counts, so the rule
+cannot fire while it could still join; with fewer callers than that (load just fell) the
+batcher waits ``max_wait_ms`` as without the rule.
 """
 import threading
 import time
@@ -46,6 +55,55 @@ def plan_groups(sorted_lengths, overhead_tokens, max_tokens, max_size):
         groups.append((int(cut[end]), end))
         end = int(cut[end])
     return groups[::-1]
+
+
+class Callers:
+    """The inference requests a server holds, for the batcher's "no one else can come" rule
+    (thread-safe: the REST and gRPC event loops both count here).
+
+    ``arrive()`` when a request starts its way to a batcher, ``queued()`` once its texts are
+    in the queue, ``leave(queued)`` when it has its answers (or was refused).  ``all_in()``:
+    at least one request is held, none is still on its way to the queue, and as many are held
+    as were held at most at once over the current and the previous window of ``window_s``
+    seconds (the recent population of closed-loop callers)."""
+
+    def __init__(self, window_s=1.0, clock=time.monotonic):
+        self.window_s, self._clock = window_s, clock
+        self._lock = threading.Lock()
+        self.held = 0  # requests between arrive() and leave()
+        self.preparing = 0  # of those, not queued yet
+        self._peak, self._previous_peak = 0, 0
+        self._window_start = clock()
+
+    def arrive(self):
+        with self._lock:
+            self.held += 1
+            self.preparing += 1
+            now = self._clock()
+            if now - self._window_start >= self.window_s:
+                self._previous_peak, self._peak = self._peak, 0
+                self._window_start = now
+            if self.held > self._peak:
+                self._peak = self.held
+
+    def queued(self):
+        with self._lock:
+            self.preparing -= 1
+
+    def leave(self, queued):
+        with self._lock:
+            self.held -= 1
+            if not queued:
+                self.preparing -= 1
+
+    def population(self):
+        with self._lock:
+            return max(self._peak, self._previous_peak)
+
+    def all_in(self):
+        with self._lock:
+            return (self.held > 0 and self.preparing == 0
+                    and self.held >= max(self._peak, self._previous_peak))
 
 
 class QueueFull(RuntimeError):
@@ -96,11 +154,12 @@ class DynamicBatcher:
     ``predictors``: one per worker thread (e.g. ``[p, p.clone()]``).  Each item
     passed to ``submit`` must have a ``.num_tokens`` (its padded cost per row).
     ``on_batch(size, real_tokens, padded_tokens, queue_waits_s, compute_s)`` is called after
-    each batch that ran (metrics and the statistics extension).
+    each batch that ran (metrics and the statistics extension).  ``callers``: a ``Callers``
+    whose ``all_in()`` runs the queue without waiting for company (the module's docstring).
     """
 
     def __init__(self, predictors, max_wait_ms=5.0, max_batch_tokens=8192, max_batch_size=64,
-                 queue_size=1024, overhead_tokens=256, on_batch=None):
+                 queue_size=1024, overhead_tokens=256, on_batch=None, callers=None):
         if not predictors:
             raise ConfigError("DynamicBatcher needs at least one predictor (one per worker)")
         for name, v in [("max_batch_tokens", max_batch_tokens), ("max_batch_size", max_batch_size),
@@ -121,6 +180,7 @@ class DynamicBatcher:
         self._closed = False
         self._predictors = list(predictors)
         self._on_batch = on_batch
+        self._callers = callers
         self._stats = {"batches": 0, "items": 0, "failed_items": 0}
         self._workers = [threading.Thread(target=self._work, args=(p,), name=f"batcher-{i}",
                                           daemon=True) for i, p in enumerate(predictors)]
@@ -198,6 +258,8 @@ class DynamicBatcher:
             return True
         if self._pending_tokens >= self.max_batch_tokens:
             return True
+        if self._callers is not None and self._callers.all_in():
+            return True  # no one else can join before an answer goes out
         return now - self._pending[0].enqueued >= self.max_wait
 
     def _plan(self, considered):
