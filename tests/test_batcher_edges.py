@@ -400,6 +400,7 @@ def test_a_batch_runs_without_waiting_once_every_caller_is_queued():
     assert [f.result(120) for f in futures] == [("echo", i) for i in range(3)]
     assert pred.batches == [[0, 1, 2]]  # one batch: no one had run early
     assert b.close()
+    assert b.metrics()["batches_all_queued"] == 1
 
 
 def test_without_callers_the_batcher_waits_for_company():
@@ -408,4 +409,4 @@ def test_without_callers_the_batcher_waits_for_company():
     b.submit([Item(0, 2)])
     assert not b._ready(time.monotonic())
     assert b.close()  # draining runs it
-    assert pred.batches == [[0]]
+    assert pred.batches == [[0]] and b.metrics()["batches_all_queued"] == 0

@@ -30,6 +30,7 @@ from ppvarlen.utils.log import get_logger
 
 log = get_logger("deploy.batcher")
 PLAN_WINDOW = 256  # the oldest queued texts a batch is planned over (bounds planning time)
+ALL_QUEUED = "all queued"  # _ready's answer when only the Callers rule says go
 
 
 def plan_groups(sorted_lengths, overhead_tokens, max_tokens, max_size):
@@ -181,7 +182,8 @@ class DynamicBatcher:
         self._predictors = list(predictors)
         self._on_batch = on_batch
         self._callers = callers
-        self._stats = {"batches": 0, "items": 0, "failed_items": 0}
+        # batches_all_queued: batches started early by the Callers rule (module docstring)
+        self._stats = {"batches": 0, "items": 0, "failed_items": 0, "batches_all_queued": 0}
         self._workers = [threading.Thread(target=self._work, args=(p,), name=f"batcher-{i}",
                                           daemon=True) for i, p in enumerate(predictors)]
         for t in self._workers:
@@ -258,9 +260,11 @@ class DynamicBatcher:
             return True
         if self._pending_tokens >= self.max_batch_tokens:
             return True
+        if now - self._pending[0].enqueued >= self.max_wait:
+            return True
         if self._callers is not None and self._callers.all_in():
-            return True  # no one else can join before an answer goes out
-        return now - self._pending[0].enqueued >= self.max_wait
+            return ALL_QUEUED  # no one else can join before an answer goes out
+        return False
 
     def _plan(self, considered):
         """The cheapest-plan group holding the oldest of ``considered`` (the queue's head),
@@ -287,7 +291,8 @@ class DynamicBatcher:
         while True:
             with self._cond:
                 while True:
-                    if self._pending and self._ready(time.monotonic()):
+                    ready = self._pending and self._ready(time.monotonic())
+                    if ready:
                         break
                     if self._closed and not self._pending:
                         return
@@ -300,6 +305,8 @@ class DynamicBatcher:
             batch = self._plan(considered)
             with self._cond:
                 taken = self._take(batch)
+                if taken and ready is ALL_QUEUED:
+                    self._stats["batches_all_queued"] += 1
             if taken:
                 self._run(predictor, batch)
 
