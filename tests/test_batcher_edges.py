@@ -410,3 +410,19 @@ def test_without_callers_the_batcher_waits_for_company():
     assert not b._ready(time.monotonic())
     assert b.close()  # draining runs it
     assert pred.batches == [[0]] and b.metrics()["batches_all_queued"] == 0
+
+
+def test_a_submit_wakes_the_workers_only_when_it_changes_what_they_wait_for():
+    pred = FakePredictor()
+    b = DynamicBatcher([pred], max_wait_ms=NEVER_MS, max_batch_size=3)
+    wakes = []
+    notify_all = b._cond.notify_all
+    b._cond.notify_all = lambda: (wakes.append(len(b._pending)), notify_all())
+    futures = b.submit([Item(0, 2)])  # into an empty queue: the worker needs a deadline
+    futures += b.submit([Item(1, 2)])  # same oldest text, same deadline: no wake-up
+    assert wakes == [1]
+    futures += b.submit([Item(2, 2)])  # a full batch: ready now
+    assert wakes == [1, 3]
+    assert [f.result(120) for f in futures] == [("echo", i) for i in range(3)]
+    assert pred.batches == [[0, 1, 2]]
+    assert b.close()

@@ -203,9 +203,13 @@ class DynamicBatcher:
             if len(self._pending) + len(jobs) > self.queue_size:
                 raise QueueFull(f"queue holds {len(self._pending)} of {self.queue_size} texts; "
                                 f"{len(jobs)} more do not fit")
+            was_empty = not self._pending
             self._pending.extend(jobs)
             self._pending_tokens += sum(j.length for j in jobs)
-            self._cond.notify_all()
+            # a waiting worker's deadline is the oldest text's, which these do not change:
+            # wake it only when the queue was empty (no deadline yet) or is ready now
+            if was_empty or self._ready(time.monotonic()):
+                self._cond.notify_all()
         return [j.future for j in jobs]
 
     def stop_waiting(self):
