@@ -255,7 +255,7 @@ def run(args):
     atomic_write_json(os.path.join(args.out, "serve_cost.json"), results)
     m = results["machine"]
     print(f"\nmachine: {m.get('cpu_model')}, {m['cpu_count']} cores, flags "
-          f"{' '.join(m.get('cpu_simd_flags', []))}; load at start {m['loadavg_at_start']}")
+          f"{' '.join(m.get('cpu_simd_flags', []))}; load at start {m.get('loadavg')}")
     print(f"offline (ppvarlen-infer): {offline['wall_ms_per_text']} ms/text, "
           f"{offline['texts_per_s']} texts/s")
     print(format_table(results["summary"], names))

@@ -236,6 +236,10 @@ SCHEMA = {
         "workers": Field(int, 1, help="predictor threads taking batches from the queue"),
         "max_wait_ms": Field(float, 5.0, help="longest a request waits for others to share "
                              "its batch"),
+        "batch_when_all_queued": Field(bool, True, help="run a batch without waiting "
+                                       "max_wait_ms once every recent caller's texts are "
+                                       "queued or running (closed-loop clients: no one else "
+                                       "can join); false = always wait"),
         "max_batch_tokens": Field(int, 8192, help="token budget of a server batch, padding "
                                   "counted"),
         "max_batch_size": Field(int, 64, help="most texts in a server batch"),

@@ -340,3 +340,89 @@ def test_a_batch_of_two_with_one_bad_text_still_answers_the_other():
         bad.result(60)
     assert b.close()
     assert pred.batches == [["hold"], [0, 1], [0], [1]]  # the pair, then each text alone
+
+
+class ManualClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_callers_all_in_only_when_every_recent_caller_is_queued():
+    clock = ManualClock()
+    callers = batcher_module.Callers(window_s=1.0, clock=clock)
+    assert not callers.all_in()  # nobody held: nothing to run early
+    for _ in range(3):
+        callers.arrive()
+    callers.queued()
+    callers.queued()
+    assert not callers.all_in()  # one of the three is still being parsed / encoded
+    callers.queued()
+    assert callers.all_in() and callers.population() == 3
+    callers.leave(queued=True)  # answered; its client sends its next request later
+    assert not callers.all_in()  # two held of three seen: the third may join
+    callers.arrive()
+    assert not callers.all_in()
+    callers.leave(queued=False)  # refused before its texts were queued
+    assert callers.held == 2 and callers.preparing == 0
+    assert not callers.all_in()
+    clock.now = 1.5  # a new window: the old peak still counts ...
+    callers.arrive()
+    callers.queued()
+    assert callers.population() == 3 and callers.all_in()
+    for _ in range(3):
+        callers.leave(queued=True)
+    clock.now = 3.0  # ... until two windows have passed without three callers
+    callers.arrive()
+    callers.queued()
+    assert callers.population() == 3 and not callers.all_in()  # the previous window's peak
+    clock.now = 4.5
+    callers.arrive()
+    callers.queued()
+    assert callers.population() == 2 and callers.all_in()
+
+
+def test_a_batch_runs_without_waiting_once_every_caller_is_queued():
+    pred = FakePredictor()
+    callers = batcher_module.Callers()
+    b = DynamicBatcher([pred], max_wait_ms=NEVER_MS, max_batch_size=64, callers=callers)
+    for _ in range(3):
+        callers.arrive()
+    callers.queued()
+    callers.queued()
+    futures = b.submit([Item(0, 2), Item(1, 2)])
+    assert not b._ready(time.monotonic())  # the third caller could still join
+    callers.queued()
+    futures += b.submit([Item(2, 2)])
+    wait_until_taken(pred)
+    assert [f.result(120) for f in futures] == [("echo", i) for i in range(3)]
+    assert pred.batches == [[0, 1, 2]]  # one batch: no one had run early
+    assert b.close()
+    assert b.metrics()["batches_all_queued"] == 1
+
+
+def test_without_callers_the_batcher_waits_for_company():
+    pred = FakePredictor()
+    b = DynamicBatcher([pred], max_wait_ms=NEVER_MS, max_batch_size=64)
+    b.submit([Item(0, 2)])
+    assert not b._ready(time.monotonic())
+    assert b.close()  # draining runs it
+    assert pred.batches == [[0]] and b.metrics()["batches_all_queued"] == 0
+
+
+def test_a_submit_wakes_the_workers_only_when_it_changes_what_they_wait_for():
+    pred = FakePredictor()
+    b = DynamicBatcher([pred], max_wait_ms=NEVER_MS, max_batch_size=3)
+    wakes = []
+    notify_all = b._cond.notify_all
+    b._cond.notify_all = lambda: (wakes.append(len(b._pending)), notify_all())
+    futures = b.submit([Item(0, 2)])  # into an empty queue: the worker needs a deadline
+    futures += b.submit([Item(1, 2)])  # same oldest text, same deadline: no wake-up
+    assert wakes == [1]
+    futures += b.submit([Item(2, 2)])  # a full batch: ready now
+    assert wakes == [1, 3]
+    assert [f.result(120) for f in futures] == [("echo", i) for i in range(3)]
+    assert pred.batches == [[0, 1, 2]]
+    assert b.close()

@@ -122,3 +122,19 @@ def test_a_client_gone_mid_body_is_counted_not_answered(client):
                                      app.state.app_state.loop).result(60)
     assert messages == ["body"]  # nothing was sent back
     assert gone in client.get("/metrics").text
+
+
+def test_requests_never_wait_out_max_wait_once_every_caller_is_queued(cls_export):  # noqa: F811
+    # max_wait_ms of 10 minutes: the answers come only because every caller's text is queued
+    deploy = deploy_settings(max_wait_ms=600_000)
+    app = create_app(Predictor(cls_export[0], "onnx"), deploy)
+    with TestClient(app) as c:
+        one = c.post("/predict", json={"texts": [TEXTS[0]]})
+        assert one.status_code == 200
+        body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                            "data": [TEXTS[1]]}]}
+        assert c.post(INFER, json=body).status_code == 200
+        callers = app.state.app_state.registry.callers
+        assert callers.held == 0 and callers.preparing == 0
+        refused = c.post("/predict", json={"texts": [""]})
+        assert refused.status_code == 422 and callers.held == callers.preparing == 0

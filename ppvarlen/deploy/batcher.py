@@ -9,6 +9,15 @@ backend's cost per run, measured at start-up) plus its padded size, batch x
 longest — and runs the group holding the oldest text, so no text waits behind
 an endless stream of better-fitting ones.  Mixing a 20-token review into a batch
 of 250-token ones pads it 12x; when runs are cheap it is faster on its own.
+
+Waiting for company is pointless once no company can come: with ``callers`` (a ``Callers``
+the server counts its inference requests in), a batch also runs as soon as every caller the
+server has seen lately is inside, their texts queued or running, none still being parsed or
+encoded.  Closed-loop clients send their next request only after an answer, so waiting
+longer then only adds latency.  "Seen lately" is the most requests held at once over the
+last one to two ``Callers.window_s``: a client that is between requests counts, so the rule
+cannot fire while it could still join; with fewer callers than that (load just fell) the
+batcher waits ``max_wait_ms`` as without the rule.
 """
 import threading
 import time
@@ -21,6 +30,7 @@ from ppvarlen.utils.log import get_logger
 
 log = get_logger("deploy.batcher")
 PLAN_WINDOW = 256  # the oldest queued texts a batch is planned over (bounds planning time)
+ALL_QUEUED = "all queued"  # _ready's answer when only the Callers rule says go
 
 
 def plan_groups(sorted_lengths, overhead_tokens, max_tokens, max_size):
@@ -46,6 +56,55 @@ def plan_groups(sorted_lengths, overhead_tokens, max_tokens, max_size):
         groups.append((int(cut[end]), end))
         end = int(cut[end])
     return groups[::-1]
+
+
+class Callers:
+    """The inference requests a server holds, for the batcher's "no one else can come" rule
+    (thread-safe: the REST and gRPC event loops both count here).
+
+    ``arrive()`` when a request starts its way to a batcher, ``queued()`` once its texts are
+    in the queue, ``leave(queued)`` when it has its answers (or was refused).  ``all_in()``:
+    at least one request is held, none is still on its way to the queue, and as many are held
+    as were held at most at once over the current and the previous window of ``window_s``
+    seconds (the recent population of closed-loop callers)."""
+
+    def __init__(self, window_s=1.0, clock=time.monotonic):
+        self.window_s, self._clock = window_s, clock
+        self._lock = threading.Lock()
+        self.held = 0  # requests between arrive() and leave()
+        self.preparing = 0  # of those, not queued yet
+        self._peak, self._previous_peak = 0, 0
+        self._window_start = clock()
+
+    def arrive(self):
+        with self._lock:
+            self.held += 1
+            self.preparing += 1
+            now = self._clock()
+            if now - self._window_start >= self.window_s:
+                self._previous_peak, self._peak = self._peak, 0
+                self._window_start = now
+            if self.held > self._peak:
+                self._peak = self.held
+
+    def queued(self):
+        with self._lock:
+            self.preparing -= 1
+
+    def leave(self, queued):
+        with self._lock:
+            self.held -= 1
+            if not queued:
+                self.preparing -= 1
+
+    def population(self):
+        with self._lock:
+            return max(self._peak, self._previous_peak)
+
+    def all_in(self):
+        with self._lock:
+            return (self.held > 0 and self.preparing == 0
+                    and self.held >= max(self._peak, self._previous_peak))
 
 
 class QueueFull(RuntimeError):
@@ -96,11 +155,12 @@ class DynamicBatcher:
     ``predictors``: one per worker thread (e.g. ``[p, p.clone()]``).  Each item
     passed to ``submit`` must have a ``.num_tokens`` (its padded cost per row).
     ``on_batch(size, real_tokens, padded_tokens, queue_waits_s, compute_s)`` is called after
-    each batch that ran (metrics and the statistics extension).
+    each batch that ran (metrics and the statistics extension).  ``callers``: a ``Callers``
+    whose ``all_in()`` runs the queue without waiting for company (the module's docstring).
     """
 
     def __init__(self, predictors, max_wait_ms=5.0, max_batch_tokens=8192, max_batch_size=64,
-                 queue_size=1024, overhead_tokens=256, on_batch=None):
+                 queue_size=1024, overhead_tokens=256, on_batch=None, callers=None):
         if not predictors:
             raise ConfigError("DynamicBatcher needs at least one predictor (one per worker)")
         for name, v in [("max_batch_tokens", max_batch_tokens), ("max_batch_size", max_batch_size),
@@ -121,7 +181,9 @@ class DynamicBatcher:
         self._closed = False
         self._predictors = list(predictors)
         self._on_batch = on_batch
-        self._stats = {"batches": 0, "items": 0, "failed_items": 0}
+        self._callers = callers
+        # batches_all_queued: batches started early by the Callers rule (module docstring)
+        self._stats = {"batches": 0, "items": 0, "failed_items": 0, "batches_all_queued": 0}
         self._workers = [threading.Thread(target=self._work, args=(p,), name=f"batcher-{i}",
                                           daemon=True) for i, p in enumerate(predictors)]
         for t in self._workers:
@@ -141,9 +203,13 @@ class DynamicBatcher:
             if len(self._pending) + len(jobs) > self.queue_size:
                 raise QueueFull(f"queue holds {len(self._pending)} of {self.queue_size} texts; "
                                 f"{len(jobs)} more do not fit")
+            was_empty = not self._pending
             self._pending.extend(jobs)
             self._pending_tokens += sum(j.length for j in jobs)
-            self._cond.notify_all()
+            # a waiting worker's deadline is the oldest text's, which these do not change:
+            # wake it only when the queue was empty (no deadline yet) or is ready now
+            if was_empty or self._ready(time.monotonic()):
+                self._cond.notify_all()
         return [j.future for j in jobs]
 
     def stop_waiting(self):
@@ -198,7 +264,11 @@ class DynamicBatcher:
             return True
         if self._pending_tokens >= self.max_batch_tokens:
             return True
-        return now - self._pending[0].enqueued >= self.max_wait
+        if now - self._pending[0].enqueued >= self.max_wait:
+            return True
+        if self._callers is not None and self._callers.all_in():
+            return ALL_QUEUED  # no one else can join before an answer goes out
+        return False
 
     def _plan(self, considered):
         """The cheapest-plan group holding the oldest of ``considered`` (the queue's head),
@@ -225,7 +295,8 @@ class DynamicBatcher:
         while True:
             with self._cond:
                 while True:
-                    if self._pending and self._ready(time.monotonic()):
+                    ready = self._pending and self._ready(time.monotonic())
+                    if ready:
                         break
                     if self._closed and not self._pending:
                         return
@@ -238,6 +309,8 @@ class DynamicBatcher:
             batch = self._plan(considered)
             with self._cond:
                 taken = self._take(batch)
+                if taken and ready is ALL_QUEUED:
+                    self._stats["batches_all_queued"] += 1
             if taken:
                 self._run(predictor, batch)
 

@@ -109,6 +109,7 @@ def model_config(model):
               "max_batch_tokens": deploy.max_batch_tokens,
               "max_texts_per_batch": deploy.max_batch_size,
               "batch_overhead_tokens": model.overhead_tokens,
+              "batch_when_all_queued": deploy.batch_when_all_queued,
               "long_text": model.long_text, "task": model.task_name}
     return {"name": model.name, "platform": f"ppvarlen_{model.backend}", "backend": "ppvarlen",
             "version_policy": {"latest": {"num_versions": 1}},

@@ -30,7 +30,7 @@ from ppvarlen.utils.parallel import release_memory
 from ppvarlen.utils.log import get_logger
 
 from .admission import AdmissionError, admit, first_line
-from .batcher import BatcherClosed, DynamicBatcher
+from .batcher import BatcherClosed, Callers, DynamicBatcher
 from .edge import shown
 from .stats import VersionStats
 from .manifest import MANIFEST, UnservableExportError, outside
@@ -59,9 +59,10 @@ class ServedModel:
         self.stats = VersionStats()  # Triton's statistics extension
         self.settings = None  # the Deploy section it started with (the model config reads it)
 
-    def start(self, deploy, metrics=None):
+    def start(self, deploy, metrics=None, callers=None):
         """Warm up, measure the batching overhead, start the batcher with the ``deploy``
-        settings (blocking)."""
+        settings (blocking); ``callers``: the server's ``batcher.Callers``, used when
+        ``Deploy.batch_when_all_queued`` is on."""
         p = self.predictor
         self.settings = deploy
         predictors = [p] + [p.clone() for _ in range(deploy.workers - 1)]
@@ -79,7 +80,8 @@ class ServedModel:
 
         self.batcher = DynamicBatcher(predictors, deploy.max_wait_ms, deploy.max_batch_tokens,
                                       deploy.max_batch_size, deploy.queue_size,
-                                      self.overhead_tokens, on_batch)
+                                      self.overhead_tokens, on_batch,
+                                      callers if deploy.batch_when_all_queued else None)
         log.info("model %s version %s ready (%s, %s backend, %d worker(s)); a forward pass "
                  "costs as much as %d tokens", self.name, self.version, p.task.name, p.backend,
                  deploy.workers, self.overhead_tokens)
@@ -129,6 +131,7 @@ class LiveVersions:
 
     def __init__(self):
         self._lock = threading.Lock()
+        self.callers = Callers()  # the requests on their way through submit (every version's)
         self._ready = {}  # name -> {version: ServedModel}
         self.status = {}  # (name, version) -> {"state": ..., "reason": ...}
 
@@ -313,7 +316,7 @@ class Repository:
         start = time.monotonic()
         try:
             model = ServedModel(name, version, self._admitted(path))
-            model.start(self.deploy, self.metrics)
+            model.start(self.deploy, self.metrics, self.registry.callers)
         except Refused as e:
             kind, reason = e.kind, str(e)
         except AdmissionError as e:

@@ -105,7 +105,7 @@ class AppState:
             self.repository.start_polling()
             return
         model = ServedModel(model_name_of(self.predictor), "1", self.predictor)
-        await asyncio.to_thread(model.start, self.deploy, self.metrics)
+        await asyncio.to_thread(model.start, self.deploy, self.metrics, self.registry.callers)
         self.registry.add(model)
         self.metrics.model_loaded.labels(model.name, model.version).set(1)
         self.metrics.model_healthy.labels(model.name, model.version).set(1)
@@ -151,7 +151,8 @@ class AppState:
         draining, or NaN/inf from the model); a failure once queued is counted in the
         version's statistics (``started``: the request's ``time.perf_counter()``)."""
         started = time.perf_counter() if started is None else started
-        encoded = {}
+        encoded = {"queued": False}
+        callers = self.registry.callers
 
         def encode(p):
             start = time.perf_counter()
@@ -163,20 +164,27 @@ class AppState:
                     raise ApiError(422, f"{where}[{i}]: {e}", f"{where}[{i}]",
                                    refused_texts=1) from None
             encoded["seconds"] = time.perf_counter() - start
+            if not encoded["queued"]:  # counted before the submit wakes a worker
+                encoded["queued"] = True
+                callers.queued()
             return out
 
+        callers.arrive()
         try:
-            model, futures = self.registry.submit(encode, name, version,
-                                                  loop=asyncio.get_running_loop())
-        except NotServed as e:
-            raise _not_served(e) from None
-        except QueueFull as e:
-            raise ApiError(503, f"overloaded: {e}; retry later", None,
-                           {"Retry-After": "1"}) from None
-        except BatcherClosed:
-            raise ApiError(503, "server is shutting down or the version was unloaded; retry",
-                           None, {"Retry-After": "1"}) from None
-        answered = await _all_of(futures)
+            try:
+                model, futures = self.registry.submit(encode, name, version,
+                                                      loop=asyncio.get_running_loop())
+            except NotServed as e:
+                raise _not_served(e) from None
+            except QueueFull as e:
+                raise ApiError(503, f"overloaded: {e}; retry later", None,
+                               {"Retry-After": "1"}) from None
+            except BatcherClosed:
+                raise ApiError(503, "server is shutting down or the version was unloaded; "
+                               "retry", None, {"Retry-After": "1"}) from None
+            answered = await _all_of(futures)
+        finally:
+            callers.leave(encoded["queued"])
         results = [a if isinstance(a, BaseException) else a.result for a in answered]
         failures = [i for i, r in enumerate(results) if isinstance(r, BaseException)]
         if failures:
