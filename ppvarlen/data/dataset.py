@@ -36,7 +36,7 @@ from .errors import DataError
 from .lengths import length_stats
 from .longtext import LongTextStats
 from .parallel import chunk_map, resolve_num_proc
-from .store import StoreSplit, StoreWriter, is_complete, pack_columns
+from .store import StoreSplit, StoreWriter, is_complete
 from .vocab import TextEncoder, build_encoder, vocab_sha256
 
 log = get_logger("data.dataset")
@@ -305,31 +305,19 @@ def _where_suffix(split, cfg):
 
 
 class _SliceEncoder:
-    """Encodes examples[start:end] with the task's function -> columns + summed counts."""
+    """Encodes examples[start:end] with the task's ``encode_examples`` -> its ``EncodedSlice``
+    (columns + summed counts)."""
 
     def __init__(self, task, ctx, split, cfg):
         self.task, self.ctx, self.split, self.cfg = task, ctx, split, cfg
-        self.fields = task.store_fields()
         self.where_suffix = _where_suffix(split, cfg)  # once: a per-item format is not free
 
     def __call__(self, examples, start, end):
-        columns = {f.name: [] for f in self.fields}
-        unk = real = 0
-        doc_lengths, long_text = [], {}
-        for i in range(start, end):
-            items, record = self.task.encode_example(self.ctx, examples[i], i,
-                                                     f"{self.split} example {i}{self.where_suffix}")
-            for item in items:
-                for f in self.fields:
-                    columns[f.name].append(item[f.name])
-            unk += record["unk"]
-            real += record["real"]
-            doc_lengths.append(record["doc_length"])
-            for name, (n, spans) in record["long_text"].items():
-                lt = long_text.setdefault(name, LongTextStats(self.split, self.ctx.long_text))
-                lt.add(n, spans)
-        return (pack_columns(self.fields, columns), unk, real, np.asarray(doc_lengths, np.int64),
-                long_text)
+        return self.task.encode_examples(self.ctx, [examples[i] for i in range(start, end)],
+                                         start, self.where)
+
+    def where(self, i):
+        return f"{self.split} example {i}{self.where_suffix}"
 
 
 class SplitSink:
