@@ -118,9 +118,9 @@ def test_every_line_is_parsed_once(tmp_path, monkeypatch):
     monkeypatch.setattr(stream_build, "CHUNK_BYTES", 4096)
     train = write_reviews(tmp_path / "train.jsonl", 800)
     parsed = []
-    real = stream_build.parse_json_line
-    monkeypatch.setattr(stream_build, "parse_json_line",
-                        lambda line, task: parsed.append(line) or real(line, task))
+    real = stream_build.parse_json_bytes
+    monkeypatch.setattr(stream_build, "parse_json_bytes",
+                        lambda raw, n, task: parsed.append(raw) or real(raw, n, task))
     monkeypatch.setattr(corpora, "load_corpus", lambda cfg: pytest.fail("parent read the corpus"))
     bundle = build_datasets(data_cfg(corpus="jsonl", train_file=train, num_proc=1,
                                      cache_dir=str(tmp_path / "c")))

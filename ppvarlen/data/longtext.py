@@ -130,16 +130,16 @@ def span_rows(ids, offsets, docs, starts, ends, specials=None):
     around it when ``specials`` = (cls_id, sep_id) -> (the rows one after the other, in
     ``ids``' dtype, and each row's length (int64))."""
     edge = 1 if specials else 0
-    content = ends - starts
-    row_lengths = content + 2 * edge
+    row_lengths = ends - starts + 2 * edge
     row_ends = np.cumsum(row_lengths)
-    out = np.empty(int(row_ends[-1]) if len(row_ends) else 0, ids.dtype)
     row_starts = row_ends - row_lengths
-    # position k of every row's content: a running index minus the row's first content index
-    first = np.repeat(np.cumsum(content) - content, content)
-    k = np.arange(len(first), dtype=np.int64) - first
-    out[np.repeat(row_starts + edge, content) + k] = ids[np.repeat(offsets[docs] + starts,
-                                                                   content) + k]
+    # out[p] = ids[p + shift of p's row]: one gather (a special token's position reads a
+    # valid index, then is overwritten)
+    source = np.arange(int(row_ends[-1]) if len(row_ends) else 0, dtype=np.int64)
+    source += np.repeat(offsets[docs] + starts - row_starts - edge, row_lengths)
+    if specials:
+        source[row_starts] = source[row_ends - 1] = 0
+    out = ids[source]
     if specials:
         out[row_starts], out[row_ends - 1] = specials
     return out, row_lengths

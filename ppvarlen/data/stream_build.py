@@ -51,7 +51,7 @@ from .corpora.user_files import logger
 from .parallel import ordered_map
 from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, BadLine, ReadLimits, _decoded_lines,
                       _is_tsv_header, _label_id, _task_from_first_line, decode_line,
-                      expand_inputs, long_line_error, open_data_file, parse_json_line)
+                      expand_inputs, long_line_error, open_data_file, parse_json_bytes)
 from .splits import SPLITS, example_key, split_method, stable_split
 from .vocab import TextEncoder, split_items
 
@@ -139,16 +139,17 @@ def _line_chunks(role, path, f, max_line_bytes, carry_data):
             return
 
 
-def _lines(chunk, max_line_bytes):
-    """(line number, text or BadLine) as ``readers._decoded_lines`` gives them; DataError for
-    the chunk's read error or a line over ``max_line_bytes`` (the message that path gives)."""
+def _lines(chunk, max_line_bytes, decode=True):
+    """(line number, text or BadLine) as ``readers._decoded_lines`` gives them (not
+    ``decode``: the raw bytes); DataError for the chunk's read error or a line over
+    ``max_line_bytes`` (the message that path gives)."""
     if chunk.error is not None:
         raise DataError(chunk.error)
     for k, raw in enumerate(chunk.raw_lines()):
         n = chunk.first_line + k
         if len(raw) > max_line_bytes:
             raise long_line_error(f"{chunk.path}:{n}", max_line_bytes)
-        yield n, decode_line(raw, n)
+        yield n, decode_line(raw, n) if decode else raw
 
 
 @dataclass
@@ -246,12 +247,12 @@ def _parse(plan, n, line, chunk):
         raise line
     if plan.fmt == "tsv":
         return FORMATS[plan.task].tsv(line)
-    return parse_json_line(line, plan.task)
+    return parse_json_bytes(line, n, plan.task)  # a JSONL line comes undecoded
 
 
 def _examples(plan, chunk, scan):
     """Yield (line, example) of the chunk's valid lines, counting lines and skips in ``scan``."""
-    for n, line in _lines(chunk, plan.limits.max_line_bytes):
+    for n, line in _lines(chunk, plan.limits.max_line_bytes, plan.fmt == "tsv"):
         if plan.fmt == "tsv" and n == 1 and isinstance(line, str) and \
                 _is_tsv_header(line, FORMATS[plan.task].fields):
             scan.header = True
