@@ -334,7 +334,10 @@ class Scanner:
                     scan.kinds.setdefault(kind, (n, label))
                     if scan.first_label is None:
                         scan.first_label = label
-                    scan.labels.setdefault(split, Counter())[label] += 1
+                    per_label = scan.labels.get(split)
+                    if per_label is None:  # not setdefault: that makes a Counter per line
+                        per_label = scan.labels[split] = Counter()
+                    per_label[label] += 1
                 scan.sizes[split] = scan.sizes.get(split, 0) + 1
                 keys.setdefault(split, []).append(_key_hash(key))
                 if plan.count_vocab and split == "train":
