@@ -58,7 +58,7 @@ def test_a_slice_at_once_is_its_examples_one_at_a_time(task, kind, lowercase, po
     if kind == "word" and task != "tagging":
         examples = [dict(ex, text=" ".join(ex["text"])) for ex in examples]
     ctx = EncodeContext(enc, max_len, policy, stride, specials, {"O": 0, "B-X": 1})
-    assert t._encode_windowed(ctx, examples, 40) is not None  # the array path, not the loop
+    assert t._encode_windowed(ctx, examples, 40, _where) is not None  # the array path, not the loop
     batch = t.encode_examples(ctx, examples, 40, _where)
     _same(batch, t._encode_each(ctx, examples, 40, _where))
     assert len(batch.doc_lengths) == len(examples)

@@ -100,7 +100,7 @@ class Task:
         whole slice; any other encodes one example at a time."""
         if type(self).encode_example is Task.encode_example:
             try:
-                encoded = self._encode_windowed(ctx, examples, first_doc_id)
+                encoded = self._encode_windowed(ctx, examples, first_doc_id, where)
             except (DataError, ValueError):
                 encoded = None
             if encoded is not None:
@@ -128,7 +128,7 @@ class Task:
         return EncodedSlice(pack_columns(fields, columns), unk, real,
                             np.asarray(doc_lengths, np.int64), long_text)
 
-    def _encode_windowed(self, ctx, examples, first_doc_id):
+    def _encode_windowed(self, ctx, examples, first_doc_id, where):
         """``encode_example``'s rule over a slice at once, or None when an example breaks it
         (the one-at-a-time path then raises its error).  DataError / ValueError from
         ``example_ids`` or the planning: the same."""
@@ -139,7 +139,8 @@ class Task:
             ids, lengths = enc.encode_batch([ex["text"] for ex in examples])
             labels = [None] * len(examples)
         else:
-            pairs = [self.example_ids(enc, ex, None, ctx.tag_ids) for ex in examples]
+            pairs = [self.example_ids(enc, ex, where(first_doc_id + k), ctx.tag_ids)
+                     for k, ex in enumerate(examples)]
             arrays = [np.asarray(a, np.int32) for a, _ in pairs]
             labels = [lab for _, lab in pairs]
             lengths = np.fromiter(map(len, arrays), np.int64, len(arrays))
