@@ -59,6 +59,7 @@ setup(
         "sympy",
         "pyyaml>=6",
         "numpy",
+        "orjson>=3.9",  # JSONL lines parsed from their bytes (data/readers.py parse_json_bytes)
         "tqdm",
         "safetensors>=0.4",
         "snownlp==0.12.3",

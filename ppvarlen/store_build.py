@@ -25,7 +25,7 @@ from .data.longtext import LongTextStats
 from .utils.parallel import ordered_map, resolve_num_proc
 from .data.readers import FORMATS
 from .data.splits import SPLITS
-from .data.store import StoreSplit, StoreWriter, is_complete, pack_columns
+from .data.store import StoreSplit, StoreWriter, is_complete
 from .data.vocab import TextEncoder, TokenCounting, build_encoder, vocab_sha256
 from .tasks import get_task
 from .tasks.base import EncodeContext
@@ -203,57 +203,34 @@ def _where_suffix(split, cfg):
     return f" (from {source})" if source else f" of corpus {cfg.corpus}"
 
 
-class _At:
-    """A chunk's examples answering at the split-wide indices (doc ids) the encoder reads."""
-
-    def __init__(self, rows, start):
-        self.rows, self.start = rows, start
-
-    def __getitem__(self, i):
-        return self.rows[i - self.start]
-
-
-class _SliceEncoder:
-    """Encodes examples[start:end] with the task's function -> columns + summed counts."""
-
-    def __init__(self, task, ctx, split, cfg):
-        self.task, self.ctx, self.split, self.cfg = task, ctx, split, cfg
-        self.fields = task.store_fields()
-        self.where_suffix = _where_suffix(split, cfg)  # once: a per-item format is not free
-
-    def __call__(self, examples, start, end):
-        columns = {f.name: [] for f in self.fields}
-        unk = real = 0
-        doc_lengths, long_text = [], {}
-        for i in range(start, end):
-            items, record = self.task.encode_example(self.ctx, examples[i], i,
-                                                     f"{self.split} example {i}{self.where_suffix}")
-            for item in items:
-                for f in self.fields:
-                    columns[f.name].append(item[f.name])
-            unk += record["unk"]
-            real += record["real"]
-            doc_lengths.append(record["doc_length"])
-            for name, (n, spans) in record["long_text"].items():
-                lt = long_text.setdefault(name, LongTextStats(self.split, self.ctx.long_text))
-                lt.add(n, spans)
-        return (pack_columns(self.fields, columns), unk, real, np.asarray(doc_lengths, np.int64),
-                long_text)
-
-
 class _ChunkEncoder:
-    """Pass 2 on a worker: a job's examples (``sources.ChunkReader``) -> {split: columns}."""
+    """Pass 2 on a worker: a job's examples (``sources.ChunkReader``) -> {split: the task's
+    ``EncodedSlice`` of them}."""
 
-    def __init__(self, reader, encoders):
-        self.reader, self.encoders = reader, encoders
+    def __init__(self, reader, task, ctx, cfg):
+        self.reader, self.task, self.ctx = reader, task, ctx
+        self.where_suffix = {s: _where_suffix(s, cfg) for s in SPLITS}  # once, not per item
 
     def __call__(self, job):
-        return {split: self.encoders[split](_At(rows, base), base, base + len(rows))
-                for split, (base, rows) in self.reader(job).items()}
+        out = {}
+        for split, (base, rows) in self.reader(job).items():
+            where = _Where(split, self.where_suffix[split])
+            out[split] = self.task.encode_examples(self.ctx, rows, base, where)
+        return out
+
+
+class _Where:
+    """An example's name in an error: its split, doc id and source."""
+
+    def __init__(self, split, suffix):
+        self.split, self.suffix = split, suffix
+
+    def __call__(self, i):
+        return f"{self.split} example {i}{self.suffix}"
 
 
 class SplitSink:
-    """One split's store being written: takes ``_SliceEncoder`` results in input order, sums
+    """One split's store being written: takes ``EncodedSlice``s in input order, sums
     their counts, and on ``finish`` writes the extras, stats and manifest."""
 
     def __init__(self, split, task, ctx, cfg, path, total):
@@ -318,9 +295,8 @@ def _encode(scanned, splits, task, ctx, cfg, extra_corpora, entry_dir, num_proc)
         for split in splits:
             sinks[split] = SplitSink(split, task, ctx, cfg, os.path.join(entry_dir, split),
                                      sizes[split])
-        encoders = {s: _SliceEncoder(task, ctx, s, cfg) for s in splits}
-        for out in ordered_map(_ChunkEncoder(scanned.reader(), encoders), scanned.jobs(splits),
-                               num_proc):
+        for out in ordered_map(_ChunkEncoder(scanned.reader(), task, ctx, cfg),
+                               scanned.jobs(splits), num_proc):
             for split, res in out.items():
                 sinks[split].add(res)
         for split in splits:

@@ -226,3 +226,40 @@ def test_tsv_corpus_rejects_other_task(tmp_path):
         load_corpus({"corpus": "tsv", "train_file": path, "task": "seq2seq"})
     with pytest.raises(ConfigError, match="Data.train_file"):
         load_corpus({"corpus": "tsv"})
+
+
+RAW_LINES = [b'{"text": "\xe5\xa5\xbd", "label": "positive"}', b'{"text": "a", "label": 3}\r',
+             b'\xef\xbb\xbf{"text": "bom", "label": 0}', b'{"text": "x", "label": 1e400}',
+             b'{"text": "x", "label": 123456789012345678901234567890}',
+             b'{"text": "x", "label": -9223372036854775809}', b'{"text": "x", "label": 1.0}',
+             b'{"text": "x", "label": NaN}', b'{"text": "\\ud800 lone", "label": "a"}',
+             b'{"text": "\\ud83d\\ude00", "label": "a"}', b'{"text": "\xff", "label": "a"}',
+             b'{"text": "\xed\xa0\x80", "label": "a"}', b'', b'   \r', b'[1, 2.5]', b'"s"', b'7',
+             b'{"text": "x", "text": "y", "label": true}', b'{"text": "", "label": "a"}',
+             b'{"text": " \\u3000 ", "label": "a"}', b'{"text": "a\x01", "label": "a"}',
+             b'{"text": "t"}', b'{"text": ["a"], "label": {"k": [0.5]}}', b'{"text": "x",',
+             b'{"text": "a", "label": " b "} trailing', b'{"text": "\\u0000", "label": -1}',
+             b'{"label": "b", "text": "a"}\t ', b'{"text": "a", "label": "b"}\x0c']
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("raw", RAW_LINES)
+def test_parse_json_bytes_is_decode_then_parse_json_line(raw, n):
+    """The orjson path gives the examples and the BadLine reasons and messages of decoding
+    the line and parsing it with ``json`` (a BOM counts on line 1 only)."""
+    from ppvarlen.data.readers import BadLine, decode_line, parse_json_bytes, parse_json_line
+
+    def outcome(parse):
+        try:
+            ex = parse()
+            return ("ok", ex, [(k, type(v)) for k, v in ex.items()])
+        except BadLine as bad:
+            return ("bad", bad.reason, bad.message)
+
+    def by_json():
+        line = decode_line(raw, n)
+        if isinstance(line, BadLine):
+            raise line
+        return parse_json_line(line, "classification")
+
+    assert outcome(lambda: parse_json_bytes(raw, n, "classification")) == outcome(by_json)

@@ -116,9 +116,9 @@ def test_every_line_is_parsed_once(tmp_path, monkeypatch):
     monkeypatch.setattr(record_chunks, "CHUNK_BYTES", 4096)
     train = write_reviews(tmp_path / "train.jsonl", 800)
     parsed = []
-    real = sources.parse_json_line
-    monkeypatch.setattr(sources, "parse_json_line",
-                        lambda line, task: parsed.append(line) or real(line, task))
+    real = sources.parse_json_bytes
+    monkeypatch.setattr(sources, "parse_json_bytes",
+                        lambda line, n, task: parsed.append(line) or real(line, n, task))
     monkeypatch.setattr(sources, "read_corpus", lambda cfg: pytest.fail("parent read the corpus"))
     bundle = build_datasets(data_cfg(corpus="jsonl", train_file=train, num_proc=1,
                                      cache_dir=str(tmp_path / "c")))

@@ -105,6 +105,46 @@ def text_windows(ids, max_len, policy, stride, where, specials=None):
     return rows, spans
 
 
+def batch_spans(lengths, max_content, policy, stride):
+    """``plan_spans`` of many documents at once (``lengths``: tokens of each) -> (document
+    index, start, end) of every span as int64 arrays, the documents' spans in order.  For a
+    batch ``plan_spans`` accepts (under ``error`` no document is longer than ``max_content``):
+    a caller checks that first, as it raises the messages."""
+    lengths = np.asarray(lengths, np.int64)
+    docs = np.arange(len(lengths), dtype=np.int64)
+    long = np.flatnonzero(lengths > max_content)
+    if policy != "window" or not len(long):  # one span per document, cut to max_content
+        return docs, np.zeros(len(lengths), np.int64), np.minimum(lengths, max_content)
+    spans = [[(0, int(n))] for n in lengths]
+    for d in long.tolist():
+        spans[d] = window_spans(int(lengths[d]), max_content, stride)
+    counts = np.fromiter(map(len, spans), np.int64, len(spans))
+    flat = np.asarray([se for doc in spans for se in doc], np.int64).reshape(-1, 2)
+    return np.repeat(docs, counts), flat[:, 0], flat[:, 1]
+
+
+def span_rows(ids, offsets, docs, starts, ends, specials=None):
+    """The rows ``text_windows`` makes, for many spans at once: row k holds
+    ``ids[offsets[docs[k]] + starts[k]:offsets[docs[k]] + ends[k]]`` (``ids``: documents' ids
+    one after the other, ``offsets``: where each document starts), with ``[CLS] .. [SEP]``
+    around it when ``specials`` = (cls_id, sep_id) -> (the rows one after the other, in
+    ``ids``' dtype, and each row's length (int64))."""
+    edge = 1 if specials else 0
+    row_lengths = ends - starts + 2 * edge
+    row_ends = np.cumsum(row_lengths)
+    row_starts = row_ends - row_lengths
+    # out[p] = ids[p + shift of p's row]: one gather (a special token's position reads a
+    # valid index, then is overwritten)
+    source = np.arange(int(row_ends[-1]) if len(row_ends) else 0, dtype=np.int64)
+    source += np.repeat(offsets[docs] + starts - row_starts - edge, row_lengths)
+    if specials:
+        source[row_starts] = source[row_ends - 1] = 0
+    out = ids[source]
+    if specials:
+        out[row_starts], out[row_ends - 1] = specials
+    return out, row_lengths
+
+
 class LongTextStats:
     """Per-split counts of what the policy did; ``as_dict()`` goes into dataset stats."""
 
@@ -122,6 +162,18 @@ class LongTextStats:
         if self.policy == "truncate" and kept < n_tokens:
             self.truncated += 1
             self.tokens_lost += n_tokens - kept
+
+    def add_batch(self, n_tokens, kept, windows):
+        """``add`` for many documents: per document its tokens, the tokens from its first
+        kept one to its last (``max(end) - min(start)`` of its spans) and its span count."""
+        n_tokens, kept, windows = (np.asarray(a, np.int64) for a in (n_tokens, kept, windows))
+        self.documents += len(n_tokens)
+        self.windows += int(windows.sum())
+        cut = kept < n_tokens
+        self.long_documents += int(np.count_nonzero(cut | (windows > 1)))
+        if self.policy == "truncate":
+            self.truncated += int(np.count_nonzero(cut))
+            self.tokens_lost += int((n_tokens - kept)[cut].sum())
 
     def as_dict(self):
         return {"policy": self.policy, "documents": self.documents,

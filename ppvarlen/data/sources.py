@@ -49,7 +49,7 @@ from .chunks import (_chunks_of, _parquet_chunks, _parquet_file, _parquet_rows, 
 from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, BadLine, FileData, ReadLimits,
                       _decoded_lines, _is_tsv_header, _task_from_first_line, check_tag_scheme,
                       decode_line, expand_inputs, infer_task, label_id, long_line_error, map_tags,
-                      parse_json_line, parse_object)
+                      parse_json_bytes, parse_object)
 from .splits import SPLITS, example_key, split_method, stable_split
 from .vocab import count_fields
 
@@ -224,39 +224,43 @@ class Scanner:
             {name: i for i, name in enumerate(plan.label_names)}
 
     def _records(self, chunk, scan):
-        """Yield (line, raw record: text, dict, or BadLine) of the chunk."""
+        """Yield (line, raw record: a JSONL line's bytes, a TSV line's text, a Parquet row's dict,
+        or BadLine) of the chunk."""
         plan = self.plan
         if plan.fmt == "parquet":
             yield from _parquet_rows(chunk, plan.limits)
             return
         if chunk.error is not None:
             raise DataError(chunk.error)
+        tsv = plan.fmt == "tsv"
         for k, raw in enumerate(chunk.raw_lines()):
             n = chunk.first_line + k
             if len(raw) > plan.limits.max_line_bytes:
                 raise long_line_error(f"{chunk.path}:{n}", plan.limits.max_line_bytes)
+            if not tsv:  # a JSONL line is parsed from its bytes (``parse_json_bytes``)
+                yield n, raw
+                continue
             line = decode_line(raw, n)
-            if plan.fmt == "tsv" and n == 1 and isinstance(line, str) and \
-                    _is_tsv_header(line, self.fmt.fields):
+            if n == 1 and isinstance(line, str) and _is_tsv_header(line, self.fmt.fields):
                 scan.header = True
                 continue
             yield n, line
 
-    def _parse(self, line):
+    def _parse(self, n, line):
         if isinstance(line, BadLine):
             raise line
         if self.plan.fmt == "tsv":
             return self.fmt.tsv(line)
         if self.plan.fmt == "parquet":
             return parse_object(line, self.plan.task)
-        return parse_json_line(line, self.plan.task)
+        return parse_json_bytes(line, n, self.plan.task)
 
     def _examples(self, chunk, scan):
         """Yield (line, example) of the chunk's valid records, counting skips in ``scan``."""
         for n, line in self._records(chunk, scan):
             scan.lines += 1
             try:
-                ex = self._parse(line)
+                ex = self._parse(n, line)
             except BadLine as bad:
                 if not self.plan.skip_invalid:
                     scan.error = f"{chunk.path}:{n}: {bad.message} {_SKIP_HINT}"

@@ -38,6 +38,7 @@ import shutil
 import struct
 import tempfile
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -230,6 +231,19 @@ def pack_columns(fields, columns):
         else:
             packed[f.name] = np.asarray(col, dtype=f.dtype).reshape(len(col))
     return packed
+
+
+class EncodedSlice(NamedTuple):
+    """A slice of a split's examples encoded into items, as an encoding worker sends it back
+    (``Task.encode_examples``): ``columns`` as ``pack_columns`` packs them, the [UNK] and real
+    token counts, ``doc_lengths`` (int64: each document's tokens before the long-text policy)
+    and ``long_text`` ({name: ``data.longtext.LongTextStats``} of the slice)."""
+
+    columns: dict
+    unk: int
+    real: int
+    doc_lengths: np.ndarray
+    long_text: dict
 
 
 def is_complete(path):

@@ -129,6 +129,14 @@ class Vocabulary:
         """``encode(tokenize(text))`` as an int32 numpy array."""
         return np.asarray(self.encode(self.tokenize(text)), np.int32)
 
+    def encode_batch(self, texts):
+        """``encode_array`` of each of ``texts`` -> (the ids one after the other (int32), each
+        text's count of ids (int64))."""
+        arrays = [self.encode_array(t) for t in texts]
+        lengths = np.fromiter(map(len, arrays), np.int64, len(arrays))
+        return (np.concatenate(arrays).astype(np.int32, copy=False) if arrays
+                else np.zeros(0, np.int32)), lengths
+
     def encode_target(self, text):
         """Target text -> ids a decoder can produce (a token outside the output alphabet ->
         [UNK]); targets split per ``target_kind``."""
@@ -244,7 +252,7 @@ class TextEncoder(Vocabulary):
         for t in SPECIAL_TOKENS:
             del self._ids[t]
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.bos_id, self.eos_id = range(6)
-        self._char_table = None  # encode_array: codepoint -> id, made on first use
+        self._char_table = None  # encode_array / encode_batch: codepoint -> id
 
     # ------------------------------------------------------------ building
 
@@ -349,7 +357,19 @@ class TextEncoder(Vocabulary):
         lowercasing a codepoint table lookup (the corpus-encoding hot path)."""
         if self.kind != "char" or self.lowercase:
             return super().encode_array(text)
-        if self._char_table is None:
+        return self._codepoint_ids(text)
+
+    def encode_batch(self, texts):
+        """``Vocabulary.encode_batch``; for a char vocabulary without lowercasing one table
+        lookup over all the texts' codepoints (a char is a codepoint, so a text's ids are as
+        many as its ``len``)."""
+        if self.kind != "char" or self.lowercase:
+            return super().encode_batch(texts)
+        lengths = np.fromiter(map(len, texts), np.int64, len(texts))
+        return self._codepoint_ids("".join(texts)), lengths
+
+    def _codepoint_ids(self, text):
+        if self._char_table is None:  # codepoint -> id, made on first use
             table = np.full(0x110000, self.unk_id, np.int32)
             for token, i in self._ids.items():
                 if len(token) == 1:

@@ -22,8 +22,8 @@ import numpy as np
 
 from ..config import ConfigError
 from ..data.errors import DataError
-from ..data.longtext import text_windows
-from ..data.store import StoreField
+from ..data.longtext import POLICIES, LongTextStats, batch_spans, span_rows, text_windows
+from ..data.store import EncodedSlice, StoreField, pack_columns
 
 INPUTS = [{"name": "input_ids", "dtype": "int64", "dims": [-1, -1]},
           {"name": "seq_len", "dtype": "int64", "dims": [-1]}]
@@ -40,6 +40,17 @@ class EncodeContext:
     tag_ids: dict
     max_source_len: int = None
     max_target_len: int = None
+
+
+@dataclass(frozen=True)
+class EncodeRecord:
+    """What ``encode_example`` reports of one example besides its items: its tokens before the
+    long-text policy (``doc_length``, special tokens counted), its [UNK] and real token counts,
+    and ``long_text`` {name: (tokens, kept spans)} for the split's long-text stats."""
+    doc_length: int
+    unk: int
+    real: int
+    long_text: dict
 
 
 class Task:
@@ -88,8 +99,7 @@ class Task:
 
         Items: dicts with every ``store_fields`` field (token rows under the long-text policy,
         ``[CLS] .. [SEP]`` with ``ctx.specials``; ``window_item`` adds the label fields).
-        Record: ``doc_length`` (tokens before the policy), ``unk`` / ``real`` token counts and
-        ``long_text`` {name: (tokens, kept spans)} for the split's long-text stats."""
+        Record: an ``EncodeRecord``."""
         enc = ctx.encoder
         ids, labels = self.example_ids(enc, ex, where, ctx.tag_ids)
         ids = np.asarray(ids, np.int32)
@@ -101,9 +111,82 @@ class Task:
         items = [{"input_ids": row, **self.window_item(ex, labels, start, end, ctx.specials,
                                                        doc_id)}
                  for row, (start, end) in zip(rows, spans)]
-        return items, {"doc_length": len(ids) + (2 if ctx.specials else 0),
-                       "unk": int(np.count_nonzero(ids == enc.unk_id)),
-                       "real": len(ids), "long_text": {"": (len(ids), spans)}}
+        return items, EncodeRecord(len(ids) + (2 if ctx.specials else 0),
+                                   int(np.count_nonzero(ids == enc.unk_id)), len(ids),
+                                   {"": (len(ids), spans)})
+
+    def encode_examples(self, ctx, examples, first_doc_id, where):
+        """Examples (doc ids ``first_doc_id``, ``first_doc_id + 1``, ...) -> ``EncodedSlice``:
+        the items ``encode_example`` makes of each, in order, their columns packed, and the
+        records summed; ``where(doc_id)`` names an example in an error.  A task whose
+        ``encode_example`` is this class's gets the same bytes from array operations over the
+        whole slice; any other encodes one example at a time."""
+        if type(self).encode_example is Task.encode_example:
+            try:
+                encoded = self._encode_windowed(ctx, examples, first_doc_id, where)
+            except (DataError, ValueError):
+                encoded = None
+            if encoded is not None:
+                return encoded
+        # one at a time: also how a slice with a bad example raises the first one's error
+        return self._encode_each(ctx, examples, first_doc_id, where)
+
+    def _encode_each(self, ctx, examples, first_doc_id, where):
+        fields = self.store_fields()
+        columns = {f.name: [] for f in fields}
+        unk = real = 0
+        doc_lengths, long_text = [], {}
+        for k, ex in enumerate(examples):
+            items, record = self.encode_example(ctx, ex, first_doc_id + k,
+                                                where(first_doc_id + k))
+            for item in items:
+                for f in fields:
+                    columns[f.name].append(item[f.name])
+            unk += record.unk
+            real += record.real
+            doc_lengths.append(record.doc_length)
+            for name, (n, spans) in record.long_text.items():
+                lt = long_text.setdefault(name, LongTextStats("", ctx.long_text))
+                lt.add(n, spans)
+        return EncodedSlice(pack_columns(fields, columns), unk, real,
+                            np.asarray(doc_lengths, np.int64), long_text)
+
+    def _encode_windowed(self, ctx, examples, first_doc_id, where):
+        """``encode_example``'s rule over a slice at once, or None when an example breaks it
+        (the one-at-a-time path then raises its error).  DataError / ValueError from
+        ``example_ids`` or the planning: the same."""
+        enc = ctx.encoder
+        specials = (enc.cls_id, enc.sep_id) if ctx.specials else None
+        content = ctx.max_len - (2 if specials else 0)
+        if type(self).example_ids is Task.example_ids:
+            ids, lengths = enc.encode_batch([ex["text"] for ex in examples])
+            labels = [None] * len(examples)
+        else:
+            pairs = [self.example_ids(enc, ex, where(first_doc_id + k), ctx.tag_ids)
+                     for k, ex in enumerate(examples)]
+            arrays = [np.asarray(a, np.int32) for a, _ in pairs]
+            labels = [lab for _, lab in pairs]
+            lengths = np.fromiter(map(len, arrays), np.int64, len(arrays))
+            ids = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
+        if ctx.long_text not in POLICIES or content < 1 or not lengths.all() or \
+                (ctx.long_text == "error" and (lengths > content).any()):
+            return None
+        ids = ids.astype(np.int32, copy=False)
+        docs, starts, ends = batch_spans(lengths, content, ctx.long_text, ctx.stride)
+        offsets = np.cumsum(lengths) - lengths
+        rows, row_lengths = span_rows(ids, offsets, docs, starts, ends, specials)
+        others = [f for f in self.store_fields() if f.name != "input_ids"]
+        items = [self.window_item(examples[d], labels[d], s, e, ctx.specials, first_doc_id + d)
+                 for d, s, e in zip(docs.tolist(), starts.tolist(), ends.tolist())]
+        columns = pack_columns(others, {f.name: [it[f.name] for it in items] for f in others})
+        columns["input_ids"] = (rows, row_lengths)
+        windows = np.bincount(docs, minlength=len(lengths))
+        first = np.searchsorted(docs, np.arange(len(lengths)))  # each document's first span
+        kept = ends[first + windows - 1] - starts[first]
+        lt = LongTextStats("", ctx.long_text)
+        lt.add_batch(lengths, kept, windows)
+        return EncodedSlice(columns, int(np.count_nonzero(ids == enc.unk_id)), len(ids),
+                            lengths + (2 if specials else 0), {"": lt})
 
     def extra_train_items(self, corpora, data_cfg, encoder, first_doc_id):
         """Train items from other corpora (``Pretrain.extra_corpora``) -> (items, {source: n}),

@@ -53,7 +53,7 @@ from ..data.errors import DataError
 from ..data.longtext import text_windows
 from ..data.store import StoreField
 from ..utils.io import atomic_write_text
-from .base import Task, output_width_problems
+from .base import EncodeRecord, Task, output_width_problems
 
 FIELDS = ("text_a", "text_b")
 OUTPUT = "embedding"
@@ -206,8 +206,8 @@ class EmbeddingTask(Task):
             long_text[field] = (len(ids), spans)
             unk += int(np.count_nonzero(ids == enc.unk_id))
             real += len(ids)
-        return [{**rows, "doc_id": doc_id}], {"doc_length": real + 2 * n_special, "unk": unk,
-                                              "real": real, "long_text": long_text}
+        return [{**rows, "doc_id": doc_id}], EncodeRecord(real + 2 * n_special, unk, real,
+                                                          long_text)
 
     # ------------------------------------------------------------ training
     def check_train_config(self, cfg):

@@ -56,7 +56,7 @@ from ..data.vocab import char_spans
 from ..model_registry import MODELS
 from ..utils.inputs import is_blank
 from ..utils.io import atomic_write_text
-from .base import INPUTS, Task, unpad
+from .base import INPUTS, EncodeRecord, Task, unpad
 
 FIELDS = ("question", "context", "answers")
 SEGMENTS = {"name": "token_type_ids", "dtype": "int64", "dims": [-1, -1]}
@@ -323,9 +323,8 @@ class ExtractiveQATask(Task):
             w["context_chars"] = chars.astype(np.int32) if k == 0 else np.zeros(0, np.int32)
             w["gold_spans"] = np.asarray(gold if k == 0 else [], np.int32)
         both = np.concatenate([q, ids])
-        return windows, {"doc_length": len(both) + 3,
-                         "unk": int(np.count_nonzero(both == enc.unk_id)), "real": len(both),
-                         "long_text": {"context": (len(ids), planned)}}
+        return windows, EncodeRecord(len(both) + 3, int(np.count_nonzero(both == enc.unk_id)),
+                                     len(both), {"context": (len(ids), planned)})
 
     def synthetic_inputs(self, input_ids, seq_len, rng):
         """Segment ids of a random-id batch: 0 then 1 from a random split point, 0 on pads."""

@@ -6,7 +6,7 @@ from ..data.errors import DataError
 from ..data.longtext import plan_spans
 from ..data.store import StoreField
 from ..utils.search import strip_eos
-from .base import Task
+from .base import EncodeRecord, Task
 from .seq2seq_metrics import seq2seq_metrics
 
 DECODING_KEYS = ("max_len_a", "max_len_b", "max_position", "bos_id", "eos_id", "pad_id")
@@ -61,11 +61,11 @@ class Seq2SeqTask(Task):
         tgt_spans = plan_spans(len(tgt), ctx.max_target_len, ctx.long_text, 0, where + " target")
         item = {"src_ids": src[:src_spans[0][1]],
                 "tgt_ids": [enc.bos_id] + tgt[:tgt_spans[0][1]] + [enc.eos_id], "doc_id": doc_id}
-        return [item], {"doc_length": len(src) + len(tgt) + 2,
-                        "unk": src.count(enc.unk_id) + tgt.count(enc.unk_id),
-                        "real": len(src) + len(tgt),
-                        "long_text": {"source": (len(src), src_spans),
-                                      "target": (len(tgt), tgt_spans)}}
+        return [item], EncodeRecord(len(src) + len(tgt) + 2,
+                                    src.count(enc.unk_id) + tgt.count(enc.unk_id),
+                                    len(src) + len(tgt),
+                                    {"source": (len(src), src_spans),
+                                     "target": (len(tgt), tgt_spans)})
 
     def check_encoder(self, encoder):
         if encoder.bos_id is None or encoder.eos_id is None:

@@ -26,7 +26,7 @@ from ..data.store import StoreField
 from ..model_registry import MODELS
 from ..utils.inputs import is_blank
 from ..utils.io import atomic_write_text
-from .base import INPUTS
+from .base import INPUTS, EncodeRecord
 from .classification import ClassificationTask
 
 FIELDS = ("text_a", "text_b", "label")
@@ -116,10 +116,9 @@ class TextPairTask(ClassificationTask):
         item = {"input_ids": ids, "token_type_ids": segments, "doc_id": doc_id,
                 "label": int(ex["label"])}
         both = np.concatenate([a, b])
-        return [item], {"doc_length": len(a) + len(b) + 3,
-                        "unk": int(np.count_nonzero(both == enc.unk_id)), "real": len(both),
-                        "long_text": {"text_a": (len(a), [(0, keep_a)]),
-                                      "text_b": (len(b), [(0, keep_b)])}}
+        return [item], EncodeRecord(len(a) + len(b) + 3, int(np.count_nonzero(both == enc.unk_id)),
+                                    len(both), {"text_a": (len(a), [(0, keep_a)]),
+                                                "text_b": (len(b), [(0, keep_b)])})
 
     @staticmethod
     def pair_ids(enc, a, b):
