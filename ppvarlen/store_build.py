@@ -140,7 +140,7 @@ def _specials(data_cfg, task):
 
 def _plan(data_cfg):
     if data_cfg.corpus in BUILT_IN:
-        return sources.memory_plan(sources.load_corpus(data_cfg))
+        return sources.MemoryPlan(sources.load_corpus(data_cfg))
     return sources.plan(data_cfg)
 
 

@@ -22,12 +22,14 @@ IN_FLIGHT = 8
 def test_sigterm_after_a_reload_drains_and_exits_0(cls_export, tmp_path):  # noqa: F811
     root, port_file, log = tmp_path / "models", tmp_path / "port", tmp_path / "server.log"
     shutil.copytree(cls_export[0], root / "tiny" / "1")
-    # max_wait_ms of a minute: texts stay queued until shutdown begins, so they are surely
-    # in flight when SIGTERM arrives (shutdown then runs them without waiting for company)
+    # max_wait_ms of a minute, and no early run once every caller is queued: texts stay
+    # queued until shutdown begins, so they are surely in flight when SIGTERM arrives
+    # (shutdown then runs them without waiting for company)
     proc = subprocess.Popen(
         [sys.executable, os.path.join(REPO, "deploy/python/serve.py"), "--model-repository",
          str(root), "--backend", "paddle", "--port", "0", "--port-file", str(port_file),
-         "-o", "Deploy.max_wait_ms=60000", "-o", "Deploy.repository_poll_s=0"],
+         "-o", "Deploy.max_wait_ms=60000", "-o", "Deploy.batch_when_all_queued=false",
+         "-o", "Deploy.repository_poll_s=0"],
         stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
         def port_written():

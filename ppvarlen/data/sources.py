@@ -1,7 +1,7 @@
 """Every corpus as ordered chunks of records, read in two passes: the one ingestion path.
 
 ``plan(data_cfg)`` -> a frozen ``Plan`` of the user's files (JSONL / TSV, plain or gzip'd, a
-directory or a glob of shards; Parquet, one chunk per row group), or ``memory_plan(corpus)`` of
+directory or a glob of shards; Parquet, one chunk per row group), or a ``MemoryPlan`` of
 a corpus already in memory (the built-in corpora: one chunk per slice of a split).
 
 Pass 1 (``scan``): each worker reads one chunk (``data.chunks``), parses and checks every
@@ -23,9 +23,9 @@ Chunk boundaries change no byte of a store.
 
 Reading is bounded (``readers.ReadLimits``): the parent holds at most ``Data.max_line_bytes``
 of an unfinished line (``data.chunks``) and the workers check each line (a Parquet text cell)
-against that bound; the error is raised in input order, as a bad line's is.  Hand-written rather than ``datasets``/Arrow: the per-line checks and messages are
-ppvarlen's, and the workers are the same fork pool (``utils.parallel``) that needs no pickled
-tokenizer.
+against that bound; the error is raised in input order, as a bad line's is.  Hand-written
+rather than ``datasets``/Arrow: the per-line checks and messages are ppvarlen's, and the workers
+are the same fork pool (``utils.parallel``) that needs no pickled tokenizer.
 """
 import hashlib
 import json
@@ -38,14 +38,14 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..config import ConfigError
-from ..utils.log import get_logger
 from ..utils import parallel
-from .corpora.base import Corpus, check_tag_scheme_key
-from .corpora.registry import BUILT_IN, data_section, load_built_in
-from .errors import DataError
+from ..utils.log import get_logger
 from ..utils.parallel import ordered_map
 from .chunks import (_chunks_of, _parquet_chunks, _parquet_file, _parquet_rows, pack_examples,
                      unpack_examples)
+from .corpora.base import Corpus, check_tag_scheme_key
+from .corpora.registry import BUILT_IN, data_section, load_built_in
+from .errors import DataError
 from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, BadLine, FileData, ReadLimits,
                       _decoded_lines, _is_tsv_header, _task_from_first_line, check_tag_scheme,
                       decode_line, expand_inputs, infer_task, label_id, long_line_error, map_tags,
@@ -98,10 +98,6 @@ class MemoryPlan:
     @property
     def task(self):
         return self.corpus.task
-
-
-def memory_plan(corpus):
-    return MemoryPlan(corpus)
 
 
 def plan(cfg):
