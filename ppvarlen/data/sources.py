@@ -43,8 +43,8 @@ from ..utils.log import get_logger
 from ..utils.parallel import ordered_map
 from .chunks import (_chunks_of, _parquet_chunks, _parquet_file, _parquet_rows, pack_examples,
                      unpack_examples)
-from .corpora.base import Corpus, check_tag_scheme_key
-from .corpora.registry import BUILT_IN, data_section, load_built_in
+from .corpora.base import Corpus, check_limit, check_tag_scheme_key
+from .corpora.registry import BUILT_IN, USER_FORMATS, data_section, load_built_in
 from .errors import DataError
 from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, BadLine, FileData, ReadLimits,
                       _decoded_lines, _is_tsv_header, _task_from_first_line, check_tag_scheme,
@@ -56,7 +56,6 @@ from .vocab import count_fields
 logger = get_logger("data.sources")
 
 MEMORY_CHUNK = 2000  # examples per chunk of a corpus in memory
-USER_FORMATS = ("jsonl", "tsv", "parquet")
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -107,8 +106,7 @@ def plan(cfg):
     if not cfg.train_file:
         raise ConfigError(f"Data.train_file: Data.corpus: {cfg.corpus} reads your own files; set "
                           f"Data.train_file (and optionally dev_file / test_file)")
-    if cfg.limit is not None and cfg.limit < 1:
-        raise ConfigError(f"Data.limit: {cfg.limit} keeps nothing; use a positive number or null")
+    check_limit(cfg.limit)
     specs = {s: cfg.get(f"{s}_file") for s in SPLITS}
     specs = {s: v for s, v in specs.items() if v}
     files = {s: expand_inputs(spec) for s, spec in specs.items()}
@@ -193,7 +191,7 @@ class ChunkScan:
     label_codes: np.ndarray = None  # index into label_values per example (-1: no label)
     hashes: np.ndarray = None  # uint64 hash of each example's split key
     codes: np.ndarray = None  # SPLITS index of each example
-    line_numbers: np.ndarray = None  # each example's line (tag-scheme checks need them)
+    line_numbers: np.ndarray = None  # each example's line, when the scanner keeps them
     tags: list = None  # tagging: each example's tags
     counts: tuple = None  # the train split's token counts (``TokenCounting``)
     parsed: bytes = None  # the kept examples, ``pack_examples``'d (pass 2 parses none again)
@@ -213,9 +211,11 @@ def _key_hash(key):
 class Scanner:
     """Pass 1 over one chunk (a job of ``ordered_map``)."""
 
-    def __init__(self, plan, counting):
+    def __init__(self, plan, counting, line_numbers=False):
         self.plan, self.counting = plan, counting
         self.fmt = FORMATS[plan.task]
+        # each kept example's line: the tag-scheme checks and ``read_file`` read them
+        self.line_numbers = line_numbers or self.fmt.labels == "tags"
         self.index = None if plan.label_names is None else \
             {name: i for i, name in enumerate(plan.label_names)}
 
@@ -301,7 +301,8 @@ class Scanner:
                     code = SPLITS.index(s if s in plan.carve else "train")
                 codes.append(code)
                 hashes.append(_key_hash(key))
-                lines.append(n)
+                if self.line_numbers:
+                    lines.append(n)
                 if fmt.labels == "class":
                     label = ex["label"]
                     scan.kinds.setdefault("str" if isinstance(label, str) else "int", (n, label))
@@ -363,9 +364,7 @@ class _FileScan:
                            sum(self.skipped.values()),
                            ", ".join(f"{r}: {c}" for r, c in sorted(self.skipped.items())), n, msg)
         if not self.examples:
-            raise DataError(f"{self.path}: no valid examples ({self.lines} lines read"
-                            f"{', all skipped as invalid' if self.skipped else ''}); check "
-                            f"the file")
+            raise _no_examples(self.path, self.lines, self.skipped)
 
 
 @dataclass
@@ -647,9 +646,7 @@ class _Merge:
                 fd.first_skipped = {r: f"line {n}: {m}" for r, (n, m) in fs.first_skipped.items()}
                 check_tag_scheme([fd], plan.tag_scheme, plan.skip_invalid)
                 if not fd.examples:
-                    raise DataError(f"{path}: no valid examples ({fd.lines} lines read"
-                                    f"{', all skipped as invalid' if fd.skipped else ''}); check "
-                                    f"the file")
+                    raise _no_examples(path, fd.lines, fd.skipped)
                 shards.append(fd)
             by_role[role] = _merged_shards(plan.specs[role], plan.task, shards)
         labels = map_tags(list(by_role.values()), plan.label_names, plan.skip_invalid,
@@ -737,6 +734,12 @@ class _Merge:
                 for i, s in enumerate(SPLITS)}
 
 
+def _no_examples(path, lines, skipped):
+    """The error of a file none of whose records is kept."""
+    return DataError(f"{path}: no valid examples ({lines} lines read"
+                     f"{', all skipped as invalid' if skipped else ''}); check the file")
+
+
 def _mixed_kinds(label, first):
     kind = "name" if isinstance(first, str) else "class id"
     return (f"label {label!r} is a {'name' if isinstance(label, str) else 'class id'} but the "
@@ -792,7 +795,7 @@ def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto", limit
     task = _format_task(fmt, task, path, limits)
     one = Plan(fmt, task, True, {"train": [path]}, {"train": path}, bool(skip_invalid), 0,
                limits=limits)
-    scanner, fd = Scanner(one, None), FileData(path, task)
+    scanner, fd = Scanner(one, None, line_numbers=True), FileData(path, task)
     for chunk in one.chunks():
         sc = scanner(chunk)
         if sc.error is not None:
@@ -807,8 +810,7 @@ def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto", limit
     if FORMATS[task].labels == "tags":
         check_tag_scheme([fd], tag_scheme, skip_invalid)
     if not fd.examples:
-        raise DataError(f"{path}: no valid examples ({fd.lines} lines read"
-                        f"{', all skipped as invalid' if fd.skipped else ''}); check the file")
+        raise _no_examples(path, fd.lines, fd.skipped)
     return fd
 
 

@@ -29,12 +29,17 @@ def fresh_copy(cached):
     return Corpus(cached.task, splits, list(cached.label_names or []), copy.deepcopy(cached.stats))
 
 
+def check_limit(limit):
+    """``Data.limit`` keeps at least one example of each split, or is null."""
+    if limit is not None and limit < 1:
+        raise ConfigError(f"Data.limit: {limit} keeps nothing; use a positive number or null")
+
+
 def apply_limit(corpus, limit):
     """``Data.limit``: keep the first ``limit`` examples of each split (recorded in the stats)."""
     if limit is None:
         return
-    if limit < 1:
-        raise ConfigError(f"Data.limit: {limit} keeps nothing; use a positive number or null")
+    check_limit(limit)
     before = {s: len(corpus.splits[s]) for s in SPLITS}
     for s in SPLITS:
         del corpus.splits[s][limit:]
