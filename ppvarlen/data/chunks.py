@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import DataError
-from .readers import ReadLimits, _check_cell_bytes, long_line_error, open_data_file
+from .readers import BadLine, ReadLimits, _check_cell_bytes, long_line_error, open_data_file
 
 CHUNK_BYTES = 4 << 20  # a chunk of whole lines: a few thousand examples, a few MB per worker
 
@@ -99,13 +99,36 @@ def _line_chunks(role, path, f, max_line_bytes, carry_data):
             return
 
 
-def _parquet_file(path):
-    import pyarrow.parquet as pq
+def _parquet_error(path, error, row_group=None, first_row=None):
+    """DataError of a Parquet file pyarrow cannot read (a truncated file, not Parquet, a damaged
+    row group): the file, the row group, pyarrow's words on one line, and the fix."""
+    where = path if row_group is None else \
+        f"{path}: row group {row_group} (0-based; its first row is row {first_row})"
+    said = " ".join(str(error).split()) or type(error).__name__
+    return DataError(f"{where}: cannot read as Parquet (pyarrow: {said}); the file is damaged or "
+                     f"not Parquet: write it again (e.g. pyarrow.parquet.write_table) and check "
+                     f"that pyarrow.parquet.ParquetFile({path!r}).read() reads it")
 
+
+def _pyarrow_errors():
+    """What pyarrow raises for a file it cannot read: its ArrowException family (ArrowInvalid
+    is also a ValueError) and OSError (ArrowIOError is OSError itself)."""
+    import pyarrow as pa
+
+    return OSError, pa.ArrowException
+
+
+def _parquet_file(path):
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading Parquet needs pyarrow, which is not installed: install "
+                        f"the parquet extra, ppvarlen[parquet] (or give JSONL / TSV files)") \
+            from None
     try:
         return pq.ParquetFile(path)
-    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
-        raise DataError(f"{path}: cannot read as Parquet ({e}); check the file") from None
+    except _pyarrow_errors() as e:
+        raise _parquet_error(path, e) from None
 
 
 def _parquet_chunks(role, path, ship=False):
@@ -121,20 +144,43 @@ def _parquet_chunks(role, path, ship=False):
 
 
 def _row_group(path, i, first_row):
-    table = _parquet_file(path).read_row_group(i)
-    return table, first_row
+    """(row group ``i`` of ``path`` as a table, ``first_row``); DataError when pyarrow cannot
+    read it."""
+    parquet = _parquet_file(path)
+    try:
+        return parquet.read_row_group(i), first_row
+    except _pyarrow_errors() as e:
+        raise _parquet_error(path, e, i, first_row) from None
 
 
 def _parquet_rows(chunk, limits):
     """(row number, dict) of the chunk's row group; a text cell over Data.max_line_bytes stops
-    the reading as a line over it does."""
+    the reading as a line over it does.  A row with a string cell that is not UTF-8 (pyarrow
+    does not check when it writes) is a ``BadLine``, skipped under Data.skip_invalid."""
     if chunk.rows == []:
         return
     table, first = chunk.rows if chunk.rows is not None else \
         _row_group(chunk.path, chunk.row_group, chunk.first_line)
     _check_cell_bytes(chunk.path, table, first, limits.max_line_bytes)
-    for k, row in enumerate(table.to_pylist()):
+    try:
+        rows = table.to_pylist()
+    except UnicodeDecodeError:
+        rows = [_row_or_bad(table, k) for k in range(table.num_rows)]
+    for k, row in enumerate(rows):
         yield first + k, row
+
+
+def _row_or_bad(table, k):
+    """Row ``k`` of ``table`` as a dict, or the BadLine naming its cell that is not UTF-8."""
+    row = table.slice(k, 1)
+    for name, column in zip(row.schema.names, row.columns):
+        try:
+            column.to_pylist()
+        except UnicodeDecodeError as e:
+            return BadLine("not_utf8", f"field {name!r} is not valid UTF-8 (bad byte "
+                                       f"{e.object[e.start:e.start + 1]!r} at byte {e.start} of "
+                                       f"the cell); write the file again with UTF-8 text")
+    return row.to_pylist()[0]
 
 
 def pack_examples(examples):

@@ -135,7 +135,7 @@ def _format_task(fmt, task, first_file, limits):
         return task
     if task is not None:
         return task
-    return _first_row_task(first_file) if fmt == "parquet" else \
+    return _columns_task(first_file) if fmt == "parquet" else \
         _first_line_task(first_file, limits)
 
 
@@ -159,13 +159,13 @@ def _first_line_task(path, limits):
             return _task_from_first_line(path, n, line)
 
 
-def _first_row_task(path):
-    table = _parquet_file(path)
-    for i in range(table.metadata.num_row_groups):
-        rows = table.read_row_group(i).slice(0, 1).to_pylist()
-        if rows:
-            return infer_task(rows[0]) or DEFAULT_TASK
-    return DEFAULT_TASK
+def _columns_task(path):
+    """The task a Parquet file's columns tell (every row has them all, so no row group is read
+    before the scan, which reports a damaged one in input order), else the default."""
+    parquet = _parquet_file(path)
+    if not parquet.metadata.num_rows:
+        return DEFAULT_TASK
+    return infer_task(set(parquet.schema_arrow.names)) or DEFAULT_TASK
 
 
 # ------------------------------------------------------------------------- pass 1: scan
