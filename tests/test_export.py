@@ -107,11 +107,11 @@ def test_parity_checked_the_engines_the_predictor_serves(rnn_export):
 
 
 def test_parity_builds_its_served_backends_with_the_serving_factory(monkeypatch, tmp_path):
-    from ppvarlen.deploy import engines
+    from ppvarlen.deploy import backends
     from ppvarlen.export import parity
 
     built = []
-    real = engines.build_engine
+    real = backends.build_engine
 
     def recording(export_dir, manifest, backend, **kw):
         built.append((export_dir, backend, kw["precision"]))

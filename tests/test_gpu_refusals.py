@@ -14,7 +14,7 @@ import pytest
 from paddle.inference import PrecisionType
 
 from ppvarlen.deploy import gpu
-from ppvarlen.deploy.engines import build_engine
+from ppvarlen.deploy.backends import build_engine
 from ppvarlen.deploy.manifest import load_manifest
 from ppvarlen.export import gpu_check
 from test_precision_choice import export_dir, shared_export  # noqa: F401  (a tiny onnx export)

@@ -86,7 +86,7 @@ LAYER_RULES = {  # package or module -> the ppvarlen subpackages it must not imp
     # export builds its parity backends with the serving engine factory, reads manifests with
     # the serving reader and admits what it wrote with the serving admission check (through
     # the serving predictor); nothing else of deploy
-    "ppvarlen/export": r"deploy(?!\.(engines|manifest|admission|predictor)\b)|doctor",
+    "ppvarlen/export": r"deploy(?!\.(backends|manifest|admission|predictor)\b)|doctor",
     # tasks read their metrics from ppvarlen/metrics.py, never from the trainer's package; they
     # receive model objects and never import models (deploy imports tasks: a serving host needs
     # no model or training code)
@@ -277,9 +277,9 @@ KNOWN_FIELD_NAMES = {
     ("ppvarlen/export/parity.py", "src_ids"): "seq2seq's decoded-ids parity (verify_greedy)",
     ("ppvarlen/export/parity.py", "src_len"): "seq2seq's decoded-ids parity (verify_greedy)",
     ("ppvarlen/export/parity.py", "tokens"): "seq2seq's decoded-ids parity (verify_greedy)",
-    ("ppvarlen/deploy/engines.py", "src_ids"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
-    ("ppvarlen/deploy/engines.py", "src_len"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
-    ("ppvarlen/deploy/engines.py", "tokens"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
+    ("ppvarlen/deploy/backends.py", "src_ids"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
+    ("ppvarlen/deploy/backends.py", "src_len"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
+    ("ppvarlen/deploy/backends.py", "tokens"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
     ("ppvarlen/deploy/routes_openai.py", "embedding"): "the OpenAI API's own names (data[i]."
     "embedding, \"object\": \"embedding\")",
 }

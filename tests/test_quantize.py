@@ -8,7 +8,7 @@ import pytest
 from onnxruntime.quantization import quantize_dynamic
 
 from ppvarlen.config import ConfigError
-from ppvarlen.deploy.engines import OnnxEngine
+from ppvarlen.deploy.backends import OnnxEngine
 from ppvarlen.deploy.manifest import load_manifest
 from ppvarlen.export import parity
 from ppvarlen.export.exporter import check_request, export_model

@@ -27,7 +27,7 @@ from ppvarlen.tasks import get_task
 from ppvarlen.utils.inputs import is_blank, validate_batch
 
 from . import precision_choice
-from .engines import build_engine, input_names
+from .backends import build_engine, input_names
 from .manifest import UnservableExportError, load_manifest, require_listed
 
 

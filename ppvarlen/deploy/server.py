@@ -27,10 +27,10 @@ from ppvarlen.utils.log import get_logger
 
 from . import api, oip, routes_oip, routes_openai, routes_predict
 from .admission import admit
+from .backends import import_runtime
 from .connections import uvicorn_config
 from .direct import DirectRoutes, ServingApp, error_response
 from .edge import AnswerErrors, RequireToken, read_token
-from .engines import import_runtime
 from .errors import ApiError
 from .grpc_service import GrpcServer
 from .predictor import Predictor

@@ -21,7 +21,7 @@ import paddle
 
 from ..data.collate import Collator
 from ..data.vocab import TextEncoder
-from ..deploy.engines import build_engine
+from ..deploy.backends import build_engine
 from ..deploy.manifest import load_manifest
 from ..tasks import get_task
 from ..utils.io import atomic_write_json
