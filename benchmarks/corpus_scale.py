@@ -25,7 +25,7 @@ For each size, cold (empty caches) then warm (the same command again):
   ``data ready in`` line (reading, vocabulary, encoding, or loading a cache).
   Sampler planning: one epoch of the config's train sampler (construction, ``len``, all
   batches) over lengths = characters per text cut to ``Data.max_len``, in a process of its own.
-  Epoch memory: one whole epoch of the train loader (``data.loader.build_loader``: the
+  Epoch memory: one whole epoch of the train loader (``data.loader.train_loader``: the
   sampler, the items read from the store and collated; no model) in a process of its own,
   after the warm run, its ``RssAnon`` (``/proc/self/status``: anonymous memory, not the
   store's file pages, which belong to the page cache) sampled every 200 batches.
@@ -382,14 +382,14 @@ def epoch_worker(path, result, overrides):
     """One epoch of the train loader over the file's store (built or reused, as the trainer
     does), with the process's anonymous memory sampled along the way."""
     from ppvarlen.config import load_config
-    from ppvarlen.data.loader import build_loader
+    from ppvarlen.data.loader import train_loader
     from ppvarlen.store_build import build_datasets
 
     cfg = load_config(CONFIG, ["Data.corpus=jsonl", f"Data.train_file={path}", *overrides])
     bundle = build_datasets(cfg.Data)
     start = _rss_anon_mb()
     t0 = time.perf_counter()
-    loader = build_loader(bundle.train, cfg.Data, "train", seed=cfg.Global.seed)
+    loader = train_loader(bundle.train, cfg.Data, seed=cfg.Global.seed)
     loader.sampler.set_epoch(0)
     peak, batches, items, tokens = start, 0, 0, 0
     for batch in loader:

@@ -45,7 +45,7 @@ PYTHON_API = (
     ("Encoded-corpus store", "ppvarlen.data.store.StoreWriter"),
     ("Encoded-corpus store", "ppvarlen.data.store.StoreSplit"),
     ("Encoded-corpus store", "ppvarlen.data.store.IndexedTokens"),
-    ("Encoded-corpus store", "ppvarlen.data.loader.build_loader"),
+    ("Encoded-corpus store", "ppvarlen.data.loader.train_loader"),
     ("PaddleNLP Trainer integration", "ppvarlen.integrations.paddlenlp_trainer.LengthBatchingTrainer"),
     ("PaddleNLP Trainer integration", "ppvarlen.integrations.paddlenlp_trainer.ModelInputCollator"),
     ("PaddleNLP Trainer integration", "ppvarlen.integrations.paddlenlp_trainer.make_random_model_dir"),

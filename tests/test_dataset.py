@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from ppvarlen.config import ConfigError, load_config
-from ppvarlen.data.loader import build_loader
+from ppvarlen.data.loader import (BatchLoader, FixedBatches, dataset_fields, make_collator,
+                                  train_loader)
+from ppvarlen.data.order import length_sorted_batches
 from ppvarlen.store_build import build_datasets
 from ppvarlen.data.errors import DataError
 
@@ -122,18 +124,19 @@ def test_dataloader_train_and_eval_sentiment(tmp_path):
                    cache_dir=str(tmp_path))
     b = build_datasets(cfg)
     assert len(b.train) == 600
-    train = build_loader(b.train, cfg, "train", seed=1)
+    train = train_loader(b.train, cfg, seed=1)
     seen = []
     for batch in train:
         ids = batch["input_ids"]
         assert isinstance(ids, np.ndarray) and ids.shape[0] * ids.shape[1] <= 1024
         seen += batch["doc_id"].tolist()
     assert sorted(seen) == list(range(600)) and len(train) == len(train.sampler)
-    evaluation = build_loader(b.dev, cfg, "dev")
-    first = [batch["doc_id"].tolist() for batch in evaluation]
-    assert first == [batch["doc_id"].tolist() for batch in evaluation]  # deterministic
-    lengths = [int(n) for batch in evaluation for n in batch["seq_len"]]
-    assert lengths == sorted(lengths)  # length-sorted eval order
+    # evaluation's loader (engine.evaluate): the length-sorted batches of data.order, as given
+    batches = length_sorted_batches(b.dev.lengths, cfg.eval_max_tokens)
+    evaluation = BatchLoader(b.dev, FixedBatches(batches), make_collator(cfg, b.dev.pad_id, fields=dataset_fields(b.dev)))
+    got = [batch["doc_id"].tolist() for batch in evaluation]
+    assert got == [[int(b.dev[i]["doc_id"]) for i in batch] for batch in batches]
+    assert got == [batch["doc_id"].tolist() for batch in evaluation]  # deterministic
 
 
 def test_loader_workers_give_the_same_batches(tmp_path):
@@ -143,7 +146,7 @@ def test_loader_workers_give_the_same_batches(tmp_path):
     b = build_datasets(data_cfg(**base))
     runs = []
     for workers in (0, 2):
-        loader = build_loader(b.train, data_cfg(**base, num_workers=workers), "train", seed=3)
+        loader = train_loader(b.train, data_cfg(**base, num_workers=workers), seed=3)
         loader.sampler.set_epoch(1)
         runs.append([{k: v.copy() for k, v in batch.items()} for batch in loader])
     assert len(runs[0]) == len(runs[1]) > 1

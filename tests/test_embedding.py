@@ -22,7 +22,7 @@ from tiny_task import assert_exact_parity, tiny_task_cfg
 from ppvarlen.config import ConfigError, load_config
 from ppvarlen.data.collate import Collator
 from ppvarlen.data.errors import DataError
-from ppvarlen.data.loader import build_loader
+from ppvarlen.data.loader import train_loader
 from ppvarlen.deploy.predictor import Predictor
 from ppvarlen.deploy.server import create_app, deploy_settings
 from ppvarlen.engine import trainer as trainer_mod
@@ -92,7 +92,7 @@ def test_items_hold_both_texts_and_cost_both(trained, halves):
     np.testing.assert_array_equal(test.lengths, test.src_lengths + test.tgt_lengths)
     assert test.src_lengths[0] == len(item["input_ids"]) and \
         test.tgt_lengths[0] == len(item["input_ids_b"])
-    loader = build_loader(data.train, cfg.Data, "train", seed=3)
+    loader = train_loader(data.train, cfg.Data, seed=3)
     for batch in loader:
         cost = len(batch["seq_len"]) * (batch["seq_len"].max() + batch["seq_len_b"].max())
         assert cost <= cfg.Data.max_tokens or len(batch["seq_len"]) == 1

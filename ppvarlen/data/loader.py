@@ -1,7 +1,7 @@
-"""Loaders: ``build_loader`` (a split's batches from its length-aware batch sampler: the
-trainer's train loader, tests, the corpus-scale benchmark) and ``BatchLoader`` over any batch
-sampler, e.g. ``FixedBatches`` of a given batch list (``engine.evaluate`` reads its rank's share
-of the length-sorted eval batches, ``data.order``, that way).
+"""Loaders: ``train_loader`` (the train split's batches from its length-aware batch sampler:
+the trainer, tests, the corpus-scale benchmark) and ``BatchLoader`` over any batch sampler, e.g.
+``FixedBatches`` of a given batch list (``engine.evaluate`` reads its rank's share of the
+length-sorted eval batches, ``data.order.length_sorted_batches``, that way).
 
 A ``BatchLoader`` iterates the batch sampler's index lists, reads the items from the dataset
 (a store view: token ids memory-mapped) and collates them into dicts of int64 numpy arrays.
@@ -12,18 +12,18 @@ same batch either way.  The order is always the batch sampler's: with workers th
 are prefetched, never reordered, so the sampler's position (``state_dict``) and exact resume
 are unchanged.
 
-``build_loader``'s train split: shuffled ``Data.sampler`` batches (seed + epoch;
-``loader.sampler.set_epoch(e)`` each epoch); dev/test: the token-budget sampler unshuffled under
-``Data.eval_max_tokens`` (a global stable sort by length).
+``train_loader``: shuffled ``Data.sampler`` batches (``samplers.build_batch_sampler``; seed +
+epoch: ``loader.sampler.set_epoch(e)`` each epoch) and the collator of ``make_collator``
+(padded to the sampler's buckets under ``Data.pad_to_bucket``), which the trainer's evaluation
+reuses; evaluating a checkpoint (``engine.evaluate.checkpoint_outputs``) takes
+``make_collator``'s without buckets.
 """
 import numpy as np
 import paddle
 from paddle.io import BatchSampler
 
 from .collate import Collator
-from .samplers import TokenBudgetBatchSampler, build_batch_sampler
-
-SPLITS = ("train", "dev", "test")
+from .samplers import build_batch_sampler
 
 
 class FixedBatches(BatchSampler):
@@ -77,24 +77,11 @@ def make_collator(data_cfg, pad_id, sampler=None, fields=None):
                     bucket_boundaries=bounds, **({"fields": fields} if fields else {}))
 
 
-def build_loader(dataset, data_cfg, split, num_replicas=1, rank=0, seed=0, collate=None):
-    """``BatchLoader`` over ``dataset`` with the split's length-aware batch sampler.
-
-    ``loader.sampler`` (set_epoch / state_dict for the trainer) and ``loader.collate``
-    (the batches' collator) are exposed; ``collate`` overrides the default collator."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if split == "train":
-        sampler = build_batch_sampler(dataset, data_cfg, shuffle=True, num_replicas=num_replicas,
-                                      rank=rank, seed=seed)
-    else:
-        sampler = TokenBudgetBatchSampler(eval_cost(dataset), data_cfg.eval_max_tokens,
-                                          shuffle=False, max_sentences=data_cfg.max_sentences,
-                                          num_replicas=num_replicas, rank=rank, seed=seed)
-    collate = collate or make_collator(data_cfg, dataset.pad_id, sampler, dataset_fields(dataset))
+def train_loader(dataset, data_cfg, num_replicas=1, rank=0, seed=0):
+    """``BatchLoader`` over the train split ``dataset`` with its shuffled length-aware batch
+    sampler (this rank's share of ``num_replicas``); ``loader.sampler`` (set_epoch /
+    state_dict for the trainer) and ``loader.collate`` (the batches' collator) are exposed."""
+    sampler = build_batch_sampler(dataset, data_cfg, shuffle=True, num_replicas=num_replicas,
+                                  rank=rank, seed=seed)
+    collate = make_collator(data_cfg, dataset.pad_id, sampler, dataset_fields(dataset))
     return BatchLoader(dataset, sampler, collate, data_cfg.num_workers)
-
-
-def eval_cost(dataset):
-    return dataset.lengths if dataset.src_lengths is None else \
-        np.stack([dataset.src_lengths, dataset.tgt_lengths], axis=1)

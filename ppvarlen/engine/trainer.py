@@ -17,7 +17,7 @@ from tqdm import tqdm
 from .. import _mkl
 from ..config import ConfigError, save_config
 from ..data.lengths import length_stats, optimal_boundaries, quantile_boundaries
-from ..data.loader import build_loader
+from ..data.loader import train_loader
 from ..data.vocab import vocab_sha256
 from ..models import build_model
 from ..models.weights import load_weights, read_metadata
@@ -167,7 +167,7 @@ class Trainer:
 
     def _batching(self, dataset):
         """The train loader (``data.loader``: Data.num_workers processes read the store)."""
-        loader = build_loader(dataset, self.cfg.Data, "train", num_replicas=self.world,
+        loader = train_loader(dataset, self.cfg.Data, num_replicas=self.world,
                               rank=self.rank, seed=self.cfg.Global.seed)
         return loader, loader.sampler, loader.collate
 
