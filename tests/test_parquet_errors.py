@@ -7,6 +7,7 @@ import pytest
 
 from ppvarlen.data.errors import DataError
 from ppvarlen.store_build import build_datasets
+from ppvarlen.utils import parallel
 
 from test_sources import data_cfg
 
@@ -82,3 +83,12 @@ def test_a_string_cell_not_utf8_is_a_bad_line(tmp_path):
     files = bundle.stats["corpus"]["files"]["train"]
     assert files["skipped"] == {"not_utf8": 1} and files["examples"] == 9
     assert "not valid UTF-8" in files["first_skipped"]["not_utf8"]
+
+
+def test_a_damaged_row_group_under_a_mapper_is_the_same_data_error(tmp_path):
+    """With a mapper (the Ray store build) the parent reads the row groups to ship them."""
+    path = _damaged_row_group(_good(tmp_path / "reviews.parquet"), 1)
+    with parallel.use_mapper(lambda fn, jobs: map(fn, jobs)):
+        with pytest.raises(DataError, match=r"reviews\.parquet: row group 1 \(0-based; its first "
+                                            r"row is row 101\): cannot read as Parquet"):
+            _build(tmp_path, path, 2)
