@@ -216,7 +216,7 @@ def check_render(predictor):
                                  f"{example[k]!r} does not fit the task's prediction model: "
                                  f"{first_line(e)}") from None
     served = _Rendered(predictor)
-    names = [n for n, *_ in oip.outputs(task.name, predictor.label_names)]
+    names = [n for n, *_ in served.oip_outputs]
     for binary in (False, True):
         content, headers = oip.infer_response(served, None, {},
                                               [(n, binary) for n in names], results)
@@ -231,4 +231,5 @@ class _Rendered:
     def __init__(self, predictor):
         self.name, self.version = predictor.manifest.get("model_name") or "model", "0"
         self.task_name, self.label_names = predictor.task.name, list(predictor.label_names)
-        self.oip_tensor_types = predictor.task.oip_tensor_types(predictor.manifest)
+        self.oip_outputs = oip.outputs(self.task_name, self.label_names,
+                                       predictor.task.oip_tensor_types(predictor.manifest))

@@ -23,8 +23,6 @@ import threading
 import time
 from concurrent.futures import Future
 
-import numpy as np
-
 from ppvarlen.config import ConfigError
 from ppvarlen.utils.log import get_logger
 
@@ -39,22 +37,29 @@ def plan_groups(sorted_lengths, overhead_tokens, max_tokens, max_size):
     Cost of a batch = ``overhead_tokens`` + size x longest (padding counted), with
     size <= ``max_size`` and size x longest <= ``max_tokens`` (a text longer than
     the budget goes alone).  Exact dynamic programme over the cut points, O(n x max_size).
+    Plain Python: the queues it plans are a few hundred texts at most, where numpy's cost
+    per call exceeds the arithmetic (the batcher thread plans while it holds the GIL).
     """
-    lengths = np.asarray(sorted_lengths, dtype=np.int64)
+    lengths = [int(x) for x in sorted_lengths]
     n = len(lengths)
-    best = np.zeros(n + 1)
-    cut = np.zeros(n + 1, dtype=np.int64)
+    best = [0] * (n + 1)  # best[i]: cheapest cost of the first i texts
+    cut = [0] * (n + 1)  # where the last batch of that split starts
     for i in range(1, n + 1):
-        longest = int(lengths[i - 1])
+        longest = lengths[i - 1]
         fits = max(1, min(max_size, max_tokens // max(longest, 1)))
-        starts = np.arange(max(0, i - fits), i)
-        costs = best[starts] + overhead_tokens + (i - starts) * longest
-        k = int(np.argmin(costs))
-        best[i], cut[i] = costs[k], starts[k]
+        # a last batch [j, i) costs best[j] + overhead + (i - j) x longest: minimise over j
+        # best[j] - j x longest (ties: the first j, the larger last batch)
+        start = max(0, i - fits)
+        least, at = best[start] - start * longest, start
+        for j in range(start + 1, i):
+            cost = best[j] - j * longest
+            if cost < least:
+                least, at = cost, j
+        best[i], cut[i] = least + overhead_tokens + i * longest, at
     groups, end = [], n
     while end > 0:
-        groups.append((int(cut[end]), end))
-        end = int(cut[end])
+        groups.append((cut[end], end))
+        end = cut[end]
     return groups[::-1]
 
 

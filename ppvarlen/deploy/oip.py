@@ -85,17 +85,12 @@ def outputs(task_name, label_names, typed=None):
     return _outputs(task_name, tuple(label_names), typed)
 
 
-def model_outputs(model):
-    """``outputs`` of a served version (its task, labels and manifest-typed fields)."""
-    return outputs(model.task_name, model.label_names, model.oip_tensor_types)
-
-
 def model_metadata(name, versions, model):
     return {"name": name, "versions": list(versions), "platform": f"ppvarlen_{model.backend}",
             "inputs": [{"name": n, "datatype": "BYTES", "shape": [-1]}
                        for n in model.task.oip_inputs],
             "outputs": [{"name": n, "datatype": d, "shape": [-1] + tail}
-                        for n, d, tail, _ in model_outputs(model)]}
+                        for n, d, tail, _ in model.oip_outputs]}
 
 
 def model_config(model):
@@ -117,7 +112,7 @@ def model_config(model):
             "input": [{"name": n, "data_type": "TYPE_STRING", "dims": [-1]}
                       for n in model.task.oip_inputs],
             "output": [{"name": n, "data_type": TRITON_TYPES[d], "dims": [-1] + tail}
-                       for n, d, tail, _ in model_outputs(model)],
+                       for n, d, tail, _ in model.oip_outputs],
             "dynamic_batching": {"max_queue_delay_microseconds": int(deploy.max_wait_ms * 1000),
                                  "preserve_ordering": True,
                                  "default_queue_policy": {"max_queue_size": deploy.queue_size}},
@@ -139,10 +134,11 @@ def _fail(message, status=422, refused_texts=0):
 
 
 def _object(value, where, allowed):
+    """``value`` if it is an object whose fields are all in the set ``allowed``."""
     if not isinstance(value, dict):
         _fail(f"{where} must be a JSON object, got {type(value).__name__}")
-    unknown = sorted(set(value) - set(allowed))
-    if unknown:
+    if not value.keys() <= allowed:
+        unknown = sorted(set(value) - allowed)
         _fail(f"{where}: unknown field(s) {shown(unknown)}; allowed: {sorted(allowed)}")
     return value
 
@@ -263,7 +259,7 @@ def parse_infer(payload, binary, limits, model):
         _fail(f"{len(binary) - used} bytes of binary data after the JSON header that no "
               f"input's binary_data_size accounts for")
     items = [model.task.oip_item(tuple(columns[n][i] for n in names)) for i in range(count)]
-    out_names = [n for n, *_ in model_outputs(model)]
+    out_names = [n for n, *_ in model.oip_outputs]
     requested = payload.get("outputs")
     if "outputs" not in payload:
         wanted = [(n, binary_default) for n in out_names]
@@ -299,7 +295,7 @@ def _binary(datatype, values):
 
 def output_tensors(model, names, results):
     """[(name, datatype, shape, flat values)] of the outputs ``names`` (REST and gRPC)."""
-    specs = {n: (d, tail, get) for n, d, tail, get in model_outputs(model)}
+    specs = {n: (d, tail, get) for n, d, tail, get in model.oip_outputs}
     out = []
     for name in names:
         datatype, tail, get = specs[name]

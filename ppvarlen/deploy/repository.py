@@ -29,6 +29,7 @@ from ppvarlen.data.errors import DataError
 from ppvarlen.utils.parallel import release_memory
 from ppvarlen.utils.log import get_logger
 
+from . import oip
 from .admission import AdmissionError, admit, first_line
 from .batcher import BatcherClosed, Callers, DynamicBatcher
 from .edge import shown
@@ -50,7 +51,9 @@ class ServedModel:
         self.health_extras = predictor.task.health_extras(predictor.manifest)
         # what /v1/embeddings (None: not an embedding model) and the OIP outputs need of it
         self.embedding = predictor.task.embedding_spec(predictor.manifest)
-        self.oip_tensor_types = predictor.task.oip_tensor_types(predictor.manifest)
+        # its Open Inference Protocol output tensors, read by every infer request
+        self.oip_outputs = oip.outputs(self.task_name, self.label_names,
+                                       predictor.task.oip_tensor_types(predictor.manifest))
         self.backend, self.long_text = predictor.backend, predictor.long_text
         self.batcher = None
         self.example = None
