@@ -92,3 +92,22 @@ def test_a_damaged_row_group_under_a_mapper_is_the_same_data_error(tmp_path):
         with pytest.raises(DataError, match=r"reviews\.parquet: row group 1 \(0-based; its first "
                                             r"row is row 101\): cannot read as Parquet"):
             _build(tmp_path, path, 2)
+
+
+def test_batch_inference_shards_report_a_damaged_parquet_file_the_same_way(tmp_path):
+    """Ray batch inference's shard reader (integrations/text_shards.py) words a Parquet file or
+    row group pyarrow cannot read as the store build does: the file, the row group, the fix."""
+    from ppvarlen.integrations.text_shards import plan_units, read_unit
+
+    path = _damaged_row_group(_good(tmp_path / "reviews.parquet"), 1)
+    units = plan_units(str(path))
+    assert [u["row_group"] for u in units] == [0, 1, 2]
+    assert len(read_unit(units[0])) == 100
+    with pytest.raises(DataError) as e:
+        read_unit(units[1])
+    assert str(e.value).startswith(f"{path}: row group 1 (0-based; its first row is row 101): "
+                                   f"cannot read as Parquet (pyarrow: ")
+    path.write_bytes(path.read_bytes()[:-200])
+    with pytest.raises(DataError) as e:
+        plan_units(str(path))
+    assert str(e.value).startswith(f"{path}: cannot read as Parquet (pyarrow: ")

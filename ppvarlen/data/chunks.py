@@ -99,7 +99,7 @@ def _line_chunks(role, path, f, max_line_bytes, carry_data):
             return
 
 
-def _parquet_error(path, error, row_group=None, first_row=None):
+def parquet_error(path, error, row_group=None, first_row=None):
     """DataError of a Parquet file pyarrow cannot read (a truncated file, not Parquet, a damaged
     row group): the file, the row group, pyarrow's words on one line, and the fix."""
     where = path if row_group is None else \
@@ -110,7 +110,7 @@ def _parquet_error(path, error, row_group=None, first_row=None):
                      f"that pyarrow.parquet.ParquetFile({path!r}).read() reads it")
 
 
-def _pyarrow_errors():
+def pyarrow_errors():
     """What pyarrow raises for a file it cannot read: its ArrowException family (ArrowInvalid
     is also a ValueError) and OSError (ArrowIOError is OSError itself)."""
     import pyarrow as pa
@@ -127,8 +127,8 @@ def _parquet_file(path):
             from None
     try:
         return pq.ParquetFile(path)
-    except _pyarrow_errors() as e:
-        raise _parquet_error(path, e) from None
+    except pyarrow_errors() as e:
+        raise parquet_error(path, e) from None
 
 
 def _parquet_chunks(role, path, ship=False):
@@ -149,8 +149,8 @@ def _row_group(path, i, first_row):
     parquet = _parquet_file(path)
     try:
         return parquet.read_row_group(i), first_row
-    except _pyarrow_errors() as e:
-        raise _parquet_error(path, e, i, first_row) from None
+    except pyarrow_errors() as e:
+        raise parquet_error(path, e, i, first_row) from None
 
 
 def _parquet_rows(chunk, limits):

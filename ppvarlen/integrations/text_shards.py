@@ -8,7 +8,9 @@ file order:
 (JSONL: the line number), ``id`` is the row's own id field as JSON text ("null" when
 absent) and ``error`` says why the row cannot be predicted ("" when it can).  A bad
 row (not UTF-8, not JSON, text missing / not a string / empty) is never dropped:
-it comes back with its reason so the job can count it and write it to the rejects.
+it comes back with its reason so the job can count it and write it to the rejects.  A file
+or row group pyarrow cannot read stops the job with the store build's DataError
+(``data.chunks.parquet_error``: the file, the row group, the fix).
 
 Ray's own readers (``ray.data.read_json`` / ``read_parquet``) fail the whole block on
 one line that is not UTF-8 and do not give row numbers, hence this reader.  No Ray here.
@@ -16,6 +18,7 @@ one line that is not UTF-8 and do not give row numbers, hence this reader.  No R
 import json
 import os
 
+from ppvarlen.data.chunks import parquet_error, pyarrow_errors
 from ppvarlen.data.errors import DataError
 
 KINDS = {".jsonl": "jsonl", ".parquet": "parquet"}
@@ -72,8 +75,8 @@ def parquet_units(path, rel):
 
     try:
         meta = pq.ParquetFile(path).metadata
-    except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
-        raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+    except pyarrow_errors() as e:
+        raise parquet_error(path, e) from None
     units, first = [], 1
     for g in range(meta.num_row_groups):
         units.append({"path": path, "file": rel, "kind": "parquet", "offset": -1, "length": -1,
@@ -150,13 +153,19 @@ def read_parquet_group(unit, text_field="text", id_field="id"):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(unit["path"])
+    try:
+        pf = pq.ParquetFile(unit["path"])
+    except pyarrow_errors() as e:
+        raise parquet_error(unit["path"], e) from None
     names = pf.schema_arrow.names
     if text_field not in names:
         raise DataError(f"{unit['path']}: no column {text_field!r} (columns: {names}); pass "
                         f"--text-field")
-    table = pf.read_row_group(unit["row_group"],
-                              columns=[text_field] + ([id_field] if id_field in names else []))
+    try:
+        table = pf.read_row_group(unit["row_group"],
+                                  columns=[text_field] + ([id_field] if id_field in names else []))
+    except pyarrow_errors() as e:
+        raise parquet_error(unit["path"], e, unit["row_group"], unit["first_row"]) from None
     column = table.column(text_field)
     ids = table.column(id_field).to_pylist() if id_field in names else [None] * len(column)
     kind = column.type
