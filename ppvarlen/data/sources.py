@@ -27,7 +27,6 @@ against that bound; the error is raised in input order, as a bad line's is.  Han
 rather than ``datasets``/Arrow: the per-line checks and messages are ppvarlen's, and the workers
 are the same fork pool (``utils.parallel``) that needs no pickled tokenizer.
 """
-import hashlib
 import json
 import os
 import tempfile
@@ -50,7 +49,7 @@ from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, BadLine, FileData, Read
                       _decoded_lines, _is_tsv_header, _task_from_first_line, check_tag_scheme,
                       decode_line, expand_inputs, infer_task, label_id, long_line_error, map_tags,
                       parse_json_bytes, parse_object)
-from .splits import SPLITS, example_key, split_method, stable_split
+from .splits import SPLITS, example_key, split_and_key_hash, split_method
 from .vocab import count_fields
 
 logger = get_logger("data.sources")
@@ -197,17 +196,6 @@ class ChunkScan:
     parsed: bytes = None  # the kept examples, ``pack_examples``'d (pass 2 parses none again)
 
 
-def _key_view(ex):
-    """The example as ``example_key`` sees it once labels are ids: a name's id is not known
-    yet, and the key does not read it."""
-    return {**ex, "label": 0} if isinstance(ex.get("label"), str) else ex
-
-
-def _key_hash(key):
-    return int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogatepass"),
-                                          digest_size=8).digest(), "little")
-
-
 class Scanner:
     """Pass 1 over one chunk (a job of ``ordered_map``)."""
 
@@ -294,13 +282,13 @@ class Scanner:
                         scan.label_first.setdefault("unknown_label", (n, problem))
                         continue
                 kept.append(ex)
-                key = example_key(_key_view(ex))
-                code = role_code
-                if carve:
-                    s = stable_split(key, plan.split_seed)
-                    code = SPLITS.index(s if s in plan.carve else "train")
+                # the key as once labels are ids: a label name is not part of it
+                split, key_hash = split_and_key_hash(example_key(ex, ("label",)),
+                                                     plan.split_seed)
+                code = SPLITS.index(split if split in plan.carve else "train") if carve \
+                    else role_code
                 codes.append(code)
-                hashes.append(_key_hash(key))
+                hashes.append(key_hash)
                 if self.line_numbers:
                     lines.append(n)
                 if fmt.labels == "class":

@@ -13,33 +13,48 @@ SPLITS = ("train", "dev", "test")
 SPLIT_METHOD = "sha1(utf-8 text) -> train 80% / dev 10% / test 10%"
 
 
-def stable_fraction(key, seed=0):
-    """A number in [0, 1) that depends only on ``key`` and ``seed`` (same in every process)."""
+def _digest(key, seed):
     if seed:
         key = f"split-seed-{seed}\x00{key}"
     # surrogatepass: JSON input may carry lone surrogate escapes; they still hash stably.
-    digest = hashlib.sha1(key.encode("utf-8", "surrogatepass")).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64
+    return hashlib.sha1(key.encode("utf-8", "surrogatepass")).digest()
+
+
+def _split_of(fraction):
+    if fraction < 0.8:
+        return "train"
+    return "dev" if fraction < 0.9 else "test"
+
+
+def stable_fraction(key, seed=0):
+    """A number in [0, 1) that depends only on ``key`` and ``seed`` (same in every process)."""
+    return int.from_bytes(_digest(key, seed)[:8], "big") / 2.0**64
 
 
 def stable_split(key, seed=0):
     """``"train"`` (80%), ``"dev"`` (10%) or ``"test"`` (10%) for the text ``key``."""
-    f = stable_fraction(key, seed)
-    if f < 0.8:
-        return "train"
-    return "dev" if f < 0.9 else "test"
+    return _split_of(stable_fraction(key, seed))
 
 
-def example_key(example):
+def split_and_key_hash(key, seed=0):
+    """(``stable_split(key, seed)``, a 64-bit hash of ``key``) from one sha1: the split from
+    its first 8 bytes, the hash (equal keys, equal hashes: the overlap checks) from the next 8."""
+    digest = _digest(key, seed)
+    return (_split_of(int.from_bytes(digest[:8], "big") / 2.0**64),
+            int.from_bytes(digest[8:16], "little"))
+
+
+def example_key(example, ignore=()):
     """The text an example is split by: its text, its tokens joined, or its source; for another
-    task's format (a text pair) all its string fields in key order, joined."""
+    task's format (a text pair) all its string fields in key order, joined, but those named in
+    ``ignore``."""
     if "text" in example:
         return example["text"]
     if "tokens" in example:
         return " ".join(example["tokens"])
     if "source" in example:
         return example["source"]
-    texts = [example[k] for k in sorted(example) if isinstance(example[k], str)]
+    texts = [example[k] for k in sorted(example) if k not in ignore and isinstance(example[k], str)]
     if not texts:
         raise ValueError(f"example has no text field: {sorted(example)}")
     return "\x1f".join(texts)
