@@ -375,6 +375,20 @@ def test_pack_by_budget_with_zero_lengths_matches_the_oracle(rows, two, max_toke
         order, lengths, max_tokens, cap, multiple)
 
 
+@PROPS
+@given(groups=st.lists(st.tuples(st.integers(0, 300), st.integers(1, 400)), min_size=1,
+                       max_size=12),
+       max_tokens=st.integers(1, 5000), cap=st.none() | st.integers(1, 90),
+       multiple=st.integers(1, 9))
+def test_long_groups_of_equal_lengths_match_the_oracle(groups, max_tokens, cap, multiple):
+    # sorted lengths in long runs of one length: the packer cuts such a run's batches in one
+    # step (zero lengths and lengths over the budget included), which must equal the greedy walk
+    lengths = np.sort(np.repeat([g[0] for g in groups], [g[1] for g in groups]))
+    order = np.arange(len(lengths))
+    assert pack_by_budget(order, lengths, max_tokens, cap, multiple) == _old_pack_by_budget(
+        order, lengths, max_tokens, cap, multiple)
+
+
 @pytest.mark.parametrize("two", [False, True])
 def test_batches_larger_than_the_doubling_table_match_the_oracle(two):
     rng = np.random.default_rng(3)

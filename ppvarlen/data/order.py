@@ -70,18 +70,17 @@ def budget_cuts(rows, max_tokens, max_batch_size=None, batch_size_multiple=1, se
     if ends.size == 0 or ends[-1] != n or np.any(np.diff(ends) <= 0) or ends[0] <= 0:
         raise ValueError(f"segment_ends must increase to n={n}, got {ends[:5]}...")
     cap = int(max_batch_size or n + 1)
+    if rows.ndim == 1 and _sorted_within(rows, ends):
+        return _cuts_sorted(rows, ends, int(max_tokens), cap, int(batch_size_multiple))
+    rows = rows.reshape(n, -1)
+    key = rows.sum(axis=1, dtype=np.int64)
+    if key.min() == 0 or min(cap, int(max_tokens) // int(key.min()) + 1) > _MAX_LIFT:
+        # zero lengths (no bound on a batch's size) or very large batches
+        return _cuts_any(rows, ends, int(max_tokens), cap, int(batch_size_multiple))
     run_end = np.repeat(ends, np.diff(ends, prepend=0))
     # limit[s]: examples the batch starting at s may hold at most (cap, end of its run)
     limit = np.minimum(run_end - np.arange(n, dtype=np.int64), cap)
-    if rows.ndim == 1 and _sorted_within(rows, ends):
-        size = _sizes_sorted(rows, ends, int(max_tokens), limit)
-    else:
-        rows = rows.reshape(n, -1)
-        key = rows.sum(axis=1, dtype=np.int64)
-        if key.min() == 0 or min(cap, int(max_tokens) // int(key.min()) + 1) > _MAX_LIFT:
-            # zero lengths (no bound on a batch's size) or very large batches
-            return _cuts_any(rows, ends, int(max_tokens), cap, int(batch_size_multiple))
-        size = _sizes_lifted(rows, key, int(max_tokens), limit)
+    size = _sizes_lifted(rows, key, int(max_tokens), limit)
     return _walk(size, run_end, int(batch_size_multiple))
 
 
@@ -116,25 +115,64 @@ def _walk(size, run_end, multiple):
     return np.asarray(out, dtype=np.int64)
 
 
-def _sizes_sorted(rows, ends, max_tokens, limit):
-    """``size[s]`` for every start s of [n] lengths sorted within each run, by one search.
+def _cuts_sorted(rows, ends, max_tokens, cap, multiple):
+    """``budget_cuts`` of [n] lengths sorted within each run, all runs walked at once.
 
     Example j does not fit a batch starting at s when (j - s + 1) * rows[j] > max_tokens,
     i.e. s <= j - fit[j] with fit[j] = max_tokens // rows[j] (the most examples of that
-    length a batch holds; a zero length never misfits).  rows[j] grows along a run, so fit[j] shrinks and j - fit[j]
-    strictly grows: the first misfit after s is a ``searchsorted``.  Runs are kept apart by
-    an offset per run in the searched key."""
+    length a batch holds; a zero length never misfits).  rows[j] grows along a run, so
+    fit[j] shrinks and j - fit[j] strictly grows: the first misfit after s is a
+    ``searchsorted`` (runs kept apart by an offset per run in the searched key).
+    A batch that starts and closes inside one group of equal lengths is followed by batches
+    of the same size until the group's end is within reach, so those are cut in one step:
+    each run takes one searched step per group of equal lengths, not one per batch, and
+    every run takes its step in the same numpy call."""
     n = rows.shape[0]
-    index = np.arange(n, dtype=np.int64)
     lengths = rows.astype(np.int64, copy=False)
     never = n + max_tokens + 1  # zero lengths never misfit: fit beyond any batch
     fit = np.where(lengths > 0, max_tokens // np.maximum(lengths, 1), never)
-    run = np.repeat(np.arange(len(ends), dtype=np.int64), np.diff(ends, prepend=0))
+    sizes = np.diff(ends, prepend=0)
     stride = n + 2 * never  # index - fit + never lies in [0, stride)
-    misfit_key = run * stride + (index - fit + never)
-    first_misfit = np.searchsorted(misfit_key, run * stride + index + never, "left")
-    first_misfit = np.maximum(first_misfit, index + 1)  # the first example always goes in
-    return np.minimum(first_misfit - index, limit)
+    misfit_key = np.arange(never, n + never, dtype=np.int64) - fit
+    misfit_key += np.repeat(np.arange(len(ends), dtype=np.int64) * stride, sizes)
+    # group_end[g]: the end of the g-th run of equal lengths within a run
+    change = np.zeros(n, dtype=bool)
+    change[:-1] = lengths[1:] != lengths[:-1]
+    change[ends - 1] = True
+    group_end = np.flatnonzero(change) + 1
+    steady = np.minimum(fit, cap)  # a batch inside one group holds this many
+    if multiple > 1:  # it is closed, so it is trimmed
+        steady = np.where(steady > multiple, steady - steady % multiple, steady)
+    runs = np.arange(len(ends), dtype=np.int64)
+    start, stop = ends - sizes, ends.copy()
+    out = []
+    while len(runs):
+        # one batch from every run's current start, by the first misfit
+        s = start
+        first_misfit = np.searchsorted(misfit_key, runs * stride + s + never, "left")
+        k = np.minimum(np.maximum(first_misfit, s + 1) - s, np.minimum(stop - s, cap))
+        closed = s + k < stop
+        if multiple > 1:
+            k = np.where(closed & (k > multiple), k - k % multiple, k)
+        s = s + k
+        out.append(s)
+        # then the batches of the same size that fit in s's group with room to spare
+        live = s < stop
+        runs, s, stop = runs[live], s[live], stop[live]
+        g_end = group_end[np.searchsorted(group_end, s, "right")]
+        m, d = np.minimum(fit[s], cap), np.maximum(steady[s], 1)
+        # steady batches: t >= 1 with s + (t-1)d + m < g_end (none for an example over budget)
+        reps = np.where(m > 0, np.maximum(g_end - m - s + d - 1, 0) // d, 0)
+        if reps.any():
+            total = int(reps.sum())
+            first = np.cumsum(reps) - reps
+            step = np.arange(1, total + 1, dtype=np.int64) - np.repeat(first, reps)
+            out.append(np.repeat(s, reps) + np.repeat(d, reps) * step)
+            s = s + reps * d
+            live = s < stop
+            runs, s, stop = runs[live], s[live], stop[live]
+        start = s
+    return np.sort(np.concatenate(out))
 
 
 def _sizes_lifted(rows, key, max_tokens, limit):
