@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ppvarlen.config import load_config
-from ppvarlen.data.order import length_sorted_batches, pack_by_budget
+from ppvarlen.data.order import length_sorted_batches, pack_by_budget, sorted_batch_count
 from ppvarlen.data.samplers import (BucketBatchSampler, TokenBudgetBatchSampler,
                                     build_batch_sampler)
 
@@ -387,6 +387,19 @@ def test_long_groups_of_equal_lengths_match_the_oracle(groups, max_tokens, cap, 
     order = np.arange(len(lengths))
     assert pack_by_budget(order, lengths, max_tokens, cap, multiple) == _old_pack_by_budget(
         order, lengths, max_tokens, cap, multiple)
+
+
+@PROPS
+@given(lengths=st.lists(st.integers(0, 70) | st.integers(0, 1 << 23), min_size=1, max_size=300),
+       max_tokens=st.integers(1, 3000), cap=st.none() | st.integers(1, 40),
+       multiple=st.integers(1, 9))
+def test_sorted_batch_count_from_the_histogram_matches_the_oracle(lengths, max_tokens, cap,
+                                                                  multiple):
+    # the sampler's pool size comes from this count (lengths past 2**22: np.unique, not bincount)
+    lengths = np.asarray(lengths)
+    order = np.argsort(lengths, kind="stable")
+    assert sorted_batch_count(lengths, max_tokens, cap, multiple) == len(
+        _old_pack_by_budget(order, lengths, max_tokens, cap, multiple))
 
 
 @pytest.mark.parametrize("two", [False, True])

@@ -297,10 +297,10 @@ def test_each_epoch_is_packed_once(monkeypatch):
     monkeypatch.setattr(samplers, "budget_cuts", lambda *a, **k: packs.append(1) or real(*a, **k))
     lengths = np.random.default_rng(0).integers(1, 300, 2000)
     s = token_budget(lengths, pool_size=3, seed=1)
-    assert len(packs) == 1  # the sorted split: pool size in examples
+    assert len(packs) == 0  # the sorted split's batch count (pool size) is from the histogram
     counts = s.batch_counts(range(3))
-    assert len(packs) == 4 and s.batch_counts([2, 0]) == [counts[2], counts[0]]
-    assert len(packs) == 4  # counts are kept
+    assert len(packs) == 3 and s.batch_counts([2, 0]) == [counts[2], counts[0]]
+    assert len(packs) == 3  # counts are kept
     s.num_batches = max(counts) + 2
     for epoch in (0, 1):
         s.set_epoch(epoch)
@@ -313,7 +313,8 @@ def test_each_epoch_is_packed_once(monkeypatch):
     ev = token_budget(lengths, shuffle=False)
     before = len(packs)
     assert list(ev) == ev.epoch_batches() and ev.batch_counts([0, 1]) == [len(ev)] * 2
-    assert len(packs) == before  # the unshuffled epoch is the one packed at construction
+    assert len(packs) == before + 1  # the unshuffled epoch is packed once, when first asked
+    assert len(ev) == samplers.sorted_batch_count(lengths, 600)  # what set the pool size
 
 
 def test_pack_by_budget_rejects_bad_lengths_and_runs():

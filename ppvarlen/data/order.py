@@ -84,6 +84,7 @@ def budget_cuts(rows, max_tokens, max_batch_size=None, batch_size_multiple=1, se
     return _walk(size, run_end, int(batch_size_multiple))
 
 
+_MAX_HISTOGRAM = 1 << 22  # longest length counted by bincount (beyond: np.unique)
 _MAX_LIFT = 1 << 14  # largest batch the doubling table serves (beyond: batch-by-batch loop)
 _BLOCK = 1 << 19     # starts per block of the doubling table (bounds its memory)
 
@@ -116,57 +117,82 @@ def _walk(size, run_end, multiple):
 
 
 def _cuts_sorted(rows, ends, max_tokens, cap, multiple):
-    """``budget_cuts`` of [n] lengths sorted within each run, all runs walked at once.
-
-    Example j does not fit a batch starting at s when (j - s + 1) * rows[j] > max_tokens,
-    i.e. s <= j - fit[j] with fit[j] = max_tokens // rows[j] (the most examples of that
-    length a batch holds; a zero length never misfits).  rows[j] grows along a run, so
-    fit[j] shrinks and j - fit[j] strictly grows: the first misfit after s is a
-    ``searchsorted`` (runs kept apart by an offset per run in the searched key).
-    A batch that starts and closes inside one group of equal lengths is followed by batches
-    of the same size until the group's end is within reach, so those are cut in one step:
-    each run takes one searched step per group of equal lengths, not one per batch, and
-    every run takes its step in the same numpy call."""
-    n = rows.shape[0]
-    lengths = rows.astype(np.int64, copy=False)
-    never = n + max_tokens + 1  # zero lengths never misfit: fit beyond any batch
-    fit = np.where(lengths > 0, max_tokens // np.maximum(lengths, 1), never)
-    sizes = np.diff(ends, prepend=0)
-    stride = n + 2 * never  # index - fit + never lies in [0, stride)
-    misfit_key = np.arange(never, n + never, dtype=np.int64) - fit
-    misfit_key += np.repeat(np.arange(len(ends), dtype=np.int64) * stride, sizes)
-    # group_end[g]: the end of the g-th run of equal lengths within a run
-    change = np.zeros(n, dtype=bool)
-    change[:-1] = lengths[1:] != lengths[:-1]
+    """``budget_cuts`` of [n] lengths sorted within each run (the runs end at ``ends``)."""
+    change = np.empty(rows.shape[0], dtype=bool)
+    np.not_equal(rows[1:], rows[:-1], out=change[:-1])
     change[ends - 1] = True
     group_end = np.flatnonzero(change) + 1
+    group_start = np.concatenate([[0], group_end[:-1]])
+    return _cuts_of_groups(rows[group_start].astype(np.int64), group_start, group_end, ends,
+                           max_tokens, cap, multiple)
+
+
+def sorted_batch_count(lengths, max_tokens, max_batch_size=None, batch_size_multiple=1):
+    """How many batches ``budget_cuts`` packs ``lengths`` ([n] non-negative integers) into once
+    they are sorted, from their histogram (no sort of the n lengths)."""
+    _check_budget(max_tokens, max_batch_size, batch_size_multiple)
+    lengths = np.asarray(lengths).reshape(-1)
+    if int(lengths.max()) < _MAX_HISTOGRAM:
+        counts = np.bincount(lengths)
+        values = np.flatnonzero(counts)
+        counts = counts[values]
+    else:
+        values, counts = np.unique(lengths, return_counts=True)
+    group_end = np.cumsum(counts)
+    n = int(group_end[-1])
+    return len(_cuts_of_groups(values.astype(np.int64), group_end - counts, group_end,
+                               np.asarray([n], dtype=np.int64), int(max_tokens),
+                               int(max_batch_size or n + 1), int(batch_size_multiple)))
+
+
+def _cuts_of_groups(length, group_start, group_end, ends, max_tokens, cap, multiple):
+    """Batch ends of sorted runs given as groups of equal lengths: group g is positions
+    [group_start[g], group_end[g]) of length ``length[g]``, within one run; runs end at ``ends``.
+
+    Example j does not fit a batch starting at s when (j - s + 1) * length > max_tokens,
+    i.e. s <= j - fit with fit = max_tokens // length (the most examples of that length a
+    batch holds; a zero length never misfits).  Lengths grow along a run, so fit shrinks and
+    j - fit strictly grows: within a group it is j + a constant, so the first misfit after s
+    is a search over the groups' last keys (runs kept apart by an offset per run).
+    A batch that starts and closes inside one group is followed by batches of the same size
+    until the group's end is within reach, so those are cut in one step: each run takes one
+    searched step per group, not one per batch, and every run takes its step in the same
+    numpy call.  All arrays are per group or per run, none per example."""
+    n = int(ends[-1])
+    never = n + max_tokens + 1  # zero lengths never misfit: fit beyond any batch
+    fit = np.where(length > 0, max_tokens // np.maximum(length, 1), never)
+    stride = n + 2 * never  # j - fit + never lies in [0, stride)
+    group_run = np.searchsorted(ends, group_start, "right")
+    offset = group_run * stride - fit + never  # the misfit key of position j is offset + j
+    last_key = offset + group_end - 1
     steady = np.minimum(fit, cap)  # a batch inside one group holds this many
     if multiple > 1:  # it is closed, so it is trimmed
         steady = np.where(steady > multiple, steady - steady % multiple, steady)
+    steady = np.maximum(steady, 1)
     runs = np.arange(len(ends), dtype=np.int64)
-    start, stop = ends - sizes, ends.copy()
+    start, stop = np.concatenate([[0], ends[:-1]]).astype(np.int64), ends.astype(np.int64)
     out = []
     while len(runs):
         # one batch from every run's current start, by the first misfit
         s = start
-        first_misfit = np.searchsorted(misfit_key, runs * stride + s + never, "left")
+        q = runs * stride + s + never
+        g = np.minimum(np.searchsorted(last_key, q, "left"), len(length) - 1)
+        first_misfit = np.where(last_key[g] >= q, np.maximum(group_start[g], q - offset[g]), n)
         k = np.minimum(np.maximum(first_misfit, s + 1) - s, np.minimum(stop - s, cap))
-        closed = s + k < stop
         if multiple > 1:
-            k = np.where(closed & (k > multiple), k - k % multiple, k)
+            k = np.where((s + k < stop) & (k > multiple), k - k % multiple, k)
         s = s + k
         out.append(s)
         # then the batches of the same size that fit in s's group with room to spare
         live = s < stop
         runs, s, stop = runs[live], s[live], stop[live]
-        g_end = group_end[np.searchsorted(group_end, s, "right")]
-        m, d = np.minimum(fit[s], cap), np.maximum(steady[s], 1)
-        # steady batches: t >= 1 with s + (t-1)d + m < g_end (none for an example over budget)
-        reps = np.where(m > 0, np.maximum(g_end - m - s + d - 1, 0) // d, 0)
+        g = np.searchsorted(group_end, s, "right")
+        m, d = np.minimum(fit[g], cap), steady[g]
+        # steady batches: t >= 1 with s + (t-1)d + m < the group's end (none over the budget)
+        reps = np.where(m > 0, np.maximum(group_end[g] - m - s + d - 1, 0) // d, 0)
         if reps.any():
-            total = int(reps.sum())
             first = np.cumsum(reps) - reps
-            step = np.arange(1, total + 1, dtype=np.int64) - np.repeat(first, reps)
+            step = np.arange(1, int(reps.sum()) + 1, dtype=np.int64) - np.repeat(first, reps)
             out.append(np.repeat(s, reps) + np.repeat(d, reps) * step)
             s = s + reps * d
             live = s < stop

@@ -27,7 +27,7 @@ from ..config import ConfigError
 from ..utils.log import get_logger
 from .errors import DataError
 from .lengths import bucket_index, optimal_boundaries, quantile_boundaries
-from .order import budget_cuts
+from .order import budget_cuts, sorted_batch_count
 
 log = get_logger("data.samplers")
 
@@ -261,11 +261,21 @@ class TokenBudgetBatchSampler(_LengthBatchSampler):
         self.batch_size_multiple = int(batch_size_multiple)
         self._key = _cost_key(self.lengths)
         self.num_oversize = _check_oversize(self._key, self.max_tokens, oversize)
-        self._sorted = self._pack(_stable_order(self._key, len(self._key)))  # unshuffled epoch
+        self._sorted = None  # the unshuffled epoch, packed when first asked for
         # pool_size counts batches; convert to examples with the sorted packing's mean batch size
-        self.pool_examples = max(1, round(self.pool_size * len(self._key) / len(self._sorted)))
+        self.pool_examples = max(1, round(self.pool_size * len(self._key) /
+                                          self._sorted_count()))
         self._packed = None   # ((seed, epoch), natural batches) of the last epoch packed
         self._counts = {}     # (seed, epoch) -> natural batch count (batch_counts)
+
+    def _sorted_count(self):
+        """Batches of the unshuffled epoch: from the lengths' histogram for [n] lengths (no
+        sort), by packing the sorted split for [n, 2] (their cost is not the row sum's)."""
+        if self.lengths.ndim == 1:
+            return sorted_batch_count(self.lengths, self.max_tokens, self.max_sentences,
+                                      self.batch_size_multiple)
+        self._sorted = self._pack(_stable_order(self._key, len(self._key)))
+        return len(self._sorted)
 
     def _pack(self, order, pool=None):
         """``_Batches`` of ``order`` packed by budget, runs of ``pool`` examples apart."""
@@ -331,6 +341,8 @@ class TokenBudgetBatchSampler(_LengthBatchSampler):
         """The natural batches of an epoch: shuffle, sort within pools, pack, shuffle batches."""
         epoch = self.epoch if epoch is None else epoch
         if rng is None:
+            if self._sorted is None:
+                self._sorted = self._pack(_stable_order(self._key, len(self._key)))
             self._counts[self.seed, epoch] = len(self._sorted)
             return self._sorted
         if self._packed is not None and self._packed[0] == (self.seed, epoch):
