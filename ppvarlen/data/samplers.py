@@ -277,10 +277,11 @@ class TokenBudgetBatchSampler(_LengthBatchSampler):
         self._sorted = self._pack(_stable_order(self._key, len(self._key)))
         return len(self._sorted)
 
-    def _pack(self, order, pool=None):
-        """``_Batches`` of ``order`` packed by budget, runs of ``pool`` examples apart."""
+    def _pack(self, order, pool=None, rows=None):
+        """``_Batches`` of ``order`` packed by budget, runs of ``pool`` examples apart
+        (``rows``: ``self.lengths[order]`` when the caller has them)."""
         n = len(order)
-        rows = self.lengths[order]
+        rows = self.lengths[order] if rows is None else rows
         runs = None if pool is None or pool >= n else np.append(np.arange(pool, n, pool), n)
         return _Batches.from_cuts(order, budget_cuts(rows, self.max_tokens, self.max_sentences,
                                                      self.batch_size_multiple, runs))
@@ -351,8 +352,12 @@ class TokenBudgetBatchSampler(_LengthBatchSampler):
         perm = rng.permutation(n)
         step = n if self.pool_size <= 0 else self.pool_examples
         # a stable sort of each pool keeps the random order among equal lengths
-        order = perm[_stable_order(self._key[perm], step)]
-        batches = self._pack(order, step)
+        keyed = self._key[perm]
+        within = _stable_order(keyed, step)
+        order = perm[within]
+        # [n] lengths: the rows in packing order are the pool-sorted keys (a gather within each
+        # pool, not a second one across the whole split)
+        batches = self._pack(order, step, keyed[within] if self.lengths.ndim == 1 else None)
         batches = batches.take(rng.permutation(len(batches)))
         self._packed = ((self.seed, epoch), batches)
         self._counts[self.seed, epoch] = len(batches)
