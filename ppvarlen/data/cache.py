@@ -114,11 +114,8 @@ class Fingerprints:
 
 
 def _sha256_of_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
+    with open(path, "rb") as f:  # file_digest reads into one reused buffer
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def key_parts(data_cfg, task_hint, builtin, vocab_sha, extra_corpora, prints):

@@ -696,11 +696,11 @@ class _Merge:
                 (ref.codes[ref.keep], ref.hashes[ref.keep])
             for i, s in enumerate(SPLITS):
                 keys[s].append(hashes[codes == i])
-        unique = {s: np.unique(np.concatenate(v)) if v else np.zeros(0, np.uint64)
+        unique = {s: _sorted_unique(np.concatenate(v)) if v else np.zeros(0, np.uint64)
                   for s, v in keys.items()}
         overlap = {}
         for a, b in (("train", "dev"), ("train", "test"), ("dev", "test")):
-            n = len(np.intersect1d(unique[a], unique[b], assume_unique=True))
+            n = _common_count(unique[a], unique[b])
             if n:
                 overlap[f"{a}&{b}"] = n
         return overlap
@@ -720,6 +720,26 @@ class _Merge:
             np.add.at(counts, (codes[ok].astype(np.int64), ids[ok]), 1)
         return {s: {name: int(counts[i, j]) for j, name in enumerate(names)}
                 for i, s in enumerate(SPLITS)}
+
+
+def _sorted_unique(values):
+    """The distinct values, sorted, by a sort: numpy 2's ``np.unique`` without return values
+    builds a hash table, far slower than sorting for millions of distinct 64-bit hashes."""
+    values = np.sort(values)
+    keep = np.ones(len(values), dtype=bool)
+    np.not_equal(values[1:], values[:-1], out=keep[1:])
+    return values[keep]
+
+
+def _common_count(a, b):
+    """How many values two sorted arrays of distinct values share (a search of the shorter in
+    the longer; ``np.intersect1d`` sorts both again)."""
+    if len(a) < len(b):
+        a, b = b, a
+    if not len(b):
+        return 0
+    at = np.minimum(np.searchsorted(a, b), len(a) - 1)
+    return int(np.count_nonzero(a[at] == b))
 
 
 def _no_examples(path, lines, skipped):
