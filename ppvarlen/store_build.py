@@ -301,7 +301,7 @@ def _encode(scanned, splits, task, ctx, cfg, extra_corpora, entry_dir, num_proc)
                 sinks[split].add(res)
         for split in splits:
             extra = task.extra_train_items(extra_corpora, cfg, ctx.encoder, sizes[split]) \
-                if split == "train" and extra_corpora else ([], None)
+                if split == "train" else ([], None)
             sinks.pop(split).finish(sizes[split], extra)
     except BaseException:
         for sink in sinks.values():

@@ -45,7 +45,7 @@ ENCODING_KEYS = ("corpus", "task", "skip_invalid", "limit", "split_seed", "token
 FILE_KEYS = ("train_file", "dev_file", "test_file", "vocab_file")
 # Bump when the store, vocabulary or entry.json written for the same inputs and keys changes
 # (a new encoding rule, another stat): every cached store is then rebuilt once.
-STORE_FORMAT_VERSION = 1
+STORE_FORMAT_VERSION = 2
 FINGERPRINTS = "fingerprints.json"
 RACY_SECONDS = 2  # at least the coarsest timestamp granularity of a file system ppvarlen may run on
 MAX_RECORDED_FILES = 20_000  # the record stays small; the oldest entries go first
