@@ -14,9 +14,9 @@ it), one text of the export's test split per request, closed loop, each point at
 protocol, then every variant back to back; every other round in the reverse variant order)
 so a burst of load from the other jobs on a shared machine hits every variant.
 
-Per point and variant: the server process's CPU seconds (utime + stime of
-``/proc/PID/stat``, all its threads) over the texts it answered (``inference_count`` of its
-statistics extension) — what the other jobs on the machine move far less than QPS — and
+Per point and variant: the server's CPU seconds (utime + stime of its process, all threads,
+and of its children: the gRPC front end is a process of its own) over the texts it answered
+(``inference_count`` of its statistics extension) — what the other jobs on the machine move far less than QPS — and
 texts/s and the mean batch (texts / batches, the same extension).  "main thread": the part of
 the CPU the process's main thread used, REST's event loop (gRPC runs on a loop of its own
 thread, the batcher and ONNX Runtime in theirs).  ``ppvarlen-infer`` on the same texts
@@ -54,9 +54,10 @@ def _cpu_s(stat_path):
 
 
 def process_cpu_s(pid):
-    """(utime + stime of the whole process, of its main thread) in seconds, from /proc: the
-    main thread runs the event loop (HTTP), the others the batcher, gRPC and the runtime."""
-    return _cpu_s(f"/proc/{pid}/stat"), _cpu_s(f"/proc/{pid}/task/{pid}/stat")
+    """(utime + stime of the server's processes, of its main thread) in seconds: the main
+    thread runs the event loop (HTTP), the others the batcher, the gRPC relay and the
+    runtime; a child process (the gRPC front end of a checkout that has one) counts too."""
+    return svt.process_tree_cpu_s(pid), _cpu_s(f"/proc/{pid}/task/{pid}/stat")
 
 
 def counts(url, model):

@@ -19,6 +19,7 @@ from test_server import RunningServer
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from ppvarlen.deploy.grpc_service import SERVICE
 from ppvarlen.deploy.predictor import Predictor
 from ppvarlen.deploy.server import create_app, deploy_settings
 
@@ -252,3 +253,19 @@ def test_grpc_message_over_the_body_limit_names_the_setting(served):
         client.infer(served.name, [texts_input(["好" * 200] * 16)])
     assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
     assert "Deploy.max_body_bytes" in err.value.message(), err.value.message()
+
+
+def test_grpc_bytes_that_are_no_message_and_unknown_methods_get_status_codes(served):
+    with grpc.insecure_channel(served.grpc_url) as channel:
+        infer = channel.unary_unary(f"/{SERVICE}/ModelInfer")  # no serialisers: raw bytes
+        with pytest.raises(grpc.RpcError) as err:
+            infer(b"\xff\xff\xff", timeout=60)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a valid ModelInferRequest" in err.value.details()
+        stream = channel.unary_unary(f"/{SERVICE}/ModelStreamInfer")
+        with pytest.raises(grpc.RpcError) as err:
+            stream(b"", timeout=60)
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        live = service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive(
+            service_pb2.ServerLiveRequest(), timeout=60)
+        assert live.live
