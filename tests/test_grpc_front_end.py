@@ -14,9 +14,10 @@ import tritonclient.grpc as tgrpc
 from test_deploy_helpers import cls_export  # noqa: F401
 from test_server import RunningServer
 
+from ppvarlen.deploy.grpc_front import Relay
 from ppvarlen.deploy.grpc_service import METHOD_NAMES, METHODS, SERVICE
 from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.relay_frames import HELLO, FrameReader
+from ppvarlen.deploy.relay_frames import HELLO, MAX_CALL_ID, FrameReader, call_frame
 from ppvarlen.deploy.server import create_app, deploy_settings
 
 
@@ -117,3 +118,14 @@ def test_a_port_the_front_end_cannot_bind_is_refused_naming_it():
 @pytest.mark.parametrize("method", METHOD_NAMES)
 def test_every_relayed_method_has_a_request_message(method):
     assert METHODS[method].DESCRIPTOR.full_name == f"inference.{method}Request"
+
+
+def test_call_ids_wrap_within_the_frames_32_bits():
+    relay = Relay(stopped=None)
+    relay.last_id = MAX_CALL_ID - 1
+    ids = [relay.next_call_id() for _ in range(3)]
+    assert ids == [MAX_CALL_ID, 1, 2]
+    read = []  # every id fits the header and reads back as sent
+    reader = FrameReader(lambda kind, call_id, code, auth, body: read.append(call_id))
+    reader.feed(b"".join(call_frame(call_id, 0, "", b"x") for call_id in ids))
+    assert read == ids

@@ -16,13 +16,12 @@ end closing (it exited or crashed) stops this process the same way.
 """
 import argparse
 import asyncio
-import itertools
 import signal
 import socket
 
 import grpc
 
-from .relay_frames import STOP, FrameReader, call_frame, hello_frame
+from .relay_frames import MAX_CALL_ID, STOP, FrameReader, call_frame, hello_frame
 
 try:  # uvicorn[standard]'s event loop where it installs (not on Windows), as uvicorn picks it
     import uvloop
@@ -36,7 +35,7 @@ class Relay(asyncio.Protocol):
     """This process's end of the socket pair: calls out, answers back to their waiting RPC."""
 
     def __init__(self, stopped):
-        self.pending, self.ids = {}, itertools.count(1)
+        self.pending, self.last_id = {}, 0
         self.stopped, self.transport = stopped, None
         self.frames = FrameReader(self._frame)
 
@@ -59,8 +58,14 @@ class Relay(asyncio.Protocol):
         if waiting is not None and not waiting.done():  # done: the client cancelled
             waiting.set_result((code, body))
 
+    def next_call_id(self):
+        """1, 2, ... 2**32 - 1, then 1 again: the frame's call id is 32 bits, and a server up
+        for weeks answers more calls than that; only the calls in flight need distinct ids."""
+        self.last_id = self.last_id % MAX_CALL_ID + 1
+        return self.last_id
+
     async def call(self, method_index, request, context):
-        call_id = next(self.ids)
+        call_id = self.next_call_id()
         answer = asyncio.get_running_loop().create_future()
         self.pending[call_id] = answer
         authorization = ""

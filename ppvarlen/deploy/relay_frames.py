@@ -17,6 +17,7 @@ import struct
 
 HELLO, CALL, ANSWER, STOP = range(4)
 HEADER = struct.Struct("<BIBHI")
+MAX_CALL_ID = 2 ** 32 - 1  # the header's call id field
 
 
 def _frame(kind, call_id, code, authorization, body):
