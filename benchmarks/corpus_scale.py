@@ -134,9 +134,15 @@ def corpus(workdir, n, seed):
     t0 = time.perf_counter()
     meta = {**want, **generate(path, n, seed), "generate_seconds": None}
     meta["generate_seconds"] = round(time.perf_counter() - t0, 1)
+    from ppvarlen.data.cache import RACY_SECONDS
     from ppvarlen.utils.io import atomic_write_json
 
     atomic_write_json(meta_path, meta)
+    # ppvarlen's cache does not record the hash of a file changed within RACY_SECONDS of
+    # hashing it (its run after would re-hash it): the corpus is older than that when timed
+    settle = os.stat(path).st_mtime + RACY_SECONDS + 0.1 - time.time()
+    if settle > 0:
+        time.sleep(settle)
     return path, meta
 
 
