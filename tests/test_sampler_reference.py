@@ -442,3 +442,16 @@ def test_blocked_doubling_table_matches_the_oracle(monkeypatch, two):
         for cap, multiple in ((None, 1), (7, 3)):
             assert pack_by_budget(order, lengths, 300, cap, multiple) == _old_pack_by_budget(
                 order, lengths, 300, cap, multiple)
+
+
+@pytest.mark.parametrize("top", [32_767, 32_768, 2**31 - 1, 2**31])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_keys_at_the_edges_of_the_narrow_sort_types_match_the_oracle(top, shuffle):
+    # the sampler sorts and gathers its keys as int16 / int32 when they fit (samplers._narrow)
+    rng = np.random.default_rng(top % 1000)
+    lengths = np.concatenate([rng.integers(top - 50, top + 1, 300), [top],
+                              rng.integers(1, 400, 300)])
+    for pool in (0, 3):
+        s = TokenBudgetBatchSampler(lengths, 4 * top, shuffle=shuffle, pool_size=pool, seed=7)
+        assert s.epoch_batches() == _old_token_budget_natural(lengths, 4 * top, shuffle, pool,
+                                                              None, 1, 7, 0)

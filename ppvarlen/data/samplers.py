@@ -48,19 +48,20 @@ def _cost_key(lengths):
 
 
 def _narrow(key):
-    """``key`` as the narrowest unsigned type holding it: numpy's stable sort is a radix sort
-    for 16-bit keys (same order, several times faster)."""
-    top = int(key.max())
-    for dtype in (np.uint16, np.uint32):
+    """``key`` (non-negative) as the narrowest signed type holding it: numpy's stable sort is
+    a radix sort for 16-bit keys (same order, several times faster), and an epoch's gathers
+    of the keys move a quarter of the bytes of int64 ones; signed, so differences of
+    neighbours stay exact (``order.budget_cuts`` reads them)."""
+    top = int(key.max()) if len(key) else 0
+    for dtype in (np.int16, np.int32):
         if top <= np.iinfo(dtype).max:
-            return key.astype(dtype)
+            return key.astype(dtype, copy=False)
     return key
 
 
 def _stable_order(key, step):
-    """Indices sorting ``key`` stably within consecutive pools of ``step`` (the last one
-    shorter): one batched sort of the full pools."""
-    key = _narrow(key)
+    """Indices sorting ``key`` (``_narrow``ed) stably within consecutive pools of ``step``
+    (the last one shorter): one batched sort of the full pools."""
     n = len(key)
     full = n // step * step if step < n else 0
     order = np.empty(n, dtype=np.int64)
@@ -259,7 +260,7 @@ class TokenBudgetBatchSampler(_LengthBatchSampler):
         self.pool_size = int(pool_size or 0)
         self.max_sentences = max_sentences
         self.batch_size_multiple = int(batch_size_multiple)
-        self._key = _cost_key(self.lengths)
+        self._key = _narrow(_cost_key(self.lengths))
         self.num_oversize = _check_oversize(self._key, self.max_tokens, oversize)
         self._sorted = None  # the unshuffled epoch, packed when first asked for
         # pool_size counts batches; convert to examples with the sorted packing's mean batch size
