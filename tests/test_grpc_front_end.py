@@ -5,7 +5,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -15,7 +14,7 @@ from test_deploy_helpers import cls_export  # noqa: F401
 from test_server import RunningServer
 
 from ppvarlen.deploy.grpc_front import Relay
-from ppvarlen.deploy.grpc_service import METHOD_NAMES, METHODS, SERVICE
+from ppvarlen.deploy.grpc_service import METHOD_NAMES, METHODS, front_end_command
 from ppvarlen.deploy.predictor import Predictor
 from ppvarlen.deploy.relay_frames import HELLO, MAX_CALL_ID, FrameReader, call_frame
 from ppvarlen.deploy.server import create_app, deploy_settings
@@ -72,11 +71,8 @@ def test_the_front_end_is_restarted_when_killed_and_stops_with_the_server(cls_ex
 
 def _front_end(port):
     ours, theirs = socket.socketpair()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ppvarlen.deploy.grpc_front", "--fd", str(theirs.fileno()),
-         "--host", "127.0.0.1", "--port", str(port), "--service", SERVICE,
-         "--methods", ",".join(METHOD_NAMES), "--max-receive", "8192", "--max-send", "8192",
-         "--max-calls", "4"], pass_fds=(theirs.fileno(),))
+    proc = subprocess.Popen(front_end_command(theirs.fileno(), "127.0.0.1", port, 8192, 8192, 4),
+                            pass_fds=(theirs.fileno(),))
     theirs.close()
     hello = []
     reader = FrameReader(lambda kind, call_id, code, auth, body: hello.append(

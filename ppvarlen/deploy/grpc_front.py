@@ -21,7 +21,7 @@ import socket
 
 import grpc
 
-from .relay_frames import MAX_CALL_ID, STOP, FrameReader, call_frame, hello_frame
+from .relay_frames import MAX_CALL_ID, STOP, FramedProtocol, call_frame, hello_frame
 
 try:  # uvicorn[standard]'s event loop where it installs (not on Windows), as uvicorn picks it
     import uvloop
@@ -31,25 +31,19 @@ except ImportError:  # pragma: no cover - platforms without uvloop
 CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
-class Relay(asyncio.Protocol):
+class Relay(FramedProtocol):
     """This process's end of the socket pair: calls out, answers back to their waiting RPC."""
 
     def __init__(self, stopped):
+        super().__init__()
         self.pending, self.last_id = {}, 0
-        self.stopped, self.transport = stopped, None
-        self.frames = FrameReader(self._frame)
-
-    def connection_made(self, transport):
-        self.transport = transport
-
-    def data_received(self, data):
-        self.frames.feed(data)
+        self.stopped = stopped
 
     def connection_lost(self, exc):
         if not self.stopped.done():
             self.stopped.set_result(0.0)  # the server is gone: no call can be answered
 
-    def _frame(self, kind, call_id, code, authorization, body):
+    def on_frame(self, kind, call_id, code, authorization, body):
         if kind == STOP:
             if not self.stopped.done():
                 self.stopped.set_result(float(body.decode("ascii")))

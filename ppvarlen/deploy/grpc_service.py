@@ -35,7 +35,7 @@ from ppvarlen.utils.log import get_logger
 from . import oip
 from .edge import HEALTH_PROBES
 from .errors import ApiError
-from .relay_frames import CALL, HELLO, FrameReader, answer_frame, stop_frame
+from .relay_frames import CALL, HELLO, FramedProtocol, answer_frame, stop_frame
 from .routes_oip import load_newest, server_version, statistics
 
 try:  # uvicorn[standard]'s event loop where it installs (not on Windows), as uvicorn picks it
@@ -229,26 +229,20 @@ class InferenceService:
                            "repository", None)
 
 
-class _ServerEnd(asyncio.Protocol):
+class _ServerEnd(FramedProtocol):
     """The server's end of the socket pair: each relayed call answered in a task of its own."""
 
     def __init__(self, service, hello, lost):
+        super().__init__()
         self.service, self.hello, self.lost = service, hello, lost
-        self.transport, self.tasks = None, set()
-        self.frames = FrameReader(self._frame)
-
-    def connection_made(self, transport):
-        self.transport = transport
-
-    def data_received(self, data):
-        self.frames.feed(data)
+        self.tasks = set()
 
     def connection_lost(self, exc):
         if not self.hello.done():
             self.hello.set_result((0, "the gRPC front end exited before it listened"))
         self.lost.set()
 
-    def _frame(self, kind, call_id, code, authorization, body):
+    def on_frame(self, kind, call_id, code, authorization, body):
         if kind == HELLO:
             if not self.hello.done():
                 self.hello.set_result((call_id, body.decode("utf-8", "replace")))
@@ -263,6 +257,14 @@ class _ServerEnd(asyncio.Protocol):
         code, out = await self.service.call(method, body, authorization)
         if not self.transport.is_closing():
             self.transport.write(answer_frame(call_id, code.value[0], out))
+
+
+def front_end_command(fd, host, port, max_receive, max_send, max_calls):
+    """The command that starts the front end on its end ``fd`` of the socket pair."""
+    return [sys.executable, "-m", "ppvarlen.deploy.grpc_front", "--fd", str(fd), "--host", host,
+            "--port", str(port), "--service", SERVICE, "--methods", ",".join(METHOD_NAMES),
+            "--max-receive", str(max_receive), "--max-send", str(max_send),
+            "--max-calls", str(max_calls)]
 
 
 def _front_end_env():
@@ -307,11 +309,8 @@ class GrpcServer:
         limit = deploy.max_body_bytes
         # grpc core refuses past its limit in its own words; up to twice the body limit the
         # message reaches ModelInfer, whose 413 names Deploy.max_body_bytes
-        command = [sys.executable, "-m", "ppvarlen.deploy.grpc_front",
-                   "--fd", str(theirs.fileno()), "--host", self.host, "--port", str(self.port),
-                   "--service", SERVICE, "--methods", ",".join(METHOD_NAMES),
-                   "--max-receive", str(2 * limit), "--max-send", str(max(limit, 64 << 20)),
-                   "--max-calls", str(deploy.max_connections)]
+        command = front_end_command(theirs.fileno(), self.host, self.port, 2 * limit,
+                                    max(limit, 64 << 20), deploy.max_connections)
         try:
             self._proc = subprocess.Popen(command, pass_fds=(theirs.fileno(),),
                                           stdin=subprocess.DEVNULL, env=_front_end_env())

@@ -13,6 +13,7 @@ then the authorization, then the body.
 Hand-written: a fixed header over a local socket pair; a general framing library (or pickle,
 refused here for anything read from a socket) would be more than this.
 """
+import asyncio
 import struct
 
 HELLO, CALL, ANSWER, STOP = range(4)
@@ -62,3 +63,21 @@ class FrameReader:
             start = end
         if start:
             del buffer[:start]
+
+
+class FramedProtocol(asyncio.Protocol):
+    """One end of the socket pair: bytes in, ``self.on_frame(...)`` per whole frame;
+    ``self.transport`` writes frames out."""
+
+    def __init__(self):
+        self.transport = None
+        self.frames = FrameReader(self.on_frame)
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        self.frames.feed(data)
+
+    def on_frame(self, kind, call_id, code, authorization, body):
+        raise NotImplementedError
