@@ -7,6 +7,7 @@ import socket
 import subprocess
 import time
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
@@ -14,9 +15,9 @@ from test_deploy_helpers import cls_export  # noqa: F401
 from test_server import RunningServer
 
 from ppvarlen.deploy.grpc_front import Relay
-from ppvarlen.deploy.grpc_service import METHOD_NAMES, METHODS, front_end_command
+from ppvarlen.deploy.grpc_service import METHOD_NAMES, METHODS, SERVICE, front_end_command
 from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.relay_frames import HELLO, MAX_CALL_ID, FrameReader, call_frame
+from ppvarlen.deploy.relay_frames import CALL, HELLO, MAX_CALL_ID, FrameReader, call_frame
 from ppvarlen.deploy.server import create_app, deploy_settings
 
 
@@ -69,9 +70,10 @@ def test_the_front_end_is_restarted_when_killed_and_stops_with_the_server(cls_ex
     assert not _alive(second), "the front end outlived the server"
 
 
-def _front_end(port):
+def _front_end(port, max_calls=4):
     ours, theirs = socket.socketpair()
-    proc = subprocess.Popen(front_end_command(theirs.fileno(), "127.0.0.1", port, 8192, 8192, 4),
+    proc = subprocess.Popen(front_end_command(theirs.fileno(), "127.0.0.1", port, 8192, 8192,
+                                              max_calls),
                             pass_fds=(theirs.fileno(),))
     theirs.close()
     hello = []
@@ -125,3 +127,25 @@ def test_call_ids_wrap_within_the_frames_32_bits():
     reader = FrameReader(lambda kind, call_id, code, auth, body: read.append(call_id))
     reader.feed(b"".join(call_frame(call_id, 0, "", b"x") for call_id in ids))
     assert read == ids
+
+
+def test_calls_past_the_front_ends_bound_get_resource_exhausted():
+    proc, ours, port, _ = _front_end(0, max_calls=1)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            live = channel.unary_unary(f"/{SERVICE}/ServerLive")  # raw bytes both ways
+            first = live.future(b"", timeout=60)  # relayed, never answered by this test
+            calls = []
+            reader = FrameReader(lambda kind, *rest: calls.append(kind))
+            while CALL not in calls:
+                reader.feed(ours.recv(65536))
+            with pytest.raises(grpc.RpcError) as err:
+                live(b"", timeout=60)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            ours.close()  # the server is gone: the call in flight ends, the front end exits
+            assert proc.wait(30) == 0
+            with pytest.raises(grpc.RpcError):
+                first.result()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
