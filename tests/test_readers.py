@@ -3,8 +3,11 @@ import json
 import logging
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ppvarlen.config import ConfigError
+from ppvarlen.data import readers
 from ppvarlen.data.sources import load_corpus
 from ppvarlen.data.errors import DataError
 from ppvarlen.data.sources import read_file
@@ -263,3 +266,36 @@ def test_parse_json_bytes_is_decode_then_parse_json_line(raw, n):
         return parse_json_line(line, "classification")
 
     assert outcome(lambda: parse_json_bytes(raw, n, "classification")) == outcome(by_json)
+
+
+FLAT_VALUES = st.one_of(st.text(max_size=6), st.sampled_from(["", " ", "\u3000", " pos ", "好"]),
+                        st.integers(-2, 3), st.integers(2**63, 2**70), st.booleans(), st.none(),
+                        st.floats(allow_nan=False), st.lists(st.integers(), max_size=2))
+
+
+@pytest.mark.parametrize("task", ["classification", "seq2seq", "text_pair", "embedding"])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_lines_made_at_once_are_the_line_parsers_examples(task, data):
+    """A chunk of a flat format made into examples at once (``flat_examples``) gives what the
+    line parser gives for each line; a chunk of plain texts and labels is always made at once;
+    any other value sends the chunk to the line parser (None)."""
+    import ppvarlen.tasks  # noqa: F401  (registers the text_pair and embedding formats)
+
+    fields = readers.FORMATS[task].fields
+    plain = data.draw(st.booleans())
+    value = st.one_of(st.text(min_size=1).filter(lambda t: not t.isspace()),
+                      st.integers(0, 9)) if plain else FLAT_VALUES
+    rows = data.draw(st.lists(st.fixed_dictionaries(
+        {f: (value if f == "label" or not plain else
+             st.text(min_size=1).filter(lambda t: not t.isspace())) for f in fields},
+        optional={} if plain else {"extra": FLAT_VALUES}), min_size=1, max_size=6))
+    raws = [json.dumps(r, ensure_ascii=False).encode("utf-8") for r in rows]
+    if not plain and data.draw(st.booleans()):
+        raws[0] = b"{not json"
+    made = readers.flat_examples(readers.load_lines(raws), fields)
+    if plain:
+        assert made is not None
+    if made is None:
+        return
+    assert made == [readers.parse_json_bytes(raw, n, task) for n, raw in enumerate(raws, 1)]

@@ -4,12 +4,13 @@ tests/test_store_gate.py)."""
 import gzip
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
 
 from ppvarlen.config import load_config
 from ppvarlen.data import chunks as record_chunks
-from ppvarlen.data import sources
+from ppvarlen.data import readers, sources
 from ppvarlen.data.errors import DataError
 from ppvarlen.store_build import build_datasets
 
@@ -110,20 +111,34 @@ def test_chunks_cut_at_line_ends_and_number_lines(tmp_path, monkeypatch):
     assert got == list(enumerate(lines, 1))
 
 
-def test_every_line_is_parsed_once(tmp_path, monkeypatch):
+@pytest.mark.parametrize("uncommon", [False, True])
+def test_every_line_is_parsed_once(tmp_path, monkeypatch, uncommon):
     """Pass 2 encodes the examples pass 1 parsed (spilled as packed columns): no line is
-    JSON-parsed twice (the bytes are the in-memory path's: the tests above and the gate)."""
+    JSON-parsed twice, whether a chunk's lines are all the common case (made into examples at
+    once) or some are not (a float field, a label to strip: one line at a time, from the values
+    loaded already).  The bytes are the in-memory path's: the tests above and the gate."""
     monkeypatch.setattr(record_chunks, "CHUNK_BYTES", 4096)
     train = write_reviews(tmp_path / "train.jsonl", 800)
-    parsed = []
-    real = sources.parse_json_bytes
-    monkeypatch.setattr(sources, "parse_json_bytes",
-                        lambda line, n, task: parsed.append(line) or real(line, n, task))
+    if uncommon:
+        rows = [json.loads(line) for line in open(train, encoding="utf-8")]
+        for k, row in enumerate(rows):
+            if k % 7 == 0:
+                row["score"] = 0.5
+            if k % 11 == 0:
+                row["label"] = f" {row['label']} "
+        with open(train, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    loads = []
+    real = readers.orjson
+    monkeypatch.setattr(readers, "orjson", SimpleNamespace(
+        loads=lambda raw: loads.append(raw) or real.loads(raw),
+        JSONDecodeError=real.JSONDecodeError))
     monkeypatch.setattr(sources, "read_corpus", lambda cfg: pytest.fail("parent read the corpus"))
     bundle = build_datasets(data_cfg(corpus="jsonl", train_file=train, num_proc=1,
                                      cache_dir=str(tmp_path / "c")))
     assert len(bundle.train) + len(bundle.dev) + len(bundle.test) == 800
-    assert len(parsed) == 800  # the first line's task is read with json.loads, not parsed
+    assert len(loads) == 800  # the first line's task is read with json.loads, not parsed
+    assert len(set(loads)) == 800
 
 
 def test_packed_examples_round_trip():

@@ -183,11 +183,14 @@ def _row_or_bad(table, k):
     return row.to_pylist()[0]
 
 
-def pack_examples(examples):
+def pack_examples(examples, utf8=None):
     """Examples (dicts with the same keys) -> bytes: a JSON header, then per field a string
     column as int64 UTF-8 offsets + the UTF-8 blob, an int column as int64 values, any other
     column (e.g. a list of answers) as its values' JSON.  Plain bytes, nothing pickled: the
-    spill of pass 1 is read back by ``unpack_examples`` without parsing a line again."""
+    spill of pass 1 is read back by ``unpack_examples`` without parsing a line again.
+    ``utf8``: {field: its strings' UTF-8 bytes (``surrogatepass``)} made already (the split
+    keys), not encoded again."""
+    utf8 = utf8 or {}
     names = list(examples[0]) if examples else []
     if any(list(ex) != names for ex in examples):
         names = []
@@ -197,6 +200,9 @@ def pack_examples(examples):
     else:
         columns = []
         for name in names:
+            if name in utf8:
+                columns.append((name, "str", utf8[name]))
+                continue
             values = [ex[name] for ex in examples]
             if all(type(v) is str for v in values):
                 columns.append((name, "str", [v.encode("utf-8", "surrogatepass")
@@ -222,8 +228,9 @@ def pack_examples(examples):
     return len(header).to_bytes(8, "little") + header + b"".join(parts)
 
 
-def unpack_examples(data):
-    """``pack_examples``' bytes -> the examples (dicts in the same key order)."""
+def unpack_examples(data, convert=None):
+    """``pack_examples``' bytes -> the examples (dicts in the same key order); ``convert``:
+    {field: function of its column's values -> new values} (e.g. class labels -> ids)."""
     size = int.from_bytes(data[:8], "little")
     header = json.loads(data[8:8 + size])
     n, pos, columns = header["count"], 8 + size, []
@@ -240,6 +247,13 @@ def unpack_examples(data):
         texts = [str(blob[a:b], "utf-8", "surrogatepass") for a, b in zip(offsets, offsets[1:])]
         columns.append((name, texts if kind == "str" else [json.loads(t) for t in texts]))
     if len(columns) == 1 and columns[0][0] == "" and n:
-        return columns[0][1]  # whole examples as JSON (their keys differ)
+        examples = columns[0][1]  # whole examples as JSON (their keys differ)
+        for name, fn in (convert or {}).items():
+            values = fn([ex[name] for ex in examples])
+            for ex, value in zip(examples, values):
+                ex[name] = value
+        return examples
+    for name, fn in (convert or {}).items():
+        columns = [(c, fn(values) if c == name else values) for c, values in columns]
     return [dict(zip([c[0] for c in columns], row)) for row in zip(*[c[1] for c in columns])] \
         if columns else [{} for _ in range(n)]

@@ -250,8 +250,22 @@ def expand_inputs(spec):
     return files
 
 
+def _plain_text(value):
+    """Whether ``value`` is a text ``_require_text`` takes as it is (the common case)."""
+    return type(value) is str and value and not value.isspace()
+
+
+def _plain_label(value):
+    """The class label ``_check_label`` makes of ``value`` in the common case (a non-blank name,
+    stripped, or an id >= 0), else None."""
+    kind = type(value)
+    if kind is str:
+        return value.strip() or None
+    return value if kind is int and value >= 0 else None
+
+
 def _require_text(value, name, reason_empty="empty_text"):
-    if type(value) is str and value and not value.isspace():  # the common case, at once
+    if _plain_text(value):
         return value
     if not isinstance(value, str):
         raise BadLine("wrong_type", f"field {name!r} must be a string, got "
@@ -263,13 +277,9 @@ def _require_text(value, name, reason_empty="empty_text"):
 
 
 def _check_label(value):
-    kind = type(value)  # the common cases first, at once
-    if kind is str:
-        label = value.strip()
-        if label:
-            return label
-    elif kind is int and value >= 0:
-        return value
+    label = _plain_label(value)
+    if label is not None:
+        return label
     # bool is an int subclass in Python: JSON true/false must not become class 1/0.
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise BadLine("wrong_type", f"field 'label' must be a class id (integer >= 0) or a class "
@@ -297,13 +307,53 @@ def _parse_tagging(obj):
     return {"tokens": tokens, "tags": tags}  # tags: check_tag_scheme, over whole files
 
 
-def _parse_classification(obj):
-    return {"text": _require_text(obj["text"], "text"), "label": _check_label(obj["label"])}
+def parse_flat(obj, fields):
+    """A flat format's JSON object (its ``fields`` are texts, but a class ``label``) -> the
+    example, its fields in ``fields`` order.  Raises BadLine."""
+    return {name: _check_label(obj[name]) if name == "label" else _require_text(obj[name], name)
+            for name in fields}
 
 
-def _parse_seq2seq(obj):
-    return {"source": _require_text(obj["source"], "source"),
-            "target": _require_text(obj["target"], "target")}
+UNPARSED = object()  # ``load_lines``' value of a line orjson refuses
+NOT_LOADED = object()  # ``parse_json_bytes``: the line is not loaded yet
+
+
+def load_lines(raws):
+    """orjson's value of each JSONL line (bytes), or ``UNPARSED`` for a line it refuses: what
+    ``parse_json_bytes`` starts from, made for a chunk at once."""
+    loads, values = orjson.loads, []
+    append = values.append
+    for raw in raws:
+        try:
+            append(loads(raw))
+        except orjson.JSONDecodeError:
+            append(UNPARSED)
+    return values
+
+
+def flat_examples(values, fields):
+    """``load_lines``' values of a flat format's lines -> their examples, when every one is the
+    common case: a JSON object whose values are all strings or integers (no float, bool, null
+    or nesting), with the ``fields``, texts that ``_plain_text`` takes and a label
+    ``_plain_label`` takes (``parse_json_bytes`` of each line gives the same).  Else None: the
+    caller parses the lines one at a time, which gives each bad line's message."""
+    if not all([type(o) is dict for o in values]) or \
+            not all([type(v) is str or type(v) is int for o in values for v in o.values()]):
+        return None
+    columns = []
+    try:
+        for name in fields:
+            column = [o[name] for o in values]
+            if name == "label":
+                column = [_plain_label(v) for v in column]
+                if None in column:
+                    return None
+            elif not all([_plain_text(v) for v in column]):
+                return None
+            columns.append(column)
+    except KeyError:
+        return None
+    return [dict(zip(fields, row)) for row in zip(*columns)]
 
 
 def infer_task(obj):
@@ -327,19 +377,16 @@ def parse_json_line(line, task):
     return parse_object(obj, task)
 
 
-def parse_json_bytes(raw, n, task):
+def parse_json_bytes(raw, n, task, loaded=NOT_LOADED):
     """One raw JSONL line (bytes, its line end or not) at line ``n`` -> example dict: what
     ``decode_line`` then ``parse_json_line`` give, BadLine included.  orjson parses the UTF-8
     bytes themselves (no decoded copy of the line, and several times faster than ``json`` on
     non-ASCII text); a line it refuses (not UTF-8, a BOM, blank, NaN, an escaped lone
     surrogate, bad JSON), or one holding a number it reads as a float (it reads integers
     beyond 64 bits as floats), goes the ``json`` way, so every example and every message is
-    that one's."""
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        obj = _UNPARSED
-    if obj is _UNPARSED or _holds_float(obj):
+    that one's.  ``loaded``: ``load_lines``' value of the line, when made already."""
+    obj = load_lines([raw])[0] if loaded is NOT_LOADED else loaded
+    if obj is UNPARSED or _holds_float(obj):
         line = decode_line(raw, n)
         if isinstance(line, BadLine):
             raise line
@@ -347,7 +394,6 @@ def parse_json_bytes(raw, n, task):
     return parse_object(obj, task)
 
 
-_UNPARSED = object()
 
 
 def _holds_float(value):
@@ -375,13 +421,13 @@ def parse_object(obj, task):
         if name not in obj:
             break
     else:
-        return spec.parse(obj)
+        return spec.parse_object(obj)
     missing = [n for n in names if n not in obj]
     if missing:
         raise BadLine("missing_field", f"missing field {' and '.join(map(repr, missing))} (task "
                                        f"{task} needs {', '.join(map(repr, names))}, e.g. "
                                        f"{spec.example_line}; fields here: {sorted(obj)})")
-    return spec.parse(obj)
+    return spec.parse_object(obj)
 
 
 def parse_tsv_line(line):
@@ -566,22 +612,32 @@ class CorpusFormat:
 
     fields: tuple
     example_line: str
-    parse: Callable       # JSON object -> example dict; raises BadLine
+    parse: Callable       # JSON object -> example dict; raises BadLine.  None: a flat format
     text_fields: tuple    # the fields a vocabulary counts (a string, or a token list)
     labels: str = None    # "class": one class label per line (names or ids); "tags": tags
     tsv: Callable = None  # the TSV line parser (columns = ``fields``), None: no TSV form
+
+    @property
+    def flat(self):
+        """Whether every field is a text but a class ``label`` (``parse_flat``): pass 1 parses
+        a chunk of such lines at once (``parse_flat_lines``)."""
+        return self.parse is None
+
+    def parse_object(self, obj):
+        """A JSON object holding every field -> the example dict.  Raises BadLine."""
+        return parse_flat(obj, self.fields) if self.parse is None else self.parse(obj)
 
 
 FORMATS = {
     "classification": CorpusFormat(("text", "label"),
                                    '{"text": "这本书很好", "label": "positive"}',
-                                   _parse_classification, ("text",), "class",
+                                   None, ("text",), "class",
                                    tsv=parse_tsv_line),
     "tagging": CorpusFormat(("tokens", "tags"),
                             '{"tokens": ["江", "泽", "民"], "tags": ["B-PER", "I-PER", "I-PER"]}',
                             _parse_tagging, ("tokens",), "tags"),
     "seq2seq": CorpusFormat(("source", "target"), '{"source": "中国", "target": "zhong1 guo2"}',
-                            _parse_seq2seq, ("source", "target")),
+                            None, ("source", "target")),
 }
 
 

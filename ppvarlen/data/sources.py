@@ -45,11 +45,12 @@ from .chunks import (_chunks_of, _parquet_chunks, _parquet_file, _parquet_rows, 
 from .corpora.base import Corpus, check_limit, check_tag_scheme_key
 from .corpora.registry import BUILT_IN, USER_FORMATS, data_section, load_built_in
 from .errors import DataError
-from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, BadLine, FileData, ReadLimits,
-                      _decoded_lines, _is_tsv_header, _task_from_first_line, check_tag_scheme,
-                      decode_line, expand_inputs, infer_task, label_id, long_line_error, map_tags,
-                      parse_json_bytes, parse_object)
-from .splits import SPLITS, example_key, split_and_key_hash, split_method
+from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, NOT_LOADED, BadLine, FileData,
+                      ReadLimits, _decoded_lines, _is_tsv_header, _task_from_first_line,
+                      check_tag_scheme, decode_line, expand_inputs, flat_examples, infer_task,
+                      label_id, load_lines, long_line_error, map_tags, parse_json_bytes,
+                      parse_object)
+from .splits import SPLITS, example_key, key_field, split_codes_and_hashes, split_method
 from .vocab import count_fields
 
 logger = get_logger("data.sources")
@@ -207,44 +208,46 @@ class Scanner:
         self.index = None if plan.label_names is None else \
             {name: i for i, name in enumerate(plan.label_names)}
 
-    def _records(self, chunk, scan):
+    def _records(self, chunk, scan, raws=None, loaded=None):
         """Yield (line, raw record: a JSONL line's bytes, a TSV line's text, a Parquet row's dict,
-        or BadLine) of the chunk."""
+        or BadLine, its loaded value or NOT_LOADED) of the chunk (``raws``: its lines, read
+        already; ``loaded``: their ``load_lines`` values)."""
         plan = self.plan
         if plan.fmt == "parquet":
-            yield from _parquet_rows(chunk, plan.limits)
+            for n, row in _parquet_rows(chunk, plan.limits):
+                yield n, row, NOT_LOADED
             return
         if chunk.error is not None:
             raise DataError(chunk.error)
         tsv = plan.fmt == "tsv"
-        for k, raw in enumerate(chunk.raw_lines()):
+        for k, raw in enumerate(chunk.raw_lines() if raws is None else raws):
             n = chunk.first_line + k
             if len(raw) > plan.limits.max_line_bytes:
                 raise long_line_error(f"{chunk.path}:{n}", plan.limits.max_line_bytes)
             if not tsv:  # a JSONL line is parsed from its bytes (``parse_json_bytes``)
-                yield n, raw
+                yield n, raw, NOT_LOADED if loaded is None else loaded[k]
                 continue
             line = decode_line(raw, n)
             if n == 1 and isinstance(line, str) and _is_tsv_header(line, self.fmt.fields):
                 scan.header = True
                 continue
-            yield n, line
+            yield n, line, NOT_LOADED
 
-    def _parse(self, n, line):
+    def _parse(self, n, line, loaded):
         if isinstance(line, BadLine):
             raise line
         if self.plan.fmt == "tsv":
             return self.fmt.tsv(line)
         if self.plan.fmt == "parquet":
             return parse_object(line, self.plan.task)
-        return parse_json_bytes(line, n, self.plan.task)
+        return parse_json_bytes(line, n, self.plan.task, loaded)
 
-    def _examples(self, chunk, scan):
+    def _examples(self, chunk, scan, raws=None, loaded=None):
         """Yield (line, example) of the chunk's valid records, counting skips in ``scan``."""
-        for n, line in self._records(chunk, scan):
+        for n, line, value in self._records(chunk, scan, raws, loaded):
             scan.lines += 1
             try:
-                ex = self._parse(n, line)
+                ex = self._parse(n, line, value)
             except BadLine as bad:
                 if not self.plan.skip_invalid:
                     scan.error = f"{chunk.path}:{n}: {bad.message} {_SKIP_HINT}"
@@ -254,6 +257,27 @@ class Scanner:
                 continue
             yield n, ex
 
+    def _parsed(self, chunk, scan):
+        """(line numbers, examples) of the chunk's valid records, skips counted in ``scan``.  A
+        JSONL chunk of a flat format is loaded at once (``readers.load_lines``) and, when all
+        its lines are the common case, made into examples at once (``readers.flat_examples``);
+        else its records are parsed one at a time, as any other chunk's (a loaded line is not
+        parsed again)."""
+        raws = loaded = None
+        if self.plan.fmt == "jsonl" and self.fmt.flat and chunk.error is None:
+            raws = chunk.raw_lines()
+            if raws and max(map(len, raws)) <= self.plan.limits.max_line_bytes:
+                loaded = load_lines(raws)
+                examples = flat_examples(loaded, self.fmt.fields)
+                if examples is not None:
+                    scan.lines = len(raws)
+                    return np.arange(chunk.first_line, chunk.first_line + len(raws)), examples
+        numbers, examples = [], []
+        for n, ex in self._examples(chunk, scan, raws, loaded):
+            numbers.append(n)
+            examples.append(ex)
+        return np.asarray(numbers, np.int64), examples
+
     def _unknown_label(self, ex):
         if self.index is None or "label" not in ex or \
                 label_id(ex["label"], self.index) is not None:
@@ -262,58 +286,76 @@ class Scanner:
         return (f"label {ex['label']!r} is not one of the {len(names)} classes {list(names)}; "
                 f"fix the label or list it in Data.label_names")
 
+    def _known_labels(self, chunk, numbers, examples, scan):
+        """The examples whose class label is in Data.label_names: an unknown one is the chunk's
+        label error (raised once every record is read), or skipped (Data.skip_invalid)."""
+        bad = [k for k, ex in enumerate(examples) if self._unknown_label(ex) is not None]
+        if not bad:
+            return numbers, examples
+        if not self.plan.skip_invalid:
+            k = bad[0]
+            scan.label_error = f"{chunk.path}:{numbers[k]}: " \
+                               f"{self._unknown_label(examples[k])} {_SKIP_HINT}"
+            return numbers, examples
+        scan.label_skipped["unknown_label"] += len(bad)
+        scan.label_first.setdefault("unknown_label",
+                                    (int(numbers[bad[0]]), self._unknown_label(examples[bad[0]])))
+        keep = np.ones(len(examples), bool)
+        keep[bad] = False
+        return numbers[keep], [ex for ex, k in zip(examples, keep.tolist()) if k]
+
     def __call__(self, chunk):
         plan, fmt = self.plan, self.fmt
         scan = ChunkScan(chunk.role, chunk.path)
-        hashes, codes, lines, kept, train, tags = [], [], [], [], [], []
-        label_codes, label_index = [], {}
-        carve = chunk.role == "train" and plan.carve
-        role_code = SPLITS.index(chunk.role)
         try:
-            for n, ex in self._examples(chunk, scan):
-                scan.examples += 1
-                problem = self._unknown_label(ex) if fmt.labels == "class" else None
-                if problem is not None:
-                    if not plan.skip_invalid:
-                        scan.label_error = scan.label_error or \
-                            f"{chunk.path}:{n}: {problem} {_SKIP_HINT}"
-                    else:
-                        scan.label_skipped["unknown_label"] += 1
-                        scan.label_first.setdefault("unknown_label", (n, problem))
-                        continue
-                kept.append(ex)
-                # the key as once labels are ids: a label name is not part of it
-                split, key_hash = split_and_key_hash(example_key(ex, ("label",)),
-                                                     plan.split_seed)
-                code = SPLITS.index(split if split in plan.carve else "train") if carve \
-                    else role_code
-                codes.append(code)
-                hashes.append(key_hash)
-                if self.line_numbers:
-                    lines.append(n)
-                if fmt.labels == "class":
-                    label = ex["label"]
-                    scan.kinds.setdefault("str" if isinstance(label, str) else "int", (n, label))
-                    if scan.first_label is None:
-                        scan.first_label = label
-                    label_codes.append(label_index.setdefault(label, len(label_index)))
-                elif fmt.labels == "tags":
-                    tags.append(ex["tags"])
-                if self.counting is not None and code == 0:
-                    train.append(ex)
+            numbers, examples = self._parsed(chunk, scan)
         except DataError as e:  # a line over Data.max_line_bytes, a gzip bomb: in input order
             scan.error = str(e)
             return scan
-        scan.hashes = np.asarray(hashes, np.uint64)
-        scan.codes = np.asarray(codes, np.uint8)
-        scan.line_numbers = np.asarray(lines, np.int64)
-        scan.label_values = list(label_index)
-        scan.label_codes = np.asarray(label_codes, np.int32)
-        scan.tags = tags if fmt.labels == "tags" else None
-        scan.parsed = pack_examples(kept)
+        if scan.error is not None:  # a bad record: raised in input order
+            return scan
+        scan.examples = len(examples)
+        if fmt.labels == "class" and self.index is not None:
+            numbers, examples = self._known_labels(chunk, numbers, examples, scan)
+        # the key as once labels are ids: a label name is not part of it
+        name = key_field(fmt.fields)
+        keys = [ex[name] for ex in examples] if name is not None else \
+            [example_key(ex, ("label",)) for ex in examples]
+        keys_utf8 = [k.encode("utf-8", "surrogatepass") for k in keys]
+        split_codes, scan.hashes = split_codes_and_hashes(keys_utf8, plan.split_seed)
+        if chunk.role == "train" and plan.carve:
+            to_code = np.asarray([SPLITS.index(s if s in plan.carve else "train")
+                                  for s in SPLITS], np.uint8)
+            scan.codes = to_code[split_codes]
+        else:
+            scan.codes = np.full(len(examples), SPLITS.index(chunk.role), np.uint8)
+        scan.line_numbers = numbers if self.line_numbers else np.zeros(0, np.int64)
+        if fmt.labels == "class":
+            self._label_columns(numbers, examples, scan)
+        else:
+            scan.label_codes = np.zeros(0, np.int32)
+        scan.tags = [ex["tags"] for ex in examples] if fmt.labels == "tags" else None
+        scan.parsed = pack_examples(examples, {name: keys_utf8} if name is not None else None)
         if self.counting is not None:
+            train = examples if not (scan.codes != 0).any() else \
+                [ex for ex, c in zip(examples, scan.codes.tolist()) if c == 0]
             scan.counts = count_fields(train, self.counting)
         return scan
+
+    @staticmethod
+    def _label_columns(numbers, examples, scan):
+        """The chunk's distinct raw labels (first seen first), each example's index into them,
+        the first label and the line of the first name and of the first id."""
+        index = {}
+        codes = [index.setdefault(ex["label"], len(index)) for ex in examples]
+        scan.label_values = list(index)
+        scan.label_codes = np.asarray(codes, np.int32)
+        if scan.label_values:
+            scan.first_label = scan.label_values[0]
+            _, first_at = np.unique(scan.label_codes, return_index=True)
+            for label, at in zip(scan.label_values, first_at.tolist()):
+                kind = "str" if isinstance(label, str) else "int"
+                scan.kinds.setdefault(kind, (int(numbers[at]), label))
 
 
 @dataclass
@@ -362,7 +404,7 @@ class _ChunkRef:
     role: str
     path: str
     codes: np.ndarray
-    hashes: np.ndarray
+    hashes: np.ndarray  # the merge's rules read these two; None after them
     label_values: list
     label_codes: np.ndarray
     spill: tuple  # (offset, size) of its packed examples in the temp file
@@ -430,24 +472,24 @@ class ChunkReader:
         bases, codes, keep, data, splits = job
         if isinstance(data, tuple):  # (offset, size) in the temp file this process inherited
             data = os.pread(self.fd, data[1], data[0])
-        out = {}
-        for k, ex in enumerate(unpack_examples(data)):
-            if keep is not None and not keep[k]:
-                continue
-            split = SPLITS[codes[k]]
+        examples = unpack_examples(data, {"label": self._label_ids} if self.class_labels else None)
+        res = {}
+        for code, split in enumerate(SPLITS):
             if split not in splits:
                 continue
-            if self.class_labels:
-                ex["label"] = label_id(ex["label"], self.index)
-            out.setdefault(split, []).append(ex)
-        res = {}
-        for split, rows in out.items():
-            base = bases[split]
+            chosen = codes == code if keep is None else (codes == code) & keep
+            base, picked = bases[split], np.flatnonzero(chosen)
             if self.limit is not None:
-                rows = rows[:max(0, self.limit - base)]
-            if rows:
-                res[split] = (base, rows)
+                picked = picked[:max(0, self.limit - base)]
+            if len(picked) == len(examples):
+                res[split] = (base, examples)
+            elif len(picked):
+                res[split] = (base, [examples[k] for k in picked.tolist()])
         return res
+
+    def _label_ids(self, labels):
+        ids = {label: label_id(label, self.index) for label in set(labels)}
+        return [ids[label] for label in labels]
 
 
 def scan(plan, counting, num_proc, spill_dir=None):
@@ -549,6 +591,10 @@ class _Merge:
             scanned.corpus.splits = dict(scanned.corpus.stats["limit"]["after"])
             logger.info("Data.limit=%d: kept %s of %s examples per split", plan.limit,
                         scanned.corpus.splits, sizes)
+        # pass 2's workers are forked from this process: what only the rules above read is
+        # dropped first, so they do not map it
+        for ref in self.refs:
+            ref.hashes = ref.label_codes = None
         dropped = any(r.keep is not None and not r.keep.all() for r in self.refs)
         if self.counting is not None and (dropped or plan.limit is not None):
             scanned.counts = _sum_counts(ordered_map(_CountJob(scanned.reader(), self.counting),

@@ -9,6 +9,8 @@ the same guarantees: repeated-split comparisons (benchmarks/sentiment_splits.py)
 """
 import hashlib
 
+import numpy as np
+
 SPLITS = ("train", "dev", "test")
 SPLIT_METHOD = "sha1(utf-8 text) -> train 80% / dev 10% / test 10%"
 
@@ -44,16 +46,54 @@ def split_and_key_hash(key, seed=0):
             int.from_bytes(digest[8:16], "little"))
 
 
+def split_codes_and_hashes(keys_utf8, seed=0):
+    """``split_and_key_hash`` of many keys at once, given as their UTF-8 bytes (``surrogatepass``)
+    -> (uint8 index into ``SPLITS`` of each, uint64 hash of each): the same sha1, read as arrays."""
+    prefix = f"split-seed-{seed}\x00".encode() if seed else b""
+    sha1 = hashlib.sha1
+    digests = np.frombuffer(b"".join([sha1(prefix + k).digest() for k in keys_utf8]),
+                            np.uint8).reshape(-1, 20)
+    head = digests[:, :8].copy().view(">u8").ravel()
+    hashes = digests[:, 8:16].copy().view("<u8").ravel()
+    codes = (head >= _DEV_FROM).astype(np.uint8) + (head >= _TEST_FROM)
+    return codes, hashes
+
+
+def _first_head(fraction):
+    """The least 64-bit head whose ``stable_fraction`` (the float division ``_split_of`` reads)
+    is at least ``fraction``: the split boundaries as integers, so an array of heads is cut
+    exactly as ``_split_of`` cuts each."""
+    lo, hi = 0, 1 << 64
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if mid / 2.0**64 >= fraction:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+_DEV_FROM, _TEST_FROM = np.uint64(_first_head(0.8)), np.uint64(_first_head(0.9))
+
+
+def key_field(fields):
+    """The field whose value is the split key of an example with ``fields``, or None when the
+    key is made of more than one value (``example_key``)."""
+    for name in ("text", "tokens", "source"):
+        if name in fields:
+            return None if name == "tokens" else name
+    return None
+
+
 def example_key(example, ignore=()):
     """The text an example is split by: its text, its tokens joined, or its source; for another
     task's format (a text pair) all its string fields in key order, joined, but those named in
     ``ignore``."""
-    if "text" in example:
-        return example["text"]
+    name = key_field(example)
+    if name is not None:
+        return example[name]
     if "tokens" in example:
         return " ".join(example["tokens"])
-    if "source" in example:
-        return example["source"]
     texts = [example[k] for k in sorted(example) if k not in ignore and isinstance(example[k], str)]
     if not texts:
         raise ValueError(f"example has no text field: {sorted(example)}")

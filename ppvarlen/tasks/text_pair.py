@@ -33,14 +33,8 @@ FIELDS = ("text_a", "text_b", "label")
 SEGMENTS = {"name": "token_type_ids", "dtype": "int64", "dims": [-1, -1]}
 
 
-def _parse(obj):
-    return {"text_a": readers._require_text(obj["text_a"], "text_a"),
-            "text_b": readers._require_text(obj["text_b"], "text_b"),
-            "label": readers._check_label(obj["label"])}
-
-
 readers.register_format("text_pair", readers.CorpusFormat(
-    FIELDS, '{"text_a": "物流很快", "text_b": "送货速度快", "label": "same"}', _parse,
+    FIELDS, '{"text_a": "物流很快", "text_b": "送货速度快", "label": "same"}', None,
     ("text_a", "text_b"), "class", tsv=lambda line: readers.tsv_columns(line, FIELDS)))
 
 
