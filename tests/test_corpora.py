@@ -12,7 +12,9 @@ from ppvarlen.config import ConfigError, load_config
 from ppvarlen.data.corpora import NER_LABELS, SENTIMENT_LABELS, parse_ner_line
 from ppvarlen.data.sources import load_corpus
 from ppvarlen.data.errors import DataError
-from ppvarlen.data.splits import SPLITS, example_key, stable_fraction, stable_split
+from ppvarlen.data import splits
+from ppvarlen.data.splits import (SPLITS, example_key, split_codes_and_hashes, stable_fraction,
+                                  stable_split)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -207,6 +209,25 @@ def test_stable_split_proportions_and_range():
     assert [stable_split("同一段文字"), stable_split("同一段文字", 3)] == ["train", "test"]
     assert [stable_split(k) for k in ("text-0", "text-6", "text-12")] == ["train", "dev", "test"]
     assert stable_split("\ud800 lone surrogate") in SPLITS  # JSON can carry one; no crash
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_a_chunks_split_codes_and_hashes_are_each_keys_sha1(seed):
+    """``split_codes_and_hashes`` (pass 1, a chunk at once) = ``stable_split`` of each key, and
+    the next 8 bytes of the same sha1 as the overlap hash; its integer split boundaries cut
+    exactly where the float division of ``stable_fraction`` does."""
+    keys = [f"text-{i}" for i in range(3000)] + ["同一段文字", "\ud800 lone surrogate", ""]
+    utf8 = [k.encode("utf-8", "surrogatepass") for k in keys]
+    codes, hashes = split_codes_and_hashes(utf8, seed)
+    assert [SPLITS[c] for c in codes.tolist()] == [stable_split(k, seed) for k in keys]
+    prefix = f"split-seed-{seed}\x00".encode() if seed else b""
+    assert hashes.tolist() == [int.from_bytes(hashlib.sha1(prefix + b).digest()[8:16], "little")
+                               for b in utf8]
+    for first, fraction in ((splits._DEV_FROM, 0.8), (splits._TEST_FROM, 0.9)):
+        first = int(first)
+        assert (first - 1) / 2.0**64 < fraction <= first / 2.0**64
+    empty_codes, empty_hashes = split_codes_and_hashes([], seed)
+    assert empty_codes.shape == empty_hashes.shape == (0,)
 
 
 def test_split_seed_gives_another_partition_with_the_same_guarantees():

@@ -38,17 +38,10 @@ def stable_split(key, seed=0):
     return _split_of(stable_fraction(key, seed))
 
 
-def split_and_key_hash(key, seed=0):
-    """(``stable_split(key, seed)``, a 64-bit hash of ``key``) from one sha1: the split from
-    its first 8 bytes, the hash (equal keys, equal hashes: the overlap checks) from the next 8."""
-    digest = _digest(key, seed)
-    return (_split_of(int.from_bytes(digest[:8], "big") / 2.0**64),
-            int.from_bytes(digest[8:16], "little"))
-
-
 def split_codes_and_hashes(keys_utf8, seed=0):
-    """``split_and_key_hash`` of many keys at once, given as their UTF-8 bytes (``surrogatepass``)
-    -> (uint8 index into ``SPLITS`` of each, uint64 hash of each): the same sha1, read as arrays."""
+    """Keys given as their UTF-8 bytes (``surrogatepass``) -> (uint8 index into ``SPLITS`` of
+    each one's ``stable_split``, uint64 hash of each: equal keys, equal hashes, for the overlap
+    checks), from one sha1 per key: the split from its first 8 bytes, the hash from the next 8."""
     prefix = f"split-seed-{seed}\x00".encode() if seed else b""
     sha1 = hashlib.sha1
     digests = np.frombuffer(b"".join([sha1(prefix + k).digest() for k in keys_utf8]),
