@@ -219,3 +219,40 @@ def test_names_and_ids_mixed_under_skip_invalid_skip_the_other_kind(tmp_path):
     assert corpus.label_names == ["pos"]
     assert sum(map(len, corpus.splits.values())) == 150
     assert sum(n for s in corpus.stats["per_label"].values() for n in s.values()) == 150
+
+
+def test_workers_write_their_packed_examples_and_a_chunk_that_does_not_fit_comes_back(
+        tmp_path, monkeypatch):
+    """Pass 1's workers write each chunk's packed examples into the temp file, in room kept for
+    the chunk; a chunk whose packed examples do not fit (here: tags packed as JSON with spaces,
+    no slack) is sent back and written by the parent.  The stores are the same either way."""
+    log = tmp_path / "writes.log"
+    real = sources.write_at
+
+    def logged(fd, data, at):
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return real(fd, data, at)
+
+    monkeypatch.setattr(sources, "write_at", logged)
+    monkeypatch.setattr(record_chunks, "CHUNK_BYTES", 4096)
+
+    def writers(**data):
+        log.write_text("")
+        cache = str(tmp_path / f"c{len(list(tmp_path.iterdir()))}")
+        build_datasets(data_cfg(cache_dir=cache, num_proc=2, **data))
+        pids = log.read_text().split()
+        return pids.count(str(os.getpid())), len(pids), _tree(cache)
+
+    reviews = write_reviews(tmp_path / "reviews.jsonl", 800)
+    parent, total, _ = writers(corpus="jsonl", train_file=reviews)
+    assert parent == 0 and total > 5  # every chunk written by a worker
+    tags = tmp_path / "tags.jsonl"
+    tags.write_text("".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n"
+                            for r in _tagged(600)), "utf-8")
+    parent, total, roomy = writers(corpus="jsonl", train_file=str(tags))
+    assert parent == 0
+    monkeypatch.setattr(sources, "SPILL_SLACK", 0)
+    parent, total, tight = writers(corpus="jsonl", train_file=str(tags))
+    assert parent == total > 5  # none fits: all sent back
+    assert roomy == tight

@@ -7,9 +7,9 @@ a corpus already in memory (the built-in corpora: one chunk per slice of a split
 Pass 1 (``scan``): each worker reads one chunk (``data.chunks``), parses and checks every
 record with ``data.readers``' parsers and messages (``file:line``), hashes its split key (the
 split of a train file's example comes from ``data.splits``' stable hash), counts the train
-split's tokens (``vocab.TokenCounting``) and returns the chunk's kept examples packed as compact
-columns (``chunks.pack_examples``), which the parent appends to an anonymous temp file (gone when
-the build ends or dies).
+split's tokens (``vocab.TokenCounting``) and packs the chunk's kept examples as compact columns
+(``chunks.pack_examples``) into an anonymous temp file (gone when the build ends or dies), at room
+the parent keeps for the chunk (``SpillRoom``), or sends them back when they do not fit.
 The parent merges the chunks in input order: the label, split, overlap, limit and stats rules
 are written once, here (``_Merge``); the tag-scheme checks of tagging data run over the merged
 tags in chunk order with ``data.readers``' checks.  ``Scanned`` is the result: the ``Corpus``
@@ -30,6 +30,7 @@ are the same fork pool (``utils.parallel``) that needs no pickled tokenizer.
 import json
 import os
 import tempfile
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -195,13 +196,33 @@ class ChunkScan:
     tags: list = None  # tagging: each example's tags
     counts: tuple = None  # the train split's token counts (``TokenCounting``)
     parsed: bytes = None  # the kept examples, ``pack_examples``'d (pass 2 parses none again)
+    spilled: tuple = None  # (offset, size) where the worker wrote ``parsed`` into the temp file
+
+
+@dataclass(frozen=True)
+class SpillRoom:
+    """Bytes [at, at + size) of the temp file, kept for one chunk's packed examples."""
+
+    at: int
+    size: int
+
+
+SPILL_SLACK = 64 << 10  # room beyond a chunk's raw bytes: its packed header and offsets
+
+
+def write_at(fd, data, at):
+    """All of ``data`` written into file ``fd`` at offset ``at`` (``os.pwrite`` may write less)."""
+    view = memoryview(data)
+    while view:
+        done = os.pwrite(fd, view, at)
+        view, at = view[done:], at + done
 
 
 class Scanner:
     """Pass 1 over one chunk (a job of ``ordered_map``)."""
 
-    def __init__(self, plan, counting, line_numbers=False):
-        self.plan, self.counting = plan, counting
+    def __init__(self, plan, counting, line_numbers=False, spill_fd=None):
+        self.plan, self.counting, self.spill_fd = plan, counting, spill_fd
         self.fmt = FORMATS[plan.task]
         # each kept example's line: the tag-scheme checks and ``read_file`` read them
         self.line_numbers = line_numbers or self.fmt.labels == "tags"
@@ -304,7 +325,11 @@ class Scanner:
         keep[bad] = False
         return numbers[keep], [ex for ex, k in zip(examples, keep.tolist()) if k]
 
-    def __call__(self, chunk):
+    def __call__(self, job):
+        """Pass 1 over a chunk (``job``: the chunk, or (chunk, ``SpillRoom``): the worker then
+        writes the packed examples into the temp file there, when they fit, instead of sending
+        them back) -> ``ChunkScan``."""
+        chunk, room = job if isinstance(job, tuple) else (job, None)
         plan, fmt = self.plan, self.fmt
         scan = ChunkScan(chunk.role, chunk.path)
         try:
@@ -336,6 +361,10 @@ class Scanner:
             scan.label_codes = np.zeros(0, np.int32)
         scan.tags = [ex["tags"] for ex in examples] if fmt.labels == "tags" else None
         scan.parsed = pack_examples(examples, {name: keys_utf8} if name is not None else None)
+        if room is not None and len(scan.parsed) <= room.size:
+            size = len(scan.parsed)
+            write_at(self.spill_fd, scan.parsed, room.at)
+            scan.parsed, scan.spilled = None, (room.at, size)
         if self.counting is not None:
             train = examples if not (scan.codes != 0).any() else \
                 [ex for ex, c in zip(examples, scan.codes.tolist()) if c == 0]
@@ -550,7 +579,8 @@ class _Merge:
     def __init__(self, plan, counting, spill):
         self.plan, self.counting, self.spill = plan, counting, spill
         self.fmt = FORMATS[plan.task]
-        self.files, self.refs, self.offset = {}, [], 0
+        self.files, self.refs, self.end = {}, [], 0
+        self.reserving = threading.Lock()  # the pool's task thread reserves too (``_rooms``)
         self.kinds, self.first_label, self.label_error = {}, None, None
         self.counts = None if counting is None else tuple(Counter() for _ in counting.groups)
         self.tag_files = {}  # path -> FileData of its tags (tagging data)
@@ -562,7 +592,13 @@ class _Merge:
         bar = tqdm(desc="read", unit=" lines", unit_scale=True, mininterval=2,
                    disable=size < (64 << 20))
         current = None
-        for sc in ordered_map(Scanner(plan, self.counting), plan.chunks(), num_proc):
+        # a worker writes a chunk's packed examples into the temp file itself, in room kept for
+        # them by the order of the chunks, so they do not go through the pool's pipe and this
+        # process's writes (a mapper's workers, maybe on other machines, send them back)
+        writes = not parallel.has_mapper()
+        scanner = Scanner(plan, self.counting, spill_fd=self.spill.fileno() if writes else None)
+        jobs = self._rooms(plan.chunks()) if writes else plan.chunks()
+        for sc in ordered_map(scanner, jobs, num_proc):
             if current is not None and sc.path != current.path:
                 current.finish()
             if sc.error is not None:
@@ -580,7 +616,6 @@ class _Merge:
             names, label_stats, file_stats = self._class_rules(), {}, None
         if self.label_error:
             raise DataError(self.label_error)
-        self.spill.flush()
         sizes = self._bases()
         scanned = Scanned(self._corpus(names, sizes, label_stats, file_stats), self.counts,
                           self.refs, self.spill, plan.limit)
@@ -603,11 +638,29 @@ class _Merge:
         check_tag_scheme_key(plan.tag_scheme, plan.fmt, scanned.corpus)
         return scanned
 
+    def _reserve(self, size):
+        with self.reserving:
+            at, self.end = self.end, self.end + size
+        return at
+
+    def _rooms(self, chunks):
+        """(chunk, ``SpillRoom``) of each chunk of lines: its raw bytes and ``SPILL_SLACK``,
+        which its packed examples fit in (a text's UTF-8 is no longer than its JSON string; a
+        Parquet chunk, or one that does not fit, is sent back and written here).  The temp file
+        is written sparsely: room a chunk does not fill takes no disk on Linux's file systems."""
+        for chunk in chunks:
+            raw = len(chunk.data) if chunk.data is not None else chunk.size
+            if chunk.row_group is not None or chunk.error is not None:
+                yield chunk
+                continue
+            yield chunk, SpillRoom(self._reserve(raw + SPILL_SLACK), raw + SPILL_SLACK)
+
     def _add(self, sc):
-        self.spill.write(sc.parsed)
+        if sc.spilled is None:  # sent back: written after the rooms kept so far
+            sc.spilled = (self._reserve(len(sc.parsed)), len(sc.parsed))
+            write_at(self.spill.fileno(), sc.parsed, sc.spilled[0])
         self.refs.append(_ChunkRef(sc.role, sc.path, sc.codes, sc.hashes, sc.label_values,
-                                   sc.label_codes, (self.offset, len(sc.parsed))))
-        self.offset += len(sc.parsed)
+                                   sc.label_codes, sc.spilled))
         for kind, (n, lab) in sc.kinds.items():
             self.kinds.setdefault(kind, (f"{sc.path}:{n}", lab))
         if self.first_label is None:
