@@ -320,8 +320,8 @@ def test_a_warm_start_reads_no_input_file_and_a_changed_one_is_read(tmp_path, mo
                                                  cache_dir=str(tmp_path / "cache"))}).Data
     monkeypatch.setattr(cache, "RACY_SECONDS", 0)  # utime sets the ctime to now
     hashed = []
-    real = cache._sha256_of_file
-    monkeypatch.setattr(cache, "_sha256_of_file", lambda p: hashed.append(p) or real(p))
+    real = cache.sha256_file
+    monkeypatch.setattr(cache, "sha256_file", lambda p: hashed.append(p) or real(p))
     assert build_datasets(cfg()).stats["store"]["cache"].startswith("built")
     assert sorted(hashed) == sorted(os.path.abspath(p) for p in paths)  # once each
     with open(tmp_path / "cache" / cache.FINGERPRINTS, encoding="utf-8") as f:

@@ -33,7 +33,7 @@ import json
 import os
 import time
 
-from ..utils.io import atomic_write_json
+from ..utils.io import atomic_write_json, sha256_file
 from ..utils.log import get_logger
 
 log = get_logger("data.cache")
@@ -92,7 +92,7 @@ class Fingerprints:
                 and isinstance(known.get("sha256"), str):
             return {"size": st.st_size, "sha256": known["sha256"]}
         started = time.time_ns()
-        sha = _sha256_of_file(path)
+        sha = sha256_file(path)
         self.hashed.append(path)
         self.files.pop(path, None)  # re-inserted last: the newest entry
         self.files[path] = {"stat": stamp, "sha256": sha}
@@ -111,11 +111,6 @@ class Fingerprints:
             files = dict(list(files.items())[-MAX_RECORDED_FILES:])
         atomic_write_json(self.path, {"files": files})
         self.changed = False
-
-
-def _sha256_of_file(path):
-    with open(path, "rb") as f:  # file_digest reads into one reused buffer
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def key_parts(data_cfg, task_hint, builtin, vocab_sha, extra_corpora, prints):

@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 
 from ..config import ConfigError
 from ..utils import parallel
+from ..utils.io import write_all_at
 from ..utils.log import get_logger
 from ..utils.parallel import ordered_map
 from .chunks import (_chunks_of, _parquet_chunks, _parquet_file, _parquet_rows, pack_examples,
@@ -210,14 +211,6 @@ class SpillRoom:
 SPILL_SLACK = 64 << 10  # room beyond a chunk's raw bytes: its packed header and offsets
 
 
-def write_at(fd, data, at):
-    """All of ``data`` written into file ``fd`` at offset ``at`` (``os.pwrite`` may write less)."""
-    view = memoryview(data)
-    while view:
-        done = os.pwrite(fd, view, at)
-        view, at = view[done:], at + done
-
-
 class Scanner:
     """Pass 1 over one chunk (a job of ``ordered_map``)."""
 
@@ -363,7 +356,7 @@ class Scanner:
         scan.parsed = pack_examples(examples, {name: keys_utf8} if name is not None else None)
         if room is not None and len(scan.parsed) <= room.size:
             size = len(scan.parsed)
-            write_at(self.spill_fd, scan.parsed, room.at)
+            write_all_at(self.spill_fd, scan.parsed, room.at)
             scan.parsed, scan.spilled = None, (room.at, size)
         if self.counting is not None:
             train = examples if not (scan.codes != 0).any() else \
@@ -658,7 +651,7 @@ class _Merge:
     def _add(self, sc):
         if sc.spilled is None:  # sent back: written after the rooms kept so far
             sc.spilled = (self._reserve(len(sc.parsed)), len(sc.parsed))
-            write_at(self.spill.fileno(), sc.parsed, sc.spilled[0])
+            write_all_at(self.spill.fileno(), sc.parsed, sc.spilled[0])
         self.refs.append(_ChunkRef(sc.role, sc.path, sc.codes, sc.hashes, sc.label_values,
                                    sc.label_codes, sc.spilled))
         for kind, (n, lab) in sc.kinds.items():

@@ -68,12 +68,17 @@ def atomic_dir(final_path):
         shutil.rmtree(old, ignore_errors=True)
 
 
-def sha256_file(path, chunk=1 << 20):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(chunk), b""):
-            h.update(block)
-    return h.hexdigest()
+def sha256_file(path):
+    with open(path, "rb") as f:  # file_digest reads into one reused buffer
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_all_at(fd, data, at):
+    """All of ``data`` written into file ``fd`` at offset ``at`` (``os.pwrite`` may write less)."""
+    view = memoryview(data)
+    while view:
+        done = os.pwrite(fd, view, at)
+        view, at = view[done:], at + done
 
 
 @contextlib.contextmanager
