@@ -9,7 +9,7 @@ record with ``data.readers``' parsers and messages (``file:line``), hashes its s
 split of a train file's example comes from ``data.splits``' stable hash), counts the train
 split's tokens (``vocab.TokenCounting``) and packs the chunk's kept examples as compact columns
 (``chunks.pack_examples``) into an anonymous temp file (gone when the build ends or dies), at room
-the parent keeps for the chunk (``SpillRoom``), or sends them back when they do not fit.
+the parent keeps for the chunk, or sends them back when they do not fit.
 The parent merges the chunks in input order: the label, split, overlap, limit and stats rules
 are written once, here (``_Merge``); the tag-scheme checks of tagging data run over the merged
 tags in chunk order with ``data.readers``' checks.  ``Scanned`` is the result: the ``Corpus``
@@ -200,14 +200,6 @@ class ChunkScan:
     spilled: tuple = None  # (offset, size) where the worker wrote ``parsed`` into the temp file
 
 
-@dataclass(frozen=True)
-class SpillRoom:
-    """Bytes [at, at + size) of the temp file, kept for one chunk's packed examples."""
-
-    at: int
-    size: int
-
-
 SPILL_SLACK = 64 << 10  # room beyond a chunk's raw bytes: its packed header and offsets
 
 
@@ -319,9 +311,9 @@ class Scanner:
         return numbers[keep], [ex for ex, k in zip(examples, keep.tolist()) if k]
 
     def __call__(self, job):
-        """Pass 1 over a chunk (``job``: the chunk, or (chunk, ``SpillRoom``): the worker then
-        writes the packed examples into the temp file there, when they fit, instead of sending
-        them back) -> ``ChunkScan``."""
+        """Pass 1 over a chunk (``job``: the chunk, or (chunk, (at, size)): room in the temp
+        file, where the worker writes the packed examples when they fit, instead of sending them
+        back) -> ``ChunkScan``."""
         chunk, room = job if isinstance(job, tuple) else (job, None)
         plan, fmt = self.plan, self.fmt
         scan = ChunkScan(chunk.role, chunk.path)
@@ -354,10 +346,9 @@ class Scanner:
             scan.label_codes = np.zeros(0, np.int32)
         scan.tags = [ex["tags"] for ex in examples] if fmt.labels == "tags" else None
         scan.parsed = pack_examples(examples, {name: keys_utf8} if name is not None else None)
-        if room is not None and len(scan.parsed) <= room.size:
-            size = len(scan.parsed)
-            write_all_at(self.spill_fd, scan.parsed, room.at)
-            scan.parsed, scan.spilled = None, (room.at, size)
+        if room is not None and len(scan.parsed) <= room[1]:
+            write_all_at(self.spill_fd, scan.parsed, room[0])
+            scan.parsed, scan.spilled = None, (room[0], len(scan.parsed))
         if self.counting is not None:
             train = examples if not (scan.codes != 0).any() else \
                 [ex for ex, c in zip(examples, scan.codes.tolist()) if c == 0]
@@ -637,7 +628,8 @@ class _Merge:
         return at
 
     def _rooms(self, chunks):
-        """(chunk, ``SpillRoom``) of each chunk of lines: its raw bytes and ``SPILL_SLACK``,
+        """(chunk, (at, size) of its room in the temp file) of each chunk of lines: its raw bytes
+        and ``SPILL_SLACK``,
         which its packed examples fit in (a text's UTF-8 is no longer than its JSON string; a
         Parquet chunk, or one that does not fit, is sent back and written here).  The temp file
         is written sparsely: room a chunk does not fill takes no disk on Linux's file systems."""
@@ -646,7 +638,7 @@ class _Merge:
             if chunk.row_group is not None or chunk.error is not None:
                 yield chunk
                 continue
-            yield chunk, SpillRoom(self._reserve(raw + SPILL_SLACK), raw + SPILL_SLACK)
+            yield chunk, (self._reserve(raw + SPILL_SLACK), raw + SPILL_SLACK)
 
     def _add(self, sc):
         if sc.spilled is None:  # sent back: written after the rooms kept so far
