@@ -628,11 +628,11 @@ class _Merge:
         return at
 
     def _rooms(self, chunks):
-        """(chunk, (at, size) of its room in the temp file) of each chunk of lines: its raw bytes
-        and ``SPILL_SLACK``,
-        which its packed examples fit in (a text's UTF-8 is no longer than its JSON string; a
-        Parquet chunk, or one that does not fit, is sent back and written here).  The temp file
-        is written sparsely: room a chunk does not fill takes no disk on Linux's file systems."""
+        """(chunk, (at, size) of its room in the temp file) of each chunk of lines: its raw
+        bytes and ``SPILL_SLACK``, which its packed examples fit in (a text's UTF-8 is no longer
+        than its JSON string; a Parquet chunk, or one that does not fit, is sent back and
+        written here).  The temp file is written sparsely: room a chunk does not fill takes no
+        disk on a file system with sparse files (ext4, XFS, Btrfs, tmpfs)."""
         for chunk in chunks:
             raw = len(chunk.data) if chunk.data is not None else chunk.size
             if chunk.row_group is not None or chunk.error is not None:
