@@ -59,6 +59,7 @@ GENERATOR_VERSION = 1
 FIRST_STEP = re.compile(r"\bstep 1 +loss\b")
 DATA_READY = re.compile(r"data ready in ([\d.]+) s")
 PLANNED = re.compile(r"sampler planned (\d+) batches in ([\d.]+) s")
+WAITED = re.compile(r"waited ([\d.]+) s for it")
 SUFFIX = {"k": 1_000, "m": 1_000_000}
 PHASES = ("cold", "warm", "hf", "plan", "epoch")
 
@@ -257,12 +258,15 @@ def ppvarlen_run(path, meta, workdir, phase, overrides, timeout):
     text = "\n".join(line for _, line in r["lines"])
     data = DATA_READY.search(text)
     planned = PLANNED.search(text)
+    waited = WAITED.search(text)
     res = {"time_to_first_step_s": r["seconds"] if r["reached"] else None,
            "peak_rss_mb": r["peak_rss_mb"], "peak_pss_mb": r["peak_pss_mb"],
            "reached_first_step": r["reached"],
            "loadavg_1m_before_after": r["loadavg_1m_before_after"],
            "data_ready_s": float(data.group(1)) if data else None,
            "trainer_sampler_planning_s": float(planned.group(2)) if planned else None,
+           # the plan runs beside the model's set-up: the part of it the first step waits for
+           "trainer_sampler_wait_s": float(waited.group(1)) if waited else None,
            "log": out_dir + ".log"}
     if data and float(data.group(1)) > 0:
         res["encode_chars_per_s"] = round(meta["chars"] / float(data.group(1)))

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -194,6 +195,47 @@ def test_rdrop_with_label_smoothing_and_foreign_warm_start_are_config_errors(tmp
     base["Model"]["init_from"] = path
     with pytest.raises(ConfigError, match="different vocabulary"):
         trainer_mod.Trainer(load_config(data=base))
+
+
+def test_the_first_epoch_is_planned_while_the_model_is_built(tmp_path, monkeypatch):
+    """The sampler's plan runs in a thread beside the model's set-up: here the model cannot be
+    built until the plan has started (it would time out if the plan came after it), and an
+    error in the plan still reaches the caller of Trainer()."""
+    from ppvarlen.data.errors import DataError
+
+    planning = threading.Event()
+    real_build, real_loader = trainer_mod.build_model, trainer_mod.train_loader
+
+    def build_model(*args, **kwargs):
+        assert planning.wait(timeout=30), "the model was built before the plan started"
+        return real_build(*args, **kwargs)
+
+    def loader_with(plan):
+        def make(*args, **kwargs):
+            loader = real_loader(*args, **kwargs)
+            sampler = loader.sampler
+            sampler.__class__ = type("Planned", (type(sampler),), {"__len__": plan})
+            return loader
+        return make
+
+    def plan_beside_the_model(sampler):
+        planning.set()
+        return type(sampler).__mro__[1].__len__(sampler)
+
+    monkeypatch.setattr(trainer_mod, "build_model", build_model)
+    monkeypatch.setattr(trainer_mod, "train_loader", loader_with(plan_beside_the_model))
+    for train in ({"max_steps": 2}, {"max_steps": 0, "epochs": 1}):
+        planning.clear()
+        t = trainer_mod.Trainer(tiny_cfg(tmp_path / str(len(train)), **train))
+        assert t.total_steps == (train["max_steps"] or len(t.sampler)) > 0
+
+    def failing_plan(sampler):
+        planning.set()
+        raise DataError("planned badly")
+
+    monkeypatch.setattr(trainer_mod, "train_loader", loader_with(failing_plan))
+    with pytest.raises(DataError, match="planned badly"):
+        trainer_mod.Trainer(tiny_cfg(tmp_path / "failing"))
 
 
 def test_max_len_beyond_the_position_table_is_refused_before_training(tmp_path):

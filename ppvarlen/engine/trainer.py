@@ -9,6 +9,7 @@ the same masks whether or not the process was restarted in between.
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import paddle
@@ -81,6 +82,15 @@ def _install_stop_flag():
     return flag, previous
 
 
+def _plan_in_background(sampler):
+    """A future of (batches per epoch on this rank, seconds the plan took)."""
+    started = time.perf_counter()
+    pool = ThreadPoolExecutor(1, thread_name_prefix="sampler-plan")
+    planned = pool.submit(lambda: (len(sampler), time.perf_counter() - started))
+    pool.shutdown(wait=False)
+    return planned
+
+
 def _restore_handlers(previous):
     for s, h in previous.items():
         signal.signal(s, h)
@@ -122,23 +132,15 @@ class Trainer:
         if cfg.Model.get("init_from"):
             _check_init_vocabulary(cfg.Model.init_from, enc)
         self.num_labels = self.task.num_labels(enc, self.data.label_names)
+        # the first epoch's batches are planned in a thread while the model, the optimizer and
+        # the static program are built: the plan is numpy sorts and gathers, which release the
+        # GIL, and it grows with the corpus while the rest does not
+        self.loader, self.sampler, self.collate = self._batching(self.data.train)
+        self._data_s, self._planned = data_s, _plan_in_background(self.sampler)
         self.model = build_model(cfg.Model, enc.vocab_size, self.num_labels, enc.pad_id,
                                  self.task.name)
         self.task.configure_model(self.model, cfg, enc)
-        started = time.perf_counter()
-        self.loader, self.sampler, self.collate = self._batching(self.data.train)
-        steps_per_epoch = len(self.sampler)
-        # what the time to the first step went to (benchmarks/corpus_scale.py reads this line)
-        log.info("data ready in %.2f s (%d train examples); sampler planned %d batches in %.2f s",
-                 data_s, len(self.data.train), steps_per_epoch, time.perf_counter() - started)
-        if steps_per_epoch == 0:
-            raise ConfigError("the training split gives no batches; check Data.limit / Data.train_file")
-        self.total_steps = cfg.Train.max_steps or cfg.Train.epochs * steps_per_epoch
-        # loss_weighting=example: scale each batch's mean loss by B / (average B), so the
-        # gradient weighs examples equally instead of favouring those in small (long-text) batches
-        self.example_scale = None
-        if self.task.example_weighting and cfg.Train.loss_weighting == "example":
-            self.example_scale = len(self.data.train) / (steps_per_epoch * self.world)
+        self.total_steps = cfg.Train.max_steps or cfg.Train.epochs * self._steps_per_epoch()
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.Optimizer, self.total_steps)
         self.amp = amp_settings(cfg.Train.amp, self.device)
         self.scaler = None
@@ -152,9 +154,16 @@ class Trainer:
                       "best": None, "train_time_s": 0.0, "real_tokens": 0, "padded_tokens": 0}
         resume_dir = ckpt.resolve_resume(cfg.Train.resume, self.out)
         if resume_dir:
+            self._steps_per_epoch()  # the sampler's plan done before its state is set
             self._resume(resume_dir)
         # Train.to_static (engine/static_step.py): forward + loss as one program, probed here
         self.static_loss = self._compile_static_loss() if cfg.Train.to_static else None
+        steps_per_epoch = self._steps_per_epoch()
+        # loss_weighting=example: scale each batch's mean loss by B / (average B), so the
+        # gradient weighs examples equally instead of favouring those in small (long-text) batches
+        self.example_scale = None
+        if self.task.example_weighting and cfg.Train.loss_weighting == "example":
+            self.example_scale = len(self.data.train) / (steps_per_epoch * self.world)
         self.ddp_model = wrap_model(self.model if self.static_loss is None else self.static_loss,
                                     self.world)
         if self.main:
@@ -164,6 +173,21 @@ class Trainer:
                                    cfg.Train.visualdl)
 
     # ------------------------------------------------------------ pieces
+
+    def _steps_per_epoch(self):
+        """Batches of an epoch on this rank, once the background plan is done (logged once)."""
+        if not isinstance(self._planned, int):
+            started = time.perf_counter()
+            steps, plan_s = self._planned.result()
+            self._planned, wait_s = steps, time.perf_counter() - started
+            # what the time to the first step went to (benchmarks/corpus_scale.py reads this)
+            log.info("data ready in %.2f s (%d train examples); sampler planned %d batches in "
+                     "%.2f s (beside the model's set-up; waited %.2f s for it)", self._data_s,
+                     len(self.data.train), steps, plan_s, wait_s)
+            if steps == 0:
+                raise ConfigError("the training split gives no batches; check Data.limit / "
+                                  "Data.train_file")
+        return self._planned
 
     def _batching(self, dataset):
         """The train loader (``data.loader``: Data.num_workers processes read the store)."""
