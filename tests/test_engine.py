@@ -197,18 +197,25 @@ def test_rdrop_with_label_smoothing_and_foreign_warm_start_are_config_errors(tmp
         trainer_mod.Trainer(load_config(data=base))
 
 
-def test_the_first_epoch_is_planned_while_the_model_is_built(tmp_path, monkeypatch):
+def test_the_first_epoch_is_planned_while_the_model_is_set_up(tmp_path, monkeypatch):
     """The sampler's plan runs in a thread beside the model's set-up: here the model cannot be
-    built until the plan has started (it would time out if the plan came after it), and an
-    error in the plan still reaches the caller of Trainer()."""
+    built until the plan has started, and the plan cannot end until the static program has
+    been compiled (either would time out if the order were serial), with a step budget and
+    with epochs (whose schedule needs the plan's count).  An error in the plan still reaches
+    the caller of Trainer()."""
     from ppvarlen.data.errors import DataError
 
-    planning = threading.Event()
+    planning, compiled = threading.Event(), threading.Event()
     real_build, real_loader = trainer_mod.build_model, trainer_mod.train_loader
+    real_compile = trainer_mod.compile_loss
 
     def build_model(*args, **kwargs):
         assert planning.wait(timeout=30), "the model was built before the plan started"
         return real_build(*args, **kwargs)
+
+    def compile_loss(*args, **kwargs):
+        compiled.set()
+        return real_compile(*args, **kwargs)
 
     def loader_with(plan):
         def make(*args, **kwargs):
@@ -220,14 +227,18 @@ def test_the_first_epoch_is_planned_while_the_model_is_built(tmp_path, monkeypat
 
     def plan_beside_the_model(sampler):
         planning.set()
+        assert compiled.wait(timeout=30), "the plan was waited for before the compile"
         return type(sampler).__mro__[1].__len__(sampler)
 
     monkeypatch.setattr(trainer_mod, "build_model", build_model)
+    monkeypatch.setattr(trainer_mod, "compile_loss", compile_loss)
     monkeypatch.setattr(trainer_mod, "train_loader", loader_with(plan_beside_the_model))
     for train in ({"max_steps": 2}, {"max_steps": 0, "epochs": 1}):
         planning.clear()
-        t = trainer_mod.Trainer(tiny_cfg(tmp_path / str(len(train)), **train))
+        compiled.clear()
+        t = trainer_mod.Trainer(tiny_cfg(tmp_path / str(len(train)), to_static=True, **train))
         assert t.total_steps == (train["max_steps"] or len(t.sampler)) > 0
+        assert t.static_loss is not None
 
     def failing_plan(sampler):
         planning.set()

@@ -132,19 +132,26 @@ class Trainer:
         if cfg.Model.get("init_from"):
             _check_init_vocabulary(cfg.Model.init_from, enc)
         self.num_labels = self.task.num_labels(enc, self.data.label_names)
-        # the first epoch's batches are planned in a thread while the model, the optimizer and
-        # the static program are built: the plan is numpy sorts and gathers, which release the
+        # the first epoch's batches are planned in a thread while the model, the static program
+        # and the optimizer are built: the plan is numpy sorts and gathers, which release the
         # GIL, and it grows with the corpus while the rest does not
         self.loader, self.sampler, self.collate = self._batching(self.data.train)
         self._data_s, self._planned = data_s, _plan_in_background(self.sampler)
         self.model = build_model(cfg.Model, enc.vocab_size, self.num_labels, enc.pad_id,
                                  self.task.name)
         self.task.configure_model(self.model, cfg, enc)
+        self.amp = amp_settings(cfg.Train.amp, self.device)
+        o2 = bool(self.amp) and self.amp["level"] == "O2"
+        # Train.to_static (engine/static_step.py): forward + loss as one program, probed here.
+        # AMP O2 decorates the model with its optimizer, so its program is compiled after them;
+        # otherwise before the optimizer, whose schedule may wait for the plan (Train.epochs)
+        self.static_loss = None
+        if cfg.Train.to_static and not o2:
+            self.static_loss = self._compile_static_loss()
         self.total_steps = cfg.Train.max_steps or cfg.Train.epochs * self._steps_per_epoch()
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.Optimizer, self.total_steps)
-        self.amp = amp_settings(cfg.Train.amp, self.device)
         self.scaler = None
-        if self.amp and self.amp["level"] == "O2":
+        if o2:
             self.model, self.optimizer = paddle.amp.decorate(
                 models=self.model, optimizers=self.optimizer, level="O2", dtype=self.amp["dtype"])
         if self.amp and self.amp["dtype"] == "float16":
@@ -156,8 +163,8 @@ class Trainer:
         if resume_dir:
             self._steps_per_epoch()  # the sampler's plan done before its state is set
             self._resume(resume_dir)
-        # Train.to_static (engine/static_step.py): forward + loss as one program, probed here
-        self.static_loss = self._compile_static_loss() if cfg.Train.to_static else None
+        if cfg.Train.to_static and o2:
+            self.static_loss = self._compile_static_loss()
         steps_per_epoch = self._steps_per_epoch()
         # loss_weighting=example: scale each batch's mean loss by B / (average B), so the
         # gradient weighs examples equally instead of favouring those in small (long-text) batches
