@@ -223,7 +223,7 @@ def test_a_chunks_split_codes_and_hashes_are_each_keys_sha1(seed):
     prefix = f"split-seed-{seed}\x00".encode() if seed else b""
     assert hashes.tolist() == [int.from_bytes(hashlib.sha1(prefix + b).digest()[8:16], "little")
                                for b in utf8]
-    for first, fraction in ((splits._DEV_FROM, 0.8), (splits._TEST_FROM, 0.9)):
+    for first, fraction in ((splits._DEV_HEAD, 0.8), (splits._TEST_HEAD, 0.9)):
         first = int(first)
         assert (first - 1) / 2.0**64 < fraction <= first / 2.0**64
     empty_codes, empty_hashes = split_codes_and_hashes([], seed)

@@ -394,8 +394,6 @@ def parse_json_bytes(raw, n, task, loaded=NOT_LOADED):
     return parse_object(obj, task)
 
 
-
-
 def _holds_float(value):
     """Whether a parsed JSON value is or holds a float."""
     kind = type(value)
@@ -620,7 +618,7 @@ class CorpusFormat:
     @property
     def flat(self):
         """Whether every field is a text but a class ``label`` (``parse_flat``): pass 1 parses
-        a chunk of such lines at once (``parse_flat_lines``)."""
+        a chunk of such lines at once (``flat_examples``)."""
         return self.parse is None
 
     def parse_object(self, obj):

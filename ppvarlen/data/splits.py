@@ -15,17 +15,23 @@ SPLITS = ("train", "dev", "test")
 SPLIT_METHOD = "sha1(utf-8 text) -> train 80% / dev 10% / test 10%"
 
 
+DEV_FROM, TEST_FROM = 0.8, 0.9  # the fractions where dev and test begin
+
+
+def _seed_prefix(seed):
+    """What a key's UTF-8 bytes are hashed after: nothing for seed 0 (the default partition)."""
+    return f"split-seed-{seed}\x00".encode() if seed else b""
+
+
 def _digest(key, seed):
-    if seed:
-        key = f"split-seed-{seed}\x00{key}"
     # surrogatepass: JSON input may carry lone surrogate escapes; they still hash stably.
-    return hashlib.sha1(key.encode("utf-8", "surrogatepass")).digest()
+    return hashlib.sha1(_seed_prefix(seed) + key.encode("utf-8", "surrogatepass")).digest()
 
 
 def _split_of(fraction):
-    if fraction < 0.8:
+    if fraction < DEV_FROM:
         return "train"
-    return "dev" if fraction < 0.9 else "test"
+    return "dev" if fraction < TEST_FROM else "test"
 
 
 def stable_fraction(key, seed=0):
@@ -42,13 +48,13 @@ def split_codes_and_hashes(keys_utf8, seed=0):
     """Keys given as their UTF-8 bytes (``surrogatepass``) -> (uint8 index into ``SPLITS`` of
     each one's ``stable_split``, uint64 hash of each: equal keys, equal hashes, for the overlap
     checks), from one sha1 per key: the split from its first 8 bytes, the hash from the next 8."""
-    prefix = f"split-seed-{seed}\x00".encode() if seed else b""
+    prefix = _seed_prefix(seed)
     sha1 = hashlib.sha1
     digests = np.frombuffer(b"".join([sha1(prefix + k).digest() for k in keys_utf8]),
                             np.uint8).reshape(-1, 20)
     head = digests[:, :8].copy().view(">u8").ravel()
     hashes = digests[:, 8:16].copy().view("<u8").ravel()
-    codes = (head >= _DEV_FROM).astype(np.uint8) + (head >= _TEST_FROM)
+    codes = (head >= _DEV_HEAD).astype(np.uint8) + (head >= _TEST_HEAD)
     return codes, hashes
 
 
@@ -66,7 +72,7 @@ def _first_head(fraction):
     return lo
 
 
-_DEV_FROM, _TEST_FROM = np.uint64(_first_head(0.8)), np.uint64(_first_head(0.9))
+_DEV_HEAD, _TEST_HEAD = np.uint64(_first_head(DEV_FROM)), np.uint64(_first_head(TEST_FROM))
 
 
 def key_field(fields):

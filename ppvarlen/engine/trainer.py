@@ -136,7 +136,7 @@ class Trainer:
         # and the optimizer are built: the plan is numpy sorts and gathers, which release the
         # GIL, and it grows with the corpus while the rest does not
         self.loader, self.sampler, self.collate = self._batching(self.data.train)
-        self._data_s, self._planned = data_s, _plan_in_background(self.sampler)
+        self._data_s, self._plan, self._steps = data_s, _plan_in_background(self.sampler), None
         self.model = build_model(cfg.Model, enc.vocab_size, self.num_labels, enc.pad_id,
                                  self.task.name)
         self.task.configure_model(self.model, cfg, enc)
@@ -183,10 +183,10 @@ class Trainer:
 
     def _steps_per_epoch(self):
         """Batches of an epoch on this rank, once the background plan is done (logged once)."""
-        if not isinstance(self._planned, int):
+        if self._steps is None:
             started = time.perf_counter()
-            steps, plan_s = self._planned.result()
-            self._planned, wait_s = steps, time.perf_counter() - started
+            steps, plan_s = self._plan.result()
+            wait_s = time.perf_counter() - started
             # what the time to the first step went to (benchmarks/corpus_scale.py reads this)
             log.info("data ready in %.2f s (%d train examples); sampler planned %d batches in "
                      "%.2f s (beside the model's set-up; waited %.2f s for it)", self._data_s,
@@ -194,7 +194,8 @@ class Trainer:
             if steps == 0:
                 raise ConfigError("the training split gives no batches; check Data.limit / "
                                   "Data.train_file")
-        return self._planned
+            self._steps = steps
+        return self._steps
 
     def _batching(self, dataset):
         """The train loader (``data.loader``: Data.num_workers processes read the store)."""
