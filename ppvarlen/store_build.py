@@ -12,17 +12,19 @@ files.  The datasets are views on the store (``data.dataset.EncodedDataset``).
 import json
 import os
 import time
+from typing import NamedTuple
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from .config import ConfigError
 from .data import cache, sources
+from .data.chunks import CHUNK_BYTES
 from .data.corpora.registry import BUILT_IN
 from .data.dataset import DataBundle, EncodedDataset
 from .data.lengths import length_stats
 from .data.longtext import LongTextStats
-from .utils.parallel import ordered_map, resolve_num_proc
+from .utils.parallel import ordered_map_in_rooms, resolve_num_proc
 from .data.readers import FORMATS
 from .data.splits import SPLITS
 from .data.store import StoreSplit, StoreWriter, is_complete
@@ -35,6 +37,9 @@ from .utils.log import get_logger
 log = get_logger("store_build")
 
 ENTRY = "entry.json"
+# a pass-2 job's room for its token rows (int32): a chunk of lines encoded char by char, with
+# room to spare; rows that do not fit (e.g. overlapping windows) go back through the pipe
+ROOM_BYTES = 5 * CHUNK_BYTES
 
 
 def build_datasets(data_cfg, task_hint=None, encoder=None, splits=SPLITS, extra_corpora=()):
@@ -205,18 +210,35 @@ def _where_suffix(split, cfg):
 
 class _ChunkEncoder:
     """Pass 2 on a worker: a job's examples (``sources.ChunkReader``) -> {split: the task's
-    ``EncodedSlice`` of them}."""
+    ``EncodedSlice`` of them}, the rows of its ragged fields written into ``room`` (memory
+    shared with the parent, ``ordered_map_in_rooms``) as far as they fit, named by ``InRoom``."""
 
     def __init__(self, reader, task, ctx, cfg):
         self.reader, self.task, self.ctx = reader, task, ctx
         self.where_suffix = {s: _where_suffix(s, cfg) for s in SPLITS}  # once, not per item
 
-    def __call__(self, job):
-        out = {}
+    def __call__(self, job, room=None):
+        out, at = {}, 0
         for split, (base, rows) in self.reader(job).items():
             where = _Where(split, self.where_suffix[split])
-            out[split] = self.task.encode_examples(self.ctx, rows, base, where)
+            encoded = self.task.encode_examples(self.ctx, rows, base, where)
+            if room is not None:
+                for name, column in encoded.columns.items():
+                    if isinstance(column, tuple) and at + column[0].nbytes <= len(room):
+                        flat = column[0]
+                        np.frombuffer(room, flat.dtype, len(flat), at)[:] = flat
+                        encoded.columns[name] = (InRoom(at, len(flat), flat.dtype.str), column[1])
+                        at += flat.nbytes
+            out[split] = encoded
         return out
+
+
+class InRoom(NamedTuple):
+    """A ragged field's rows, written into the job's room at byte ``at``."""
+
+    at: int
+    count: int
+    dtype: str
 
 
 class _Where:
@@ -242,8 +264,12 @@ class SplitSink:
         self.bar = tqdm(total=total, desc=f"encode {split}", unit="ex", mininterval=2,
                         disable=total < 50_000)
 
-    def add(self, result):
+    def add(self, result, room=None):
         columns, u, r, docs, lts = result
+        for name, column in columns.items():
+            if isinstance(column, tuple) and isinstance(column[0], InRoom):
+                at, count, dtype = column[0]
+                columns[name] = (np.frombuffer(room, dtype, count, at), column[1])
         self.writer.add_packed(columns)
         self.unk, self.real = self.unk + u, self.real + r
         self.doc_lengths.append(docs)
@@ -295,10 +321,10 @@ def _encode(scanned, splits, task, ctx, cfg, extra_corpora, entry_dir, num_proc)
         for split in splits:
             sinks[split] = SplitSink(split, task, ctx, cfg, os.path.join(entry_dir, split),
                                      sizes[split])
-        for out in ordered_map(_ChunkEncoder(scanned.reader(), task, ctx, cfg),
-                               scanned.jobs(splits), num_proc):
+        for out, room in ordered_map_in_rooms(_ChunkEncoder(scanned.reader(), task, ctx, cfg),
+                                              scanned.jobs(splits), num_proc, ROOM_BYTES):
             for split, res in out.items():
-                sinks[split].add(res)
+                sinks[split].add(res, room)
         for split in splits:
             extra = task.extra_train_items(extra_corpora, cfg, ctx.encoder, sizes[split]) \
                 if split == "train" else ([], None)

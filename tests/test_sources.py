@@ -232,14 +232,14 @@ def test_workers_write_their_packed_examples_and_a_chunk_that_does_not_fit_comes
     the chunk; a chunk whose packed examples do not fit (here: tags packed as JSON with spaces,
     no slack) is sent back and written by the parent.  The stores are the same either way."""
     log = tmp_path / "writes.log"
-    real = sources.write_all_at
+    real = sources.BlockFile.write_at
 
-    def logged(fd, data, at):
+    def logged(self, data, at):
         with open(log, "a") as f:
             f.write(f"{os.getpid()}\n")
-        return real(fd, data, at)
+        return real(self, data, at)
 
-    monkeypatch.setattr(sources, "write_all_at", logged)
+    monkeypatch.setattr(sources.BlockFile, "write_at", logged)
     monkeypatch.setattr(record_chunks, "CHUNK_BYTES", 4096)
 
     def writers(**data):

@@ -232,7 +232,7 @@ def unpack_examples(data, convert=None):
     """``pack_examples``' bytes -> the examples (dicts in the same key order); ``convert``:
     {field: function of its column's values -> new values} (e.g. class labels -> ids)."""
     size = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + size])
+    header = json.loads(bytes(data[8:8 + size]))
     n, pos, columns = header["count"], 8 + size, []
     view = memoryview(data)
     for name, kind, nbytes in header["fields"]:

@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 from ..config import ConfigError
 from ..utils import parallel
-from ..utils.io import write_all_at
+from ..utils.io import BlockFile, block_aligned
 from ..utils.log import get_logger
 from ..utils.parallel import ordered_map
 from .chunks import (_chunks_of, _parquet_chunks, _parquet_file, _parquet_rows, pack_examples,
@@ -206,8 +206,8 @@ SPILL_SLACK = 64 << 10  # room beyond a chunk's raw bytes: its packed header and
 class Scanner:
     """Pass 1 over one chunk (a job of ``ordered_map``)."""
 
-    def __init__(self, plan, counting, line_numbers=False, spill_fd=None):
-        self.plan, self.counting, self.spill_fd = plan, counting, spill_fd
+    def __init__(self, plan, counting, line_numbers=False, spill=None):
+        self.plan, self.counting, self.spill = plan, counting, spill
         self.fmt = FORMATS[plan.task]
         # each kept example's line: the tag-scheme checks and ``read_file`` read them
         self.line_numbers = line_numbers or self.fmt.labels == "tags"
@@ -347,7 +347,7 @@ class Scanner:
         scan.tags = [ex["tags"] for ex in examples] if fmt.labels == "tags" else None
         scan.parsed = pack_examples(examples, {name: keys_utf8} if name is not None else None)
         if room is not None and len(scan.parsed) <= room[1]:
-            write_all_at(self.spill_fd, scan.parsed, room[0])
+            self.spill.write_at(scan.parsed, room[0])
             scan.parsed, scan.spilled = None, (room[0], len(scan.parsed))
         if self.counting is not None:
             train = examples if not (scan.codes != 0).any() else \
@@ -445,7 +445,7 @@ class Scanned:
         ship = parallel.has_mapper()
         return ChunkReader(self.corpus.label_names,
                            self.memory is None and FORMATS[self.corpus.task].labels == "class",
-                           self.limit, None if self.spill is None else self.spill.fileno(),
+                           self.limit, None if ship else self.spill,
                            None if ship else self.memory)
 
     def jobs(self, splits):
@@ -461,21 +461,20 @@ class Scanned:
                     end = min(start + MEMORY_CHUNK, len(examples))
                     yield (split, start, end, examples[start:end] if ship else None)
             return
-        fd = self.spill.fileno()
         for ref in self.refs:
             if not any(ref.counts[s] and (self.limit is None or ref.bases[s] < self.limit)
                        for s in splits):
                 continue
-            data = os.pread(fd, ref.spill[1], ref.spill[0]) if ship else ref.spill
+            data = bytes(self.spill.read_at(ref.spill[1], ref.spill[0])) if ship else ref.spill
             yield (ref.bases, ref.codes, ref.keep, data, tuple(splits))
 
 
 class ChunkReader:
     """Pass 2's read of one job -> {split: (doc id of the first, [examples])}, labels as ids."""
 
-    def __init__(self, label_names, class_labels, limit, fd, memory):
+    def __init__(self, label_names, class_labels, limit, spill, memory):
         self.index = {name: i for i, name in enumerate(label_names)}
-        self.class_labels, self.limit, self.fd, self.memory = class_labels, limit, fd, memory
+        self.class_labels, self.limit, self.spill, self.memory = class_labels, limit, spill, memory
 
     def __call__(self, job):
         if len(job) == 4:  # a slice of a corpus in memory
@@ -484,7 +483,7 @@ class ChunkReader:
                             else self.memory.splits[split][start:end])}
         bases, codes, keep, data, splits = job
         if isinstance(data, tuple):  # (offset, size) in the temp file this process inherited
-            data = os.pread(self.fd, data[1], data[0])
+            data = self.spill.read_at(data[1], data[0])
         examples = unpack_examples(data, {"label": self._label_ids} if self.class_labels else None)
         res = {}
         for code, split in enumerate(SPLITS):
@@ -517,7 +516,7 @@ def scan(plan, counting, num_proc, spill_dir=None):
         sizes = Corpus(corpus.task, {s: len(corpus.splits[s]) for s in SPLITS},
                        corpus.label_names, corpus.stats)
         return Scanned(sizes, counts, memory=corpus)
-    spill = tempfile.TemporaryFile(dir=spill_dir)
+    spill = BlockFile(tempfile.TemporaryFile(dir=spill_dir))
     try:
         return _Merge(plan, counting, spill).run(num_proc)
     except BaseException:
@@ -580,7 +579,7 @@ class _Merge:
         # them by the order of the chunks, so they do not go through the pool's pipe and this
         # process's writes (a mapper's workers, maybe on other machines, send them back)
         writes = not parallel.has_mapper()
-        scanner = Scanner(plan, self.counting, spill_fd=self.spill.fileno() if writes else None)
+        scanner = Scanner(plan, self.counting, spill=self.spill if writes else None)
         jobs = self._rooms(plan.chunks()) if writes else plan.chunks()
         for sc in ordered_map(scanner, jobs, num_proc):
             if current is not None and sc.path != current.path:
@@ -623,8 +622,9 @@ class _Merge:
         return scanned
 
     def _reserve(self, size):
+        """The offset of room for ``size`` bytes in the temp file (whole blocks: ``BlockFile``)."""
         with self.reserving:
-            at, self.end = self.end, self.end + size
+            at, self.end = self.end, self.end + block_aligned(size)
         return at
 
     def _rooms(self, chunks):
@@ -643,7 +643,7 @@ class _Merge:
     def _add(self, sc):
         if sc.spilled is None:  # sent back: written after the rooms kept so far
             sc.spilled = (self._reserve(len(sc.parsed)), len(sc.parsed))
-            write_all_at(self.spill.fileno(), sc.parsed, sc.spilled[0])
+            self.spill.write_at(sc.parsed, sc.spilled[0])
         self.refs.append(_ChunkRef(sc.role, sc.path, sc.codes, sc.hashes, sc.label_values,
                                    sc.label_codes, sc.spilled))
         for kind, (n, lab) in sc.kinds.items():

@@ -42,6 +42,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..utils.io import DirectAppender
 from .errors import DataError
 
 FORMAT = "ppvarlen-store/1"
@@ -108,7 +109,8 @@ class StoreWriter:
         os.makedirs(parent, exist_ok=True)
         self.tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(self.path) + "-", dir=parent)
         self.count = 0
-        self._bins = {f.name: open(os.path.join(self.tmp, f.name + ".bin"), "wb")
+        # the rows are read back through a memory map: written past the page cache
+        self._bins = {f.name: DirectAppender(os.path.join(self.tmp, f.name + ".bin"))
                       for f in self.fields if f.ragged}
         # per-item columns (row lengths, scalars) go to temp files as they arrive, so the
         # writer's memory does not grow with the corpus; read back once on ``close``
@@ -135,13 +137,11 @@ class StoreWriter:
         for f in self.fields:
             if f.ragged:
                 flat, rows = packed[f.name]
-                self._bins[f.name].write(np.ascontiguousarray(
-                    flat, np.dtype(f.dtype).newbyteorder("<")).tobytes())
-                self._columns[f.name].write(np.ascontiguousarray(rows, "<i8").tobytes())
+                self._bins[f.name].write(_little_endian(flat, f.dtype))
+                self._columns[f.name].write(_little_endian(rows, np.int64))
             else:
                 rows = packed[f.name]
-                self._columns[f.name].write(np.ascontiguousarray(
-                    rows, np.dtype(f.dtype).newbyteorder("<")).tobytes())
+                self._columns[f.name].write(_little_endian(rows, f.dtype))
             if n is not None and len(rows) != n:
                 raise ValueError(f"StoreWriter: field {f.name!r} has {len(rows)} items, "
                                  f"expected {n}")
@@ -172,8 +172,6 @@ class StoreWriter:
 
     def close(self):
         for f in self._bins.values():
-            f.flush()
-            os.fsync(f.fileno())
             f.close()
         for f in self.fields:
             if f.ragged:
@@ -211,9 +209,16 @@ class StoreWriter:
         _fsync_file(path)
 
     def abort(self):
-        for f in [*self._bins.values(), *self._columns.values()]:
+        for f in self._bins.values():
+            f.discard()
+        for f in self._columns.values():
             f.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _little_endian(array, dtype):
+    """The bytes of ``array`` as little-endian ``dtype``, not copied when they are already."""
+    return memoryview(np.ascontiguousarray(array, np.dtype(dtype).newbyteorder("<"))).cast("B")
 
 
 def pack_columns(fields, columns):

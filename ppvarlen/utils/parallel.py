@@ -10,8 +10,10 @@ fails in this stack (dill) and a fork pool needs no pickling of the tokenizer.
 import contextlib
 import ctypes
 import gc
+import mmap
 import multiprocessing
 import os
+import queue
 import signal
 
 _STATE = {}
@@ -49,6 +51,70 @@ def ordered_map(fn, jobs, num_proc):
         yield from _pool_imap(_run_job, jobs, num_proc)
     finally:
         _STATE.clear()
+
+
+def ordered_map_in_rooms(fn, jobs, num_proc, room_bytes):
+    """``ordered_map`` for results too big for the pool's pipe (pickled, copied through the
+    kernel twice and unpickled): yield ``(fn(job, room), room)`` per job in order, where
+    ``room`` is ``room_bytes`` of memory shared by this process and the workers, which ``fn``
+    may write into and name in its result.  A room is given to the next job once the caller
+    asks for the next result, so it holds the bytes until then.  On one process or a mapper's
+    workers ``room`` is None and ``fn`` returns everything itself."""
+    if _MAPPER or num_proc <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        for result in ordered_map(_WithoutRoom(fn), jobs, num_proc):
+            yield result, None
+        return
+    rooms = _Rooms(2 * num_proc + 1, room_bytes)  # a job running and one queued per worker
+    _STATE.update(fn=fn, rooms=rooms.views)
+    results = _pool_imap(_run_in_room, rooms.placed(jobs), num_proc)
+    try:
+        for slot, result in results:
+            yield result, rooms.views[slot]
+            rooms.free.put(slot)
+    finally:
+        rooms.closed = True  # the pool's task thread stops waiting for a room
+        results.close()
+        _STATE.clear()
+
+
+class _WithoutRoom:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, job):
+        return self.fn(job, None)
+
+
+def _run_in_room(placed):
+    slot, job = placed
+    return slot, _STATE["fn"](job, _STATE["rooms"][slot])
+
+
+class _Rooms:
+    """Slots of one anonymous shared mapping, made before the workers fork (so they share it;
+    nothing to clean up if the build dies); a job takes a free one before it is sent."""
+
+    def __init__(self, count, size):
+        self.memory = mmap.mmap(-1, count * size)
+        self.views = [memoryview(self.memory)[k * size:(k + 1) * size] for k in range(count)]
+        self.free = queue.SimpleQueue()
+        for k in range(count):
+            self.free.put(k)
+        self.closed = False
+
+    def placed(self, jobs):
+        """(slot, job) per job; waits for a free slot (so a fast reader of jobs stops a few
+        jobs ahead of the caller) unless the map was ended."""
+        for job in jobs:
+            while True:
+                if self.closed:
+                    return
+                try:
+                    slot = self.free.get(timeout=0.1)
+                    break
+                except queue.Empty:
+                    continue
+            yield slot, job
 
 
 def release_memory():
