@@ -45,6 +45,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -198,6 +199,7 @@ def run_measured(cmd, env, log_path, stop_at=None, timeout=3600):
     import psutil
 
     load_before = os.getloadavg()
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     popen = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, bufsize=1, cwd=REPO)
@@ -229,7 +231,12 @@ def run_measured(cmd, env, log_path, stop_at=None, timeout=3600):
         _stop_tree(popen, proc)
     popen.wait()
     thread.join(timeout=10)
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"seconds": round(seconds, 2), "peak_rss_mb": round(peak_rss / 2**20, 1),
+            # CPU of the run and of the workers it waited for, to its stop: user, and kernel
+            # (page-cache writes and pipes show up there)
+            "cpu_user_s": round(cpu.ru_utime - cpu_before.ru_utime, 2),
+            "cpu_sys_s": round(cpu.ru_stime - cpu_before.ru_stime, 2),
             "peak_pss_mb": round(peak_pss / 2**20, 1),
             "returncode": popen.returncode, "reached": stop_at is None or "hit" in marks,
             # the machine is shared: the 1-minute load average around the run says how much
@@ -261,6 +268,7 @@ def ppvarlen_run(path, meta, workdir, phase, overrides, timeout):
     waited = WAITED.search(text)
     res = {"time_to_first_step_s": r["seconds"] if r["reached"] else None,
            "peak_rss_mb": r["peak_rss_mb"], "peak_pss_mb": r["peak_pss_mb"],
+           "cpu_user_s": r["cpu_user_s"], "cpu_sys_s": r["cpu_sys_s"],
            "reached_first_step": r["reached"],
            "loadavg_1m_before_after": r["loadavg_1m_before_after"],
            "data_ready_s": float(data.group(1)) if data else None,
@@ -285,8 +293,8 @@ def hf_run(path, meta, workdir, phase, timeout):
     with open(out, encoding="utf-8") as f:
         inner = json.load(f)
     res = {"time_to_first_step_s": r["seconds"], "peak_rss_mb": r["peak_rss_mb"],
-           "peak_pss_mb": r["peak_pss_mb"],
-           "loadavg_1m_before_after": r["loadavg_1m_before_after"], **inner}
+           "peak_pss_mb": r["peak_pss_mb"], "cpu_user_s": r["cpu_user_s"],
+           "cpu_sys_s": r["cpu_sys_s"], "loadavg_1m_before_after": r["loadavg_1m_before_after"], **inner}
     data_s = inner["load_s"] + inner["vocab_s"] + inner["encode_s"]
     if data_s > 0:  # the same span as ppvarlen's "data ready": read, vocabulary, encode
         res["encode_chars_per_s"] = round(meta["chars"] / data_s)

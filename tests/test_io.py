@@ -1,10 +1,17 @@
-"""Atomic writes: old or new content, never a mix; results readable like a plain write."""
+"""Atomic writes: old or new content, never a mix; results readable like a plain write.  Direct
+(page-cache-free) writes and reads: the same bytes as plain ones, and plain ones where the file
+system refuses O_DIRECT."""
+import errno
 import os
 import stat
+import tempfile
 
+import numpy as np
 import pytest
 
-from ppvarlen.utils.io import atomic_dir, atomic_write_json, atomic_write_text
+from ppvarlen.utils import io as uio
+from ppvarlen.utils.io import (BlockFile, DirectAppender, atomic_dir, atomic_write_json,
+                               atomic_write_text, block_aligned)
 
 
 def test_atomic_file_replaces_whole_and_gets_normal_permissions(tmp_path):
@@ -34,3 +41,105 @@ def test_atomic_dir_keeps_the_old_directory_when_writing_fails(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o777 & ~umask
+
+
+def _direct_works(directory):
+    """Whether this file system opens files with O_DIRECT (tmpfs before Linux 6.6 does not)."""
+    try:
+        fd = os.open(os.path.join(directory, "probe"), os.O_WRONLY | os.O_CREAT | os.O_DIRECT)
+    except (AttributeError, OSError):
+        return False
+    os.close(fd)
+    return True
+
+
+def _pieces(seed=0):
+    rng = np.random.default_rng(seed)
+    sizes = [0, 1, 4095, 4096, 4097, 3, 20000, 8191, 1, 12289]
+    return [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
+
+
+def test_direct_appender_writes_exactly_the_bytes_given(tmp_path):
+    """Pieces of any size, across the staging buffer's edge: the file is their concatenation,
+    its last block cut back to the size written; O_DIRECT is used where the disk takes it."""
+    pieces = _pieces()
+    out = DirectAppender(str(tmp_path / "rows.bin"), buffer_bytes=8192)
+    assert out.direct == _direct_works(tmp_path)
+    for piece in pieces:
+        out.write(piece)
+    out.write(np.arange(5, dtype="<i4"))  # arrays go in by their buffer
+    out.close()
+    want = b"".join(pieces) + np.arange(5, dtype="<i4").tobytes()
+    assert (tmp_path / "rows.bin").read_bytes() == want
+    empty = DirectAppender(str(tmp_path / "empty.bin"))
+    empty.close()
+    assert (tmp_path / "empty.bin").read_bytes() == b""
+
+
+def test_direct_appender_falls_back_to_plain_writes(tmp_path, monkeypatch):
+    """A file system that refuses O_DIRECT at open (EINVAL), or at the first write: the rest is
+    written plainly, and nothing written is lost."""
+    real_open, real_write = os.open, os.write
+
+    def no_direct_open(path, flags, *mode):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *mode)
+
+    pieces = _pieces(1)
+    with monkeypatch.context() as m:
+        m.setattr(os, "open", no_direct_open)
+        out = DirectAppender(str(tmp_path / "a.bin"), buffer_bytes=8192)
+        assert not out.direct
+        for piece in pieces:
+            out.write(piece)
+        out.close()
+    assert (tmp_path / "a.bin").read_bytes() == b"".join(pieces)
+
+    refused = []
+
+    def refusing_write(fd, data):
+        if not refused:
+            refused.append(fd)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(fd, data)
+
+    out = DirectAppender(str(tmp_path / "b.bin"), buffer_bytes=8192)
+    if not out.direct:
+        pytest.skip("this file system takes no O_DIRECT: the write fallback is not reached")
+    with monkeypatch.context() as m:
+        m.setattr(os, "write", refusing_write)
+        for piece in pieces:
+            out.write(piece)
+        out.close()
+    assert refused and not out.direct
+    assert (tmp_path / "b.bin").read_bytes() == b"".join(pieces)
+
+
+def test_block_file_parts_are_read_back_whole_and_padding_stays_in_its_room(tmp_path,
+                                                                          monkeypatch):
+    """Parts at block-aligned offsets, written in any order: each reads back as written (a direct
+    write pads its last block, inside its own room); plain I/O where O_DIRECT is refused."""
+    pieces = [p for p in _pieces(2) if p]
+    at, rooms = 0, []
+    for piece in pieces:
+        rooms.append(at)
+        at += block_aligned(len(piece))
+    for direct in (True, False):
+        file = tempfile.TemporaryFile(dir=tmp_path)
+        with monkeypatch.context() as m:
+            if not direct:
+                m.setattr(os, "open", lambda *a, **k: (_ for _ in ()).throw(
+                    OSError(errno.EINVAL, "Invalid argument")))
+            spill = BlockFile(file)
+        assert (spill.direct is not None) == (direct and _direct_works(tmp_path))
+        for k in reversed(range(len(pieces))):
+            spill.write_at(pieces[k], rooms[k])
+        for k, piece in enumerate(pieces):
+            assert bytes(spill.read_at(len(piece), rooms[k])) == piece
+        spill.close()
+
+
+def test_block_aligned():
+    assert [block_aligned(n) for n in (0, 1, 4096, 4097)] == [0, 4096, 4096, 8192]
+    assert uio.DIRECT_BLOCK == 4096

@@ -13,6 +13,7 @@ from ppvarlen.data import chunks as record_chunks
 from ppvarlen.data import readers, sources
 from ppvarlen.data.cache import FINGERPRINTS
 from ppvarlen.data.errors import DataError
+from ppvarlen import store_build
 from ppvarlen.store_build import build_datasets
 
 from test_store import write_reviews
@@ -261,3 +262,49 @@ def test_workers_write_their_packed_examples_and_a_chunk_that_does_not_fit_comes
     parent, total, tight = writers(corpus="jsonl", train_file=str(tags))
     assert parent == total > 5  # none fits: all sent back
     assert roomy == tight
+
+
+def test_pass_two_rows_come_back_in_shared_rooms_or_with_the_result_when_they_do_not_fit(
+        tmp_path, monkeypatch):
+    """Pass 2's workers write each job's token rows into a room of memory shared with the parent;
+    rows that do not fit come back with the result.  The stores are the same either way, and
+    the same as one process's."""
+    reviews = write_reviews(tmp_path / "reviews.jsonl", 800)
+    monkeypatch.setattr(record_chunks, "CHUNK_BYTES", 4096)
+    real = store_build.SplitSink.add
+
+    def build(num_proc, room_bytes):
+        placed = []
+
+        def add(self, result, room=None):
+            placed.extend(isinstance(c[0], store_build.InRoom)
+                          for c in result.columns.values() if isinstance(c, tuple))
+            return real(self, result, room)
+
+        cache = str(tmp_path / f"c{num_proc}-{room_bytes}")
+        with monkeypatch.context() as m:
+            m.setattr(store_build.SplitSink, "add", add)
+            m.setattr(store_build, "ROOM_BYTES", room_bytes)
+            build_datasets(data_cfg(corpus="jsonl", train_file=reviews, cache_dir=cache,
+                                    num_proc=num_proc))
+        return set(placed), _tree(cache)
+
+    one, alone = build(1, store_build.ROOM_BYTES)
+    roomy, in_rooms = build(2, store_build.ROOM_BYTES)
+    tight, sent = build(2, 0)
+    some, mixed = build(2, 2000)  # a 4 KB chunk: its train rows do not fit, its dev rows do
+    assert one == {False} and roomy == {True} and tight == {False} and some == {True, False}
+    assert alone == in_rooms == sent == mixed
+
+
+@pytest.mark.timeout(120)  # a pool left waiting for a room would hang here
+def test_an_encoding_error_in_pass_two_stops_the_build_with_many_chunks_in_flight(
+        tmp_path, monkeypatch):
+    """An example pass 2 refuses (longer than Data.max_len under long_text: error) is raised in
+    input order while more chunks wait for a room than there are rooms; the pool ends."""
+    reviews = write_reviews(tmp_path / "reviews.jsonl", 800)
+    monkeypatch.setattr(record_chunks, "CHUNK_BYTES", 4096)
+    with pytest.raises(DataError) as e:
+        build_datasets(data_cfg(corpus="jsonl", train_file=reviews, num_proc=2, max_len=8,
+                                long_text="error", cache_dir=str(tmp_path / "c")))
+    assert str(e.value).startswith("train example 0 (from ") and "Data.long_text" in str(e.value)

@@ -8,17 +8,18 @@ Pass 1 (``scan``): each worker reads one chunk (``data.chunks``), parses and che
 record with ``data.readers``' parsers and messages (``file:line``), hashes its split key (the
 split of a train file's example comes from ``data.splits``' stable hash), counts the train
 split's tokens (``vocab.TokenCounting``) and packs the chunk's kept examples as compact columns
-(``chunks.pack_examples``) into an anonymous temp file (gone when the build ends or dies), at room
-the parent keeps for the chunk, or sends them back when they do not fit.
+(``chunks.pack_examples``) into an anonymous temp file (gone when the build ends or dies; read
+and written past the page cache, ``utils.io.BlockFile``), at room the parent keeps for the
+chunk, or sends them back when they do not fit.
 The parent merges the chunks in input order: the label, split, overlap, limit and stats rules
 are written once, here (``_Merge``); the tag-scheme checks of tagging data run over the merged
 tags in chunk order with ``data.readers``' checks.  ``Scanned`` is the result: the ``Corpus``
 (splits hold example counts), the token counts and the pass-2 jobs.
 
 Pass 2 (``Scanned.jobs``, read by ``ChunkReader``): a job's examples read back from the temp file
-(``os.pread`` of the inherited file; a mapper's workers get the bytes with the job), with label
-ids, their split and the doc id of the first.  The code that encodes them with a task sits
-above the tasks (``ppvarlen/store_build.py``): control flows down, nothing is handed in here.
+(inherited by the workers; a mapper's workers get the bytes with the job), with label ids, their
+split and the doc id of the first.  The code that encodes them with a task sits above the tasks
+(``ppvarlen/store_build.py``): control flows down, nothing is handed in here.
 Chunk boundaries change no byte of a store.
 
 Reading is bounded (``readers.ReadLimits``): the parent holds at most ``Data.max_line_bytes``

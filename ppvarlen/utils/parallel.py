@@ -66,13 +66,13 @@ def ordered_map_in_rooms(fn, jobs, num_proc, room_bytes):
         return
     rooms = _Rooms(2 * num_proc + 1, room_bytes)  # a job running and one queued per worker
     _STATE.update(fn=fn, rooms=rooms.views)
-    results = _pool_imap(_run_in_room, rooms.placed(jobs), num_proc)
+    results = _pool_imap(_run_in_room, rooms.placed(jobs), num_proc, rooms.close)
     try:
         for slot, result in results:
             yield result, rooms.views[slot]
             rooms.free.put(slot)
     finally:
-        rooms.closed = True  # the pool's task thread stops waiting for a room
+        rooms.close()
         results.close()
         _STATE.clear()
 
@@ -95,12 +95,17 @@ class _Rooms:
     nothing to clean up if the build dies); a job takes a free one before it is sent."""
 
     def __init__(self, count, size):
-        self.memory = mmap.mmap(-1, count * size)
+        self.memory = mmap.mmap(-1, max(count * size, 1))  # mmap refuses 0 bytes
         self.views = [memoryview(self.memory)[k * size:(k + 1) * size] for k in range(count)]
         self.free = queue.SimpleQueue()
         for k in range(count):
             self.free.put(k)
         self.closed = False
+
+    def close(self):
+        """No more jobs are placed: the pool's task thread stops waiting for a room, so it can
+        tell the workers to stop (a pool terminated while it waits would wait for it)."""
+        self.closed = True
 
     def placed(self, jobs):
         """(slot, job) per job; waits for a free slot (so a fast reader of jobs stops a few
@@ -133,15 +138,18 @@ def _quiet_on_sigterm():
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _pool_imap(run, jobs, num_proc):
+def _pool_imap(run, jobs, num_proc, before_terminate=None):
     """``Pool.imap`` whose workers exit on their own when all is done: ``with Pool`` would
-    SIGTERM them.  On an error (a bad line stops the build) they are terminated, quietly."""
+    SIGTERM them.  On an error (a bad line stops the build) they are terminated, quietly, after
+    ``before_terminate()`` (which must let the pool's task thread finish with ``jobs``)."""
     release_memory()
     pool = multiprocessing.get_context("fork").Pool(num_proc, initializer=_quiet_on_sigterm)
     try:
         yield from pool.imap(run, jobs)
         pool.close()
     except BaseException:
+        if before_terminate is not None:
+            before_terminate()
         pool.terminate()
         raise
     finally:

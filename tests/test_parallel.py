@@ -1,0 +1,49 @@
+"""Ordered maps over forked workers (utils/parallel.py): results in job order for any worker
+count; ``ordered_map_in_rooms`` hands big results back through memory shared with the workers,
+reuses its few rooms, and ends its pool on an error or when the caller stops early."""
+import pytest
+
+from ppvarlen.utils.parallel import ordered_map_in_rooms
+
+
+def _fill(job, room):
+    """Job k's result is k bytes of value k: written into the room when there is one."""
+    data = bytes([job % 256]) * job
+    if room is None:
+        return data
+    room[:job] = data
+    return job
+
+
+def _read(result, room):
+    return bytes(room[:result]) if room is not None else result
+
+
+@pytest.mark.parametrize("num_proc", [1, 2])
+def test_results_come_back_in_order_through_reused_rooms(num_proc):
+    got = [_read(res, room) for res, room in ordered_map_in_rooms(_fill, range(1, 60), num_proc,
+                                                                   room_bytes=64)]
+    assert got == [bytes([k]) * k for k in range(1, 60)]
+
+
+def _fail_at_7(job, room):
+    if job == 7:
+        raise ValueError("job 7 is bad")
+    return _fill(job, room)
+
+
+@pytest.mark.timeout(60)  # a pool left waiting for a room would hang here
+def test_an_error_is_raised_in_order_and_the_pool_ends():
+    seen = []
+    with pytest.raises(ValueError, match="job 7 is bad"):
+        for res, room in ordered_map_in_rooms(_fail_at_7, range(1, 200), 2, room_bytes=256):
+            seen.append(len(_read(res, room)))
+    assert seen == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.timeout(60)
+def test_a_caller_that_stops_early_ends_the_pool():
+    out = ordered_map_in_rooms(_fill, range(1, 1000), 2, room_bytes=1024)
+    first = [_read(*next(out)) for _ in range(3)]
+    out.close()
+    assert first == [b"\x01", b"\x02\x02", b"\x03\x03\x03"]
