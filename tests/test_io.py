@@ -77,9 +77,10 @@ def test_direct_appender_writes_exactly_the_bytes_given(tmp_path):
 
 
 def test_direct_appender_falls_back_to_plain_writes(tmp_path, monkeypatch):
-    """A file system that refuses O_DIRECT at open (EINVAL), or at the first write: the rest is
-    written plainly, and nothing written is lost."""
-    real_open, real_write = os.open, os.write
+    """A file system that refuses O_DIRECT at open (EINVAL), or at the first write (here in the
+    middle of a piece, with bytes still staged when the next piece comes): the rest is written
+    plainly, and no byte is lost or written twice."""
+    real_open, real_pwrite = os.open, os.pwrite
 
     def no_direct_open(path, flags, *mode):
         if flags & os.O_DIRECT:
@@ -98,17 +99,18 @@ def test_direct_appender_falls_back_to_plain_writes(tmp_path, monkeypatch):
 
     refused = []
 
-    def refusing_write(fd, data):
+    def refusing_pwrite(fd, data, at):
         if not refused:
             refused.append(fd)
             raise OSError(errno.EINVAL, "Invalid argument")
-        return real_write(fd, data)
+        return real_pwrite(fd, data, at)
 
-    out = DirectAppender(str(tmp_path / "b.bin"), buffer_bytes=8192)
+    # the first write out is refused in the middle of the 20000-byte piece
+    out = DirectAppender(str(tmp_path / "b.bin"), buffer_bytes=16384)
     if not out.direct:
         pytest.skip("this file system takes no O_DIRECT: the write fallback is not reached")
     with monkeypatch.context() as m:
-        m.setattr(os, "write", refusing_write)
+        m.setattr(os, "pwrite", refusing_pwrite)
         for piece in pieces:
             out.write(piece)
         out.close()

@@ -86,7 +86,8 @@ class DirectAppender:
     Hand-written: the standard library has no aligned direct-I/O writer."""
 
     def __init__(self, path, buffer_bytes=8 << 20):
-        self.path, self.size = path, 0
+        self.path = path
+        self.size = self.written = self.fill = 0  # bytes given; on disk; staged
         direct = getattr(os, "O_DIRECT", 0)
         try:
             self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o666)
@@ -96,59 +97,67 @@ class DirectAppender:
             direct = 0
             self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         self.direct = bool(direct)
-        # aligned staging memory (an anonymous mapping starts on a page): whole blocks go out
-        # shared: a worker forked later maps it too, so the writes here need no copy-on-write
+        # aligned staging memory (an anonymous mapping starts on a page): whole blocks go out;
+        # shared, so a worker forked later maps it too and the writes here copy no page
         self.buffer = mmap.mmap(-1, buffer_bytes) if self.direct else None
-        self.fill = 0
 
     def write(self, data):
         view = memoryview(data).cast("B")
         self.size += len(view)
-        if not self.direct:
-            _write_all(self.fd, view)
-            return
         while view:
+            if not self.direct:  # plain: what is staged first, then the rest as it comes
+                if self.fill:
+                    self._drain(self.fill)
+                self._put(view)
+                return
             n = min(len(view), len(self.buffer) - self.fill)
             self.buffer[self.fill:self.fill + n] = view[:n]
             self.fill, view = self.fill + n, view[n:]
             if self.fill == len(self.buffer):
                 self._drain(self.fill)
 
+    def _put(self, view):
+        write_all_at(self.fd, view, self.written)
+        self.written += len(view)
+
     def _drain(self, length):
-        """Write the buffer's first ``length`` bytes (whole blocks), or all of it plainly when
-        the file system refuses a direct write."""
+        """Write the staged bytes' first ``length`` (whole blocks) where the file ends; when the
+        file system refuses a direct write, the same bytes plainly, and plain writes after."""
+        staged = memoryview(self.buffer)[:length]
         try:
-            _write_all(self.fd, memoryview(self.buffer)[:length])
+            write_all_at(self.fd, staged, self.written)
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise
             fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
             self.direct = False
-            _write_all(self.fd, memoryview(self.buffer)[:length])
+            write_all_at(self.fd, staged, self.written)  # at the same offset: nothing twice
+        self.written += length
         self.fill = 0
 
     def close(self, durable=True):
-        """Write what is left (the last block padded, then cut to the size written), fsync
+        """Write what is left (the last block padded, then cut to the size given), fsync
         unless ``durable`` is False, and close."""
         try:
             if self.fill:
-                padded = block_aligned(self.fill)
+                padded = block_aligned(self.fill) if self.direct else self.fill
                 self.buffer[self.fill:padded] = bytes(padded - self.fill)
                 self._drain(padded)
+            if self.written != self.size:
                 os.ftruncate(self.fd, self.size)
             if durable:
                 os.fsync(self.fd)
         finally:
-            os.close(self.fd)
-            if self.buffer is not None:
-                self.buffer.close()
-
+            self.discard()
 
     def discard(self):
         """Close without writing what is left (the file is about to be removed)."""
-        os.close(self.fd)
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
         if self.buffer is not None:
             self.buffer.close()
+            self.buffer = None
 
 
 class BlockFile:
@@ -220,11 +229,6 @@ class BlockFile:
 def block_aligned(n):
     """``n`` rounded up to whole ``DIRECT_BLOCK``s."""
     return -(-n // DIRECT_BLOCK) * DIRECT_BLOCK
-
-
-def _write_all(fd, view):
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def write_all_at(fd, data, at):
