@@ -9,6 +9,7 @@ store directory per split (``data.store``) into the cache entry the inputs key
 (``data.cache``): a second run with the same inputs reads the store and never touches the raw
 files.  The datasets are views on the store (``data.dataset.EncodedDataset``).
 """
+import contextlib
 import json
 import os
 import time
@@ -321,10 +322,12 @@ def _encode(scanned, splits, task, ctx, cfg, extra_corpora, entry_dir, num_proc)
         for split in splits:
             sinks[split] = SplitSink(split, task, ctx, cfg, os.path.join(entry_dir, split),
                                      sizes[split])
-        for out, room in ordered_map_in_rooms(_ChunkEncoder(scanned.reader(), task, ctx, cfg),
-                                              scanned.jobs(splits), num_proc, ROOM_BYTES):
-            for split, res in out.items():
-                sinks[split].add(res, room)
+        encoded = ordered_map_in_rooms(_ChunkEncoder(scanned.reader(), task, ctx, cfg),
+                                       scanned.jobs(splits), num_proc, ROOM_BYTES)
+        with contextlib.closing(encoded):  # a failed write here ends the pool now
+            for out, room in encoded:
+                for split, res in out.items():
+                    sinks[split].add(res, room)
         for split in splits:
             extra = task.extra_train_items(extra_corpora, cfg, ctx.encoder, sizes[split]) \
                 if split == "train" else ([], None)

@@ -3,7 +3,7 @@ count; ``ordered_map_in_rooms`` hands big results back through memory shared wit
 reuses its few rooms, and ends its pool on an error or when the caller stops early."""
 import pytest
 
-from ppvarlen.utils.parallel import ordered_map_in_rooms
+from ppvarlen.utils.parallel import ordered_map, ordered_map_in_rooms
 
 
 def _fill(job, room):
@@ -47,3 +47,20 @@ def test_a_caller_that_stops_early_ends_the_pool():
     first = [_read(*next(out)) for _ in range(3)]
     out.close()
     assert first == [b"\x01", b"\x02\x02", b"\x03\x03\x03"]
+
+
+def _double(job):
+    return 2 * job
+
+
+@pytest.mark.timeout(60)
+def test_a_map_left_unfinished_and_collected_later_leaves_the_next_map_alone():
+    """A caller that stops reading a map without closing it (an error raised by the caller)
+    leaves it to the garbage collector, which may end it when the next map starts (its fork
+    collects first): its pool is terminated and the next map's state is not cleared."""
+    left = ordered_map(_double, range(100), 2)
+    assert next(left) == 0
+    cycle = [left]
+    cycle.append(cycle)  # only a collection finds it
+    del left, cycle
+    assert list(ordered_map(_double, range(1000, 1030), 2)) == [2 * k for k in range(1000, 1030)]

@@ -28,6 +28,7 @@ against that bound; the error is raised in input order, as a bad line's is.  Han
 rather than ``datasets``/Arrow: the per-line checks and messages are ppvarlen's, and the workers
 are the same fork pool (``utils.parallel``) that needs no pickled tokenizer.
 """
+import contextlib
 import json
 import os
 import tempfile
@@ -582,15 +583,17 @@ class _Merge:
         writes = not parallel.has_mapper()
         scanner = Scanner(plan, self.counting, spill=self.spill if writes else None)
         jobs = self._rooms(plan.chunks()) if writes else plan.chunks()
-        for sc in ordered_map(scanner, jobs, num_proc):
-            if current is not None and sc.path != current.path:
-                current.finish()
-            if sc.error is not None:
-                raise DataError(sc.error)
-            current = self.files.setdefault(sc.path, _FileScan(sc.role, sc.path))
-            current.add(sc)
-            self._add(sc)
-            bar.update(sc.lines)
+        # closed on an error here: the pool ends now, not whenever the map is garbage-collected
+        with contextlib.closing(ordered_map(scanner, jobs, num_proc)) as scans:
+            for sc in scans:
+                if current is not None and sc.path != current.path:
+                    current.finish()
+                if sc.error is not None:
+                    raise DataError(sc.error)
+                current = self.files.setdefault(sc.path, _FileScan(sc.role, sc.path))
+                current.add(sc)
+                self._add(sc)
+                bar.update(sc.lines)
         bar.close()
         if current is not None:
             current.finish()

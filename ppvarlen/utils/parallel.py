@@ -46,10 +46,25 @@ def ordered_map(fn, jobs, num_proc):
         for job in jobs:
             yield fn(job)
         return
-    _STATE.update(fn=fn)
+    owner = _take_state(fn=fn)
     try:
         yield from _pool_imap(_run_job, jobs, num_proc)
     finally:
+        _release_state(owner)
+
+
+def _take_state(**state):
+    """Set what the workers of the next pool read -> the token its map releases it with."""
+    owner = object()
+    _STATE.clear()
+    _STATE.update(state, owner=owner)
+    return owner
+
+
+def _release_state(owner):
+    """Clear the workers' state if it is still ``owner``'s: a map its caller left unfinished
+    ends when it is garbage-collected, maybe after another map has set its own."""
+    if _STATE.get("owner") is owner:
         _STATE.clear()
 
 
@@ -65,7 +80,7 @@ def ordered_map_in_rooms(fn, jobs, num_proc, room_bytes):
             yield result, None
         return
     rooms = _Rooms(2 * num_proc + 1, room_bytes)  # a job running and one queued per worker
-    _STATE.update(fn=fn, rooms=rooms.views)
+    owner = _take_state(fn=fn, rooms=rooms.views)
     results = _pool_imap(_run_in_room, rooms.placed(jobs), num_proc, rooms.close)
     try:
         for slot, result in results:
@@ -74,7 +89,7 @@ def ordered_map_in_rooms(fn, jobs, num_proc, room_bytes):
     finally:
         rooms.close()
         results.close()
-        _STATE.clear()
+        _release_state(owner)
 
 
 class _WithoutRoom:
@@ -213,8 +228,8 @@ def chunk_map(fn, items, num_proc, chunk_size=2000):
         for b in bounds:
             yield fn(items, *b)
         return
-    _STATE.update(fn=fn, items=items)
+    owner = _take_state(fn=fn, items=items)
     try:
         yield from _pool_imap(_run, bounds, min(num_proc, len(bounds)))
     finally:
-        _STATE.clear()
+        _release_state(owner)
