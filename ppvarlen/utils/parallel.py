@@ -115,25 +115,19 @@ class _Rooms:
         self.free = queue.SimpleQueue()
         for k in range(count):
             self.free.put(k)
-        self.closed = False
 
     def close(self):
         """No more jobs are placed: the pool's task thread stops waiting for a room, so it can
         tell the workers to stop (a pool terminated while it waits would wait for it)."""
-        self.closed = True
+        self.free.put(None)
 
     def placed(self, jobs):
         """(slot, job) per job; waits for a free slot (so a fast reader of jobs stops a few
-        jobs ahead of the caller) unless the map was ended."""
+        jobs ahead of the caller) until the map is closed."""
         for job in jobs:
-            while True:
-                if self.closed:
-                    return
-                try:
-                    slot = self.free.get(timeout=0.1)
-                    break
-                except queue.Empty:
-                    continue
+            slot = self.free.get()
+            if slot is None:
+                return
             yield slot, job
 
 
