@@ -428,50 +428,37 @@ def parse_object(obj, task):
     return spec.parse_object(obj)
 
 
-def parse_tsv_line(line):
-    """One ``text<TAB>label`` line -> example dict.  A label of digits is a class id."""
+def tsv_columns(line, names, label_column=True):
+    """One TSV line -> {name: column} with the columns ``names``; the last is a class label when
+    ``label_column`` (digits -> a class id).  Raises BadLine."""
     if not line.strip():
-        raise BadLine("blank_line", "blank line; remove it (every line must be text<TAB>label)")
+        raise BadLine("blank_line", f"blank line; remove it (every line must be "
+                                    f"{'<TAB>'.join(names)})")
     cols = line.split("\t")
-    if len(cols) != 2:
-        raise BadLine("column_count", f"expected 2 tab-separated columns (text<TAB>label), found "
-                                      f"{len(cols)}; remove tabs inside the text or use JSONL")
-    text, label = cols
-    _require_text(text, "text")
-    label = label.strip()
-    return {"text": text, "label": _check_label(int(label) if label.isdigit() else label)}
+    if len(cols) != len(names):
+        raise BadLine("column_count", f"expected {len(names)} tab-separated columns "
+                                      f"({'<TAB>'.join(names)}), found {len(cols)}; remove tabs "
+                                      f"inside the texts or use JSONL")
+    out = {}
+    for i, (name, col) in enumerate(zip(names, cols)):
+        if label_column and i == len(names) - 1:
+            col = col.strip()
+            out[name] = _check_label(int(col) if col.isdigit() else col)
+        else:
+            out[name] = _require_text(col, name)
+    return out
 
 
 def _is_tsv_header(line, names):
     return tuple(c.strip().lower() for c in line.split("\t")) == tuple(names)
 
 
-def _task_from_first_line(path, n, line):
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError:
-        return None  # parse_json_line reports the bad JSON on this line
-    task = infer_task(obj) if isinstance(obj, dict) else None
-    if task is None and isinstance(obj, dict):
-        raise DataError(f"{path}:{n}: cannot tell the task from fields {sorted(obj)}; a line needs "
-                        f"text+label, tokens+tags or source+target, or set Data.task")
-    return task
-
-
 # ---------------------------------------------------------------- labels
 
-@dataclass
-class Labels:
-    """What ``map_tags`` found: the tag names (id order) and what goes into corpus stats."""
-
-    names: list
-    stats: dict = field(default_factory=dict)
-
-
 def map_tags(files, label_names, skip_invalid, tag_scheme):
-    """Tagging data's labels over all files (``FileData`` of tags, in input order) -> Labels:
-    tags stay strings (the contract); every line fits one tag scheme (``check_tag_scheme``);
-    the names fix their order (tag id = index).  Lines that do not fit are dropped from
+    """Tagging data's labels over all files (``FileData`` of tags, in input order) -> (the tag
+    names in id order, what goes into corpus stats): tags stay strings (the contract); every
+    line fits one tag scheme (``check_tag_scheme``); the names fix their order (tag id = index).  Lines that do not fit are dropped from
     ``fd.examples`` (Data.skip_invalid) or raise DataError."""
     scheme, evidence = check_tag_scheme(files, tag_scheme, skip_invalid, label_names)
     logger.info("tag scheme: %s (from %s)", scheme.upper(), evidence)
@@ -480,11 +467,13 @@ def map_tags(files, label_names, skip_invalid, tag_scheme):
                                  scheme)
     else:
         allowed, names = set(label_names), list(label_names)
+
+        def unknown_tag(ex, where):
+            tag = next((t for t in ex["tags"] if t not in allowed), None)
+            return None if tag is None else ("unknown_label", f"tag {tag!r} is not in Data."
+                                             f"label_names {names}; add it there or fix the tag")
         for fd in files:
-            _drop(fd, lambda ex: next((t for t in ex["tags"] if t not in allowed), None),
-                  lambda t: ("unknown_label", f"tag {t!r} is not in Data.label_names "
-                                              f"{names}; add it there or fix the tag"),
-                  skip_invalid)
+            _check_lines(fd, unknown_tag, skip_invalid)
     added = tagschemes.complete(names, scheme)
     if added and label_names is not None:  # the user's tag ids stay as given
         raise ConfigError(f"Data.label_names: a {scheme.upper()} tag set needs {added} too, so "
@@ -503,7 +492,7 @@ def map_tags(files, label_names, skip_invalid, tag_scheme):
     info = {"scheme": scheme, "from": evidence}
     if added:
         info["labels_added"] = added
-    return Labels(names, {"tag_scheme": info})
+    return names, {"tag_scheme": info}
 
 
 def check_tag_scheme(files, tag_scheme="auto", skip_invalid=False, label_names=None):
@@ -523,12 +512,15 @@ def check_tag_scheme(files, tag_scheme="auto", skip_invalid=False, label_names=N
                               f"Data.tag_scheme") from None
     else:
         scheme, evidence = _detect_scheme(files, skip_invalid)
+    hint = "" if evidence == "Data.tag_scheme" else (f"; the data reads as {scheme.upper()} from "
+                                                     f"{evidence}; use one scheme, or set "
+                                                     f"Data.tag_scheme")
+
+    def misfit(ex, where):
+        problem = tagschemes.sequence_problem(ex["tags"], scheme)
+        return None if problem is None else problem + hint
     for fd in files:
-        _drop(fd, lambda ex: tagschemes.sequence_problem(ex["tags"], scheme),
-              lambda problem: problem + ((f"; the data reads as {scheme.upper()} from {evidence}; "
-                                          f"use one scheme, or set Data.tag_scheme")
-                                         if evidence != "Data.tag_scheme" else ""),
-              skip_invalid)
+        _check_lines(fd, misfit, skip_invalid)
     return scheme, evidence
 
 
@@ -554,7 +546,7 @@ def _detect_scheme(files, skip_invalid):
         return None
 
     for fd in files:
-        _check_lines(fd, mixes, "bad_tag", skip_invalid)
+        _check_lines(fd, mixes, skip_invalid)
     scheme = tagschemes.detect(seen)
     shown = [t for t in tagschemes.order(seen, scheme) if t != tagschemes.OUTSIDE][:3]
     return scheme, "the tags (" + ", ".join(f"{t} first at {first_at[t]}" for t in shown) + ")"
@@ -567,19 +559,10 @@ def label_id(label, index):
     return label if label < len(index) else None
 
 
-def _drop(fd, find_problem, describe, skip_invalid):
-    """Check every example of ``fd``; raise on the first problem or skip the bad ones.
-    ``describe(problem)`` -> (reason, message), or a message (reason ``bad_tag``)."""
-    def check(ex, where):
-        problem = find_problem(ex)
-        return None if problem is None else describe(problem)
-
-    _check_lines(fd, check, "bad_tag", skip_invalid)
-
-
-def _check_lines(fd, check, reason, skip_invalid):
-    """``check(example, "file:line")`` -> None, a message, or (reason, message) for each example
-    of ``fd`` in order; raise on the first problem or skip (and count) the bad examples."""
+def _check_lines(fd, check, skip_invalid):
+    """``check(example, "file:line")`` -> None, a message (reason ``bad_tag``), or (reason,
+    message) for each example of ``fd`` in order; raise on the first problem or skip (and
+    count) the bad examples."""
     keep = []
     for i, ex in enumerate(fd.examples):
         n = fd.line_numbers[i]
@@ -588,7 +571,7 @@ def _check_lines(fd, check, reason, skip_invalid):
         if problem is None:
             keep.append(i)
             continue
-        why, message = problem if isinstance(problem, tuple) else (reason, problem)
+        why, message = problem if isinstance(problem, tuple) else ("bad_tag", problem)
         if not skip_invalid:
             raise DataError(f"{where}: {message} {_SKIP_HINT}")
         fd.skipped[why] += 1
@@ -630,7 +613,7 @@ FORMATS = {
     "classification": CorpusFormat(("text", "label"),
                                    '{"text": "这本书很好", "label": "positive"}',
                                    None, ("text",), "class",
-                                   tsv=parse_tsv_line),
+                                   tsv=lambda line: tsv_columns(line, ("text", "label"))),
     "tagging": CorpusFormat(("tokens", "tags"),
                             '{"tokens": ["江", "泽", "民"], "tags": ["B-PER", "I-PER", "I-PER"]}',
                             _parse_tagging, ("tokens",), "tags"),
@@ -645,24 +628,3 @@ def register_format(name, fmt):
     if FORMATS.get(name, fmt) != fmt:
         raise ValueError(f"corpus format {name!r} is registered already")
     FORMATS[name] = fmt
-
-
-def tsv_columns(line, names, label_column=True):
-    """One TSV line -> {name: column} with the columns ``names``; the last is a class label when
-    ``label_column`` (digits -> a class id).  Raises BadLine."""
-    if not line.strip():
-        raise BadLine("blank_line", f"blank line; remove it (every line must be "
-                                    f"{'<TAB>'.join(names)})")
-    cols = line.split("\t")
-    if len(cols) != len(names):
-        raise BadLine("column_count", f"expected {len(names)} tab-separated columns "
-                                      f"({'<TAB>'.join(names)}), found {len(cols)}; remove tabs "
-                                      f"inside the texts or use JSONL")
-    out = {}
-    for i, (name, col) in enumerate(zip(names, cols)):
-        if label_column and i == len(names) - 1:
-            col = col.strip()
-            out[name] = _check_label(int(col) if col.isdigit() else col)
-        else:
-            out[name] = _require_text(col, name)
-    return out

@@ -50,8 +50,7 @@ from .corpora.base import Corpus, check_limit, check_tag_scheme_key
 from .corpora.registry import BUILT_IN, USER_FORMATS, data_section, load_built_in
 from .errors import DataError
 from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, NOT_LOADED, BadLine, FileData,
-                      ReadLimits, _decoded_lines, _is_tsv_header, _task_from_first_line,
-                      check_tag_scheme, decode_line, expand_inputs, flat_examples, infer_task,
+                      ReadLimits, _decoded_lines, _is_tsv_header, check_tag_scheme, decode_line, expand_inputs, flat_examples, infer_task,
                       label_id, load_lines, long_line_error, map_tags, parse_json_bytes,
                       parse_object)
 from .splits import SPLITS, example_key, key_field, split_codes_and_hashes, split_method
@@ -160,7 +159,11 @@ def _first_line_task(path, limits):
             continue
         if isinstance(obj, dict):
             lines.close()
-            return _task_from_first_line(path, n, line)
+            if infer_task(obj) is None:
+                raise DataError(f"{path}:{n}: cannot tell the task from fields {sorted(obj)}; a "
+                                f"line needs text+label, tokens+tags or source+target, or set "
+                                f"Data.task")
+            return infer_task(obj)
 
 
 def _columns_task(path):
@@ -200,6 +203,30 @@ class ChunkScan:
     counts: tuple = None  # the train split's token counts (``TokenCounting``)
     parsed: bytes = None  # the kept examples, ``pack_examples``'d (pass 2 parses none again)
     spilled: tuple = None  # (offset, size) where the worker wrote ``parsed`` into the temp file
+
+    def add(self, sc):
+        """Merge a later chunk of the same file (a file's merged scan is a ChunkScan too)."""
+        self.lines += sc.lines
+        self.header = self.header or sc.header
+        self.examples += sc.examples
+        self.skipped.update(sc.skipped)
+        for reason, first in sc.first_skipped.items():
+            self.first_skipped.setdefault(reason, first)
+        self.label_skipped.update(sc.label_skipped)
+        for reason, first in sc.label_first.items():
+            self.label_first.setdefault(reason, first)
+        for kind, first in sc.kinds.items():
+            self.kinds.setdefault(kind, first)
+
+    def finish(self):
+        """The file's last chunk is merged: its skips logged; no valid record is an error."""
+        if self.skipped:
+            n, msg = next(iter(self.first_skipped.values()))
+            logger.warning("%s: skipped %d invalid line(s) (%s); first: line %d: %s", self.path,
+                           sum(self.skipped.values()),
+                           ", ".join(f"{r}: {c}" for r, c in sorted(self.skipped.items())), n, msg)
+        if not self.examples:
+            raise _no_examples(self.path, self.lines, self.skipped)
 
 
 SPILL_SLACK = 64 << 10  # room beyond a chunk's raw bytes: its packed header and offsets
@@ -286,28 +313,20 @@ class Scanner:
             examples.append(ex)
         return np.asarray(numbers, np.int64), examples
 
-    def _unknown_label(self, ex):
-        if self.index is None or "label" not in ex or \
-                label_id(ex["label"], self.index) is not None:
-            return None
-        names = self.plan.label_names
-        return (f"label {ex['label']!r} is not one of the {len(names)} classes {list(names)}; "
-                f"fix the label or list it in Data.label_names")
-
     def _known_labels(self, chunk, numbers, examples, scan):
         """The examples whose class label is in Data.label_names: an unknown one is the chunk's
         label error (raised once every record is read), or skipped (Data.skip_invalid)."""
-        bad = [k for k, ex in enumerate(examples) if self._unknown_label(ex) is not None]
+        bad = [k for k, ex in enumerate(examples) if label_id(ex["label"], self.index) is None]
         if not bad:
             return numbers, examples
+        names, k = self.plan.label_names, bad[0]
+        message = (f"label {examples[k]['label']!r} is not one of the {len(names)} classes "
+                   f"{list(names)}; fix the label or list it in Data.label_names")
         if not self.plan.skip_invalid:
-            k = bad[0]
-            scan.label_error = f"{chunk.path}:{numbers[k]}: " \
-                               f"{self._unknown_label(examples[k])} {_SKIP_HINT}"
+            scan.label_error = f"{chunk.path}:{numbers[k]}: {message} {_SKIP_HINT}"
             return numbers, examples
         scan.label_skipped["unknown_label"] += len(bad)
-        scan.label_first.setdefault("unknown_label",
-                                    (int(numbers[bad[0]]), self._unknown_label(examples[bad[0]])))
+        scan.label_first.setdefault("unknown_label", (int(numbers[k]), message))
         keep = np.ones(len(examples), bool)
         keep[bad] = False
         return numbers[keep], [ex for ex, k in zip(examples, keep.tolist()) if k]
@@ -371,45 +390,6 @@ class Scanner:
             for label, at in zip(scan.label_values, first_at.tolist()):
                 kind = "str" if isinstance(label, str) else "int"
                 scan.kinds.setdefault(kind, (int(numbers[at]), label))
-
-
-@dataclass
-class _FileScan:
-    """One file's chunks merged (in input order)."""
-
-    role: str
-    path: str
-    lines: int = 0
-    header: bool = False
-    examples: int = 0
-    skipped: Counter = field(default_factory=Counter)
-    first_skipped: dict = field(default_factory=dict)
-    label_skipped: Counter = field(default_factory=Counter)
-    label_first: dict = field(default_factory=dict)
-    kinds: dict = field(default_factory=dict)
-
-    def add(self, sc):
-        self.lines += sc.lines
-        self.header = self.header or sc.header
-        self.examples += sc.examples
-        self.skipped.update(sc.skipped)
-        for reason, first in sc.first_skipped.items():
-            self.first_skipped.setdefault(reason, first)
-        self.label_skipped.update(sc.label_skipped)
-        for reason, first in sc.label_first.items():
-            self.label_first.setdefault(reason, first)
-        for kind, first in sc.kinds.items():
-            self.kinds.setdefault(kind, first)
-
-    def finish(self):
-        """The file's last chunk is merged: its skips logged; no valid record is an error."""
-        if self.skipped:
-            n, msg = next(iter(self.first_skipped.values()))
-            logger.warning("%s: skipped %d invalid line(s) (%s); first: line %d: %s", self.path,
-                           sum(self.skipped.values()),
-                           ", ".join(f"{r}: {c}" for r, c in sorted(self.skipped.items())), n, msg)
-        if not self.examples:
-            raise _no_examples(self.path, self.lines, self.skipped)
 
 
 @dataclass
@@ -513,8 +493,8 @@ def scan(plan, counting, num_proc, spill_dir=None):
     if isinstance(plan, MemoryPlan):
         corpus = plan.corpus
         counts = None
-        if counting is not None:
-            counts = _count_memory(corpus.splits["train"], counting, num_proc)
+        if counting is not None:  # a built-in corpus: small enough for one process
+            counts = count_fields(corpus.splits["train"], counting)
         sizes = Corpus(corpus.task, {s: len(corpus.splits[s]) for s in SPLITS},
                        corpus.label_names, corpus.stats)
         return Scanned(sizes, counts, memory=corpus)
@@ -526,25 +506,12 @@ def scan(plan, counting, num_proc, spill_dir=None):
         raise
 
 
-class _CountSlice:
-    def __init__(self, counting):
-        self.counting = counting
-
-    def __call__(self, examples, start, end):
-        return count_fields([examples[i] for i in range(start, end)], self.counting)
-
-
 def _sum_counts(parts, counting):
     total = tuple(Counter() for _ in counting.groups)
     for part in parts:
         for t, c in zip(total, part):
             t.update(c)
     return total
-
-
-def _count_memory(examples, counting, num_proc):
-    return _sum_counts(parallel.chunk_map(_CountSlice(counting), examples, num_proc,
-                                          chunk_size=10000), counting)
 
 
 class _CountJob:
@@ -590,7 +557,7 @@ class _Merge:
                     current.finish()
                 if sc.error is not None:
                     raise DataError(sc.error)
-                current = self.files.setdefault(sc.path, _FileScan(sc.role, sc.path))
+                current = self.files.setdefault(sc.path, ChunkScan(sc.role, sc.path))
                 current.add(sc)
                 self._add(sc)
                 bar.update(sc.lines)
@@ -725,8 +692,8 @@ class _Merge:
                     raise _no_examples(path, fd.lines, fd.skipped)
                 shards.append(fd)
             by_role[role] = _merged_shards(plan.specs[role], plan.task, shards)
-        labels = map_tags(list(by_role.values()), plan.label_names, plan.skip_invalid,
-                          plan.tag_scheme)
+        names, label_stats = map_tags(list(by_role.values()), plan.label_names,
+                                      plan.skip_invalid, plan.tag_scheme)
         for ref in self.refs:
             ref.keep = np.zeros(len(ref.codes), bool)
         for fd in by_role.values():
@@ -734,7 +701,7 @@ class _Merge:
                 k, i = ex["at"]
                 self.refs[k].keep[i] = True
         file_stats = {role: {"path": fd.path, **fd.stats()} for role, fd in by_role.items()}
-        return labels.names, labels.stats, file_stats
+        return names, label_stats, file_stats
 
     # ------------------------------------------------------------- splits and stats
     def _bases(self):
