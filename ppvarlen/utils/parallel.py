@@ -165,65 +165,18 @@ def _pool_imap(run, jobs, num_proc, before_terminate=None):
         pool.join()
 
 
-def _run(bounds):
-    start, end = bounds
-    return _STATE["fn"](_STATE["items"], start, end)
-
-
 def has_mapper():
     """Whether a ``use_mapper`` block is active (its workers may not see this machine's files)."""
     return bool(_MAPPER)
 
 
-class IndexedSlice:
-    """``items[start:end]`` answering at the absolute indices a chunk function reads."""
-
-    def __init__(self, rows, start):
-        self.rows, self.start = rows, start
-
-    def __getitem__(self, i):
-        if not self.start <= i < self.start + len(self.rows):
-            raise IndexError(f"index {i} outside this chunk [{self.start}, "
-                             f"{self.start + len(self.rows)})")
-        return self.rows[i - self.start]
-
-
-class _OnSlice:
-    """A ``chunk_map`` function as one-argument job runner: job = (slice, start, end)."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __call__(self, job):
-        return self.fn(*job)
-
-
 @contextlib.contextmanager
 def use_mapper(mapper):
-    """Within the block, ``ordered_map`` and ``chunk_map`` hand their jobs to
-    ``mapper(fn, jobs)``, which must yield ``fn(job)`` per job in order (the Ray store build:
-    ``integrations/ray_store.py``); the chunks, and so the store's bytes, stay the same.
-    ``chunk_map``'s jobs carry their own slice of the items (``IndexedSlice``)."""
+    """Within the block, ``ordered_map`` hands its jobs to ``mapper(fn, jobs)``, which must
+    yield ``fn(job)`` per job in order (the Ray store build: ``integrations/ray_store.py``);
+    the chunks, and so the store's bytes, stay the same."""
     _MAPPER.append(mapper)
     try:
         yield
     finally:
         _MAPPER.pop()
-
-
-def chunk_map(fn, items, num_proc, chunk_size=2000):
-    """Yield ``fn(items, start, end)`` for consecutive chunks of ``items`` in order."""
-    bounds = [(s, min(s + chunk_size, len(items))) for s in range(0, len(items), chunk_size)]
-    if _MAPPER:
-        yield from _MAPPER[-1](_OnSlice(fn), ((IndexedSlice(items[s:e], s), s, e)
-                                              for s, e in bounds))
-        return
-    if num_proc <= 1 or len(bounds) <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        for b in bounds:
-            yield fn(items, *b)
-        return
-    owner = _take_state(fn=fn, items=items)
-    try:
-        yield from _pool_imap(_run, bounds, min(num_proc, len(bounds)))
-    finally:
-        _release_state(owner)
