@@ -244,53 +244,28 @@ class Scanner:
             {name: i for i, name in enumerate(plan.label_names)}
 
     def _records(self, chunk, scan, raws=None, loaded=None):
-        """Yield (line, raw record: a JSONL line's bytes, a TSV line's text, a Parquet row's dict,
-        or BadLine, its loaded value or NOT_LOADED) of the chunk (``raws``: its lines, read
-        already; ``loaded``: their ``load_lines`` values)."""
+        """Yield (line, its example or the ``BadLine`` that says why it has none) of the chunk
+        (``raws``: its lines, read already; ``loaded``: their ``load_lines`` values)."""
         plan = self.plan
         if plan.fmt == "parquet":
             for n, row in _parquet_rows(chunk, plan.limits):
-                yield n, row, NOT_LOADED
+                yield n, _parsed_or_bad(parse_object, row, plan.task)
             return
         if chunk.error is not None:
             raise DataError(chunk.error)
-        tsv = plan.fmt == "tsv"
         for k, raw in enumerate(chunk.raw_lines() if raws is None else raws):
             n = chunk.first_line + k
             if len(raw) > plan.limits.max_line_bytes:
                 raise long_line_error(f"{chunk.path}:{n}", plan.limits.max_line_bytes)
-            if not tsv:  # a JSONL line is parsed from its bytes (``parse_json_bytes``)
-                yield n, raw, NOT_LOADED if loaded is None else loaded[k]
+            if plan.fmt == "jsonl":  # parsed from its bytes (``parse_json_bytes``)
+                yield n, _parsed_or_bad(parse_json_bytes, raw, n, plan.task,
+                                        NOT_LOADED if loaded is None else loaded[k])
                 continue
             line = decode_line(raw, n)
             if n == 1 and isinstance(line, str) and _is_tsv_header(line, self.fmt.fields):
                 scan.header = True
                 continue
-            yield n, line, NOT_LOADED
-
-    def _parse(self, n, line, loaded):
-        if isinstance(line, BadLine):
-            raise line
-        if self.plan.fmt == "tsv":
-            return self.fmt.tsv(line)
-        if self.plan.fmt == "parquet":
-            return parse_object(line, self.plan.task)
-        return parse_json_bytes(line, n, self.plan.task, loaded)
-
-    def _examples(self, chunk, scan, raws=None, loaded=None):
-        """Yield (line, example) of the chunk's valid records, counting skips in ``scan``."""
-        for n, line, value in self._records(chunk, scan, raws, loaded):
-            scan.lines += 1
-            try:
-                ex = self._parse(n, line, value)
-            except BadLine as bad:
-                if not self.plan.skip_invalid:
-                    scan.error = f"{chunk.path}:{n}: {bad.message} {_SKIP_HINT}"
-                    return
-                scan.skipped[bad.reason] += 1
-                scan.first_skipped.setdefault(bad.reason, (n, bad.message))
-                continue
-            yield n, ex
+            yield n, line if isinstance(line, BadLine) else _parsed_or_bad(self.fmt.tsv, line)
 
     def _parsed(self, chunk, scan):
         """(line numbers, examples) of the chunk's valid records, skips counted in ``scan``.  A
@@ -308,7 +283,15 @@ class Scanner:
                     scan.lines = len(raws)
                     return np.arange(chunk.first_line, chunk.first_line + len(raws)), examples
         numbers, examples = [], []
-        for n, ex in self._examples(chunk, scan, raws, loaded):
+        for n, ex in self._records(chunk, scan, raws, loaded):
+            scan.lines += 1
+            if isinstance(ex, BadLine):
+                if not self.plan.skip_invalid:
+                    scan.error = f"{chunk.path}:{n}: {ex.message} {_SKIP_HINT}"
+                    break
+                scan.skipped[ex.reason] += 1
+                scan.first_skipped.setdefault(ex.reason, (n, ex.message))
+                continue
             numbers.append(n)
             examples.append(ex)
         return np.asarray(numbers, np.int64), examples
@@ -392,6 +375,14 @@ class Scanner:
                 scan.kinds.setdefault(kind, (int(numbers[at]), label))
 
 
+def _parsed_or_bad(parse, *args):
+    """``parse(*args)``, or the BadLine it raises."""
+    try:
+        return parse(*args)
+    except BadLine as bad:
+        return bad
+
+
 @dataclass
 class _ChunkRef:
     """What the parent keeps of a chunk for pass 2 (and the merge's rules)."""
@@ -423,25 +414,21 @@ class Scanned:
 
     def reader(self):
         """What reads a job on a worker (picklable; a mapper's workers get the examples with
-        their jobs, so it holds no corpus then)."""
-        ship = parallel.has_mapper()
+        their jobs, so it holds no temp file then)."""
         return ChunkReader(self.corpus.label_names,
                            self.memory is None and FORMATS[self.corpus.task].labels == "class",
-                           self.limit, None if ship else self.spill,
-                           None if ship else self.memory)
+                           self.limit, None if parallel.has_mapper() else self.spill)
 
     def jobs(self, splits):
         """Pass-2 jobs over the examples of ``splits``, in input order (small picklable values;
-        with a mapper they carry their examples' bytes)."""
+        with a mapper they carry their examples' bytes; a slice of a corpus in memory carries
+        its examples)."""
         ship = parallel.has_mapper()
         if self.memory is not None:
-            for split in SPLITS:
-                if split not in splits:
-                    continue
+            for split in (s for s in SPLITS if s in splits):
                 examples = self.memory.splits[split]
                 for start in range(0, len(examples), MEMORY_CHUNK):
-                    end = min(start + MEMORY_CHUNK, len(examples))
-                    yield (split, start, end, examples[start:end] if ship else None)
+                    yield split, start, examples[start:start + MEMORY_CHUNK]
             return
         for ref in self.refs:
             if not any(ref.counts[s] and (self.limit is None or ref.bases[s] < self.limit)
@@ -454,15 +441,14 @@ class Scanned:
 class ChunkReader:
     """Pass 2's read of one job -> {split: (doc id of the first, [examples])}, labels as ids."""
 
-    def __init__(self, label_names, class_labels, limit, spill, memory):
+    def __init__(self, label_names, class_labels, limit, spill):
         self.index = {name: i for i, name in enumerate(label_names)}
-        self.class_labels, self.limit, self.spill, self.memory = class_labels, limit, spill, memory
+        self.class_labels, self.limit, self.spill = class_labels, limit, spill
 
     def __call__(self, job):
-        if len(job) == 4:  # a slice of a corpus in memory
-            split, start, end, rows = job
-            return {split: (start, rows if rows is not None
-                            else self.memory.splits[split][start:end])}
+        if len(job) == 3:  # a slice of a corpus in memory
+            split, start, rows = job
+            return {split: (start, rows)}
         bases, codes, keep, data, splits = job
         if isinstance(data, tuple):  # (offset, size) in the temp file this process inherited
             data = self.spill.read_at(data[1], data[0])
