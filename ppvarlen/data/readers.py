@@ -194,17 +194,6 @@ def long_line_error(where, limit, what="the line"):
                      f"-o Data.max_line_bytes={4 * limit}")
 
 
-def _decoded_lines(path, limits):
-    """Yield (line_number, text or BadLine); each line decoded on its own so a bad byte
-    is reported on its line, not as a whole-file failure.  A line over the bound stops the
-    reading (``long_line_error``), with or without Data.skip_invalid."""
-    with open_data_file(path, limits) as f:
-        for n, raw in enumerate(bounded_lines(f, limits.max_line_bytes), 1):
-            if raw is LONG_LINE:
-                raise long_line_error(f"{path}:{n}", limits.max_line_bytes)
-            yield n, decode_line(raw, n)
-
-
 def decode_line(raw, n):
     """One raw line (bytes) at line number ``n`` -> its text without the line end, or a
     ``BadLine`` when it is not UTF-8 (reported on its own line, not as a whole-file failure)."""

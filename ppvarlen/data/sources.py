@@ -49,9 +49,10 @@ from .chunks import (_chunks_of, _parquet_chunks, _parquet_file, _parquet_rows, 
 from .corpora.base import Corpus, check_limit, check_tag_scheme_key
 from .corpora.registry import BUILT_IN, USER_FORMATS, data_section, load_built_in
 from .errors import DataError
-from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, NOT_LOADED, BadLine, FileData,
-                      ReadLimits, _decoded_lines, _is_tsv_header, check_tag_scheme, decode_line, expand_inputs, flat_examples, infer_task,
-                      label_id, load_lines, long_line_error, map_tags, parse_json_bytes,
+from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, LONG_LINE, NOT_LOADED, BadLine,
+                      FileData, ReadLimits, _is_tsv_header, bounded_lines, check_tag_scheme,
+                      decode_line, expand_inputs, flat_examples, infer_task, label_id,
+                      load_lines, long_line_error, map_tags, open_data_file, parse_json_bytes,
                       parse_object)
 from .splits import SPLITS, example_key, key_field, split_codes_and_hashes, split_method
 from .vocab import count_fields
@@ -143,27 +144,30 @@ def _format_task(fmt, task, first_file, limits):
 
 
 def _first_line_task(path, limits):
-    """The task the first JSON object's fields tell (a line before it that is not one is
-    reported by the scan), else the default."""
-    lines = _decoded_lines(path, limits)
-    while True:
-        try:
-            n, line = next(lines)
-        except (StopIteration, DataError):  # an unreadable file: the scan reports where it stops
-            return DEFAULT_TASK
-        if isinstance(line, BadLine) or not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
-            lines.close()
-            if infer_task(obj) is None:
-                raise DataError(f"{path}:{n}: cannot tell the task from fields {sorted(obj)}; a "
-                                f"line needs text+label, tokens+tags or source+target, or set "
-                                f"Data.task")
-            return infer_task(obj)
+    """The task the first JSON object's fields tell (a line before it that is not one, a line
+    over the bound or an unreadable file is reported by the scan), else the default."""
+    obj = None
+    try:
+        with open_data_file(path, limits) as f:
+            for n, raw in enumerate(bounded_lines(f, limits.max_line_bytes), 1):
+                if raw is LONG_LINE:
+                    break
+                line = decode_line(raw, n)
+                if isinstance(line, BadLine):
+                    continue
+                with contextlib.suppress(json.JSONDecodeError):
+                    obj = json.loads(line)
+                if isinstance(obj, dict):
+                    break
+    except DataError:
+        pass
+    if not isinstance(obj, dict):
+        return DEFAULT_TASK
+    task = infer_task(obj)
+    if task is None:
+        raise DataError(f"{path}:{n}: cannot tell the task from fields {sorted(obj)}; a line "
+                        f"needs text+label, tokens+tags or source+target, or set Data.task")
+    return task
 
 
 def _columns_task(path):
