@@ -646,15 +646,13 @@ class _Merge:
         return sorted(seen) if kind == "str" else [str(i) for i in range(max(seen) + 1)]
 
     def _skip_other_kind(self, first, other):
-        is_other = (lambda v: isinstance(v, str)) if other == "str" else \
-            (lambda v: not isinstance(v, str))
         for ref in self.refs:
-            flags = np.asarray([is_other(v) for v in ref.label_values], bool)
-            drop = flags[ref.label_codes] if len(ref.label_codes) else np.zeros(0, bool)
+            flags = np.asarray([isinstance(v, str) == (other == "str") for v in ref.label_values],
+                               bool)
+            drop = flags[ref.label_codes]
             if drop.any():
                 ref.keep = ~drop
-                fs = self.files[ref.path]
-                fs.label_skipped["mixed_label_kinds"] += int(drop.sum())
+                self.files[ref.path].label_skipped["mixed_label_kinds"] += int(drop.sum())
         for fs in self.files.values():
             if other in fs.kinds and fs.label_skipped.get("mixed_label_kinds"):
                 n, lab = fs.kinds[other]
@@ -708,14 +706,10 @@ class _Merge:
 
     def _corpus(self, names, sizes, label_stats, file_stats):
         plan = self.plan
-        skipped_total = 0
         if file_stats is None:
-            file_stats = {}
-            for role, paths in plan.files.items():
-                file_stats[role], n = _file_stats(plan, role, [self.files[p] for p in paths])
-                skipped_total += n
-        else:
-            skipped_total = sum(sum(fs.get("skipped", {}).values()) for fs in file_stats.values())
+            file_stats = {role: _file_stats(plan, role, [self.files[p] for p in paths])
+                          for role, paths in plan.files.items()}
+        skipped_total = sum(sum(fs.get("skipped", {}).values()) for fs in file_stats.values())
         stats = {"corpus": plan.fmt, "task": plan.task,
                  "task_from": "Data.task" if plan.task_given else "fields of the first line",
                  "files": file_stats,
@@ -754,8 +748,6 @@ class _Merge:
         index = {name: i for i, name in enumerate(names)}
         counts = np.zeros((len(SPLITS), len(names)), np.int64)
         for ref in self.refs:
-            if not len(ref.label_codes):
-                continue
             ids = np.asarray([-1 if (j := label_id(v, index)) is None else j
                               for v in ref.label_values], np.int64)[ref.label_codes]
             codes = ref.codes
@@ -835,7 +827,7 @@ def _file_stats(plan, role, fds):
     if skipped:
         out["skipped"] = dict(sorted(skipped.items()))
         out["first_skipped"] = dict(sorted(first.items()))
-    return out, sum(skipped.values())
+    return out
 
 
 # ------------------------------------------------------------- a corpus in memory
