@@ -42,11 +42,6 @@ def _check_lengths(lengths):
     return arr
 
 
-def _cost_key(lengths):
-    """1-D sort / oversize key: the row sum for [n, k] lengths."""
-    return lengths if lengths.ndim == 1 else lengths.sum(axis=1, dtype=np.int64)
-
-
 def _narrow(key):
     """``key`` (non-negative) as the narrowest signed type holding it: numpy's stable sort is
     a radix sort for 16-bit keys (same order, several times faster), and an epoch's gathers
@@ -79,10 +74,6 @@ class _Batches:
     def __init__(self, order, starts, stops):
         self.order, self.starts, self.stops = order, starts, stops
 
-    @classmethod
-    def from_cuts(cls, order, ends):
-        return cls(order, np.concatenate([[0], ends[:-1]]).astype(np.int64), ends)
-
     def __len__(self):
         return len(self.starts)
 
@@ -110,8 +101,6 @@ def _check_oversize(key, max_tokens, policy):
         raise DataError(f"{over.size} example(s) are longer than Data.max_tokens={max_tokens}: "
                         f"{show}{' ...' if over.size > 5 else ''}. Raise Data.max_tokens, lower "
                         f"Data.max_len, or set Data.oversize: own_batch")
-    if policy not in ("own_batch", "error"):
-        raise ValueError(f"Data.oversize must be own_batch or error, got {policy!r}")
     if over.size:
         log.warning("%d example(s) longer than max_tokens=%d get a batch of their own",
                     over.size, max_tokens)
@@ -260,7 +249,9 @@ class TokenBudgetBatchSampler(_LengthBatchSampler):
         self.pool_size = int(pool_size or 0)
         self.max_sentences = max_sentences
         self.batch_size_multiple = int(batch_size_multiple)
-        self._key = _narrow(_cost_key(self.lengths))
+        # the sort / oversize key: the row sum for [n, k] lengths
+        key = self.lengths if self.lengths.ndim == 1 else self.lengths.sum(axis=1, dtype=np.int64)
+        self._key = _narrow(key)
         self.num_oversize = _check_oversize(self._key, self.max_tokens, oversize)
         self._sorted = None  # the unshuffled epoch, packed when first asked for
         # pool_size counts batches; convert to examples with the sorted packing's mean batch size
@@ -284,8 +275,9 @@ class TokenBudgetBatchSampler(_LengthBatchSampler):
         n = len(order)
         rows = self.lengths[order] if rows is None else rows
         runs = None if pool is None or pool >= n else np.append(np.arange(pool, n, pool), n)
-        return _Batches.from_cuts(order, budget_cuts(rows, self.max_tokens, self.max_sentences,
-                                                     self.batch_size_multiple, runs))
+        ends = budget_cuts(rows, self.max_tokens, self.max_sentences, self.batch_size_multiple,
+                           runs)
+        return _Batches(order, np.concatenate([[0], ends[:-1]]).astype(np.int64), ends)
 
     def _global_batches(self, rng):
         batches = self._packed_batches(rng)
@@ -294,12 +286,11 @@ class TokenBudgetBatchSampler(_LengthBatchSampler):
     def batch_counts(self, epochs):
         """Natural (global) batch count of each epoch in ``epochs``, ignoring ``num_batches``
         (each epoch is packed once; its count is kept)."""
-        return [self._count(int(e)) for e in epochs]
-
-    def _count(self, epoch):
-        if (self.seed, epoch) not in self._counts:
-            self._packed_batches(self._epoch_rng(epoch), epoch)
-        return self._counts[self.seed, epoch]
+        epochs = [int(e) for e in epochs]
+        for epoch in epochs:
+            if (self.seed, epoch) not in self._counts:
+                self._packed_batches(self._epoch_rng(epoch), epoch)
+        return [self._counts[self.seed, epoch] for epoch in epochs]
 
     def _to_count(self, batches):
         """Halve the batch with the most examples (the first one on ties) until there are
@@ -325,19 +316,14 @@ class TokenBudgetBatchSampler(_LengthBatchSampler):
             mid = start + (-size) // 2
             heapq.heappush(heap, (start - mid, b, start, mid))
             heapq.heappush(heap, (mid - stop, b, mid, stop))
-        pieces = {}
-        for _, b, start, stop in heap:
-            pieces.setdefault(b, []).append((start, stop))
-        per_batch = np.ones(len(sizes), dtype=np.int64)
-        split = np.asarray(sorted(pieces), dtype=np.int64)
-        per_batch[split] = [len(pieces[b]) for b in split.tolist()]
-        starts, stops = np.repeat(batches.starts, per_batch), np.repeat(batches.stops, per_batch)
-        first = np.cumsum(per_batch) - per_batch  # where each batch's pieces begin
-        for b in split.tolist():
-            spans = np.asarray(sorted(pieces[b]), dtype=np.int64)
-            starts[first[b]:first[b] + len(spans)] = spans[:, 0]
-            stops[first[b]:first[b] + len(spans)] = spans[:, 1]
-        return _Batches(batches.order, starts, stops)
+        # (batch, start, stop) of the pieces; each batch's pieces take its place, by their start
+        pieces = np.asarray([piece[1:] for piece in heap], dtype=np.int64)
+        whole = np.setdiff1d(np.arange(len(sizes)), pieces[:, 0])
+        which = np.concatenate([whole, pieces[:, 0]])
+        starts = np.concatenate([batches.starts[whole], pieces[:, 1]])
+        stops = np.concatenate([batches.stops[whole], pieces[:, 2]])
+        at = np.lexsort((starts, which))
+        return _Batches(batches.order, starts[at], stops[at])
 
     def _packed_batches(self, rng, epoch=None):
         """The natural batches of an epoch: shuffle, sort within pools, pack, shuffle batches."""
