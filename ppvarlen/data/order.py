@@ -71,7 +71,13 @@ def budget_cuts(rows, max_tokens, max_batch_size=None, batch_size_multiple=1, se
         raise ValueError(f"segment_ends must increase to n={n}, got {ends[:5]}...")
     cap = int(max_batch_size or n + 1)
     if rows.ndim == 1 and _sorted_within(rows, ends):
-        return _cuts_sorted(rows, ends, int(max_tokens), cap, int(batch_size_multiple))
+        # sorted runs: cut as groups of equal lengths (a group ends where the length changes)
+        change = np.empty(n, dtype=bool)
+        np.not_equal(rows[1:], rows[:-1], out=change[:-1])
+        change[ends - 1] = True
+        group_end = np.flatnonzero(change) + 1
+        return _cuts_of_groups(rows[group_end - 1].astype(np.int64), group_end, ends,
+                               int(max_tokens), cap, int(batch_size_multiple))
     rows = rows.reshape(n, -1)
     key = rows.sum(axis=1, dtype=np.int64)
     if key.min() == 0 or min(cap, int(max_tokens) // int(key.min()) + 1) > _MAX_LIFT:
@@ -116,17 +122,6 @@ def _walk(size, run_end, multiple):
     return np.asarray(out, dtype=np.int64)
 
 
-def _cuts_sorted(rows, ends, max_tokens, cap, multiple):
-    """``budget_cuts`` of [n] lengths sorted within each run (the runs end at ``ends``)."""
-    change = np.empty(rows.shape[0], dtype=bool)
-    np.not_equal(rows[1:], rows[:-1], out=change[:-1])
-    change[ends - 1] = True
-    group_end = np.flatnonzero(change) + 1
-    group_start = np.concatenate([[0], group_end[:-1]])
-    return _cuts_of_groups(rows[group_start].astype(np.int64), group_start, group_end, ends,
-                           max_tokens, cap, multiple)
-
-
 def sorted_batch_count(lengths, max_tokens, max_batch_size=None, batch_size_multiple=1):
     """How many batches ``budget_cuts`` packs ``lengths`` ([n] non-negative integers) into once
     they are sorted, from their histogram (no sort of the n lengths)."""
@@ -140,14 +135,14 @@ def sorted_batch_count(lengths, max_tokens, max_batch_size=None, batch_size_mult
         values, counts = np.unique(lengths, return_counts=True)
     group_end = np.cumsum(counts)
     n = int(group_end[-1])
-    return len(_cuts_of_groups(values.astype(np.int64), group_end - counts, group_end,
-                               np.asarray([n], dtype=np.int64), int(max_tokens),
-                               int(max_batch_size or n + 1), int(batch_size_multiple)))
+    return len(_cuts_of_groups(values.astype(np.int64), group_end, np.asarray([n], dtype=np.int64),
+                               int(max_tokens), int(max_batch_size or n + 1),
+                               int(batch_size_multiple)))
 
 
-def _cuts_of_groups(length, group_start, group_end, ends, max_tokens, cap, multiple):
+def _cuts_of_groups(length, group_end, ends, max_tokens, cap, multiple):
     """Batch ends of sorted runs given as groups of equal lengths: group g is positions
-    [group_start[g], group_end[g]) of length ``length[g]``, within one run; runs end at ``ends``.
+    [group_end[g - 1], group_end[g]) of length ``length[g]``, within one run; runs end at ``ends``.
 
     Example j does not fit a batch starting at s when (j - s + 1) * length > max_tokens,
     i.e. s <= j - fit with fit = max_tokens // length (the most examples of that length a
@@ -159,6 +154,7 @@ def _cuts_of_groups(length, group_start, group_end, ends, max_tokens, cap, multi
     searched step per group, not one per batch, and every run takes its step in the same
     numpy call.  All arrays are per group or per run, none per example."""
     n = int(ends[-1])
+    group_start = np.concatenate([[0], group_end[:-1]])
     never = n + max_tokens + 1  # zero lengths never misfit: fit beyond any batch
     fit = np.where(length > 0, max_tokens // np.maximum(length, 1), never)
     stride = n + 2 * never  # j - fit + never lies in [0, stride)
