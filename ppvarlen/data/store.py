@@ -84,11 +84,6 @@ class StoreField:
 Field = StoreField  # the old name: a task module on a branch not merged yet imports it
 
 
-def _fsync_file(path):
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
 def _fsync_dir(path):
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -158,17 +153,14 @@ class StoreWriter:
     def _column_path(self, name):
         return os.path.join(self.tmp, f".{name}.column")  # removed before the rename
 
-    def _column(self, name, dtype):
+    def _column(self, name, dtype=np.int64):
+        """A field's column written so far (a ragged field's: its row lengths)."""
         self._columns[name].flush()
         return np.fromfile(self._column_path(name), np.dtype(dtype).newbyteorder("<"))
 
-    def row_lengths(self, name):
-        """Row lengths of a ragged field written so far."""
-        return self._column(name, np.int64)
-
     def lengths(self):
         """Item lengths so far: the sum of the length fields' rows."""
-        return sum(self.row_lengths(f.name) for f in self.fields if f.length)
+        return sum(self._column(f.name) for f in self.fields if f.length)
 
     def close(self):
         for f in self._bins.values():
@@ -176,7 +168,7 @@ class StoreWriter:
         for f in self.fields:
             if f.ragged:
                 offsets = np.zeros(self.count + 1, np.int64)
-                np.cumsum(self.row_lengths(f.name), out=offsets[1:])
+                np.cumsum(self._column(f.name), out=offsets[1:])
                 self._save(f.name + ".offsets", offsets)
                 del offsets
             else:
@@ -206,7 +198,8 @@ class StoreWriter:
     def _save(self, name, arr):
         path = os.path.join(self.tmp, name + ".npy")
         np.save(path, arr, allow_pickle=False)
-        _fsync_file(path)
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
 
     def abort(self):
         for f in self._bins.values():
@@ -356,10 +349,7 @@ class IndexedTokens:
                     raise DataError(f"{idx}: not a memory-mapped indexed corpus (magic "
                                     f"{magic!r}); write it with paddlenlp.data.indexed_dataset "
                                     f"(impl mmap)")
-                version, = struct.unpack("<Q", fh.read(8))
-                code, = struct.unpack("<B", fh.read(1))
-                count, = struct.unpack("<Q", fh.read(8))
-                doc_count, = struct.unpack("<Q", fh.read(8))
+                version, code, count, doc_count = struct.unpack("<QBQQ", fh.read(25))
                 header = fh.tell()
         except OSError as e:
             raise DataError(f"{idx}: cannot read the index ({e})") from None
