@@ -23,25 +23,19 @@ def _seed_prefix(seed):
     return f"split-seed-{seed}\x00".encode() if seed else b""
 
 
-def _digest(key, seed):
-    # surrogatepass: JSON input may carry lone surrogate escapes; they still hash stably.
-    return hashlib.sha1(_seed_prefix(seed) + key.encode("utf-8", "surrogatepass")).digest()
-
-
-def _split_of(fraction):
-    if fraction < DEV_FROM:
-        return "train"
-    return "dev" if fraction < TEST_FROM else "test"
-
-
 def stable_fraction(key, seed=0):
     """A number in [0, 1) that depends only on ``key`` and ``seed`` (same in every process)."""
-    return int.from_bytes(_digest(key, seed)[:8], "big") / 2.0**64
+    # surrogatepass: JSON input may carry lone surrogate escapes; they still hash stably.
+    digest = hashlib.sha1(_seed_prefix(seed) + key.encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
 
 
 def stable_split(key, seed=0):
     """``"train"`` (80%), ``"dev"`` (10%) or ``"test"`` (10%) for the text ``key``."""
-    return _split_of(stable_fraction(key, seed))
+    fraction = stable_fraction(key, seed)
+    if fraction < DEV_FROM:
+        return "train"
+    return "dev" if fraction < TEST_FROM else "test"
 
 
 def split_codes_and_hashes(keys_utf8, seed=0):
@@ -59,9 +53,9 @@ def split_codes_and_hashes(keys_utf8, seed=0):
 
 
 def _first_head(fraction):
-    """The least 64-bit head whose ``stable_fraction`` (the float division ``_split_of`` reads)
-    is at least ``fraction``: the split boundaries as integers, so an array of heads is cut
-    exactly as ``_split_of`` cuts each."""
+    """The least 64-bit head whose ``stable_fraction`` (the float division ``stable_split``
+    reads) is at least ``fraction``: the split boundaries as integers, so an array of heads is
+    cut exactly as ``stable_split`` cuts each."""
     lo, hi = 0, 1 << 64
     while lo < hi:
         mid = (lo + hi) // 2
