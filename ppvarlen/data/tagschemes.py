@@ -108,7 +108,7 @@ def complete(tags, scheme):
     if not SCHEME[scheme].has_chunks or detect(tags) == scheme:
         return []
     types = {split_tag(t)[1] for t in tags if split_tag(t) and split_tag(t)[0] != OUTSIDE} or {""}
-    full = {_join(p, t) for t in types for p in SCHEME[scheme].prefixes}
+    full = {f"{p}-{t}" if t else p for t in types for p in SCHEME[scheme].prefixes}
     return order(full - set(tags), scheme)
 
 
@@ -121,10 +121,6 @@ def order(tags, scheme):
     rest = sorted((t for t in tags if t != OUTSIDE),
                   key=lambda t: (split_tag(t)[1], prefixes.index(split_tag(t)[0])))
     return ([OUTSIDE] if OUTSIDE in tags else []) + rest
-
-
-def _join(prefix, etype):
-    return f"{prefix}-{etype}" if etype else prefix
 
 
 def sequence_problem(tags, scheme):
