@@ -51,13 +51,10 @@ RACY_SECONDS = 2  # at least the coarsest timestamp granularity of a file system
 MAX_RECORDED_FILES = 20_000  # the record stays small; the oldest entries go first
 
 
-def default_cache_dir():
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "ppvarlen", "stores")
-
-
 def cache_dir(data_cfg):
-    return os.path.abspath(os.path.expanduser(data_cfg.get("cache_dir") or default_cache_dir()))
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    default = os.path.join(base, "ppvarlen", "stores")
+    return os.path.abspath(os.path.expanduser(data_cfg.get("cache_dir") or default))
 
 
 class Fingerprints:
