@@ -94,16 +94,13 @@ def optimal_boundaries(lengths, num_buckets, pad_to_multiple_of=1):
     n = values.size
     k_max = min(num_buckets, n)
     prefix = np.concatenate([[0], np.cumsum(counts)])  # prefix[i] = examples with value < values[i]
-    inf = np.iinfo(np.int64).max // 4
-    # best[i]: min cost covering the first i distinct values with the current number of buckets
-    best = np.full(n + 1, inf, dtype=np.int64)
-    best[1:] = values * prefix[1:]  # one bucket: all padded to the largest value
-    best[0] = 0
+    # best[i]: min cost covering the first i distinct values with the current number of buckets;
+    # one bucket: all padded to the largest value
+    best = np.concatenate([[0], values * prefix[1:]])
     choice = [np.zeros(n + 1, dtype=np.int64)]  # choice[k][i] = j (start of the last bucket)
     for _ in range(1, k_max):
-        new = np.full(n + 1, inf, dtype=np.int64)
+        new = np.zeros(n + 1, dtype=np.int64)  # every new[i], i >= 1, is set below
         arg = np.zeros(n + 1, dtype=np.int64)
-        new[0] = 0
         for i in range(1, n + 1):
             j = np.arange(i)
             cost = best[:i] + values[i - 1] * (prefix[i] - prefix[j])
