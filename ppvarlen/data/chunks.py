@@ -193,7 +193,6 @@ def pack_examples(examples, utf8=None):
     utf8 = utf8 or {}
     names = list(examples[0]) if examples else []
     if any(list(ex) != names for ex in examples):
-        names = []
         columns = [("", "json", [json.dumps(ex, ensure_ascii=False).encode("utf-8",
                                                                             "surrogatepass")
                                  for ex in examples])]
