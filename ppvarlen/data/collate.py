@@ -32,11 +32,10 @@ def pad_sequences(seqs, pad_value, length, side="right"):
         n = len(seq)
         if n > length:
             raise ValueError(f"pad_sequences: item {row} has {n} tokens > target length {length}")
-        if n:
-            if side == "right":
-                out[row, :n] = seq
-            else:
-                out[row, length - n:] = seq
+        if side == "right":
+            out[row, :n] = seq
+        else:
+            out[row, length - n:] = seq
     return out
 
 
@@ -87,13 +86,8 @@ class Collator:
     def target_length(self, longest):
         """Padded length for a batch whose longest item has ``longest`` tokens."""
         length = -(-max(int(longest), 1) // self.multiple) * self.multiple
-        if self.boundaries:
-            fits = [b for b in self.boundaries if b >= length]
-            length = fits[0] if fits else length
-        return length
-
-    def _pad_value(self, field):
-        return self.pad_id if field.pad == "pad_id" else int(field.pad)
+        # the smallest bucket boundary that fits (boundaries are sorted), else the length itself
+        return next((b for b in self.boundaries or () if b >= length), length)
 
     def _pad(self, rows, pad_value):
         return pad_sequences(rows, pad_value, self.target_length(max(len(r) for r in rows)),
@@ -133,17 +127,18 @@ class Collator:
                             f"{len(item[aligned.name])}; {f.name} must align one-to-one with "
                             f"{aligned.name}")
             key = f.key or f.name
+            pad = self.pad_id if f.pad == "pad_id" else int(f.pad)
             if f.shift:
                 for i, row in enumerate(rows):
                     if len(row) < 2:
                         raise DataError(f"batch item {i} (doc_id {items[i].get('doc_id', '?')}): "
                                         f"{f.name} must hold at least BOS and EOS, got "
                                         f"{list(row)!r}")
-                batch[key + "_in"] = self._pad([r[:-1] for r in rows], self._pad_value(f))
+                batch[key + "_in"] = self._pad([r[:-1] for r in rows], pad)
                 batch[key + "_out"] = self._pad([r[1:] for r in rows], IGNORE_INDEX)
                 lens = [len(r) - 1 for r in rows]
             else:
-                batch[key] = self._pad(rows, self._pad_value(f))
+                batch[key] = self._pad(rows, pad)
                 lens = [len(r) for r in rows]
             if f.lengths:
                 batch[f.lengths] = np.asarray(lens, dtype=np.int64)
