@@ -37,7 +37,14 @@ def load_built_in(cfg):
     """The built-in corpus the Data section ``cfg`` names (a fresh copy, ``Data.limit`` applied)."""
     name = cfg.corpus
     built_in = BUILT_IN[name]
-    _check_built_in_keys(cfg, name, built_in)
+    if cfg.task not in (None, built_in.task):
+        raise ConfigError(f"Data.task: corpus {name!r} is a {built_in.task} corpus, but "
+                          f"Data.task is {cfg.task!r}; remove Data.task or pick another corpus")
+    for key in USER_FILE_KEYS:
+        if cfg.get(key) is not None:
+            raise ConfigError(f"Data.{key} is only read for Data.corpus: jsonl or tsv, but the "
+                              f"corpus is the built-in {name!r}; remove Data.{key} or set "
+                              f"Data.corpus to jsonl/tsv")
     corpus = fresh_copy(_built(name, tuple(cfg.get(k) for k in built_in.keys)))
     check_tag_scheme_key(cfg.get("tag_scheme", "auto"), name, corpus)
     apply_limit(corpus, cfg.limit)
@@ -49,17 +56,6 @@ def _built(name, values):
     """The built corpus for ``name`` and the values of its keys (never handed out: copy it)."""
     built_in = BUILT_IN[name]
     return built_in.build(**dict(zip(built_in.keys, values)))
-
-
-def _check_built_in_keys(cfg, name, built_in):
-    if cfg.task not in (None, built_in.task):
-        raise ConfigError(f"Data.task: corpus {name!r} is a {built_in.task} corpus, but "
-                          f"Data.task is {cfg.task!r}; remove Data.task or pick another corpus")
-    for key in USER_FILE_KEYS:
-        if cfg.get(key) is not None:
-            raise ConfigError(f"Data.{key} is only read for Data.corpus: jsonl or tsv, but the "
-                              f"corpus is the built-in {name!r}; remove Data.{key} or set "
-                              f"Data.corpus to jsonl/tsv")
 
 
 def data_section(data_cfg):
