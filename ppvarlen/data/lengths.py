@@ -129,8 +129,7 @@ def plot_lengths(lengths, path, max_len=None, boundaries=None, title="token leng
     arr = as_lengths(lengths)
     # a few very long outliers would squash the plot: cut the x axis at max_len / p99.5
     drawn = [max(b) for b in (boundaries or {}).values()] + [max_len or 0]
-    upper = int(max(np.percentile(arr, 99.5), *drawn))
-    upper = min(int(arr.max()), upper)
+    upper = min(int(arr.max()), int(max(np.percentile(arr, 99.5), *drawn)))
     beyond = int((arr > upper).sum())
     fig = Figure(figsize=(11, 4))
     ax_h, ax_c = fig.subplots(1, 2)

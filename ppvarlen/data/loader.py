@@ -66,8 +66,7 @@ class BatchLoader:
 
 def dataset_fields(dataset):
     """The field declarations of a store-backed dataset (None for a plain list of items)."""
-    store = getattr(dataset, "store", None)
-    return getattr(store, "fields", None)
+    return getattr(getattr(dataset, "store", None), "fields", None)
 
 
 def make_collator(data_cfg, pad_id, sampler=None, fields=None):
