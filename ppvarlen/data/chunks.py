@@ -192,37 +192,30 @@ def pack_examples(examples, utf8=None):
     keys), not encoded again."""
     utf8 = utf8 or {}
     names = list(examples[0]) if examples else []
-    if any(list(ex) != names for ex in examples):
-        columns = [("", "json", [json.dumps(ex, ensure_ascii=False).encode("utf-8",
-                                                                            "surrogatepass")
-                                 for ex in examples])]
-    else:
-        columns = []
-        for name in names:
-            if name in utf8:
-                columns.append((name, "str", utf8[name]))
-                continue
-            values = [ex[name] for ex in examples]
-            if all(type(v) is str for v in values):
-                columns.append((name, "str", [v.encode("utf-8", "surrogatepass")
-                                              for v in values]))
-            elif all(type(v) is int for v in values) and \
-                    all(-(1 << 63) <= v < (1 << 63) for v in values):
-                columns.append((name, "int", np.asarray(values, "<i8").tobytes()))
-            else:
-                columns.append((name, "json", [json.dumps(v, ensure_ascii=False).encode(
-                    "utf-8", "surrogatepass") for v in values]))
+    mixed = any(list(ex) != names for ex in examples)  # keys differ: one column of examples
+    columns = []
+    for name in [""] if mixed else names:
+        if name in utf8 and not mixed:
+            columns.append((name, "str", utf8[name]))
+            continue
+        values = examples if mixed else [ex[name] for ex in examples]  # dicts: JSON below
+        if all(type(v) is str for v in values):
+            columns.append((name, "str", [v.encode("utf-8", "surrogatepass") for v in values]))
+        elif all(type(v) is int for v in values) and \
+                all(-(1 << 63) <= v < (1 << 63) for v in values):
+            columns.append((name, "int", np.asarray(values, "<i8").tobytes()))
+        else:
+            columns.append((name, "json", [json.dumps(v, ensure_ascii=False).encode(
+                "utf-8", "surrogatepass") for v in values]))
     parts, fields = [], []
     for name, kind, data in columns:
-        if kind == "int":
-            parts.append(data)
-            fields.append([name, kind, len(data)])
-        else:
+        if kind != "int":  # strings / JSON: their int64 offsets, then the bytes joined
             offsets = np.zeros(len(data) + 1, "<i8")
             np.cumsum([len(b) for b in data], out=offsets[1:])
-            blob = b"".join(data)
-            parts += [offsets.tobytes(), blob]
-            fields.append([name, kind, len(blob)])
+            parts.append(offsets.tobytes())
+            data = b"".join(data)
+        parts.append(data)
+        fields.append([name, kind, len(data)])
     header = json.dumps({"count": len(examples), "fields": fields}).encode()
     return len(header).to_bytes(8, "little") + header + b"".join(parts)
 
