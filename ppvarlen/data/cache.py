@@ -157,22 +157,18 @@ def explain_miss(root, parts):
             last = json.load(f)
     except (OSError, ValueError):
         return "no store of this corpus in the cache yet"
-    changes = []
-    for k, v in parts["data"].items():
-        old = last["parts"]["data"].get(k)
-        if old != v:
-            changes.append(f"Data.{k} {old!r} -> {v!r}")
-    old_files = last["parts"]["files"]
+    before = last["parts"]
+    changes = [f"Data.{k} {before['data'].get(k)!r} -> {v!r}"
+               for k, v in parts["data"].items() if before["data"].get(k) != v]
     for k, v in parts["files"].items():
-        if old_files.get(k) != v:
+        if before["files"].get(k) != v:
             what = v.get("path", k)
-            changes.append(f"{what} changed" if k in old_files else f"{what} added")
-    changes += [f"{k} removed" for k in old_files if k not in parts["files"]]
-    for k in ("task", "vocabulary", "extra_corpora"):
-        if last["parts"].get(k) != parts[k]:
-            changes.append(f"{k} {last['parts'].get(k)!r} -> {parts[k]!r}")
-    if last["parts"].get("store_format") != parts["store_format"]:
-        changes.append(f"ppvarlen's store format {last['parts'].get('store_format')} -> "
+            changes.append(f"{what} changed" if k in before["files"] else f"{what} added")
+    changes += [f"{k} removed" for k in before["files"] if k not in parts["files"]]
+    changes += [f"{k} {before.get(k)!r} -> {parts[k]!r}"
+                for k in ("task", "vocabulary", "extra_corpora") if before.get(k) != parts[k]]
+    if before.get("store_format") != parts["store_format"]:
+        changes.append(f"ppvarlen's store format {before.get('store_format')} -> "
                        f"{parts['store_format']} (what is encoded changed)")
     if not changes and not os.path.isdir(os.path.join(root, last.get("key", ""))):
         changes.append("the earlier store was deleted")
