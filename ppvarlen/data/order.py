@@ -32,10 +32,7 @@ def pack_by_budget(order, lengths, max_tokens, max_batch_size=None, batch_size_m
     multiple of m and the rest starts the next batch (as fairseq does).
     Returns a list of lists of int indices; every index appears exactly once.
     """
-    _check_budget(max_tokens, max_batch_size, batch_size_multiple)
     order = np.asarray(order, dtype=np.int64).reshape(-1)
-    if order.size == 0:
-        return []
     rows = np.asarray(lengths)
     rows = rows[order] if rows.ndim == 2 else rows.reshape(-1)[order]
     ends = budget_cuts(rows, max_tokens, max_batch_size, batch_size_multiple)
@@ -248,8 +245,7 @@ def _cuts_any(rows, ends, max_tokens, cap, multiple):
     out = []
     counts = np.arange(1, 65, dtype=np.int64)
     window = 64
-    run_start = 0
-    for run_end in ends.tolist():
+    for run_start, run_end in zip([0] + ends[:-1].tolist(), ends.tolist()):
         s, forced = run_start, run_start + 1  # examples before ``forced`` are already in
         while s < run_end:
             while True:
@@ -273,7 +269,6 @@ def _cuts_any(rows, ends, max_tokens, cap, multiple):
             s += keep
             forced = max(j, s + 1)
             out.append(s)
-        run_start = run_end
     return np.asarray(out, dtype=np.int64)
 
 
