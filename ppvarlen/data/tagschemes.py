@@ -136,20 +136,19 @@ def sequence_problem(tags, scheme):
     if not SCHEME[scheme].closed:
         return None
     inside, open_type = SCHEME[scheme].inside, None  # open_type: type of the chunk being read
+    shape = f"a {scheme.upper()} chunk is B {inside}* E or S"
+    unclosed = f"is not closed by E-/S-; {shape} (is this line BIO?)"
     for i, tag in enumerate(tags):
         prefix, etype = split_tag(tag)
         continues = prefix in (inside, "E")
         if continues and open_type != etype:
             return (f"tag {i} {tag!r} does not continue a chunk (after "
-                    f"{tags[i - 1] if i else 'the start'!r}); a {scheme.upper()} chunk is "
-                    f"B {inside}* E or S")
+                    f"{tags[i - 1] if i else 'the start'!r}); {shape}")
         if not continues and open_type is not None:
-            return (f"the chunk ending at tag {i - 1} ({tags[i - 1]!r}) is not closed by E-/S-; "
-                    f"a {scheme.upper()} chunk is B {inside}* E or S (is this line BIO?)")
+            return f"the chunk ending at tag {i - 1} ({tags[i - 1]!r}) {unclosed}"
         open_type = etype if prefix in ("B", inside) else None
     if open_type is not None:
-        return (f"the last chunk ({tags[-1]!r}) is not closed by E-/S-; a {scheme.upper()} "
-                f"chunk is B {inside}* E or S (is this line BIO?)")
+        return f"the last chunk ({tags[-1]!r}) {unclosed}"
     return None
 
 
