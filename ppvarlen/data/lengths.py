@@ -102,8 +102,7 @@ def optimal_boundaries(lengths, num_buckets, pad_to_multiple_of=1):
         new = np.zeros(n + 1, dtype=np.int64)  # every new[i], i >= 1, is set below
         arg = np.zeros(n + 1, dtype=np.int64)
         for i in range(1, n + 1):
-            j = np.arange(i)
-            cost = best[:i] + values[i - 1] * (prefix[i] - prefix[j])
+            cost = best[:i] + values[i - 1] * (prefix[i] - prefix[:i])  # over every start j < i
             jbest = int(np.argmin(cost))
             new[i], arg[i] = cost[jbest], jbest
         best = new
@@ -115,11 +114,6 @@ def optimal_boundaries(lengths, num_buckets, pad_to_multiple_of=1):
         bounds.append(int(values[i - 1]))
         i = int(choice[k][i])
     return sorted(bounds)
-
-
-def padding_efficiency(real_tokens, computed_tokens):
-    """Share of computed (padded) tokens that are real."""
-    return float(real_tokens) / float(computed_tokens) if computed_tokens else 1.0
 
 
 def plot_lengths(lengths, path, max_len=None, boundaries=None, title="token lengths"):
