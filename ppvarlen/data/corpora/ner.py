@@ -23,9 +23,7 @@ def _name_list_pairs(words):
     if len(words) < 4 or len(words) % 2:
         return None
     pairs = [words[i:i + 2] for i in range(0, len(words), 2)]
-    if all(len(s) == 1 and 1 <= len(g) <= 2 for s, g in pairs):
-        return pairs
-    return None
+    return pairs if all(len(s) == 1 and 1 <= len(g) <= 2 for s, g in pairs) else None
 
 
 def ner_tags(paragraph):
