@@ -81,9 +81,6 @@ class StoreField:
         np.dtype(self.dtype)  # an unknown dtype fails at declaration
 
 
-Field = StoreField  # the old name: a task module on a branch not merged yet imports it
-
-
 def _fsync_dir(path):
     fd = os.open(path, os.O_RDONLY)
     try:
