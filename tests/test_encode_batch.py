@@ -68,6 +68,7 @@ def test_encode_batch_is_encode_array_of_each_text():
     for enc in (_encoder("char"), _encoder("char", True), _encoder("word")):
         ids, lengths = enc.encode_batch(TEXTS)
         want = [enc.encode_array(t) for t in TEXTS]
+        assert [w.tolist() for w in want] == [enc.encode(enc.tokenize(t)) for t in TEXTS]
         assert ids.dtype == np.int32 and lengths.dtype == np.int64
         assert lengths.tolist() == [len(w) for w in want]
         assert ids.tolist() == np.concatenate(want).tolist()

@@ -122,17 +122,23 @@ class Vocabulary:
         """Given tokens (tagging data) -> the tokens this vocabulary looks up."""
         return [t.lower() for t in tokens] if self.lowercase else list(tokens)
 
+    def encode(self, tokens):
+        """Tokens -> ids; unknown tokens (and, in a ``TextEncoder``, literal special-token
+        strings) -> unk_id."""
+        ids, unk = self._ids, self.unk_id
+        return [ids.get(t, unk) for t in self.normalize(tokens)]
+
     def encode_text(self, text):
         return self.encode(self.tokenize(text))
 
     def encode_array(self, text):
         """``encode(tokenize(text))`` as an int32 numpy array."""
-        return np.asarray(self.encode(self.tokenize(text)), np.int32)
+        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts):
         """``encode_array`` of each of ``texts`` -> (the ids one after the other (int32), each
         text's count of ids (int64))."""
-        arrays = [self.encode_array(t) for t in texts]
+        arrays = [np.asarray(self.encode_text(t), np.int32) for t in texts]
         lengths = np.fromiter(map(len, arrays), np.int64, len(arrays))
         return (np.concatenate(arrays).astype(np.int32, copy=False) if arrays
                 else np.zeros(0, np.int32)), lengths
@@ -154,15 +160,8 @@ class Vocabulary:
     def unk_rate(self, id_lists):
         """Share of [UNK] among real tokens (pad/cls/sep/bos/eos not counted)."""
         special = {self.pad_id, self.cls_id, self.sep_id, self.bos_id, self.eos_id} - {None}
-        total = unk = 0
-        for ids in id_lists:
-            for i in ids:
-                i = int(i)
-                if i in special:
-                    continue
-                total += 1
-                unk += i == self.unk_id
-        return unk / total if total else 0.0
+        real = [i for ids in id_lists for i in map(int, ids) if i not in special]
+        return real.count(self.unk_id) / len(real) if real else 0.0
 
     # ------------------------------------------------------------ files
 
@@ -252,7 +251,7 @@ class TextEncoder(Vocabulary):
         for t in SPECIAL_TOKENS:
             del self._ids[t]
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.bos_id, self.eos_id = range(6)
-        self._char_table = None  # encode_array / encode_batch: codepoint -> id
+        self._char_table = None  # encode_batch: codepoint -> id
 
     # ------------------------------------------------------------ building
 
@@ -347,36 +346,20 @@ class TextEncoder(Vocabulary):
             text = text.lower()
         return list(text) if self.kind == "char" else text.split()
 
-    def encode(self, tokens):
-        """Tokens -> ids; unknown tokens (and literal special-token strings) -> unk_id."""
-        ids, unk = self._ids, self.unk_id
-        return [ids.get(t, unk) for t in self.normalize(tokens)]
-
-    def encode_array(self, text):
-        """``encode(tokenize(text))`` as an int32 numpy array; for a char vocabulary without
-        lowercasing a codepoint table lookup (the corpus-encoding hot path)."""
-        if self.kind != "char" or self.lowercase:
-            return super().encode_array(text)
-        return self._codepoint_ids(text)
-
     def encode_batch(self, texts):
-        """``Vocabulary.encode_batch``; for a char vocabulary without lowercasing one table
-        lookup over all the texts' codepoints (a char is a codepoint, so a text's ids are as
-        many as its ``len``)."""
+        """``Vocabulary.encode_batch`` (and so ``encode_array``); for a char vocabulary without
+        lowercasing one table lookup over all the texts' codepoints (a char is a codepoint, so
+        a text's ids are as many as its ``len``; the corpus-encoding hot path)."""
         if self.kind != "char" or self.lowercase:
             return super().encode_batch(texts)
-        lengths = np.fromiter(map(len, texts), np.int64, len(texts))
-        return self._codepoint_ids("".join(texts)), lengths
-
-    def _codepoint_ids(self, text):
         if self._char_table is None:  # codepoint -> id, made on first use
             table = np.full(0x110000, self.unk_id, np.int32)
             for token, i in self._ids.items():
                 if len(token) == 1:
                     table[ord(token)] = i
             self._char_table = table
-        return self._char_table[np.frombuffer(text.encode("utf-32-le", "surrogatepass"),
-                                              np.uint32)]
+        codes = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), np.uint32)
+        return self._char_table[codes], np.fromiter(map(len, texts), np.int64, len(texts))
 
     def decode(self, ids, skip_special=False):
         """Ids -> tokens (a list; join them as your task needs: "" for char, " " for word)."""
@@ -442,6 +425,7 @@ class PretrainedTokenizer(Vocabulary):
         self.auto_tokenizer = auto_tokenizer
         self.tokens = []  # the token list is the tokenizer's (``vocab_sha256`` hashes this one)
         vocab = tok.vocab
+        self._ids = vocab.token_to_idx
         self.pad_id, self.unk_id, self.cls_id, self.sep_id = (
             vocab.to_indices(t) for t in (PAD, UNK, CLS, SEP))
         self.bos_id = self.eos_id = None  # BERT/ERNIE vocabularies have no [BOS]/[EOS]
@@ -452,11 +436,6 @@ class PretrainedTokenizer(Vocabulary):
 
     def tokenize(self, text):
         return self._tok.tokenize(text)
-
-    def encode(self, tokens):
-        """Tokens -> ids; unknown tokens -> unk_id."""
-        vocab = self._tok.vocab.token_to_idx
-        return [vocab.get(t, self.unk_id) for t in self.normalize(tokens)]
 
     def decode(self, ids, skip_special=False):
         special = {self.pad_id, self.cls_id, self.sep_id} if skip_special else set()
