@@ -219,9 +219,14 @@ class Vocabulary:
         if kind not in KINDS:
             raise ConfigError(f"Data.tokenizer: {kind!r} is not one of {list(KINDS)}")
         lowercase = meta.get("lowercase", False) if lowercase is None else lowercase
+        try:
+            with open(vocab_path, encoding="utf-8") as f:
+                lines = f.read().split("\n")  # newlines read as "\n" ("\r\n" too)
+        except UnicodeDecodeError as e:
+            raise DataError(f"{vocab_path}: not valid UTF-8 ({e}); re-save it as UTF-8") from None
         if kind == "pretrained":
-            return PretrainedTokenizer.from_vocab_file(vocab_path, lowercase)
-        return TextEncoder.from_files(vocab_path, meta_path, meta, kind, lowercase)
+            return PretrainedTokenizer.from_vocab_file(vocab_path, lines, lowercase)
+        return TextEncoder.from_files(vocab_path, lines, meta_path, meta, kind, lowercase)
 
 
 class TextEncoder(Vocabulary):
@@ -380,14 +385,10 @@ class TextEncoder(Vocabulary):
         return "".join(escape_token(t) + "\n" for t in self.tokens)
 
     @classmethod
-    def from_files(cls, vocab_path, meta_path, meta, kind, lowercase):
-        """The vocabulary ``save`` wrote (``meta``: its encoder.json, {} when there is none)."""
-        try:
-            with open(vocab_path, encoding="utf-8") as f:
-                lines = f.read().split("\n")
-        except UnicodeDecodeError as e:
-            raise DataError(f"{vocab_path}: not valid UTF-8 ({e}); re-save it as UTF-8") from None
-        if lines and lines[-1] == "":
+    def from_files(cls, vocab_path, lines, meta_path, meta, kind, lowercase):
+        """The vocabulary ``save`` wrote (``lines``: vocab.txt's, ``meta``: its encoder.json,
+        {} when there is none)."""
+        if lines[-1] == "":
             lines.pop()
         if meta.get("vocab_escape") == "backslash":
             lines = [unescape_token(t) for t in lines]
@@ -443,11 +444,10 @@ class PretrainedTokenizer(Vocabulary):
                 if int(i) not in special]
 
     def _vocab_text(self, directory, meta):
-        tokens = [self._tok.vocab.to_tokens(i) for i in range(len(self._tok.vocab))]
-        meta["vocab_escape"] = None
-        meta["tokenizer_class"] = type(self._tok).__name__
-        meta["tokenizer_files"] = self._write_tokenizer_files(directory)
-        return "".join(t + "\n" for t in tokens)  # verbatim: it is someone else's vocab
+        meta.update(vocab_escape=None, tokenizer_class=type(self._tok).__name__,
+                    tokenizer_files=self._write_tokenizer_files(directory))
+        # verbatim: it is someone else's vocab
+        return "".join(self._tok.vocab.to_tokens(i) + "\n" for i in range(self.vocab_size))
 
     def _write_tokenizer_files(self, directory):
         """An AutoTokenizer's files (not vocab.txt: ``save`` writes it) -> names written."""
@@ -469,45 +469,32 @@ class PretrainedTokenizer(Vocabulary):
         self._tok.save_pretrained(directory)
 
     @classmethod
-    def from_vocab_file(cls, vocab_path, lowercase):
+    def from_vocab_file(cls, vocab_path, lines, lowercase):
+        """The tokenizer over ``vocab_path`` (``lines``: its lines)."""
         # Check the file first: PaddleNLP asserts (a bare traceback) on a missing [UNK].
-        try:
-            with open(vocab_path, encoding="utf-8") as f:
-                present = {line.rstrip("\r\n") for line in f}
-        except UnicodeDecodeError as e:
-            raise DataError(f"{vocab_path}: not valid UTF-8 ({e}); re-save it as UTF-8") from None
-        missing = [t for t in (PAD, UNK, CLS, SEP) if t not in present]
+        missing = [t for t in (PAD, UNK, CLS, SEP) if t not in lines]
         if missing:
             raise DataError(f"{vocab_path}: pretrained vocab lacks {missing}; a BERT/ERNIE "
                             f"vocab.txt lists [PAD], [UNK], [CLS] and [SEP]")
+        from paddlenlp.transformers import AutoTokenizer, ErnieTokenizer  # heavy: only here
+
         directory = os.path.dirname(os.path.abspath(vocab_path))
-        if os.path.isfile(os.path.join(directory, "tokenizer_config.json")):
-            tok = _auto_tokenizer(directory)
-            do_lower = bool(getattr(tok, "do_lower_case", False))
-            if lowercase and not do_lower:
-                raise ConfigError(f"Data.lowercase: true, but {directory}/tokenizer_config.json "
-                                  f"says do_lower_case: false, and that file decides how this "
-                                  f"tokenizer works; remove Data.lowercase")
-            return cls(tok, do_lower, auto_tokenizer=True)
-        from paddlenlp.transformers import ErnieTokenizer  # heavy: only on this path
-
-        return cls(ErnieTokenizer(vocab_file=vocab_path, do_lower_case=lowercase), lowercase)
-
-
-def _auto_tokenizer(directory):
-    """``AutoTokenizer`` over a local directory (JSON + vocab files; nothing downloaded)."""
-    from paddlenlp.transformers import AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(directory, from_hf_hub=False, from_aistudio=False)
-    except (OSError, ValueError, KeyError, AssertionError) as e:
-        raise DataError(f"{directory}/tokenizer_config.json: PaddleNLP's AutoTokenizer cannot "
-                        f"load this directory ({e})") from None
-    vocab = getattr(tok, "vocab", None)
-    if not hasattr(vocab, "token_to_idx"):
-        raise DataError(f"{directory}: {type(tok).__name__} has no WordPiece vocabulary "
-                        f"(vocab.txt); ppvarlen reads BERT/ERNIE-style tokenizers")
-    return tok
+        if not os.path.isfile(os.path.join(directory, "tokenizer_config.json")):
+            return cls(ErnieTokenizer(vocab_file=vocab_path, do_lower_case=lowercase), lowercase)
+        try:  # local JSON + vocab files; nothing downloaded
+            tok = AutoTokenizer.from_pretrained(directory, from_hf_hub=False, from_aistudio=False)
+        except (OSError, ValueError, KeyError, AssertionError) as e:
+            raise DataError(f"{directory}/tokenizer_config.json: PaddleNLP's AutoTokenizer cannot "
+                            f"load this directory ({e})") from None
+        if not hasattr(getattr(tok, "vocab", None), "token_to_idx"):
+            raise DataError(f"{directory}: {type(tok).__name__} has no WordPiece vocabulary "
+                            f"(vocab.txt); ppvarlen reads BERT/ERNIE-style tokenizers")
+        do_lower = bool(getattr(tok, "do_lower_case", False))
+        if lowercase and not do_lower:
+            raise ConfigError(f"Data.lowercase: true, but {directory}/tokenizer_config.json "
+                              f"says do_lower_case: false, and that file decides how this "
+                              f"tokenizer works; remove Data.lowercase")
+        return cls(tok, do_lower, auto_tokenizer=True)
 
 
 def vocab_sha256(encoder):
