@@ -112,12 +112,10 @@ def batch_spans(lengths, max_content, policy, stride):
     a caller checks that first, as it raises the messages."""
     lengths = np.asarray(lengths, np.int64)
     docs = np.arange(len(lengths), dtype=np.int64)
-    long = np.flatnonzero(lengths > max_content)
-    if policy != "window" or not len(long):  # one span per document, cut to max_content
+    if policy != "window" or not (lengths > max_content).any():
+        # one span per document, cut to max_content
         return docs, np.zeros(len(lengths), np.int64), np.minimum(lengths, max_content)
-    spans = [[(0, int(n))] for n in lengths]
-    for d in long.tolist():
-        spans[d] = window_spans(int(lengths[d]), max_content, stride)
+    spans = [window_spans(n, max_content, stride) for n in lengths.tolist()]
     counts = np.fromiter(map(len, spans), np.int64, len(spans))
     flat = np.asarray([se for doc in spans for se in doc], np.int64).reshape(-1, 2)
     return np.repeat(docs, counts), flat[:, 0], flat[:, 1]
@@ -154,18 +152,13 @@ class LongTextStats:
         self.tokens_lost = self.windows = 0
 
     def add(self, n_tokens, spans):
-        self.documents += 1
-        self.windows += len(spans)
+        """One document of ``n_tokens`` tokens cut into ``spans``."""
         kept = max(end for _, end in spans) - min(start for start, _ in spans)
-        if kept < n_tokens or len(spans) > 1:
-            self.long_documents += 1
-        if self.policy == "truncate" and kept < n_tokens:
-            self.truncated += 1
-            self.tokens_lost += n_tokens - kept
+        self.add_batch([n_tokens], [kept], [len(spans)])
 
     def add_batch(self, n_tokens, kept, windows):
-        """``add`` for many documents: per document its tokens, the tokens from its first
-        kept one to its last (``max(end) - min(start)`` of its spans) and its span count."""
+        """Many documents: per document its tokens, the tokens from its first kept one to its
+        last (``max(end) - min(start)`` of its spans) and its span count."""
         n_tokens, kept, windows = (np.asarray(a, np.int64) for a in (n_tokens, kept, windows))
         self.documents += len(n_tokens)
         self.windows += int(windows.sum())
