@@ -186,13 +186,8 @@ def paragraph_examples(words, max_len, stats):
 
 def chunk_target(table, chunk):
     """The target string for a list of (word, pos), or None if a character has no reading."""
-    tokens = []
-    for word, pos in chunk:
-        word_toks = word_tokens(table, word, pos)
-        if word_toks is None:
-            return None
-        tokens += word_toks
-    return " ".join(tokens)
+    per_word = [word_tokens(table, word, pos) for word, pos in chunk]
+    return None if None in per_word else " ".join(itertools.chain.from_iterable(per_word))
 
 
 def build_examples(paragraphs, table, max_source_len, max_target_len):
@@ -204,18 +199,16 @@ def build_examples(paragraphs, table, max_source_len, max_target_len):
         stats["source_chars"] += sum(len(w) for w, _ in words)
         for chunk in paragraph_examples(words, max_source_len, stats):
             source, target = "".join(w for w, _ in chunk), chunk_target(table, chunk)
-            if target is None:
-                stats["dropped_unknown_char"] += 1
-            elif len(target) > max_target_len:
-                stats["dropped_long_target"] += 1
+            drop = ("dropped_unknown_char" if target is None else
+                    "dropped_long_target" if len(target) > max_target_len else None)
+            if drop:
+                stats[drop] += 1
+                stats["dropped_chars"] += len(source)
             elif source in seen:  # repeated clauses ("我们。") would weigh the test split
                 stats["duplicates"] += 1
-                continue
             else:
                 seen.add(source)
                 examples.append({"source": source, "target": target})
-                continue
-            stats["dropped_chars"] += len(source)
     stats["examples"] = len(examples)
     return examples, dict(stats)
 
