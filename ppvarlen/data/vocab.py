@@ -13,14 +13,6 @@ the review, so it is a token like any other.  To keep vocab.txt one token per li
 such tokens are written escaped (``\\u3000``, ``\\t``; a backslash itself as ``\\\\``);
 ``encoder.json`` records the escaping, so a vocab.txt without it (e.g. a BERT vocab)
 is read literally.
-
-``PretrainedTokenizer`` (``kind="pretrained"``) wraps a PaddleNLP tokenizer built from local
-files only (never a model name that could download); only that path imports paddlenlp.  A
-vocab.txt with a ``tokenizer_config.json`` beside it (a PaddleNLP ``save_pretrained``
-directory) is read with ``AutoTokenizer`` and that file decides the tokenizer class and its
-options (do_lower_case, tokenize_chinese_chars, ...); ``save`` copies the tokenizer files (``TOKENIZER_FILES``) next to
-vocab.txt, so a checkpoint or export tokenizes exactly like ``AutoTokenizer`` on the
-directory.  A bare vocab.txt gets ``ErnieTokenizer(do_lower_case=Data.lowercase)``.
 """
 import hashlib
 import json
@@ -48,19 +40,13 @@ TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_to
 _UNESCAPE_RE = re.compile(r"\\(\\|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8})")
 
 
-def _needs_escape(ch):
-    # whitespace, controls, format chars, separators, surrogates: invisible or line-breaking
-    return ch == "\\" or ch.isspace() or unicodedata.category(ch)[0] in "CZ"
-
-
 def escape_token(token):
-    if not any(_needs_escape(c) for c in token):
-        return token
     out = []
     for c in token:
         if c == "\\":
             out.append("\\\\")
-        elif _needs_escape(c):
+        # whitespace, controls, format chars, separators, surrogates: invisible or line-breaking
+        elif c.isspace() or unicodedata.category(c)[0] in "CZ":
             out.append(f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}")
         else:
             out.append(c)
@@ -95,10 +81,8 @@ def char_spans(text, tokens, lowercase=False):
 class Vocabulary:
     """What every vocabulary does (the protocol the tasks, the store build, the predictor and
     the doctor use): ``tokenize`` / ``encode`` / ``encode_array`` / ``decode``, ``vocab_size``,
-    the special ids, ``save`` and ``Vocabulary.load``.  Two kinds implement it:
-    ``TextEncoder`` (a char / word vocabulary built from the train split, with the seq2seq
-    target alphabet when ``build_seq2seq`` made it) and ``PretrainedTokenizer`` (a PaddleNLP
-    WordPiece tokenizer over a local vocab.txt)."""
+    the special ids, ``save`` and ``Vocabulary.load``; ``TextEncoder`` and
+    ``PretrainedTokenizer`` implement it (the module's docstring says how they differ)."""
 
     kind = ""
     auto_tokenizer = False  # a PaddleNLP AutoTokenizer directory (tokenizer_config.json)
@@ -413,10 +397,15 @@ class TextEncoder(Vocabulary):
 
 
 class PretrainedTokenizer(Vocabulary):
-    """A PaddleNLP WordPiece tokenizer over a local vocab.txt (``kind`` ``pretrained``): an
-    AutoTokenizer directory (``tokenizer_config.json`` decides its class and options) or a bare
-    vocab.txt read with ``ErnieTokenizer(do_lower_case=Data.lowercase)``.  Its special ids are
-    the file's; it has no [BOS]/[EOS]."""
+    """A PaddleNLP WordPiece tokenizer (``kind`` ``pretrained``) built from local files only
+    (never a model name that could download); only this path imports paddlenlp.  A vocab.txt
+    with a ``tokenizer_config.json`` beside it (a PaddleNLP ``save_pretrained`` directory) is read
+    with ``AutoTokenizer`` and that file decides the tokenizer class and its options
+    (do_lower_case, tokenize_chinese_chars, ...); ``save`` copies the tokenizer files
+    (``TOKENIZER_FILES``) next to vocab.txt, so a checkpoint or export tokenizes exactly like
+    ``AutoTokenizer`` on the directory.  A bare vocab.txt gets
+    ``ErnieTokenizer(do_lower_case=Data.lowercase)``.  Its special ids are the file's; it has no
+    [BOS]/[EOS]."""
 
     kind = "pretrained"
 
