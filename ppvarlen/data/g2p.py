@@ -90,20 +90,17 @@ class PinyinTable:
         """Syllables for a CJK word, or None when a character has no reading."""
         if len(word) == 1 and pos[:1] in ("u", "y") and word in PARTICLE_READINGS:
             return [PARTICLE_READINGS[word]]
-        if word in self.words:
-            return list(self.words[word])
         out, i = [], 0
-        while i < len(word):  # longest match inside an out-of-table word
-            for n in range(min(self.max_word_len, len(word) - i), 1, -1):
-                if word[i:i + n] in self.words:
-                    out += self.words[word[i:i + n]]
-                    i += n
-                    break
-            else:
-                if word[i] not in self.chars:
-                    return None
+        while i < len(word):  # longest match from the left: a word in the table matches whole
+            n = next((n for n in range(min(self.max_word_len, len(word) - i), 1, -1)
+                      if word[i:i + n] in self.words), 1)
+            if n > 1:
+                out += self.words[word[i:i + n]]
+            elif word[i] in self.chars:
                 out.append(self.chars[word[i]])
-                i += 1
+            else:
+                return None
+            i += n
         return out
 
 
@@ -112,13 +109,11 @@ def word_tokens(table, word, pos=""):
     out = []
     for cjk, run in itertools.groupby(word, key=is_cjk):
         run = "".join(run)
-        if cjk:
-            syllables = table.word_syllables(run, pos)
-            if syllables is None:
-                return None
-            out += syllables
-        else:
-            out += ASCII_RUN.findall(unicodedata.normalize("NFKC", run))
+        tokens = (table.word_syllables(run, pos) if cjk
+                  else ASCII_RUN.findall(unicodedata.normalize("NFKC", run)))
+        if tokens is None:
+            return None
+        out += tokens
     return out
 
 
