@@ -122,24 +122,21 @@ class Vocabulary:
     def encode_batch(self, texts):
         """``encode_array`` of each of ``texts`` -> (the ids one after the other (int32), each
         text's count of ids (int64))."""
-        arrays = [np.asarray(self.encode_text(t), np.int32) for t in texts]
-        lengths = np.fromiter(map(len, arrays), np.int64, len(arrays))
-        return (np.concatenate(arrays).astype(np.int32, copy=False) if arrays
-                else np.zeros(0, np.int32)), lengths
+        ids = [self.encode_text(t) for t in texts]
+        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+        return np.array([i for row in ids for i in row], np.int32), lengths
 
     def encode_target(self, text):
         """Target text -> ids a decoder can produce (a token outside the output alphabet ->
         [UNK]); targets split per ``target_kind``."""
         kind = self.target_kind or self.kind
         ids = self.encode(list(text) if kind == "char" else text.split())  # encode lowercases
-        if self.output_size is None:
-            return ids
-        return [i if i < self.output_size else self.unk_id for i in ids]
+        limit = self.vocab_size if self.output_size is None else self.output_size
+        return [i if i < limit else self.unk_id for i in ids]
 
     def decode_target(self, ids):
         """Generated ids (no BOS/EOS) -> target text: chars joined with "", words with " "."""
-        kind = self.target_kind or self.kind
-        return ("" if kind == "char" else " ").join(self.decode(ids))
+        return ("" if (self.target_kind or self.kind) == "char" else " ").join(self.decode(ids))
 
     def unk_rate(self, id_lists):
         """Share of [UNK] among real tokens (pad/cls/sep/bos/eos not counted)."""
@@ -231,14 +228,12 @@ class TextEncoder(Vocabulary):
         if tuple(self.tokens[:len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
             raise DataError(f"vocabulary must start with the special tokens "
                             f"{list(SPECIAL_TOKENS)} (ids 0-5), got {self.tokens[:6]}")
-        self._ids = {t: i for i, t in enumerate(self.tokens)}
-        if len(self._ids) != len(self.tokens):
+        if len(set(self.tokens)) != len(self.tokens):
             dup = next(t for t, c in Counter(self.tokens).items() if c > 1)
             raise DataError(f"vocabulary lists token {dup!r} twice; each token needs one id")
         # Text never yields a special id: a literal "[SEP]" in user text is [UNK],
         # so data cannot inject structure tokens.
-        for t in SPECIAL_TOKENS:
-            del self._ids[t]
+        self._ids = {t: i for i, t in enumerate(self.tokens) if i >= len(SPECIAL_TOKENS)}
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.bos_id, self.eos_id = range(6)
         self._char_table = None  # encode_batch: codepoint -> id
 
@@ -352,15 +347,12 @@ class TextEncoder(Vocabulary):
 
     def decode(self, ids, skip_special=False):
         """Ids -> tokens (a list; join them as your task needs: "" for char, " " for word)."""
-        out = []
-        for i in ids:
-            i = int(i)
-            if not 0 <= i < len(self.tokens):
-                raise DataError(f"id {i} is outside the vocabulary (size {len(self.tokens)})")
-            if skip_special and i < len(SPECIAL_TOKENS) and i != self.unk_id:
-                continue
-            out.append(self.tokens[i])
-        return out
+        ids = [int(i) for i in ids]
+        bad = next((i for i in ids if not 0 <= i < len(self.tokens)), None)
+        if bad is not None:
+            raise DataError(f"id {bad} is outside the vocabulary (size {len(self.tokens)})")
+        skip = set(range(len(SPECIAL_TOKENS))) - {self.unk_id} if skip_special else ()
+        return [self.tokens[i] for i in ids if i not in skip]
 
     # ------------------------------------------------------------ files
 
@@ -370,8 +362,7 @@ class TextEncoder(Vocabulary):
 
     @classmethod
     def from_files(cls, vocab_path, lines, meta_path, meta, kind, lowercase):
-        """The vocabulary ``save`` wrote (``lines``: vocab.txt's, ``meta``: its encoder.json,
-        {} when there is none)."""
+        """What ``save`` wrote (``lines``: vocab.txt's; ``meta``: encoder.json's, or {})."""
         if lines[-1] == "":
             lines.pop()
         if meta.get("vocab_escape") == "backslash":
@@ -383,16 +374,14 @@ class TextEncoder(Vocabulary):
         if meta.get("vocab_size") not in (None, enc.vocab_size):
             raise DataError(f"{vocab_path}: holds {enc.vocab_size} tokens but {meta_path} says "
                             f"{meta['vocab_size']}; the two files come from different runs")
-        output_size = meta.get("output_size")
+        output_size, target_kind = meta.get("output_size"), meta.get("target_kind")
         if output_size is not None and not (isinstance(output_size, int)
                                             and len(SPECIAL_TOKENS) <= output_size <= enc.vocab_size):
             raise DataError(f"{meta_path}: output_size {output_size!r} must be an integer in "
                             f"[{len(SPECIAL_TOKENS)}, {enc.vocab_size}]; re-save the model")
-        enc.output_size = output_size
-        target_kind = meta.get("target_kind")
         if target_kind not in (None, "char", "word"):
             raise DataError(f"{meta_path}: target_kind {target_kind!r} must be char or word")
-        enc.target_kind = target_kind
+        enc.output_size, enc.target_kind = output_size, target_kind
         return enc
 
 
@@ -442,14 +431,12 @@ class PretrainedTokenizer(Vocabulary):
         """An AutoTokenizer's files (not vocab.txt: ``save`` writes it) -> names written."""
         if not self.auto_tokenizer:
             return []
-        written = []
         with tempfile.TemporaryDirectory() as tmp:
             self._tok.save_pretrained(tmp)
-            for name in TOKENIZER_FILES:
-                if os.path.isfile(os.path.join(tmp, name)):
-                    with open(os.path.join(tmp, name), encoding="utf-8") as f:
-                        atomic_write_text(os.path.join(directory, name), f.read())
-                    written.append(name)
+            written = [n for n in TOKENIZER_FILES if os.path.isfile(os.path.join(tmp, n))]
+            for name in written:
+                with open(os.path.join(tmp, name), encoding="utf-8") as f:
+                    atomic_write_text(os.path.join(directory, name), f.read())
         return written
 
     def save_pretrained_tokenizer(self, directory):
@@ -544,13 +531,11 @@ def build_encoder(data_cfg, counts=None, pairs=False):
         enc.stats = {"kind": "pretrained", "vocab_file": data_cfg.vocab_file,
                      "vocab_size": enc.vocab_size}
         return enc
-    if pairs:
-        enc = TextEncoder.build_seq2seq(counts[0], counts[1], data_cfg.tokenizer,
-                                        data_cfg.lowercase, data_cfg.min_freq, data_cfg.max_size,
-                                        data_cfg.get("target_tokenizer"))
+    options = (data_cfg.tokenizer, data_cfg.lowercase, data_cfg.min_freq, data_cfg.max_size)
+    if pairs:  # counts: the sources' and the targets'
+        enc = TextEncoder.build_seq2seq(*counts, *options, data_cfg.get("target_tokenizer"))
     else:
-        enc = TextEncoder.build(counts[0], data_cfg.tokenizer, data_cfg.lowercase,
-                                data_cfg.min_freq, data_cfg.max_size)
+        enc = TextEncoder.build(counts[0], *options)
     logger.info("vocabulary: %s, %d tokens from the train split (%d types, min_freq %d)",
                 enc.kind, enc.vocab_size, enc.stats["train_types"], data_cfg.min_freq)
     return enc
