@@ -137,20 +137,17 @@ def split_at_words(clause, max_len, stats):
     word longer than max_len is dropped and counted."""
     piece, size = [], 0
     for word, pos in clause:
-        if len(word) > max_len:
+        if len(word) > max_len:  # dropped; it ends the piece before it (below: no carry)
             stats["dropped_long_word"] += 1
             stats["dropped_chars"] += len(word)
-            if piece:
-                yield piece
-            piece, size = [], 0
-            continue
         if piece and size + len(word) > max_len:
             # punctuation never starts a piece (a lone "。" would be a trivial example): it
             # takes the previous word along
             carry = piece[-1:] if word in CLAUSE_END and len(piece) > 1 else []
             yield piece[:len(piece) - len(carry)]
             piece, size = carry, sum(len(w) for w, _ in carry)
-        piece, size = piece + [(word, pos)], size + len(word)
+        if len(word) <= max_len:
+            piece, size = piece + [(word, pos)], size + len(word)
     if piece:
         yield piece
 
@@ -161,16 +158,14 @@ def paragraph_examples(words, max_len, stats):
     packed, size = [], 0
     for clause, ends_sentence in clauses(words):
         n = sum(len(w) for w, _ in clause)
-        if n > max_len:
+        if n > max_len:  # cut below; it ends the sources packed before it
             stats["split_long_clause"] += 1
-            if packed:
-                yield packed
-            packed, size = [], 0
-            yield from split_at_words(clause, max_len, stats)
-            continue
         if packed and size + n > max_len:
             yield packed
             packed, size = [], 0
+        if n > max_len:
+            yield from split_at_words(clause, max_len, stats)
+            continue
         packed, size = packed + clause, size + n
         if ends_sentence:
             yield packed
