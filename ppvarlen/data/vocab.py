@@ -117,7 +117,7 @@ class Vocabulary:
 
     def encode_array(self, text):
         """``encode(tokenize(text))`` as an int32 numpy array."""
-        return self.encode_batch([text])[0]
+        return np.asarray(self.encode_text(text), np.int32)
 
     def encode_batch(self, texts):
         """``encode_array`` of each of ``texts`` -> (the ids one after the other (int32), each
@@ -235,7 +235,7 @@ class TextEncoder(Vocabulary):
         # so data cannot inject structure tokens.
         self._ids = {t: i for i, t in enumerate(self.tokens) if i >= len(SPECIAL_TOKENS)}
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.bos_id, self.eos_id = range(6)
-        self._char_table = None  # encode_batch: codepoint -> id
+        self._char_table = None  # encode_array: codepoint -> id
 
     # ------------------------------------------------------------ building
 
@@ -331,19 +331,27 @@ class TextEncoder(Vocabulary):
         return list(text) if self.kind == "char" else text.split()
 
     def encode_batch(self, texts):
-        """``Vocabulary.encode_batch`` (and so ``encode_array``); for a char vocabulary without
-        lowercasing one table lookup over all the texts' codepoints (a char is a codepoint, so
-        a text's ids are as many as its ``len``; the corpus-encoding hot path)."""
+        """``Vocabulary.encode_batch``: for a char vocabulary without lowercasing, the texts'
+        ids are ``encode_array`` of the texts joined (a char is a codepoint, so a text's ids are
+        as many as its ``len``)."""
         if self.kind != "char" or self.lowercase:
             return super().encode_batch(texts)
+        return self.encode_array("".join(texts)), np.fromiter(map(len, texts), np.int64,
+                                                              len(texts))
+
+    def encode_array(self, text):
+        """``Vocabulary.encode_array``; for a char vocabulary without lowercasing one codepoint
+        table lookup (the corpus-encoding hot path)."""
+        if self.kind != "char" or self.lowercase:
+            return super().encode_array(text)
         if self._char_table is None:  # codepoint -> id, made on first use
             table = np.full(0x110000, self.unk_id, np.int32)
             for token, i in self._ids.items():
                 if len(token) == 1:
                     table[ord(token)] = i
             self._char_table = table
-        codes = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), np.uint32)
-        return self._char_table[codes], np.fromiter(map(len, texts), np.int64, len(texts))
+        return self._char_table[np.frombuffer(text.encode("utf-32-le", "surrogatepass"),
+                                              np.uint32)]
 
     def decode(self, ids, skip_special=False):
         """Ids -> tokens (a list; join them as your task needs: "" for char, " " for word)."""
