@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 from ppvarlen.config import ConfigError, load_config
-from ppvarlen.data.loader import (BatchLoader, FixedBatches, dataset_fields, make_collator,
-                                  train_loader)
+from ppvarlen.data.loader import BatchLoader, FixedBatches, make_collator, train_loader
 from ppvarlen.data.order import length_sorted_batches
 from ppvarlen.store_build import build_datasets
 from ppvarlen.data.errors import DataError
@@ -133,7 +132,7 @@ def test_dataloader_train_and_eval_sentiment(tmp_path):
     assert sorted(seen) == list(range(600)) and len(train) == len(train.sampler)
     # evaluation's loader (engine.evaluate): the length-sorted batches of data.order, as given
     batches = length_sorted_batches(b.dev.lengths, cfg.eval_max_tokens)
-    evaluation = BatchLoader(b.dev, FixedBatches(batches), make_collator(cfg, b.dev.pad_id, fields=dataset_fields(b.dev)))
+    evaluation = BatchLoader(b.dev, FixedBatches(batches), make_collator(cfg, b.dev))
     got = [batch["doc_id"].tolist() for batch in evaluation]
     assert got == [[int(b.dev[i]["doc_id"]) for i in batch] for batch in batches]
     assert got == [batch["doc_id"].tolist() for batch in evaluation]  # deterministic

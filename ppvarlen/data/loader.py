@@ -64,16 +64,11 @@ class BatchLoader:
                    for k, v in batch.items()}
 
 
-def dataset_fields(dataset):
-    """The field declarations of a store-backed dataset (None for a plain list of items)."""
-    return getattr(getattr(dataset, "store", None), "fields", None)
-
-
-def make_collator(data_cfg, pad_id, sampler=None, fields=None):
-    """The batches' collator; ``fields``: the items' declarations (a dataset's store fields)."""
+def make_collator(data_cfg, dataset, sampler=None):
+    """The collator of ``dataset``'s batches: its pad id and its store's field declarations."""
     bounds = getattr(sampler, "boundaries", None) if data_cfg.pad_to_bucket else None
-    return Collator(pad_id, data_cfg.pad_to_multiple_of, data_cfg.padding_side,
-                    bucket_boundaries=bounds, **({"fields": fields} if fields else {}))
+    return Collator(dataset.pad_id, data_cfg.pad_to_multiple_of, data_cfg.padding_side,
+                    bucket_boundaries=bounds, fields=dataset.store.fields)
 
 
 def train_loader(dataset, data_cfg, num_replicas=1, rank=0, seed=0):
@@ -82,5 +77,5 @@ def train_loader(dataset, data_cfg, num_replicas=1, rank=0, seed=0):
     state_dict for the trainer) and ``loader.collate`` (the batches' collator) are exposed."""
     sampler = build_batch_sampler(dataset, data_cfg, shuffle=True, num_replicas=num_replicas,
                                   rank=rank, seed=seed)
-    collate = make_collator(data_cfg, dataset.pad_id, sampler, dataset_fields(dataset))
+    collate = make_collator(data_cfg, dataset, sampler)
     return BatchLoader(dataset, sampler, collate, data_cfg.num_workers)

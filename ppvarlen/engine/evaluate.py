@@ -9,7 +9,7 @@ import time
 import paddle
 from tqdm import tqdm
 
-from ..data.loader import BatchLoader, FixedBatches, dataset_fields, make_collator
+from ..data.loader import BatchLoader, FixedBatches, make_collator
 from ..data.order import length_sorted_batches, restore_order
 from ..store_build import build_datasets
 from ..tasks import get_task
@@ -69,7 +69,7 @@ def _timed_checkpoint_outputs(cfg, ckpt_dir, split, progress):
     model, meta, encoder, _ = load_for_inference(ckpt_dir)
     dataset = getattr(build_datasets(cfg.Data, task_hint=meta["task"], encoder=encoder,
                                      splits=(split,)), split)
-    collate = make_collator(cfg.Data, encoder.pad_id, fields=dataset_fields(dataset))
+    collate = make_collator(cfg.Data, dataset)
     start = time.perf_counter()
     outputs = predict(model, dataset, meta["task"], collate, cfg.Data.eval_max_tokens,
                       cfg.Data.padding_side, decoding=decoding_of(cfg.Model),
