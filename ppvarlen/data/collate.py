@@ -80,7 +80,8 @@ class Collator:
         self.side = padding_side
         self.boundaries = sorted(int(b) for b in bucket_boundaries) if bucket_boundaries else None
         self.fields = {f.name: f for f in fields}
-        if not any(f.length for f in self.fields.values()):
+        self.length_fields = [f for f in self.fields.values() if f.length]
+        if not self.length_fields:
             raise ValueError("Collator: the fields declare no length field (ragged, length=True)")
 
     def target_length(self, longest):
@@ -101,16 +102,14 @@ class Collator:
             if set(item) != keys:
                 raise DataError(f"batch item {i} has fields {sorted(item)} but item 0 has "
                                 f"{sorted(keys)}; all items of a dataset must have the same fields")
-        declared = self.fields
-        length_fields = [f for f in declared.values() if f.length]
-        unknown = keys - set(declared)
-        missing = [f.name for f in length_fields if f.name not in keys]
+        unknown = keys - set(self.fields)
+        missing = [f.name for f in self.length_fields if f.name not in keys]
         if unknown or missing:
             raise DataError(f"Collator: unexpected fields {sorted(unknown)}, missing "
-                            f"{missing} (the task declares {sorted(declared)})")
-        aligned = length_fields[0] if len(length_fields) == 1 else None
+                            f"{missing} (the task declares {sorted(self.fields)})")
+        aligned = self.length_fields[0] if len(self.length_fields) == 1 else None
         batch = {}
-        for f in declared.values():
+        for f in self.fields.values():
             if f.name not in keys or not f.batch:
                 continue
             if not f.ragged:
