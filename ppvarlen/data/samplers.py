@@ -166,12 +166,11 @@ class _LengthBatchSampler(BatchSampler):
     def __iter__(self):
         # not a generator itself: the resume position is taken when iter() is called
         batches = self._rank_batches()
-        start, self._skip = self._skip, 0
-        self._yielded = start
-        return self._generate(batches.take(np.arange(start, len(batches))))
+        self._yielded, self._skip = self._skip, 0
+        return self._generate(batches, self._yielded)
 
-    def _generate(self, batches):
-        for b in range(len(batches)):
+    def _generate(self, batches, start):
+        for b in range(start, len(batches)):
             self._yielded += 1
             yield batches[b]
 
