@@ -253,7 +253,9 @@ class Scanner:
         plan = self.plan
         if plan.fmt == "parquet":
             for n, row in _parquet_rows(chunk, plan.limits):
-                yield n, _parsed_or_bad(parse_object, row, plan.task)
+                if not isinstance(row, BadLine):  # a row with a cell not UTF-8 is one already
+                    row = _parsed_or_bad(parse_object, row, plan.task)
+                yield n, row
             return
         if chunk.error is not None:
             raise DataError(chunk.error)
