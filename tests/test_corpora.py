@@ -139,22 +139,19 @@ def test_ner_spot_checks_on_real_file():
 
 
 def test_parse_ner_line_rules():
-    chars, tags, ents, lists = parse_ner_line("江/nr  泽民/nr  发表/v  讲话/n")
+    chars, tags, lists = parse_ner_line("江/nr  泽民/nr  发表/v  讲话/n")
     assert "".join(chars) == "江泽民发表讲话"
-    assert tags == ["B-PER", "I-PER", "I-PER"] + ["O"] * 4
-    assert ents["PER"] == 1 and lists == 0
+    assert tags == ["B-PER", "I-PER", "I-PER"] + ["O"] * 4 and lists == 0
     # a run of name pairs is a list of people, one PER each
-    chars, tags, ents, lists = parse_ner_line("江/nr  泽民/nr  李/nr  鹏/nr  ，/w")
-    assert tags == ["B-PER", "I-PER", "I-PER", "B-PER", "I-PER", "O"]
-    assert ents["PER"] == 2 and lists == 1
+    chars, tags, lists = parse_ner_line("江/nr  泽民/nr  李/nr  鹏/nr  ，/w")
+    assert tags == ["B-PER", "I-PER", "I-PER", "B-PER", "I-PER", "O"] and lists == 1
     # three words that are not surname+given pairs stay one person
-    _, tags, ents, _ = parse_ner_line("陈/nr  方/nr  安生/nr")
-    assert tags == ["B-PER"] + ["I-PER"] * 3 and ents["PER"] == 1
+    _, tags, _ = parse_ner_line("陈/nr  方/nr  安生/nr")
+    assert tags == ["B-PER"] + ["I-PER"] * 3
     # consecutive places are separate entities; only nr words merge
-    _, tags, ents, _ = parse_ner_line("北京/ns  石景山/ns  中共中央/nt")
+    _, tags, _ = parse_ner_line("北京/ns  石景山/ns  中共中央/nt")
     assert tags == ["B-LOC", "I-LOC", "B-LOC", "I-LOC", "I-LOC", "B-ORG", "I-ORG", "I-ORG", "I-ORG"]
-    assert ents == {"LOC": 2, "ORG": 1}
-    chars, tags, _, _ = parse_ner_line("１２月/t  ３１日/t")
+    chars, tags, _ = parse_ner_line("１２月/t  ３１日/t")
     assert chars == list("１２月３１日") and tags == ["O"] * 6
     with pytest.raises(DataError, match=r"x\.txt:7: .*not word/POS"):
         parse_ner_line("江泽民", "x.txt", 7)

@@ -53,7 +53,7 @@ def files(tmp_path_factory):
     return {
         "bmes": _write(tmp / "seg_bmes.jsonl",
                        [(list("".join(w for w, _ in ps)), bmes([w for w, _ in ps])) for ps in pairs]),
-        "bioes": _write(tmp / "ner_bioes.jsonl", [(chars, bioes(tags)) for chars, tags, _, _ in ner]),
+        "bioes": _write(tmp / "ner_bioes.jsonl", [(chars, bioes(tags)) for chars, tags, _ in ner]),
         "plain": _write(tmp / "pos_plain.jsonl", [([w for w, _ in ps], [t for _, t in ps])
                                                    for ps in pairs]),
     }

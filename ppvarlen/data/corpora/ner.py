@@ -2,7 +2,7 @@
 character-level BIO tags: nr -> PER (consecutive nr words merged), ns -> LOC, nt -> ORG."""
 from collections import Counter
 
-from ..splits import SPLITS, example_key, stable_split
+from ..splits import SPLITS, example_key, split_examples
 from .base import Corpus, logger, split_stats
 from .people_daily import parse_line, people_daily
 
@@ -27,11 +27,11 @@ def _name_list_pairs(words):
 
 
 def ner_tags(paragraph):
-    """Paragraph -> (chars, BIO tags, entity Counter, name lists split)."""
+    """Paragraph -> (chars, BIO tags, name lists split); an entity is its one B- tag."""
     tags = ["O"] * len(paragraph.text)
-    entities, name_lists = Counter(), 0
+    name_lists = 0
     if NER_POS_TO_TYPE.keys().isdisjoint(paragraph.pos):
-        return list(paragraph.text), tags, entities, name_lists  # no entity word (a third of the paragraphs)
+        return list(paragraph.text), tags, name_lists  # no entity word (a third of the paragraphs)
     words = paragraph.words()
     types = [NER_POS_TO_TYPE.get(pos) for pos in paragraph.pos]
     offsets = [0, *paragraph.ends]  # character offset of each word
@@ -53,48 +53,42 @@ def ner_tags(paragraph):
             n = sum(map(len, group))
             tags[start] = "B-" + etype
             tags[start + 1:start + n] = ["I-" + etype] * (n - 1)
-            entities[etype] += 1
             start += n
-    return list(paragraph.text), tags, entities, name_lists
+    return list(paragraph.text), tags, name_lists
 
 
 def parse_ner_line(line, path="199801.txt", lineno=0):
-    """``江/nr  泽民/nr  发表/v ...`` -> (chars, BIO tags, entity Counter, name lists split)."""
+    """``江/nr  泽民/nr  发表/v ...`` -> (chars, BIO tags, name lists split)."""
     return ner_tags(parse_line(line, path, lineno))
 
 
 def ner_corpus(split_seed):
     source = people_daily()
-    examples, entity_counts, name_lists = [], [], 0
+    examples, name_lists = [], 0
     for paragraph in source.paragraphs:
-        chars, tags, ents, lists = ner_tags(paragraph)
+        chars, tags, lists = ner_tags(paragraph)
         examples.append({"tokens": chars, "tags": tags})
-        entity_counts.append(ents)
         name_lists += lists
-    keys = [example_key(ex) for ex in examples]
-    splits = {s: [] for s in SPLITS}
-    per_split = {s: Counter() for s in SPLITS}
-    for ex, key, ents in zip(examples, keys, entity_counts):
-        s = stable_split(key, split_seed)
-        splits[s].append(ex)
-        per_split[s].update(ents)
-    total = sum(entity_counts, Counter())
+    splits = split_examples(examples, split_seed)
     stats = {
         "corpus": "people_daily_ner", "lines": source.lines, "empty_lines": source.empty_lines,
-        "sentences": len(examples), "duplicate_sentences": len(examples) - len(set(keys)),
+        "sentences": len(examples),
+        "duplicate_sentences": len(examples) - len({example_key(ex) for ex in examples}),
         "characters": sum(len(ex["tokens"]) for ex in examples),
-        "entities": _by_type(total),
+        "entities": _entities(examples),
         "person_name_lists_split": name_lists,
         "mapping": "nr->PER (consecutive nr words merged), ns->LOC, nt->ORG, other->O; "
                    "character-level BIO",
         "tag_scheme": {"scheme": "bio", "from": "built-in corpus"},
-        "split": split_stats(splits, split_seed),
+        "split": {**split_stats(splits, split_seed),
+                  "entities": {s: _entities(splits[s]) for s in SPLITS}},
     }
-    stats["split"]["entities"] = {s: _by_type(per_split[s]) for s in SPLITS}
     logger.info("people_daily_ner: %d sentences, entities %s, split %s", len(examples),
                 stats["entities"], stats["split"]["sizes"])
     return Corpus("tagging", splits, list(NER_LABELS), stats)
 
 
-def _by_type(counter):
-    return {t: counter[t] for t in ("PER", "LOC", "ORG")}
+def _entities(examples):
+    """Entities by type: each begins at its one B- tag."""
+    counts = Counter(tag[2:] for ex in examples for tag in ex["tags"] if tag[0] == "B")
+    return {t: counts[t] for t in ("PER", "LOC", "ORG")}
