@@ -24,7 +24,7 @@ CHUNK_BYTES = 4 << 20  # a chunk of whole lines: a few thousand examples, a few 
 class Chunk:
     """Records of one file: bytes [offset, offset + size) of a plain line file, ``data`` (a
     gzip'd file's decompressed lines, or any chunk's bytes when shipped), or Parquet row group
-    ``row_group`` (``rows``: its rows, when shipped); ``first_line`` numbers its first record.
+    ``row_group`` (``rows``: its table, when shipped); ``first_line`` numbers its first record.
     ``error``: reading the file stopped here (a line over Data.max_line_bytes, a gzip bomb); the
     chunk carries the message so that it is raised in input order, as a bad line's is."""
 
@@ -77,7 +77,7 @@ def _line_chunks(role, path, f, max_line_bytes, carry_data):
         except DataError as e:  # a .gz file beyond Data.max_decompressed_ratio, or broken
             yield Chunk(role, path, line, offset, error=str(e))
             return
-        cut = block.rfind(b"\n") + 1
+        cut = block.rfind(b"\n") + 1  # 0 at the end of the file: the open line is the last one
         if block and not cut:
             open_line.append(block)
             open_bytes += len(block)
@@ -86,10 +86,9 @@ def _line_chunks(role, path, f, max_line_bytes, carry_data):
                             error=str(long_line_error(f"{path}:{line}", max_line_bytes)))
                 return
             continue
-        end = cut if block else 0  # at the end of the file the open line is the last one
-        body = b"".join(open_line + [block[:end]])
-        open_line = [block[end:]] if end < len(block) else []
-        open_bytes = len(block) - end
+        body = b"".join(open_line + [block[:cut]])
+        open_line = [block[cut:]] if cut < len(block) else []
+        open_bytes = len(block) - cut
         if body or not sent:
             yield Chunk(role, path, line, offset, len(body), body if carry_data else None)
             sent = True
@@ -140,15 +139,15 @@ def _parquet_chunks(role, path, ship=False):
         yield Chunk(role, path, first, row_group=i, rows=rows)
         first += meta.row_group(i).num_rows
     if not meta.num_row_groups:
-        yield Chunk(role, path, 1, rows=[])
+        yield Chunk(role, path, 1)
 
 
 def _row_group(path, i, first_row):
-    """(row group ``i`` of ``path`` as a table, ``first_row``); DataError when pyarrow cannot
-    read it."""
+    """Row group ``i`` of ``path`` as a table; DataError (naming its ``first_row``) when pyarrow
+    cannot read it."""
     parquet = _parquet_file(path)
     try:
-        return parquet.read_row_group(i), first_row
+        return parquet.read_row_group(i)
     except pyarrow_errors() as e:
         raise parquet_error(path, e, i, first_row) from None
 
@@ -157,10 +156,10 @@ def _parquet_rows(chunk, limits):
     """(row number, dict) of the chunk's row group; a text cell over Data.max_line_bytes stops
     the reading as a line over it does.  A row with a string cell that is not UTF-8 (pyarrow
     does not check when it writes) is a ``BadLine``, skipped under Data.skip_invalid."""
-    if chunk.rows == []:
+    if chunk.row_group is None:  # an empty file
         return
-    table, first = chunk.rows if chunk.rows is not None else \
-        _row_group(chunk.path, chunk.row_group, chunk.first_line)
+    first = chunk.first_line
+    table = chunk.rows if chunk.rows is not None else _row_group(chunk.path, chunk.row_group, first)
     _check_cell_bytes(chunk.path, table, first, limits.max_line_bytes)
     try:
         rows = table.to_pylist()
