@@ -73,8 +73,7 @@ class Fingerprints:
             self.files = {}
         if not isinstance(self.files, dict):  # a damaged record: every file is hashed again
             self.files = {}
-        self.changed = False
-        self.hashed = []  # paths whose content was read (tests, logs)
+        self.hashed = []  # paths whose content was read: new entries, unless racy
         self.racy = set()  # hashed too soon after a change: used by this build, not recorded
 
     def of(self, path):
@@ -97,17 +96,15 @@ class Fingerprints:
             self.racy.add(path)
         else:
             self.racy.discard(path)
-            self.changed = True
         return {"size": st.st_size, "sha256": sha}
 
     def save(self):
-        if not self.changed:
+        if set(self.hashed) <= self.racy:  # nothing new the record may keep
             return
         files = {p: v for p, v in self.files.items() if p not in self.racy}
         if len(files) > MAX_RECORDED_FILES:
             files = dict(list(files.items())[-MAX_RECORDED_FILES:])
         atomic_write_json(self.path, {"files": files})
-        self.changed = False
 
 
 def key_parts(data_cfg, task_hint, builtin, vocab_sha, extra_corpora, prints):
