@@ -25,7 +25,7 @@ Files of a split directory: ``manifest.json`` (format, fields, count, the builde
 paddle-free deploy host can read it), is written streaming at disk speed with no copy, and opens
 as a memmap (pyarrow's IPC files also memmap but add a dependency and ListArray offsets; the
 PaddleNLP indexed format ties one dtype and one ragged field per file pair and imports paddlenlp);
-``read_indexed_dataset`` reads a user's PaddleNLP/Megatron ``.bin``/``.idx`` corpus as token ids.
+``IndexedTokens`` reads a user's PaddleNLP/Megatron ``.bin``/``.idx`` corpus as token ids.
 
 Arrays are loaded with ``allow_pickle=False`` and the manifest is JSON: nothing is unpickled.
 A writer builds in a temp directory next to ``path``, fsyncs every file and renames it into
@@ -138,7 +138,7 @@ class StoreWriter:
                 raise ValueError(f"StoreWriter: field {f.name!r} has {len(rows)} items, "
                                  f"expected {n}")
             n = len(rows)
-        self.count += n or 0
+        self.count += n  # a store has at least one field (its length field)
 
     def set_extra(self, name, array):
         """A split-level array saved as ``<name>.npy`` (e.g. per-document lengths)."""
@@ -303,7 +303,7 @@ class StoreSplit:
     def __getitem__(self, i):
         if not -self.count <= i < self.count:
             raise IndexError(f"item {i} of a {self.count}-item store split")
-        i = int(i) % self.count if self.count else i
+        i = int(i) % self.count  # an empty split has no index in range
         out = {}
         for f in self.fields:
             if f.ragged:
