@@ -45,17 +45,16 @@ def load_built_in(cfg):
             raise ConfigError(f"Data.{key} is only read for Data.corpus: jsonl or tsv, but the "
                               f"corpus is the built-in {name!r}; remove Data.{key} or set "
                               f"Data.corpus to jsonl/tsv")
-    corpus = fresh_copy(_built(name, tuple(cfg.get(k) for k in built_in.keys)))
+    corpus = fresh_copy(_built(name, **{k: cfg.get(k) for k in built_in.keys}))
     check_tag_scheme_key(cfg.get("tag_scheme", "auto"), name, corpus)
     apply_limit(corpus, cfg.limit)
     return corpus
 
 
 @functools.lru_cache(maxsize=6)
-def _built(name, values):
+def _built(name, **values):
     """The built corpus for ``name`` and the values of its keys (never handed out: copy it)."""
-    built_in = BUILT_IN[name]
-    return built_in.build(**dict(zip(built_in.keys, values)))
+    return BUILT_IN[name].build(**values)
 
 
 def data_section(data_cfg):
