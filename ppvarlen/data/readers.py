@@ -58,17 +58,8 @@ class FileData:
     line_numbers: list = field(default_factory=list)
     lines: int = 0  # data lines seen (a TSV header not counted)
     skipped: Counter = field(default_factory=Counter)  # reason -> lines skipped
-    first_skipped: dict = field(default_factory=dict)  # reason -> "line N: message"
+    first_skipped: dict = field(default_factory=dict)  # reason -> (line, message)
     header: bool = False
-
-    def stats(self):
-        out = {"lines": self.lines, "examples": len(self.examples)}
-        if self.header:
-            out["header_line"] = True
-        if self.skipped:
-            out["skipped"] = dict(sorted(self.skipped.items()))
-            out["first_skipped"] = dict(sorted(self.first_skipped.items()))
-        return out
 
 
 # ---------------------------------------------------------------- bounded reading
@@ -555,7 +546,7 @@ def _check_lines(fd, check, skip_invalid):
     keep = []
     for i, ex in enumerate(fd.examples):
         n = fd.line_numbers[i]
-        where = n if isinstance(n, str) else f"{fd.path}:{n}"  # shards: "shard:line" already
+        where = f"{fd.path}:{n}"
         problem = check(ex, where)
         if problem is None:
             keep.append(i)
@@ -564,8 +555,7 @@ def _check_lines(fd, check, skip_invalid):
         if not skip_invalid:
             raise DataError(f"{where}: {message} {_SKIP_HINT}")
         fd.skipped[why] += 1
-        fd.first_skipped.setdefault(why, f"line {n}: {message}" if isinstance(n, int)
-                                    else f"{where}: {message}")
+        fd.first_skipped.setdefault(why, (n, message))
     dropped = len(fd.examples) - len(keep)
     if dropped:
         fd.examples = [fd.examples[i] for i in keep]

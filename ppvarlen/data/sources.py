@@ -556,14 +556,12 @@ class _Merge:
         bar.close()
         if current is not None:
             current.finish()
-        if self.fmt.labels == "tags":
-            names, label_stats, file_stats = self._tag_rules()
-        else:
-            names, label_stats, file_stats = self._class_rules(), {}, None
+        names, label_stats = self._tag_rules() if self.fmt.labels == "tags" else \
+            (self._class_rules(), {})
         if self.label_error:
             raise DataError(self.label_error)
         sizes = self._bases()
-        scanned = Scanned(self._corpus(names, sizes, label_stats, file_stats), self.counts,
+        scanned = Scanned(self._corpus(names, sizes, label_stats), self.counts,
                           self.refs, self.spill, plan.limit)
         if plan.limit is not None:
             scanned.corpus.stats["limit"] = {"limit": plan.limit, "before": dict(sizes),
@@ -667,31 +665,25 @@ class _Merge:
     def _tag_rules(self):
         """Tagging data: every file's lines fit one tag scheme (``readers.check_tag_scheme``),
         then all files' (``readers.map_tags``), in input order; the examples they skip are
-        dropped from pass 2.  -> (names, stats, file stats)."""
-        plan = self.plan
-        by_role = {}
-        for role, paths in plan.files.items():
-            shards = []
-            for path in paths:
-                fs, fd = self.files[path], self.tag_files.get(path, FileData(path, plan.task))
-                fd.lines, fd.header = fs.lines, fs.header
-                fd.skipped = Counter(fs.skipped)
-                fd.first_skipped = {r: f"line {n}: {m}" for r, (n, m) in fs.first_skipped.items()}
-                check_tag_scheme([fd], plan.tag_scheme, plan.skip_invalid)
-                if not fd.examples:
-                    raise _no_examples(path, fd.lines, fd.skipped)
-                shards.append(fd)
-            by_role[role] = _merged_shards(plan.specs[role], plan.task, shards)
-        names, label_stats = map_tags(list(by_role.values()), plan.label_names,
-                                      plan.skip_invalid, plan.tag_scheme)
+        dropped from pass 2 and counted as the file's label skips.  -> (names, stats)."""
+        plan, files = self.plan, []
+        for path in dict.fromkeys(p for paths in plan.files.values() for p in paths):
+            fd, fs = self.tag_files.get(path, FileData(path, plan.task)), self.files[path]
+            check_tag_scheme([fd], plan.tag_scheme, plan.skip_invalid)
+            if not fd.examples:
+                raise _no_examples(path, fs.lines, fs.skipped + fd.skipped)
+            files.append(fd)
+        names, label_stats = map_tags(files, plan.label_names, plan.skip_invalid, plan.tag_scheme)
         for ref in self.refs:
             ref.keep = np.zeros(len(ref.codes), bool)
-        for fd in by_role.values():
+        for fd in files:
+            fs = self.files[fd.path]
+            fs.label_skipped.update(fd.skipped)
+            fs.label_first.update(fd.first_skipped)
             for ex in fd.examples:
                 k, i = ex["at"]
                 self.refs[k].keep[i] = True
-        file_stats = {role: {"path": fd.path, **fd.stats()} for role, fd in by_role.items()}
-        return names, label_stats, file_stats
+        return names, label_stats
 
     # ------------------------------------------------------------- splits and stats
     def _bases(self):
@@ -706,11 +698,10 @@ class _Merge:
                 sizes[s] += int(per[i])
         return sizes
 
-    def _corpus(self, names, sizes, label_stats, file_stats):
+    def _corpus(self, names, sizes, label_stats):
         plan = self.plan
-        if file_stats is None:
-            file_stats = {role: _file_stats(plan, role, [self.files[p] for p in paths])
-                          for role, paths in plan.files.items()}
+        file_stats = {role: _file_stats(plan, role, [self.files[p] for p in paths])
+                      for role, paths in plan.files.items()}
         skipped_total = sum(sum(fs.get("skipped", {}).values()) for fs in file_stats.values())
         stats = {"corpus": plan.fmt, "task": plan.task,
                  "task_from": "Data.task" if plan.task_given else "fields of the first line",
@@ -793,21 +784,6 @@ def _mixed_kinds(label, first):
             f"first label ({first!r}) is a {kind}; use names or ids throughout")
 
 
-def _merged_shards(spec, task, shards):
-    """The FileData of a Data key's shards as one (``shard:line`` line numbers), or the file's."""
-    if len(shards) == 1:
-        return shards[0]
-    merged = FileData(path=spec, task=task, header=shards[0].header)
-    for fd in shards:
-        merged.examples += fd.examples
-        merged.line_numbers += [f"{fd.path}:{n}" for n in fd.line_numbers]
-        merged.lines += fd.lines
-        merged.skipped.update(fd.skipped)
-        for reason, first in fd.first_skipped.items():
-            merged.first_skipped.setdefault(reason, f"{fd.path} {first}")
-    return merged
-
-
 def _file_stats(plan, role, fds):
     """The stats of a split's file, or of its shards merged."""
     multi = len(fds) > 1
@@ -852,8 +828,8 @@ def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto", limit
         fd.lines += sc.lines
         fd.header = fd.header or sc.header
         fd.skipped.update(sc.skipped)
-        for reason, (n, msg) in sc.first_skipped.items():
-            fd.first_skipped.setdefault(reason, f"line {n}: {msg}")
+        for reason, first in sc.first_skipped.items():
+            fd.first_skipped.setdefault(reason, first)
     if FORMATS[task].labels == "tags":
         check_tag_scheme([fd], tag_scheme, skip_invalid)
     if not fd.examples:
