@@ -46,7 +46,7 @@ from ..utils.log import get_logger
 from ..utils.parallel import ordered_map
 from .chunks import (_chunks_of, _parquet_chunks, _parquet_file, _parquet_rows, pack_examples,
                      unpack_examples)
-from .corpora.base import Corpus, check_limit, check_tag_scheme_key
+from .corpora.base import Corpus, check_limit, check_tag_scheme_key, record_limit
 from .corpora.registry import BUILT_IN, USER_FORMATS, data_section, load_built_in
 from .errors import DataError
 from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, LONG_LINE, NOT_LOADED, BadLine,
@@ -564,12 +564,7 @@ class _Merge:
         scanned = Scanned(self._corpus(names, sizes, label_stats), self.counts,
                           self.refs, self.spill, plan.limit)
         if plan.limit is not None:
-            scanned.corpus.stats["limit"] = {"limit": plan.limit, "before": dict(sizes),
-                                             "after": {s: min(n, plan.limit)
-                                                       for s, n in sizes.items()}}
-            scanned.corpus.splits = dict(scanned.corpus.stats["limit"]["after"])
-            logger.info("Data.limit=%d: kept %s of %s examples per split", plan.limit,
-                        scanned.corpus.splits, sizes)
+            scanned.corpus.splits = record_limit(scanned.corpus.stats, sizes, plan.limit)
         # pass 2's workers are forked from this process: what only the rules above read is
         # dropped first, so they do not map it
         for ref in self.refs:

@@ -35,18 +35,23 @@ def check_limit(limit):
         raise ConfigError(f"Data.limit: {limit} keeps nothing; use a positive number or null")
 
 
+def record_limit(stats, sizes, limit):
+    """``Data.limit`` keeps the first ``limit`` examples of each split of ``sizes`` -> the sizes
+    kept, recorded in ``stats`` and logged."""
+    after = {s: min(n, limit) for s, n in sizes.items()}
+    stats["limit"] = {"limit": limit, "before": dict(sizes), "after": after}
+    logger.info("Data.limit=%d: kept %s of %s examples per split", limit, after, sizes)
+    return dict(after)
+
+
 def apply_limit(corpus, limit):
-    """``Data.limit``: keep the first ``limit`` examples of each split (recorded in the stats)."""
+    """``Data.limit`` applied to a corpus in memory (``record_limit``)."""
     if limit is None:
         return
     check_limit(limit)
-    before = {s: len(corpus.splits[s]) for s in SPLITS}
+    record_limit(corpus.stats, {s: len(corpus.splits[s]) for s in SPLITS}, limit)
     for s in SPLITS:
         del corpus.splits[s][limit:]
-    corpus.stats["limit"] = {"limit": limit, "before": before,
-                             "after": {s: len(corpus.splits[s]) for s in SPLITS}}
-    logger.info("Data.limit=%d: kept %s of %s examples per split", limit,
-                corpus.stats["limit"]["after"], before)
 
 
 def check_tag_scheme_key(wanted, corpus_name, corpus):
