@@ -4,6 +4,7 @@ import json
 import os
 import pickle
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -186,6 +187,30 @@ def test_reads_a_paddlenlp_indexed_corpus(tmp_path):
     (tmp_path / "bad.idx").write_bytes(b"TNTIDX\x00\x00" + b"\x00" * 40)
     with pytest.raises(DataError, match="not a memory-mapped indexed corpus"):
         IndexedTokens(str(tmp_path / "bad"))
+
+
+def test_a_broken_indexed_corpus_is_refused_naming_its_file(tmp_path):
+    """Cut-short, missing or mismatched .idx / .bin files: a DataError naming the file, never
+    a struct / numpy error from deep inside the reader."""
+    from ppvarlen.data.store import _IDX_MAGIC
+
+    def corpus(name, idx_body, bin_bytes=b"\0" * 16):
+        (tmp_path / f"{name}.idx").write_bytes(_IDX_MAGIC + idx_body)
+        if bin_bytes is not None:
+            (tmp_path / f"{name}.bin").write_bytes(bin_bytes)
+        return str(tmp_path / name)
+
+    one_item = struct.pack("<QBQQ", 1, 4, 1, 2) + struct.pack("<iqqq", 4, 0, 0, 1)
+    with pytest.raises(DataError, match=r"short\.idx.*paddlenlp"):
+        IndexedTokens(corpus("short", struct.pack("<QB", 1, 4)))  # header cut short
+    with pytest.raises(DataError, match=r"huge\.idx: .*10000 items.*cut short"):
+        IndexedTokens(corpus("huge", struct.pack("<QBQQ", 1, 4, 10_000, 2)))
+    with pytest.raises(DataError, match=r"nobin\.bin"):
+        IndexedTokens(corpus("nobin", one_item, None))
+    with pytest.raises(DataError, match=r"past\.bin: the index places items outside its 16"):
+        IndexedTokens(corpus("past", one_item.replace(struct.pack("<i", 4),
+                                                      struct.pack("<i", 400))))
+    assert IndexedTokens(corpus("fits", one_item))[0].tolist() == [0, 0, 0, 0]
 
 
 def test_a_relative_glob_and_its_absolute_form_share_the_store(tmp_path, monkeypatch):

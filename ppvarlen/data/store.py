@@ -348,17 +348,26 @@ class IndexedTokens:
                                     f"(impl mmap)")
                 version, code, count, doc_count = struct.unpack("<QBQQ", fh.read(25))
                 header = fh.tell()
-        except OSError as e:
-            raise DataError(f"{idx}: cannot read the index ({e})") from None
+            buf = np.memmap(idx, mode="r", dtype=np.uint8)
+            self._bin = np.memmap(bin_path, mode="r", dtype=np.uint8)
+        except (OSError, ValueError, struct.error) as e:  # missing, empty or cut-short files
+            raise DataError(f"{prefix}: cannot read the indexed corpus ({e}); it needs "
+                            f"{idx} and {bin_path} as paddlenlp writes them") from None
         if version != 1 or code not in _IDX_DTYPES:
             raise DataError(f"{idx}: index version {version} / dtype code {code} is not one "
                             f"this reader knows (version 1, codes {sorted(_IDX_DTYPES)})")
         self.dtype = np.dtype(_IDX_DTYPES[code])
-        buf = np.memmap(idx, mode="r", dtype=np.uint8)
+        if len(buf) < header + 12 * count + 8 * doc_count:
+            raise DataError(f"{idx}: {len(buf)} bytes, too few for the {count} items and "
+                            f"{doc_count} documents its header lists; the file is cut short")
         self.lengths = np.frombuffer(buf, np.int32, count, header).astype(np.int64)
         self._pointers = np.frombuffer(buf, np.int64, count, header + 4 * count)
         self.doc_idx = np.frombuffer(buf, np.int64, doc_count, header + 12 * count)
-        self._bin = np.memmap(bin_path, mode="r", dtype=np.uint8)
+        ends = self._pointers + self.lengths * self.dtype.itemsize
+        if count and (min(self.lengths.min(), self._pointers.min()) < 0
+                      or ends.max() > len(self._bin)):
+            raise DataError(f"{bin_path}: the index places items outside its {len(self._bin)} "
+                            f"bytes; {idx} was written for another .bin, or one is cut short")
 
     def __len__(self):
         return len(self.lengths)
