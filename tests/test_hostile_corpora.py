@@ -236,6 +236,23 @@ def test_a_broken_gzip_file_is_a_data_error(tmp_path):
         read_file(str(path), "jsonl")
 
 
+@pytest.mark.parametrize("depth,where", [(1020, "second-line"), (200_000, "first-line")])
+def test_a_value_nested_thousands_deep_is_a_bad_line(tmp_path, depth, where):
+    """orjson reads 1,020 levels and refuses more; Python's json (and repr, in a message) stop at
+    the recursion limit: either way the line is a bad line naming file:line, never a
+    RecursionError, and it is skipped under skip_invalid."""
+    good = json.dumps({"text": "好", "label": "pos"}, ensure_ascii=False)
+    deep = '{"text": ' + "[" * depth + "]" * depth + ', "label": "pos"}'
+    lines = [deep, good, good] if where == "first-line" else [good, deep, good]
+    path = tmp_path / "deep.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    bad_line = lines.index(deep) + 1
+    with pytest.raises(DataError, match=rf"deep\.jsonl:{bad_line}: a value is nested too deeply"):
+        read_file(str(path), "jsonl")
+    fd = read_file(str(path), "jsonl", skip_invalid=True)
+    assert len(fd.examples) == 2 and dict(fd.skipped) == {"bad_json": 1}
+
+
 # --------------------------------------------------------------------- linear line chunking
 
 class _CountedBytes(bytes):

@@ -155,8 +155,8 @@ def _first_line_task(path, limits):
                 line = decode_line(raw, n)
                 if isinstance(line, BadLine):
                     continue
-                with contextlib.suppress(json.JSONDecodeError):
-                    obj = json.loads(line)
+                with contextlib.suppress(json.JSONDecodeError, RecursionError):
+                    obj = json.loads(line)  # a line that is no JSON object: the scan says so
                 if isinstance(obj, dict):
                     break
     except DataError:
@@ -254,7 +254,7 @@ class Scanner:
         if plan.fmt == "parquet":
             for n, row in _parquet_rows(chunk, plan.limits):
                 if not isinstance(row, BadLine):  # a row with a cell not UTF-8 is one already
-                    row = _parsed_or_bad(parse_object, row, plan.task)
+                    row = self._parsed_or_bad(parse_object, row, plan.task)
                 yield n, row
             return
         if chunk.error is not None:
@@ -264,14 +264,16 @@ class Scanner:
             if len(raw) > plan.limits.max_line_bytes:
                 raise long_line_error(f"{chunk.path}:{n}", plan.limits.max_line_bytes)
             if plan.fmt == "jsonl":  # parsed from its bytes (``parse_json_bytes``)
-                yield n, _parsed_or_bad(parse_json_bytes, raw, n, plan.task,
-                                        NOT_LOADED if loaded is None else loaded[k])
+                yield n, self._parsed_or_bad(parse_json_bytes, raw, n, plan.task,
+                                             NOT_LOADED if loaded is None else loaded[k])
                 continue
             line = decode_line(raw, n)
             if n == 1 and isinstance(line, str) and _is_tsv_header(line, self.fmt.fields):
                 scan.header = True
                 continue
-            yield n, line if isinstance(line, BadLine) else _parsed_or_bad(self.fmt.tsv, line)
+            if not isinstance(line, BadLine):
+                line = self._parsed_or_bad(self.fmt.tsv, line)
+            yield n, line
 
     def _parsed(self, chunk, scan):
         """(line numbers, examples) of the chunk's valid records, skips counted in ``scan``.  A
@@ -301,6 +303,17 @@ class Scanner:
             numbers.append(n)
             examples.append(ex)
         return np.asarray(numbers, np.int64), examples
+
+    def _parsed_or_bad(self, parse, *args):
+        """``parse(*args)``, or the BadLine it raises; a value nested deeper than Python can
+        read or print (a hostile line: thousands of arrays inside each other) is one too."""
+        try:
+            return parse(*args)
+        except BadLine as bad:
+            return bad
+        except RecursionError:
+            return BadLine("bad_json", f"a value is nested too deeply to read; each line must be "
+                                       f"one JSON object such as {self.fmt.example_line}")
 
     def _known_labels(self, chunk, numbers, examples, scan):
         """The examples whose class label is in Data.label_names: an unknown one is the chunk's
@@ -379,14 +392,6 @@ class Scanner:
             for label, at in zip(scan.label_values, first_at.tolist()):
                 kind = "str" if isinstance(label, str) else "int"
                 scan.kinds.setdefault(kind, (int(numbers[at]), label))
-
-
-def _parsed_or_bad(parse, *args):
-    """``parse(*args)``, or the BadLine it raises."""
-    try:
-        return parse(*args)
-    except BadLine as bad:
-        return bad
 
 
 @dataclass
