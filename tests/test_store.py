@@ -168,6 +168,21 @@ def test_a_build_killed_mid_way_leaves_no_store_a_later_run_takes(tmp_path):
     assert entries is not None
 
 
+def test_a_damaged_record_of_the_last_store_only_loses_the_reason(tmp_path):
+    """The cache's record of a slot's last store (last/<slot>.json) says why a build misses;
+    damaged, the build goes on and says it cannot tell."""
+    train, cache = write_reviews(tmp_path / "a.jsonl", 300), tmp_path / "cache"
+    cfg = dict(corpus="jsonl", train_file=train, cache_dir=str(cache))
+    build_datasets(data_cfg(**cfg))
+    (record,) = (cache / "last").iterdir()
+    for min_freq, damaged in zip((2, 3, 4), ('{"parts": 1}', "[]",
+                                             '{"parts": {"data": {}, "files": 3}}')):
+        record.write_text(damaged, encoding="utf-8")
+        bundle = build_datasets(data_cfg(**cfg, min_freq=min_freq))  # another key: a miss
+        assert bundle.stats["store"]["cache"] == f"built ({record} is damaged, so what " \
+                                                 f"changed is not known)"
+
+
 def test_reads_a_paddlenlp_indexed_corpus(tmp_path):
     from paddlenlp.data.indexed_dataset import make_builder
 

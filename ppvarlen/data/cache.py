@@ -154,7 +154,10 @@ def explain_miss(root, parts):
             last = json.load(f)
     except (OSError, ValueError):
         return "no store of this corpus in the cache yet"
-    before = last["parts"]
+    before = last.get("parts") if isinstance(last, dict) else None
+    if not (isinstance(before, dict) and isinstance(before.get("data"), dict)
+            and isinstance(before.get("files"), dict)):
+        return f"{path} is damaged, so what changed is not known"
     changes = [f"Data.{k} {before['data'].get(k)!r} -> {v!r}"
                for k, v in parts["data"].items() if before["data"].get(k) != v]
     for k, v in parts["files"].items():
