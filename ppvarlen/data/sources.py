@@ -819,17 +819,16 @@ def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto", limit
     one = Plan(fmt, task, True, {"train": [path]}, {"train": path}, bool(skip_invalid), 0,
                limits=limits)
     scanner, fd = Scanner(one, None, line_numbers=True), FileData(path, task)
+    merged = ChunkScan("train", path)  # the file's lines and skips, merged as a build merges
     for chunk in one.chunks():
         sc = scanner(chunk)
         if sc.error is not None:
             raise DataError(sc.error)
         fd.examples += unpack_examples(sc.parsed)
         fd.line_numbers += sc.line_numbers.tolist()
-        fd.lines += sc.lines
-        fd.header = fd.header or sc.header
-        fd.skipped.update(sc.skipped)
-        for reason, first in sc.first_skipped.items():
-            fd.first_skipped.setdefault(reason, first)
+        merged.add(sc)
+    fd.lines, fd.header, fd.skipped, fd.first_skipped = \
+        merged.lines, merged.header, merged.skipped, merged.first_skipped
     if FORMATS[task].labels == "tags":
         check_tag_scheme([fd], tag_scheme, skip_invalid)
     if not fd.examples:
