@@ -425,21 +425,22 @@ class Scanned:
 
     def reader(self):
         """What reads a job on a worker (picklable; a mapper's workers get the examples with
-        their jobs, so it holds no temp file then)."""
+        their jobs, so it holds no corpus then)."""
+        ship = parallel.has_mapper()
         return ChunkReader(self.corpus.label_names,
                            self.memory is None and FORMATS[self.corpus.task].labels == "class",
-                           self.limit, None if parallel.has_mapper() else self.spill)
+                           self.limit, None if ship else self.spill, None if ship else self.memory)
 
     def jobs(self, splits):
         """Pass-2 jobs over the examples of ``splits``, in input order (small picklable values;
-        with a mapper they carry their examples' bytes; a slice of a corpus in memory carries
-        its examples)."""
+        with a mapper they carry their examples, or their bytes)."""
         ship = parallel.has_mapper()
-        if self.memory is not None:
+        if self.memory is not None:  # forked workers read the slice from the corpus they inherit
             for split in (s for s in SPLITS if s in splits):
                 examples = self.memory.splits[split]
                 for start in range(0, len(examples), MEMORY_CHUNK):
-                    yield split, start, examples[start:start + MEMORY_CHUNK]
+                    end = min(start + MEMORY_CHUNK, len(examples))
+                    yield split, start, end, examples[start:end] if ship else None
             return
         for ref in self.refs:
             if not any(ref.counts[s] and (self.limit is None or ref.bases[s] < self.limit)
@@ -452,14 +453,14 @@ class Scanned:
 class ChunkReader:
     """Pass 2's read of one job -> {split: (doc id of the first, [examples])}, labels as ids."""
 
-    def __init__(self, label_names, class_labels, limit, spill):
+    def __init__(self, label_names, class_labels, limit, spill, memory):
         self.index = {name: i for i, name in enumerate(label_names)}
-        self.class_labels, self.limit, self.spill = class_labels, limit, spill
+        self.class_labels, self.limit, self.spill, self.memory = class_labels, limit, spill, memory
 
     def __call__(self, job):
-        if len(job) == 3:  # a slice of a corpus in memory
-            split, start, rows = job
-            return {split: (start, rows)}
+        if len(job) == 4:  # a slice of a corpus in memory
+            split, start, end, rows = job
+            return {split: (start, self.memory.splits[split][start:end] if rows is None else rows)}
         bases, codes, keep, data, splits = job
         if isinstance(data, tuple):  # (offset, size) in the temp file this process inherited
             data = self.spill.read_at(data[1], data[0])
