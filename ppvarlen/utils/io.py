@@ -1,4 +1,5 @@
-"""Atomic writes: a reader sees the old file/dir or the new one, never a mix."""
+"""File writes: atomic ones (a reader sees the old file/dir or the new one, never a mix), and
+writes and reads past the page cache with ``O_DIRECT`` (``DirectAppender``, ``BlockFile``)."""
 import contextlib
 import errno
 import fcntl
