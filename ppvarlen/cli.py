@@ -5,7 +5,8 @@ shim (``tools/*.py``, ``deploy/python/*.py``); it takes ``argv`` and returns the
 
 Error policy (``run_command``): the typed errors a user can fix -- ``ConfigError``, ``DataError``,
 ``UnservableExportError`` (an export directory that cannot be served) and ``ModelLoadError``
-(a model ppvarlen-doctor cannot load) -- print one paragraph on stderr and exit 2; ``ExportFailedError`` (an export that could not be produced
+(a model ppvarlen-doctor cannot load) and ``DiskFullError`` (a write found the disk full; it names
+the path and the bytes) -- print one paragraph on stderr and exit 2; ``ExportFailedError`` (an export that could not be produced
 or failed its parity check; the old export is kept) exits 1.  Anything else is a bug and keeps
 its traceback.  Each command imports its own module (the trainer, the exporter, the server,
 ...) when it runs, the one kind of import inside a function here: ``--help`` and config errors
@@ -39,7 +40,7 @@ from .doctor.errors import ModelLoadError
 from .export.errors import ExportFailedError
 from .models.sentence_transformers_dir import PADDLENLP_EMBED_POOLINGS
 from .tasks import get_task
-from .utils.io import atomic_write_json
+from .utils.io import DiskFullError, atomic_write_json
 from .utils.log import get_logger, setup_logging
 
 # (typed error, exit code, what the message starts with); the first match wins
@@ -49,6 +50,7 @@ ERROR_POLICY = (
     (DataError, 2, "error"),
     (UnservableExportError, 2, "error"),
     (ModelLoadError, 2, "error"),
+    (DiskFullError, 2, "error"),
 )
 USER_ERRORS = tuple(cls for cls, _, _ in ERROR_POLICY)
 

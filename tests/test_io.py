@@ -145,3 +145,48 @@ def test_block_file_parts_are_read_back_whole_and_padding_stays_in_its_room(tmp_
 def test_block_aligned():
     assert [block_aligned(n) for n in (0, 1, 4096, 4097)] == [0, 4096, 4096, 8192]
     assert uio.DIRECT_BLOCK == 4096
+
+
+def _dead_pid():
+    import subprocess
+    import sys
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_temp_names_carry_their_owner_and_dead_owners_debris_is_reaped(tmp_path):
+    mine = tempfile.mkdtemp(prefix=uio.owned_prefix(".tmp-train"), dir=tmp_path)
+    assert uio.owner_of(os.path.basename(mine)) == (os.getpid(), uio.HOST_TAG)
+    dead = _dead_pid()
+    dead_dir = tmp_path / f".tmp-train.pid{dead}.{uio.HOST_TAG}.abc"
+    dead_dir.mkdir()
+    (dead_dir / "input_ids.bin").write_bytes(b"x" * 100)
+    dead_file = tmp_path / f".tmp-metrics.json.pid{dead}.{uio.HOST_TAG}.x1"
+    dead_file.write_text("{")
+    other_host = tmp_path / f".tmp-train.pid{dead}.00000000.abc"  # a shared disk's other host
+    other_host.mkdir()
+    no_owner = tmp_path / ".tmp-legacy-abc"
+    no_owner.mkdir()
+    user_file = tmp_path / f"notes.pid{dead}.{uio.HOST_TAG}.txt"  # not a temp name
+    user_file.write_text("keep")
+    removed = uio.reap_dead_owners(tmp_path)
+    assert sorted(removed) == sorted([str(dead_dir), str(dead_file)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [os.path.basename(mine), other_host.name, no_owner.name, user_file.name])
+
+
+def test_a_full_disk_names_the_path_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.json"
+    real_fsync = os.fsync
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(uio.DiskFullError) as e:
+        atomic_write_text(path, "x" * 1000)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert str(path) in str(e.value) and "1,000 bytes needed" in str(e.value)
+    assert "bytes free" in str(e.value)
+    assert list(tmp_path.iterdir()) == []  # nothing left on the full disk

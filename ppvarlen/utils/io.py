@@ -1,5 +1,11 @@
 """File writes: atomic ones (a reader sees the old file/dir or the new one, never a mix), and
-writes and reads past the page cache with ``O_DIRECT`` (``DirectAppender``, ``BlockFile``)."""
+writes and reads past the page cache with ``O_DIRECT`` (``DirectAppender``, ``BlockFile``).
+
+Every temporary file or directory ppvarlen makes is named by ``owned_prefix``: it carries its
+owner's pid and host, so the next run that finds it (``reap_dead_owners``) removes it when its
+owner is dead, and leaves a live writer's (another process, or another host on a shared disk)
+alone.  A write that finds the disk full raises ``DiskFullError`` naming the path and the bytes
+it needed."""
 import contextlib
 import errno
 import fcntl
@@ -7,10 +13,105 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import shutil
+import socket
 import tempfile
 
 DIRECT_BLOCK = 4096  # O_DIRECT's alignment of offsets, lengths and memory (a page: safe on any disk)
+
+
+# the host of a temp name: another host's temp file on a shared disk is never judged by our pids
+HOST_TAG = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+_OWNED = re.compile(r"\.pid(\d+)\.([0-9a-f]{8})\.[^/]*$")
+
+
+def owned_prefix(name):
+    """The prefix of a temp file or directory made for ``name`` by this process (give it to
+    ``tempfile.mkstemp`` / ``mkdtemp``): ``<name>.pid<pid>.<host tag>.`` + the random part."""
+    return f"{name}.pid{os.getpid()}.{HOST_TAG}."
+
+
+def owner_of(entry):
+    """The (pid, host tag) an ``owned_prefix`` name carries, or None."""
+    m = _OWNED.search(entry)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+def pid_alive(pid):
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def reap_dead_owners(directory, starts=(".tmp-", ".old-")):
+    """Remove the temp files and directories in ``directory`` (names beginning with one of
+    ``starts``) whose owner, named by ``owned_prefix``, was a process of this host that is
+    gone -> the paths removed.  A name without an owner, or another host's, is left alone."""
+    removed = []
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.startswith(tuple(starts)):
+            continue
+        owner = owner_of(entry)
+        if owner is None or owner[1] != HOST_TAG or pid_alive(owner[0]):
+            continue
+        path = os.path.join(directory, entry)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        if not os.path.lexists(path):
+            removed.append(path)
+    return removed
+
+
+class DiskFullError(OSError):
+    """A write found no space left (ENOSPC, or EDQUOT: a quota); the message names the path,
+    the bytes it needed (when known) and what is free there.  The writer has removed its
+    partial files before this is raised."""
+
+    def __init__(self, path, needed=None, what="writing"):
+        free = None
+        with contextlib.suppress(OSError):
+            probe = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+            free = shutil.disk_usage(probe).free
+        amounts = ([f"{needed:,} bytes needed"] if needed is not None else []) \
+            + ([f"{free:,} bytes free"] if free is not None else [])
+        told = f" ({', '.join(amounts)})" if amounts else ""
+        super().__init__(errno.ENOSPC, f"{path}: no space left on the device while {what}{told}; "
+                                       f"free some space there, or point the output elsewhere")
+        self.path, self.needed, self.free = path, needed, free
+
+    def __str__(self):
+        return self.strerror
+
+
+def is_disk_full(error):
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+@contextlib.contextmanager
+def disk_full_named(path, needed=None, what="writing"):
+    """Turn a disk-full ``OSError`` raised in the block into a ``DiskFullError`` for ``path``."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        raise DiskFullError(path, needed, what) from None
 
 
 def _umask():
@@ -23,9 +124,9 @@ def atomic_write_bytes(path, data):
     path = os.fspath(path)
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+    fd, tmp = tempfile.mkstemp(prefix=owned_prefix(".tmp-" + os.path.basename(path)), dir=d)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with disk_full_named(path, len(data)), os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -57,7 +158,7 @@ def atomic_dir(final_path):
     final_path = os.path.abspath(os.fspath(final_path))
     parent = os.path.dirname(final_path)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(final_path) + "-", dir=parent)
+    tmp = tempfile.mkdtemp(prefix=owned_prefix(".tmp-" + os.path.basename(final_path)), dir=parent)
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the result should look like a normal mkdir
     try:
         yield tmp
@@ -66,7 +167,8 @@ def atomic_dir(final_path):
         raise
     old = None
     if os.path.exists(final_path):
-        old = tempfile.mkdtemp(prefix=".old-" + os.path.basename(final_path) + "-", dir=parent)
+        old = tempfile.mkdtemp(prefix=owned_prefix(".old-" + os.path.basename(final_path)),
+                               dir=parent)
         os.rmdir(old)
         os.replace(final_path, old)
     os.replace(tmp, final_path)
@@ -263,9 +365,9 @@ def _atomic_writer(path, mode, **open_keys):
     path = os.fspath(path)
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+    fd, tmp = tempfile.mkstemp(prefix=owned_prefix(".tmp-" + os.path.basename(path)), dir=d)
     try:
-        with os.fdopen(fd, mode, **open_keys) as f:
+        with disk_full_named(path), os.fdopen(fd, mode, **open_keys) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
