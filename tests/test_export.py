@@ -124,7 +124,7 @@ def test_parity_builds_its_served_backends_with_the_serving_factory(monkeypatch,
                  _encoder(), CFG, str(out), ["paddle"], ["fp32", "bf16"], verify=True)
     assert sorted((b, p) for _, b, p in built) == [("paddle", "bf16"), ("paddle", "fp32")]
     # on the directory being written (renamed into place once parity passed)
-    assert all(os.path.basename(d).startswith(".tmp-export-") for d, _, _ in built), built
+    assert all(os.path.basename(d).startswith(".tmp-export.pid") for d, _, _ in built), built
 
 
 def test_exported_onnx_matches_model_on_mixed_lengths(rnn_export):
