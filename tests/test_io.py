@@ -190,3 +190,22 @@ def test_a_full_disk_names_the_path_and_leaves_no_temp_file(tmp_path, monkeypatc
     assert str(path) in str(e.value) and "1,000 bytes needed" in str(e.value)
     assert "bytes free" in str(e.value)
     assert list(tmp_path.iterdir()) == []  # nothing left on the full disk
+
+
+def test_atomic_dir_keeps_the_old_directory_when_the_swap_fails(tmp_path, monkeypatch):
+    target = tmp_path / "best"
+    with atomic_dir(target) as d:
+        atomic_write_text(os.path.join(d, "step.txt"), "10")
+    real_mkdtemp = tempfile.mkdtemp
+
+    def full(*args, prefix="", **kw):
+        if prefix.startswith(".old-"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_mkdtemp(*args, prefix=prefix, **kw)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", full)
+    with pytest.raises(OSError):
+        with atomic_dir(target) as d:
+            atomic_write_text(os.path.join(d, "step.txt"), "20")
+    assert (target / "step.txt").read_text() == "10"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best"]  # the new one's temp removed

@@ -166,12 +166,18 @@ def atomic_dir(final_path):
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     old = None
-    if os.path.exists(final_path):
-        old = tempfile.mkdtemp(prefix=owned_prefix(".old-" + os.path.basename(final_path)),
-                               dir=parent)
-        os.rmdir(old)
-        os.replace(final_path, old)
-    os.replace(tmp, final_path)
+    try:
+        if os.path.exists(final_path):
+            old = tempfile.mkdtemp(prefix=owned_prefix(".old-" + os.path.basename(final_path)),
+                                   dir=parent)
+            os.rmdir(old)
+            os.replace(final_path, old)
+        os.replace(tmp, final_path)
+    except BaseException:  # the swap failed (a full disk for the .old- name): old kept, new gone
+        if old and os.path.exists(old) and not os.path.exists(final_path):
+            os.replace(old, final_path)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if old:
         shutil.rmtree(old, ignore_errors=True)
 
