@@ -13,7 +13,6 @@ the directory.
 import contextlib
 import fcntl
 import os
-import re
 import shutil
 import socket
 import tempfile
