@@ -51,7 +51,8 @@ def run_split(args, split_seed, out_root):
     from tfidf_baseline import fit_baseline
 
     output_dir = os.path.join(out_root, f"split{split_seed}")
-    overrides = list(args.override) + [f"Data.split_seed={split_seed}", f"Global.output_dir={output_dir}"]
+    overrides = list(args.override) + [f"Data.split_seed={split_seed}", f"Global.output_dir={output_dir}",
+                                       "Global.overwrite_output_dir=true"]  # a re-run replaces it
     t0 = time.time()
     proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "train.py"), "-c", args.config,
                            *sum((["-o", o] for o in overrides), [])], cwd=REPO,

@@ -81,7 +81,8 @@ def measure(config, overrides, steps, out_dir):
     from ppvarlen.engine.trainer import Trainer
 
     cfg = load_config(config, ["Data.max_len=512", "Model.max_position=512", "Train.progress_bar=false",
-                               f"Global.output_dir={out_dir}"] + overrides)
+                               f"Global.output_dir={out_dir}", "Global.overwrite_output_dir=true"]
+                      + overrides)  # a scratch directory: a re-run replaces the last one's
     t = Trainer(cfg)
     t.ddp_model.train()
     real = padded = examples = 0
@@ -148,6 +149,7 @@ def build_trainer(config, overrides, out_dir, to_static):
     from ppvarlen.engine.trainer import Trainer
 
     cfg = load_config(config, overrides + ["Train.progress_bar=false", f"Global.output_dir={out_dir}",
+                                           "Global.overwrite_output_dir=true",  # a scratch dir
                                            f"Train.to_static={str(to_static).lower()}"])
     return Trainer(cfg)
 

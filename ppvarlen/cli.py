@@ -172,7 +172,8 @@ def main_train(argv=None):
 
     Writes Global.output_dir: config.yaml, train_log.jsonl, metrics.json, curves.png,
     ckpt-N/ (+ last -> newest), best/.  Ctrl-C saves a checkpoint; continue with
-    -o Train.resume=auto.
+    -o Train.resume=auto.  A directory holding another run is refused: continue it with
+    -o Train.resume=auto, or replace it with -o Global.overwrite_output_dir=true.
     """
     return _run(_parser(main_train), argv, _train)
 

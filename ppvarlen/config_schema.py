@@ -14,7 +14,18 @@ MODEL_KEYS = model_keys()
 
 SCHEMA = {
     "Global": {
-        "output_dir": Field(str, "output/run", help="where checkpoints, logs and metrics go"),
+        "output_dir": Field(str, "output/run", help="where checkpoints, logs and metrics go; one "
+                            "run's own: a run holds its lock file (.ppvarlen.lock) while it "
+                            "lives, and a directory holding another run's files is refused "
+                            "unless Train.resume continues that run or "
+                            "Global.overwrite_output_dir replaces it"),
+        "overwrite_output_dir": Field(bool, False, help="start a new run in a Global.output_dir "
+                                      "that holds another run's files (config.yaml, metrics.json, "
+                                      "train_log.jsonl, curves.png, ckpt-N, last, best/, ...): "
+                                      "they are removed first; other files there are left alone"),
+        "wait_for_output_dir": Field(float, 0.0, help="seconds to wait for a live run holding "
+                                     "Global.output_dir to finish before this one starts; 0 = "
+                                     "refuse at once, naming the holder's pid"),
         "seed": Field(int, 42, help="seed for data order, init and dropout"),
         "device": Field(str, "auto", choices=["auto", "cpu", "gpu"],
                         help="training device: auto = a GPU when this Paddle build has one, else CPU"),
@@ -162,7 +173,11 @@ SCHEMA = {
                                    "examples (decoding a whole seq2seq dev split every epoch is "
                                    "slow); null = all; the final test evaluation is always full"),
         "keep_last": Field(int, 2, help="ckpt-N directories kept (best/ is kept besides)"),
-        "resume": Field(str, None, help="auto | PATH"),
+        "resume": Field(str, None, help="auto = continue the run in Global.output_dir from its "
+                        "newest checkpoint (a fresh start when it has none) | PATH = from that "
+                        "checkpoint; the run's recorded config.yaml must agree on the keys that "
+                        "define it (Model, Data, Optimizer, Pretrain, Global.seed, Train.task/"
+                        "epochs/max_steps/label_smoothing/loss_weighting/amp)"),
         "task": Field(str, None, help="the task trained (ppvarlen.tasks): null = the data's own "
                       "(Data.task / the corpus); masked_lm = pretrain the encoder on the data's "
                       "text (configs/sentiment/pretrain_mlm.yaml)"),

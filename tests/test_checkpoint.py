@@ -100,7 +100,7 @@ def test_rotation_last_pointer_and_resume_lookup(tmp_path):
     assert ckpt.resolve_resume("auto", out) is None  # fresh run
     for step in (10, 20, 30):
         ckpt.point_last(out, _fake_ckpt(out, step))
-        ckpt.rotate(out, keep_last=2)
+        ckpt.rotate(out, keep_last=2, just_written=os.path.join(out, f"ckpt-{step}"))
     assert [s for s, _ in ckpt.list_checkpoints(out)] == [20, 30]
     assert ckpt.resolve_resume("auto", out) == os.path.realpath(os.path.join(out, "ckpt-30"))
     assert ckpt.resolve_resume(os.path.join(out, "ckpt-20"), out).endswith("ckpt-20")

@@ -84,7 +84,8 @@ def main():
     out = args.output
     step("length report", [PY, "tools/analyze_lengths.py", "-c", args.config,
                            "--json", f"{out}/lengths.json", "--png", f"{out}/lengths.png"])
-    overrides = ["Global.output_dir=" + out] + args.override
+    # the demo's directory is its own: a second quickstart replaces the first one's run
+    overrides = ["Global.output_dir=" + out, "Global.overwrite_output_dir=true"] + args.override
     step("train", [PY, "tools/train.py", "-c", args.config] + [a for o in overrides for a in ("-o", o)])
     export_dir = f"{out}/export"
     step("export + parity", [PY, "tools/export.py", "-c", f"{out}/config.yaml",

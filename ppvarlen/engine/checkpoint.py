@@ -6,11 +6,13 @@ parameter names (``encoder.layers.0.linear1.weight/moment1_0``), not by
 Paddle's process-global tensor names, so a checkpoint loads into a model built
 in any process.
 """
+import contextlib
 import json
 import os
 import random
 import re
 import shutil
+import uuid
 
 import numpy as np
 import paddle
@@ -21,7 +23,7 @@ from ..data.vocab import TextEncoder
 from ..models import build_model
 from ..models.weights import load_weights, save_weights
 from ..tasks import get_task
-from ..utils.io import atomic_dir, atomic_write_json
+from ..utils.io import DiskFullError, atomic_dir, atomic_write_json, is_disk_full, owned_prefix
 
 CKPT_RE = re.compile(r"^ckpt-(\d+)$")
 
@@ -96,16 +98,77 @@ def load_optimizer_arrays(optimizer, model, arrays, source):
 # ---------------------------------------------------------------- write / rotate
 
 def save_checkpoint(path, model, optimizer, scheduler, encoder, cfg, meta, trainer_state):
-    """Write one complete checkpoint directory atomically (old one kept until the new is whole)."""
-    with atomic_dir(path) as tmp:
+    """Write one complete checkpoint directory atomically (old one kept until the new is whole,
+    every file fsynced before the swap).  A full disk -> ``DiskFullError`` naming ``path`` and
+    the bytes the tensors need; the partial directory is removed, an old ``path`` stays."""
+    arrays = optimizer_arrays(optimizer, model)
+    needed = sum(a.nbytes for a in arrays.values()) + sum(
+        int(np.prod(p.shape)) * p.element_size() for p in model.parameters())
+    with _disk_full_names(path, needed), atomic_dir(path) as tmp:
         save_weights(model, os.path.join(tmp, "model.safetensors"))
-        save_file(optimizer_arrays(optimizer, model), os.path.join(tmp, "optimizer.safetensors"))
+        save_file(arrays, os.path.join(tmp, "optimizer.safetensors"))
         encoder.save(tmp)
         save_config(cfg, os.path.join(tmp, "config.yaml"))
         atomic_write_json(os.path.join(tmp, "meta.json"), meta)
         state = dict(trainer_state, scheduler=scheduler.state_dict(), rng=rng_state())
         atomic_write_json(os.path.join(tmp, "trainer_state.json"), state)
+        fsync_tree(tmp)
+    fsync_tree(os.path.dirname(os.path.abspath(path)), files=False)
     return path
+
+
+def copy_checkpoint(src, dst):
+    """``src`` copied to ``dst`` as atomically as ``save_checkpoint`` writes."""
+    with _disk_full_names(dst, _tree_bytes(src)), atomic_dir(dst) as tmp:
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+        fsync_tree(tmp)
+    fsync_tree(os.path.dirname(os.path.abspath(dst)), files=False)
+    return dst
+
+
+@contextlib.contextmanager
+def _disk_full_names(path, needed):
+    """A full disk met anywhere in a checkpoint's write names the checkpoint directory, not the
+    file inside its temp directory that hit it (which is gone by then)."""
+    try:
+        yield
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        raise DiskFullError(path, needed, "writing a checkpoint") from None
+
+
+def _tree_bytes(path):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def fsync_tree(path, files=True):
+    """fsync ``path``'s files (with ``files``) and the directory itself, so a rename that
+    publishes it is not seen before its contents after a power loss."""
+    if files:
+        for d, _, names in os.walk(path):
+            for name in names:
+                fd = os.open(os.path.join(d, name), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_best(output_dir):
+    """(step, dev metrics) that ``output_dir/best`` holds (its meta.json, written inside the
+    same atomic directory as its weights), or None when there is no best/."""
+    meta_file = os.path.join(output_dir, "best", "meta.json")
+    if not os.path.isfile(meta_file):
+        return None
+    with open(meta_file, encoding="utf-8") as f:
+        meta = json.load(f)
+    return meta["step"], meta["metrics"].get("dev", {})
 
 
 def list_checkpoints(output_dir):
@@ -120,16 +183,18 @@ def list_checkpoints(output_dir):
 def point_last(output_dir, ckpt_path):
     """``output_dir/last`` -> newest checkpoint (a relative symlink, swapped atomically)."""
     link = os.path.join(output_dir, "last")
-    tmp = link + ".tmp"
-    if os.path.lexists(tmp):
-        os.remove(tmp)
+    tmp = os.path.join(output_dir, owned_prefix(".tmp-last") + uuid.uuid4().hex[:8])
     os.symlink(os.path.basename(ckpt_path), tmp)
     os.replace(tmp, link)
 
 
-def rotate(output_dir, keep_last):
-    ckpts = list_checkpoints(output_dir)
-    for _, path in ckpts[:max(0, len(ckpts) - max(1, keep_last))]:
+def rotate(output_dir, keep_last, just_written):
+    """Keep the newest ``keep_last`` checkpoints, ``just_written`` always among them (a resume
+    from an older checkpoint writes below numbers still on disk)."""
+    keep = {os.path.abspath(just_written)}
+    others = [path for _, path in list_checkpoints(output_dir)
+              if os.path.abspath(path) not in keep]
+    for path in others[:max(0, len(others) - (max(1, keep_last) - 1))]:
         shutil.rmtree(path, ignore_errors=True)
 
 

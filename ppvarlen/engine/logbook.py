@@ -7,7 +7,7 @@ import json
 import os
 
 from ..config import ConfigError
-from ..utils.io import atomic_write_text
+from ..utils.io import atomic_binary_writer, atomic_write_text, disk_full_named
 
 
 class Logbook:
@@ -37,8 +37,10 @@ class Logbook:
             return [json.loads(line) for line in f if line.strip()]
 
     def write(self, record):
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        line = json.dumps(record) + "\n"
+        with disk_full_named(self.path, len(line), "appending to the training log"), \
+                open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
         if self.vdl:
             for key, value in _flatten(record).items():
                 if key != "step" and isinstance(value, (int, float)):
@@ -64,9 +66,8 @@ class Logbook:
             ax2.legend(loc="lower right")
         ax.legend(loc="upper right")
         fig.tight_layout()
-        tmp = png_path + ".tmp.png"
-        fig.savefig(tmp, dpi=100)
-        os.replace(tmp, png_path)
+        with atomic_binary_writer(png_path) as f:
+            fig.savefig(f, format="png", dpi=100)
 
     def close(self):
         if self.vdl:

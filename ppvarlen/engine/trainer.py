@@ -27,7 +27,7 @@ from ..tasks import get_task
 from ..utils.io import atomic_write_json
 from ..utils.log import get_logger, setup_logging
 from . import checkpoint as ckpt
-from . import cpu_settings
+from . import cpu_settings, rundir
 from .distributed import all_reduce_sum, barrier, init_distributed, wrap_model
 from .evaluate import decoding_of, evaluate
 from .logbook import Logbook
@@ -113,6 +113,22 @@ class Trainer:
         self.out = cfg.Global.output_dir
         self.world, self.rank = init_distributed()
         self.main = self.rank == 0
+        # rank 0 owns the output directory (engine/rundir.py) from before the slow set-up:
+        # a refusal comes at once, and a second run never writes beside this one
+        self.output_lock = rundir.claim_output_dir(cfg) if self.main else None
+        try:
+            self._set_up(cfg)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self):
+        """Let the next run into Global.output_dir (``train`` calls it; so does a failed set-up)."""
+        if self.output_lock is not None:
+            self.output_lock.release()
+            self.output_lock = None
+
+    def _set_up(self, cfg):
         self.device = select_device(cfg.Global.device)
         self.cpu_settings = cpu_settings.configure(cfg.Train, self.world, self.device)
         paddle.seed(cfg.Global.seed)
@@ -163,6 +179,7 @@ class Trainer:
         if resume_dir:
             self._steps_per_epoch()  # the sampler's plan done before its state is set
             self._resume(resume_dir)
+            self._reconcile_best(resume_dir)
         if cfg.Train.to_static and o2:
             self.static_loss = self._compile_static_loss()
         steps_per_epoch = self._steps_per_epoch()
@@ -174,7 +191,7 @@ class Trainer:
         self.ddp_model = wrap_model(self.model if self.static_loss is None else self.static_loss,
                                     self.world)
         if self.main:
-            os.makedirs(self.out, exist_ok=True)
+            rundir.start_run(cfg)
             save_config(cfg, os.path.join(self.out, "config.yaml"))
             self.logbook = Logbook(self.out, self.state["step"] if resume_dir else None,
                                    cfg.Train.visualdl)
@@ -218,6 +235,30 @@ class Trainer:
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, state["step"],
                  state["epoch"], state["batch_in_epoch"])
 
+    def _reconcile_best(self, resume_dir):
+        """The resumed state's best is the one best/ holds.  A run that died while writing best/
+        recorded a newer best in its checkpoint than best/ has: best/ is rebuilt from that
+        step's checkpoint when it is still on disk, else the state takes best/'s record."""
+        st, metric = self.state, self.task.main_metric
+        held = ckpt.read_best(self.out)
+        if st["best"] is None or (held and held[0] == st["best"]["step"]):
+            return
+        source = os.path.join(self.out, f"ckpt-{st['best']['step']}")
+        if not os.path.isfile(os.path.join(source, "meta.json")):
+            source = resume_dir if st["best"]["step"] == st["step"] else None
+        if source is not None:
+            if self.main:
+                log.warning("best/ holds step %s but %s recorded step %d as best: rebuilding "
+                            "best/ from %s", held and held[0], resume_dir, st["best"]["step"],
+                            source)
+                ckpt.copy_checkpoint(source, os.path.join(self.out, "best"))
+            barrier(self.world)
+            return
+        log.warning("best/ holds step %s but %s recorded step %d as best, whose checkpoint is "
+                    "gone: best/ stays the best", held and held[0], resume_dir, st["best"]["step"])
+        st["best"] = None if held is None else {
+            "metric": metric, "value": held[1][metric], "step": held[0], "dev": held[1]}
+
     def meta(self, metrics=None):
         d, enc = self.cfg.Data, self.data.encoder
         if not hasattr(self, "_length_profile"):  # fixed for the run: compute once
@@ -256,7 +297,7 @@ class Trainer:
                     self.meta(metrics), state)
             path = ckpt.save_checkpoint(os.path.join(self.out, f"ckpt-{self.state['step']}"), *args)
             ckpt.point_last(self.out, path)
-            ckpt.rotate(self.out, self.cfg.Train.keep_last)
+            ckpt.rotate(self.out, self.cfg.Train.keep_last, just_written=path)
             if best:
                 ckpt.save_checkpoint(os.path.join(self.out, "best"), *args)
         barrier(self.world)
@@ -442,12 +483,15 @@ class Trainer:
         st = self.state
         best_dir = os.path.join(self.out, "best")
         barrier(self.world)
+        # the reported best is read from best/ itself (its meta.json is written inside the same
+        # atomic directory as its weights), so metrics.json describes the weights best/ holds
+        best_step, best_dev = ckpt.read_best(self.out)
         load_weights(self.model, os.path.join(best_dir, "model.safetensors"))
         test = self.run_eval("test") if len(self.data.test) else {}
         secs = st["train_time_s"]
         result = {
             "task": self.task.name, "model_name": self.cfg.Model.name,
-            "best_step": st["best"]["step"], "dev": _scalars(st["best"]["dev"]), "test": _scalars(test),
+            "best_step": best_step, "dev": _scalars(best_dev), "test": _scalars(test),
             "test_per_type_f1": test.get("per_type_f1"),
             "steps": st["step"], "world_size": self.world, "device": self.device,
             "amp": self.amp or "off (float32)",
@@ -470,8 +514,8 @@ class Trainer:
             atomic_write_json(os.path.join(self.out, "metrics.json"), result)
             self.logbook.plot(os.path.join(self.out, "curves.png"), metric)
             self.logbook.close()
-            log.info("best dev %s %.4f at step %d; test %s", metric, st["best"]["value"],
-                     st["best"]["step"], {k: round(v, 4) for k, v in _scalars(test).items()})
+            log.info("best dev %s %.4f at step %d; test %s", metric, best_dev[metric], best_step,
+                     {k: round(v, 4) for k, v in _scalars(test).items()})
         return result
 
 
@@ -483,4 +527,8 @@ def _scalars(d):
 def train(cfg):
     """Train per ``cfg`` (a validated Config); return the final metrics dict (see metrics.json)."""
     setup_logging(cfg.Global.log_level)
-    return Trainer(cfg).fit()
+    trainer = Trainer(cfg)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()
