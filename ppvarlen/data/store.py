@@ -51,6 +51,7 @@ import os
 import shutil
 import struct
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
@@ -412,10 +413,12 @@ class StoreSplit:
         files = self.meta["files"]
         known = {} if always or stamp is None else _read_stamp(stamp)
         vouched = {}
+        started, hashed = time.perf_counter(), 0
         for name, want in files.items():
             stat = _stat_key(stats[name]) + [want["xxh3"]]
             if known.get(name) != stat:
                 got = file_xxh3(os.path.join(self.path, name))
+                hashed += want["size"]
                 if got != want["xxh3"]:
                     raise self._damaged(name, f"its content differs from what was written "
                                               f"(xxh3 {got}, the manifest records "
@@ -423,6 +426,10 @@ class StoreSplit:
                 if _stat_key(os.stat(os.path.join(self.path, name))) != stat[:-1]:
                     continue  # changed while hashed: not vouched for
             vouched[name] = stat
+        if hashed:
+            seconds = time.perf_counter() - started
+            log.info("store: verified %s (%s bytes hashed in %.2f s)", self.path,
+                     f"{hashed:,}", seconds)
         if stamp is not None and vouched != known:
             _write_stamp(stamp, vouched)
 
