@@ -78,10 +78,10 @@ def build_datasets(data_cfg, task_hint=None, encoder=None, splits=SPLITS, extra_
             reason = None
         opened = None
         if reason is None:
-            log.info("store cache: reusing %s (same input files, vocabulary and encoding keys)",
-                     entry_path)
             try:
                 opened = _open_splits(generation, splits, verify)
+                log.info("store cache: reusing %s (same input files, vocabulary and encoding "
+                         "keys)", entry_path)
             except StoreDamagedError as e:  # its inputs are here: encoded again
                 log.warning("store cache: %s: %s; building it again", e.file, e.problem)
                 reason, entry = f"{e.file} was damaged: {e.problem}", None
