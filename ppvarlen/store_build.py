@@ -60,44 +60,9 @@ def build_datasets(data_cfg, task_hint=None, encoder=None, splits=SPLITS, extra_
     builtin = data_cfg.corpus in BUILT_IN
     given_sha = vocab_sha256(encoder) if encoder is not None else None
     parts, key = _pick_entry(root, data_cfg, task_hint, builtin, given_sha, extra_corpora)
-    entry_path = os.path.join(root, key)
-    verify = "always" if data_cfg.get("verify_store") else "once"
     with cache.locked(root, key):
-        cache.reap(root)
-        generation = cache.current_generation(root, key)
-        entry = _read_entry(generation) if generation else None
-        missing = [s for s in splits if not is_complete(os.path.join(generation, s))] \
-            if entry is not None else list(splits)
-        if data_cfg.get("rebuild_cache"):
-            reason = "Data.rebuild_cache is set"
-        elif entry is None:
-            reason = cache.explain_miss(root, parts)
-        elif missing:
-            reason = f"split(s) {missing} not encoded yet"
-        else:
-            reason = None
-        opened = None
-        if reason is None:
-            try:
-                opened = _open_splits(generation, splits, verify)
-                log.info("store cache: reusing %s (same input files, vocabulary and encoding "
-                         "keys)", entry_path)
-            except StoreDamagedError as e:  # its inputs are here: encoded again
-                log.warning("store cache: %s: %s; building it again", e.file, e.problem)
-                reason, entry = f"{e.file} was damaged: {e.problem}", None
-        if reason is not None:
-            log.info("store cache: building %s (%s)", entry_path, reason)
-            if entry is None or data_cfg.get("rebuild_cache"):  # a new generation
-                with cache.new_generation(root, key) as tmp:
-                    entry = _build(data_cfg, task_hint, encoder, splits, extra_corpora, tmp,
-                                   None, root)
-            else:  # the splits it lacks, added to the generation (no reader reads them)
-                _build(data_cfg, task_hint, encoder, missing, extra_corpora, generation, entry,
-                       root)
-            generation = cache.current_generation(root, key)
-            cache.remember(root, parts, key)
-            opened = _open_splits(generation, splits, verify)
-        how = "reused" if reason is None else f"built ({reason})"
+        entry, generation, opened, how = _open_or_build(data_cfg, root, key, parts, task_hint,
+                                                        encoder, splits, extra_corpora)
         cache.remove_unheld(root, key)
         task = get_task(entry["task"])
         if encoder is None:
@@ -106,11 +71,47 @@ def build_datasets(data_cfg, task_hint=None, encoder=None, splits=SPLITS, extra_
         datasets = {s: EncodedDataset(store, s, task.name, encoder.pad_id)
                     for s, store in opened.items()}
     stats = {"corpus": entry["corpus_stats"], "encoder": dict(getattr(encoder, "stats", {})),
-             "store": {"dir": entry_path, "generation": generation, "cache": how,
+             "store": {"dir": os.path.join(root, key), "generation": generation, "cache": how,
                        "seconds": round(time.time() - t0, 2)}}
     stats.update({s: ds.stats for s, ds in datasets.items()})
     return DataBundle(task.name, datasets.get("train"), datasets.get("dev"), datasets.get("test"),
                       encoder, list(entry["label_names"]), stats)
+
+
+def _open_or_build(data_cfg, root, key, parts, task_hint, encoder, splits, extra_corpora):
+    """The key's entry opened (under its lock), built first when it is missing, incomplete,
+    damaged or asked to be -> (entry, generation directory, {split: StoreSplit}, how)."""
+    entry_path = os.path.join(root, key)
+    verify = "always" if data_cfg.get("verify_store") else "once"
+    cache.reap(root)
+    generation = cache.current_generation(root, key)
+    entry = _read_entry(generation) if generation else None
+    missing = [s for s in splits if not is_complete(os.path.join(generation, s))] \
+        if entry is not None else list(splits)
+    if data_cfg.get("rebuild_cache"):
+        reason = "Data.rebuild_cache is set"
+    elif entry is None:
+        reason = cache.explain_miss(root, parts)
+    elif missing:
+        reason = f"split(s) {missing} not encoded yet"
+    else:
+        try:
+            opened = _open_splits(generation, splits, verify)
+            log.info("store cache: reusing %s (same input files, vocabulary and encoding keys)",
+                     entry_path)
+            return entry, generation, opened, "reused"
+        except StoreDamagedError as e:  # its inputs are here: encoded again
+            log.warning("store cache: %s: %s; building it again", e.file, e.problem)
+            reason, entry = f"{e.file} was damaged: {e.problem}", None
+    log.info("store cache: building %s (%s)", entry_path, reason)
+    if entry is None or data_cfg.get("rebuild_cache"):  # a new generation
+        with cache.new_generation(root, key) as tmp:
+            entry = _build(data_cfg, task_hint, encoder, splits, extra_corpora, tmp, None, root)
+    else:  # the splits it lacks, added to the generation (no reader reads them)
+        _build(data_cfg, task_hint, encoder, missing, extra_corpora, generation, entry, root)
+    generation = cache.current_generation(root, key)
+    cache.remember(root, parts, key)
+    return entry, generation, _open_splits(generation, splits, verify), f"built ({reason})"
 
 
 def _open_splits(generation, splits, verify):

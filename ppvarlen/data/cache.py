@@ -283,10 +283,7 @@ class Lease:
         self.generation = generation
         fd = os.open(generation, os.O_RDONLY | os.O_DIRECTORY)
         fcntl.flock(fd, fcntl.LOCK_SH)
-        self._release = weakref.finalize(self, os.close, fd)
-
-    def release(self):
-        self._release()
+        weakref.finalize(self, os.close, fd)  # released when the last split holding it goes
 
 
 def remove_unheld(root, key):
