@@ -37,8 +37,8 @@ def write_reviews(path, n):
 
 
 def keys(train, cache_dir, **more):
-    return dict(corpus="jsonl", train_file=str(train), cache_dir=str(cache_dir), max_len=48,
-                num_proc=1, **more)
+    return {**dict(corpus="jsonl", train_file=str(train), cache_dir=str(cache_dir), max_len=48,
+                   num_proc=1), **more}
 
 
 def build(train, cache_dir, **more):
