@@ -60,6 +60,7 @@ setup(
         "pyyaml>=6",
         "numpy",
         "orjson>=3.9",  # JSONL lines parsed from their bytes (data/readers.py parse_json_bytes)
+        "xxhash>=3",  # the stores' file checksums, verified before a run reads them (data/store.py)
         "tqdm",
         "safetensors>=0.4",
         "snownlp==0.12.3",

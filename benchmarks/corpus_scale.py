@@ -61,6 +61,7 @@ FIRST_STEP = re.compile(r"\bstep 1 +loss\b")
 DATA_READY = re.compile(r"data ready in ([\d.]+) s")
 PLANNED = re.compile(r"sampler planned (\d+) batches in ([\d.]+) s")
 WAITED = re.compile(r"waited ([\d.]+) s for it")
+VERIFIED = re.compile(r"store: verified \S+ \(([\d,]+) bytes hashed in ([\d.]+) s\)")
 SUFFIX = {"k": 1_000, "m": 1_000_000}
 PHASES = ("cold", "warm", "hf", "plan", "epoch")
 
@@ -275,6 +276,9 @@ def ppvarlen_run(path, meta, workdir, phase, overrides, timeout):
            "trainer_sampler_planning_s": float(planned.group(2)) if planned else None,
            # the plan runs beside the model's set-up: the part of it the first step waits for
            "trainer_sampler_wait_s": float(waited.group(1)) if waited else None,
+           # the store files hashed before the run reads them (part of "data ready")
+           "store_verify_s": round(sum(float(s) for _, s in VERIFIED.findall(text)), 3),
+           "store_verify_bytes": sum(int(b.replace(",", "")) for b, _ in VERIFIED.findall(text)),
            "log": out_dir + ".log"}
     if data and float(data.group(1)) > 0:
         res["encode_chars_per_s"] = round(meta["chars"] / float(data.group(1)))

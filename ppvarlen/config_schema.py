@@ -136,6 +136,10 @@ SCHEMA = {
                            "$XDG_CACHE_HOME/ppvarlen/stores or ~/.cache/ppvarlen/stores"),
         "rebuild_cache": Field(bool, False, help="encode again even when a cached store of the "
                                "same inputs exists (it is replaced)"),
+        "verify_store": Field(bool, False, help="hash every store file against the checksum "
+                              "recorded when it was written, on every open; false = on the first "
+                              "open after a file was written or changed (every open checks the "
+                              "sizes; a damaged cached store is rebuilt)"),
         "max_source_len": Field(int, 64, help="seq2seq source tokens (no specials)"),
         "max_target_len": Field(int, 256, help="seq2seq target tokens, BOS/EOS not counted"),
         "target_tokenizer": Field(str, None, choices=["char", "word"],

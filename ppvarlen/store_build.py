@@ -28,11 +28,11 @@ from .data.longtext import LongTextStats
 from .utils.parallel import ordered_map_in_rooms, resolve_num_proc
 from .data.readers import FORMATS
 from .data.splits import SPLITS
-from .data.store import StoreSplit, StoreWriter, is_complete
+from .data.store import StoreDamagedError, StoreSplit, StoreWriter, is_complete
 from .data.vocab import TextEncoder, TokenCounting, build_encoder, vocab_sha256
 from .tasks import get_task
 from .tasks.base import EncodeContext
-from .utils.io import atomic_dir, atomic_write_json
+from .utils.io import atomic_write_json, disk_full_named
 from .utils.log import get_logger
 
 log = get_logger("store_build")
@@ -60,39 +60,70 @@ def build_datasets(data_cfg, task_hint=None, encoder=None, splits=SPLITS, extra_
     builtin = data_cfg.corpus in BUILT_IN
     given_sha = vocab_sha256(encoder) if encoder is not None else None
     parts, key = _pick_entry(root, data_cfg, task_hint, builtin, given_sha, extra_corpora)
-    entry_dir = os.path.join(root, key)
     with cache.locked(root, key):
-        entry = _read_entry(entry_dir)
-        rebuild = bool(data_cfg.get("rebuild_cache"))
-        missing = [s for s in splits if not is_complete(os.path.join(entry_dir, s))]
-        if entry is not None and not rebuild and not missing:
-            log.info("store cache: reusing %s (same input files, vocabulary and encoding keys)",
-                     entry_dir)
-            how = "reused"
-        else:
-            if rebuild:
-                reason = "Data.rebuild_cache is set"
-            elif entry is None:
-                reason = cache.explain_miss(root, parts)
-            else:
-                reason = f"split(s) {missing} not encoded yet"
-            log.info("store cache: building %s (%s)", entry_dir, reason)
-            fresh = entry is None or rebuild
-            entry = _build(data_cfg, task_hint, encoder, splits if fresh else missing,
-                           extra_corpora, entry_dir, None if fresh else entry)
-            cache.remember(root, parts, key)
-            how = f"built ({reason})"
+        entry, generation, opened, how = _open_or_build(data_cfg, root, key, parts, task_hint,
+                                                        encoder, splits, extra_corpora)
+        cache.remove_unheld(root, key)
         task = get_task(entry["task"])
         if encoder is None:
-            encoder = _entry_encoder(data_cfg, entry, entry_dir)
+            encoder = _entry_encoder(data_cfg, entry, generation)
         _check(data_cfg, task, encoder, builds_encoder=given_sha is None)
-        datasets = {s: EncodedDataset(StoreSplit(os.path.join(entry_dir, s)), s, task.name,
-                                      encoder.pad_id) for s in splits}
+        datasets = {s: EncodedDataset(store, s, task.name, encoder.pad_id)
+                    for s, store in opened.items()}
     stats = {"corpus": entry["corpus_stats"], "encoder": dict(getattr(encoder, "stats", {})),
-             "store": {"dir": entry_dir, "cache": how, "seconds": round(time.time() - t0, 2)}}
+             "store": {"dir": os.path.join(root, key), "generation": generation, "cache": how,
+                       "seconds": round(time.time() - t0, 2)}}
     stats.update({s: ds.stats for s, ds in datasets.items()})
     return DataBundle(task.name, datasets.get("train"), datasets.get("dev"), datasets.get("test"),
                       encoder, list(entry["label_names"]), stats)
+
+
+def _open_or_build(data_cfg, root, key, parts, task_hint, encoder, splits, extra_corpora):
+    """The key's entry opened (under its lock), built first when it is missing, incomplete,
+    damaged or asked to be -> (entry, generation directory, {split: StoreSplit}, how)."""
+    entry_path = os.path.join(root, key)
+    verify = "always" if data_cfg.get("verify_store") else "once"
+    cache.reap(root)
+    generation = cache.current_generation(root, key)
+    entry = _read_entry(generation) if generation else None
+    missing = [s for s in splits if not is_complete(os.path.join(generation, s))] \
+        if entry is not None else list(splits)
+    if data_cfg.get("rebuild_cache"):
+        reason = "Data.rebuild_cache is set"
+    elif entry is None:
+        reason = cache.explain_miss(root, parts)
+    elif missing:
+        reason = f"split(s) {missing} not encoded yet"
+    else:
+        try:
+            opened = _open_splits(generation, splits, verify)
+            log.info("store cache: reusing %s (same input files, vocabulary and encoding keys)",
+                     entry_path)
+            return entry, generation, opened, "reused"
+        except StoreDamagedError as e:  # its inputs are here: encoded again
+            log.warning("store cache: %s: %s; building it again", e.file, e.problem)
+            reason, entry = f"{e.file} was damaged: {e.problem}", None
+    log.info("store cache: building %s (%s)", entry_path, reason)
+    if entry is None or data_cfg.get("rebuild_cache"):  # a new generation
+        with cache.new_generation(root, key) as tmp:
+            entry = _build(data_cfg, task_hint, encoder, splits, extra_corpora, tmp, None, root)
+    else:  # the splits it lacks, added to the generation (no reader reads them)
+        _build(data_cfg, task_hint, encoder, missing, extra_corpora, generation, entry, root)
+    generation = cache.current_generation(root, key)
+    cache.remember(root, parts, key)
+    return entry, generation, _open_splits(generation, splits, verify), f"built ({reason})"
+
+
+def _open_splits(generation, splits, verify):
+    """{split: ``StoreSplit``} of a generation, each checked (``verify``: ``data.store``) and
+    holding the generation's lease (``cache.Lease``) while it lives."""
+    lease = cache.Lease(generation)
+    opened = {}
+    for s in splits:
+        opened[s] = StoreSplit(os.path.join(generation, s), verify,
+                               cache.verification_stamp(generation, s))
+        opened[s].lease = lease
+    return opened
 
 
 def _pick_entry(root, data_cfg, task_hint, builtin, given_sha, extra_corpora):
@@ -150,9 +181,10 @@ def _plan(data_cfg):
     return sources.plan(data_cfg)
 
 
-def _build(data_cfg, task_hint, encoder, splits, extra_corpora, entry_dir, entry):
+def _build(data_cfg, task_hint, encoder, splits, extra_corpora, entry_dir, entry, root):
     """Read the corpus, make the encoder, encode ``splits`` into ``entry_dir`` -> entry dict
-    (``entry``: the one already there, whose vocabulary the missing splits are encoded with)."""
+    (``entry``: the one already there, whose vocabulary the missing splits are encoded with).
+    The parsed examples are spilled in ``root`` (the system's /tmp may be RAM)."""
     num_proc = resolve_num_proc(data_cfg.get("num_proc"))
     plan = _plan(data_cfg)
     task = get_task(plan.task if task_hint is None else task_hint)
@@ -164,8 +196,8 @@ def _build(data_cfg, task_hint, encoder, splits, extra_corpora, entry_dir, entry
     counting = None
     if entry is None and encoder is None and data_cfg.tokenizer != "pretrained":
         counting = TokenCounting.of(data_cfg, FORMATS[plan.task].text_fields, task.pairs)
-    # the parsed examples are spilled next to the entry (the system's /tmp may be RAM)
-    scanned = sources.scan(plan, counting, num_proc, os.path.dirname(entry_dir))
+    with disk_full_named(root, what="spilling the parsed corpus (pass 1 of the store build)"):
+        scanned = sources.scan(plan, counting, num_proc, root)
     try:
         corpus = scanned.corpus
         if entry is None:
@@ -174,10 +206,9 @@ def _build(data_cfg, task_hint, encoder, splits, extra_corpora, entry_dir, entry
             entry = {"task": task.name, "label_names": list(corpus.label_names),
                      "corpus_stats": corpus.stats, "vocab_sha256": vocab_sha256(encoder),
                      "encoder_stats": dict(getattr(encoder, "stats", {}))}
-            with atomic_dir(entry_dir) as tmp:
-                if data_cfg.tokenizer != "pretrained":
-                    encoder.save(os.path.join(tmp, "vocab"))
-                atomic_write_json(os.path.join(tmp, ENTRY), entry)
+            if data_cfg.tokenizer != "pretrained":  # entry_dir: a new generation, not read yet
+                encoder.save(os.path.join(entry_dir, "vocab"))
+            atomic_write_json(os.path.join(entry_dir, ENTRY), entry)
         elif encoder is None:
             encoder = _entry_encoder(data_cfg, entry, entry_dir)
         task.check_encoder(encoder)

@@ -25,11 +25,12 @@ def data_cfg(**data):
 
 def _tree(root):
     """Every file under a cache root but the fingerprint record, which holds a file only once it
-    is older than ``data.cache.RACY_SECONDS``: when a build ran, not what it built."""
+    is older than ``data.cache.RACY_SECONDS``, and the stores' verification stamps (the files'
+    stat): when a build ran, not what it built."""
     out = {}
     for d, _, files in os.walk(root):
         for name in files:
-            if d == root and name == FINGERPRINTS:
+            if d == root and name == FINGERPRINTS or name.endswith(".verified.json"):
                 continue
             path = os.path.join(d, name)
             out[os.path.relpath(path, root)] = open(path, "rb").read()

@@ -5,6 +5,8 @@ written by the code before the one-ingestion-path rework (issue 34: ``ae5416d``;
 case by ``cd28549``, where that task landed), so a refactor of the ingestion path that changes a
 byte fails here.  Store format 2 changed one file of one case: a masked-LM store read from a
 file now records its ``sources`` stat in the train manifest, as one from a built-in corpus did.
+Store format 3 changed the manifests only: each records its split's files' sizes and checksums
+(every other file's bytes were the format-2 fixtures').
 
 A deliberate change of what is encoded: bump ``STORE_FORMAT_VERSION`` (ppvarlen/data/cache.py)
 and regenerate the fixtures:  PPVARLEN_WRITE_STORE_FIXTURES=1 pytest tests/test_store_gate.py

@@ -1,6 +1,6 @@
 """The store cache: encoded corpora keyed by their content, reused across commands.
 
-An entry ``<Data.cache_dir>/<key>/`` holds ``entry.json`` (the key's parts, the corpus's
+An entry ``<Data.cache_dir>/<key>`` holds ``entry.json`` (the key's parts, the corpus's
 task, label names and stats, the encoder's stats), ``vocab/`` (a built vocabulary) and one
 store directory per split (``data.store``).  The key hashes:
 
@@ -22,7 +22,20 @@ being hashed is not recorded (a change in the same timestamp tick would keep its
 
 A miss logs why: the parts that differ from the last entry built for the same corpus and
 task (``last/<slot>.json``), e.g. ``Data.max_len 128 -> 64`` or ``train.jsonl changed``.
-One build at a time per key (``fcntl`` lock): data-parallel ranks wait for the first.
+One build or open at a time per key (``fcntl`` lock ``<key>.lock``): data-parallel ranks wait
+for the first.
+
+Entries are immutable while read.  ``<key>`` is a symlink to a generation directory,
+``generations/<key>.<n>``; a rebuild (``Data.rebuild_cache``, a damaged store) writes generation
+n+1 in a temp directory there, renames it into place and switches the symlink (atomic
+``rename``), so a process that opened generation n reads it to the end.  Lease: a process that
+opens a generation holds a shared ``flock`` on the generation directory (``Lease``) as long as
+a store split of it is referenced (the descriptor is closed when the last one is collected;
+forked DataLoader workers inherit it).  ``remove_unheld`` (under the key lock, when a build or
+an open of the key finds them) removes an old generation only when ``LOCK_EX | LOCK_NB`` on it
+succeeds, i.e. no process holds it; a held one is left for a later run.  What verified each
+split of a generation last (``data.store``'s stamp) is kept beside it,
+``generations/<key>.<n>.<split>.verified.json``, outside the store's files.
 """
 import contextlib
 import fcntl
@@ -31,9 +44,13 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
+import shutil
+import tempfile
 import time
+import weakref
 
-from ..utils.io import atomic_write_json, sha256_file
+from ..utils.io import atomic_write_json, owned_prefix, reap_dead_owners, sha256_file
 from ..utils.log import get_logger
 
 log = get_logger("data.cache")
@@ -45,7 +62,8 @@ ENCODING_KEYS = ("corpus", "task", "skip_invalid", "limit", "split_seed", "token
 FILE_KEYS = ("train_file", "dev_file", "test_file", "vocab_file")
 # Bump when the store, vocabulary or entry.json written for the same inputs and keys changes
 # (a new encoding rule, another stat): every cached store is then rebuilt once.
-STORE_FORMAT_VERSION = 2
+STORE_FORMAT_VERSION = 3  # 3: the stores' manifests record each file's size and checksum
+GENERATIONS = "generations"
 FINGERPRINTS = "fingerprints.json"
 RACY_SECONDS = 2  # at least the coarsest timestamp granularity of a file system ppvarlen may run on
 MAX_RECORDED_FILES = 20_000  # the record stays small; the oldest entries go first
@@ -190,3 +208,106 @@ def locked(root, key):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# ------------------------------------------------------------------- generations and leases
+
+def generations_dir(root):
+    return os.path.join(root, GENERATIONS)
+
+
+def current_generation(root, key):
+    """The generation directory ``<key>`` points to, or None."""
+    link = os.path.join(root, key)
+    return os.path.realpath(link) if os.path.isdir(link) else None
+
+
+def verification_stamp(generation, split):
+    """Where ``data.store`` records the verification of a generation's split."""
+    return f"{generation}.{split}.verified.json"
+
+
+def reap(root):
+    """Remove the debris of killed builds (temp directories, temp symlinks) in the cache."""
+    for d in (root, generations_dir(root)):
+        for path in reap_dead_owners(d):
+            log.info("store cache: removed %s (left by a build that was killed)", path)
+
+
+@contextlib.contextmanager
+def new_generation(root, key):
+    """Yield a temp directory to write a generation of ``key`` in; on success it becomes the
+    next generation and ``<key>`` points to it (call under ``locked``)."""
+    gens = generations_dir(root)
+    os.makedirs(gens, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=owned_prefix(".tmp-" + key), dir=gens)
+    os.chmod(tmp, 0o755)
+    try:
+        yield tmp
+        numbers = [n for n, _ in _generations(root, key)]
+        final = os.path.join(gens, f"{key}.{max(numbers, default=0) + 1}")
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _point(root, key, final)
+
+
+def _point(root, key, generation):
+    link = os.path.join(root, key)
+    if os.path.isdir(link) and not os.path.islink(link):  # an entry of an older layout
+        old = tempfile.mkdtemp(prefix=owned_prefix(".old-" + key), dir=root)
+        os.rmdir(old)
+        os.replace(link, old)
+        shutil.rmtree(old, ignore_errors=True)
+    tmp_link = os.path.join(root, owned_prefix(".tmp-" + key) + "link")
+    os.symlink(os.path.relpath(generation, root), tmp_link)
+    os.replace(tmp_link, link)
+
+
+def _generations(root, key):
+    """[(n, directory)] of the key's generations."""
+    pattern = re.compile(re.escape(key) + r"\.(\d+)$")
+    try:
+        names = os.listdir(generations_dir(root))
+    except FileNotFoundError:
+        return []
+    return [(int(m.group(1)), os.path.join(generations_dir(root), name))
+            for name in names if (m := pattern.match(name))]
+
+
+class Lease:
+    """A shared ``flock`` on a generation directory: it is not removed while held."""
+
+    def __init__(self, generation):
+        self.generation = generation
+        fd = os.open(generation, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        weakref.finalize(self, os.close, fd)  # released when the last split holding it goes
+
+
+def remove_unheld(root, key):
+    """Remove the key's generations other than the current one that no process holds (call
+    under ``locked``) -> the directories removed."""
+    current = current_generation(root, key)
+    removed = []
+    for _, gen in _generations(root, key):
+        if gen == current:
+            continue
+        try:
+            fd = os.open(gen, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("store cache: keeping %s, a process still reads it", gen)
+                continue
+            for stamp in glob.glob(glob.escape(gen) + ".*.verified.json"):
+                os.remove(stamp)
+            shutil.rmtree(gen, ignore_errors=True)
+            removed.append(gen)
+        finally:
+            os.close(fd)
+    return removed

@@ -28,25 +28,67 @@ PaddleNLP indexed format ties one dtype and one ragged field per file pair and i
 ``IndexedTokens`` reads a user's PaddleNLP/Megatron ``.bin``/``.idx`` corpus as token ids.
 
 Arrays are loaded with ``allow_pickle=False`` and the manifest is JSON: nothing is unpickled.
-A writer builds in a temp directory next to ``path``, fsyncs every file and renames it into
-place, so a build killed at any point leaves no directory a reader takes as complete
-(``StoreSplit`` refuses a directory without a manifest of this ``FORMAT``).
+A writer builds in a temp directory next to ``path`` (named by ``owned_prefix``: a later writer
+removes a dead one's), fsyncs every file and renames it into place, so a build killed at any
+point leaves no directory a reader takes as complete (``StoreSplit`` refuses a directory without
+a manifest of this ``FORMAT``).  A full disk raises ``DiskFullError`` naming the store, after
+the temp directory is removed.
+
+What a reader can vouch for: the manifest records every file's size and xxh3-64 checksum
+(``files``; a ``.bin``'s computed as its bytes are written).  Every open checks each file's size
+(and that the offsets, row counts and ``.bin`` sizes agree), so a cut-short or missing file is
+refused before the first item is read; ``verify`` says when the content is hashed against the
+checksums too: ``"always"``, or ``"once"``: unless the ``stamp`` file (written after a
+verification that passed) records each file with the same size, mtime, ctime and inode (a
+rewrite changes the ctime, which no user can set back), i.e. the first open after the store was
+written or changed.  A file whose ctime is not older than the stamp's own is left out of the
+stamp (a change within the same timestamp tick would not show) and hashed again next time.
+A mismatch raises ``StoreDamagedError`` (a ``DataError``) naming the file and what is wrong.
 """
+import contextlib
 import json
 import os
 import shutil
 import struct
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 import numpy as np
+import xxhash
 
-from ..utils.io import DirectAppender
+from ..utils.io import (DirectAppender, DiskFullError, atomic_write_json, is_disk_full,
+                        owned_prefix, reap_dead_owners)
+from ..utils.log import get_logger
 from .errors import DataError
 
-FORMAT = "ppvarlen-store/1"
+log = get_logger("data.store")
+
+# 2: the manifest records each file's size and checksum ("files")
+FORMAT = "ppvarlen-store/2"
 MANIFEST = "manifest.json"
+HASH_BLOCK = 8 << 20  # bytes read per step when hashing a file
+VERIFY = ("once", "always")
+
+
+class StoreDamagedError(DataError):
+    """A store file is missing, cut short or changed since it was written; ``file`` names it."""
+
+    def __init__(self, file, problem, store):
+        super().__init__(f"{file}: {problem}; the store {store} is damaged: rebuild it "
+                         f"(Data.rebuild_cache: true) or delete the directory")
+        self.file, self.problem, self.store = file, problem, store
+
+
+def file_xxh3(path):
+    """The xxh3-64 hex digest of a file's bytes (read in ``HASH_BLOCK`` steps)."""
+    digest = xxhash.xxh3_64()
+    buffer = bytearray(HASH_BLOCK)
+    with open(path, "rb", buffering=0) as f, memoryview(buffer) as view:
+        while n := f.readinto(buffer):
+            digest.update(view[:n])
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -99,10 +141,15 @@ class StoreWriter:
         self.fields = list(fields)
         parent = os.path.dirname(self.path)
         os.makedirs(parent, exist_ok=True)
-        self.tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(self.path) + "-", dir=parent)
+        reap_dead_owners(parent)  # a killed writer's temp directory
+        self.tmp = tempfile.mkdtemp(prefix=owned_prefix(".tmp-" + os.path.basename(self.path)),
+                                    dir=parent)
         self.count = 0
-        # the rows are read back through a memory map: written past the page cache
-        self._bins = {f.name: DirectAppender(os.path.join(self.tmp, f.name + ".bin"))
+        self._files = {}  # file name -> {"size", "xxh3"}, recorded in the manifest
+        # the rows are read back through a memory map: written past the page cache; hashed as
+        # they go (the bytes are in memory then: no second read)
+        self._bins = {f.name: DirectAppender(os.path.join(self.tmp, f.name + ".bin"),
+                                             digest=xxhash.xxh3_64())
                       for f in self.fields if f.ragged}
         # per-item columns (row lengths, scalars) go to temp files as they arrive, so the
         # writer's memory does not grow with the corpus; read back once on ``close``
@@ -125,6 +172,25 @@ class StoreWriter:
 
     def add_packed(self, packed):
         """Append items packed by ``pack_columns`` (what encoding workers send back)."""
+        with self._disk_full_aborts():
+            self._add_packed(packed)
+
+    @contextlib.contextmanager
+    def _disk_full_aborts(self):
+        """A full disk: the temp directory removed, then one ``DiskFullError`` naming the
+        store and the bytes written to it so far."""
+        try:
+            yield
+        except OSError as e:
+            if not is_disk_full(e) or isinstance(e, DiskFullError):
+                raise
+            written = sum(f.size for f in self._bins.values()) + sum(
+                f.tell() for f in self._columns.values() if not f.closed)
+            self.abort()
+            raise DiskFullError(self.path, None, f"encoding it ({written:,} bytes encoded "
+                                                 f"when the disk filled)") from None
+
+    def _add_packed(self, packed):
         n = None
         for f in self.fields:
             if f.ragged:
@@ -160,8 +226,13 @@ class StoreWriter:
         return sum(self._column(f.name) for f in self.fields if f.length)
 
     def close(self):
-        for f in self._bins.values():
+        with self._disk_full_aborts():
+            self._close()
+
+    def _close(self):
+        for name, f in self._bins.items():
             f.close()
+            self._files[name + ".bin"] = {"size": f.size, "xxh3": f.digest.hexdigest()}
         for f in self.fields:
             if f.ragged:
                 offsets = np.zeros(self.count + 1, np.int64)
@@ -178,15 +249,18 @@ class StoreWriter:
             self._save(name, arr)
         manifest = {"format": FORMAT, "count": self.count,
                     "fields": [asdict(f) for f in self.fields],
-                    "extras": sorted(self._extras), **self._meta}
+                    "extras": sorted(self._extras), **self._meta,
+                    "files": dict(sorted(self._files.items()))}
         with open(os.path.join(self.tmp, MANIFEST), "w", encoding="utf-8") as fh:
             json.dump(manifest, fh, indent=1, ensure_ascii=False)
             fh.flush()
             os.fsync(fh.fileno())
         _fsync_dir(self.tmp)
         os.chmod(self.tmp, 0o755)
-        if os.path.exists(self.path):  # a stale split (e.g. --rebuild): replaced whole
-            old = self.path + f".old-{os.getpid()}"
+        if os.path.exists(self.path):  # a stale split: replaced whole
+            old = tempfile.mkdtemp(prefix=owned_prefix(".old-" + os.path.basename(self.path)),
+                                   dir=os.path.dirname(self.path))
+            os.rmdir(old)
             os.replace(self.path, old)
             shutil.rmtree(old, ignore_errors=True)
         os.replace(self.tmp, self.path)
@@ -197,8 +271,10 @@ class StoreWriter:
         np.save(path, arr, allow_pickle=False)
         with open(path, "rb") as f:
             os.fsync(f.fileno())
+        self._files[name + ".npy"] = {"size": os.path.getsize(path), "xxh3": file_xxh3(path)}
 
     def abort(self):
+        """Remove the temp directory (again: a no-op)."""
         for f in self._bins.values():
             f.discard()
         for f in self._columns.values():
@@ -252,11 +328,16 @@ def is_complete(path):
 class StoreSplit:
     """Read side of one split directory: every array memory-mapped (``.npy`` and ragged rows).
 
-    Memmaps are opened lazily and dropped when pickled, so DataLoader worker processes
-    (fork or spawn) reopen them instead of copying token ids.
+    Opening checks every file's size, and hashes the content as ``verify`` says (the module
+    docstring): a damaged store raises ``StoreDamagedError`` here, before any item is read.
+    ``stamp``: the file recording a passed verification (None: none is kept, ``"once"`` hashes
+    on every open).  Memmaps are opened lazily and dropped when pickled, so DataLoader worker
+    processes (fork or spawn) reopen them instead of copying token ids.
     """
 
-    def __init__(self, path):
+    def __init__(self, path, verify="once", stamp=None):
+        if verify not in VERIFY:
+            raise ValueError(f"StoreSplit: verify must be one of {VERIFY}, got {verify!r}")
         self.path = os.path.abspath(path)
         manifest_path = os.path.join(self.path, MANIFEST)
         try:
@@ -270,19 +351,92 @@ class StoreSplit:
                             f"ppvarlen reads {FORMAT!r}; rebuild with Data.rebuild_cache: true")
         self.fields = [StoreField(**f) for f in self.meta["fields"]]
         self.count = int(self.meta["count"])
-        self.lengths = self._load("lengths")
-        self._offsets = {f.name: self._load(f.name + ".offsets") for f in self.fields if f.ragged}
-        self._scalars = {f.name: self._load(f.name) for f in self.fields if not f.ragged}
+        stats = self._check_sizes()
+        self.lengths = self._load("lengths", self.count)
+        self._offsets = {f.name: self._load(f.name + ".offsets", self.count + 1)
+                         for f in self.fields if f.ragged}
+        self._scalars = {f.name: self._load(f.name, self.count)
+                         for f in self.fields if not f.ragged}
+        self._check_offsets()
         self._maps = {}
+        self.lease = None  # what keeps the directory from removal while read (data.cache)
+        self._verify_content(stats, verify == "always", stamp)
 
-    def _load(self, name):
+    def _damaged(self, name, problem):
+        return StoreDamagedError(os.path.join(self.path, name), problem, self.path)
+
+    def _check_sizes(self):
+        """Each file the manifest lists has the size it records -> {name: os.stat_result}."""
+        files = self.meta.get("files")
+        if not isinstance(files, dict):
+            raise self._damaged(MANIFEST, "it lists no files with their sizes and checksums")
+        stats = {}
+        for name, want in files.items():
+            try:
+                st = os.stat(os.path.join(self.path, name))
+            except FileNotFoundError:
+                raise self._damaged(name, "the file is missing") from None
+            if st.st_size != want["size"]:
+                raise self._damaged(name, f"{st.st_size:,} bytes where {want['size']:,} were "
+                                          f"written: cut short or overwritten")
+            stats[name] = st
+        return stats
+
+    def _load(self, name, count=None):
         # memory-mapped: a 10M-item split's per-item arrays are page cache the OS can drop,
         # not anonymous memory of every process that opens the store
-        return np.load(os.path.join(self.path, name + ".npy"), mmap_mode="r", allow_pickle=False)
+        file = name + ".npy"
+        try:
+            arr = np.load(os.path.join(self.path, file), mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise self._damaged(file, f"not a readable .npy array ({e})") from None
+        if count is not None and arr.shape[:1] != (count,):
+            raise self._damaged(file, f"{arr.shape} values where the manifest counts {count} "
+                                      f"items")
+        return arr
+
+    def _check_offsets(self):
+        """Each ragged field's offsets start at 0 and end at its ``.bin``'s last row."""
+        for f in self.fields:
+            if not f.ragged:
+                continue
+            off = self._offsets[f.name]
+            size = os.path.getsize(os.path.join(self.path, f.name + ".bin"))
+            end = int(off[-1]) * np.dtype(f.dtype).itemsize
+            if off[0] != 0 or end != size:
+                raise self._damaged(f.name + ".offsets.npy",
+                                    f"its rows end at byte {end:,} of {f.name}.bin, which has "
+                                    f"{size:,}")
+
+    def _verify_content(self, stats, always, stamp):
+        """Hash the files a passed verification has not vouched for (all when ``always``)."""
+        files = self.meta["files"]
+        known = {} if always or stamp is None else _read_stamp(stamp)
+        vouched = {}
+        started, hashed = time.perf_counter(), 0
+        for name, want in files.items():
+            stat = _stat_key(stats[name]) + [want["xxh3"]]
+            if known.get(name) != stat:
+                got = file_xxh3(os.path.join(self.path, name))
+                hashed += want["size"]
+                if got != want["xxh3"]:
+                    raise self._damaged(name, f"its content differs from what was written "
+                                              f"(xxh3 {got}, the manifest records "
+                                              f"{want['xxh3']})")
+                if _stat_key(os.stat(os.path.join(self.path, name))) != stat[:-1]:
+                    continue  # changed while hashed: not vouched for
+            vouched[name] = stat
+        if hashed:
+            seconds = time.perf_counter() - started
+            log.info("store: verified %s (%s bytes hashed in %.2f s)", self.path,
+                     f"{hashed:,}", seconds)
+        if stamp is not None and vouched != known:
+            _write_stamp(stamp, vouched)
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_maps"] = {}
+        state["lease"] = None  # held by the parent (a forked worker inherits its descriptor)
         return state
 
     def _rows(self, name):
@@ -322,6 +476,32 @@ class StoreSplit:
 
     def extra(self, name):
         return self._load(name) if name in self.meta.get("extras", ()) else None
+
+
+def _stat_key(st):
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _read_stamp(stamp):
+    try:
+        with open(stamp, encoding="utf-8") as f:
+            known = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def _write_stamp(stamp, vouched):
+    """Record ``vouched`` in ``stamp``, less the files changed in the stamp's own timestamp tick
+    (their ctime would not show a change made right after)."""
+    try:
+        atomic_write_json(stamp, vouched)
+        tick = os.stat(stamp).st_ctime_ns
+        racy = {name for name, stat in vouched.items() if stat[2] >= tick}
+        if racy:
+            atomic_write_json(stamp, {k: v for k, v in vouched.items() if k not in racy})
+    except OSError as e:  # e.g. a read-only cache: verified again next time
+        log.debug("store: cannot record the verification in %s (%s)", stamp, e)
 
 
 # ---------------------------------------------------------------- PaddleNLP / Megatron corpora

@@ -194,8 +194,9 @@ class DirectAppender:
     through a memory map does not need.  Else plain writes.  ``close`` makes it durable.
     Hand-written: the standard library has no aligned direct-I/O writer."""
 
-    def __init__(self, path, buffer_bytes=8 << 20):
+    def __init__(self, path, buffer_bytes=8 << 20, digest=None):
         self.path = path
+        self.digest = digest  # e.g. an xxhash object: updated with every byte given, in order
         self.size = self.written = self.fill = 0  # bytes given; on disk; staged
         direct = getattr(os, "O_DIRECT", 0)
         try:
@@ -213,6 +214,8 @@ class DirectAppender:
     def write(self, data):
         view = memoryview(data).cast("B")
         self.size += len(view)
+        if self.digest is not None:
+            self.digest.update(view)
         while view:
             if not self.direct:  # plain: what is staged first, then the rest as it comes
                 if self.fill:
@@ -232,15 +235,16 @@ class DirectAppender:
     def _drain(self, length):
         """Write the staged bytes' first ``length`` (whole blocks) where the file ends; when the
         file system refuses a direct write, the same bytes plainly, and plain writes after."""
-        staged = memoryview(self.buffer)[:length]
-        try:
-            write_all_at(self.fd, staged, self.written)
-        except OSError as e:
-            if e.errno != errno.EINVAL:
-                raise
-            fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-            self.direct = False
-            write_all_at(self.fd, staged, self.written)  # at the same offset: nothing twice
+        with memoryview(self.buffer)[:length] as staged:
+            try:
+                write_all_at(self.fd, staged, self.written)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                fcntl.fcntl(self.fd, fcntl.F_SETFL,
+                            fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                self.direct = False
+                write_all_at(self.fd, staged, self.written)  # at the same offset: nothing twice
         self.written += length
         self.fill = 0
 
@@ -265,8 +269,13 @@ class DirectAppender:
             os.close(self.fd)
             self.fd = None
         if self.buffer is not None:
-            self.buffer.close()
-            self.buffer = None
+            buffer, self.buffer = self.buffer, None
+            try:
+                buffer.close()
+            except BufferError:
+                # a view of it is still alive (the frames of a failed write, held by the
+                # exception being handled): the mapping goes when the last view does
+                pass
 
 
 class BlockFile:
