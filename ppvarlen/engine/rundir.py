@@ -36,7 +36,8 @@ RUN_ENTRIES = ("config.yaml", "metrics.json", "train_log.jsonl", "curves.png", "
 # where caches go): resuming with another value is the same run
 DEFINING_SECTIONS = ("Model", "Data", "Optimizer", "Pretrain")
 NOT_DEFINING = {"Data.num_workers", "Data.num_proc", "Data.cache_dir", "Data.rebuild_cache",
-                "Data.eval_max_tokens", "Data.max_line_bytes", "Data.max_decompressed_ratio"}
+                "Data.eval_max_tokens", "Data.max_line_bytes", "Data.max_decompressed_ratio",
+                "Data.verify_store"}
 DEFINING_KEYS = {"Global.seed", "Train.task", "Train.epochs", "Train.max_steps",
                  "Train.label_smoothing", "Train.loss_weighting", "Train.amp.enable",
                  "Train.amp.level", "Train.amp.dtype"}
