@@ -156,3 +156,91 @@ def test_a_repository_scan_removes_a_dead_exports_temp_dirs(exports, tmp_path):
     with serving(root, poll_s=None) as srv:
         assert index_of(srv.url)["1"]["state"] == "READY"
     assert not dead.exists() and live.exists()
+
+
+# ------------------------------------------------------------------ export
+
+def test_the_exporter_never_rewrites_a_repository_version(exports, tmp_path):
+    from ppvarlen.config import ConfigError
+
+    root = tmp_path / "models"
+    shutil.copytree(exports["a"], root / "tiny" / "1")
+    before = {p: p.read_bytes() for p in (root / "tiny" / "1").rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError) as e:
+        make_tiny_export(str(root / "tiny" / "1"), "classification", seed=1)
+    message = str(e.value)
+    assert str(root / "tiny" / "1") in message and str(root / "tiny" / "2") in message, message
+    assert {p: p.read_bytes() for p in (root / "tiny" / "1").rglob("*") if p.is_file()} == before
+    make_tiny_export(str(root / "tiny" / "next"), "classification", seed=1)
+    assert sorted(os.listdir(root / "tiny")) == ["1", "2"]
+    assert (root / "tiny" / "2" / "manifest.json").is_file()
+
+
+def test_an_export_removes_what_a_dead_export_left(exports, tmp_path, monkeypatch):
+    import tempfile
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    out = tmp_path / "out"
+    pid = dead_pid()
+    dead = [tmp_path / f".tmp-out.pid{pid}.{HOST_TAG}.abc", scratch / f"ppvarlen-export.pid{pid}"
+            f".{HOST_TAG}.abc"]
+    live = [tmp_path / f".tmp-out.pid{os.getpid()}.{HOST_TAG}.abc",
+            scratch / f"ppvarlen-export.pid{os.getpid()}.{HOST_TAG}.abc"]
+    for d in dead + live:
+        (d / "paddle").mkdir(parents=True)
+    make_tiny_export(str(out), "classification")
+    assert [d.exists() for d in dead + live] == [False, False, True, True]
+    assert sorted(os.listdir(scratch)) == [live[1].name]  # its own scratch removed too
+
+
+def test_the_onnx_worker_reports_a_full_disk_not_unsupported_operators(exports, tmp_path):
+    """/dev/full: every write fails with ENOSPC, in the conversion's subprocess too."""
+    from ppvarlen.export.onnx_export import convert
+    from ppvarlen.utils.io import DiskFullError
+
+    with pytest.raises(DiskFullError) as e:
+        convert(os.path.join(exports["a"], "paddle", "model"), "/dev/full", "tiny")
+    assert "/dev/full" in str(e.value) and "bytes needed" in str(e.value), str(e.value)
+    assert "paddle2onnx" not in str(e.value)
+
+
+def pages(paths):
+    return sum(-(-os.path.getsize(p) // 4096) for p in paths)
+
+
+def test_a_full_disk_in_each_phase_of_an_export_is_one_error(exports, tmp_path):
+    """A real tmpfs, sized so the Paddle save, the ONNX conversion, then the parity report
+    each meet a full disk (the last one: rewriting the manifest that lists parity.json); the old export is there all along (a replace) and kept."""
+    from ppvarlen.utils.io import DiskFullError
+
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    ref = exports["a"]
+    files = [os.path.join(top, f) for top, _, fs in os.walk(ref) for f in fs]
+    old = pages(files)
+    tokenizer = [os.path.join(ref, f) for f in ("vocab.txt", "encoder.json")]
+    paddle = [f for f in files if os.sep + "paddle" + os.sep in f]
+    sizes = {"paddle/": old + pages(tokenizer) + 1,
+             "onnx/model.onnx": old + pages(tokenizer + paddle) + 1,
+             "manifest.json": old + pages(files)}
+    told = {}
+    for phase, size in sizes.items():
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size * 4096}", "tmpfs",
+                           str(mount)], capture_output=True).returncode != 0:
+            pytest.skip("cannot mount a tmpfs here (not root?)")
+        try:
+            shutil.copytree(ref, mount / "export")
+            with pytest.raises(DiskFullError) as e:
+                make_tiny_export(str(mount / "export"), "classification", seed=1, verify=True)
+            told[phase] = str(e.value)
+            assert os.listdir(mount) == ["export"]  # no temp directory left
+            assert Predictor(str(mount / "export"), "onnx").predict(TEXTS[:3]) \
+                == Predictor(ref, "onnx").predict(TEXTS[:3])  # the old export, whole
+        finally:
+            subprocess.run(["umount", str(mount)], check=True)
+    print(told)
+    for phase, message in told.items():
+        assert message.startswith(f"{mount / 'export'}: no space left") \
+            and f"writing {phase} in the export" in message and "bytes free" in message, told
