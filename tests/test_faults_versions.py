@@ -244,3 +244,64 @@ def test_a_full_disk_in_each_phase_of_an_export_is_one_error(exports, tmp_path):
     for phase, message in told.items():
         assert message.startswith(f"{mount / 'export'}: no space left") \
             and f"writing {phase} in the export" in message and "bytes free" in message, told
+
+
+# ------------------------------------------------------------------ SIGTERM under keep-alive
+
+def test_requests_unread_at_shutdown_are_answered_not_reset(exports, tmp_path):
+    """The moment that reset requests, made certain: the server's event loop is held while
+    clients send on their idle keep-alive connections (the bytes wait unread in the kernel),
+    then shutdown begins as uvicorn's does (the app draining, then every connection's
+    ``shutdown()``).  uvicorn closed such a connection at once: its unread request reset it."""
+    import socket
+    import threading
+    import time
+
+    from keepalive_sigterm import REQUEST, read_response
+
+    app = create_app(Predictor(exports["a"], "onnx"), deploy_settings(max_wait_ms=2))
+    with RunningServer(app) as srv:
+        socks = []
+        for _ in range(4):
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+            s.sendall(REQUEST)
+            assert read_response(s)[0] == 200  # an idle keep-alive connection now
+            socks.append(s)
+        connections = list(srv.server.server_state.connections)
+        held, sent = threading.Event(), threading.Event()
+
+        def shutdown_with_requests_unread():
+            held.set()
+            assert sent.wait(60)
+            time.sleep(0.2)  # the requests reach the server's socket buffers
+            app.state.begin_drain()
+            for c in connections:
+                c.shutdown()
+            srv.server.should_exit = True
+
+        connections[0].loop.call_soon_threadsafe(shutdown_with_requests_unread)
+        assert held.wait(60)
+        for s in socks:
+            s.sendall(REQUEST)
+        sent.set()
+        outcomes = []
+        for s in socks:
+            try:
+                status, headers = read_response(s)
+                outcomes.append((status, headers.get("retry-after")))
+            except ConnectionResetError:
+                outcomes.append("reset")
+            s.close()
+    assert outcomes == [(503, "1")] * len(socks), outcomes
+
+
+def test_sigterm_under_keep_alive_answers_503_or_closes_never_resets(exports, tmp_path):
+    """The server as run (a subprocess, SIGTERM), clients on idle keep-alive connections
+    sending just after the signal: each is answered (200 before the drain began, 503 with
+    Retry-After after) or reads end of file; none is reset (tests/keepalive_sigterm.py
+    measures many runs)."""
+    from keepalive_sigterm import one_run
+
+    for _ in range(2):
+        outcomes, code = one_run(exports["a"], str(tmp_path), clients=8, spread_s=0.1)
+        assert code == 0 and set(outcomes) <= {"200", "503", "closed"}, outcomes
