@@ -32,7 +32,6 @@ Temp directories a dead export left in the repository (``.tmp-*``) are removed a
 """
 import hashlib
 import os
-import re
 import threading
 import time
 
@@ -46,10 +45,10 @@ from .admission import AdmissionError, admit, first_line
 from .batcher import BatcherClosed, Callers, DynamicBatcher
 from .edge import shown
 from .stats import VersionStats
-from .manifest import MANIFEST, UnservableExportError, outside
+from .manifest import VERSION_NAME  # noqa: F401 - state.py reads it from here
+from .manifest import MANIFEST, UnservableExportError, is_version_name, outside
 
 log = get_logger("deploy.repository")
-VERSION_NAME = re.compile(r"[0-9]+", re.ASCII)  # str.isdigit() also takes '²', int() does not
 
 
 class ServedModel:
@@ -268,8 +267,7 @@ def scan(root):
         for debris in reap_dead_owners(model_dir):
             log.warning("removed %s, left by an export that died", debris)
         versions = [v for v in os.listdir(model_dir)
-                    if VERSION_NAME.fullmatch(v) and int(v) > 0
-                    and os.path.isdir(os.path.join(model_dir, v))]
+                    if is_version_name(v) and os.path.isdir(os.path.join(model_dir, v))]
         out[name] = sorted(versions, key=int)
     return out
 

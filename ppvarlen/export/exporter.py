@@ -23,7 +23,7 @@ from ..config import ConfigError, load_config
 from ..data.lengths import length_stats
 from ..data.vocab import TextEncoder
 from ..deploy.admission import admit
-from ..deploy.manifest import UnservableExportError
+from ..deploy.manifest import UnservableExportError, is_version_name
 from ..deploy.predictor import Predictor
 from ..engine.checkpoint import load_for_inference
 from ..models import build_model
@@ -32,7 +32,6 @@ from ..models.paddlenlp_auto import FAMILY, label_names_of, model_name_for, read
 from ..models.seq2seq import DecoderStepProgram, EncoderProgram, GreedyProgram
 from ..store_build import build_datasets
 from ..tasks import get_task
-from ..deploy.repository import VERSION_NAME
 from ..utils.io import (DiskFullError, atomic_dir, atomic_write_json, is_disk_full, owned_prefix,
                         reap_dead_owners, sha256_file)
 from ..utils.log import get_logger
@@ -53,8 +52,7 @@ WORK_PREFIX = "ppvarlen-export"  # the scratch directory's name in $TMPDIR (owne
 
 def _version_numbers(model_dir):
     try:
-        return [int(v) for v in os.listdir(model_dir)
-                if VERSION_NAME.fullmatch(v) and int(v) > 0]
+        return [int(v) for v in os.listdir(model_dir) if is_version_name(v)]
     except OSError:
         return []
 
@@ -62,8 +60,7 @@ def _version_numbers(model_dir):
 def is_version_dir(path):
     """Whether ``path`` names a model repository's version (its last part a positive integer
     in ASCII digits, as the repository reads it)."""
-    last = os.path.basename(os.path.normpath(path))
-    return bool(VERSION_NAME.fullmatch(last)) and int(last) > 0
+    return is_version_name(os.path.basename(os.path.normpath(path)))
 
 
 def resolve_output(output):
