@@ -22,7 +22,7 @@ New versions are found by polling (``Deploy.repository_poll_s``) and by
 A version's files are what it is (as in Triton, where changed files are a new load): each
 version's ``content_fingerprint`` (every file's name, size, mtime, ctime and inode) is taken
 before it is loaded.  A refused version is examined again when its fingerprint changes (a copy
-that completed, a permission fixed) and on every ``POST .../load``.  A served version whose
+that completed, a permission fixed), the newest one also on every ``POST .../load``.  A served version whose
 directory disappears, or whose files change in place, keeps answering from the copy in memory
 -- it is never swapped under the same version number -- but is marked ``STALE`` in the index
 (the reason says removed or changed, and what to do), on ``/health`` (``files_changed``), with a
@@ -343,11 +343,11 @@ class Repository:
             raise UnservableExportError(f"no servable version in the model repository {self.root}: "
                               f"{self.registry.index() or 'no NAME/VERSION/ directories'}")
 
-    def refresh(self, name, retry_refused=True):
+    def refresh(self, name, retry_newest=True):
         """Load ``name``'s newest new version if it is newer than the one served; returns the
-        registry status of the newest version (READY, or UNAVAILABLE with the reason).
-        ``retry_refused`` False (the poller): a version refused before is examined again only
-        when its files changed since."""
+        registry status of the newest version (READY, or UNAVAILABLE with the reason).  A
+        version refused before is examined again when its files changed since, and the newest
+        one always when ``retry_newest`` (the load endpoint; not the poller)."""
         with self._lock:
             self._check_served(name)
             versions = scan(self.root).get(name)
@@ -359,7 +359,7 @@ class Repository:
                 if int(v) <= newest_served:
                     break
                 path = os.path.join(self.root, name, v)
-                if not retry_refused and \
+                if not (retry_newest and v == versions[-1]) and \
                         self._refused.get((name, v), False) == content_fingerprint(path):
                     continue  # refused before and unchanged
                 if self._load(name, v, path):
@@ -483,7 +483,7 @@ class Repository:
                         self._check_served(name)
             for name in models:  # one model's failure does not hold up the others
                 try:
-                    self.refresh(name, retry_refused=False)
+                    self.refresh(name, retry_newest=False)
                 except Exception:  # noqa: BLE001 - the poller must outlive a bad model
                     log.exception("model repository: refreshing %s failed", name)
 
