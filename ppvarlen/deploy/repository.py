@@ -19,16 +19,16 @@ or the poller: the newest version that passes serves, older good versions are th
 New versions are found by polling (``Deploy.repository_poll_s``) and by
 ``POST /v2/repository/models/NAME/load``.
 
-A version's files are what it is (as in Triton, where changed files are a new load): each
-version's ``content_fingerprint`` (every file's name, size, mtime, ctime and inode) is taken
-before it is loaded.  A refused version is examined again when its fingerprint changes (a copy
-that completed, a permission fixed), the newest one also on every ``POST .../load``.  A served version whose
-directory disappears, or whose files change in place, keeps answering from the copy in memory
--- it is never swapped under the same version number -- but is marked ``STALE`` in the index
-(the reason says removed or changed, and what to do), on ``/health`` (``files_changed``), with a
-WARNING naming the path; a new model is a new version number.  Each load logs the sha256 of the
-manifest it loaded: what a version number served, before and after a restart, is on record.
-Temp directories a dead export left in the repository (``.tmp-*``) are removed at each scan.
+A version number names one model.  Each version's ``content_fingerprint`` (every file's name,
+size, mtime, ctime and inode) is taken before it is loaded.  A refused version is examined
+again when its fingerprint changes (a copy that completed, a permission fixed), the newest one
+also on every ``POST .../load``.  A served version whose directory disappears, or whose files
+change in place, keeps answering from the copy in memory -- it is never reloaded under the
+same number (Triton would reload it; then one number would have answered as two models) --
+but is marked ``STALE`` in the index (the reason says removed or changed, and what to do), on
+``/health`` (``files_changed``), with a WARNING naming the path.  Each load logs the sha256 of
+the manifest it loaded: what a number served, before and after a restart, is on record.  Temp
+directories a dead export left in the repository (``.tmp-*``) are removed at each scan.
 """
 import hashlib
 import os
@@ -391,8 +391,8 @@ class Repository:
             if reason == model.files_changed:
                 continue
             if reason is None:
-                log.warning("model %s version %s: the files at %s are back as they were loaded",
-                            name, version, path)
+                log.info("model %s version %s: the files at %s are back as they were loaded",
+                         name, version, path)
             else:
                 log.warning("model %s version %s: %s", name, version, reason)
             self.registry.mark_files_changed(model, reason)
