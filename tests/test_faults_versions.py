@@ -177,6 +177,21 @@ def test_the_exporter_never_rewrites_a_repository_version(exports, tmp_path):
     assert (root / "tiny" / "2" / "manifest.json").is_file()
 
 
+
+def test_the_export_command_refuses_an_existing_version_before_loading_anything(exports, tmp_path,
+                                                                                capsys):
+    from ppvarlen.cli import main_export
+
+    root = tmp_path / "models"
+    shutil.copytree(exports["a"], root / "tiny" / "1")
+    # the source does not even exist: the output is checked first
+    code = main_export(["--pretrained-dir", str(tmp_path / "nothing"), "--output",
+                        str(root / "tiny" / "1")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert f"version 1 of the model {root / 'tiny'} exists" in err and "tiny/next" in err, err
+
+
 def test_an_export_removes_what_a_dead_export_left(exports, tmp_path, monkeypatch):
     import tempfile
 
