@@ -146,6 +146,32 @@ def test_a_version_changed_in_place_is_never_swapped_under_its_number(exports, a
     assert len(loads) == 2 and loads[0] != loads[1], loads
 
 
+def test_the_fingerprint_sees_what_a_copy_or_a_fix_changes_and_not_a_read(exports, tmp_path):
+    """What re-examines a refused version: a permission fixed (a chmod: root reads any file,
+    so this suite cannot be refused for one), a file rewritten with its old size and mtime
+    restored (``rsync -a``, ``cp -p``), a file replaced by a rename; a read changes nothing."""
+    from ppvarlen.deploy.repository import content_fingerprint
+
+    version = tmp_path / "1"
+    shutil.copytree(exports["a"], version)
+    weights = version / "onnx" / weights_of(exports["a"])[0]
+    seen = [content_fingerprint(str(version))]
+    weights.read_bytes()
+    assert content_fingerprint(str(version)) == seen[-1]
+    os.chmod(weights, 0o600)
+    seen.append(content_fingerprint(str(version)))
+    st = weights.stat()
+    weights.write_bytes(weights.read_bytes())
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    seen.append(content_fingerprint(str(version)))
+    shutil.copy(weights, tmp_path / "staged")
+    os.replace(tmp_path / "staged", weights)
+    seen.append(content_fingerprint(str(version)))
+    shutil.rmtree(version)
+    seen.append(content_fingerprint(str(version)))
+    assert len(set(seen)) == len(seen) and seen[-1] is None, seen
+
+
 def test_a_repository_scan_removes_a_dead_exports_temp_dirs(exports, tmp_path):
     root = tmp_path / "models"
     shutil.copytree(exports["a"], root / "tiny" / "1")
