@@ -254,6 +254,9 @@ def main_export(argv=None):
 
     Writes OUTPUT/ (atomically): manifest.json, vocab.txt, encoder.json, paddle/model.json +
     model.pdiparams, onnx/model.onnx (+ model_fp16.onnx, crf_transitions.npy), parity.json.
+    Into a model repository: --output MODELS/NAME/next writes the next free version number;
+    an existing MODELS/NAME/VERSION is refused (exit 2), never rewritten under a server.  A
+    full disk is one error naming the path and the bytes (exit 2), the old export kept.
     Seq2seq: paddle/model.json holds the whole greedy loop; onnx/encoder.onnx + decoder_step.onnx;
     --verify then requires greedy outputs identical to the eager model (fp32 only).
     --verify compares every backend with the eager model on a shape grid and the test split and
@@ -299,7 +302,12 @@ def main_export(argv=None):
                         "one contradicting the directory is an error")
     parser.add_argument("--verify-file", help="--pretrained-dir: labelled JSONL for the parity "
                         "report besides the shape grid")
-    parser.add_argument("--output", required=True, help="export directory to write")
+    parser.add_argument("--output", required=True,
+                        help="export directory to write (an existing one is replaced once the "
+                        "new one is complete). In a model repository: MODELS/NAME/VERSION, a "
+                        "version that does not exist yet (an existing version is refused: a "
+                        "served version's files never change in place), or MODELS/NAME/next "
+                        "for the next free version number")
     parser.add_argument("--format", type=_csv, help="paddle,onnx (default: Export.format)")
     parser.add_argument("--precision", type=_csv,
                         help="fp32,bf16,fp16,int8 (default: Export.precision)")
@@ -317,11 +325,13 @@ def _export(args):
         raise ConfigError("--task, --verify-file, --pooling and --normalize go with "
                           "--pretrained-dir")
     cfg = load_config(args.config, args.override)
-    from .export.exporter import check_request, export_checkpoint, export_pretrained_dir
+    from .export.exporter import (check_request, export_checkpoint, export_pretrained_dir,
+                                  resolve_output)
 
     setup_logging()
     # a bad request fails before the checkpoint is even looked at
     check_request(args.format or cfg.Export.format, args.precision or cfg.Export.precision)
+    args.output = resolve_output(args.output)
     if args.pretrained_dir:
         manifest = export_pretrained_dir(args.pretrained_dir, args.output, cfg, args.task,
                                          args.format, args.precision, args.verify,

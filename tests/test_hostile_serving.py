@@ -304,10 +304,14 @@ def test_bad_versions_under_load_never_fail_a_request(bad, tmp_path):
     for text, header, body_version, prediction in loop.answers:
         assert prediction == own[text] and header == body_version
     for v, kind in enumerate(kinds, start=2):
-        assert sum(value(metrics, "ppvarlen_model_load_failures_total", model="tiny",
-                         version=str(v), reason=reason)
-                   for reason in ("manifest", "load", "symlink", "smoke")) == 1, kind
-        assert sum(f"version {v} refused" in m for m in log.messages) == 1, (kind, log.messages)
+        # refused by the load endpoint, which examines the newest version again, and perhaps
+        # first by the poller; never again while its files stay as they are
+        refusals = sum(value(metrics, "ppvarlen_model_load_failures_total", model="tiny",
+                             version=str(v), reason=reason)
+                       for reason in ("manifest", "load", "symlink", "smoke"))
+        assert refusals in (1, 2), kind
+        assert sum(f"version {v} refused" in m for m in log.messages) == refusals, \
+            (kind, log.messages)
     assert not any("Traceback" in m for m in log.messages)
 
 

@@ -12,6 +12,13 @@ these bounds from the Deploy section:
   Deploy.max_header_bytes and max_headers (431), header_timeout_s and body_timeout_s (408),
   idle_timeout_s (closed unanswered) and max_connections (503 at accept).
 
+At shutdown (SIGTERM), uvicorn closes every idle keep-alive connection at once; a request a
+client had already sent on one then meets a closed socket and the kernel answers it with a
+reset.  ``BoundedHttpToolsProtocol.shutdown`` keeps an idle connection open DRAIN_GRACE_S
+instead: a request in that time is answered (503 + Retry-After from the draining app) and the
+connection closed after it; then the connection is half-closed (the client reads end of file)
+and what still arrives is read and dropped until the client closes, so nothing is reset.
+
 Answers are the app's error form ``{"error": message, "field": name}``, the message naming
 the key.  ``ConnectionEvents`` counts every refusal and logs at most a line a minute per kind,
 so a flood of bad connections writes a line a minute, never a line or a traceback each.
@@ -43,13 +50,19 @@ UVICORN_READ = "0.55.0"  # the uvicorn whose httptools protocol BoundedHttpTools
 # reset can discard the answer before the client reads it.
 LINGER_S = 2.0
 REPORT_EVERY_S = 60.0
+# At shutdown, how long an idle keep-alive connection still takes a request (answered 503 by
+# the draining app, then closed) before it is half-closed: a request sent just before the
+# client could know of the shutdown gets an answer rather than a reset.
+DRAIN_GRACE_S = 1.0
 # descriptors the process needs besides client connections: listening socket, model files,
 # event loop, worker threads, logs; max_connections is fitted under the open-file limit minus this
 FD_RESERVE = 128
 
 # Where a connection's current request is: no byte of it yet, its head arriving, its body
-# arriving.  One deadline per connection follows it; KEEP_ALIVE and LINGER are deadlines only.
-IDLE, HEAD, BODY, KEEP_ALIVE, LINGER = "idle", "head", "body", "keep-alive", "linger"
+# arriving.  One deadline per connection follows it; KEEP_ALIVE, LINGER and DRAIN (the
+# shutdown's grace) are deadlines only.
+IDLE, HEAD, BODY, KEEP_ALIVE, LINGER, DRAIN = ("idle", "head", "body", "keep-alive", "linger",
+                                               "drain")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +161,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._answered = False  # refused or timed out: what the client still sends is dropped
         self._deadline = None
         self._deadline_kind = None
+        self._draining = False  # shutdown has begun: no request after the current one
 
     # ------------------------------------------------------------ asyncio.Protocol
 
@@ -169,6 +183,16 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc):
         self._set_deadline(None)
         super().connection_lost(exc)
+
+    def shutdown(self):
+        """uvicorn's graceful shutdown of this connection: the request being answered is the
+        last; an idle connection is kept DRAIN_GRACE_S for a request already on its way, then
+        half-closed (uvicorn would close it at once, resetting such a request)."""
+        self._draining = True
+        if self._answering():
+            self.cycle.keep_alive = False
+        elif not self._answered and not self.transport.is_closing():
+            self._set_deadline(DRAIN)
 
     def data_received(self, data):
         # uvicorn's data_received with the bounds' refusals: uvicorn would answer an exception
@@ -244,6 +268,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             raise _Refused()
         self._phase = BODY
         super().on_headers_complete()
+        if self._draining:  # answered (503 while the app drains), then closed
+            self.cycle.keep_alive = False
 
     def on_message_complete(self):
         self._phase = IDLE
@@ -273,7 +299,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._deadline = self._deadline_kind = None
         seconds = {IDLE: self.limits.idle_timeout_s, HEAD: self.limits.header_timeout_s,
                    BODY: self.limits.body_timeout_s, KEEP_ALIVE: self.limits.keep_alive_timeout_s,
-                   LINGER: LINGER_S}.get(kind)
+                   LINGER: LINGER_S, DRAIN: DRAIN_GRACE_S}.get(kind)
         if seconds is not None:
             self._deadline = self.loop.call_later(seconds, self._deadline_passed, kind)
             self._deadline_kind = kind
@@ -282,7 +308,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._deadline = self._deadline_kind = None
         if self.transport.is_closing():
             return
-        if kind in (KEEP_ALIVE, LINGER):
+        if kind == DRAIN:
+            if not self._answering():  # else the answer under way closes the connection
+                self._answered = True  # what arrives from now on is dropped, not parsed
+                self._linger()
+        elif kind in (KEEP_ALIVE, LINGER):
             self.transport.close()
         elif kind == IDLE:
             self.events.note("idle_timeout_s", self.client)

@@ -8,11 +8,20 @@ refused at load instead of giving quietly wrong predictions.
 """
 import json
 import os
+import re
 
 from ppvarlen.tasks import TASKS, get_task
 from ppvarlen.utils.io import sha256_file
 
 MANIFEST = "manifest.json"
+# a model repository's version directory: a positive integer in ASCII digits (str.isdigit()
+# also takes '²', int() does not); the repository reads it, the exporter refuses to rewrite one
+VERSION_NAME = re.compile(r"[0-9]+", re.ASCII)
+
+
+def is_version_name(name):
+    """Whether ``name`` names a version directory of a model repository (a positive integer)."""
+    return bool(VERSION_NAME.fullmatch(name)) and int(name) > 0
 SUPPORTED_FORMATS = (1,)
 SERVED_TASKS = [name for name, task in TASKS.items() if task.servable]
 

@@ -15,17 +15,28 @@ manifest against graph, special ids and the longest length, finite outputs, padd
 invariance, every response path).  Then it takes traffic, and the older version drains (queued
 texts finish) and is unloaded.  A version that fails — whatever it raises — is refused with the
 reason (log, metrics, repository index, the load endpoint's 409), never raised out of start-up
-or the poller: the newest version that passes serves, older good versions are the fallback.  A
-refused version is retried only when its manifest.json changes.  New versions are found by polling (``Deploy.repository_poll_s``) and by
-``POST /v2/repository/models/NAME/load``.  Copy a version elsewhere and rename it into place:
-a half-copied directory fails the hash check and is refused until its manifest changes.
+or the poller: the newest version that passes serves, older good versions are the fallback.
+New versions are found by polling (``Deploy.repository_poll_s``) and by
+``POST /v2/repository/models/NAME/load``.
+
+A version number names one model.  Each version's ``content_fingerprint`` (every file's name,
+size, mtime, ctime and inode) is taken before it is loaded.  A refused version is examined
+again when its fingerprint changes (a copy that completed, a permission fixed), the newest one
+also on every ``POST .../load``.  A served version whose directory disappears, or whose files
+change in place, keeps answering from the copy in memory -- it is never reloaded under the
+same number (Triton would reload it; then one number would have answered as two models) --
+but is marked ``STALE`` in the index (the reason says removed or changed, and what to do), on
+``/health`` (``files_changed``), with a WARNING naming the path.  Each load logs the sha256 of
+the manifest it loaded: what a number served, before and after a restart, is on record.  Temp
+directories a dead export left in the repository (``.tmp-*``) are removed at each scan.
 """
+import hashlib
 import os
-import re
 import threading
 import time
 
 from ppvarlen.data.errors import DataError
+from ppvarlen.utils.io import reap_dead_owners
 from ppvarlen.utils.parallel import release_memory
 from ppvarlen.utils.log import get_logger
 
@@ -34,10 +45,10 @@ from .admission import AdmissionError, admit, first_line
 from .batcher import BatcherClosed, Callers, DynamicBatcher
 from .edge import shown
 from .stats import VersionStats
-from .manifest import MANIFEST, UnservableExportError, outside
+from .manifest import VERSION_NAME  # noqa: F401 - state.py reads it from here
+from .manifest import MANIFEST, UnservableExportError, is_version_name, outside
 
 log = get_logger("deploy.repository")
-VERSION_NAME = re.compile(r"[0-9]+", re.ASCII)  # str.isdigit() also takes '²', int() does not
 
 
 class ServedModel:
@@ -61,6 +72,9 @@ class ServedModel:
         self.unhealthy = None  # why this version stopped being trusted (non-finite outputs)
         self.stats = VersionStats()  # Triton's statistics extension
         self.settings = None  # the Deploy section it started with (the model config reads it)
+        # why this version's directory no longer holds what it serves (removed, changed in
+        # place); it keeps answering from memory, the index and /health say so
+        self.files_changed = None
 
     def start(self, deploy, metrics=None, callers=None):
         """Warm up, measure the batching overhead, start the batcher with the ``deploy``
@@ -165,6 +179,17 @@ class LiveVersions:
                                                             "reason": model.unhealthy}
             return first
 
+    def mark_files_changed(self, model, reason):
+        """``model``'s files on disk are no longer what it serves (``reason``; None: they are
+        again): it keeps answering, the index says STALE with the reason."""
+        with self._lock:
+            model.files_changed = reason
+            if self._ready.get(model.name, {}).get(model.version) is model \
+                    and model.unhealthy is None:
+                self.status[(model.name, model.version)] = (
+                    {"state": "STALE", "reason": reason} if reason else
+                    {"state": "READY", "reason": ""})
+
     def names(self):
         with self._lock:
             return sorted(n for n, vs in self._ready.items() if vs)
@@ -233,23 +258,49 @@ class LiveVersions:
 
 def scan(root):
     """{name: [version, ...]} of ``root/NAME/VERSION/`` directories (VERSION a positive integer
-    in ASCII digits)."""
+    in ASCII digits).  A dead export's temp directories there are removed on the way."""
     out = {}
     for name in sorted(os.listdir(root)):
         model_dir = os.path.join(root, name)
         if name.startswith(".") or not os.path.isdir(model_dir):
             continue
+        for debris in reap_dead_owners(model_dir):
+            log.warning("removed %s, left by an export that died", debris)
         versions = [v for v in os.listdir(model_dir)
-                    if VERSION_NAME.fullmatch(v) and int(v) > 0
-                    and os.path.isdir(os.path.join(model_dir, v))]
+                    if is_version_name(v) and os.path.isdir(os.path.join(model_dir, v))]
         out[name] = sorted(versions, key=int)
     return out
 
 
-def _fingerprint(path):
+def content_fingerprint(path):
+    """A digest of what the version directory ``path`` holds without reading the files: every
+    entry's relative name, type, size, mtime, ctime and inode (a copy in place, a rewrite, a
+    chmod or a rename each change it) -> hex string, or None when ``path`` is gone."""
+    digest = hashlib.sha256()
     try:
-        st = os.stat(os.path.join(path, MANIFEST))
-        return st.st_mtime_ns, st.st_size
+        os.stat(path)
+    except OSError:
+        return None
+    for top, dirs, files in os.walk(path, onerror=lambda e: digest.update(repr(e).encode())):
+        dirs.sort()
+        for entry in sorted(dirs + files):
+            full = os.path.join(top, entry)
+            try:
+                st = os.stat(full)
+            except OSError as e:  # a dangling link, a file removed meanwhile
+                digest.update(f"{full}: {e.errno}".encode())
+                continue
+            digest.update(repr((os.path.relpath(full, path), st.st_mode, st.st_size,
+                                st.st_mtime_ns, st.st_ctime_ns, st.st_ino)).encode())
+    return digest.hexdigest()
+
+
+def manifest_sha256(path):
+    """The sha256 of the version's manifest.json (it lists every file's sha256: the content
+    a version number names), or None when unreadable."""
+    try:
+        with open(os.path.join(path, MANIFEST), "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
     except OSError:
         return None
 
@@ -277,7 +328,8 @@ class Repository:
         self.metrics, self.poll_s = metrics, deploy.repository_poll_s
         self.after_load = after_load  # called once a version's predictor exists (server hook)
         self.allow_external_symlinks = deploy.allow_external_symlinks
-        self._refused = {}  # (name, version) -> manifest fingerprint when refused
+        self._refused = {}  # (name, version) -> content_fingerprint when refused
+        self._loaded = {}  # (name, version) -> (path, content_fingerprint) it was loaded from
         self._lock = threading.Lock()  # one load at a time
         self._stop = threading.Event()
         self._thread = None
@@ -291,10 +343,13 @@ class Repository:
             raise UnservableExportError(f"no servable version in the model repository {self.root}: "
                               f"{self.registry.index() or 'no NAME/VERSION/ directories'}")
 
-    def refresh(self, name):
+    def refresh(self, name, retry_newest=True):
         """Load ``name``'s newest new version if it is newer than the one served; returns the
-        registry status of the newest version (READY, or UNAVAILABLE with the reason)."""
+        registry status of the newest version (READY, or UNAVAILABLE with the reason).  A
+        version refused before is examined again when its files changed since, and the newest
+        one always when ``retry_newest`` (the load endpoint; not the poller)."""
         with self._lock:
+            self._check_served(name)
             versions = scan(self.root).get(name)
             if not versions:
                 raise UnservableExportError(f"no model {shown(name)} in the repository {self.root}")
@@ -304,7 +359,8 @@ class Repository:
                 if int(v) <= newest_served:
                     break
                 path = os.path.join(self.root, name, v)
-                if self._refused.get((name, v), False) == _fingerprint(path):
+                if not (retry_newest and v == versions[-1]) and \
+                        self._refused.get((name, v), False) == content_fingerprint(path):
                     continue  # refused before and unchanged
                 if self._load(name, v, path):
                     self._retire_older(name, v)
@@ -314,9 +370,38 @@ class Repository:
                     **self.registry.status.get((name, newest), {"state": "UNAVAILABLE",
                                                                 "reason": "not loaded"})}
 
+    def _check_served(self, name):
+        """Mark (and log once) each served version of ``name`` whose directory is gone or whose
+        files changed since it was loaded; clear the mark when they are back as loaded."""
+        for version in self.registry.versions(name):
+            path, loaded = self._loaded.get((name, version), (None, None))
+            if path is None:
+                continue
+            model = self.registry.get(name, version)
+            now = content_fingerprint(path)
+            if now == loaded:
+                reason = None
+            elif now is None:
+                reason = (f"files removed: {path} is gone; still answering from the copy loaded "
+                          f"in memory, a restart will not serve this version")
+            else:
+                reason = (f"files changed in place: {path} is not what was loaded; still "
+                          f"answering from the copy loaded in memory (a version number names "
+                          f"one model: publish new files as a new version directory)")
+            if reason == model.files_changed:
+                continue
+            if reason is None:
+                log.info("model %s version %s: the files at %s are back as they were loaded",
+                         name, version, path)
+            else:
+                log.warning("model %s version %s: %s", name, version, reason)
+            self.registry.mark_files_changed(model, reason)
+
     def _load(self, name, version, path):
         """Load, admit and start one version -> True; False when refused (never raises)."""
         start = time.monotonic()
+        # before the files are read: a change during the load shows at the next look
+        fingerprint, manifest_digest = content_fingerprint(path), manifest_sha256(path)
         try:
             model = ServedModel(name, version, self._admitted(path))
             model.start(self.deploy, self.metrics, self.registry.callers)
@@ -328,15 +413,17 @@ class Repository:
             kind, reason = "load", f"start: {type(e).__name__}: {first_line(e)}"
         else:
             self.registry.add(model)
+            self._loaded[(name, version)] = (path, fingerprint)
+            self._refused.pop((name, version), None)
             if self.metrics is not None:
                 self.metrics.model_loaded.labels(name, version).set(1)
                 self.metrics.model_healthy.labels(name, version).set(1)
-            log.info("model %s version %s verified and serving (%.1fs)", name, version,
-                     time.monotonic() - start)
+            log.info("model %s version %s verified and serving (%.1fs; manifest sha256 %s)",
+                     name, version, time.monotonic() - start, manifest_digest)
             return True
         log.error("model %s version %s refused (%s): %s; still serving %s", name, version,
                   kind, reason, self.registry.versions(name) or "nothing")
-        self._refused[(name, version)] = _fingerprint(path)
+        self._refused[(name, version)] = fingerprint
         self.registry.refuse(name, version, reason)
         if self.metrics is not None:
             self.metrics.load_failures.labels(name, version, kind).inc()
@@ -367,7 +454,8 @@ class Repository:
         for old in self.registry.versions(name):
             if int(old) < int(version):
                 model = self.registry.get(name, old)
-                self.registry.withdraw(model)  # new requests go to `version` from now on
+                self.registry.withdraw(model)
+                self._loaded.pop((name, old), None)  # new requests go to `version` from now on
                 drained = model.close(self.deploy.drain_timeout_s)
                 if self.metrics is not None:
                     self.metrics.model_loaded.labels(name, old).set(0)
@@ -389,9 +477,13 @@ class Repository:
             except OSError:
                 log.exception("model repository scan failed")
                 continue
+            for name in self.registry.names():
+                if name not in models:  # every version directory gone: only the marks to set
+                    with self._lock:
+                        self._check_served(name)
             for name in models:  # one model's failure does not hold up the others
                 try:
-                    self.refresh(name)
+                    self.refresh(name, retry_newest=False)
                 except Exception:  # noqa: BLE001 - the poller must outlive a bad model
                     log.exception("model repository: refreshing %s failed", name)
 

@@ -90,6 +90,8 @@ def router(state, direct):
                 "queue_depth": state.registry.queue_depth(), **model.health_extras}
         if model.unhealthy:
             body["unhealthy_reason"] = model.unhealthy
+        if model.files_changed:  # answering from memory; its directory says otherwise
+            body["files_changed"] = model.files_changed
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @routes.get("/metrics")

@@ -6,11 +6,14 @@ never in the caller's process.  Before converting, the worker prints
 list, so the parent can name them if the conversion then aborts.  The list is
 only a hint (paddle2onnx maps some PIR names, e.g. ``flatten``, internally), so
 the conversion itself decides.
-Exit codes: 0 ok, 4 paddle2onnx raised (message on the ``FAILED`` line).
+Exit codes: 0 ok, 4 paddle2onnx raised (message on the ``FAILED`` line), 5 the disk was full
+(``DISKFULL <bytes> <path>``: the bytes it could not write, the file).
 ``--check MODEL.onnx [OPTIMIZER ...]`` loads a graph in onnxruntime and runs one
 batch, because a malformed graph can abort onnxruntime too (a C++ assertion).
 """
+import errno
 import json
+import os
 import sys
 
 import numpy as np
@@ -18,6 +21,8 @@ import numpy as np
 # Standalone script: imports nothing from ppvarlen (the child may not have it on sys.path).
 
 FAILED_EXIT = 4
+DISK_FULL_EXIT = 5
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 # PIR op names that paddle2onnx converts under another name.
 CONVERTED_UNDER_OTHER_NAMES = {"flatten", "data", "fetch", "feed"}
 
@@ -93,8 +98,16 @@ def main(argv):
     if not onnx_bytes:
         print("FAILED " + why, file=sys.stderr)
         return FAILED_EXIT
-    with open(out_path, "wb") as f:
-        f.write(onnx_bytes)
+    try:
+        with open(out_path, "wb") as f:
+            f.write(onnx_bytes)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        if e.errno not in DISK_FULL_ERRNOS:
+            raise
+        print(f"DISKFULL {len(onnx_bytes)} {out_path}", file=sys.stderr)
+        return DISK_FULL_EXIT
     return 0
 
 

@@ -3,7 +3,17 @@
 Layout and manifest fields: docs/DESIGN.md "Export directory".  The directory
 is built in a temp dir and swapped in only when complete and (with ``verify``)
 when the parity gates pass, so a failed re-export leaves the old one intact.
+
+A model repository's version (``--output`` whose last part is a positive integer,
+``models/NAME/4``) is never replaced: a server holding it would answer two models under one
+number.  An existing one is refused, naming the next free number; ``models/NAME/next``
+writes that number (``resolve_output``).  A full disk in any phase (the Paddle save, the
+ONNX conversion in its subprocess, the manifest and parity files) is one ``DiskFullError``
+naming the path, with the old export kept and no temp file left.  The temp directories of an
+export that died (``.tmp-*`` next to the output, ``$TMPDIR/ppvarlen-export.*``) are removed by
+the next export.
 """
+import contextlib
 import os
 import tempfile
 
@@ -13,7 +23,7 @@ from ..config import ConfigError, load_config
 from ..data.lengths import length_stats
 from ..data.vocab import TextEncoder
 from ..deploy.admission import admit
-from ..deploy.manifest import UnservableExportError
+from ..deploy.manifest import UnservableExportError, is_version_name
 from ..deploy.predictor import Predictor
 from ..engine.checkpoint import load_for_inference
 from ..models import build_model
@@ -22,7 +32,8 @@ from ..models.paddlenlp_auto import FAMILY, label_names_of, model_name_for, read
 from ..models.seq2seq import DecoderStepProgram, EncoderProgram, GreedyProgram
 from ..store_build import build_datasets
 from ..tasks import get_task
-from ..utils.io import atomic_dir, atomic_write_json, sha256_file
+from ..utils.io import (DiskFullError, atomic_dir, atomic_write_json, is_disk_full, owned_prefix,
+                        reap_dead_owners, sha256_file)
 from ..utils.log import get_logger
 from . import manifest as manifest_mod
 from . import parity
@@ -35,6 +46,77 @@ from .static import crf_matrix_of, save_inference, save_program
 
 log = get_logger("export")
 FORMATS = ("paddle", "onnx")
+NEXT_VERSION = "next"  # --output models/NAME/next: the model's next free version number
+WORK_PREFIX = "ppvarlen-export"  # the scratch directory's name in $TMPDIR (owned_prefix)
+
+
+def _version_numbers(model_dir):
+    try:
+        return [int(v) for v in os.listdir(model_dir) if is_version_name(v)]
+    except OSError:
+        return []
+
+
+def is_version_dir(path):
+    """Whether ``path`` names a model repository's version (its last part a positive integer
+    in ASCII digits, as the repository reads it)."""
+    return is_version_name(os.path.basename(os.path.normpath(path)))
+
+
+def resolve_output(output):
+    """The directory an export to ``output`` writes: ``output`` itself; for ``MODEL_DIR/next``
+    the model's next free version ``MODEL_DIR/<highest + 1>``.  ConfigError for a repository
+    version that exists: its files never change in place (a plain directory is replaced
+    atomically, as before)."""
+    path = os.path.normpath(output)
+    model_dir, last = os.path.split(path)
+    if last == NEXT_VERSION:
+        return os.path.join(model_dir, str(max(_version_numbers(model_dir), default=0) + 1))
+    if is_version_dir(path) and os.path.lexists(path):
+        free = max(_version_numbers(model_dir), default=0) + 1
+        raise ConfigError(f"--output {output}: version {last} of the model {model_dir} exists; "
+                          f"a repository version is never rewritten in place (a server holding "
+                          f"it would answer two models under one version number). Write a new "
+                          f"version: --output {os.path.join(model_dir, str(free))}, or --output "
+                          f"{os.path.join(model_dir, NEXT_VERSION)} for the next free number")
+    return path
+
+
+def reap_export_debris(output):
+    """Remove what exports that died left: temp directories next to ``output`` and scratch
+    directories in $TMPDIR, each only when its owner process is gone."""
+    parent = os.path.dirname(os.path.abspath(output))
+    for path in reap_dead_owners(parent) + reap_dead_owners(tempfile.gettempdir(),
+                                                            starts=(WORK_PREFIX,)):
+        log.info("removed %s, left by an export that died", path)
+
+
+@contextlib.contextmanager
+def disk_full_told(output, tmp=None, work=None):
+    """A disk-full error from any phase of the export -> one DiskFullError naming where: the
+    export directory ``output`` and its file being written in ``tmp``, or $TMPDIR for the
+    scratch files in ``work``.  Used inside the temp directories' lifetime, so the free space
+    told is what the partial export left."""
+    try:
+        yield
+    except DiskFullError as e:
+        if tmp is None and work is None:
+            raise  # told already, or a write outside the temp directories
+        raise _told(os.fspath(e.path), e.needed, output, tmp, work) from None
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        raise _told(os.fspath(e.filename or output), None, output, tmp, work) from None
+
+
+def _told(path, needed, output, tmp, work):
+    for top, shown, what in ((tmp, output, "writing {} in the export"),
+                             (work, tempfile.gettempdir(), "writing the export's scratch file "
+                              "{} (set TMPDIR to a disk with room)")):
+        if top and (path + os.sep).startswith(top + os.sep):
+            part = os.path.relpath(path, top) + (os.sep if os.path.isdir(path) else "")
+            return DiskFullError(shown, needed, what.format(part))
+    return DiskFullError(path, needed, "writing the export")
 
 
 def _check_choices(name, values, allowed):
@@ -73,6 +155,7 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
     parity fails.
     """
     formats, precisions = check_request(formats, precisions)
+    output = resolve_output(output)
     task, name = get_task(meta["task"]), meta.get("model_name", "model")
     if task.export_view is None:
         raise ExportFailedError(f"a {task.name} checkpoint is not exported (nothing serves it); "
@@ -80,8 +163,23 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
     view = VIEWS[task.export_view]
     view.check_precisions(precisions)
     model.eval()
+    reap_export_debris(output)
+    with disk_full_told(output):  # making or swapping the temp directory
+        manifest = _write_export(view, model, meta, encoder, cfg, output, formats, precisions,
+                                 verify, test_examples)
+    log.info("export written to %s (%s; precisions %s)", output,
+             ", ".join(manifest["backends"]), precisions)
+    return manifest
 
-    with atomic_dir(output) as tmp, tempfile.TemporaryDirectory(prefix="ppvarlen-export-") as work:
+
+def _write_export(view, model, meta, encoder, cfg, output, formats, precisions, verify,
+                  test_examples):
+    """The body of ``export_model``: the directory written in a temp dir and swapped in ->
+    the manifest."""
+    name = meta.get("model_name", "model")
+    with atomic_dir(output) as tmp, \
+            tempfile.TemporaryDirectory(prefix=owned_prefix(WORK_PREFIX)) as work, \
+            disk_full_told(output, tmp, work):
         encoder.save(tmp)
         tokenizer_files = {"vocab_file": "vocab.txt", "encoder_file": "encoder.json",
                            "vocab_size": encoder.vocab_size}
@@ -114,7 +212,8 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
         atomic_write_json(os.path.join(tmp, "manifest.json"), manifest)
         if verify:
             admit_export(tmp, name, backends)
-    log.info("export written to %s (%s; precisions %s)", output, ", ".join(backends), precisions)
+        if is_version_dir(output):
+            resolve_output(output)  # still free: another export may have taken it meanwhile
     return manifest
 
 

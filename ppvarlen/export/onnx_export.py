@@ -6,7 +6,8 @@ import sys
 import onnx
 
 from . import onnx_fix
-from ._onnx_worker import FAILED_EXIT
+from ..utils.io import DiskFullError
+from ._onnx_worker import DISK_FULL_EXIT, FAILED_EXIT
 from .errors import ExportFailedError
 
 # onnxruntime 1.32's NchwcTransformer (ORT_ENABLE_ALL) segfaults at session creation on
@@ -62,6 +63,9 @@ def convert(paddle_prefix, onnx_path, model_name, opset=13, timeout=900):
         raise ExportFailedError(f"ONNX export of {model_name} did not finish in {timeout}s") from None
     if proc.returncode == 0 and os.path.isfile(onnx_path):
         return onnx_path
+    if proc.returncode == DISK_FULL_EXIT:  # not an operator paddle2onnx lacks
+        needed, path = _last_line(proc.stderr, "DISKFULL").split(" ", 1)
+        raise DiskFullError(path, int(needed), f"writing the ONNX model of {model_name}")
     ops = _last_line(proc.stderr, "CANDIDATES")
     hint = (f"Paddle op(s) paddle2onnx does not list as supported: {ops}. Export with --format "
             f"paddle only, or change the model to avoid them" if ops else

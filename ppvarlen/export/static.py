@@ -1,10 +1,12 @@
 """Dygraph -> static: one program for every (batch, length), saved for Paddle Inference."""
 import contextlib
 import os
+import tempfile
 
 import paddle
 from paddle.static import InputSpec
 
+from ..utils.io import DIRECT_BLOCK, disk_full_named, owned_prefix
 from ..utils.viterbi import crf_matrix
 
 MAX_INPUTS = 6  # parameters of _ExportWrapper.forward
@@ -95,7 +97,26 @@ def save_program(layer, prefix, spec):
     if missing:
         raise RuntimeError(f"paddle.jit.save did not write {missing}; is PIR enabled "
                            f"(FLAGS_enable_pir_api)?")
+    check_room_left(os.path.dirname(os.path.abspath(prefix)), "saving the Paddle program")
     return static_layer
+
+
+def check_room_left(directory, what):
+    """DiskFullError for ``directory`` when a block cannot be written and synced there.
+
+    ``paddle.jit.save`` writes through C++ streams and checks no write: on a full disk it
+    leaves a truncated program and raises nothing.  A disk with no room for one more block
+    right after it is taken as having cut the save short (at worst a save that fitted with
+    less than a block to spare, where the next file would not have fitted)."""
+    with disk_full_named(directory, None, what):
+        fd, probe = tempfile.mkstemp(prefix=owned_prefix(".tmp-room"), dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(bytes(DIRECT_BLOCK))
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            os.remove(probe)
 
 
 def save_inference(model, prefix, specs, emissions_only=False):
