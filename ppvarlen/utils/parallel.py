@@ -28,11 +28,11 @@ rather than ``multiprocessing.Pool``, whose rules could hang a build:
 import collections
 import contextlib
 import ctypes
+import fcntl
 import gc
 import mmap
 import multiprocessing
 import os
-import pickle
 import queue
 import selectors
 import signal
@@ -40,6 +40,9 @@ import struct
 import sys
 import time
 from multiprocessing.pool import ExceptionWithTraceback
+# the pickler of multiprocessing's own pipes: the frames here are messages between this
+# process and the workers it forked, never a file
+from multiprocessing.reduction import ForkingPickler
 
 _MAPPER = []  # a mapper set by ``use_mapper`` (e.g. the Ray one) runs the chunks instead
 _CAN_FORK = "fork" in multiprocessing.get_all_start_methods()
@@ -172,7 +175,7 @@ _FRAME = struct.Struct("!Q")  # a frame: its length, then its pickled bytes
 
 
 def _frame(obj):
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    data = ForkingPickler.dumps(obj)
     return _FRAME.pack(len(data)) + data
 
 
@@ -200,7 +203,7 @@ def _read_frame(fd):
     data = _read_exact(fd, size)
     if data is None:
         raise EOFError(f"a pipe ended before a frame's {size} bytes")
-    return pickle.loads(data)
+    return ForkingPickler.loads(data)
 
 
 def _write_all(fd, data):
@@ -211,9 +214,8 @@ def _write_all(fd, data):
 
 def _grow_pipe(fd):
     try:
-        import fcntl
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-    except (ImportError, AttributeError, OSError):  # not Linux, or above the system's limit
+    except (AttributeError, OSError):  # not Linux, or above the system's limit
         pass
 
 
@@ -282,7 +284,7 @@ def _sendable(e):
     traceback), or a RuntimeError saying what it was when it does not pickle."""
     wrapped = ExceptionWithTraceback(e, e.__traceback__)
     try:
-        pickle.dumps(wrapped)
+        ForkingPickler.dumps(wrapped)
         return wrapped
     except Exception:
         error = RuntimeError(f"a worker's {type(e).__name__} could not be sent back: {e}")
