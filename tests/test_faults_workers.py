@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from ppvarlen import store_build
 from ppvarlen.config import load_config
 from ppvarlen.data import chunks, sources
 from ppvarlen.utils import parallel
@@ -87,6 +88,27 @@ def test_a_worker_killed_mid_scan_stops_the_build_naming_the_signal(tmp_path, sm
 
 
 @pytest.mark.timeout(60)
+def test_a_worker_killed_mid_encode_stops_the_build_naming_the_signal(tmp_path, small_chunks,
+                                                                      monkeypatch):
+    train = _write_corpus(tmp_path / "train.jsonl")
+    marker = str(tmp_path / "killed")
+    encode_job = store_build._ChunkEncoder.__call__
+
+    def killed_at_a_middle_job(self, job, room=None):
+        if job[0].get("train", 0) > 200 and _once(marker):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return encode_job(self, job, room)
+
+    monkeypatch.setattr(store_build._ChunkEncoder, "__call__", killed_at_a_middle_job)
+    cfg = load_config(data={"Data": {"corpus": "jsonl", "train_file": train, "num_proc": 2,
+                                     "cache_dir": str(tmp_path / "cache")}}).Data
+    with pytest.raises(WorkerLost, match=r"worker process \d+ was killed by SIGKILL"):
+        store_build.build_datasets(cfg)
+    monkeypatch.setattr(store_build._ChunkEncoder, "__call__", encode_job)
+    assert store_build.build_datasets(cfg)  # a rerun builds the store
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("rooms", [False, True])
 def test_a_worker_that_exits_on_its_own_is_an_error_and_none_is_forked_again(tmp_path,
                                                                              monkeypatch, rooms):
@@ -130,17 +152,20 @@ def test_a_worker_stuck_with_a_job_stops_the_map_after_the_stall_bound(monkeypat
 # ------------------------------------------------------------------ Ctrl-C
 _SLOW_BUILD = textwrap.dedent("""
     import os, sys, time
+    from ppvarlen import store_build
     from ppvarlen.config import load_config
     from ppvarlen.data import chunks, sources
+    train, started, cache, slowed = sys.argv[1:]
     chunks.CHUNK_BYTES = 2048
-    scan_chunk = sources.Scanner.__call__
-    def slow(self, job):
-        open(sys.argv[2], "a").close()  # a worker is at work
+    cls = sources.Scanner if slowed == "scan" else store_build._ChunkEncoder
+    run_job = cls.__call__
+    def slow(self, job, *room):
+        open(started, "a").close()  # a worker is at work
         time.sleep(0.5)
-        return scan_chunk(self, job)
-    sources.Scanner.__call__ = slow
-    cfg = load_config(data={"Data": {"corpus": "jsonl", "train_file": sys.argv[1]}}).Data
-    sources.scan(sources.plan(cfg), None, num_proc=2)
+        return run_job(self, job, *room)
+    cls.__call__ = slow
+    store_build.build_datasets(load_config(data={"Data": {
+        "corpus": "jsonl", "train_file": train, "cache_dir": cache, "num_proc": 2}}).Data)
     print("the build was not interrupted")
 """)
 
@@ -170,11 +195,13 @@ def _alive(pid):
 
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
-def test_ctrl_c_ends_a_build_within_seconds_and_no_worker_is_left(tmp_path):
+@pytest.mark.parametrize("slowed", ["scan", "encode"])  # pass 1's map, pass 2's map in rooms
+def test_ctrl_c_ends_a_build_within_seconds_and_no_worker_is_left(tmp_path, slowed):
     train = _write_corpus(tmp_path / "train.jsonl")
     started = tmp_path / "started"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, "-c", _SLOW_BUILD, train, str(started)],
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_BUILD, train, str(started),
+                             str(tmp_path / "cache"), slowed],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # its own process group, as a terminal's
     try:

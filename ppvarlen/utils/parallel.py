@@ -482,8 +482,7 @@ def _lost_message(worker):
         how = f"exited with code {code}"
     held = f"with {len(worker.held)} job(s) unfinished" if worker.held else "before the end"
     return (f"worker process {pid} {how} {held}, so this parallel step cannot finish and "
-            "stopped; nothing was wrong with the data. Rerun it; if memory runs out, with fewer "
-            "worker processes (Data.num_proc).")
+            "stopped. Rerun it; if memory ran out, with fewer worker processes (Data.num_proc).")
 
 
 def _signal_name(number):
