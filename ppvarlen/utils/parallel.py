@@ -47,7 +47,7 @@ from multiprocessing.reduction import ForkingPickler
 _MAPPER = []  # a mapper set by ``use_mapper`` (e.g. the Ray one) runs the chunks instead
 _CAN_FORK = "fork" in multiprocessing.get_all_start_methods()
 STALL_SECONDS = 300  # a worker with a job that uses no CPU and sends nothing this long is stuck
-_QUEUED_PER_WORKER = 2  # jobs a worker holds: the one it runs and the next, ready when it ends
+_HELD_PER_WORKER = 2  # jobs a worker holds: the one it runs and the next, ready when it ends
 _STOP_SECONDS = 5  # how long a stopped map waits for each worker to be reaped
 _PIPE_BYTES = 1 << 20  # pipe capacity asked for (Linux): fewer wake-ups for a result of MBs
 
@@ -80,7 +80,7 @@ def ordered_map(fn, jobs, num_proc):
         for job in jobs:
             yield fn(job)
         return
-    yield from _forked_map(fn, jobs, num_proc, window=2 * _QUEUED_PER_WORKER * num_proc)
+    yield from _forked_map(fn, jobs, num_proc, window=2 * _HELD_PER_WORKER * num_proc)
 
 
 def ordered_map_in_rooms(fn, jobs, num_proc, room_bytes):
@@ -340,26 +340,9 @@ class _Workers:
 
     def ordered(self, jobs, window):
         """Yield each job's result in order; read ``jobs`` while fewer than ``window`` are out."""
-        jobs = iter(jobs)
-        read = done = 0
-        more = True
+        jobs, self.read, done, self.more = iter(jobs), 0, 0, True
         while True:
-            while more and read - done < window:
-                worker = self._least_busy()
-                if worker is None:
-                    break
-                try:
-                    job = next(jobs)
-                except StopIteration:
-                    more = False
-                    break
-                except Exception as e:  # raised in order, after the jobs before it
-                    self.results[read] = (False, e)
-                    read += 1
-                    more = False
-                    break
-                self._send(worker, read, job)
-                read += 1
+            self._hand_out(jobs, window - (self.read - done))
             if done in self.results:
                 ok, value = self.results.pop(done)
                 done += 1
@@ -367,14 +350,32 @@ class _Workers:
                     raise value
                 yield value
                 self.progress_at = time.monotonic()  # the caller's time is not the workers'
-            elif not more and done == read:
+            elif not self.more and done == self.read:
                 return
             else:
                 self._wait()
 
+    def _hand_out(self, jobs, room):
+        """Send up to ``room`` more jobs, each to the least busy worker that can hold one."""
+        for _ in range(room):
+            worker = self._least_busy()
+            if not self.more or worker is None:
+                return
+            try:
+                job = next(jobs)
+            except StopIteration:
+                self.more = False
+                return
+            except Exception as e:  # raised in order, after the jobs read before it
+                self.results[self.read] = (False, e)
+                self.more = False
+            else:
+                self._send(worker, self.read, job)
+            self.read += 1
+
     def _least_busy(self):
         worker = min(self.workers, key=lambda w: len(w.held))
-        return worker if len(worker.held) < _QUEUED_PER_WORKER else None
+        return worker if len(worker.held) < _HELD_PER_WORKER else None
 
     def _send(self, worker, index, job):
         if not worker.unwritten:
