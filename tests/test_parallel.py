@@ -57,7 +57,7 @@ def _double(job):
 def test_a_map_left_unfinished_and_collected_later_leaves_the_next_map_alone():
     """A caller that stops reading a map without closing it (an error raised by the caller)
     leaves it to the garbage collector, which may end it when the next map starts (its fork
-    collects first): its pool is terminated and the next map's state is not cleared."""
+    collects first): its workers are killed and the next map's are left alone."""
     left = ordered_map(_double, range(100), 2)
     assert next(left) == 0
     cycle = [left]

@@ -32,7 +32,6 @@ import contextlib
 import json
 import os
 import tempfile
-import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -530,7 +529,6 @@ class _Merge:
         self.plan, self.counting, self.spill = plan, counting, spill
         self.fmt = FORMATS[plan.task]
         self.files, self.refs, self.end = {}, [], 0
-        self.reserving = threading.Lock()  # the pool's task thread reserves too (``_rooms``)
         self.kinds, self.first_label, self.label_error = {}, None, None
         self.counts = None if counting is None else tuple(Counter() for _ in counting.groups)
         self.tag_files = {}  # path -> FileData of its tags (tagging data)
@@ -584,9 +582,9 @@ class _Merge:
         return scanned
 
     def _reserve(self, size):
-        """The offset of room for ``size`` bytes in the temp file (whole blocks: ``BlockFile``)."""
-        with self.reserving:
-            at, self.end = self.end, self.end + block_aligned(size)
+        """The offset of room for ``size`` bytes in the temp file (whole blocks: ``BlockFile``).
+        ``_rooms`` reserves too, in this thread: the map reads its jobs where it is iterated."""
+        at, self.end = self.end, self.end + block_aligned(size)
         return at
 
     def _rooms(self, chunks):
