@@ -3,12 +3,13 @@
 Each ``main_*`` function is a console script (setup.py) and the ``main`` of a PaddleClas-style
 shim (``tools/*.py``, ``deploy/python/*.py``); it takes ``argv`` and returns the exit code.
 
-Error policy (``run_command``): the typed errors a user can fix -- ``ConfigError``, ``DataError``,
-``UnservableExportError`` (an export directory that cannot be served) and ``ModelLoadError``
-(a model ppvarlen-doctor cannot load) and ``DiskFullError`` (a write found the disk full; it names
-the path and the bytes) -- print one paragraph on stderr and exit 2; ``ExportFailedError`` (an export that could not be produced
-or failed its parity check; the old export is kept) exits 1.  Anything else is a bug and keeps
-its traceback.  Each command imports its own module (the trainer, the exporter, the server,
+Error policy (``run_command``): the typed errors a user can fix -- ``ConfigError``,
+``DataError``, ``UnservableExportError`` (an export directory that cannot be served),
+``ModelLoadError`` (a model ppvarlen-doctor cannot load) and ``DiskFullError`` (a write found the
+disk full; it names the path and the bytes) -- print one paragraph on stderr and exit 2;
+``ExportFailedError`` (an export that could not be produced or failed its parity check; the old
+export is kept) and ``WorkerLost`` (a worker process died or stalled, e.g. killed for memory;
+nothing half-written is kept) exit 1.  Anything else is a bug and keeps its traceback.  Each command imports its own module (the trainer, the exporter, the server,
 ...) when it runs, the one kind of import inside a function here: ``--help`` and config errors
 stay instant and paddle-free.
 
@@ -42,10 +43,12 @@ from .models.sentence_transformers_dir import PADDLENLP_EMBED_POOLINGS
 from .tasks import get_task
 from .utils.io import DiskFullError, atomic_write_json
 from .utils.log import get_logger, setup_logging
+from .utils.parallel import WorkerLost
 
 # (typed error, exit code, what the message starts with); the first match wins
 ERROR_POLICY = (
     (ExportFailedError, 1, "export failed"),
+    (WorkerLost, 1, "stopped"),
     (ConfigError, 2, "error"),
     (DataError, 2, "error"),
     (UnservableExportError, 2, "error"),
