@@ -9,9 +9,11 @@ Error policy (``run_command``): the typed errors a user can fix -- ``ConfigError
 disk full; it names the path and the bytes) -- print one paragraph on stderr and exit 2;
 ``ExportFailedError`` (an export that could not be produced or failed its parity check; the old
 export is kept) and ``WorkerLost`` (a worker process died or stalled, e.g. killed for memory;
-nothing half-written is kept) exit 1.  Anything else is a bug and keeps its traceback.  Each command imports its own module (the trainer, the exporter, the server,
-...) when it runs, the one kind of import inside a function here: ``--help`` and config errors
-stay instant and paddle-free.
+nothing half-written is kept) exit 1.  Anything else is a bug and keeps its traceback.
+
+Each command imports its own module (the trainer, the exporter, the server, ...) when it runs,
+the one kind of import inside a function here: ``--help`` and config errors stay instant and
+paddle-free.
 
 Process-wide settings (``command_settings``: the known-harmless import warnings silenced,
 Hugging Face probes offline, MKL's AVX2 kernels on AMD) are made here, when a command starts
