@@ -121,3 +121,23 @@ def test_design_module_map_lists_every_module_and_only_real_ones():
                                 f"{sorted(listed - actual)}"
     assert not actual - listed, f"modules missing from docs/DESIGN.md's module map: " \
                                 f"{sorted(actual - listed)}"
+
+
+GUARANTEES = os.path.join(REPO, "docs", "GUARANTEES.md")
+
+
+def test_every_file_guarantee_cites_tests_that_exist_and_every_fault_test_is_cited():
+    """docs/GUARANTEES.md states each promise with the test that breaks it on purpose: a cited
+    test that was renamed fails here, and so does a fault test the page does not state."""
+    text = open(GUARANTEES, encoding="utf-8").read()
+    cited = set(TEST_REF.findall(text))
+    missing = [f"tests/{rel}::{name}" for rel, name in sorted(cited)
+               if name not in defined_tests(os.path.join(REPO, "tests", rel))]
+    assert not missing, f"docs/GUARANTEES.md cites tests that do not exist: {missing}"
+    fault_files = sorted(f for f in os.listdir(os.path.join(REPO, "tests"))
+                         if f.startswith("test_faults_") and f.endswith(".py"))
+    assert fault_files
+    unstated = [f"tests/{f}::{name}" for f in fault_files
+                for name in sorted(defined_tests(os.path.join(REPO, "tests", f)))
+                if (f, name) not in cited]
+    assert not unstated, f"fault tests docs/GUARANTEES.md does not state: {unstated}"
