@@ -347,3 +347,52 @@ def test_sigterm_under_keep_alive_answers_503_or_closes_never_resets(exports, tm
     for _ in range(2):
         outcomes, code = one_run(exports["a"], str(tmp_path), clients=8, spread_s=0.1)
         assert code == 0 and set(outcomes) <= {"200", "503", "closed"}, outcomes
+
+
+KILL_CHILD = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_deploy_helpers import make_tiny_export
+make_tiny_export({out!r}, "classification", seed=1)
+"""
+
+
+@pytest.mark.parametrize("point", ["scratch", "staged_onnx"])
+def test_an_export_killed_mid_write_keeps_the_old_export_and_the_next_export_reaps(
+        point, exports, answers, tmp_path, monkeypatch):
+    """kill -9 (the export's whole process group, its ONNX worker too) once its scratch
+    directory exists, or once ONNX files are staged beside the output: the old export still
+    answers as before, and the next export removes what the killed one left."""
+    import signal
+    import tempfile
+    import time
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    out = tmp_path / "models" / "out"
+    shutil.copytree(exports["a"], out)
+    code = KILL_CHILD.format(tests=os.path.dirname(os.path.abspath(__file__)), out=str(out))
+    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "TMPDIR": str(scratch)},
+                             start_new_session=True)
+    mine = f".pid{child.pid}."
+
+    def reached():
+        if point == "scratch":
+            return any(mine in n for n in os.listdir(scratch))
+        staged = [out.parent / n for n in os.listdir(out.parent) if n.startswith(".tmp-out" + mine)]
+        return any((d / "onnx").is_dir() and os.listdir(d / "onnx") for d in staged)
+
+    deadline = time.monotonic() + DEADLINE_S
+    while not reached():
+        assert child.poll() is None, f"the export ended (rc {child.returncode}) before {point}"
+        assert time.monotonic() < deadline, f"the export never reached {point}"
+        time.sleep(0.005)
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    left = [n for d in (scratch, out.parent) for n in os.listdir(d) if mine in n]
+    assert left, "nothing of the killed export was on disk: the kill came too late to test"
+    assert Predictor(str(out), "onnx").predict(TEXTS[:3]) == answers["a"]  # the old export
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    make_tiny_export(str(tmp_path / "models" / "other"), "classification")
+    assert sorted(os.listdir(out.parent)) == ["other", "out"]
+    assert os.listdir(scratch) == []
