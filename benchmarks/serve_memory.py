@@ -129,9 +129,15 @@ def write_lengths(config, path):
 
 def build_ernie_base(config, out):
     """An ERNIE-base-shaped export (random init) in ``out`` (fp32 + bf16 + int8, unverified)."""
-    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import importlib.util
+
     import paddle
-    from precision_throughput import ERNIE_BASE, ernie_medium
+
+    spec = importlib.util.spec_from_file_location(
+        "precision_throughput", os.path.join(REPO, "benchmarks", "precision_throughput.py"))
+    precision_throughput = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(precision_throughput)
+    ERNIE_BASE, ernie_medium = precision_throughput.ERNIE_BASE, precision_throughput.ernie_medium
 
     from ppvarlen.config import load_config
     from ppvarlen.export.exporter import export_model
