@@ -164,7 +164,7 @@ def plot(results, path):
         xs = [0] + [c["shapes"] for c in r["curve"]]
         ys = [r["loaded"]["RssAnon"]] + [c["RssAnon"] for c in r["curve"]]
         ax.plot(xs, ys, marker=".", label=f"{r['mode']} {r['bound']}")
-    ax.set_xlabel("distinct batch shapes run (pass 1)")
+    ax.set_xlabel("batches run in pass 1 (with --shapes: each a new shape)")
     ax.set_ylabel("RssAnon MiB")
     ax.legend(fontsize=7)
     fig.tight_layout()
