@@ -37,23 +37,25 @@ from ppvarlen.export.precision_speed import one_pass
 ERNIE_MEDIUM = {"hidden_size": 768, "num_hidden_layers": 6, "num_attention_heads": 12,
                 "intermediate_size": 3072, "hidden_act": "gelu", "max_position_embeddings": 2048}
 ERNIE_MEDIUM_VOCAB = 40000
+ERNIE_BASE = dict(ERNIE_MEDIUM, num_hidden_layers=12)  # ERNIE-3.0-base: 12 x 768, 12 heads
 
 
-def ernie_medium(cfg, encoder, label_names, train_lengths):
-    """ppvarlen's ErnieClassifier (PaddleNLP ErnieModel + linear head) at ERNIE-3.0-medium size."""
+def ernie_medium(cfg, encoder, label_names, train_lengths, shape=None, name="ernie_medium_random"):
+    """ppvarlen's ErnieClassifier (PaddleNLP ErnieModel + linear head) at ERNIE-3.0-medium size
+    (``shape``: another ErnieModel config, e.g. ``ERNIE_BASE``)."""
     import numpy as np
     import paddle
 
     from ppvarlen.models.ernie import ErnieClassifier, build_ernie_backbone
 
     paddle.seed(0)
-    config = dict(ERNIE_MEDIUM)
+    config = dict(shape or ERNIE_MEDIUM)
     max_position = config.pop("max_position_embeddings")
     backbone = build_ernie_backbone(None, config, ERNIE_MEDIUM_VOCAB, encoder.pad_id, max_position)
     model = ErnieClassifier(backbone, len(label_names), 0.1)
     model.eval()
     p = np.percentile(train_lengths, [50, 95, 99])
-    meta = {"task": "classification", "model_name": "ernie_medium_random",
+    meta = {"task": "classification", "model_name": name,
             "label_names": label_names, "num_labels": len(label_names),
             "special_ids": {"pad": encoder.pad_id, "unk": encoder.unk_id, "cls": encoder.cls_id,
                             "sep": encoder.sep_id, "bos": None, "eos": None},
@@ -157,6 +159,8 @@ def main():
     parser = add_config_args(argparse.ArgumentParser(description=__doc__))
     parser.add_argument("--checkpoint")
     parser.add_argument("--ernie-medium", action="store_true")
+    parser.add_argument("--ernie-base", action="store_true",
+                        help="12 layers instead of ERNIE-medium's 6 (random init as well)")
     parser.add_argument("--work", required=True, help="export dir + JSON/PNG go here")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
@@ -188,13 +192,14 @@ def main():
         model, meta, encoder, _ = load_for_inference(args.checkpoint)
         bundle = build_datasets(cfg.Data, task_hint=meta["task"], encoder=encoder,
                                 splits=("train", "test"))
-    elif args.ernie_medium:
+    elif args.ernie_medium or args.ernie_base:
         bundle = build_datasets(cfg.Data, splits=("train", "test"))
         encoder = bundle.encoder
         train_lengths = [len(bundle.train[i]["input_ids"]) for i in range(len(bundle.train))]
-        model, meta = ernie_medium(cfg, encoder, bundle.label_names, train_lengths)
+        model, meta = ernie_medium(cfg, encoder, bundle.label_names, train_lengths,
+                                   *((ERNIE_BASE, "ernie_base_random") if args.ernie_base else ()))
     else:
-        parser.error("pass --checkpoint or --ernie-medium")
+        parser.error("pass --checkpoint, --ernie-medium or --ernie-base")
     rng = np.random.RandomState(0)
     test = [{"input_ids": bundle.test[i]["input_ids"]} for i in range(len(bundle.test))]
     if args.max_examples and args.max_examples < len(test):

@@ -27,7 +27,10 @@ from .manifest import UnservableExportError, require_listed
 from ppvarlen.utils.search import greedy_search, length_limits
 
 STEP_INPUTS = ("tokens", "src_len", "self_k", "self_v", "cross_k", "cross_v")
-ONEDNN_CACHE_CAPACITY = 64  # input shapes whose oneDNN kernels stay cached per predictor
+ONEDNN_CACHE_CAPACITY = 64  # most input shapes whose oneDNN kernels stay cached
+# Memory the oneDNN shape cache may hold: every cached input shape keeps its own reordered copy
+# of the weight matrices, so the capacity is this budget over the size of one copy.
+ONEDNN_CACHE_BUDGET_BYTES = 2 << 30
 PRECISIONS = {"paddle": ("fp32", "bf16", "fp16"), "onnx": ("fp32", "fp16", "int8")}
 
 
@@ -53,6 +56,19 @@ def input_names(manifest):
     written before manifests listed them has the token-row contract's two."""
     names = [i["name"] for i in manifest.get("inputs") or []]
     return names or ["input_ids", "seq_len"]
+
+
+def onednn_cache_capacity(params_bytes, precision, budget=None):
+    """How many input shapes Paddle may keep oneDNN kernels for, within the memory budget.
+
+    Paddle Inference honours the capacity (least recently used shapes are dropped), but each
+    shape it keeps holds its kernels' weights reordered for that shape: a copy of the weights
+    per shape (bf16: at half the size), so a capacity counted in shapes alone lets a large model
+    fill the machine.  A shape outside the cache costs a weight reorder again, not a leak.  ``budget`` (bytes) defaults
+    to ``ONEDNN_CACHE_BUDGET_BYTES`` (read at call time, so tests and benchmarks can set it)."""
+    budget = ONEDNN_CACHE_BUDGET_BYTES if budget is None else budget
+    copy_bytes = max(1, params_bytes // 2 if precision == "bf16" else params_bytes)
+    return int(max(1, min(ONEDNN_CACHE_CAPACITY, budget // copy_bytes)))
 
 
 def check_precision(manifest, backend, precision):
@@ -116,8 +132,9 @@ class PaddleEngine:
             settings = (entry.get("settings") or {}).get(precision) or {}
             if precision == "bf16" or settings.get("enable_onednn", True):
                 config.enable_onednn()
-                # oneDNN caches kernels per input shape; bound it, every batch has a new shape.
-                cache_capacity = ONEDNN_CACHE_CAPACITY
+                # oneDNN caches kernels (and a weight copy) per input shape; every batch can
+                # have a new shape: bound the cache in bytes.
+                cache_capacity = onednn_cache_capacity(os.path.getsize(params), precision)
                 config.set_onednn_cache_capacity(cache_capacity)
             config.set_cpu_math_library_num_threads(int(threads))
             if precision == "bf16":
