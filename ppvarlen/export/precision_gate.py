@@ -1,0 +1,142 @@
+"""Which precisions an export offers by default, and the gate a reduced precision must pass.
+
+``Export.precision: [auto]`` (the default) is every precision this host can verify:
+
+* fp32 always (the reference files);
+* bf16 when the Paddle format is written and the CPU has bf16 instructions
+  (``paddle.base.core.supports_bfloat16()``: avx512_bf16 / AMX); without them Paddle Inference
+  runs its fp32 kernels, so bf16 is recorded as *not verifiable here* with that reason;
+* int8 (ONNX) -- the static, calibrated variant (``quantize.DEFAULT_INT8``) whose activation
+  scales are fixed at export, so a text's answer does not depend on the texts batched with it;
+* fp16 stays opt-in on CPU (ONNX Runtime's fp16 kernels target CUDA): *not offered by default*.
+
+A precision left out is recorded (``left_out``: precision -> {status, reason}) in
+``manifest["precision_measured"]``, never dropped silently.
+
+The gate: each reduced precision runs the parity examples (the test split) and is judged by
+the TASK's metric against fp32's metric on the same examples (``METRIC_GATES``); a task the
+metric cannot be computed for at export is judged by the parity agreement
+(``parity.LOW_PRECISION_AGREEMENT``).  A precision that fails is *refused*: its files are left
+out of the export, the others written, the numbers kept in parity.json and the manifest.
+"""
+import numpy as np
+
+AUTO = "auto"
+NOT_VERIFIABLE = "not verifiable here"
+NOT_DEFAULT = "not offered by default"
+
+# task -> (metric the task's report computes, largest drop from fp32 a reduced precision may
+# show, in the metric's own units: 0.005 = half a point of accuracy or F1)
+METRIC_GATES = {"classification": ("accuracy", 0.005), "text_pair": ("accuracy", 0.005),
+                "tagging": ("f1", 0.005)}
+# embeddings: the rows' mean cosine with fp32's rows (retrieval metrics need pairs of texts,
+# which the export's single-text graph does not see)
+EMBEDDING_MEAN_COSINE_MIN = 0.99
+
+
+def cpu_bf16():
+    from paddle.base import core
+
+    return bool(core.supports_bfloat16())
+
+
+def resolve(formats, requested, fixed_precision=None):
+    """(precisions to export, {precision: {"status", "reason"}} left out) for ``requested``,
+    which may hold ``auto``.  ``fixed_precision``: the reason a view exports fp32 only
+    (seq2seq), else None."""
+    explicit = [p for p in requested if p != AUTO]
+    if AUTO not in requested:
+        return explicit, {}
+    left_out = {}
+    if fixed_precision:  # an explicit reduced precision is still refused by the view
+        return ["fp32"] + [p for p in explicit if p != "fp32"], \
+            {p: {"status": NOT_DEFAULT, "reason": fixed_precision}
+             for p in ("bf16", "fp16", "int8") if p not in explicit}
+    chosen = ["fp32"]
+    if "paddle" not in formats:
+        left_out["bf16"] = {"status": NOT_VERIFIABLE, "reason": "bf16 runs the Paddle Inference "
+                            "files and the export writes no paddle format"}
+    elif not cpu_bf16():
+        left_out["bf16"] = {"status": NOT_VERIFIABLE, "reason": "this CPU has no bf16 "
+                            "instructions (avx512_bf16 / AMX): Paddle Inference would run its "
+                            "fp32 kernels, so bf16 cannot be measured; export on a host with "
+                            "them to verify bf16"}
+    else:
+        chosen.append("bf16")
+    if "onnx" not in formats:
+        left_out["int8"] = {"status": NOT_VERIFIABLE, "reason": "int8 is an ONNX Runtime "
+                            "variant and the export writes no onnx format"}
+    else:
+        chosen.append("int8")
+    left_out["fp16"] = {"status": NOT_DEFAULT, "reason": "fp16 on CPU runs ONNX Runtime's fp16 "
+                        "path, made for CUDA and usually slower than fp32; ask for it with "
+                        "--precision fp32,fp16"}
+    chosen += [p for p in explicit if p not in chosen]
+    return chosen, {p: r for p, r in left_out.items() if p not in chosen}
+
+
+class _Rows:
+    """What ``Task.engine_rows`` reads of a predictor, for parity's runners (whose tags are
+    decoded already)."""
+    crf_matrix = None
+
+    def __init__(self, label_names):
+        self.label_names = list(label_names)
+
+
+def per_example(task, label_names, order, batch_outputs, batch_lengths):
+    """A runner's outputs over the test batches -> one engine row per example, in the examples'
+    order (``order``: the examples' indices in each batch)."""
+    shim, rows = _Rows(label_names), [None] * sum(len(idx) for idx in order)
+    for idx, out, seq_len in zip(order, batch_outputs, batch_lengths):
+        for i, row in zip(idx, task.engine_rows(shim, out, seq_len)):
+            rows[int(i)] = row
+    return rows
+
+
+def task_metrics(task, examples, label_names, order, kept, lengths):
+    """{runner: the gate's metric} over the test examples; ``kept``: {runner: [outputs per
+    batch]} (the reference ``dygraph`` included).  {} when the task has no gate metric."""
+    if task.name in METRIC_GATES:
+        metric, _ = METRIC_GATES[task.name]
+        return {name: float(task.report(examples, per_example(task, label_names, order, outs,
+                                                              lengths), label_names)[metric])
+                for name, outs in kept.items()}
+    if task.name == "embedding":
+        ref = kept["dygraph"]
+        key = task.output_specs[0]["name"]
+        return {name: float(np.mean(np.concatenate([_cosine(a[key], b[key])
+                                                    for a, b in zip(ref, outs)])))
+                for name, outs in kept.items()}
+    return {}
+
+
+def _cosine(a, b):
+    from .parity import row_cosine
+
+    return row_cosine(a, b)
+
+
+def judge(task, metrics, reference="dygraph"):
+    """{runner: gate record} of each runner against ``reference``'s metric: {"metric", "value",
+    "fp32_value", "drop" | "min", "passed"}."""
+    if not metrics:
+        return {}
+    if task.name == "embedding":
+        return {name: {"metric": "mean_cosine_to_fp32", "value": v,
+                       "min": EMBEDDING_MEAN_COSINE_MIN, "passed": v >= EMBEDDING_MEAN_COSINE_MIN}
+                for name, v in metrics.items() if name != reference}
+    metric, tolerance = METRIC_GATES[task.name]
+    base = metrics[reference]
+    return {name: {"metric": metric, "value": v, "fp32_value": base, "drop": base - v,
+                   "max_drop": tolerance, "passed": base - v <= tolerance + 1e-12}
+            for name, v in metrics.items() if name != reference}
+
+
+def refusal(gate):
+    """The reason a failed gate record refuses its precision (one line, with the numbers)."""
+    if "fp32_value" in gate:
+        return (f"{gate['metric']} {gate['value']:.4f} vs fp32 {gate['fp32_value']:.4f} on the "
+                f"test examples: {gate['drop'] * 100:.2f} points lower, more than the "
+                f"{gate['max_drop'] * 100:.2f} allowed")
+    return f"{gate['metric']} {gate['value']:.4f} < {gate['min']}"
