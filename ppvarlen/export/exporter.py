@@ -169,7 +169,8 @@ def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
         raise ExportFailedError(f"a {task.name} checkpoint is not exported (nothing serves it); "
                                 f"fine-tune a model from what it wrote and export that")
     view = VIEWS[task.export_view]
-    precisions, left_out = precision_gate.resolve(formats, requested, view.fixed_precision)
+    precisions, left_out = precision_gate.resolve(formats, requested, view.fixed_precision,
+                                                  verify)
     view.check_precisions(precisions)
     calibration = None
     if "int8" in precisions:

@@ -40,14 +40,20 @@ def cpu_bf16():
     return bool(core.supports_bfloat16())
 
 
-def resolve(formats, requested, fixed_precision=None):
+def resolve(formats, requested, fixed_precision=None, verify=True):
     """(precisions to export, {precision: {"status", "reason"}} left out) for ``requested``,
     which may hold ``auto``.  ``fixed_precision``: the reason a view exports fp32 only
-    (seq2seq), else None."""
+    (seq2seq), else None.  Without ``verify`` auto is fp32: nothing is verified, and a reduced
+    precision is offered only once it is."""
     explicit = [p for p in requested if p != AUTO]
     if AUTO not in requested:
         return explicit, {}
     left_out = {}
+    if not verify:
+        return ["fp32"] + [p for p in explicit if p != "fp32"], \
+            {p: {"status": NOT_DEFAULT, "reason": "the export is not verified (--no-verify): "
+                 "auto offers only precisions it verified"}
+             for p in ("bf16", "fp16", "int8") if p not in explicit}
     if fixed_precision:  # an explicit reduced precision is still refused by the view
         return ["fp32"] + [p for p in explicit if p != "fp32"], \
             {p: {"status": NOT_DEFAULT, "reason": fixed_precision}
