@@ -109,3 +109,26 @@ def test_a_dynamic_int8_whose_answer_depends_on_the_batch_is_refused_naming_int8
     assert not (tmp_path / "export" / "onnx" / "model_int8.onnx").exists()
     refused = manifest["precision_measured"]["onnx"]["int8"]["refused"]
     assert "int8" in refused and "padding check" in refused
+
+
+def test_a_tagger_is_gated_by_entity_f1(tmp_path):
+    """Tagging: bf16 judged by the entity F1 of its tags against fp32's on labelled items."""
+    import paddle
+
+    from test_export import _test_items
+    from test_export_models import TinyCRFTagger
+
+    paddle.seed(3)
+    rng = np.random.RandomState(2)
+    items = [dict(e, labels=list(rng.choice(5, len(e["input_ids"]), p=[.6, .1, .1, .1, .1])),
+                  offset=0) for e in _test_items(30, seed=1)]
+    manifest = export_model(TinyCRFTagger(), _meta("tagging", "bigru_crf",
+                                                   ["O", "B", "I", "E", "S"]),
+                            _encoder(), CFG, str(tmp_path / "export"), ["paddle"],
+                            ["fp32", "bf16"], verify=True, test_examples=items)
+    entry = manifest["precision_measured"]["paddle"]["bf16"]
+    gate = entry["metric_gate"]
+    assert gate["metric"] == "f1" and 0 < gate["fp32_value"] <= 1
+    assert gate["passed"] == (gate["drop"] <= 0.005) == entry["verified"]
+    report = json.loads((tmp_path / "export" / "parity.json").read_text())
+    assert report["metric_gate"]["values"]["paddle_inference_onednn"] == gate["fp32_value"]
