@@ -47,6 +47,7 @@ from ..utils.search import greedy_search, length_limits, strip_eos
 from ..utils.viterbi import crf_decode
 from .onnx_export import ORT_DISABLED_OPTIMIZERS
 from . import precision_gate
+from .precision_gate import row_cosine
 from .precision import paddle_config
 from .precision_speed import measure
 
@@ -308,16 +309,6 @@ class _Stats:
         if self.min_cosine is not None:
             out["min_cosine"] = self.min_cosine
         return out
-
-
-def row_cosine(a, b):
-    """Cosine similarity of each row of ``a`` with the same row of ``b`` (float64; two
-    all-zero rows count as equal, one all-zero row as orthogonal)."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    na, nb = np.linalg.norm(a, axis=-1), np.linalg.norm(b, axis=-1)
-    both_zero = (na == 0) & (nb == 0)
-    cosine = (a * b).sum(-1) / np.maximum(na * nb, np.finfo(np.float64).tiny)
-    return np.where(both_zero, 1.0, cosine)
 
 
 def _softmax(logits):

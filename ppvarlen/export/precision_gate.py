@@ -14,31 +14,29 @@ A precision left out is recorded (``left_out``: precision -> {status, reason}) i
 ``manifest["precision_measured"]``, never dropped silently.
 
 The gate: each reduced precision runs the parity examples (the test split) and is judged by
-the TASK's metric against fp32's metric on the same examples (``METRIC_GATES``); a task the
-metric cannot be computed for at export is judged by the parity agreement
-(``parity.LOW_PRECISION_AGREEMENT``).  A precision that fails is *refused*: its files are left
+the TASK's main metric against fp32's metric on the same examples (``METRIC_MAX_DROP``), or for
+an embedding by its rows' mean cosine to fp32's (``MEAN_COSINE_MIN``); where the metric cannot
+be computed at export (``gate_kind``) the parity agreement decides
+(``parity.LOW_PRECISION_AGREEMENT``; ``row_cosine`` here is the one cosine both use).  A
+precision that fails is *refused*: its files are left
 out of the export, the others written, the numbers kept in parity.json and the manifest.
 """
 import numpy as np
+from paddle.base import core
 
 AUTO = "auto"
 NOT_VERIFIABLE = "not verifiable here"
 NOT_DEFAULT = "not offered by default"
 
-# task -> (metric the task's report computes, largest drop from fp32 a reduced precision may
-# show, in the metric's own units: 0.005 = half a point of accuracy or F1, the example field
-# holding the gold answer; examples without it are judged by agreement)
-METRIC_GATES = {"classification": ("accuracy", 0.005, "label"),
-                "text_pair": ("accuracy", 0.005, "label"),
-                "tagging": ("f1", 0.005, "labels")}
-# embeddings: the rows' mean cosine with fp32's rows (retrieval metrics need pairs of texts,
-# which the export's single-text graph does not see)
-EMBEDDING_MEAN_COSINE_MIN = 0.99
+# A reduced precision's task metric (``Task.main_metric``: accuracy, entity F1, ...) may be at
+# most this much lower than fp32's on the same examples (metrics in [0, 1]: half a point).
+METRIC_MAX_DROP = 0.005
+# A row-vector task (an output compared by cosine, an embedding): the rows' mean cosine with
+# fp32's rows (retrieval metrics need pairs of texts, which the single-text graph never sees).
+MEAN_COSINE_MIN = 0.99
 
 
 def cpu_bf16():
-    from paddle.base import core
-
     return bool(core.supports_bfloat16())
 
 
@@ -102,45 +100,64 @@ def per_example(task, label_names, order, batch_outputs, batch_lengths):
     return rows
 
 
+def gate_kind(task, examples):
+    """How ``task``'s reduced precisions are judged on ``examples``: "cosine" (an output
+    compared by cosine), "metric" (the task's main metric, from its own report over the
+    engine's rows), or None (the parity agreement decides): outputs scored per position
+    (spans) are read by the report in another form than the engine gives, and unlabelled
+    examples (an item without every field the task stores) have no metric."""
+    specs = task.output_specs
+    if any(s.get("compare") == "cosine" for s in specs):
+        return "cosine"
+    if any(s.get("per") == "position" for s in specs) or not task.main_metric:
+        return None
+    fields = [f.name for f in task.store_fields()]
+    if not examples or not all(f in e for e in examples for f in fields):
+        return None
+    return "metric"
+
+
 def task_metrics(task, examples, label_names, order, kept, lengths):
-    """{runner: the gate's metric} over the test examples; ``kept``: {runner: [outputs per
-    batch]} (the reference ``dygraph`` included).  {} when the task has no gate metric."""
-    if task.name in METRIC_GATES:
-        metric, _, gold = METRIC_GATES[task.name]
-        if not all(gold in e for e in examples):
-            return {}  # unlabelled examples: the agreement gate decides
+    """{runner: the gate's value} over the test examples; ``kept``: {runner: [outputs per
+    batch]} (the reference ``dygraph`` included).  {} when the agreement gate decides."""
+    kind = gate_kind(task, examples)
+    if kind == "metric":
         return {name: float(task.report(examples, per_example(task, label_names, order, outs,
-                                                              lengths), label_names)[metric])
+                                                              lengths),
+                                        label_names)[task.main_metric])
                 for name, outs in kept.items()}
-    if task.name == "embedding":
+    if kind == "cosine":
+        key = next(s["name"] for s in task.output_specs if s.get("compare") == "cosine")
         ref = kept["dygraph"]
-        key = task.output_specs[0]["name"]
-        return {name: float(np.mean(np.concatenate([_cosine(a[key], b[key])
+        return {name: float(np.mean(np.concatenate([row_cosine(a[key], b[key])
                                                     for a, b in zip(ref, outs)])))
                 for name, outs in kept.items()}
     return {}
 
 
-def _cosine(a, b):
-    from .parity import row_cosine
-
-    return row_cosine(a, b)
-
-
 def judge(task, metrics, reference="dygraph"):
-    """{runner: gate record} of each runner against ``reference``'s metric: {"metric", "value",
-    "fp32_value", "drop" | "min", "passed"}."""
+    """{runner: gate record} of each runner against ``reference``'s value: {"metric", "value",
+    "fp32_value", "drop", "max_drop" | "min", "passed"}."""
     if not metrics:
         return {}
-    if task.name == "embedding":
-        return {name: {"metric": "mean_cosine_to_fp32", "value": v,
-                       "min": EMBEDDING_MEAN_COSINE_MIN, "passed": v >= EMBEDDING_MEAN_COSINE_MIN}
+    if any(s.get("compare") == "cosine" for s in task.output_specs):
+        return {name: {"metric": "mean_cosine_to_fp32", "value": v, "min": MEAN_COSINE_MIN,
+                       "passed": v >= MEAN_COSINE_MIN}
                 for name, v in metrics.items() if name != reference}
-    metric, tolerance, _ = METRIC_GATES[task.name]
     base = metrics[reference]
-    return {name: {"metric": metric, "value": v, "fp32_value": base, "drop": base - v,
-                   "max_drop": tolerance, "passed": base - v <= tolerance + 1e-12}
+    return {name: {"metric": task.main_metric, "value": v, "fp32_value": base, "drop": base - v,
+                   "max_drop": METRIC_MAX_DROP, "passed": base - v <= METRIC_MAX_DROP + 1e-12}
             for name, v in metrics.items() if name != reference}
+
+
+def row_cosine(a, b):
+    """Cosine similarity of each row of ``a`` with the same row of ``b`` (float64; two
+    all-zero rows count as equal, one all-zero row as orthogonal)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    na, nb = np.linalg.norm(a, axis=-1), np.linalg.norm(b, axis=-1)
+    both_zero = (na == 0) & (nb == 0)
+    cosine = (a * b).sum(-1) / np.maximum(na * nb, np.finfo(np.float64).tiny)
+    return np.where(both_zero, 1.0, cosine)
 
 
 def refusal(gate):
