@@ -132,3 +132,22 @@ def test_a_tagger_is_gated_by_entity_f1(tmp_path):
     assert gate["passed"] == (gate["drop"] <= 0.005) == entry["verified"]
     report = json.loads((tmp_path / "export" / "parity.json").read_text())
     assert report["metric_gate"]["values"]["paddle_inference_onednn"] == gate["fp32_value"]
+
+
+def test_auto_resolves_per_view_and_verification(monkeypatch):
+    """Seq2seq (a view fixed at fp32) and an unverified export get fp32 from auto, each left-out
+    precision with its reason; an explicit reduced precision stays for the view to refuse."""
+    from paddle.base import core
+
+    from ppvarlen.export.exporter import GreedyView
+    from ppvarlen.export.precision_gate import resolve
+
+    monkeypatch.setattr(core, "supports_bfloat16", lambda: True)
+    chosen, left_out = resolve(["paddle", "onnx"], ["auto"], GreedyView.fixed_precision)
+    assert chosen == ["fp32"] and set(left_out) == {"bf16", "fp16", "int8"}
+    assert "seq2seq" in left_out["bf16"]["reason"]
+    assert resolve(["paddle", "onnx"], ["auto", "bf16"], GreedyView.fixed_precision)[0] == \
+        ["fp32", "bf16"]
+    chosen, left_out = resolve(["paddle", "onnx"], ["auto"], None, verify=False)
+    assert chosen == ["fp32"] and "--no-verify" in left_out["int8"]["reason"]
+    assert resolve(["paddle", "onnx"], ["auto"])[0] == ["fp32", "bf16", "int8"]

@@ -286,9 +286,11 @@ def _verify_export(view, model, meta, encoder, cfg, output, tmp, work, manifest,
                     "(the other precisions are written): %s", name, precision, backend, why)
     atomic_write_json(os.path.join(tmp, "parity.json"), report)
     manifest["files"] = manifest_mod.file_hashes(tmp)
-    if report.get("speed") or refused or left_out:  # verified + measured, per backend/precision
+    if report.get("speed"):  # verified + measured, per backend and precision
         manifest["precision_measured"] = precision_speed.manifest_section(report, refused,
                                                                           left_out)
+    elif left_out:  # seq2seq: fp32 only, not timed
+        manifest["precision_measured"] = precision_speed.left_out_section(left_out)
 
 
 # the manifest's keys of a reduced precision's own files, per backend
