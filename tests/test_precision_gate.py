@@ -5,7 +5,6 @@ import json
 import logging
 
 import numpy as np
-import pytest
 
 from ppvarlen.export import parity, quantize
 from ppvarlen.export.exporter import export_model

@@ -34,7 +34,7 @@ from ..models.seq2seq import DecoderStepProgram, EncoderProgram, GreedyProgram
 from ..store_build import build_datasets
 from ..tasks import get_task
 from ..utils.io import (DiskFullError, atomic_dir, atomic_write_json, is_disk_full, owned_prefix,
-                        reap_dead_owners, sha256_file)
+                        reap_dead_owners)
 from ..utils.log import get_logger
 from . import manifest as manifest_mod
 from . import parity
@@ -270,8 +270,8 @@ def _verify_export(view, model, meta, encoder, cfg, output, tmp, work, manifest,
         atomic_write_json(failed, report)
         raise ExportFailedError(f"parity check failed for {name}; export not written "
                                 f"(report: {failed}):\n  " + "\n  ".join(report["failures"]))
-    refused = {precision_speed.PARITY_BACKENDS[n]: why
-               for n, why in report.get("refused", {}).items() if n in precision_speed.PARITY_BACKENDS}
+    served = precision_speed.PARITY_BACKENDS  # parity runner -> (backend, precision)
+    refused = {served[n]: why for n, why in report.get("refused", {}).items() if n in served}
     for backend, precision in list(refused):
         drop_precision(tmp, manifest, backend, precision)
     manifest["files"] = manifest_mod.file_hashes(tmp)
@@ -441,7 +441,8 @@ class GreedyView:
       (logp, new_self_k, new_self_v): paddle2onnx cannot take the while op, so
       ``ppvarlen.utils.search.greedy_search`` runs the loop.
 
-    Only fp32 (``check_precisions`` says why; ``auto`` is fp32).  A paddle2onnx trap, checked: the step's int
+    Only fp32 (``check_precisions`` says why; ``auto`` is fp32).  A paddle2onnx trap,
+    checked: the step's int
     position arithmetic (``tokens * 0 + cache_len - 1``) is exported through float32 Casts;
     exact for ints < 2**24, i.e. any position table (tests/test_export_seq2seq.py).
     """

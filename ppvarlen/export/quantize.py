@@ -82,7 +82,8 @@ class _Calibration:
 
 
 def quantize_onnx(src, dst, method="dynamic", weight_type="qint8", per_channel=False,
-                  reduce_range=True, calibration_batches=None, input_names=("input_ids", "seq_len")):
+                  reduce_range=True, calibration_batches=None,
+                  input_names=("input_ids", "seq_len")):
     """int8 copy of ``src`` at ``dst``; returns the facts recorded in the manifest."""
     quiet = logging.getLogger().level
     logging.getLogger().setLevel(max(quiet, logging.WARNING))  # the quantizer logs every node
