@@ -232,9 +232,13 @@ SCHEMA = {
     "Export": {
         "format": ListOf(str, ["paddle", "onnx"], choices=["paddle", "onnx"],
                          help="what the export writes: Paddle Inference, ONNX or both"),
-        "precision": ListOf(str, ["fp32"], choices=["fp32", "bf16", "fp16", "int8"],
+        "precision": ListOf(str, ["auto"], choices=["auto", "fp32", "bf16", "fp16", "int8"],
                             help="precisions exported and verified (bf16: Paddle Inference "
-                            "oneDNN; fp16, int8: ONNX variants)"),
+                            "oneDNN; fp16, int8: ONNX variants); auto: every precision this "
+                            "host can verify (fp32, bf16 on a CPU with bf16 instructions, "
+                            "int8; fp16 only when asked). A reduced precision that fails its "
+                            "task-metric gate or the serving admission is left out with a "
+                            "warning"),
         "opset": Field(int, 13, help="ONNX opset of paddle2onnx"),
         "verify": Field(bool, True, help="run the parity report and fail the export when a "
                         "backend disagrees with the eager model"),

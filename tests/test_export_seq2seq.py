@@ -66,9 +66,18 @@ def batch(lengths, seed=1):
 def exported(tmp_path_factory):
     model = tiny_model(eos_bias=1.0)
     out = tmp_path_factory.mktemp("s2s") / "export"
-    manifest = export_model(model, META, encoder(), CFG, str(out), ["paddle", "onnx"], ["fp32"],
+    # auto (the config's default) is fp32 for seq2seq, the reduced precisions recorded as left out
+    manifest = export_model(model, META, encoder(), CFG, str(out), ["paddle", "onnx"], ["auto"],
                             verify=True, test_examples=split_items())
     return model, out, manifest
+
+
+def test_auto_exports_fp32_and_records_why_not_the_others(exported):
+    _, _, manifest = exported
+    assert manifest["precisions"] == {"paddle": ["fp32"], "onnx": ["fp32"]}
+    left_out = manifest["precision_measured"]
+    assert {p: e["verified"] for p, e in left_out["paddle"].items()} == {"bf16": False}
+    assert "seq2seq exports are fp32 only" in left_out["onnx"]["int8"]["reason"]
 
 
 def runners(out, decoding):

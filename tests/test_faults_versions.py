@@ -254,7 +254,8 @@ def pages(paths):
 
 def test_a_full_disk_in_each_phase_of_an_export_is_one_error(exports, tmp_path):
     """A real tmpfs, sized so the Paddle save, the ONNX conversion, then the parity report
-    each meet a full disk (the last one: rewriting the manifest that lists parity.json); the old export is there all along (a replace) and kept."""
+    each meet a full disk (the last one: parity.json, written after the manifest the admission
+    checks read); the old export is there all along (a replace) and kept."""
     from ppvarlen.utils.io import DiskFullError
 
     mount = tmp_path / "mnt"
@@ -266,7 +267,7 @@ def test_a_full_disk_in_each_phase_of_an_export_is_one_error(exports, tmp_path):
     paddle = [f for f in files if os.sep + "paddle" + os.sep in f]
     sizes = {"paddle/": old + pages(tokenizer) + 1,
              "onnx/model.onnx": old + pages(tokenizer + paddle) + 1,
-             "manifest.json": old + pages(files)}
+             "parity.json": old + pages(files)}
     told = {}
     for phase, size in sizes.items():
         if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size * 4096}", "tmpfs",

@@ -285,7 +285,8 @@ def exported(encoder_dir, tmp_path_factory):
     paths = pairs_files(root)
     st = write_st_layout(copy_dir(encoder_dir, root / "st"),
                          pooling_config(pooling_mode_mean_tokens=True), normalize=True)
-    assert main_export(["--pretrained-dir", st, "--task", "embedding", "--output",
+    assert main_export(["--pretrained-dir", st, "--task", "embedding", "--precision", "fp32",
+                        "--output",
                         str(root / "st-export"), "--verify-file", paths["test"]]) == 0
     run = root / "run"
     cfg = tiny_task_cfg(run, paths, {"tokenizer": "pretrained", "vocab_file": encoder_dir,
@@ -300,7 +301,7 @@ def exported(encoder_dir, tmp_path_factory):
     result = trainer_mod.train(load_config(data=raw))
     assert main_export(["--pretrained-dir", result["paddlenlp_dir"], "--task", "embedding",
                         "--pooling", "cls", "--no-normalize", "--format", "onnx",
-                        "--output", str(root / "trained-export")]) == 0
+                        "--precision", "fp32", "--output", str(root / "trained-export")]) == 0
     return {"st": (st, str(root / "st-export")),
             "trained": (result["paddlenlp_dir"], str(root / "trained-export"))}
 

@@ -20,6 +20,7 @@ import tempfile
 import numpy as np
 
 from ..config import ConfigError, load_config
+from ..data.collate import Collator
 from ..data.lengths import length_stats
 from ..data.vocab import TextEncoder
 from ..deploy.admission import admit
@@ -33,14 +34,15 @@ from ..models.seq2seq import DecoderStepProgram, EncoderProgram, GreedyProgram
 from ..store_build import build_datasets
 from ..tasks import get_task
 from ..utils.io import (DiskFullError, atomic_dir, atomic_write_json, is_disk_full, owned_prefix,
-                        reap_dead_owners, sha256_file)
+                        reap_dead_owners)
 from ..utils.log import get_logger
 from . import manifest as manifest_mod
 from . import parity
-from . import precision_speed
+from . import precision_gate, precision_speed
 from .errors import ExportFailedError
 from .onnx_export import check_loads, export_onnx
 from .precision import PRECISIONS, convert_onnx_fp16
+from .precision_gate import AUTO
 from .quantize import DEFAULT_INT8, quantize_onnx
 from .static import crf_matrix_of, save_inference, save_program
 
@@ -48,6 +50,8 @@ log = get_logger("export")
 FORMATS = ("paddle", "onnx")
 NEXT_VERSION = "next"  # --output models/NAME/next: the model's next free version number
 WORK_PREFIX = "ppvarlen-export"  # the scratch directory's name in $TMPDIR (owned_prefix)
+CALIBRATION_EXAMPLES = 256  # examples whose activation ranges fix int8's scales
+CALIBRATION_BATCH_TOKENS = 4096
 
 
 def _version_numbers(model_dir):
@@ -127,11 +131,12 @@ def _check_choices(name, values, allowed):
 
 
 def check_request(formats, precisions):
-    """Validated (formats, precisions); fp32 is always exported (the reference files)."""
+    """Validated (formats, precisions); fp32 is always exported (the reference files).
+    ``auto`` stays in the list (``precision_gate.resolve`` expands it per host and view)."""
     formats, precisions = list(formats), list(precisions)
     _check_choices("--format / Export.format", formats, FORMATS)
-    _check_choices("--precision / Export.precision", precisions, PRECISIONS)
-    if "fp32" not in precisions:
+    _check_choices("--precision / Export.precision", precisions, PRECISIONS + (AUTO,))
+    if "fp32" not in precisions and AUTO not in precisions:
         precisions.insert(0, "fp32")  # bf16 runs the fp32 files, fp16 converts them
     if "paddle" not in formats and "bf16" in precisions:
         raise ConfigError("--precision bf16 runs the Paddle Inference files; add paddle to --format")
@@ -144,36 +149,80 @@ def check_request(formats, precisions):
 
 
 def export_model(model, meta, encoder, cfg, output, formats=("paddle", "onnx"),
-                 precisions=("fp32",), verify=True, test_examples=None):
+                 precisions=("fp32",), verify=True, test_examples=None,
+                 calibration_examples=None):
     """Write the export directory for an eval-mode ``model``; returns the manifest dict.
 
     ``meta`` is the checkpoint's meta.json dict, ``cfg`` the resolved Config
     (Data for tokenizer/long-text settings, Deploy for shape ranges, Export for
     opset and parity size).  ``test_examples``: encoded test items for the
-    parity report (None = shape grid only).  The task's ``export_view`` picks the
+    parity report (None = shape grid only).  ``calibration_examples``: encoded items (or a
+    callable returning them, called only when int8 is exported) whose activation ranges fix the
+    int8 scales; None = the test examples.  The task's ``export_view`` picks the
     programs written and the parity compared (``VIEWS``).  Raises ExportFailedError when
-    parity fails.
+    fp32 parity fails; a reduced precision that fails its gate is left out (``_verify_export``).
     """
-    formats, precisions = check_request(formats, precisions)
+    formats, requested = check_request(formats, precisions)
     output = resolve_output(output)
     task, name = get_task(meta["task"]), meta.get("model_name", "model")
     if task.export_view is None:
         raise ExportFailedError(f"a {task.name} checkpoint is not exported (nothing serves it); "
                                 f"fine-tune a model from what it wrote and export that")
     view = VIEWS[task.export_view]
+    precisions, left_out = precision_gate.resolve(formats, requested, view.fixed_precision,
+                                                  verify)
     view.check_precisions(precisions)
+    calibration = None
+    if "int8" in precisions:
+        calibration, source = _calibration(calibration_examples, test_examples)
+        if calibration is None:
+            precisions.remove("int8")
+            left_out["int8"] = {"status": precision_gate.NOT_VERIFIABLE, "reason": source}
+        else:
+            calibration = {"examples": calibration, "source": source}
+    for precision, why in left_out.items():
+        log.info("precision %s %s: %s", precision, why["status"], why["reason"])
     model.eval()
     reap_export_debris(output)
     with disk_full_told(output):  # making or swapping the temp directory
         manifest = _write_export(view, model, meta, encoder, cfg, output, formats, precisions,
-                                 verify, test_examples)
+                                 verify, test_examples, left_out, calibration)
     log.info("export written to %s (%s; precisions %s)", output,
-             ", ".join(manifest["backends"]), precisions)
+             ", ".join(manifest["backends"]), manifest["precisions"])
     return manifest
 
 
+def _calibration(calibration_examples, test_examples):
+    """(examples the int8 activation ranges are calibrated on, where they come from) or
+    (None, why int8 cannot be made)."""
+    if callable(calibration_examples):
+        calibration_examples = calibration_examples()
+    if calibration_examples:
+        return calibration_examples, "train"
+    if test_examples:
+        return test_examples, "test (no train split given)"
+    return None, ("int8's activation scales are calibrated on examples and this export has "
+                  "none (no train split, no test split or --verify-file)")
+
+
+def calibration_batches(task, encoder, examples, limit=CALIBRATION_EXAMPLES, seed=0):
+    """Up to ``limit`` of ``examples`` (a seeded sample) as length-sorted batches of the task's
+    declared inputs, for ``quantize_onnx(method="static")``."""
+    if len(examples) > limit:
+        picked = np.random.RandomState(seed).choice(len(examples), limit, replace=False)
+        examples = [examples[int(i)] for i in sorted(picked)]
+    fields = task.store_fields()
+    items = [{f.name: e[f.name] for f in fields if f.name in e} for e in examples]
+    collate = Collator(encoder.pad_id, fields=fields)
+    names = [s["name"] for s in task.input_specs]
+    _, batches = parity.split_batches(items, collate, CALIBRATION_BATCH_TOKENS,
+                                      length_field=next(f.name for f in collate.fields.values()
+                                                        if f.length))
+    return names, [tuple(b[n] for n in names) for b in batches]
+
+
 def _write_export(view, model, meta, encoder, cfg, output, formats, precisions, verify,
-                  test_examples):
+                  test_examples, left_out=None, calibration=None):
     """The body of ``export_model``: the directory written in a temp dir and swapped in ->
     the manifest."""
     name = meta.get("model_name", "model")
@@ -183,7 +232,8 @@ def _write_export(view, model, meta, encoder, cfg, output, formats, precisions, 
         encoder.save(tmp)
         tokenizer_files = {"vocab_file": "vocab.txt", "encoder_file": "encoder.json",
                            "vocab_size": encoder.vocab_size}
-        backends = view.write(model, meta, encoder, cfg, tmp, work, formats, precisions)
+        backends = view.write(model, meta, encoder, cfg, tmp, work, formats, precisions,
+                              calibration)
         # Paddle fp16 is the GPU half-precision setting (settings.gpu_fp16), not a file.
         listed = {"paddle": [p for p in precisions if p != "int8"],
                   "onnx": [p for p in precisions if p in ("fp32", "fp16", "int8")]}
@@ -193,45 +243,105 @@ def _write_export(view, model, meta, encoder, cfg, output, formats, precisions, 
                                                precision_map, tokenizer_files,
                                                view.decoding(model))
         if verify:
-            report, table = view.verify(model, meta, encoder, cfg, tmp, work, manifest, formats,
-                                        precisions, test_examples)
-            atomic_write_json(os.path.join(tmp, "parity.json"), report)
-            manifest["files"] = dict(sorted({**manifest["files"], "parity.json": sha256_file(
-                os.path.join(tmp, "parity.json"))}.items()))
-            log.info("parity of %s (reference: dygraph eager)\n%s", name, table)
-            failed = os.path.abspath(output) + ".parity-failed.json"
-            if os.path.exists(failed):
-                os.remove(failed)  # a stale report from an earlier attempt
-            if not report["passed"]:
-                atomic_write_json(failed, report)
-                raise ExportFailedError(f"parity check failed for {name}; export not written "
-                                        f"(report: {failed}):\n  "
-                                        + "\n  ".join(report["failures"]))
-            if report.get("speed"):  # verified + measured, per backend and precision
-                manifest["precision_measured"] = precision_speed.manifest_section(report)
+            _verify_export(view, model, meta, encoder, cfg, output, tmp, work, manifest,
+                           formats, precisions, test_examples, left_out or {})
+        elif left_out:
+            manifest["precision_measured"] = precision_speed.left_out_section(left_out)
         atomic_write_json(os.path.join(tmp, "manifest.json"), manifest)
-        if verify:
-            admit_export(tmp, name, backends)
         if is_version_dir(output):
             resolve_output(output)  # still free: another export may have taken it meanwhile
     return manifest
 
 
-def admit_export(export_dir, name, backends):
-    """The serving admission check on the directory being written, every backend: what a
-    model repository would refuse is not written."""
-    for backend in backends:
-        try:
-            report = admit(Predictor(export_dir, backend))
-        except UnservableExportError as e:
-            raise ExportFailedError(f"{name}: the {backend} backend would be refused by the "
-                                    f"server ({e}); export not written") from None
-        log.info("admission of %s (%s): %s passed", name, backend, ", ".join(report))
+def _verify_export(view, model, meta, encoder, cfg, output, tmp, work, manifest, formats,
+                   precisions, test_examples, left_out):
+    """Parity, the task-metric gate and the serving admission of every backend and precision
+    on the directory being written.  An fp32 failure fails the export
+    (``ExportFailedError``, report beside the output); a reduced precision that fails is
+    refused: its files are left out, the rest written, a warning names it and why."""
+    name = meta.get("model_name", "model")
+    report, table = view.verify(model, meta, encoder, cfg, tmp, work, manifest, formats,
+                                precisions, test_examples)
+    log.info("parity of %s (reference: dygraph eager)\n%s", name, table)
+    failed = os.path.abspath(output) + ".parity-failed.json"
+    if os.path.exists(failed):
+        os.remove(failed)  # a stale report from an earlier attempt
+    if not report["passed"]:
+        atomic_write_json(failed, report)
+        raise ExportFailedError(f"parity check failed for {name}; export not written "
+                                f"(report: {failed}):\n  " + "\n  ".join(report["failures"]))
+    served = precision_speed.PARITY_BACKENDS  # parity runner -> (backend, precision)
+    refused = {served[n]: why for n, why in report.get("refused", {}).items() if n in served}
+    for backend, precision in list(refused):
+        drop_precision(tmp, manifest, backend, precision)
+    manifest["files"] = manifest_mod.file_hashes(tmp)
+    atomic_write_json(os.path.join(tmp, "manifest.json"), manifest)  # what admission loads
+    for (backend, precision), why in admit_export(tmp, name, manifest["precisions"]).items():
+        refused[backend, precision] = why
+        drop_precision(tmp, manifest, backend, precision)
+    report["refused"] = {f"{b}/{p}": why for (b, p), why in refused.items()}
+    report["left_out"] = left_out
+    for (backend, precision), why in refused.items():
+        log.warning("%s: precision %s of the %s backend REFUSED and left out of the export "
+                    "(the other precisions are written): %s", name, precision, backend, why)
+    atomic_write_json(os.path.join(tmp, "parity.json"), report)
+    manifest["files"] = manifest_mod.file_hashes(tmp)
+    if report.get("speed"):  # verified + measured, per backend and precision
+        manifest["precision_measured"] = precision_speed.manifest_section(report, refused,
+                                                                          left_out)
+    elif left_out:  # seq2seq: fp32 only, not timed
+        manifest["precision_measured"] = precision_speed.left_out_section(left_out)
+
+
+# the manifest's keys of a reduced precision's own files, per backend
+VARIANT_KEYS = {("onnx", "fp16"): ("model_fp16",), ("onnx", "int8"): ("model_int8", "int8")}
+
+
+def drop_precision(tmp, manifest, backend, precision):
+    """Take a refused ``precision`` of ``backend`` out of the export being written: its files,
+    its manifest entries and its place in ``manifest["precisions"]``."""
+    entry = manifest["backends"][backend]
+    for key in VARIANT_KEYS.get((backend, precision), ()):
+        value = entry.pop(key, None)
+        if isinstance(value, str) and os.path.exists(os.path.join(tmp, value)):
+            os.remove(os.path.join(tmp, value))
+    if precision == "bf16":
+        (entry.get("settings") or {}).pop("bf16", None)
+    listed = manifest["precisions"].get(backend, [])
+    if precision in listed:
+        listed.remove(precision)
+
+
+def admit_export(export_dir, name, precisions):
+    """The serving admission check on the directory being written, every backend and every
+    precision it lists (``precisions``: the manifest's {backend: [precision]}): what export
+    writes, the server admits.  -> {(backend, precision): why} of the reduced precisions
+    refused; an fp32 refusal fails the export.  A list of backends: their fp32 only."""
+    if not isinstance(precisions, dict):
+        precisions = dict.fromkeys(precisions, ["fp32"])
+    refused = {}
+    for backend, listed in precisions.items():
+        for precision in listed:
+            if backend == "paddle" and precision == "fp16":
+                continue  # the GPU half-precision setting: cannot run on this CPU host
+            try:
+                report = admit(Predictor(export_dir, backend, precision=precision))
+            except UnservableExportError as e:
+                if precision == "fp32":
+                    raise ExportFailedError(f"{name}: the {backend} backend would be refused by "
+                                            f"the server ({e}); export not written") from None
+                refused[backend, precision] = (f"admission: the server would refuse {precision} "
+                                               f"on {backend}: {e}")
+                continue
+            log.info("admission of %s (%s, %s): %s passed", name, backend, precision,
+                     ", ".join(report))
+    return refused
 
 
 class ForwardView:
     """Classification / tagging: the model's forward as one program (Paddle, ONNX)."""
 
+    fixed_precision = None  # every precision applies
     @staticmethod
     def check_precisions(precisions):
         """Every precision ``check_request`` accepts."""
@@ -246,8 +356,8 @@ class ForwardView:
         return os.path.join(tmp if "paddle" in formats else work, "paddle", "model")
 
     @staticmethod
-    def write(model, meta, encoder, cfg, tmp, work, formats, precisions):
-        """-> the manifest's backends."""
+    def write(model, meta, encoder, cfg, tmp, work, formats, precisions, calibration=None):
+        """-> the manifest's backends.  ``calibration``: {"examples", "source"} for int8."""
         name = meta.get("model_name", "model")
         task = get_task(meta["task"])
         output_names = [o["name"] for o in task.output_specs]
@@ -266,9 +376,14 @@ class ForwardView:
                                           "tensorrt_shapes": "shape_ranges"}}}
         crf = crf_matrix_of(model)  # CRF taggers only; None for the others
         if "onnx" in formats:
+            int8 = None
+            if "int8" in precisions:
+                names, batches = calibration_batches(task, encoder, calibration["examples"])
+                int8 = {"names": names, "batches": batches, "source": calibration["source"],
+                        "examples": min(len(calibration["examples"]), CALIBRATION_EXAMPLES)}
             backends["onnx"] = _export_onnx(model, name, tmp, work, paddle_prefix, output_names,
-                                            crf, cfg.Export.opset, task.input_specs, "fp16" in precisions,
-                                            "int8" in precisions)
+                                            crf, cfg.Export.opset, task.input_specs,
+                                            "fp16" in precisions, int8)
         return backends
 
     @staticmethod
@@ -282,7 +397,9 @@ class ForwardView:
 
 
 def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset, input_specs,
-                 fp16, int8=False):
+                 fp16, int8=None):
+    """The ONNX files; ``int8``: {"names", "batches", "source", "examples"} of the calibration
+    (None: no int8 file)."""
     os.makedirs(os.path.join(tmp, "onnx"), exist_ok=True)
     entry = {"model": "onnx/model.onnx", "outputs": output_names, "decode": "in_graph"}
     src = paddle_prefix
@@ -305,7 +422,9 @@ def _export_onnx(model, name, tmp, work, paddle_prefix, output_names, crf, opset
     if int8:
         int8_path = os.path.join(tmp, "onnx", "model_int8.onnx")
         entry["int8"] = quantize_onnx(os.path.join(tmp, "onnx", "model.onnx"), int8_path,
-                                      **DEFAULT_INT8)
+                                      calibration_batches=int8["batches"],
+                                      input_names=int8["names"], **DEFAULT_INT8)
+        entry["int8"]["calibrated_on"] = {"split": int8["source"], "examples": int8["examples"]}
         check_loads(int8_path, name + " (int8)")
         entry["model_int8"] = "onnx/model_int8.onnx"
     return entry
@@ -322,10 +441,15 @@ class GreedyView:
       (logp, new_self_k, new_self_v): paddle2onnx cannot take the while op, so
       ``ppvarlen.utils.search.greedy_search`` runs the loop.
 
-    Only fp32 (``check_precisions`` says why).  A paddle2onnx trap, checked: the step's int
+    Only fp32 (``check_precisions`` says why; ``auto`` is fp32).  A paddle2onnx trap,
+    checked: the step's int
     position arithmetic (``tokens * 0 + cache_len - 1``) is exported through float32 Casts;
     exact for ints < 2**24, i.e. any position table (tests/test_export_seq2seq.py).
     """
+
+    fixed_precision = ("seq2seq exports are fp32 only: bf16 crashes Paddle Inference on the "
+                       "greedy while-loop program, and one rounding-flipped argmax changes every "
+                       "later token of a greedy output")
 
     @staticmethod
     def check_precisions(precisions):
@@ -347,7 +471,7 @@ class GreedyView:
                 "pad_id": int(model.pad_id)}
 
     @staticmethod
-    def write(model, meta, encoder, cfg, tmp, work, formats, precisions):
+    def write(model, meta, encoder, cfg, tmp, work, formats, precisions, calibration=None):
         name = meta.get("model_name", "model")
         backends = {}
         if "paddle" in formats:
@@ -404,13 +528,25 @@ def export_checkpoint(checkpoint, output, cfg=None, formats=None, precisions=Non
     verify = cfg.Export.verify if verify is None else verify
     test_examples = load_test_split(cfg, encoder, meta["task"]) if verify else None
     return export_model(model, meta, encoder, cfg, output, formats, precisions, verify,
-                        test_examples)
+                        test_examples,
+                        lambda: load_train_sample(cfg, encoder, meta["task"]))
 
 
 def load_test_split(cfg, encoder, task):
     """The config's test split, encoded with the checkpoint's own vocabulary."""
     bundle = build_datasets(cfg.Data, task_hint=task, encoder=encoder, splits=("test",))
     return [bundle.test[i] for i in range(len(bundle.test))]
+
+
+def load_train_sample(cfg, encoder, task, limit=CALIBRATION_EXAMPLES, seed=0):
+    """A seeded sample of the config's train split (int8 calibration), [] without one."""
+    bundle = build_datasets(cfg.Data, task_hint=task, encoder=encoder, splits=("train",))
+    train = bundle.train
+    if train is None or not len(train):
+        return []
+    picked = np.random.RandomState(seed).choice(len(train), min(limit, len(train)),
+                                                replace=False)
+    return [train[int(i)] for i in sorted(picked)]
 
 
 def export_pretrained_dir(directory, output, cfg, task=None, formats=None, precisions=None,

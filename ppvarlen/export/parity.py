@@ -46,6 +46,8 @@ from ..utils.inputs import validate_batch
 from ..utils.search import greedy_search, length_limits, strip_eos
 from ..utils.viterbi import crf_decode
 from .onnx_export import ORT_DISABLED_OPTIMIZERS
+from . import precision_gate
+from .precision_gate import row_cosine
 from .precision import paddle_config
 from .precision_speed import measure
 
@@ -309,36 +311,37 @@ class _Stats:
         return out
 
 
-def row_cosine(a, b):
-    """Cosine similarity of each row of ``a`` with the same row of ``b`` (float64; two
-    all-zero rows count as equal, one all-zero row as orthogonal)."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    na, nb = np.linalg.norm(a, axis=-1), np.linalg.norm(b, axis=-1)
-    both_zero = (na == 0) & (nb == 0)
-    cosine = (a * b).sum(-1) / np.maximum(na * nb, np.finfo(np.float64).tiny)
-    return np.where(both_zero, 1.0, cosine)
-
-
 def _softmax(logits):
     z = np.exp(logits - logits.max(-1, keepdims=True))
     return z / z.sum(-1, keepdims=True)
 
 
-def compare(reference, backends, batches, outputs, validate=None):
+def compare(reference, backends, batches, outputs, validate=None, keep=None):
     """{backend: stats} over ``batches`` (tuples of the declared inputs: ids, lengths, ...),
-    reference = the eager model; ``outputs``: the task's output specs."""
+    reference = the eager model; ``outputs``: the task's output specs.  ``keep``: a dict that
+    receives {"dygraph" and each backend: [outputs per batch]} (for the task-metric gate)."""
     stats = {name: _Stats(outputs) for name in backends}
     for inputs in batches:
         if validate:
             validate(*inputs[:2])
         ref = reference(*inputs)
+        if keep is not None:
+            keep.setdefault("dygraph", []).append(ref)
         for name, run in backends.items():
-            stats[name].add(ref, run(*inputs), inputs[1])
+            got = run(*inputs)
+            stats[name].add(ref, got, inputs[1])
+            if keep is not None:
+                keep.setdefault(name, []).append(got)
     return {name: s.as_dict() for name, s in stats.items()}
 
 
 def check(results, precisions_of):
     """Failures (list of str) of the parity gates; ``precisions_of[backend]`` -> fp32|bf16|fp16|int8."""
+    return [message for _, message in check_each(results, precisions_of)]
+
+
+def check_each(results, precisions_of):
+    """[(backend, failure)] of the parity gates (``check``, with the backend each is about)."""
     failures = []
     for part, per_backend in results.items():
         for name, r in per_backend.items():
@@ -349,12 +352,13 @@ def check(results, precisions_of):
                 if "min_cosine" in r else "agreement"
             if precisions_of[name] == "fp32":
                 if r["max_abs_diff"] > FP32_TOL:
-                    failures.append(f"{part}/{name}: max |diff| {r['max_abs_diff']:.3g} > {FP32_TOL}")
+                    failures.append((name, f"{part}/{name}: max |diff| {r['max_abs_diff']:.3g} "
+                                           f"> {FP32_TOL}"))
                 if r["agreement"] < 1.0:
-                    failures.append(f"{part}/{name}: {what} {r['agreement']:.4%} < 100%")
+                    failures.append((name, f"{part}/{name}: {what} {r['agreement']:.4%} < 100%"))
             elif part == "test" and r["agreement"] < LOW_PRECISION_AGREEMENT:
-                failures.append(f"{part}/{name}: {what} {r['agreement']:.4%} < "
-                                f"{LOW_PRECISION_AGREEMENT:.1%}")
+                failures.append((name, f"{part}/{name}: {what} {r['agreement']:.4%} < "
+                                       f"{LOW_PRECISION_AGREEMENT:.1%}"))
     return failures
 
 
@@ -373,18 +377,27 @@ def format_table(results):
 
 
 def run_parity(reference, backends, precisions_of, grid, outputs, test_batches=None,
-               validate=None, grid_inputs=None):
+               validate=None, grid_inputs=None, keep=None):
     """Compare every backend with the reference; returns the parity.json dict.  ``grid_inputs``
-    (ids, lengths) -> the batch's full inputs (the task's ``synthetic_inputs`` added)."""
+    (ids, lengths) -> the batch's full inputs (the task's ``synthetic_inputs`` added);
+    ``keep``: receives each runner's outputs on the test batches (``compare``).
+
+    ``failures`` (the export fails) are the fp32 backends'; a reduced precision that fails its
+    gate is ``refused`` ({backend: reason}): left out of the export, the others written."""
     grid_inputs = grid_inputs or (lambda ids, sl: (ids, sl))
     results = {"grid": compare(reference, backends,
                                [grid_inputs(ids, sl) for _, _, ids, sl in grid], outputs,
                                validate)}
     if test_batches is not None:
-        results["test"] = compare(reference, backends, test_batches, outputs, validate)
-    failures = check(results, precisions_of)
+        results["test"] = compare(reference, backends, test_batches, outputs, validate, keep)
+    failures, refused = [], {}
+    for name, message in check_each(results, precisions_of):
+        if precisions_of[name] == "fp32":
+            failures.append(message)
+        else:
+            refused.setdefault(name, message)
     return {"results": results, "precision": precisions_of, "failures": failures,
-            "passed": not failures,
+            "refused": refused, "passed": not failures,
             "thresholds": {"fp32_max_abs_diff": FP32_TOL, "fp32_agreement": 1.0,
                            "low_precision_test_agreement": LOW_PRECISION_AGREEMENT,
                            "cosine_min": COSINE_MIN},
@@ -505,7 +518,8 @@ def format_decoded_table(report):
 # ---------------------------------------------------------------- the checks of an export
 
 def parity_batches(meta, encoder, cfg, test_examples, field, max_position, task=None):
-    """(validate, shape grid, test batches or None) for an export's parity check.
+    """(validate, shape grid, test batches or None, (examples, order) or None) for an export's
+    parity check; ``order`` holds the indices into ``examples`` of each test batch's rows.
 
     With a ``task``: test batches are the items collated by the task's field declarations, as
     tuples of its declared inputs.  Without: (ids, lengths) of the items' ``field`` (``src_ids``
@@ -518,7 +532,7 @@ def parity_batches(meta, encoder, cfg, test_examples, field, max_position, task=
     max_len = int(min(meta["max_len"], max_position or meta["max_len"]))
     first_id = min(6, encoder.vocab_size - 1)  # skip the special ids ([PAD]..[EOS] = 0..5)
     grid = grid_batches(max_len, meta.get("buckets"), encoder.vocab_size, first_id)
-    test_batches = None
+    test_batches = picked = None
     if test_examples is not None:
         limit = cfg.Export.parity_max_examples
         examples = test_examples if limit is None else test_examples[:limit]
@@ -531,11 +545,12 @@ def parity_batches(meta, encoder, cfg, test_examples, field, max_position, task=
             items = [{f.name: e[f.name] for f in fields if f.name in e} for e in examples]
             collate = Collator(encoder.pad_id, fields=fields)
             names = [s["name"] for s in task.input_specs]
-        _, batches = split_batches(items, collate, cfg.Data.eval_max_tokens,
-                                   length_field=next(f.name for f in collate.fields.values()
-                                                     if f.length))
+        order, batches = split_batches(items, collate, cfg.Data.eval_max_tokens,
+                                       length_field=next(f.name for f in collate.fields.values()
+                                                         if f.length))
         test_batches = [tuple(b[n] for n in names) for b in batches]
-    return validate, grid, test_batches
+        picked = (examples, order)
+    return validate, grid, test_batches, picked
 
 
 def verify_forward(model, meta, encoder, cfg, export_dir, manifest, paddle_prefix, formats,
@@ -567,22 +582,46 @@ def verify_forward(model, meta, encoder, cfg, export_dir, manifest, paddle_prefi
         for precision in ("fp16", "int8"):
             if precision in precisions:
                 served(f"onnx_{precision}", "onnx", precision, crf)
-    validate, grid, test_batches = parity_batches(meta, encoder, cfg, test_examples, None,
-                                                  meta.get("max_position"), task)
+    validate, grid, test_batches, picked = parity_batches(meta, encoder, cfg, test_examples,
+                                                          None, meta.get("max_position"), task)
     rng = np.random.RandomState(0)
 
     def grid_inputs(ids, sl):
         return (ids, sl, *task.synthetic_inputs(ids, sl, rng))
 
+    kept = {}
     report = run_parity(dygraph_runner(model, outputs), backends, precision_of, grid, outputs,
-                        test_batches, validate, grid_inputs)
+                        test_batches, validate, grid_inputs, kept)
     report["engines"] = engines
+    if picked is not None:
+        apply_metric_gate(report, task, meta["label_names"], picked, kept,
+                          [b[1] for b in test_batches])
     # a short interleaved timing of every verified backend on the same batches (manifest
     # precision_measured: what --precision auto picks from)
     report["speed"] = measure(backends, test_batches or [grid_inputs(ids, sl)
                                                          for _, _, ids, sl in grid])
     report["model_name"] = meta.get("model_name")
     return report
+
+
+def apply_metric_gate(report, task, label_names, picked, kept, lengths):
+    """The task's metric of every runner on the test examples, each reduced precision judged
+    against the eager fp32 model's (``precision_gate``): ``report["metric_gate"]``, and a
+    failed gate in ``report["refused"]``.  Where the task has a metric gate it replaces the
+    agreement gate for reduced precisions (a user decides on the metric)."""
+    examples, order = picked
+    metrics = precision_gate.task_metrics(task, examples, label_names, order, kept, lengths)
+    gates = precision_gate.judge(task, metrics)
+    if not gates:
+        return
+    report["metric_gate"] = {"reference": "dygraph", "examples": len(examples),
+                             "values": metrics,
+                             "gates": {n: g for n, g in gates.items()
+                                       if report["precision"].get(n) != "fp32"}}
+    for name, gate in report["metric_gate"]["gates"].items():
+        report["refused"].pop(name, None)
+        if not gate["passed"]:
+            report["refused"][name] = f"test/{name}: " + precision_gate.refusal(gate)
 
 
 def verify_greedy(model, meta, encoder, cfg, export_dir, manifest, formats, decoding,
@@ -598,7 +637,7 @@ def verify_greedy(model, meta, encoder, cfg, export_dir, manifest, formats, deco
     if "onnx" in formats:
         backends["onnx"], engines["onnx"] = served_greedy_runner(export_dir, manifest, "onnx",
                                                                  threads)
-    validate, grid, test_batches = parity_batches(meta, encoder, cfg, test_examples, "src_ids",
+    validate, grid, test_batches, _ = parity_batches(meta, encoder, cfg, test_examples, "src_ids",
                                                   decoding["max_position"])
     reference = greedy_dygraph_runner(model)
     results = {"grid": compare_decoded(reference, backends, [(ids, sl) for _, _, ids, sl in grid],

@@ -78,24 +78,50 @@ def host():
             "cpu_bf16": bool(core.supports_bfloat16()), "cpu_vnni": bool(core.supports_vnni())}
 
 
-def manifest_section(report):
-    """parity report (with ``speed``) -> ``manifest["precision_measured"]``."""
+def manifest_section(report, refused=None, left_out=None):
+    """parity report (with ``speed``) -> ``manifest["precision_measured"]``.  ``refused``:
+    {(backend, precision): why} left out of the export by a gate (``verified`` false, ``refused``
+    the reason); ``left_out``: {precision: {"status", "reason"}} never exported (e.g. bf16 on a
+    CPU without bf16 instructions: "not verifiable here")."""
     speed = report.get("speed") or {}
     part = "test" if "test" in report["results"] else "grid"
     results = report["results"][part]
-    failed = " ".join(report.get("failures") or [])
+    refused = refused or {}
+    gates = (report.get("metric_gate") or {}).get("gates", {})
     section = {"device": "cpu", "host": host(), "parity_on": part,
                "batches": speed.get("batches"), "examples": speed.get("examples")}
     for name, (backend, precision) in PARITY_BACKENDS.items():
         if name not in results:
             continue
         r = results[name]
-        entry = {"verified": f"/{name}:" not in failed, "agreement": r["agreement"],
+        entry = {"verified": (backend, precision) not in refused, "agreement": r["agreement"],
                  "max_abs_diff": r["max_abs_diff"]}
         if "max_prob_diff" in r:
             entry["max_prob_diff"] = r["max_prob_diff"]
+        if name in gates:
+            entry["metric_gate"] = gates[name]
+        if (backend, precision) in refused:
+            entry["refused"] = refused[backend, precision]
         entry.update((speed.get("runners") or {}).get(name, {}))
         if precision == "bf16":  # without bf16 instructions Paddle silently runs fp32 kernels
             entry["cpu_bf16"] = section["host"]["cpu_bf16"]
         section.setdefault(backend, {})[precision] = entry
+    _add_left_out(section, left_out)
     return section
+
+
+# the backend a precision left out of an export belongs to
+LEFT_OUT_BACKEND = {"bf16": "paddle", "fp16": "onnx", "int8": "onnx"}
+
+
+def left_out_section(left_out):
+    """``manifest["precision_measured"]`` of an export not verified: only what was left out."""
+    section = {"device": "cpu", "host": host()}
+    _add_left_out(section, left_out)
+    return section
+
+
+def _add_left_out(section, left_out):
+    for precision, why in (left_out or {}).items():
+        backend = LEFT_OUT_BACKEND[precision]
+        section.setdefault(backend, {})[precision] = {"verified": False, **why}

@@ -11,11 +11,14 @@ fails on paddle2onnx's dynamic Reshape/Slice chains; plain ONNX shape
 inference is enough for MatMul/Gemm).
 
 Methods:
-* ``dynamic`` (default) - weights int8 ahead of time, activations quantized per
-  batch at run time (``MatMulInteger``/``DynamicQuantizeMatMul``); no data needed.
-* ``static`` - QDQ graph with activation ranges calibrated (MinMax) on a sample
-  of train-split batches.  Measured slower than dynamic here (docs/PRECISION.md),
-  so it is an option of ``quantize_onnx`` for the benchmark, not the export default.
+* ``static`` (the export's, ``DEFAULT_INT8``) - QDQ graph with activation ranges
+  calibrated (MinMax) on a sample of train-split batches (the exporter's
+  ``calibration_batches``): fixed scales, so each row's answer is the same alone
+  or batched with any other rows, as the serving admission checks.
+* ``dynamic`` - weights int8 ahead of time, activations quantized per batch at run
+  time (``MatMulInteger``/``DynamicQuantizeMatMul``); no data needed, but the
+  activation scale comes from the whole batch, so a text's answer depends on its
+  neighbours: the admission's padding check refuses it.  Kept for the benchmark.
 """
 import logging
 import os
@@ -27,13 +30,14 @@ from .errors import ExportFailedError
 
 INT8_OP_TYPES = ["MatMul", "Gemm"]
 WEIGHT_TYPES = ("qint8", "quint8")
-# Recorded in the manifest (backends.onnx.int8); the default measured fastest on the
-# AVX2 EPYC here, ahead of quint8 / per-channel / static QDQ (docs/PRECISION.md).
-# reduce_range: 7-bit weights.  Without VNNI, ONNX Runtime's u8s8 kernels add pairs of
-# u8*s8 products in int16 (vpmaddubsw), which saturates with full 8-bit weights: the
-# trained sentiment transformer agreed with fp32 on 94.1% of test texts, 99.8% with
-# reduce_range, at the same speed.  The file may be served on any host, so always on.
-DEFAULT_INT8 = {"method": "dynamic", "weight_type": "qint8", "per_channel": False,
+# Recorded in the manifest (backends.onnx.int8).  Static: activation scales calibrated at
+# export, so a row's answer does not depend on the rows batched with it (dynamic quantization
+# takes each activation's scale from the whole batch, which the serving admission's padding
+# check refuses).  reduce_range: 7-bit weights.  Without VNNI, ONNX Runtime's u8s8 kernels add
+# pairs of u8*s8 products in int16 (vpmaddubsw), which saturates with full 8-bit weights and
+# flipped answers measurably (docs/PRECISION.md); the file may be served on any host, so
+# always on.
+DEFAULT_INT8 = {"method": "static", "weight_type": "qint8", "per_channel": False,
                 "reduce_range": True}
 _QUANTIZED_OPS = ("MatMulInteger", "DynamicQuantizeMatMul", "QLinearMatMul", "QGemm",
                   "MatMulIntegerToFloat", "DequantizeLinear")
@@ -67,7 +71,8 @@ def _weight_type(name):
 
 
 class _Calibration:
-    """onnxruntime CalibrationDataReader over [(input_ids, seq_len)] batches."""
+    """onnxruntime CalibrationDataReader over batches (tuples of the graph's inputs, in
+    ``names`` order)."""
 
     def __init__(self, batches, names=("input_ids", "seq_len")):
         self._feeds = iter([dict(zip(names, b)) for b in batches])
@@ -77,18 +82,20 @@ class _Calibration:
 
 
 def quantize_onnx(src, dst, method="dynamic", weight_type="qint8", per_channel=False,
-                  reduce_range=True, calibration_batches=None):
+                  reduce_range=True, calibration_batches=None,
+                  input_names=("input_ids", "seq_len")):
     """int8 copy of ``src`` at ``dst``; returns the facts recorded in the manifest."""
     quiet = logging.getLogger().level
     logging.getLogger().setLevel(max(quiet, logging.WARNING))  # the quantizer logs every node
     try:
         return _quantize(src, dst, method, weight_type, per_channel, reduce_range,
-                         calibration_batches)
+                         calibration_batches, input_names)
     finally:
         logging.getLogger().setLevel(quiet)
 
 
-def _quantize(src, dst, method, weight_type, per_channel, reduce_range, calibration_batches):
+def _quantize(src, dst, method, weight_type, per_channel, reduce_range, calibration_batches,
+              input_names):
     from onnxruntime.quantization import QuantFormat, quantize_dynamic, quantize_static
 
     with tempfile.TemporaryDirectory(prefix="ppvarlen-int8-") as work:
@@ -101,7 +108,7 @@ def _quantize(src, dst, method, weight_type, per_channel, reduce_range, calibrat
         elif method == "static":
             if not calibration_batches:
                 raise ExportFailedError("static int8 needs calibration batches (train-split inputs)")
-            quantize_static(folded, dst, _Calibration(calibration_batches),
+            quantize_static(folded, dst, _Calibration(calibration_batches, input_names),
                             quant_format=QuantFormat.QDQ, op_types_to_quantize=INT8_OP_TYPES,
                             activation_type=_weight_type("qint8" if weight_type == "qint8"
                                                          else "quint8"),
