@@ -404,7 +404,8 @@ def main_infer(argv=None):
     """Predict every line of a file with an exported model; JSONL out, in input order.
 
         ppvarlen-infer --model-dir output/export --backend paddle|onnx \\
-            --input texts.txt|texts.jsonl [--output preds.jsonl] [--precision fp32|bf16|fp16]
+            --input texts.txt|texts.jsonl [--output preds.jsonl]
+            [--precision fp32|bf16|fp16|int8|auto]
         python deploy/python/infer.py ...                          # the same command
 
     Each line is one request item in the task's fields: {"text": ...} (or a .txt line;
@@ -488,12 +489,14 @@ def main_serve(argv=None):
     """Serve an export directory over HTTP with dynamic batching.
 
         ppvarlen-serve --model-dir output/export [--host 127.0.0.1] [--port 8080]
-            [--backend paddle|onnx] [-o Deploy.max_wait_ms=5 -o Deploy.max_batch_size=64 ...]
+            [--backend paddle|onnx] [--precision auto|fp32|bf16|fp16|int8]
+            [-o Deploy.max_wait_ms=5 -o Deploy.max_batch_size=64 ...]
         python deploy/python/serve.py ...                          # the same command
 
     POST /predict {"texts": [...]}, GET /health, GET /metrics (Prometheus), /metrics.json,
     the Open Inference Protocol v2 under /v2 (docs/SERVING.md).  Ctrl-C / SIGTERM stop
-    taking requests and finish the queued ones before exiting.
+    taking requests and finish the queued ones before exiting.  --precision auto (the
+    default) serves the fastest precision the export verified, timed on this host at load.
     """
     parser = _parser(main_serve, config=False)
     where = parser.add_mutually_exclusive_group(required=True)
