@@ -39,6 +39,7 @@ from .data.errors import DataError
 from .deploy.embedding_files import FORMATS as EMBEDDING_FORMATS
 from .deploy.infer import WINDOW, run_file
 from .deploy.manifest import UnservableExportError
+from .deploy.precision_choice import load_admitted
 from .deploy.predictor import Predictor
 from .doctor.errors import ModelLoadError
 from .export.errors import ExportFailedError
@@ -472,8 +473,6 @@ def _infer(args):
                              max_batch_size=args.max_batch_size, tensorrt=args.tensorrt,
                              split_long_sources=args.split_long_sources)
     if args.precision == "auto":  # chosen on this host, as the server chooses
-        from .deploy.precision_choice import load_admitted
-
         setup_logging()
         predictor = load_admitted(load, args.model_dir, "auto", args.device)
     else:

@@ -3,6 +3,7 @@ export verified that this CPU runs and that pass admission are timed here, the f
 beats fp32 by AUTO_MIN_GAIN serves, and the choice is shown on /health, the model config
 and /metrics.  Timings are injected (``precision_choice.measure``): nothing here depends on
 which precision this test machine runs faster."""
+import json
 import logging
 import shutil
 
@@ -25,12 +26,17 @@ NAME = "transformer_cls"
 
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory):
-    """paddle fp32+bf16 and onnx fp32+int8, every one verified (bf16 recorded as verified
-    even on a CPU without bf16: the manifest is rewritten below when a test needs it)."""
+    """paddle fp32+bf16 and onnx fp32+int8, every one verified; bf16 recorded as verified on
+    a host with bf16 instructions whatever this test machine has (manifest.json is not in its
+    own hash list), as an export made on such a host reads."""
     out = tmp_path_factory.mktemp("auto") / "export"
     export_model(spread_transformer(ITEMS), _meta("classification", NAME, ["a", "b"]),
                  _encoder(), CFG, str(out), ["paddle", "onnx"], ["fp32", "bf16", "int8"],
                  verify=True, test_examples=ITEMS)
+    path = out / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["precision_measured"]["paddle"]["bf16"]["cpu_bf16"] = True
+    path.write_text(json.dumps(manifest))
     return str(out)
 
 
@@ -156,11 +162,13 @@ def test_measure_interleaves_rounds_and_stops_at_the_budget():
 
     batches = [[[7, 8]], [[7], [8, 9]]]  # 3 texts
     speeds, rounds, took = precision_choice.measure(
-        {"fp32": Timed("fp32", 0.5), "int8": Timed("int8", 0.25)}, batches, budget_s=2.0,
+        {"fp32": Timed("fp32", 0.5), "int8": Timed("int8", 0.25)}, batches, budget_s=3.5,
         clock=lambda: now[0])
-    # a round takes 1.5 s: the second ends past the 2 s budget and is the last
-    assert rounds == 2 and took == pytest.approx(3.0)
-    assert ran == ["fp32"] * 2 + ["int8"] * 2 + ["int8"] * 2 + ["fp32"] * 2  # order turns
+    # an untimed warm-up pass, then rounds of 1.5 s: the second timed round ends past the 3.5 s
+    # budget and is the last
+    assert rounds == 2 and took == pytest.approx(4.5)
+    assert ran == ["fp32"] * 2 + ["int8"] * 2 + ["fp32"] * 2 + ["int8"] * 2 \
+        + ["int8"] * 2 + ["fp32"] * 2  # the order turns each round
     assert speeds == {"fp32": pytest.approx(3.0), "int8": pytest.approx(6.0)}
     now[0] = 0.0
     _, rounds, _ = precision_choice.measure({"fp32": Timed("fp32", 0.0)}, batches,
@@ -189,3 +197,15 @@ def test_the_choice_is_shown_on_health_config_and_metrics(export_dir, host, tmp_
         metrics = client.get("/metrics").text
         assert (f'ppvarlen_model_precision{{model="{NAME}",precision="bf16",requested="auto",'
                 f'version="1"}} 1.0') in metrics
+
+
+def test_bf16_verified_by_fp32_kernels_on_the_export_host_is_not_a_candidate(
+        monkeypatch, caplog):
+    monkeypatch.setattr(precision_choice, "cpu_supports_bf16", lambda: True)
+    manifest = {"precision_measured": {"paddle": {
+        "fp32": {"verified": True}, "bf16": {"verified": True, "cpu_bf16": False}}}}
+    caplog.set_level(logging.INFO, logger="ppvarlen.deploy.precision")
+    assert precision_choice.host_candidates(manifest, "paddle") == []
+    assert any("export host had no bf16" in r.getMessage() for r in caplog.records)
+    manifest["precision_measured"]["paddle"]["bf16"]["cpu_bf16"] = True
+    assert precision_choice.host_candidates(manifest, "paddle") == ["bf16"]

@@ -31,6 +31,8 @@ import time
 from ppvarlen.data.order import grid_lengths
 from ppvarlen.utils.log import get_logger
 
+from . import admission
+
 log = get_logger("deploy.precision")
 _quiet = threading.local()  # set while auto loads candidates: not "requested", so no warnings
 
@@ -114,8 +116,9 @@ def warn_if_slower(manifest, backend, precision):
 # ---------------------------------------------------------------- chosen on the serving host
 
 # Timing the candidates on the serving host stops after the first round that ends past this
-# many seconds (or after MAX_ROUNDS): start-up pays at most this plus one round, and a round
-# runs each admitted precision once over the admission batches (less work than admitting it).
+# many seconds (or after MAX_ROUNDS): start-up pays at most this plus two rounds (the untimed
+# warm-up pass and the last round), and a round runs each admitted precision once over the
+# admission batches (less work than admitting it).
 TIME_BUDGET_S = 3.0
 MAX_ROUNDS = 5
 TIMING_ROWS = 4  # rows per batch of a grid length, as the padding check batches them
@@ -141,8 +144,13 @@ def as_requested(precision, requested=None):
 def host_candidates(manifest, backend):
     """The reduced precisions the export verified that this host can run (logged when not)."""
     out = []
-    for p in sorted(measured(manifest, backend)):
+    for p, entry in sorted(measured(manifest, backend).items()):
         if p == "fp32":
+            continue
+        if p == "bf16" and not entry.get("cpu_bf16"):
+            log.info("precision auto: bf16 skipped: the export host had no bf16 instructions, "
+                     "so its parity check ran fp32 kernels; export on a CPU with avx512_bf16/"
+                     "AMX to verify bf16")
             continue
         if p == "bf16" and not cpu_supports_bf16():
             log.info("precision auto: bf16 (verified on the export host) skipped: this CPU has "
@@ -155,14 +163,12 @@ def host_candidates(manifest, backend):
 def timing_batches(predictor, seed=0):
     """The admission check's batches: its smoke rows, and for each length of the export's
     grid a row of that length with ``TIMING_ROWS - 1`` rows of other lengths."""
-    from .admission import smoke_rows
-
     m, enc = predictor.manifest, predictor.encoder
     rng = random.Random(seed)
     special = [int(v) for v in (m.get("special_ids") or {}).values() if v is not None]
     first = max(special) + 1 if special else 0
     high = max(first + 1, enc.vocab_size)
-    batches = [smoke_rows(predictor, seed)]
+    batches = [admission.smoke_rows(predictor, seed)]
     for n in grid_lengths(predictor.max_len, m.get("buckets")):
         lengths = [n] + [rng.randint(1, predictor.max_len) for _ in range(TIMING_ROWS - 1)]
         batches.append([[rng.randrange(first, high) for _ in range(k)] for k in lengths])
@@ -170,13 +176,17 @@ def timing_batches(predictor, seed=0):
 
 
 def measure(predictors, batches, budget_s=TIME_BUDGET_S, clock=time.perf_counter):
-    """{precision: texts/s} of each predictor on ``batches``: interleaved rounds (the order
-    turns each round, so a burst of load elsewhere hits them all), the fastest round of each
-    kept, until a round ends past ``budget_s`` or ``MAX_ROUNDS`` ran -> (speeds, rounds, s)."""
+    """{precision: texts/s} of each predictor on ``batches``: one untimed pass each (oneDNN
+    builds its kernels per new shape), then interleaved rounds (the order turns each round,
+    so a burst of load elsewhere hits them all), the fastest round of each kept, until a
+    round ends past ``budget_s`` or ``MAX_ROUNDS`` ran -> (speeds, rounds, seconds)."""
     texts = sum(len(b) for b in batches)
     best = {}
     order = list(predictors)
     start = clock()
+    for p in order:
+        for rows in batches:
+            predictors[p].run_engine(rows)
     rounds = 0
     while rounds < MAX_ROUNDS:
         for p in order:
@@ -218,26 +228,24 @@ def load_admitted(load, export_dir, requested="auto", device="cpu"):
     An explicit precision is served as asked; its admission failure names it ("int8:
     padding check: ...").  ``auto`` on CPU: see the module docstring; a candidate that fails
     to load or admit is skipped with a log line, fp32 still serves."""
-    from .admission import AdmissionError, admit
-
     if requested != "auto" or device != "cpu":
         predictor = load(export_dir, precision=requested)
         try:
-            predictor.admission = admit(predictor)
-        except AdmissionError as e:
+            predictor.admission = admission.admit(predictor)
+        except admission.AdmissionError as e:
             if predictor.precision != "fp32":
                 e.args = (f"{predictor.precision}: {e}",)
             raise
         predictor.precision_choice = as_requested(predictor.precision, requested)
         return predictor
     fp32 = load(export_dir, precision="fp32")
-    fp32.admission = admit(fp32)
+    fp32.admission = admission.admit(fp32)
     admitted = {"fp32": fp32}
     for p in host_candidates(fp32.manifest, fp32.backend):
         try:
             with _candidate():
                 candidate = load(export_dir, precision=p)
-            candidate.admission = admit(candidate)
+            candidate.admission = admission.admit(candidate)
         except Exception as e:  # noqa: BLE001 - a candidate that fails anything is not served
             log.warning("precision auto: %s (verified on the export host) skipped: it fails "
                         "on this host: %s", p, e)
@@ -256,9 +264,9 @@ def load_admitted(load, export_dir, requested="auto", device="cpu"):
     reason = (f"fastest on this host: {chosen} {speeds[chosen]:.1f} vs fp32 "
               f"{speeds['fp32']:.1f} texts/s" if chosen != "fp32" else
               f"no precision beat fp32 by {AUTO_MIN_GAIN:.2f}x on this host ({shown} texts/s)")
-    log.info("precision auto: %s for backend %s: %s (texts/s on the admission batches, %d "
-             "interleaved rounds in %.1fs: %s; CPU flags: %s)", chosen, fp32.backend, reason,
-             rounds, took, shown, flags)
+    log.info("precision auto: %s for backend %s: %s (timed on the admission batches, %d "
+             "interleaved rounds in %.1fs%s; CPU flags: %s)", chosen, fp32.backend, reason,
+             rounds, took, f": {shown} texts/s" if chosen != "fp32" else "", flags)
     served = admitted.pop(chosen)
     admitted.clear()  # the other engines are freed before serving starts
     served.precision_choice = {"precision": chosen, "requested": "auto", "reason": reason,
