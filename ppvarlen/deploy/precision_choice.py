@@ -116,9 +116,9 @@ def warn_if_slower(manifest, backend, precision):
 # ---------------------------------------------------------------- chosen on the serving host
 
 # Timing the candidates on the serving host stops after the first round that ends past this
-# many seconds (or after MAX_ROUNDS): start-up pays at most this plus two rounds (the untimed
-# warm-up pass and the last round), and a round runs each admitted precision once over the
-# admission batches (less work than admitting it).
+# many seconds, the untimed warm-up pass counted (or after MAX_ROUNDS): start-up pays at most
+# this plus one round, and a round runs each admitted precision once over the admission
+# batches (less work than admitting it).
 TIME_BUDGET_S = 3.0
 MAX_ROUNDS = 5
 TIMING_ROWS = 4  # rows per batch of a grid length, as the padding check batches them
