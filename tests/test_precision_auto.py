@@ -105,7 +105,7 @@ def test_bf16_verified_on_another_host_is_skipped_on_a_cpu_without_bf16(
     caplog.set_level(logging.INFO, logger="ppvarlen.deploy.precision")
     predictor = precision_choice.load_admitted(_loader("paddle"), export_dir, "auto")
     assert predictor.precision == "fp32" and host.calls == []  # nothing else to time
-    assert "runs on this host" in predictor.precision_choice["reason"]
+    assert "passes admission here" in predictor.precision_choice["reason"]
     assert any("bf16" in r.getMessage() and "skipped" in r.getMessage()
                and "no bf16 instructions" in r.getMessage() for r in caplog.records)
 

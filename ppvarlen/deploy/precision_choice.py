@@ -253,7 +253,7 @@ def load_admitted(load, export_dir, requested="auto", device="cpu"):
         admitted[p] = candidate
     flags = " ".join(cpu_flags()) or "unknown"
     if len(admitted) == 1:
-        reason = "no other precision verified by the export runs on this host"
+        reason = "no other precision the export verified runs and passes admission here"
         fp32.precision_choice = {**as_requested("fp32", "auto"), "reason": reason}
         log.info("precision auto: fp32 for backend %s (%s; CPU flags: %s)",
                  fp32.backend, reason, flags)
