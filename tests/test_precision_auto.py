@@ -48,7 +48,7 @@ def host(monkeypatch):
         speeds = {}
         calls = []
 
-    def measure(predictors, batches, budget_s=precision_choice.TIME_BUDGET_S, clock=None):
+    def measure(predictors, batches, **timing):
         Host.calls.append(sorted(predictors))
         assert batches and all(batches)  # the admission batches, built from the export
         return {p: Host.speeds[p] for p in predictors}, 2, 0.1
@@ -92,7 +92,7 @@ def test_auto_serves_what_this_host_times_fastest(export_dir, host, on_host, exp
     assert predictor.precision == expected
     choice = predictor.precision_choice
     assert choice["precision"] == expected and choice["requested"] == "auto"
-    assert choice["texts_per_s"] == {p: round(v, 1) for p, v in on_host.items()}
+    assert choice["texts_per_cpu_s"] == {p: round(v, 1) for p, v in on_host.items()}
     assert set(predictor.admission) == set(admission.CHECKS)  # what serves was admitted
     line = next(r.getMessage() for r in caplog.records if "precision auto:" in r.getMessage())
     assert f"{on_host['fp32']:.1f}" in line and f"{on_host['bf16']:.1f}" in line
@@ -163,7 +163,7 @@ def test_measure_interleaves_rounds_and_stops_at_the_budget():
     batches = [[[7, 8]], [[7], [8, 9]]]  # 3 texts
     speeds, rounds, took = precision_choice.measure(
         {"fp32": Timed("fp32", 0.5), "int8": Timed("int8", 0.25)}, batches, budget_s=3.5,
-        clock=lambda: now[0])
+        clock=lambda: now[0], wall=lambda: now[0])
     # an untimed warm-up pass, then rounds of 1.5 s: the second timed round ends past the 3.5 s
     # budget and is the last
     assert rounds == 2 and took == pytest.approx(4.5)
@@ -172,7 +172,7 @@ def test_measure_interleaves_rounds_and_stops_at_the_budget():
     assert speeds == {"fp32": pytest.approx(3.0), "int8": pytest.approx(6.0)}
     now[0] = 0.0
     _, rounds, _ = precision_choice.measure({"fp32": Timed("fp32", 0.0)}, batches,
-                                            clock=lambda: now[0])
+                                            clock=lambda: now[0], wall=lambda: now[0])
     assert rounds == precision_choice.MAX_ROUNDS
 
 
@@ -189,7 +189,7 @@ def test_the_choice_is_shown_on_health_config_and_metrics(export_dir, host, tmp_
         app = app_from_config(export_dir, deploy, "paddle")
     with TestClient(app) as client:
         health = client.get("/health").json()
-        assert health["precision"] == "bf16" and "150.0 vs fp32 100.0" in \
+        assert health["precision"] == "bf16" and "150.0 vs fp32 100.0 texts/CPU-s" in \
             health["precision_reason"]
         params = client.get(f"/v2/models/{NAME}/config").json()["parameters"]
         assert params["precision"] == {"string_value": "bf16"}

@@ -138,7 +138,7 @@ def cpu_flags():
 def as_requested(precision, requested=None):
     """The record of a precision served because it was asked for (or the only one loaded)."""
     return {"precision": precision, "requested": requested or precision,
-            "reason": "requested", "texts_per_s": {}}
+            "reason": "requested", "texts_per_cpu_s": {}}
 
 
 def host_candidates(manifest, backend):
@@ -175,15 +175,19 @@ def timing_batches(predictor, seed=0):
     return batches
 
 
-def measure(predictors, batches, budget_s=TIME_BUDGET_S, clock=time.perf_counter):
-    """{precision: texts/s} of each predictor on ``batches``: one untimed pass each (oneDNN
-    builds its kernels per new shape), then interleaved rounds (the order turns each round,
-    so a burst of load elsewhere hits them all), the fastest round of each kept, until a
-    round ends past ``budget_s`` or ``MAX_ROUNDS`` ran -> (speeds, rounds, seconds)."""
+def measure(predictors, batches, budget_s=TIME_BUDGET_S, clock=time.process_time,
+            wall=time.monotonic):
+    """{precision: texts per CPU second} of each predictor on ``batches``: one untimed pass
+    each (oneDNN builds its kernels per new shape), then interleaved rounds (the order turns
+    each round, so a burst of load elsewhere hits them all), the fastest round of each kept,
+    until a round ends past ``budget_s`` of ``wall`` time or ``MAX_ROUNDS`` ran -> (speeds,
+    rounds, wall seconds).  A round is timed in this process's CPU seconds (``clock``, all
+    threads): on a CPU shared with other jobs, waiting for a core costs wall time, not CPU
+    time, and the wall-clock ratio of two precisions swings with the neighbours' load."""
     texts = sum(len(b) for b in batches)
     best = {}
     order = list(predictors)
-    start = clock()
+    start = wall()
     for p in order:
         for rows in batches:
             predictors[p].run_engine(rows)
@@ -196,15 +200,15 @@ def measure(predictors, batches, budget_s=TIME_BUDGET_S, clock=time.perf_counter
             best[p] = min(best.get(p, float("inf")), clock() - t0)
         rounds += 1
         order = order[1:] + order[:1]
-        if clock() - start >= budget_s:
+        if wall() - start >= budget_s:
             break
     for predictor in predictors.values():
         predictor._reset_counters()  # timing is not traffic
-    return {p: texts / max(s, 1e-9) for p, s in best.items()}, rounds, clock() - start
+    return {p: texts / max(s, 1e-9) for p, s in best.items()}, rounds, wall() - start
 
 
 def pick(speeds):
-    """The fastest precision of {precision: texts/s}; a reduced one only when it beats fp32
+    """The fastest precision of {precision: speed}; a reduced one only when it beats fp32
     by ``AUTO_MIN_GAIN``."""
     ref = speeds["fp32"]
     fast = {p: v for p, v in speeds.items() if p == "fp32" or v >= AUTO_MIN_GAIN * ref}
@@ -262,13 +266,13 @@ def load_admitted(load, export_dir, requested="auto", device="cpu"):
     chosen = pick(speeds)
     shown = ", ".join(f"{p} {v:.1f}" for p, v in sorted(speeds.items()))
     reason = (f"fastest on this host: {chosen} {speeds[chosen]:.1f} vs fp32 "
-              f"{speeds['fp32']:.1f} texts/s" if chosen != "fp32" else
-              f"no precision beat fp32 by {AUTO_MIN_GAIN:.2f}x on this host ({shown} texts/s)")
+              f"{speeds['fp32']:.1f} texts/CPU-s" if chosen != "fp32" else
+              f"no precision beat fp32 by {AUTO_MIN_GAIN:.2f}x on this host ({shown} texts/CPU-s)")
     log.info("precision auto: %s for backend %s: %s (timed on the admission batches, %d "
              "interleaved rounds in %.1fs%s; CPU flags: %s)", chosen, fp32.backend, reason,
-             rounds, took, f": {shown} texts/s" if chosen != "fp32" else "", flags)
+             rounds, took, f": {shown} texts/CPU-s" if chosen != "fp32" else "", flags)
     served = admitted.pop(chosen)
     admitted.clear()  # the other engines are freed before serving starts
     served.precision_choice = {"precision": chosen, "requested": "auto", "reason": reason,
-                               "texts_per_s": {p: round(v, 1) for p, v in speeds.items()}}
+                               "texts_per_cpu_s": {p: round(v, 1) for p, v in speeds.items()}}
     return served
