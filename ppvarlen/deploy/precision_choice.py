@@ -117,8 +117,9 @@ def warn_if_slower(manifest, backend, precision):
 
 # Timing the candidates on the serving host stops after the first round that ends past this
 # many seconds, the untimed warm-up pass counted (or after MAX_ROUNDS): start-up pays at most
-# this plus one round, and a round runs each admitted precision once over the admission
-# batches (less work than admitting it).
+# this plus the warm-up pass and one round (a model big enough for one pass to outlast the
+# budget runs exactly those two), and a pass runs each admitted precision once over the
+# admission batches (less work than admitting it).
 TIME_BUDGET_S = 3.0
 MAX_ROUNDS = 5
 TIMING_ROWS = 4  # rows per batch of a grid length, as the padding check batches them
