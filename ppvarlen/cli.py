@@ -21,6 +21,7 @@ and before it imports paddle, never at ``import ppvarlen``: a user's script that
 helper keeps its own process as it was.
 """
 import argparse
+import functools
 import inspect
 import json
 import logging
@@ -38,6 +39,7 @@ from .data.errors import DataError
 from .deploy.embedding_files import FORMATS as EMBEDDING_FORMATS
 from .deploy.infer import WINDOW, run_file
 from .deploy.manifest import UnservableExportError
+from .deploy.precision_choice import load_admitted
 from .deploy.predictor import Predictor
 from .doctor.errors import ModelLoadError
 from .export.errors import ExportFailedError
@@ -406,6 +408,7 @@ def _lengths(args):
 
 # ---------------------------------------------------------------- serving side
 
+PRECISION_CHOICES = SCHEMA["Deploy"]["precision"].choices
 INFER_DEPLOY_KEY = "Deploy.max_text_chars"  # the other Deploy settings have flags of their own
 
 
@@ -413,7 +416,8 @@ def main_infer(argv=None):
     """Predict every line of a file with an exported model; JSONL out, in input order.
 
         ppvarlen-infer --model-dir output/export --backend paddle|onnx \\
-            --input texts.txt|texts.jsonl [--output preds.jsonl] [--precision fp32|bf16|fp16]
+            --input texts.txt|texts.jsonl [--output preds.jsonl]
+            [--precision fp32|bf16|fp16|int8|auto]
         python deploy/python/infer.py ...                          # the same command
 
     Each line is one request item in the task's fields: {"text": ...} (or a .txt line;
@@ -443,9 +447,9 @@ def main_infer(argv=None):
     parser.add_argument("--format", choices=list(EMBEDDING_FORMATS), default=None,
                         dest="output_format", help="the output's format (default: by the "
                         "--output suffix: .npy, .parquet, else jsonl)")
-    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16", "int8", "auto"],
-                        default="fp32", help="auto: the fastest precision the export verified "
-                        "and measured (manifest precision_measured)")
+    parser.add_argument("--precision", choices=PRECISION_CHOICES, default="fp32",
+                        help="auto: of the precisions the export verified, the fastest on this "
+                        "host (each admitted, then timed for a few seconds at load)")
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--tensorrt", action="store_true", help="paddle on GPU: TensorRT")
     parser.add_argument("--threads", type=_positive(int), default=1,
@@ -475,11 +479,15 @@ def _infer(args):
                           f"its other settings are flags (--threads, --max-batch-tokens, "
                           f"--max-batch-size, --precision, ...)")
     deploy = _deploy_overrides(args.override, "ppvarlen-infer").Deploy
-    predictor = Predictor(args.model_dir, args.backend, device=args.device,
-                          precision=args.precision, threads=args.threads,
-                          max_batch_tokens=args.max_batch_tokens,
-                          max_batch_size=args.max_batch_size, tensorrt=args.tensorrt,
-                          split_long_sources=args.split_long_sources)
+    load = functools.partial(Predictor, backend=args.backend, device=args.device,
+                             threads=args.threads, max_batch_tokens=args.max_batch_tokens,
+                             max_batch_size=args.max_batch_size, tensorrt=args.tensorrt,
+                             split_long_sources=args.split_long_sources)
+    if args.precision == "auto":  # chosen on this host, as the server chooses
+        setup_logging()
+        predictor = load_admitted(load, args.model_dir, "auto", args.device)
+    else:
+        predictor = load(args.model_dir, precision=args.precision)
     summary = run_file(predictor, args.input, args.output, progress=not args.no_progress,
                        window=args.window, max_text_chars=deploy.max_text_chars,
                        output_format=args.output_format)
@@ -491,12 +499,14 @@ def main_serve(argv=None):
     """Serve an export directory over HTTP with dynamic batching.
 
         ppvarlen-serve --model-dir output/export [--host 127.0.0.1] [--port 8080]
-            [--backend paddle|onnx] [-o Deploy.max_wait_ms=5 -o Deploy.max_batch_size=64 ...]
+            [--backend paddle|onnx] [--precision auto|fp32|bf16|fp16|int8]
+            [-o Deploy.max_wait_ms=5 -o Deploy.max_batch_size=64 ...]
         python deploy/python/serve.py ...                          # the same command
 
     POST /predict {"texts": [...]}, GET /health, GET /metrics (Prometheus), /metrics.json,
     the Open Inference Protocol v2 under /v2 (docs/SERVING.md).  Ctrl-C / SIGTERM stop
-    taking requests and finish the queued ones before exiting.
+    taking requests and finish the queued ones before exiting.  --precision auto (the
+    default) serves the fastest precision the export verified, timed on this host at load.
     """
     parser = _parser(main_serve, config=False)
     where = parser.add_mutually_exclusive_group(required=True)
@@ -514,6 +524,9 @@ def main_serve(argv=None):
     parser.add_argument("--grpc-port", type=int, default=None,
                         help="also serve the Open Inference Protocol over gRPC on this port "
                         "(default: Deploy.grpc_port, null = no gRPC)")
+    parser.add_argument("--precision", choices=PRECISION_CHOICES, default=None,
+                        help="the same as -o Deploy.precision=P (default: Deploy.precision, "
+                        "auto: the fastest verified precision, timed on this host at load)")
     parser.add_argument("-o", "--override", action="append", default=[], metavar="Deploy.KEY=V",
                         help="override a Deploy setting, e.g. -o Deploy.max_wait_ms=2")
     return _run(parser, argv, _serve)
@@ -521,7 +534,15 @@ def main_serve(argv=None):
 
 def _serve(args):
     setup_logging()
-    cfg = _deploy_overrides(args.override, "serve")
+    overrides = list(args.override)
+    if args.precision is not None:
+        given = {o.partition("=")[2].strip() for o in overrides
+                 if o.partition("=")[0].strip() == "Deploy.precision"}
+        if given - {args.precision}:
+            raise ConfigError(f"--precision {args.precision} and -o Deploy.precision="
+                              f"{sorted(given)[0]} disagree; give one of them")
+        overrides.append(f"Deploy.precision={args.precision}")
+    cfg = _deploy_overrides(overrides, "serve")
     from .deploy.server import serve
 
     serve(args.model_dir, cfg.Deploy, args.host, args.port, args.backend, args.model_repository,

@@ -316,10 +316,12 @@ SCHEMA = {
                                       "the server never closes one the balancer is about to "
                                       "reuse"),
         "device": Field(str, "cpu", choices=["cpu", "gpu"], help="inference device"),
-        "precision": Field(str, "fp32", choices=["fp32", "bf16", "fp16", "int8", "auto"],
+        "precision": Field(str, "auto", choices=["fp32", "bf16", "fp16", "int8", "auto"],
                            help="bf16: paddle backend on CPU (oneDNN); fp16: onnx, or paddle on GPU; "
-                           "int8: onnx on CPU; auto: the fastest precision the export verified and "
-                           "measured (manifest.precision_measured)"),
+                           "int8: onnx on CPU; auto: of fp32 and the precisions the export "
+                           "verified (manifest.precision_measured) that this CPU runs and that "
+                           "pass admission, the fastest, timed at load on this host for a few "
+                           "seconds (a reduced one only when >= 1.10x fp32; fp32 on GPU)"),
         "tensorrt": Field(bool, False, help="paddle backend on GPU: TensorRT with the manifest's "
                           "shape ranges"),
         "split_long_sources": Field(bool, False, help="seq2seq exports: a source over the "

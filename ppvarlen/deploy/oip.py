@@ -105,7 +105,10 @@ def model_config(model):
               "max_texts_per_batch": deploy.max_batch_size,
               "batch_overhead_tokens": model.overhead_tokens,
               "batch_when_all_queued": deploy.batch_when_all_queued,
-              "long_text": model.long_text, "task": model.task_name}
+              "long_text": model.long_text, "task": model.task_name,
+              "precision": model.precision_choice["precision"],
+              "precision_requested": model.precision_choice["requested"],
+              "precision_reason": model.precision_choice["reason"]}
     return {"name": model.name, "platform": f"ppvarlen_{model.backend}", "backend": "ppvarlen",
             "version_policy": {"latest": {"num_versions": 1}},
             "max_batch_size": 0,

@@ -65,6 +65,10 @@ class ServerMetrics:
         self.nonfinite_outputs = Counter("ppvarlen_nonfinite_outputs", "texts refused because "
                                          "the model answered NaN/inf for them",
                                          ["model", "version"], registry=r)
+        self.model_precision = Gauge("ppvarlen_model_precision", "1 for the precision a "
+                                     "model version serves (requested: Deploy.precision, auto "
+                                     "= timed on this host at load), 0 once unloaded",
+                                     ["model", "version", "precision", "requested"], registry=r)
         self.answers = Counter("ppvarlen_task_answers", "the task's answer counters, e.g. "
                                "tag_chunks_repaired (invalid tag sequences read by conlleval's "
                                "rule, docs/TAGGING.md)", ["counter"], registry=r)
@@ -79,6 +83,21 @@ class ServerMetrics:
         self.text_counts = collections.Counter()  # served, truncated, split
         self.answer_counts = collections.Counter()
         self._latencies = collections.deque(maxlen=window)
+
+    def mark_loaded(self, model):
+        """A version (``ServedModel``) takes traffic: loaded, healthy, and in which precision."""
+        self.model_loaded.labels(model.name, model.version).set(1)
+        self.model_healthy.labels(model.name, model.version).set(1)
+        self.model_precision.labels(*self._precision_labels(model)).set(1)
+
+    def mark_unloaded(self, model):
+        self.model_loaded.labels(model.name, model.version).set(0)
+        self.model_precision.labels(*self._precision_labels(model)).set(0)
+
+    @staticmethod
+    def _precision_labels(model):
+        choice = model.precision_choice
+        return model.name, model.version, choice["precision"], choice["requested"]
 
     def count_request(self):
         """An inference request arrived (``/predict``, OIP infer over REST or gRPC)."""

@@ -40,7 +40,7 @@ from ppvarlen.utils.io import reap_dead_owners
 from ppvarlen.utils.parallel import release_memory
 from ppvarlen.utils.log import get_logger
 
-from . import oip
+from . import oip, precision_choice
 from .admission import AdmissionError, admit, first_line
 from .batcher import BatcherClosed, Callers, DynamicBatcher
 from .edge import shown
@@ -66,6 +66,9 @@ class ServedModel:
         self.oip_outputs = oip.outputs(self.task_name, self.label_names,
                                        predictor.task.oip_tensor_types(predictor.manifest))
         self.backend, self.long_text = predictor.backend, predictor.long_text
+        # the precision it serves and why (auto: timed on this host; precision_choice)
+        self.precision_choice = getattr(predictor, "precision_choice", None) or \
+            precision_choice.as_requested(predictor.precision)
         self.batcher = None
         self.example = None
         self.overhead_tokens = None
@@ -416,10 +419,10 @@ class Repository:
             self._loaded[(name, version)] = (path, fingerprint)
             self._refused.pop((name, version), None)
             if self.metrics is not None:
-                self.metrics.model_loaded.labels(name, version).set(1)
-                self.metrics.model_healthy.labels(name, version).set(1)
-            log.info("model %s version %s verified and serving (%.1fs; manifest sha256 %s)",
-                     name, version, time.monotonic() - start, manifest_digest)
+                self.metrics.mark_loaded(model)
+            log.info("model %s version %s verified and serving in %s (%.1fs; manifest sha256 "
+                     "%s)", name, version, model.precision_choice["precision"],
+                     time.monotonic() - start, manifest_digest)
             return True
         log.error("model %s version %s refused (%s): %s; still serving %s", name, version,
                   kind, reason, self.registry.versions(name) or "nothing")
@@ -441,13 +444,16 @@ class Repository:
                               f"Deploy.allow_external_symlinks: true")
         try:
             predictor = self.load_predictor(path)
+        except AdmissionError:  # the server's loader admits (each precision it tries)
+            raise
         except (UnservableExportError, DataError, OSError, ValueError) as e:
             raise Refused("manifest", first_line(e)) from None
         except Exception as e:  # noqa: BLE001 - a broken file raises anything from a runtime
             raise Refused("load", f"{path}: {type(e).__name__}: {first_line(e)}") from None
         if self.after_load is not None:
             self.after_load()
-        admit(predictor)
+        if getattr(predictor, "admission", None) is None:  # a loader that does not admit
+            predictor.admission = admit(predictor)
         return predictor
 
     def _retire_older(self, name, version):
@@ -458,7 +464,7 @@ class Repository:
                 self._loaded.pop((name, old), None)  # new requests go to `version` from now on
                 drained = model.close(self.deploy.drain_timeout_s)
                 if self.metrics is not None:
-                    self.metrics.model_loaded.labels(name, old).set(0)
+                    self.metrics.mark_unloaded(model)
                 log.info("model %s version %s unloaded (%s)", name, old,
                          "queue drained" if drained else "NOT drained before the timeout")
         release_memory()

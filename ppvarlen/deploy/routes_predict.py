@@ -87,7 +87,9 @@ def router(state, direct):
         body = {"status": status, "task": model.task_name, "backend": model.backend,
                 "model_name": model.name, "model_version": model.version,
                 "labels": model.label_names, "workers": deploy.workers,
-                "queue_depth": state.registry.queue_depth(), **model.health_extras}
+                "queue_depth": state.registry.queue_depth(),
+                "precision": model.precision_choice["precision"],
+                "precision_reason": model.precision_choice["reason"], **model.health_extras}
         if model.unhealthy:
             body["unhealthy_reason"] = model.unhealthy
         if model.files_changed:  # answering from memory; its directory says otherwise

@@ -26,13 +26,13 @@ from ppvarlen.utils.io import atomic_write_text
 from ppvarlen.utils.log import get_logger
 
 from . import api, oip, routes_oip, routes_openai, routes_predict
-from .admission import admit
 from .backends import import_runtime
 from .connections import uvicorn_config
 from .direct import DirectRoutes, ServingApp, error_response
 from .edge import AnswerErrors, RequireToken, read_token
 from .errors import ApiError
 from .grpc_service import GrpcServer
+from .precision_choice import load_admitted
 from .predictor import Predictor
 from .state import AppState, deploy_settings, max_text_chars, model_name_of  # noqa: F401
 
@@ -121,21 +121,23 @@ def app_from_config(export_dir, deploy_cfg, backend=None, repository=None, grpc_
         raise ConfigError("Deploy.auth_all_routes: true needs Deploy.auth_token_file (the file "
                           "holding the token)")
     token = read_token(deploy_cfg.auth_token_file) if deploy_cfg.auth_token_file else None
-    load = functools.partial(Predictor, backend=backend or deploy_cfg.backend,
-                             device=deploy_cfg.device, precision=deploy_cfg.precision,
-                             threads=deploy_cfg.threads,
-                             max_batch_tokens=deploy_cfg.max_batch_tokens,
-                             max_batch_size=deploy_cfg.max_batch_size,
-                             tensorrt=deploy_cfg.tensorrt,
-                             split_long_sources=deploy_cfg.split_long_sources,
-                             allow_external_symlinks=deploy_cfg.allow_external_symlinks)
+    engine = functools.partial(Predictor, backend=backend or deploy_cfg.backend,
+                               device=deploy_cfg.device, threads=deploy_cfg.threads,
+                               max_batch_tokens=deploy_cfg.max_batch_tokens,
+                               max_batch_size=deploy_cfg.max_batch_size,
+                               tensorrt=deploy_cfg.tensorrt,
+                               split_long_sources=deploy_cfg.split_long_sources,
+                               allow_external_symlinks=deploy_cfg.allow_external_symlinks)
+    # admitted, in the precision asked for or (auto) the one this host runs fastest
+    load = functools.partial(load_admitted, engine, requested=deploy_cfg.precision,
+                             device=deploy_cfg.device)
     if repository is not None:
         return create_app(repository=repository, load_predictor=load, deploy=deploy_cfg,
                           auth_token=token, grpc_port=grpc_port)
-    predictor = load(export_dir)
     # the check a repository runs before a version takes traffic; one export has no fallback
-    report = admit(predictor)
-    log.info("export %s admitted: %s", export_dir, ", ".join(report))
+    predictor = load(export_dir)
+    log.info("export %s admitted in %s: %s", export_dir, predictor.precision,
+             ", ".join(predictor.admission))
     return create_app(predictor, deploy_cfg, auth_token=token, grpc_port=grpc_port)
 
 

@@ -107,8 +107,7 @@ class AppState:
         model = ServedModel(model_name_of(self.predictor), "1", self.predictor)
         await asyncio.to_thread(model.start, self.deploy, self.metrics, self.registry.callers)
         self.registry.add(model)
-        self.metrics.model_loaded.labels(model.name, model.version).set(1)
-        self.metrics.model_healthy.labels(model.name, model.version).set(1)
+        self.metrics.mark_loaded(model)
 
     def begin_drain(self):
         """Shutdown has begun: refuse new requests (503), stop polling the repository, and
