@@ -82,21 +82,22 @@ def interleaved(runners, batches, repeats):
     return seconds, cpu
 
 
-def build_runners(export_dir, model, threads, int8_variants, calibration, only=None):
-    """{name: runner}; with ``only`` (a set of names) just those are built."""
+def build_runners(export_dir, model, outputs, threads, int8_variants, calibration, only=None):
+    """{name: runner}; with ``only`` (a set of names) just those are built.  ``outputs``: the
+    task's output specs (a runner names the graph's outputs by them)."""
     from ppvarlen.export import parity
     from ppvarlen.export.quantize import quantize_onnx
 
     onnx_dir = os.path.join(export_dir, "onnx")
     paddle_dir = os.path.join(export_dir, "paddle")
-    builders = {"eager": lambda: parity.dygraph_runner(model)}
+    builders = {"eager": lambda: parity.dygraph_runner(model, outputs)}
     for precision in ("fp32", "bf16"):
         builders[f"paddle_{precision}"] = (lambda p=precision: parity.paddle_inference_runner(
-            paddle_dir, p, threads=threads))
+            paddle_dir, outputs, p, threads=threads))
     for precision in ("fp32", "fp16", "int8"):
         name = "model.onnx" if precision == "fp32" else f"model_{precision}.onnx"
         builders[f"onnx_{precision}"] = (lambda n=name: parity.onnx_runner(
-            os.path.join(onnx_dir, n), threads=threads))
+            os.path.join(onnx_dir, n), outputs, threads=threads))
     variants = {"int8_full_range": dict(reduce_range=False),
                 "int8_quint8": dict(weight_type="quint8"),
                 "int8_per_channel": dict(per_channel=True),
@@ -107,7 +108,7 @@ def build_runners(export_dir, model, threads, int8_variants, calibration, only=N
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if not os.path.exists(path):
             quantize_onnx(os.path.join(onnx_dir, "model.onnx"), path, **variants[name])
-        return parity.onnx_runner(path, threads=threads)
+        return parity.onnx_runner(path, outputs, threads=threads)
     for name in int8_variants:
         builders[f"onnx_{name}"] = lambda n=name: variant(n)
     unknown = set(only or ()) - set(builders)
@@ -116,7 +117,7 @@ def build_runners(export_dir, model, threads, int8_variants, calibration, only=N
     return {name: build() for name, build in builders.items() if not only or name in only}
 
 
-def agreement(runners, batches):
+def agreement(runners, batches, outputs):
     """Per runner vs eager (vs onnx_fp32 without eager) on the benchmark batches: argmax
     agreement, max |diff| of probs.
 
@@ -125,7 +126,7 @@ def agreement(runners, batches):
 
     reference = "eager" if "eager" in runners else "onnx_fp32"
     backends = {k: v for k, v in runners.items() if k != reference}
-    return parity.compare(runners[reference], backends, batches)
+    return parity.compare(runners[reference], backends, batches, outputs)
 
 
 def _ratio(value):
@@ -219,8 +220,11 @@ def main():
                      ["fp32", "bf16", "fp16", "int8"], verify=False)
     variants = [v for v in args.int8_variants.split(",") if v]
     only = set(args.only.split(",")) | {"onnx_fp32"} if args.only else None
-    runners = build_runners(export_dir, model, args.threads, variants, calibration, only)
-    agree = agreement(runners, batches)
+    from ppvarlen.tasks import get_task
+
+    outputs = get_task(meta["task"]).output_specs
+    runners = build_runners(export_dir, model, outputs, args.threads, variants, calibration, only)
+    agree = agreement(runners, batches, outputs)
     print(f"agreement pass done: {agree}", file=sys.stderr, flush=True)
     seconds, cpu_seconds = interleaved(runners, batches, args.repeats)
     examples = sum(len(sl) for _, sl in batches)
