@@ -42,7 +42,7 @@ class Logbook:
                 open(self.path, "a", encoding="utf-8") as f:
             f.write(line)
         if self.vdl:
-            for key, value in _flatten(record).items():
+            for key, value in flatten(record).items():
                 if key != "step" and isinstance(value, (int, float)):
                     self.vdl.add_scalar(tag=key, value=value, step=record["step"])
 
@@ -74,11 +74,12 @@ class Logbook:
             self.vdl.close()
 
 
-def _flatten(d, prefix=""):
+def flatten(d, sep="/", prefix=""):
+    """A nested dict as {"a<sep>b": value} (the metric logs' "/" and the config keys' ".")."""
     out = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}/"))
+            out.update(flatten(v, sep, f"{prefix}{k}{sep}"))
         else:
             out[f"{prefix}{k}"] = v
     return out

@@ -24,6 +24,7 @@ from ..config import ConfigError, _absolute_paths
 from ..utils.io import HOST_TAG, owned_prefix, owner_of, pid_alive, reap_dead_owners
 from ..utils.log import get_logger
 from .checkpoint import CKPT_RE, list_checkpoints
+from .logbook import flatten
 
 log = get_logger("engine")
 
@@ -155,19 +156,23 @@ def recorded_config(output_dir):
         [os.path.join(p, "config.yaml") for _, p in reversed(list_checkpoints(output_dir))]
     for path in candidates:
         if os.path.isfile(path):
-            with open(path, encoding="utf-8") as f:
-                return path, yaml.safe_load(f) or {}
+            return path, read_recorded(path)
     return None
 
 
-def _flat(d, prefix=""):
-    out = {}
-    for key, value in d.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
+def read_recorded(path):
+    """A run's recorded config.yaml as a dict; a damaged one is a ConfigError naming it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            recorded = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: the recorded config of the run cannot be read ({e}); "
+                          f"restore it, or start anew with -o Global.overwrite_output_dir=true"
+                          ) from None
+    if not isinstance(recorded, dict):
+        raise ConfigError(f"{path}: the recorded config of the run is not a mapping of sections; "
+                          f"restore it, or start anew with -o Global.overwrite_output_dir=true")
+    return recorded
 
 
 def defines_run(key):
@@ -178,7 +183,7 @@ def defines_run(key):
 def differing_keys(recorded, current):
     """[(key, recorded value, current value)] of the run-defining keys that differ; a key one
     side lacks (a config written by another ppvarlen version) is not compared."""
-    old, new = _flat(recorded), _flat(current)
+    old, new = flatten(recorded, "."), flatten(current, ".")
     return [(k, old[k], new[k]) for k in sorted(set(old) & set(new))
             if defines_run(k) and old[k] != new[k]]
 
@@ -190,8 +195,8 @@ def check_same_run(cfg, output_dir, entries):
     sources = [recorded_config(output_dir)] if entries else []
     resume = cfg.Train.resume
     if resume != "auto" and os.path.isfile(os.path.join(resume, "config.yaml")):
-        with open(os.path.join(resume, "config.yaml"), encoding="utf-8") as f:
-            sources.append((os.path.join(resume, "config.yaml"), yaml.safe_load(f) or {}))
+        sources.append((os.path.join(resume, "config.yaml"),
+                        read_recorded(os.path.join(resume, "config.yaml"))))
     for path, recorded in filter(None, sources):
         diff = differing_keys(recorded, current)
         if diff:
