@@ -317,3 +317,14 @@ def test_resume_and_overwrite_together_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="pass only one"):
         trainer_mod.Trainer(load_config(data=tiny(tmp_path, resume="auto") | {
             "Global": {"output_dir": str(tmp_path), "overwrite_output_dir": True}}))
+
+
+@pytest.mark.parametrize("damage", ["Model: [unclosed\n", "- a list\n- of lines\n"])
+def test_a_damaged_recorded_config_is_named_on_resume_not_a_traceback(damage, tmp_path, capsys):
+    out = tmp_path / "out"
+    train(out)
+    (out / "config.yaml").write_text(damage)
+    code, err = cli(capsys, ["-c", config_file(tmp_path, out), "-o", "Train.resume=auto"])
+    assert code == 2 and "Traceback" not in err, err
+    assert f"{out / 'config.yaml'}: the recorded config of the run" in err
+    assert "-o Global.overwrite_output_dir=true" in err

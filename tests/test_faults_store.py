@@ -353,3 +353,30 @@ def test_a_dead_builders_temp_dirs_are_reaped_and_a_live_ones_kept(corpus, tmp_p
         w.add_columns({"input_ids": [[1, 2]]})
     for path, who in made.items():
         assert os.path.exists(path) == (who == "live"), (path, who)
+
+
+@pytest.mark.parametrize("entry", ["not a dict", {"size": "12", "xxh3": "00"}, {"size": 12}])
+def test_a_manifest_whose_file_entries_are_broken_is_named_not_a_traceback(entry, tmp_path):
+    path = tmp_path / "split"
+    with StoreWriter(str(path), [StoreField("input_ids", "int32", ragged=True, length=True)]) as w:
+        w.add_columns({"input_ids": [np.array([2, 7, 3])]})
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"]["input_ids.bin"] = entry
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(StoreDamagedError) as e:
+        StoreSplit(str(path))
+    assert str(e.value).startswith(str(path / "manifest.json")) and "'input_ids.bin'" in str(e.value)
+
+
+def test_a_manifest_naming_a_file_outside_the_store_is_refused_unread(tmp_path):
+    path = tmp_path / "split"
+    with StoreWriter(str(path), [StoreField("input_ids", "int32", ragged=True, length=True)]) as w:
+        w.add_columns({"input_ids": [np.array([2, 7, 3])]})
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not the store's")
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"]["../secret.txt"] = {"size": outside.stat().st_size,
+                                          "xxh3": store.file_xxh3(str(outside))}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(StoreDamagedError, match="'../secret.txt' is not a file of the store"):
+        StoreSplit(str(path))

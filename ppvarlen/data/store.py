@@ -372,6 +372,11 @@ class StoreSplit:
             raise self._damaged(MANIFEST, "it lists no files with their sizes and checksums")
         stats = {}
         for name, want in files.items():
+            if not (isinstance(want, dict) and type(want.get("size")) is int
+                    and isinstance(want.get("xxh3"), str)) or os.path.basename(name) != name \
+                    or name in ("", ".", ".."):
+                raise self._damaged(MANIFEST, f"its entry for {name!r} is not a file of the store "
+                                              f"with its size and xxh3 checksum")
             try:
                 st = os.stat(os.path.join(self.path, name))
             except FileNotFoundError:
