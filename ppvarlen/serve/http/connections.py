@@ -24,7 +24,7 @@ the key.  ``ConnectionEvents`` counts every refusal and logs at most a line a mi
 so a flood of bad connections writes a line a minute, never a line or a traceback each.
 
 The subclass relies on uvicorn internals (its parser callbacks, ``RequestResponseCycle``'s
-flags); it was written against uvicorn ``UVICORN_READ``, and tests/test_connection_limits.py
+flags); it was written against uvicorn ``UVICORN_READ``, and tests/serve/test_connection_limits.py
 fails when the installed uvicorn's parts it relies on differ from what was read.
 """
 import collections
@@ -409,7 +409,7 @@ def uvicorn_config(app, deploy_cfg, host, port):
     within Deploy.drain_timeout_s, uvicorn's own log lines from warnings up."""
     if uvicorn.__version__.split(".")[:2] != UVICORN_READ.split(".")[:2]:
         log.warning("uvicorn %s: the connection bounds (ppvarlen/serve/http/connections.py) extend "
-                    "uvicorn %s's httptools protocol; run tests/test_connection_limits.py "
+                    "uvicorn %s's httptools protocol; run tests/serve/test_connection_limits.py "
                     "against this uvicorn", uvicorn.__version__, UVICORN_READ)
     limits = fit_open_file_limit(ConnectionLimits.from_deploy(deploy_cfg))
     # no limit_concurrency: uvicorn checks it only once a request's head is in (idle
