@@ -157,10 +157,12 @@ def exports_and_texts(work, exports, stack):
 
 
 def one_model_server(work, exports, stack):
-    """The tiny classifier (served as "tiny") behind ppvarlen-serve's app, HTTP only."""
+    """The files of ``exports_and_texts`` and the tiny classifier (served as "tiny") behind
+    ppvarlen-serve's app, HTTP only."""
     from ppvarlen.runtime.predictor import Predictor
     from ppvarlen.serve.server import create_app
 
+    _files(work, exports)
     srv = stack.enter_context(_server(create_app(Predictor(exports[0], "onnx"))))
     return {"http": srv.port}
 
@@ -252,4 +254,4 @@ def test_counts_of_run_and_marked_snippets():
     """The suite runs most snippets: those of SETTINGS' pages here, the tutorials' there."""
     kinds = [kind for _, _, _, _, kind, _ in snippets()]
     run_here = sum(len(to_run(p)) for p in RUN_PAGES)
-    assert run_here >= 9 and kinds.count("runnable") >= 25, (run_here, kinds.count("runnable"))
+    assert run_here >= 11 and kinds.count("runnable") >= 25, (run_here, kinds.count("runnable"))
