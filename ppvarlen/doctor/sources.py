@@ -24,7 +24,6 @@ import paddle.inference as paddle_inference
 
 from ppvarlen.config import ConfigError
 from ppvarlen.data.errors import DataError
-from ppvarlen.deploy.admission import PredictorRows
 from ppvarlen.deploy.manifest import UnservableExportError, load_manifest
 from ppvarlen.deploy.predictor import Predictor
 from ppvarlen.deploy.row_checks import ModelRaised, first_line
@@ -35,7 +34,7 @@ from .errors import ModelLoadError
 from .feeding import Feeder, map_inputs
 from .graph import GraphInput
 from .model import LoadedModel, seeded
-from .runners import RowRunner, dygraph_batch, onnx_batch, paddle_batch
+from .runners import ExportRows, RowRunner, dygraph_batch, onnx_batch, paddle_batch
 from .tokenizers import from_encoder, load_tokenizer, read_model_config
 
 EXPORT, PADDLENLP, PIR, LEGACY, ONNX = ("ppvarlen export", "PaddleNLP directory",
@@ -142,17 +141,19 @@ def load_export(path, backend, tokenizer_dir):
     roles.update({spec["name"]: "segments" for spec in specs[2:]})
     model.set_feeding(roles, [])
     model.fed[specs[0]["name"]] += " (the export's vocabulary, through the Predictor)"
-    model.run = PredictorRows(predictor, answers=predictor.task.generates)
+    model.run = ExportRows(predictor)
     model.max_len = int(manifest["max_len"])
     model.long_text = predictor.long_text
     model.add_max_position(manifest.get("max_position"), "manifest max_position")
     if model.graph is not None:
         _read_tables(model, specs[0]["name"])
+    _measure_outputs(model)
     if predictor.task.generates:
         model.float32_only = "a seq2seq export serves in float32 only (docs/PITFALLS.md 36)"
     precisions = (manifest.get("precisions") or {}).get("onnx", [])
     if "fp16" in precisions:
-        model.fp16 = lambda: (PredictorRows(Predictor(path, "onnx", precision="fp16")),
+        model.fp16 = lambda: (_measured(ExportRows(Predictor(path, "onnx", precision="fp16")),
+                                        model),
                               "the export's own fp16 ONNX file (onnx/model_fp16.onnx)", True)
     elif not predictor.task.generates:
         # ppvarlen serves a precision only where the export made and verified it (the
@@ -313,6 +314,12 @@ def _measure_outputs(model):
                              f"{row}: {e}") from None
 
 
+def _measured(runner, model):
+    """``runner`` (a variant of ``model``'s, same outputs) told ``model``'s per-token outputs."""
+    runner.per_token = set(getattr(model.run, "per_token", ()))
+    return runner
+
+
 def _cast_runner(model, onnx_file, proto=None):
     """(row runner, what it is, False: not a variant the model ships) of ``onnx_file`` with
     every float constant cast to float16."""
@@ -325,6 +332,5 @@ def _cast_runner(model, onnx_file, proto=None):
     fixed = next((i for i in inputs if roles.get(i.name) == "ids"))
     runner = RowRunner(Feeder(inputs, roles, model.pad_id, fixed.fixed(1)),
                        onnx_batch(session), fixed.fixed(0))
-    runner.per_token = set(getattr(model.run, "per_token", ()))
-    return runner, f"{os.path.basename(onnx_file)} cast to float16 (onnxconverter-common, " \
+    return _measured(runner, model), f"{os.path.basename(onnx_file)} cast to float16 (onnxconverter-common, " \
                    f"no clamping of constants)", False
