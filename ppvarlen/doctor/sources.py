@@ -40,6 +40,7 @@ from .tokenizers import from_encoder, load_tokenizer, read_model_config
 EXPORT, PADDLENLP, PIR, LEGACY, ONNX = ("ppvarlen export", "PaddleNLP directory",
                                         "Paddle inference model (PIR .json)",
                                         "Paddle inference model (legacy .pdmodel)", "ONNX file")
+ORT_FATAL_ONLY = 4  # onnxruntime's logger severities: 0 verbose ... 3 error, 4 fatal
 # config.json architectures suffix -> the PaddleNLP Auto class that loads the head
 HEADS = (("ForSequenceClassification", "AutoModelForSequenceClassification"),
          ("ForTokenClassification", "AutoModelForTokenClassification"),
@@ -252,7 +253,10 @@ def load_onnx(path, tokenizer_dir):
 
 def _session(path_or_bytes):
     options = ort.SessionOptions()
-    options.log_severity_level = 3  # unused-initializer warnings of converted graphs
+    # fatal only: the doctor provokes failures on purpose (a row past the position table makes
+    # a Gather fail) and reports what the raised exception says; ONNX Runtime would also log
+    # each as a red error line, and warn about every unused initializer of a converted graph
+    options.log_severity_level = ORT_FATAL_ONLY
     options.intra_op_num_threads = 1
     return ort.InferenceSession(path_or_bytes, options, providers=["CPUExecutionProvider"])
 
