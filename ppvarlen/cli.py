@@ -94,6 +94,7 @@ def run_command(parser, argv, command):
     args = parser.parse_args(argv)
     command_settings()
     quiet_third_party_output()
+    setup_logging()  # every command logs in one format (the trainer re-applies its log_level)
     try:
         return command(args)
     except USER_ERRORS as e:
@@ -236,17 +237,27 @@ def main_eval(argv=None):
     parser = _parser(main_eval)
     parser.add_argument("--checkpoint", required=True, help="checkpoint dir, e.g. output/run/best")
     parser.add_argument("--split", default="test", choices=["train", "dev", "test"])
+    parser.add_argument("--output-dir", default=None,
+                        help="where metrics.json (and for classification confusion_matrix.json "
+                             "and .png) are written; default RUN/eval/CHECKPOINT-SPLIT beside "
+                             "the checkpoint")
     return _run(parser, argv, _eval)
 
 
 def _eval(args):
     cfg = load_config(args.config, args.override)
     checkpoint = _checkpoint_dir(args.checkpoint)
-    from .engine import evaluate_checkpoint
+    from .engine.evaluate import (eval_dir, evaluate_checkpoint, format_class_report,
+                                  write_eval_report)
 
     result = evaluate_checkpoint(cfg, checkpoint, args.split, progress=True)
     for warning in result["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
+    if result.get("per_class"):
+        print(format_class_report(result["per_class"], result.get("accuracy"),
+                                  result.get("macro_f1")), file=sys.stderr)
+    written = write_eval_report(result, args.output_dir or eval_dir(checkpoint, args.split))
+    print(f"report: {', '.join(written)}", file=sys.stderr)
     _print_json(result)
     return 0
 
