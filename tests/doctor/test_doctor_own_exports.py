@@ -15,6 +15,7 @@ same or not), never as a |delta| of label ids.  A long-text policy the manifest 
 """
 import json
 import os
+import re
 
 import numpy as np
 import paddle
@@ -143,3 +144,17 @@ def test_a_recorded_truncation_policy_warns_and_exits_0(exports, tmp_path, capsy
     assert check["status"] == "warn" and check["evidence"]["longer"] == 1
     assert "as its manifest records (long_text: truncate)" in check["summary"]
     assert "Data.long_text=window" in check["fix"]
+
+
+def test_a_check_that_provokes_a_runtime_error_prints_nothing_of_it(exports, capfd):
+    """Check 6 runs a row past the position table on purpose; ONNX Runtime's red
+    "[E:onnxruntime ...] Non-zero status code ... Gather" line must not reach the terminal
+    (the check reports what the exception said)."""
+    graph_file = os.path.join(exports["extractive_qa"], "onnx", "model.onnx")
+    capfd.readouterr()
+    main_doctor([graph_file])  # a bare graph file: its -3.4e38 mask fails check 5 in fp16
+    captured = capfd.readouterr()
+    assert re.search(r"6  position limits +pass +length 32 runs; 33: the model raises",
+                     captured.out), captured.out
+    assert "Gather" in captured.out  # the runtime's words are the check's evidence
+    assert "[E:onnxruntime" not in captured.err and "Gather" not in captured.err, captured.err
