@@ -44,19 +44,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # module name -> (files mutated, test files run against them)
 MODULES = {
     "longtext": (["ppvarlen/data/longtext.py"],
-                 ["tests/test_longtext.py", "tests/test_longtext_edges.py"]),
+                 ["tests/data/test_longtext.py", "tests/data/test_longtext_edges.py"]),
     "collate": (["ppvarlen/data/collate.py"],
-                ["tests/test_collate.py", "tests/test_collate_edges.py"]),
-    "batcher": (["ppvarlen/deploy/batcher.py"],
-                ["tests/test_deploy_batcher.py", "tests/test_batcher_edges.py"]),
+                ["tests/data/test_collate.py", "tests/data/test_collate_edges.py"]),
+    "batcher": (["ppvarlen/serve/batcher.py"],
+                ["tests/serve/test_batcher.py", "tests/serve/test_batcher_edges.py"]),
     "tagging": (["ppvarlen/tasks/tagging.py", "ppvarlen/data/tagschemes.py"],
-                ["tests/test_tagschemes.py", "tests/test_tagging_task.py",
-                 "tests/test_tagging_edges.py"]),
+                ["tests/data/test_tagschemes.py", "tests/tasks/test_tagging_task.py",
+                 "tests/tasks/test_tagging_edges.py"]),
     "order": (["ppvarlen/data/order.py"],
-              ["tests/test_samplers.py", "tests/test_sampler_reference.py",
-               "tests/test_order_edges.py"]),
+              ["tests/data/test_samplers.py", "tests/data/test_sampler_reference.py",
+               "tests/data/test_order_edges.py"]),
     "samplers": (["ppvarlen/data/samplers.py"],
-                 ["tests/test_samplers.py", "tests/test_sampler_reference.py"]),
+                 ["tests/data/test_samplers.py", "tests/data/test_sampler_reference.py"]),
 }
 # Mutants scored per module when not all of its files' functions are in scope (fnmatch on
 # mutant names): tasks/tagging.py is mutated for its chunk path only -- the chunks as

@@ -9,7 +9,7 @@ sentiment settings (max_tokens 4096, pool_size 200) and g2p's pool_size 100.  Fo
 size: the sampler's construction (one global sort + pack: the eval order, and the pool
 size in examples) and the planning of a new shuffled epoch (``set_epoch`` + ``len``, what
 the trainer does), as wall and CPU seconds (the host is shared: CPU seconds are the
-fairer number).  The original implementation (copied in tests/test_sampler_reference.py)
+fairer number).  The original implementation (copied in tests/data/test_sampler_reference.py)
 is timed on ``--old-size`` lengths only: it is O(N x pools).  Writes JSON + PNG.
 """
 import argparse

@@ -8,10 +8,20 @@ use ``ray_cluster``.
 """
 import os
 import socket
+import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
+# The suite is one folder per package; test modules share helpers by module name
+# (``from test_server import RunningServer``), whichever folder each lives in: every folder is
+# importable, as the flat tests/ was.  Module names are unique across the folders.
+for _entry in sorted(os.listdir(TESTS)):
+    if os.path.isfile(os.path.join(TESTS, _entry, "__init__.py")) or _entry.startswith(("_", ".")):
+        continue
+    if os.path.isdir(os.path.join(TESTS, _entry)) and _entry != "fixtures":
+        sys.path.insert(1, os.path.join(TESTS, _entry))
 # Serve's controller reads these from its environment (ray/serve/_private/constants.py): it
 # kills an HTTP proxy whose readiness check misses RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S
 # (default 5 s) -- on a loaded host the proxy was killed before it answered (ActorDiedError).

@@ -1,4 +1,4 @@
-"""Models with one planted variable-length bug each, for tests/test_doctor.py (random init).
+"""Models with one planted variable-length bug each, for tests/doctor/test_doctor.py (random init).
 
 Paddle layers saved as Paddle inference programs (``paddle.jit.save``: PIR ``.json``, or a
 legacy ``.pdmodel`` when ``FLAGS_enable_pir_api=0`` is set before paddle is imported, which

@@ -1,4 +1,4 @@
-"""SIGTERM while clients hold idle keep-alive connections (tests/test_faults_versions.py and a
+"""SIGTERM while clients hold idle keep-alive connections (tests/serve/test_faults_versions.py and a
 command-line measurement: ``python tests/keepalive_sigterm.py EXPORT_DIR RUNS [CLIENTS
 [SPREAD_S]]``).
 

@@ -1,5 +1,5 @@
 """Small text-pair and extractive-QA exports for the OIP and ppvarlen-infer tests: the 6-step
-random-init runs of tests/test_text_pair.py and tests/test_extractive_qa.py (their corpus
+random-init runs of tests/tasks/test_text_pair.py and tests/tasks/test_extractive_qa.py (their corpus
 derivations and configs, on fewer examples), exported without --verify (those files verify
 the exports; here only what the server and ppvarlen-infer answer matters).  About 20 s for both.
 

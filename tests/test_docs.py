@@ -134,8 +134,9 @@ def test_every_file_guarantee_cites_tests_that_exist_and_every_fault_test_is_cit
     missing = [f"tests/{rel}::{name}" for rel, name in sorted(cited)
                if name not in defined_tests(os.path.join(REPO, "tests", rel))]
     assert not missing, f"docs/GUARANTEES.md cites tests that do not exist: {missing}"
-    fault_files = sorted(f for f in os.listdir(os.path.join(REPO, "tests"))
-                         if f.startswith("test_faults_") and f.endswith(".py"))
+    fault_files = sorted(os.path.relpath(os.path.join(root, f), os.path.join(REPO, "tests"))
+                         for root, _, files in os.walk(os.path.join(REPO, "tests"))
+                         for f in files if f.startswith("test_faults_") and f.endswith(".py"))
     assert fault_files
     unstated = [f"tests/{f}::{name}" for f in fault_files
                 for name in sorted(defined_tests(os.path.join(REPO, "tests", f)))

@@ -12,7 +12,7 @@ store directory per split (``data.store``).  The key hashes:
 * ``STORE_FORMAT_VERSION``: what the stores of the same inputs hold, said by a number rather
   than by hashing ppvarlen's source files, so an edit that changes no byte (a docstring, a
   refactor, an upgrade that leaves encoding alone) reuses every store, and one that changes a
-  byte bumps it (``tests/test_store_gate.py`` fails on changed bytes without a bump).
+  byte bumps it (``tests/data/test_store_gate.py`` fails on changed bytes without a bump).
 
 An input file is hashed once: ``fingerprints.json`` in the cache directory records each
 file's sha256 with its (path, size, mtime_ns, inode, ctime_ns); a later run that finds the file

@@ -1,4 +1,4 @@
-"""Row runners (``ppvarlen.deploy.row_checks``) over the runtimes a model is deployed with.
+"""Row runners (``ppvarlen.runtime.row_checks``) over the runtimes a model is deployed with.
 
 ``onnx_batch`` (ONNX Runtime, CPU), ``paddle_batch`` (Paddle Inference, CPU) and
 ``dygraph_batch`` (a PaddleNLP model called the way its tokenizer's output is passed to it)
@@ -13,8 +13,8 @@ import inspect
 import numpy as np
 import paddle
 
-from ppvarlen.deploy.admission import PredictorRows
-from ppvarlen.deploy.row_checks import ModelRaised, first_line, split_rows
+from ppvarlen.runtime.admission import PredictorRows
+from ppvarlen.runtime.row_checks import ModelRaised, first_line, split_rows
 
 
 def per_token_outputs(shapes_at, widths):

@@ -23,9 +23,9 @@ from ..config import ConfigError, load_config
 from ..data.collate import Collator
 from ..data.lengths import length_stats
 from ..data.vocab import TextEncoder
-from ..deploy.admission import admit
-from ..deploy.manifest import UnservableExportError, is_version_name
-from ..deploy.predictor import Predictor
+from ppvarlen.runtime.admission import admit
+from ppvarlen.runtime.manifest import UnservableExportError, is_version_name
+from ppvarlen.runtime.predictor import Predictor
 from ..engine.checkpoint import load_for_inference
 from ..models import build_model
 from ..model_registry import MODELS
@@ -444,7 +444,7 @@ class GreedyView:
     Only fp32 (``check_precisions`` says why; ``auto`` is fp32).  A paddle2onnx trap,
     checked: the step's int
     position arithmetic (``tokens * 0 + cache_len - 1``) is exported through float32 Casts;
-    exact for ints < 2**24, i.e. any position table (tests/test_export_seq2seq.py).
+    exact for ints < 2**24, i.e. any position table (tests/export/test_export_seq2seq.py).
     """
 
     fixed_precision = ("seq2seq exports are fp32 only: bf16 crashes Paddle Inference on the "

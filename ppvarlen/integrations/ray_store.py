@@ -11,7 +11,7 @@ cluster instead of a local fork pool.  Every corpus takes the one ingestion path
 Parquet row group) and ships each chunk's bytes with its job, the tasks parse, check, count the
 vocabulary (pass 1) and encode (pass 2).  The driver gets the
 results back in job order and writes the store with the store's own writer, so the files are
-byte-identical to a one-machine build (tests/test_ray_store.py, both ways) and land in the same
+byte-identical to a one-machine build (tests/integrations/test_ray_store.py, both ways) and land in the same
 content-keyed cache entry (``Data.cache_dir``): ``tools/train.py`` with the same config, and
 every training rank, then reads it ("store cache: reusing ...") unchanged.
 

@@ -19,7 +19,7 @@ The loss is the exact negative log-likelihood under the same scores:
 
 Exporters read ``transitions``, ``start``, ``stop`` (the numpy Viterbi of the
 ONNX path, ppvarlen.utils.viterbi, takes the same three).
-(tested against brute-force enumeration in tests/test_crf.py).
+(tested against brute-force enumeration in tests/models/test_crf.py).
 """
 import paddle
 import paddle.nn as nn

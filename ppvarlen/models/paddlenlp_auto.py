@@ -15,7 +15,7 @@ Offline and pickle-free: only an existing directory is read, and only when it ho
 safetensors files of a local directory but falls back to ``model_state.pdparams``
 (``paddle.load``: pickle) even with ``use_safetensors=True``, so a directory without
 safetensors weights is refused here, before PaddleNLP looks at it
-(tests/test_paddlenlp_models.py loads with pickle disabled).
+(tests/models/test_paddlenlp_models.py loads with pickle disabled).
 
 ppvarlen's model contract, ``forward(input_ids, seq_len, labels=None)``: the wrapper builds
 everything PaddleNLP would build from ``input_ids`` alone, but from ``seq_len`` and with

@@ -1,0 +1,313 @@
+"""Run the exported graph: the manifest's declared inputs in, named arrays out.
+
+``PaddleEngine`` (Paddle Inference) and ``OnnxEngine`` (onnxruntime) share one
+interface: ``run(*inputs) -> {output_name: np.ndarray}`` (inputs in the manifest's order, the
+task's ``input_specs``: ``input_ids`` [B, L], ``seq_len`` [B], ...) and ``clone()``
+(an engine for another worker thread; Paddle predictors are not thread-safe).
+Both are built from the export directory's manifest alone.  Seq2seq exports feed
+``src_ids``/``src_len`` the same way: the Paddle program holds the whole greedy loop
+(output ``tokens``); the ONNX export holds an encoder and one decoder step, so
+``OnnxGreedyEngine`` runs the loop in numpy (``ppvarlen.utils.search``) and returns
+``{"output_ids": [ids, ...]}``.
+
+``build_engine`` is the one engine factory: the predictor (serve, infer, Ray) and the export's
+parity check (``ppvarlen.export.parity``, on the export directory being written) both build
+through it, so the settings checked at export are the settings served.  Every engine records
+them in ``settings`` (parity.json keeps the checked ones; tests compare the two).
+"""
+import os
+import tempfile
+
+import numpy as np
+
+from ppvarlen.runtime import gpu
+from ppvarlen.config import ConfigError
+
+from ppvarlen.runtime.manifest import UnservableExportError, require_listed
+from ppvarlen.utils.search import greedy_search, length_limits
+
+STEP_INPUTS = ("tokens", "src_len", "self_k", "self_v", "cross_k", "cross_v")
+ONEDNN_CACHE_CAPACITY = 64  # most input shapes whose oneDNN kernels stay cached
+# Memory the oneDNN shape cache may hold: every cached input shape keeps its own reordered copy
+# of the weight matrices, so the capacity is this budget over the size of one copy.
+ONEDNN_CACHE_BUDGET_BYTES = 2 << 30
+PRECISIONS = {"paddle": ("fp32", "bf16", "fp16"), "onnx": ("fp32", "fp16", "int8")}
+
+
+def _backend_entry(manifest, backend):
+    backends = manifest.get("backends") or {}
+    if backend not in backends:
+        raise UnservableExportError(f"this export has no {backend!r} backend (it has {sorted(backends)}); "
+                                    f"use --backend {' or '.join(sorted(backends)) or '?'} or re-export with "
+                                    f"Export.format including {backend}")
+    entry = backends[backend]
+    return entry if isinstance(entry, dict) else {}
+
+
+def _output_names(manifest, backend=None):
+    """The backend's own output list when the manifest has one (seq2seq: ``["tokens"]``)."""
+    entry = ((manifest.get("backends") or {}).get(backend) or {}) if backend else {}
+    outs = entry.get("outputs") or manifest.get("outputs") or []
+    return [o if isinstance(o, str) else o["name"] for o in outs]
+
+
+def input_names(manifest):
+    """The export's declared input names, in order (the task's ``input_specs``); an export
+    written before manifests listed them has the token-row contract's two."""
+    names = [i["name"] for i in manifest.get("inputs") or []]
+    return names or ["input_ids", "seq_len"]
+
+
+def onednn_cache_capacity(params_bytes, precision, budget=None):
+    """How many input shapes Paddle may keep oneDNN kernels for, within the memory budget.
+
+    Paddle Inference honours the capacity (least recently used shapes are dropped), but each
+    shape it keeps holds its kernels' weights reordered for that shape: a copy of the weights
+    per shape (bf16: at half the size), so a capacity counted in shapes alone lets a large model
+    fill the machine.  A shape outside the cache costs a weight reorder again, not a leak.  ``budget`` (bytes) defaults
+    to ``ONEDNN_CACHE_BUDGET_BYTES`` (read at call time, so tests and benchmarks can set it)."""
+    budget = ONEDNN_CACHE_BUDGET_BYTES if budget is None else budget
+    copy_bytes = max(1, params_bytes // 2 if precision == "bf16" else params_bytes)
+    return int(max(1, min(ONEDNN_CACHE_CAPACITY, budget // copy_bytes)))
+
+
+def check_precision(manifest, backend, precision):
+    """Refuse a precision the backend cannot run or the export did not produce.
+
+    ``manifest.precisions`` maps each backend to the precisions exported for it.
+    """
+    if precision not in PRECISIONS[backend]:
+        raise ConfigError(f"precision {precision!r} is not available for backend {backend!r}; "
+                         f"choose one of {list(PRECISIONS[backend])}")
+    listed = (manifest.get("precisions") or {}).get(backend, ["fp32"])
+    if precision not in listed:
+        raise UnservableExportError(f"precision {precision!r} was not exported for backend {backend!r} "
+                                    f"(manifest lists {listed}); re-export with "
+                                    f"-o Export.precision=[fp32,{precision}]")
+
+
+class PaddleEngine:
+    """Paddle Inference predictor over ``paddle/model.json`` + ``paddle/model.pdiparams``.
+
+    CPU: ``threads`` math threads, oneDNN unless the manifest's ``settings.fp32.enable_onednn``
+    is false; ``bf16`` via oneDNN bfloat16 kernels.
+    GPU: ``fp16`` runs in half precision; ``tensorrt=True`` adds TensorRT subgraphs with
+    the dynamic shape ranges the exporter derived from the length profile
+    (``manifest.shape_ranges``) — a shape outside them is an error, not a silent re-build.
+    """
+
+    def __init__(self, export_dir, manifest, device="cpu", precision="fp32", threads=1,
+                 gpu_id=0, tensorrt=False, _predictor=None):
+        self.output_names = _output_names(manifest, "paddle")
+        self.inputs = list(manifest.get("inputs") or [])
+        self.input_names = input_names(manifest)
+        if _predictor is not None:
+            self._predictor, self.settings = _predictor
+            return
+        import paddle.inference as pi
+
+        entry = _backend_entry(manifest, "paddle")
+        check_precision(manifest, "paddle", precision)
+        model = require_listed(export_dir, manifest, entry.get("model", "paddle/model.json"))
+        params = require_listed(export_dir, manifest, entry.get("params", "paddle/model.pdiparams"))
+        if device == "gpu":  # bf16 -> Bfloat16; TensorRT via paddle.tensorrt
+            gpu.require_cuda_paddle()
+            prec = gpu.gpu_precision_type(precision)
+            if tensorrt:  # PIR programs take TensorRT only through paddle.tensorrt.convert
+                self._trt_dir = tempfile.TemporaryDirectory(prefix="ppvarlen-trt-")
+                prefix = gpu.convert_tensorrt(model, manifest, input_names(manifest), precision,
+                                              self._trt_dir.name)
+                model, params = prefix + ".json", prefix + ".pdiparams"
+            config = pi.Config(model, params)
+            config.enable_use_gpu(256, gpu_id, prec)
+        else:
+            config = pi.Config(model, params)
+            cache_capacity = None
+            if precision == "fp16":
+                raise ConfigError("fp16 has no CPU kernels in Paddle Inference; use bf16 on CPU, "
+                                 "or --backend onnx --precision fp16")
+            config.disable_gpu()
+            # The exporter may turn oneDNN off for a graph it slows down (settings.fp32);
+            # bf16 needs it.  Default on: ~7x eager for the classifiers.
+            settings = (entry.get("settings") or {}).get(precision) or {}
+            if precision == "bf16" or settings.get("enable_onednn", True):
+                config.enable_onednn()
+                # oneDNN caches kernels (and a weight copy) per input shape; every batch can
+                # have a new shape: bound the cache in bytes.
+                cache_capacity = onednn_cache_capacity(os.path.getsize(params), precision)
+                config.set_onednn_cache_capacity(cache_capacity)
+            config.set_cpu_math_library_num_threads(int(threads))
+            if precision == "bf16":
+                config.enable_onednn_bfloat16()
+        config.disable_glog_info()
+        self.settings = {"backend": "paddle", "device": device, "precision": precision,
+                         "model": "tensorrt" if tensorrt else os.path.relpath(model, export_dir),
+                         "tensorrt": bool(tensorrt),
+                         # read back from the Config Paddle Inference runs with
+                         "onednn": bool(config.onednn_enabled()),
+                         "math_threads": int(config.cpu_math_library_num_threads()),
+                         "onednn_cache_capacity": None if device == "gpu" else cache_capacity,
+                         "onednn_bfloat16": device != "gpu" and precision == "bf16"}
+        self._predictor = pi.create_predictor(config)
+
+    def clone(self):
+        return PaddleEngine(None, {"outputs": self.output_names, "inputs": self.inputs},
+                            _predictor=(self._predictor.clone(), self.settings))
+
+    def graph_inputs(self):
+        """The input names the loaded program takes (admission compares them with the manifest)."""
+        return list(self._predictor.get_input_names())
+
+    def run(self, *arrays):
+        """``arrays``: the manifest's declared inputs, in order (the task's ``input_specs``)."""
+        p = self._predictor
+        feeds = dict(zip(self.input_names, arrays))
+        for pos, name in enumerate(p.get_input_names()):
+            arr = feeds.get(name, arrays[pos])
+            p.get_input_handle(name).copy_from_cpu(np.ascontiguousarray(arr))
+        p.run()
+        arrays = [p.get_output_handle(n).copy_to_cpu() for n in p.get_output_names()]
+        return dict(zip(self.output_names or [str(i) for i in range(len(arrays))], arrays))
+
+
+def _ort_session(export_dir, manifest, rel, device, threads, gpu_id):
+    """(onnxruntime session over the manifest-listed file ``rel`` (CPU or CUDA), its settings)."""
+    import onnxruntime as ort
+
+    path = require_listed(export_dir, manifest, rel)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = int(threads)
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3  # unused-initializer warnings from paddle2onnx graphs
+    if device == "gpu":
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise ConfigError("device 'gpu' was requested but onnxruntime has no "
+                             "CUDAExecutionProvider; install onnxruntime-gpu or use "
+                             "--device cpu")
+        providers = [("CUDAExecutionProvider", {"device_id": gpu_id}), "CPUExecutionProvider"]
+    else:
+        providers = ["CPUExecutionProvider"]
+    # The exporter records graph optimizers onnxruntime must skip for this graph (e.g. the
+    # NCHWc transformer segfaults onnxruntime 1.32 on the fp16 BiGRU-CRF).
+    entry = _backend_entry(manifest, "onnx")
+    disabled = list(entry.get("session", {}).get("disabled_optimizers", []))
+    session = ort.InferenceSession(path, opts, providers=providers, disabled_optimizers=disabled)
+    used = session.get_session_options()  # read back from the session that runs
+    return session, {"model": rel, "providers": session.get_providers(),
+                     "intra_op_threads": used.intra_op_num_threads,
+                     "inter_op_threads": used.inter_op_num_threads,
+                     "graph_optimization_level": str(used.graph_optimization_level),
+                     "disabled_optimizers": sorted(disabled)}
+
+
+class OnnxEngine:
+    """onnxruntime session over ``onnx/model.onnx`` (or ``model_fp16.onnx``), CPU or CUDA."""
+
+    def __init__(self, export_dir, manifest, device="cpu", precision="fp32", threads=1,
+                 gpu_id=0, _session=None):
+        self.output_names = _output_names(manifest)
+        self.inputs = list(manifest.get("inputs") or [])
+        self.input_names = input_names(manifest)
+        if _session is not None:
+            self._session, self.settings = _session
+            return
+        entry = _backend_entry(manifest, "onnx")
+        check_precision(manifest, "onnx", precision)
+        rel = entry.get(f"model_{precision}", f"onnx/model_{precision}.onnx")
+        rel = entry.get("model", "onnx/model.onnx") if precision == "fp32" else rel
+        self._session, session_settings = _ort_session(export_dir, manifest, rel, device,
+                                                       threads, gpu_id)
+        self.settings = {"backend": "onnx", "device": device, "precision": precision,
+                         **session_settings}
+
+    def clone(self):
+        # InferenceSession.run is thread-safe; clones share the loaded graph and weights.
+        return OnnxEngine(None, {"outputs": self.output_names, "inputs": self.inputs},
+                          _session=(self._session, self.settings))
+
+    def graph_inputs(self):
+        return [i.name for i in self._session.get_inputs()]
+
+    def run(self, *arrays):
+        """``arrays``: the manifest's declared inputs, in order (the task's ``input_specs``)."""
+        feeds = dict(zip(self.input_names, arrays))
+        feed = {i.name: feeds.get(i.name, arrays[pos])
+                for pos, i in enumerate(self._session.get_inputs())}
+        arrays = self._session.run(None, feed)
+        return dict(zip(self.output_names or [str(i) for i in range(len(arrays))], arrays))
+
+
+class OnnxGreedyEngine:
+    """Seq2seq over ``onnx/encoder.onnx`` + ``onnx/decoder_step.onnx``: greedy loop in numpy.
+
+    ``run(src_ids, src_len) -> {"output_ids": [ids without BOS/EOS per row]}``; each row's
+    length limit comes from the manifest's ``decoding`` section, the same rule as the model.
+    """
+
+    def __init__(self, export_dir, manifest, device="cpu", precision="fp32", threads=1,
+                 gpu_id=0, _sessions=None):
+        self.decoding = manifest["decoding"]
+        if _sessions is not None:
+            self._encoder, self._step, self.settings = _sessions
+            return
+        entry = _backend_entry(manifest, "onnx")
+        check_precision(manifest, "onnx", precision)  # seq2seq exports list fp32 only
+        (self._encoder, encoder_settings), (self._step, step_settings) = (
+            _ort_session(export_dir, manifest, entry.get(part, f"onnx/{part}.onnx"), device,
+                         threads, gpu_id) for part in ("encoder", "decoder_step"))
+        self.settings = {"backend": "onnx", "device": device, "precision": precision,
+                         "decode": "greedy_numpy", "encoder": encoder_settings,
+                         "decoder_step": step_settings}
+
+    def clone(self):
+        return OnnxGreedyEngine(None, {"decoding": self.decoding},
+                                _sessions=(self._encoder, self._step, self.settings))
+
+    def graph_inputs(self):
+        """The encoder's inputs: the source rows the manifest declares."""
+        return [i.name for i in self._encoder.get_inputs()]
+
+    @staticmethod
+    def _run(session, names, arrays):
+        """Feed by the spec's input names, by position for a graph that renamed them."""
+        given = dict(zip(names, arrays))
+        feed = {i.name: given.get(i.name, arrays[pos])
+                for pos, i in enumerate(session.get_inputs())}
+        return tuple(session.run(None, feed))
+
+    def _encode(self, src_ids, src_len):
+        return self._run(self._encoder, ("src_ids", "src_len"), (src_ids, src_len))
+
+    def _decode_step(self, *arrays):
+        return self._run(self._step, STEP_INPUTS, arrays)
+
+    def run(self, src_ids, src_len):
+        d = self.decoding
+        limits = length_limits(src_len, d["max_len_a"], d["max_len_b"], d.get("max_position"))
+        ids = greedy_search(self._encode, self._decode_step, src_ids, src_len, d["bos_id"],
+                            d["eos_id"], limits)
+        return {"output_ids": ids}
+
+
+def build_engine(export_dir, manifest, backend, tensorrt=False, **kw):
+    if tensorrt and (backend != "paddle" or kw.get("device") != "gpu"):
+        raise ConfigError("TensorRT runs only with --backend paddle --device gpu")
+    if backend == "paddle":
+        return PaddleEngine(export_dir, manifest, tensorrt=tensorrt, **kw)
+    if backend == "onnx" and _backend_entry(manifest, "onnx").get("decode") == "greedy_numpy":
+        return OnnxGreedyEngine(export_dir, manifest, **kw)
+    if backend == "onnx":
+        return OnnxEngine(export_dir, manifest, **kw)
+    raise ConfigError(f"unknown backend {backend!r}; choose paddle or onnx")
+
+
+def import_runtime(backend):
+    """Import the backend's runtime now.  A server calls this before it installs its signal
+    handlers: importing Paddle installs glog's failure handlers, SIGTERM among them (a process
+    that gets SIGTERM then dies printing "Termination signal" instead of draining)."""
+    if backend == "paddle":
+        import paddle.inference  # noqa: F401
+    elif backend == "onnx":
+        import onnxruntime  # noqa: F401
+    else:
+        raise ConfigError(f"unknown backend {backend!r}; choose paddle or onnx")

@@ -1,0 +1,280 @@
+"""Which precision to serve, from what the export verified and measured (manifest data).
+
+``manifest["precision_measured"][backend][precision]`` (written by ``--verify``,
+ppvarlen/export/precision_speed.py) says whether the precision passed the parity
+gates and how many examples/s it ran on the export host's CPU.
+
+* ``resolve(manifest, backend, "auto", device)`` -> the fastest verified precision
+  of that backend, a reduced one only when >= ``AUTO_MIN_GAIN`` x fp32 (fp32 when
+  nothing was measured, or on GPU: CPU timings say nothing about a GPU).
+* an explicit precision is served as asked; on CPU, one measured slower than fp32
+  logs a warning with both numbers (fp16 with no measurement: a warning too,
+  ONNX Runtime's fp16 kernels are for CUDA).
+* bf16 on a CPU without bf16 instructions (avx512_bf16 / AMX): Paddle Inference
+  logs "CPU does not support BFLOAT16 calculations" at glog level and runs fp32
+  kernels; that is said here as a warning, and ``auto`` never picks such a bf16.
+
+The server decides on the host that serves (``load_admitted``), since the export host's
+timings say nothing about another CPU (AVX2-only, AVX-512, AMX): with ``auto`` it loads fp32
+and every precision the export verified that this CPU can run, admits each
+(``admission.admit``; one that fails is skipped with a log line), times the admitted ones on
+the admission batches (``measure``: interleaved rounds until ``TIME_BUDGET_S``) and serves
+the fastest that beats fp32 by ``AUTO_MIN_GAIN``.  The choice, both speeds and the CPU's
+flags are logged and kept as ``predictor.precision_choice`` (the server shows it on
+``/health``, ``/v2/models/M/config`` and ``/metrics``).
+"""
+import contextlib
+import random
+import threading
+import time
+
+from ppvarlen.data.order import grid_lengths
+from ppvarlen.utils.log import get_logger
+
+from ppvarlen.runtime import admission
+
+log = get_logger("runtime.precision")
+_quiet = threading.local()  # set while auto loads candidates: not "requested", so no warnings
+
+
+def cpu_supports_bf16():
+    from paddle.base import core
+
+    return bool(core.supports_bfloat16())
+
+
+def measured(manifest, backend):
+    """{precision: entry} the export verified for ``backend`` (with examples/s when timed)."""
+    section = (manifest.get("precision_measured") or {}).get(backend) or {}
+    return {p: e for p, e in section.items() if isinstance(e, dict) and e.get("verified")}
+
+
+def _speed(entry):
+    return (entry or {}).get("examples_per_s")
+
+
+# ``auto`` leaves fp32 only for a precision at least this much faster on the export host:
+# the export's timing is a few interleaved rounds on a possibly shared CPU, and e.g. int8 of
+# the BiGRU-CRF tagger (only its emission head quantizes) timed 1.04x fp32, within noise,
+# for tags that differ from fp32's on 0.005% of tokens (docs/PRECISION.md).
+AUTO_MIN_GAIN = 1.10
+
+
+def fastest(manifest, backend):
+    """The verified precision with the most examples/s; a reduced precision only when it
+    beat fp32 by ``AUTO_MIN_GAIN`` (fp32 when none was timed)."""
+    timed = {p: _speed(e) for p, e in measured(manifest, backend).items()
+             if _speed(e) and (p != "bf16" or (e.get("cpu_bf16") and cpu_supports_bf16()))}
+    if "fp32" in timed:
+        timed = {p: v for p, v in timed.items() if p == "fp32" or v >= AUTO_MIN_GAIN * timed["fp32"]}
+    if not timed:
+        return "fp32"
+    return max(sorted(timed), key=lambda p: timed[p])
+
+
+def resolve(manifest, backend, precision, device="cpu"):
+    """The precision to serve for a request of ``precision`` (``auto`` picks by measurement)."""
+    if precision == "auto":
+        if device != "cpu":
+            log.info("--precision auto on %s: serving fp32 (the export's timings are from the "
+                     "export host's CPU; pass --precision fp16/bf16 to choose)", device)
+            return "fp32"
+        chosen = fastest(manifest, backend)
+        speeds = {p: round(_speed(e), 1) for p, e in measured(manifest, backend).items()
+                  if _speed(e)}
+        log.info("--precision auto: %s for backend %s (verified examples/s on the export host: "
+                 "%s)", chosen, backend, speeds or "none measured")
+        return chosen
+    if device == "cpu" and not getattr(_quiet, "on", False):
+        warn_if_slower(manifest, backend, precision)
+        if precision == "bf16" and not cpu_supports_bf16():
+            log.warning("precision bf16 requested but this CPU has no bf16 instructions "
+                        "(avx512_bf16/AMX): Paddle Inference runs its fp32 kernels, so this is "
+                        "fp32 in effect; use --precision fp32 (or int8 with --backend onnx)")
+    return precision
+
+
+def warn_if_slower(manifest, backend, precision):
+    """Log (and return) a warning when ``precision`` was measured slower than fp32 on CPU."""
+    if precision == "fp32":
+        return None
+    entries = (manifest.get("precision_measured") or {}).get(backend) or {}
+    mine, ref = _speed(entries.get(precision)), _speed(entries.get("fp32"))
+    message = None
+    if mine and ref and mine < ref:
+        message = (f"precision {precision} was measured SLOWER than fp32 on CPU for backend "
+                   f"{backend} ({mine:.1f} vs {ref:.1f} examples/s on the export host); serving "
+                   f"it anyway as requested — use --precision fp32 or auto")
+    elif mine is None and precision == "fp16":
+        message = (f"precision fp16 on CPU was not measured for backend {backend}; ONNX Runtime's "
+                   f"fp16 kernels target CUDA and its CPU path usually runs slower than fp32")
+    if message:
+        log.warning(message)
+    return message
+
+
+# ---------------------------------------------------------------- chosen on the serving host
+
+# Timing the candidates on the serving host stops after the first round that ends past this
+# many seconds, the untimed warm-up pass counted (or after MAX_ROUNDS): start-up pays at most
+# this plus the warm-up pass and one round (a model big enough for one pass to outlast the
+# budget runs exactly those two), and a pass runs each admitted precision once over the
+# admission batches (less work than admitting it).
+TIME_BUDGET_S = 3.0
+MAX_ROUNDS = 5
+TIMING_ROWS = 4  # rows per batch of a grid length, as the padding check batches them
+CPU_FLAG_PREFIXES = ("avx", "amx", "fma", "sse4")
+
+
+def cpu_flags():
+    """The CPU's vector/matrix flags (/proc/cpuinfo) that decide which kernels run fast."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((x for x in f if x.startswith("flags")), "")
+    except OSError:
+        return []
+    return sorted(f for f in line.partition(":")[2].split() if f.startswith(CPU_FLAG_PREFIXES))
+
+
+def as_requested(precision, requested=None):
+    """The record of a precision served because it was asked for (or the only one loaded)."""
+    return {"precision": precision, "requested": requested or precision,
+            "reason": "requested", "texts_per_cpu_s": {}}
+
+
+def host_candidates(manifest, backend):
+    """The reduced precisions the export verified that this host can run (logged when not)."""
+    out = []
+    for p, entry in sorted(measured(manifest, backend).items()):
+        if p == "fp32":
+            continue
+        if p == "bf16" and not entry.get("cpu_bf16"):
+            log.info("precision auto: bf16 skipped: the export host had no bf16 instructions, "
+                     "so its parity check ran fp32 kernels; export on a CPU with avx512_bf16/"
+                     "AMX to verify bf16")
+            continue
+        if p == "bf16" and not cpu_supports_bf16():
+            log.info("precision auto: bf16 (verified on the export host) skipped: this CPU has "
+                     "no bf16 instructions (avx512_bf16/AMX), Paddle would run fp32 kernels")
+            continue
+        out.append(p)
+    return out
+
+
+def timing_batches(predictor, seed=0):
+    """The admission check's batches: its smoke rows, and for each length of the export's
+    grid a row of that length with ``TIMING_ROWS - 1`` rows of other lengths."""
+    m, enc = predictor.manifest, predictor.encoder
+    rng = random.Random(seed)
+    special = [int(v) for v in (m.get("special_ids") or {}).values() if v is not None]
+    first = max(special) + 1 if special else 0
+    high = max(first + 1, enc.vocab_size)
+    batches = [admission.smoke_rows(predictor, seed)]
+    for n in grid_lengths(predictor.max_len, m.get("buckets")):
+        lengths = [n] + [rng.randint(1, predictor.max_len) for _ in range(TIMING_ROWS - 1)]
+        batches.append([[rng.randrange(first, high) for _ in range(k)] for k in lengths])
+    return batches
+
+
+def measure(predictors, batches, budget_s=TIME_BUDGET_S, clock=time.process_time,
+            wall=time.monotonic):
+    """{precision: texts per CPU second} of each predictor on ``batches``: one untimed pass
+    each (oneDNN builds its kernels per new shape), then interleaved rounds (the order turns
+    each round, so a burst of load elsewhere hits them all), the fastest round of each kept,
+    until a round ends past ``budget_s`` of ``wall`` time or ``MAX_ROUNDS`` ran -> (speeds,
+    rounds, wall seconds).  A round is timed in this process's CPU seconds (``clock``, all
+    threads): on a CPU shared with other jobs, waiting for a core costs wall time, not CPU
+    time, and the wall-clock ratio of two precisions swings with the neighbours' load."""
+    texts = sum(len(b) for b in batches)
+    best = {}
+    order = list(predictors)
+    start = wall()
+    for p in order:
+        for rows in batches:
+            predictors[p].run_engine(rows)
+    rounds = 0
+    while rounds < MAX_ROUNDS:
+        for p in order:
+            t0 = clock()
+            for rows in batches:
+                predictors[p].run_engine(rows)
+            best[p] = min(best.get(p, float("inf")), clock() - t0)
+        rounds += 1
+        order = order[1:] + order[:1]
+        if wall() - start >= budget_s:
+            break
+    for predictor in predictors.values():
+        predictor._reset_counters()  # timing is not traffic
+    return {p: texts / max(s, 1e-9) for p, s in best.items()}, rounds, wall() - start
+
+
+def pick(speeds):
+    """The fastest precision of {precision: speed}; a reduced one only when it beats fp32
+    by ``AUTO_MIN_GAIN``."""
+    ref = speeds["fp32"]
+    fast = {p: v for p, v in speeds.items() if p == "fp32" or v >= AUTO_MIN_GAIN * ref}
+    return max(sorted(fast), key=lambda p: fast[p])
+
+
+@contextlib.contextmanager
+def _candidate():
+    _quiet.on = True
+    try:
+        yield
+    finally:
+        _quiet.on = False
+
+
+def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()):
+    """The admitted predictor of ``export_dir`` for ``requested`` (Deploy.precision), its
+    choice in ``predictor.precision_choice`` and its admission report in
+    ``predictor.admission``.  ``load(export_dir, precision=p)`` makes a ``Predictor``;
+    ``renderers`` go to ``admission.admit``.
+
+    An explicit precision is served as asked; its admission failure names it ("int8:
+    padding check: ...").  ``auto`` on CPU: see the module docstring; a candidate that fails
+    to load or admit is skipped with a log line, fp32 still serves."""
+    if requested != "auto" or device != "cpu":
+        predictor = load(export_dir, precision=requested)
+        try:
+            predictor.admission = admission.admit(predictor, renderers=renderers)
+        except admission.AdmissionError as e:
+            if predictor.precision != "fp32":
+                e.args = (f"{predictor.precision}: {e}",)
+            raise
+        predictor.precision_choice = as_requested(predictor.precision, requested)
+        return predictor
+    fp32 = load(export_dir, precision="fp32")
+    fp32.admission = admission.admit(fp32, renderers=renderers)
+    admitted = {"fp32": fp32}
+    for p in host_candidates(fp32.manifest, fp32.backend):
+        try:
+            with _candidate():
+                candidate = load(export_dir, precision=p)
+            candidate.admission = admission.admit(candidate, renderers=renderers)
+        except Exception as e:  # noqa: BLE001 - a candidate that fails anything is not served
+            log.warning("precision auto: %s (verified on the export host) skipped: it fails "
+                        "on this host: %s", p, e)
+            continue
+        admitted[p] = candidate
+    flags = " ".join(cpu_flags()) or "unknown"
+    if len(admitted) == 1:
+        reason = "no other precision the export verified runs and passes admission here"
+        fp32.precision_choice = {**as_requested("fp32", "auto"), "reason": reason}
+        log.info("precision auto: fp32 for backend %s (%s; CPU flags: %s)",
+                 fp32.backend, reason, flags)
+        return fp32
+    speeds, rounds, took = measure(admitted, timing_batches(fp32))
+    chosen = pick(speeds)
+    shown = ", ".join(f"{p} {v:.1f}" for p, v in sorted(speeds.items()))
+    reason = (f"fastest on this host: {chosen} {speeds[chosen]:.1f} vs fp32 "
+              f"{speeds['fp32']:.1f} texts/CPU-s" if chosen != "fp32" else
+              f"no precision beat fp32 by {AUTO_MIN_GAIN:.2f}x on this host ({shown} texts/CPU-s)")
+    log.info("precision auto: %s for backend %s: %s (timed on the admission batches, %d "
+             "interleaved rounds in %.1fs%s; CPU flags: %s)", chosen, fp32.backend, reason,
+             rounds, took, f": {shown} texts/CPU-s" if chosen != "fp32" else "", flags)
+    served = admitted.pop(chosen)
+    admitted.clear()  # the other engines are freed before serving starts
+    served.precision_choice = {"precision": chosen, "requested": "auto", "reason": reason,
+                               "texts_per_cpu_s": {p: round(v, 1) for p, v in speeds.items()}}
+    return served

@@ -1,0 +1,301 @@
+"""Text in, predictions out, from an export directory alone (no training code, no config).
+
+``Predictor(export_dir, backend)`` loads and verifies the manifest, the exported
+vocabulary and one engine (Paddle Inference or onnxruntime).  ``predict(texts)``
+tokenises with the exported vocab, applies the manifest's long-text policy
+(truncate: flagged in the result; window: windows aggregated with the shared
+``ppvarlen.data.longtext`` rules; error: the text is refused), sorts rows by
+length into token-budget batches (``ppvarlen.data.order``) and returns one
+result per text in input order, shaped by the task's ``response`` (``ppvarlen.tasks``), whose
+pydantic model the task declares (``prediction_model``; docs/TASKS.md shows each task's).  With
+``split_long_sources`` (seq2seq) a source longer than the export's ``max_len`` is cut into
+pieces after clause punctuation (``longtext.clause_spans``), each decoded on its own, and the
+outputs joined in order; otherwise the manifest's policy applies.
+"""
+import os
+import time
+
+import numpy as np
+
+from ppvarlen.config import ConfigError
+from ppvarlen.data import longtext
+from ppvarlen.data.collate import pad_sequences
+from ppvarlen.data.errors import DataError
+from ppvarlen.data.order import length_sorted_batches, restore_order
+from ppvarlen.data.vocab import TextEncoder, char_spans  # noqa: F401 (also imported from here)
+from ppvarlen.tasks import get_task
+from ppvarlen.utils.inputs import is_blank, validate_batch
+
+from ppvarlen.runtime import precision_choice
+from ppvarlen.runtime.backends import build_engine, input_names
+from ppvarlen.runtime.manifest import UnservableExportError, load_manifest, require_listed
+
+
+class NonFiniteOutput(RuntimeError):
+    """The model produced NaN or inf for a text: a broken model version, never an answer."""
+
+
+def _finite(value):
+    """True unless a float array in ``value`` (an array, or a tuple/list of them) holds NaN/inf."""
+    if isinstance(value, np.ndarray):
+        return value.dtype.kind not in "fc" or bool(np.all(np.isfinite(value)))
+    if isinstance(value, (tuple, list)):
+        return all(_finite(v) for v in value if isinstance(v, (np.ndarray, tuple, list)))
+    return True
+
+
+class EncodedText:
+    """One text ready for the model.
+
+    ``windows``: id lists (special tokens included; one unless windowed);
+    ``offsets``: first content token of each window; ``spans``: (start, end) char
+    offsets of every content token (tagging); ``num_tokens``: ids over all windows.
+    """
+
+    __slots__ = ("text", "windows", "offsets", "spans", "truncated", "num_tokens", "extras")
+
+    def __init__(self, text, windows, offsets, spans, truncated, extras=None):
+        self.text = text
+        self.windows = windows
+        self.offsets = offsets
+        self.spans = spans
+        self.truncated = truncated
+        self.num_tokens = sum(len(w) for w in windows)
+        # per window: {declared input name: row aligned with the window's ids} (a task's inputs
+        # after ids and lengths, e.g. segment ids)
+        self.extras = extras
+
+
+class Predictor:
+    """Predictions for texts from an export directory; see the module docstring."""
+
+    encoded_text = EncodedText  # what a task's ``encode_request`` returns (tasks import no deploy)
+
+    def __init__(self, export_dir, backend="paddle", device="cpu", precision="fp32", threads=1,
+                 max_batch_tokens=8192, max_batch_size=64, tensorrt=False, verify=True,
+                 split_long_sources=False, allow_external_symlinks=False, _shared=None):
+        if _shared is not None:
+            self.__dict__.update(_shared)
+        else:
+            self.export_dir = export_dir
+            self.backend = backend
+            self.manifest = m = load_manifest(export_dir, verify=verify,
+                                              allow_external_symlinks=allow_external_symlinks)
+            self.task = get_task(m["task"])  # its outputs, responses and limits
+            self.label_names = list(m["label_names"])
+            tok = m["tokenizer"] if isinstance(m["tokenizer"], dict) else {"kind": m["tokenizer"]}
+            require_listed(export_dir, m, "vocab.txt")
+            if os.path.exists(os.path.join(export_dir, "encoder.json")):
+                require_listed(export_dir, m, "encoder.json")  # it sets kind and lowercase
+            self.encoder = TextEncoder.load(export_dir, tok.get("kind"))
+            special = tok.get("add_special_tokens")  # null = the task's default (Data schema)
+            self.add_special_tokens = self.task.default_special_tokens if special is None \
+                else special
+            if self.task.pairs:
+                # the seq2seq dataset encodes sources without specials whatever the setting
+                self.add_special_tokens = False
+            self.decoding = m.get("decoding")
+            if split_long_sources and not self.task.generates:
+                raise ConfigError(f"split_long_sources is for seq2seq exports; {export_dir} is a "
+                                 f"{self.task.name} export (its long-text policy is in the "
+                                 f"manifest)")
+            self.split_long_sources = bool(split_long_sources)
+            self.max_len = int(m["max_len"])
+            self.max_position = m.get("max_position")
+            policy = m["long_text"]
+            self.long_text = policy if isinstance(policy, str) else policy["policy"]
+            self.stride = int(m.get("stride", 0) if isinstance(policy, str)
+                              else policy.get("stride", 0))
+            # ONNX graphs cannot hold Paddle's viterbi op: tags are decoded here, in numpy,
+            # from the exported emissions and the crf matrix [T+2, T].
+            self.crf_matrix = None
+            entry = m["backends"].get(backend) or {}
+            if entry.get("decode") == "viterbi_numpy":
+                rel = entry.get("crf_transitions", "onnx/crf_transitions.npy")
+                self.crf_matrix = np.load(require_listed(export_dir, m, rel), allow_pickle=False)
+            self.max_batch_tokens = int(max_batch_tokens)
+            self.max_batch_size = int(max_batch_size)
+            if self.max_batch_tokens < self.max_len:
+                raise ConfigError(f"max_batch_tokens {self.max_batch_tokens} is below the export's "
+                                 f"max_len {self.max_len}; one full-length text must fit a batch")
+            if tensorrt:  # TensorRT engines refuse shapes outside the exported ranges
+                top_batch, top_len = m["shape_ranges"][input_names(m)[0]]["max"]
+                if self.max_len > top_len:
+                    raise UnservableExportError(f"max_len {self.max_len} exceeds the TensorRT shape range "
+                                                f"(max length {top_len}) in the manifest; re-export")
+                self.max_batch_size = min(self.max_batch_size, int(top_batch))
+            # auto -> fastest verified (>= 10% over fp32); warns on a precision measured slower
+            self.precision = precision_choice.resolve(m, backend, precision, device)
+            self.engine = build_engine(export_dir, m, backend, device=device,
+                                       precision=self.precision, threads=threads,
+                                       tensorrt=tensorrt)
+        # Counted over the arrays really run: padding efficiency = real / padded.
+        self.real_tokens = 0
+        self.padded_tokens = 0
+        # seq2seq: decoder steps a batch ran (rows x steps) vs output tokens incl. EOS
+        self.real_target_tokens = 0
+        self.padded_target_tokens = 0
+
+    def clone(self):
+        """A predictor for another thread: shares manifest and vocab, owns its engine."""
+        counters = ("real_tokens", "padded_tokens", "real_target_tokens", "padded_target_tokens")
+        shared = {k: v for k, v in self.__dict__.items() if k != "engine" and k not in counters}
+        shared["engine"] = self.engine.clone()
+        return Predictor(None, _shared=shared)
+
+    def warmup(self, lengths=(8, 32, 128)):
+        """Run a few batch shapes once so the first requests skip kernel set-up; not counted."""
+        if self.task.generates:  # every run decodes many steps of growing shapes already
+            lengths = lengths[:1]
+        for n in lengths:
+            n = min(n, self.max_len)
+            for rows in (1, 4):
+                self._run_rows([[self.encoder.unk_id] * n] * rows)
+        self._reset_counters()
+
+    def _reset_counters(self):
+        self.real_tokens = self.padded_tokens = 0
+        self.real_target_tokens = self.padded_target_tokens = 0
+
+    def measure_overhead_tokens(self, repeats=7):
+        """A forward pass's fixed cost, in tokens of work: fit time = c0 + c1 * tokens.
+
+        Paddle Inference spends milliseconds per run before any math, onnxruntime a
+        tenth of that, so how much padding is worth a separate batch depends on the
+        backend.  Shapes are timed round-robin (so a burst of load elsewhere hits
+        them all), the best time of each is kept, and a line is fitted through them.
+
+        Seq2seq: a batch runs as many decoder steps as its longest output, and the
+        cost of a step grows with the steps before it (attention over the cache),
+        so lengths cannot be mixed in one fit: only the batch size varies, at the
+        median source length n (time = c0 + c1 x rows; overhead = n x c0 / c1), and
+        three rounds (a round decodes hundreds of steps).  The fixed cost really
+        grows with the batch's length; one constant at the median length is the
+        planner's approximation.  Paddle's in-graph loop costs milliseconds per step
+        whatever the batch size, so a row can cost next to nothing: the bound is
+        then a whole batch (``max_batch_tokens``), i.e. merge whatever fits.
+        """
+        runs, cap, noisy = repeats, 4 * self.max_len, self.max_len
+        if self.task.generates:
+            n = (self.manifest.get("length_profile") or {}).get("p50") or self.max_len
+            shapes = [(rows, int(min(n, self.max_len))) for rows in (1, 2, 4, 8)]
+            runs, cap = min(repeats, 3), self.max_batch_tokens
+            noisy = cap  # extra rows cost nothing measurable: batch them
+        else:
+            shapes = [(rows, min(n, self.max_len))
+                      for rows, n in ((1, 8), (1, 64), (4, 32), (8, 64))]
+        best = [float("inf")] * len(shapes)
+        for _ in range(runs):
+            for k, (rows, n) in enumerate(shapes):
+                ids = [[self.encoder.unk_id] * n] * rows
+                start = time.perf_counter()
+                self._run_rows(ids)
+                best[k] = min(best[k], time.perf_counter() - start)
+        self._reset_counters()
+        tokens = np.array([rows * n for rows, n in shapes], dtype=np.float64)
+        per_token, fixed = np.polyfit(tokens, np.array(best), 1)
+        if per_token <= 0:  # timings too noisy to tell: one full-length text (seq2seq: cap)
+            return noisy
+        return int(np.clip(fixed / per_token, 0, cap))
+
+    # ------------------------------------------------------------ text -> ids
+    def encode(self, text, long_text=None):
+        """``EncodedText`` for one text; DataError for a text this export cannot take.
+
+        ``long_text``: a request's own policy (error | truncate | window) instead of the
+        manifest's."""
+        policy = long_text or self.long_text
+        if not isinstance(text, str):
+            raise DataError(f"text must be a string, got {type(text).__name__}")
+        if is_blank(text):
+            raise DataError("text is empty; send at least one non-space character")
+        tokens = self.encoder.tokenize(text)
+        if not tokens:
+            raise DataError("text has no tokens after tokenisation (only spaces/control "
+                            "characters?)")
+        ids = self.encoder.encode(tokens)
+        specials = 2 if self.add_special_tokens else 0
+        max_content = self.max_len - specials
+        if self.split_long_sources and len(ids) > max_content:
+            spans = longtext.clause_spans(tokens, max_content)
+            return EncodedText(text, [ids[s:e] for s, e in spans], [s for s, _ in spans], None, False)
+        if policy == "error" and len(ids) > max_content:
+            fix = self.task.too_long_fix()
+            raise DataError(f"text has {len(ids)} tokens but this export takes at most "
+                            f"{max_content} (max_len {self.max_len}) and the long_text policy is "
+                            f"'error'; {fix}")
+        windows, spans = longtext.text_windows(
+            ids, self.max_len, policy, self.stride, "text",
+            (self.encoder.cls_id, self.encoder.sep_id) if self.add_special_tokens else None)
+        offsets = [start for start, _ in spans]
+        truncated = policy == "truncate" and len(ids) > max_content
+        spans = char_spans(text, tokens, self.encoder.lowercase) if self.task.token_spans else None
+        return EncodedText(text, windows, offsets, spans, truncated)
+
+    # ------------------------------------------------------------ ids -> results
+    def predict(self, texts):
+        """One result per text, in input order (raises DataError naming the bad text's index)."""
+        items = []
+        for i, t in enumerate(texts):
+            try:
+                items.append(self.task.encode_request(self, t, None))
+            except DataError as e:
+                raise DataError(f"text {i}: {e}") from None
+        return self.predict_encoded(items)
+
+    def predict_encoded(self, items):
+        rows = [(i, w) for i, it in enumerate(items) for w in range(len(it.windows))]
+        lengths = [len(items[i].windows[w]) for i, w in rows]
+        if rows and len(rows) <= self.max_batch_size \
+                and len(rows) * max(lengths) <= self.max_batch_tokens:
+            # one batch (what the server's batcher hands over): the packer's answer, without
+            # its numpy set-up, which costs a small batch more than its rows
+            batches = [sorted(range(len(rows)), key=lengths.__getitem__)]
+        else:
+            batches = length_sorted_batches(lengths, self.max_batch_tokens, self.max_batch_size)
+        per_batch = [self._run_rows([items[rows[r][0]].windows[rows[r][1]] for r in b],
+                                    [items[rows[r][0]].extras[rows[r][1]] for r in b]
+                                    if items[0].extras else None)
+                     for b in batches]
+        outputs = restore_order(batches, per_batch)  # one output per row, row order
+        per_item = [[] for _ in items]
+        for (i, _), out in zip(rows, outputs):
+            per_item[i].append(out)
+        bad = [i for i, outs in enumerate(per_item) if not all(map(_finite, outs))]
+        if bad:  # never a NaN answer: the caller refuses these texts (the batcher isolates them)
+            raise NonFiniteOutput(f"the model's outputs are not finite (NaN/inf) for "
+                                  f"{len(bad)} of {len(items)} text(s), e.g. text {bad[0]}")
+        return [self.task.response(self, it, outs) for it, outs in zip(items, per_item)]
+
+    def _run_rows(self, id_lists, extras=None):
+        """Pad, validate, run; per row: logits [C], tag ids [len] or generated ids (seq2seq).
+        ``extras``: per row {name: aligned row} of the task's further declared inputs, padded
+        with their declared pad value."""
+        out, seq_len = self.run_engine(id_lists, extras)
+        rows = self.task.engine_rows(self, out, seq_len)
+        steps = self.task.target_counts(rows)
+        if steps is not None:
+            self.real_target_tokens += steps[0]
+            self.padded_target_tokens += steps[1]
+        return rows
+
+    def run_engine(self, id_lists, extras=None, width=None):
+        """Pad (to the longest row, or to ``width``), validate and run id rows -> (the engine's
+        named outputs, seq_len); counted."""
+        seq_len = np.array([len(x) for x in id_lists], dtype=np.int64)
+        width = max(int(seq_len.max()), int(width or 0))
+        input_ids = pad_sequences(id_lists, self.encoder.pad_id, width)
+        validate_batch(input_ids, seq_len, max_position=self.max_position,
+                       vocab_size=self.encoder.vocab_size)
+        more = []
+        if len(self.task.input_specs) > 2:
+            pads = {f.name: f.pad for f in self.task.store_fields()}
+            for spec in self.task.input_specs[2:]:
+                name = spec["name"]
+                rows = [e[name] for e in extras] if extras else [[0] * n for n in seq_len]
+                pad = self.encoder.pad_id if pads.get(name, 0) == "pad_id" else pads.get(name, 0)
+                more.append(pad_sequences(rows, pad, width))
+        out = self.engine.run(input_ids, seq_len, *more)
+        self.real_tokens += int(seq_len.sum())
+        self.padded_tokens += int(input_ids.size)
+        return out, seq_len

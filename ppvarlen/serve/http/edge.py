@@ -1,0 +1,232 @@
+"""The server's edge: what happens to a request before a route reads it, and to an error after.
+
+* ``read_body``: an ASGI request's body within ``Deploy.max_body_bytes`` (declared or counted),
+  a client that goes away mid-body is one log line (``ClientGone``), not a traceback.
+* ``parse_json``: strict JSON -> 400 naming what is wrong: not UTF-8, nested too deep, an
+  integer too long to convert, NaN/Infinity, a lone surrogate (it could not be encoded back
+  into an answer); so no route ever holds a value it could not echo.
+* ``shown``: how an error message quotes a client's value (bounded, escaped).
+* ``RequireToken``: ASGI middleware for ``Deploy.auth_token_file`` (bearer token).
+* ``AnswerErrors``: ASGI middleware, outermost: counts every answer by route and status, and
+  an exception no route turned into an answer becomes the project's JSON 500 (logged once
+  with its traceback), never text/plain.
+"""
+import hmac
+import json
+import os
+import re
+import time
+
+from ppvarlen.config import ConfigError
+from ppvarlen.utils.log import get_logger
+
+from ppvarlen.serve.errors import OPENAI_PREFIX, ApiError, error_body
+
+log = get_logger("serve.server")
+DECIMAL = re.compile(r"[0-9]{1,19}", re.ASCII)  # str.isdigit() also takes '²', int() does not
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+SHOWN_CHARS = 64
+HEALTH_PROBES = ("/v2/health/live", "/v2/health/ready")
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its request was read."""
+
+
+def header_int(value, name):
+    """An ASCII-decimal header value -> int; ApiError 400 naming the header otherwise."""
+    if not DECIMAL.fullmatch(value):
+        raise ApiError(400, f"bad {name} header {shown(value)}: a decimal number of bytes", name)
+    return int(value)
+
+
+def header(scope, name):
+    """The first value of header ``name`` (lowercase bytes) of an ASGI scope as str, or None."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def read_body(scope, receive, limit):
+    """The body of an ASGI request, within ``limit`` bytes; ClientGone when the client left."""
+    declared = header(scope, b"content-length")
+    if declared is not None and header_int(declared, "Content-Length") > limit:
+        raise ApiError(413, f"body is {declared} bytes; at most {limit} (Deploy.max_body_bytes)",
+                       "body")
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone(f"{scope['method']} {scope['path']}: the client disconnected after "
+                             f"{size} bytes of the body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:  # chunked uploads announce no length: count while reading
+            raise ApiError(413, f"body exceeds {limit} bytes (Deploy.max_body_bytes)", "body")
+        if not message.get("more_body", False):
+            return b"".join(chunks + [chunk]) if chunks else chunk
+        chunks.append(chunk)
+
+
+def _not_json(constant):
+    raise ValueError(f"{constant} is not a JSON value")
+
+
+def parse_json(raw, where="body"):
+    """Strict JSON of a request body (bytes) -> the value; ApiError 400 naming the problem."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ApiError(400, f"{where} is not valid JSON: not UTF-8 at byte {e.start}; send "
+                       f"UTF-8",
+                       where) from None
+    try:
+        value = json.loads(text, parse_constant=_not_json)
+    except RecursionError:
+        raise ApiError(400, f"{where} nests arrays/objects too deeply to parse; the API's "
+                       f"bodies are a few levels deep", where) from None
+    except ValueError as e:  # JSONDecodeError, NaN/Infinity, integers over Python's digit limit
+        raise ApiError(400, f"{where} is not valid JSON: {shown(str(e), 200)}", where) from None
+    if SURROGATE_ESCAPE.search(text):
+        path = _surrogate_path(value)
+        if path is not None:
+            raise ApiError(400, f"{where}{path} holds a lone UTF-16 surrogate escape (\\ud800-"
+                           f"\\udfff without its pair); JSON strings must be valid Unicode",
+                           f"{where}{path}")
+    return value
+
+
+def _has_surrogate(s):
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _surrogate_path(value):
+    """The JSON path (e.g. ``.inputs[0].data[2]``) of the first string or key holding a lone
+    surrogate, or None.  Iterative: the value may be as deep as the parser allowed."""
+    stack = [(value, "")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str):
+            if _has_surrogate(node):
+                return path
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                if _has_surrogate(k):
+                    return f"{path} (a key)"
+                stack.append((v, f"{path}.{k}"))
+        elif isinstance(node, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(node))
+    return None
+
+
+def shown(value, limit=SHOWN_CHARS):
+    """A client's value as an error message quotes it: repr, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} characters)"
+
+
+def edge_error_body(path, status, message, field=None, code=None):
+    """The body of an answer the edge gives itself: ``{"error", "field"}`` on every route (the
+    /v2 routes' clients read it so too), the OpenAI error object under /v1/."""
+    if path.startswith(OPENAI_PREFIX):
+        return error_body(path, status, message, field, code)
+    return {"error": message, "field": field}
+
+
+# ---------------------------------------------------------------- bearer token
+
+def read_token(path):
+    """The bearer token in the first line of ``path``; ConfigError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"Deploy.auth_token_file {path}: cannot be read ({e})") from None
+    if len(token) < 16 or not token.isascii() or any(c.isspace() for c in token):
+        raise ConfigError(f"Deploy.auth_token_file {path}: the first line must be a token of at "
+                          f"least 16 printable ASCII characters without spaces, e.g. the output "
+                          f"of `python -c \"import secrets; print(secrets.token_urlsafe(32))\"`")
+    if os.stat(path).st_mode & 0o077:
+        log.warning("Deploy.auth_token_file %s is readable by other users; chmod 600 it", path)
+    return token
+
+
+class RequireToken:
+    """ASGI middleware: requests to protected paths need ``Authorization: Bearer TOKEN``
+    (401 otherwise).  Protected: the repository's endpoints, or with ``all_routes`` every path
+    but the health probes."""
+
+    def __init__(self, app, token, all_routes=False):
+        self.app, self.all_routes = app, all_routes
+        self._expected = f"Bearer {token}".encode("ascii")
+
+    def protects(self, path):
+        if self.all_routes:
+            return path not in HEALTH_PROBES
+        return path.startswith("/v2/repository")
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not self.protects(scope["path"]):
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if hmac.compare_digest(given, self._expected):
+            return await self.app(scope, receive, send)
+        why = "no Authorization header" if not given else "a wrong token"
+        body = json.dumps(edge_error_body(
+            scope["path"], 401, f"{scope['path']} needs Authorization: Bearer TOKEN (the token "
+            f"of Deploy.auth_token_file); the request had {why}", "Authorization",
+            "invalid_api_key")).encode()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"www-authenticate", b'Bearer realm="ppvarlen"'),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+# ---------------------------------------------------------------- last resort
+
+class AnswerErrors:
+    """ASGI middleware, outermost: every answer's route template, status and time go to
+    ``observe(route, status, seconds)``; a bug that escaped every route still gets the
+    project's JSON answer (500, logged once with its traceback, ``on_error()`` counts it); a
+    client that went away is one line (counted as 499, nginx's "client closed request").
+    One layer for both: each middleware layer costs every request an extra coroutine."""
+
+    def __init__(self, app, observe, on_error=None):
+        self.app, self.observe, self.on_error = app, observe, on_error
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, status = time.perf_counter(), [None]
+
+        async def tracking_send(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except ClientGone as e:
+            log.info("%s", e)
+        except Exception:  # noqa: BLE001 - the last place an answer can still be given
+            log.exception("%s %s: internal error", scope.get("method"), scope.get("path"))
+            if self.on_error is not None:
+                self.on_error()
+            if status[0] is None:  # else the answer had begun: the connection just closes
+                status[0] = 500
+                body = json.dumps(edge_error_body(scope.get("path", ""), 500, "internal "
+                                                  "server error (logged); retry, or report it "
+                                                  "with the server's log")).encode()
+                await send({"type": "http.response.start", "status": 500,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.observe(route, status[0] or 499, time.perf_counter() - start)

@@ -1,0 +1,366 @@
+"""Open Inference Protocol v2 (KServe / Triton, REST and gRPC): tensors in and out of
+ppvarlen's results.
+
+The model takes one ``BYTES`` input of shape ``[-1]`` (a batch of UTF-8 texts) per text of the
+task's request item (``Task.oip_inputs``: ``text``; ``text_a`` and ``text_b`` for text pairs;
+``question`` and ``context`` for extractive QA, the way Triton ensembles take several text
+inputs) and answers with one output per field of the task's ``/predict`` prediction, one row per text
+(``outputs``): typed tensors where the protocol has a type (a ``{label: probability}`` map is
+an ``FP32`` ``[-1, C]`` tensor), JSON strings in ``BYTES`` where it has none (tags, entities).  Both JSON
+tensor data and Triton's binary tensor data extension (``Inference-Header-Content-Length``:
+the JSON header, then each binary tensor in order; ``BYTES`` elements as a 4-byte
+little-endian length and the bytes) are read and written.  Errors are ``ApiError`` with the
+server's statuses; the server renders them as the protocol's ``{"error": "..."}`` (REST) or
+status codes (gRPC).  ``model_config`` is the Triton model configuration the
+``model_configuration`` extension serves (what ``perf_analyzer`` reads before it sends load).
+"""
+import functools
+import json
+import struct
+import typing
+
+import numpy as np
+
+from ppvarlen.runtime.admission import strict_json
+from ppvarlen.tasks import get_task
+
+from ppvarlen.serve.http.edge import header_int, shown
+from ppvarlen.serve.errors import ApiError
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+HEADER_LENGTH_KEY = HEADER_LENGTH.lower().encode()  # as ASGI headers name it
+EXTENSIONS = ["binary_tensor_data", "parameters", "model_repository", "model_configuration",
+              "statistics"]
+TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT64": "TYPE_INT64",
+                "BOOL": "TYPE_BOOL"}
+# request parameters with a meaning here; the tasks' long-text policies a request may choose
+REQUEST_PARAMETERS = {"long_text", "binary_data_output",
+                      # Triton's gRPC clients send it on every request (streaming models' flag;
+                      # nothing streams here): accepted, without effect
+                      "triton_enable_empty_final_response"}
+NUMPY = {"FP32": "<f4", "INT64": "<i8", "BOOL": "?"}
+MAX_ID_CHARS = 256
+
+
+def _json_text(value):
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def _tensor_of(name, annotation, label_names):
+    """(datatype, shape after the batch dim, result -> value) of one prediction field."""
+    origin = typing.get_origin(annotation)
+    if origin is dict:  # {label: probability}: a row of C floats in the labels' order
+        return "FP32", [len(label_names)], lambda r: [r[name][n] for n in label_names]
+    if origin is list:  # tags, entities, ids: JSON text, the protocol has no nested type
+        return "BYTES", [], lambda r: _json_text(r[name])
+    if annotation is bool:
+        return "BOOL", [], lambda r: r[name]
+    if annotation is int:
+        return "INT64", [], lambda r: r[name]
+    if annotation is float:
+        return "FP32", [], lambda r: r[name]
+    if annotation is str or origin is typing.Literal:
+        return "BYTES", [], lambda r: r[name]
+    return "BYTES", [], lambda r: _json_text(r[name])
+
+
+def _typed(name, datatype, tail):
+    """A field the task typed itself (``Task.oip_tensor_types``): its value as it is."""
+    return datatype, list(tail), lambda r: r[name]
+
+
+@functools.lru_cache(maxsize=64)
+def _outputs(task_name, label_names, typed):
+    prediction = get_task(task_name).prediction_model(list(label_names))
+    types = {name: (datatype, tail) for name, datatype, tail in typed}
+    return [(name, *(_typed(name, *types[name]) if name in types else
+                     _tensor_of(name, field.annotation, label_names)))
+            for name, field in prediction.model_fields.items()]
+
+
+def outputs(task_name, label_names, typed=None):
+    """[(name, datatype, shape after the batch dim, result -> value)]: one tensor per field
+    of the task's /predict prediction, so both answer the same values under the same names;
+    ``typed``: the task's own types of some fields (``Task.oip_tensor_types``)."""
+    typed = tuple((n, d, tuple(tail)) for n, (d, tail) in sorted((typed or {}).items()))
+    return _outputs(task_name, tuple(label_names), typed)
+
+
+def model_metadata(name, versions, model):
+    return {"name": name, "versions": list(versions), "platform": f"ppvarlen_{model.backend}",
+            "inputs": [{"name": n, "datatype": "BYTES", "shape": [-1]}
+                       for n in model.task.oip_inputs],
+            "outputs": [{"name": n, "datatype": d, "shape": [-1] + tail}
+                        for n, d, tail, _ in model.oip_outputs]}
+
+
+def model_config(model):
+    """The Triton model configuration of a served version (JSON field names of Triton's
+    ``model_config.proto``; the gRPC service parses the same document into the message).
+    ``max_batch_size`` 0: each input tensor carries the batch itself, ``[-1]`` texts; the
+    dynamic batcher is ppvarlen's length-aware one, its settings in ``parameters``."""
+    deploy = model.settings
+    params = {"batcher": "ppvarlen length-aware: texts sorted by length, split into the "
+                         "cheapest token-budget groups (padding + a fixed cost per forward pass)",
+              "max_batch_tokens": deploy.max_batch_tokens,
+              "max_texts_per_batch": deploy.max_batch_size,
+              "batch_overhead_tokens": model.overhead_tokens,
+              "batch_when_all_queued": deploy.batch_when_all_queued,
+              "long_text": model.long_text, "task": model.task_name,
+              "precision": model.precision_choice["precision"],
+              "precision_requested": model.precision_choice["requested"],
+              "precision_reason": model.precision_choice["reason"]}
+    return {"name": model.name, "platform": f"ppvarlen_{model.backend}", "backend": "ppvarlen",
+            "version_policy": {"latest": {"num_versions": 1}},
+            "max_batch_size": 0,
+            "input": [{"name": n, "data_type": "TYPE_STRING", "dims": [-1]}
+                      for n in model.task.oip_inputs],
+            "output": [{"name": n, "data_type": TRITON_TYPES[d], "dims": [-1] + tail}
+                       for n, d, tail, _ in model.oip_outputs],
+            "dynamic_batching": {"max_queue_delay_microseconds": int(deploy.max_wait_ms * 1000),
+                                 "preserve_ordering": True,
+                                 "default_queue_policy": {"max_queue_size": deploy.queue_size}},
+            "instance_group": [{"name": model.name, "kind": "KIND_CPU",
+                                "count": deploy.workers}],
+            "parameters": {k: {"string_value": str(v)} for k, v in params.items()}}
+
+
+def long_text_choices(model):
+    """Policies a request may ask for: refuse or cut a long text; windows only where the
+    export was made for them (its manifest holds their stride)."""
+    return ["error", "truncate"] + (["window"] if model.long_text == "window" else [])
+
+
+# ---------------------------------------------------------------- requests
+
+def _fail(message, status=422, refused_texts=0):
+    raise ApiError(status, message, None, refused_texts=refused_texts)
+
+
+def _object(value, where, allowed):
+    """``value`` if it is an object whose fields are all in the set ``allowed``."""
+    if not isinstance(value, dict):
+        _fail(f"{where} must be a JSON object, got {type(value).__name__}")
+    if not value.keys() <= allowed:
+        unknown = sorted(set(value) - allowed)
+        _fail(f"{where}: unknown field(s) {shown(unknown)}; allowed: {sorted(allowed)}")
+    return value
+
+
+def _is_integer(value):
+    """JSON's integers: 3 and 3.0 alike (JSON Schema counts both), never true/false."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
+def split_body(body, header_length):
+    """(JSON bytes, binary bytes) of a request (binary extension: header length given)."""
+    if header_length is None:
+        return body, b""
+    n = header_int(header_length, HEADER_LENGTH)
+    if n > len(body):
+        raise ApiError(400, f"bad {HEADER_LENGTH} header {n}: the JSON part's length in bytes, "
+                       f"at most the body's {len(body)}", HEADER_LENGTH)
+    return body[:n], body[n:]
+
+
+def decode_bytes_tensor(raw, count, where):
+    """``count`` elements of the binary BYTES format -> list of str."""
+    texts, pos = [], 0
+    for i in range(count):
+        if pos + 4 > len(raw):
+            _fail(f"{where}: binary data ends before element {i} of {count}")
+        (n,) = struct.unpack_from("<I", raw, pos)
+        pos += 4
+        if pos + n > len(raw):
+            _fail(f"{where}: element {i} says {n} bytes but the binary data ends first")
+        try:
+            texts.append(raw[pos:pos + n].decode("utf-8"))
+        except UnicodeDecodeError:
+            _fail(f"{where}[{i}] is not valid UTF-8")
+        pos += n
+    if pos != len(raw):
+        _fail(f"{where}: {len(raw) - pos} bytes of binary data after the {count} elements")
+    return texts
+
+
+def parse_infer(payload, binary, limits, model):
+    """The infer request -> (request items, id, parameters, [(output name, binary?)]).
+
+    One ``BYTES`` tensor of shape [N] per name of ``Task.oip_inputs``, in any order, the same
+    N each; row i of them is request item i (``Task.oip_item``).  Binary tensors
+    (``binary_data_size``) take their bytes from ``binary`` in the order the inputs are
+    listed, as the extension says."""
+    _object(payload, "body", {"id", "parameters", "inputs", "outputs"})
+    request_id = payload.get("id")
+    if "id" in payload and not isinstance(request_id, str):
+        _fail(f"id must be a string, got {type(request_id).__name__}")
+    if request_id is not None and len(request_id) > MAX_ID_CHARS:
+        _fail(f"id has {len(request_id)} characters; at most {MAX_ID_CHARS} (it is echoed in "
+              f"the answer)")
+    params = _object(payload.get("parameters", {}), "parameters", REQUEST_PARAMETERS)
+    policy = params.get("long_text")
+    if "long_text" in params and policy not in long_text_choices(model):
+        _fail(f"parameters.long_text {shown(policy)}: one of {long_text_choices(model)}")
+    binary_default = params.get("binary_data_output", False)
+    if not isinstance(binary_default, bool):
+        _fail("parameters.binary_data_output must be true or false")
+    names = list(model.task.oip_inputs)
+    listed = " and ".join(repr(n) for n in names)
+    inputs = payload.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) != len(names):
+        _fail(f"inputs must be a list of exactly {len(names)} tensor(s), {listed} (BYTES, "
+              f"shape [N])")
+    columns, count, used = {}, None, 0
+    for k, tensor in enumerate(inputs):
+        where = f"inputs[{k}]"
+        _object(tensor, where, {"name", "shape", "datatype", "parameters", "data"})
+        name = tensor.get("name")
+        if name not in names or name in columns:
+            _fail(f"{where}.name {shown(name)}: this model's inputs are {listed}, each once")
+        if tensor.get("datatype") != "BYTES":
+            _fail(f"{where}.datatype {shown(tensor.get('datatype'))}: {name!r} is BYTES (UTF-8 "
+                  f"texts)")
+        shape = tensor.get("shape")
+        if (not isinstance(shape, list) or len(shape) != 1 or not _is_integer(shape[0])
+                or shape[0] < 1):
+            _fail(f"{where}.shape {shown(shape)}: must be [N], N >= 1 texts")
+        n = int(shape[0])
+        if n > limits.max_texts_per_request:
+            _fail(f"{n} texts in one request; at most {limits.max_texts_per_request} "
+                  f"(Deploy.max_texts_per_request) — split the request")
+        if count is not None and n != count:
+            _fail(f"{where}.shape [{n}] differs from the other inputs' [{count}]: row i of "
+                  f"every input makes request item i")
+        count = n
+        tparams = _object(tensor.get("parameters", {}), f"{where}.parameters",
+                          {"binary_data_size"})
+        if "binary_data_size" in tparams:
+            size = tparams["binary_data_size"]
+            if not _is_integer(size) or size < 0 or used + size > len(binary):
+                _fail(f"{where}.parameters.binary_data_size {shown(size)} does not match the "
+                      f"{len(binary) - used} bytes left after the JSON header")
+            if "data" in tensor:
+                _fail(f"{where} has both data and binary_data_size; send one")
+            columns[name] = decode_bytes_tensor(binary[used:used + int(size)], n, where)
+            used += int(size)
+        else:
+            data = tensor.get("data")
+            if not isinstance(data, list):
+                _fail(f"{where}.data must be a list of strings (or use the binary extension)")
+            if len(data) != n:
+                _fail(f"{where}.shape says {n} texts but data has {len(data)}")
+            for i, t in enumerate(data):
+                if not isinstance(t, str):
+                    _fail(f"{where}.data[{i}] must be a string, got {type(t).__name__}")
+            columns[name] = data
+        for i, t in enumerate(columns[name]):
+            if len(t) > limits.max_text_chars:
+                _fail(f"{where}.data[{i}] has {len(t)} characters; at most "
+                      f"{limits.max_text_chars} (Deploy.max_text_chars)", refused_texts=1)
+    if used != len(binary):
+        _fail(f"{len(binary) - used} bytes of binary data after the JSON header that no "
+              f"input's binary_data_size accounts for")
+    items = [model.task.oip_item(tuple(columns[n][i] for n in names)) for i in range(count)]
+    out_names = [n for n, *_ in model.oip_outputs]
+    requested = payload.get("outputs")
+    if "outputs" not in payload:
+        wanted = [(n, binary_default) for n in out_names]
+    else:
+        if not isinstance(requested, list) or not requested:
+            _fail("outputs must be a non-empty list of {\"name\": ...} (or left out: all)")
+        wanted = []
+        for k, out in enumerate(requested):
+            _object(out, f"outputs[{k}]", {"name", "parameters"})
+            if out.get("name") not in out_names:
+                _fail(f"outputs[{k}].name {shown(out.get('name'))}: this model's outputs are "
+                      f"{out_names}")
+            oparams = _object(out.get("parameters", {}), f"outputs[{k}].parameters",
+                              {"binary_data"})
+            flag = oparams.get("binary_data", binary_default)
+            if not isinstance(flag, bool):
+                _fail(f"outputs[{k}].parameters.binary_data must be true or false")
+            wanted.append((out["name"], flag))
+    return items, request_id, params, wanted
+
+
+# ---------------------------------------------------------------- responses
+
+def _binary(datatype, values):
+    if datatype == "BYTES":
+        parts = []
+        for v in values:
+            raw = v.encode("utf-8")
+            parts.append(struct.pack("<I", len(raw)) + raw)
+        return b"".join(parts)
+    return np.asarray(values, dtype=NUMPY[datatype]).tobytes()
+
+
+def output_tensors(model, names, results):
+    """[(name, datatype, shape, flat values)] of the outputs ``names`` (REST and gRPC)."""
+    specs = {n: (d, tail, get) for n, d, tail, get in model.oip_outputs}
+    out = []
+    for name in names:
+        datatype, tail, get = specs[name]
+        values = [get(r) for r in results]
+        flat = [x for v in values for x in v] if tail else values
+        out.append((name, datatype, [len(results)] + tail, flat))
+    return out
+
+
+def raw_contents(datatype, values):
+    """A tensor's flat values in the binary form (the binary extension's BYTES elements, or
+    little-endian numbers): REST's binary outputs and gRPC's ``raw_output_contents``."""
+    return _binary(datatype, values)
+
+
+def infer_response(model, request_id, params, wanted, results):
+    """(body bytes, headers: lowercase (name, value) byte pairs) of the infer answer for
+    ``results`` (one per text)."""
+    tensors = output_tensors(model, [n for n, _ in wanted], results)
+    out_json, blobs = [], []
+    for (name, datatype, shape, flat), (_, as_binary) in zip(tensors, wanted):
+        tensor = {"name": name, "datatype": datatype, "shape": shape}
+        if as_binary:
+            blob = _binary(datatype, flat)
+            tensor["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            tensor["data"] = flat
+        out_json.append(tensor)
+    body = {"model_name": model.name, "model_version": model.version, "outputs": out_json}
+    if request_id is not None:
+        body["id"] = request_id
+    if params.get("long_text"):
+        body["parameters"] = {"long_text": params["long_text"]}
+    header = json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    if not blobs:
+        return header, [(b"content-type", b"application/json")]
+    return header + b"".join(blobs), [(b"content-type", b"application/octet-stream"),
+                                      (HEADER_LENGTH_KEY, b"%d" % len(header))]
+
+
+class _Rendered:
+    """What the OIP renderer reads of a served model, for a predictor not served yet."""
+
+    def __init__(self, predictor):
+        self.name, self.version = predictor.manifest.get("model_name") or "model", "0"
+        self.task_name, self.label_names = predictor.task.name, list(predictor.label_names)
+        self.oip_outputs = outputs(self.task_name, self.label_names,
+                                   predictor.task.oip_tensor_types(predictor.manifest))
+
+
+def render_checks():
+    """Admission's render checks for this protocol: the answer to the example as OIP JSON and
+    as the binary extension (gRPC sends the binary form), the JSON part parsed back strictly."""
+    def render(binary):
+        def check(predictor, results):
+            served = _Rendered(predictor)
+            wanted = [(n, binary) for n, *_ in served.oip_outputs]
+            content, headers = infer_response(served, None, {}, wanted, results)
+            head = content[:int(dict(headers)[HEADER_LENGTH_KEY])] if binary else content
+            strict_json(head, "the OIP infer answer")
+        return check
+
+    return [("OIP JSON", render(False)), ("OIP binary", render(True))]

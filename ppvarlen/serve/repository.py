@@ -1,0 +1,501 @@
+"""Served models: one batcher per loaded model version, and a model repository with hot reload.
+
+``ServedModel``: a predictor (plus one clone per extra worker thread) and its
+``DynamicBatcher``.  ``LiveVersions``: the versions taking traffic, by model name; a
+request picks one (the newest, or the version its path names), encodes with that version's
+vocabulary and submits to that version's batcher — a version retired in between refuses the
+submit (``BatcherClosed``) and the request simply picks again, so no request is lost.
+
+``Repository``: ``DIR/NAME/VERSION/`` export directories (VERSION a positive integer in ASCII
+digits, as in Triton's and TF Serving's repositories; other names are not versions).  A version
+that appears is loaded and verified *before* it takes traffic — every file against the
+manifest's sha256 (``load_manifest``), no symbolic link out of the repository or the export
+unless ``Deploy.allow_external_symlinks``, then the admission check (``admission.admit``:
+manifest against graph, special ids and the longest length, finite outputs, padding
+invariance, every response path).  Then it takes traffic, and the older version drains (queued
+texts finish) and is unloaded.  A version that fails — whatever it raises — is refused with the
+reason (log, metrics, repository index, the load endpoint's 409), never raised out of start-up
+or the poller: the newest version that passes serves, older good versions are the fallback.
+New versions are found by polling (``Deploy.repository_poll_s``) and by
+``POST /v2/repository/models/NAME/load``.
+
+A version number names one model.  Each version's ``content_fingerprint`` (every file's name,
+size, mtime, ctime and inode) is taken before it is loaded.  A refused version is examined
+again when its fingerprint changes (a copy that completed, a permission fixed), the newest one
+also on every ``POST .../load``.  A served version whose directory disappears, or whose files
+change in place, keeps answering from the copy in memory -- it is never reloaded under the
+same number (Triton would reload it; then one number would have answered as two models) --
+but is marked ``STALE`` in the index (the reason says removed or changed, and what to do), on
+``/health`` (``files_changed``), with a WARNING naming the path.  Each load logs the sha256 of
+the manifest it loaded: what a number served, before and after a restart, is on record.  Temp
+directories a dead export left in the repository (``.tmp-*``) are removed at each scan.
+"""
+import hashlib
+import os
+import threading
+import time
+
+from ppvarlen.data.errors import DataError
+from ppvarlen.utils.io import reap_dead_owners
+from ppvarlen.utils.parallel import release_memory
+from ppvarlen.utils.log import get_logger
+
+from ppvarlen.serve.protocols.oip import codec as oip
+from ppvarlen.serve.protocols import render_checks
+from ppvarlen.runtime import precision_choice
+from ppvarlen.runtime.admission import AdmissionError, admit, first_line
+from ppvarlen.serve.batcher import BatcherClosed, Callers, DynamicBatcher
+from ppvarlen.serve.http.edge import shown
+from ppvarlen.serve.stats import VersionStats
+from ppvarlen.runtime.manifest import VERSION_NAME  # noqa: F401 - state.py reads it from here
+from ppvarlen.runtime.manifest import MANIFEST, UnservableExportError, is_version_name, outside
+
+log = get_logger("serve.repository")
+
+
+class ServedModel:
+    """One model version: predictor(s) and the batcher they take work from."""
+
+    def __init__(self, name, version, predictor):
+        self.name, self.version, self.predictor = name, str(version), predictor
+        self.task, self.task_name = predictor.task, predictor.task.name
+        self.label_names = list(predictor.label_names)
+        # what /health reports of the task (e.g. the tag scheme), kept after an unload
+        self.health_extras = predictor.task.health_extras(predictor.manifest)
+        # what /v1/embeddings (None: not an embedding model) and the OIP outputs need of it
+        self.embedding = predictor.task.embedding_spec(predictor.manifest)
+        # its Open Inference Protocol output tensors, read by every infer request
+        self.oip_outputs = oip.outputs(self.task_name, self.label_names,
+                                       predictor.task.oip_tensor_types(predictor.manifest))
+        self.backend, self.long_text = predictor.backend, predictor.long_text
+        # the precision it serves and why (auto: timed on this host; precision_choice)
+        self.precision_choice = getattr(predictor, "precision_choice", None) or \
+            precision_choice.as_requested(predictor.precision)
+        self.batcher = None
+        self.example = None
+        self.overhead_tokens = None
+        self.unhealthy = None  # why this version stopped being trusted (non-finite outputs)
+        self.stats = VersionStats()  # Triton's statistics extension
+        self.settings = None  # the Deploy section it started with (the model config reads it)
+        # why this version's directory no longer holds what it serves (removed, changed in
+        # place); it keeps answering from memory, the index and /health say so
+        self.files_changed = None
+
+    def start(self, deploy, metrics=None, callers=None):
+        """Warm up, measure the batching overhead, start the batcher with the ``deploy``
+        settings (blocking); ``callers``: the server's ``batcher.Callers``, used when
+        ``Deploy.batch_when_all_queued`` is on."""
+        p = self.predictor
+        self.settings = deploy
+        predictors = [p] + [p.clone() for _ in range(deploy.workers - 1)]
+        for q in predictors:
+            q.warmup()
+        self.overhead_tokens = deploy.batch_overhead_tokens
+        if self.overhead_tokens is None:
+            self.overhead_tokens = p.measure_overhead_tokens()
+        self.example = _example(self)
+        p._reset_counters()  # the example is not traffic
+        def on_batch(size, real, padded, waits, compute_s):
+            self.stats.observe_batch(size, compute_s)
+            if metrics is not None:
+                metrics.observe_batch(self.name, self.version, size, real, padded, waits)
+
+        self.batcher = DynamicBatcher(predictors, deploy.max_wait_ms, deploy.max_batch_tokens,
+                                      deploy.max_batch_size, deploy.queue_size,
+                                      self.overhead_tokens, on_batch,
+                                      callers if deploy.batch_when_all_queued else None)
+        log.info("model %s version %s ready (%s, %s backend, %d worker(s)); a forward pass "
+                 "costs as much as %d tokens", self.name, self.version, p.task.name, p.backend,
+                 deploy.workers, self.overhead_tokens)
+        return self
+
+    def stop_waiting(self):
+        batcher = self.batcher
+        if batcher is not None:
+            batcher.stop_waiting()
+
+    def submit(self, items, loop=None):
+        batcher = self.batcher
+        if batcher is None:
+            raise BatcherClosed(f"model {self.name} version {self.version} is unloaded")
+        return batcher.submit(items, loop)
+
+    def close(self, timeout):
+        """Drain the queue, stop the workers, drop the engines; True when drained in time."""
+        drained = self.batcher.close(True, timeout) if self.batcher is not None else True
+        self.batcher = None
+        self.predictor = None
+        return drained
+
+
+def _example(model):
+    """A request and the answer this version really gives it, for /docs."""
+    texts = model.predictor.task.examples
+    try:
+        predictions = model.predictor.predict(texts)
+    except DataError as e:  # e.g. an export whose max_len is shorter than the example
+        log.warning("no /docs example: the example texts do not fit this export (%s)", e)
+        return None
+    return {"request": {"texts": texts},
+            "response": {"predictions": predictions, "model_version": model.version}}
+
+
+class NotServed(LookupError):
+    """No ready model or version answers to this name; the message says what is served."""
+
+
+class SeveralModels(NotServed):
+    """A route that takes no model name (``/predict``) on a server holding several models."""
+
+
+class LiveVersions:
+    """Model versions taking traffic, by name (thread-safe)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.callers = Callers()  # the requests on their way through submit (every version's)
+        self._ready = {}  # name -> {version: ServedModel}
+        self.status = {}  # (name, version) -> {"state": ..., "reason": ...}
+
+    def add(self, model):
+        with self._lock:
+            self._ready.setdefault(model.name, {})[model.version] = model
+            self.status[(model.name, model.version)] = {"state": "READY", "reason": ""}
+
+    def withdraw(self, model):
+        """Take ``model`` out of routing (requests already queued in its batcher still run)."""
+        with self._lock:
+            self._ready.get(model.name, {}).pop(model.version, None)
+            self.status[(model.name, model.version)] = {"state": "UNAVAILABLE",
+                                                        "reason": "unloaded"}
+
+    def refuse(self, name, version, reason):
+        with self._lock:
+            self.status[(name, str(version))] = {"state": "UNAVAILABLE", "reason": reason}
+
+    def mark_unhealthy(self, model, reason):
+        """``model`` answered NaN/inf: it keeps its place (a newer version replaces it) but
+        says so in the index, /health and its ready endpoint.  True the first time."""
+        with self._lock:
+            first = model.unhealthy is None
+            model.unhealthy = model.unhealthy or reason
+            if self._ready.get(model.name, {}).get(model.version) is model:
+                self.status[(model.name, model.version)] = {"state": "UNHEALTHY",
+                                                            "reason": model.unhealthy}
+            return first
+
+    def mark_files_changed(self, model, reason):
+        """``model``'s files on disk are no longer what it serves (``reason``; None: they are
+        again): it keeps answering, the index says STALE with the reason."""
+        with self._lock:
+            model.files_changed = reason
+            if self._ready.get(model.name, {}).get(model.version) is model \
+                    and model.unhealthy is None:
+                self.status[(model.name, model.version)] = (
+                    {"state": "STALE", "reason": reason} if reason else
+                    {"state": "READY", "reason": ""})
+
+    def names(self):
+        with self._lock:
+            return sorted(n for n, vs in self._ready.items() if vs)
+
+    def versions(self, name):
+        with self._lock:
+            return sorted(self._ready.get(name, {}), key=int)
+
+    def models(self):
+        with self._lock:
+            return [m for vs in self._ready.values() for m in vs.values()]
+
+    def get(self, name=None, version=None):
+        """The version named, or the newest ready one; ``name`` None = the only model served."""
+        with self._lock:
+            versions = self._ready.get(name) if name is not None else None
+            if versions and version is None:  # the request path's usual case: no sorting
+                return versions[max(versions, key=int)]
+            served = sorted(n for n, vs in self._ready.items() if vs)
+            if name is None:
+                if len(served) > 1:
+                    raise SeveralModels(f"this server holds models {served}; /predict serves a "
+                                        f"repository of one model: address one as POST "
+                                        f"/v2/models/NAME/infer")
+                if not served:
+                    raise NotServed("no model is ready")
+                name = served[0]
+            versions = self._ready.get(name) or {}
+            if not versions:
+                raise NotServed(f"model {shown(name)} is not served; served models: {served}")
+            if version is None:
+                return versions[max(versions, key=int)]
+            if str(version) not in versions:
+                state = self.status.get((name, str(version)))
+                why = f" ({state['reason']})" if state and state["reason"] else ""
+                raise NotServed(f"model {shown(name)} has no ready version {shown(version)}{why}; "
+                                f"ready versions: {sorted(versions, key=int)}")
+            return versions[str(version)]
+
+    def submit(self, encode, name=None, version=None, attempts=5, loop=None):
+        """Pick a version, ``encode(predictor)`` the texts, queue them -> (model, futures)
+        (``loop``: see ``DynamicBatcher.submit``).
+
+        A version withdrawn between the pick and the submit refuses it; pick again (the
+        version that replaced it is ready by then).  ``encode`` may raise (bad texts)."""
+        for attempt in range(attempts):
+            model = self.get(name, version)
+            predictor = model.predictor  # None once unloaded
+            try:
+                if predictor is None:
+                    raise BatcherClosed(f"model {model.name} version {model.version} is unloaded")
+                return model, model.submit(encode(predictor), loop)
+            except BatcherClosed:
+                if version is not None or attempt == attempts - 1:
+                    raise
+
+    def queue_depth(self):
+        return sum(m.batcher.queue_depth() for m in self.models() if m.batcher is not None)
+
+    def index(self):
+        with self._lock:
+            return [{"name": n, "version": v, **s} for (n, v), s in sorted(self.status.items())]
+
+
+# ---------------------------------------------------------------- repository
+
+def scan(root):
+    """{name: [version, ...]} of ``root/NAME/VERSION/`` directories (VERSION a positive integer
+    in ASCII digits).  A dead export's temp directories there are removed on the way."""
+    out = {}
+    for name in sorted(os.listdir(root)):
+        model_dir = os.path.join(root, name)
+        if name.startswith(".") or not os.path.isdir(model_dir):
+            continue
+        for debris in reap_dead_owners(model_dir):
+            log.warning("removed %s, left by an export that died", debris)
+        versions = [v for v in os.listdir(model_dir)
+                    if is_version_name(v) and os.path.isdir(os.path.join(model_dir, v))]
+        out[name] = sorted(versions, key=int)
+    return out
+
+
+def content_fingerprint(path):
+    """A digest of what the version directory ``path`` holds without reading the files: every
+    entry's relative name, type, size, mtime, ctime and inode (a copy in place, a rewrite, a
+    chmod or a rename each change it) -> hex string, or None when ``path`` is gone."""
+    digest = hashlib.sha256()
+    try:
+        os.stat(path)
+    except OSError:
+        return None
+    for top, dirs, files in os.walk(path, onerror=lambda e: digest.update(repr(e).encode())):
+        dirs.sort()
+        for entry in sorted(dirs + files):
+            full = os.path.join(top, entry)
+            try:
+                st = os.stat(full)
+            except OSError as e:  # a dangling link, a file removed meanwhile
+                digest.update(f"{full}: {e.errno}".encode())
+                continue
+            digest.update(repr((os.path.relpath(full, path), st.st_mode, st.st_size,
+                                st.st_mtime_ns, st.st_ctime_ns, st.st_ino)).encode())
+    return digest.hexdigest()
+
+
+def manifest_sha256(path):
+    """The sha256 of the version's manifest.json (it lists every file's sha256: the content
+    a version number names), or None when unreadable."""
+    try:
+        with open(os.path.join(path, MANIFEST), "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+class Refused(Exception):
+    """A version is not served; ``kind`` is the metrics' reason label (manifest, load, symlink)."""
+
+    def __init__(self, kind, reason):
+        super().__init__(reason)
+        self.kind = kind
+
+
+class Repository:
+    """Loads, verifies, swaps in and unloads versions of ``root/NAME/VERSION/``."""
+
+    def __init__(self, root, load_predictor, registry, deploy, metrics=None, after_load=None):
+        if not os.path.isdir(root):
+            raise UnservableExportError(f"model repository not found: {root}; pass a directory holding "
+                              f"NAME/VERSION/ export directories")
+        if not any(scan(root).values()):
+            raise UnservableExportError(f"model repository {root} holds no NAME/VERSION/ export "
+                              f"directories (VERSION a positive integer, e.g. {root}/NAME/1/)")
+        self.root, self.registry, self.deploy = root, registry, deploy
+        self.load_predictor = load_predictor  # export dir -> Predictor (verifies the manifest)
+        self.metrics, self.poll_s = metrics, deploy.repository_poll_s
+        self.after_load = after_load  # called once a version's predictor exists (server hook)
+        self.allow_external_symlinks = deploy.allow_external_symlinks
+        self._refused = {}  # (name, version) -> content_fingerprint when refused
+        self._loaded = {}  # (name, version) -> (path, content_fingerprint) it was loaded from
+        self._lock = threading.Lock()  # one load at a time
+        self._stop = threading.Event()
+        self._thread = None
+
+    def load_all(self):
+        """Start-up: each model's newest version that passes (older ones tried if it fails)."""
+        for name, versions in scan(self.root).items():
+            if versions:  # a directory without version directories is not a model (yet)
+                self.refresh(name)
+        if not self.registry.names():
+            raise UnservableExportError(f"no servable version in the model repository {self.root}: "
+                              f"{self.registry.index() or 'no NAME/VERSION/ directories'}")
+
+    def refresh(self, name, retry_newest=True):
+        """Load ``name``'s newest new version if it is newer than the one served; returns the
+        registry status of the newest version (READY, or UNAVAILABLE with the reason).  A
+        version refused before is examined again when its files changed since, and the newest
+        one always when ``retry_newest`` (the load endpoint; not the poller)."""
+        with self._lock:
+            self._check_served(name)
+            versions = scan(self.root).get(name)
+            if not versions:
+                raise UnservableExportError(f"no model {shown(name)} in the repository {self.root}")
+            served = self.registry.versions(name)
+            newest_served = int(served[-1]) if served else 0
+            for v in reversed(versions):
+                if int(v) <= newest_served:
+                    break
+                path = os.path.join(self.root, name, v)
+                if not (retry_newest and v == versions[-1]) and \
+                        self._refused.get((name, v), False) == content_fingerprint(path):
+                    continue  # refused before and unchanged
+                if self._load(name, v, path):
+                    self._retire_older(name, v)
+                    break
+            newest = versions[-1]
+            return {"name": name, "version": newest,
+                    **self.registry.status.get((name, newest), {"state": "UNAVAILABLE",
+                                                                "reason": "not loaded"})}
+
+    def _check_served(self, name):
+        """Mark (and log once) each served version of ``name`` whose directory is gone or whose
+        files changed since it was loaded; clear the mark when they are back as loaded."""
+        for version in self.registry.versions(name):
+            path, loaded = self._loaded.get((name, version), (None, None))
+            if path is None:
+                continue
+            model = self.registry.get(name, version)
+            now = content_fingerprint(path)
+            if now == loaded:
+                reason = None
+            elif now is None:
+                reason = (f"files removed: {path} is gone; still answering from the copy loaded "
+                          f"in memory, a restart will not serve this version")
+            else:
+                reason = (f"files changed in place: {path} is not what was loaded; still "
+                          f"answering from the copy loaded in memory (a version number names "
+                          f"one model: publish new files as a new version directory)")
+            if reason == model.files_changed:
+                continue
+            if reason is None:
+                log.info("model %s version %s: the files at %s are back as they were loaded",
+                         name, version, path)
+            else:
+                log.warning("model %s version %s: %s", name, version, reason)
+            self.registry.mark_files_changed(model, reason)
+
+    def _load(self, name, version, path):
+        """Load, admit and start one version -> True; False when refused (never raises)."""
+        start = time.monotonic()
+        # before the files are read: a change during the load shows at the next look
+        fingerprint, manifest_digest = content_fingerprint(path), manifest_sha256(path)
+        try:
+            model = ServedModel(name, version, self._admitted(path))
+            model.start(self.deploy, self.metrics, self.registry.callers)
+        except Refused as e:
+            kind, reason = e.kind, str(e)
+        except AdmissionError as e:
+            kind, reason = e.check, str(e)
+        except Exception as e:  # noqa: BLE001 - any failure refuses the version
+            kind, reason = "load", f"start: {type(e).__name__}: {first_line(e)}"
+        else:
+            self.registry.add(model)
+            self._loaded[(name, version)] = (path, fingerprint)
+            self._refused.pop((name, version), None)
+            if self.metrics is not None:
+                self.metrics.mark_loaded(model)
+            log.info("model %s version %s verified and serving in %s (%.1fs; manifest sha256 "
+                     "%s)", name, version, model.precision_choice["precision"],
+                     time.monotonic() - start, manifest_digest)
+            return True
+        log.error("model %s version %s refused (%s): %s; still serving %s", name, version,
+                  kind, reason, self.registry.versions(name) or "nothing")
+        self._refused[(name, version)] = fingerprint
+        self.registry.refuse(name, version, reason)
+        if self.metrics is not None:
+            self.metrics.load_failures.labels(name, version, kind).inc()
+        release_memory()
+        return False
+
+    def _admitted(self, path):
+        """The predictor of the version at ``path`` once it passed admission; Refused (or
+        AdmissionError) with the reason otherwise."""
+        if not self.allow_external_symlinks:
+            real = os.path.realpath(path)
+            if outside(real, self.root):
+                raise Refused("symlink", f"{path} resolves to {real}, outside the repository "
+                              f"{self.root}; move the export into the repository or set "
+                              f"Deploy.allow_external_symlinks: true")
+        try:
+            predictor = self.load_predictor(path)
+        except AdmissionError:  # the server's loader admits (each precision it tries)
+            raise
+        except (UnservableExportError, DataError, OSError, ValueError) as e:
+            raise Refused("manifest", first_line(e)) from None
+        except Exception as e:  # noqa: BLE001 - a broken file raises anything from a runtime
+            raise Refused("load", f"{path}: {type(e).__name__}: {first_line(e)}") from None
+        if self.after_load is not None:
+            self.after_load()
+        if getattr(predictor, "admission", None) is None:  # a loader that does not admit
+            predictor.admission = admit(predictor, renderers=render_checks())
+        return predictor
+
+    def _retire_older(self, name, version):
+        for old in self.registry.versions(name):
+            if int(old) < int(version):
+                model = self.registry.get(name, old)
+                self.registry.withdraw(model)
+                self._loaded.pop((name, old), None)  # new requests go to `version` from now on
+                drained = model.close(self.deploy.drain_timeout_s)
+                if self.metrics is not None:
+                    self.metrics.mark_unloaded(model)
+                log.info("model %s version %s unloaded (%s)", name, old,
+                         "queue drained" if drained else "NOT drained before the timeout")
+        release_memory()
+
+    # ------------------------------------------------------------ polling
+    def start_polling(self):
+        if not self.poll_s:
+            return
+        self._thread = threading.Thread(target=self._poll, name="repository-poll", daemon=True)
+        self._thread.start()
+
+    def _poll(self):
+        while not self._stop.wait(self.poll_s):
+            try:
+                models = [n for n, versions in scan(self.root).items() if versions]
+            except OSError:
+                log.exception("model repository scan failed")
+                continue
+            for name in self.registry.names():
+                if name not in models:  # every version directory gone: only the marks to set
+                    with self._lock:
+                        self._check_served(name)
+            for name in models:  # one model's failure does not hold up the others
+                try:
+                    self.refresh(name, retry_newest=False)
+                except Exception:  # noqa: BLE001 - the poller must outlive a bad model
+                    log.exception("model repository: refreshing %s failed", name)
+
+    def stop(self, wait=True):
+        self._stop.set()
+        if wait and self._thread is not None:
+            self._thread.join(60)

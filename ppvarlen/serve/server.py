@@ -1,0 +1,211 @@
+"""HTTP (and gRPC) serving: the app over ``AppState``, run with uvicorn.
+
+``create_app`` assembles one ``AppState`` (``state.py``: Deploy settings, model registry,
+repository, counters, the request path to the batchers) and the route modules over it:
+``routes_predict`` (``POST /predict``, ``/health``, ``/metrics``, ``/metrics.json``) and
+``routes_oip`` (the Open Inference Protocol v2 under ``/v2``, with Triton's model
+configuration and statistics extensions) and ``routes_openai`` (the OpenAI embeddings API,
+``POST /v1/embeddings``); their inference routes are answered ahead of FastAPI's routing
+(``direct``); ``serve`` adds the protocol's gRPC service
+(``grpc_service``, ``Deploy.grpc_port``) on the same state.  Every answer names the version
+that produced it (``X-Model-Version``).  Every input is bounded (``docs/SERVING.md``, the
+threat model); errors are JSON ``{"error": message, "field": name}`` (the protocols' own
+bodies under ``/v1`` and ``/v2``: ``errors.error_body``).
+"""
+import contextlib
+import functools
+import gc
+import signal
+import socket
+
+import uvicorn
+from fastapi.middleware.cors import CORSMiddleware
+
+from ppvarlen.config import ConfigError
+from ppvarlen.utils.io import atomic_write_text
+from ppvarlen.utils.log import get_logger
+
+from ppvarlen.serve import openapi as api
+from ppvarlen.serve.protocols.oip import codec as oip
+from ppvarlen.serve.protocols.oip import routes as routes_oip
+from ppvarlen.serve.protocols.openai import routes as routes_openai
+from ppvarlen.serve.protocols.predict import routes as routes_predict
+from ppvarlen.runtime.backends import import_runtime
+from ppvarlen.serve.http.connections import uvicorn_config
+from ppvarlen.serve.http.direct import DirectRoutes, ServingApp, error_response
+from ppvarlen.serve.http.edge import AnswerErrors, RequireToken, read_token
+from ppvarlen.serve.errors import ApiError
+from ppvarlen.serve.grpc.service import GrpcServer
+from ppvarlen.runtime.precision_choice import load_admitted
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.protocols import render_checks
+from ppvarlen.serve.state import AppState, deploy_settings, max_text_chars, model_name_of  # noqa: F401
+
+log = get_logger("serve.server")
+
+
+def create_app(predictor=None, deploy=None, repository=None, load_predictor=None,
+               auth_token=None, grpc_port=None):
+    """The app (a FastAPI ``ServingApp``) over one ``AppState``: one export (``predictor``,
+    served as version 1 of its manifest's model_name) or a model repository (``repository`` dir,
+    ``load_predictor(export_dir)``), with the ``deploy`` settings (a Deploy section;
+    ``deploy_settings(**keys)`` makes one; default: the schema's).  ``auth_token``: the bearer
+    token of ``Deploy.auth_token_file``.  ``grpc_port``: also serve the OIP over gRPC there
+    (0: a free port, in ``app.state.grpc.port``), started and stopped with the app."""
+    deploy = deploy if deploy is not None else deploy_settings()
+    state = AppState(deploy, predictor, repository, load_predictor)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await state.start()
+        grpc = None
+        if grpc_port is not None:
+            grpc = app.state.grpc = GrpcServer(state, deploy.host, grpc_port, auth_token,
+                                               deploy.auth_all_routes).start()
+        yield
+        state.begin_drain()
+        if grpc is not None:
+            grpc.stop(deploy.drain_timeout_s)
+        await state.stop()
+
+    direct = DirectRoutes(state)
+    app = ServingApp(direct, title="ppvarlen", lifespan=lifespan)
+    # outermost last: count and answer every error, then the token, then CORS
+    if deploy.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(deploy.cors_origins),
+                           allow_methods=["GET", "POST"], allow_headers=["*"],
+                           expose_headers=["X-Model-Name", "X-Model-Version",
+                                           oip.HEADER_LENGTH])
+    if auth_token is not None:
+        app.add_middleware(RequireToken, token=auth_token, all_routes=deploy.auth_all_routes)
+    app.add_middleware(AnswerErrors, observe=state.metrics.observe_request,
+                       on_error=lambda: state.metrics.record(500))
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request, exc):
+        return error_response(state, exc, request.scope)
+
+    app.include_router(routes_predict.router(state, direct))
+    app.include_router(routes_oip.router(state, direct))
+    app.include_router(routes_openai.router(state, direct))
+    app.openapi = functools.partial(_openapi, app, state)
+    app.state.app_state = state
+    app.state.registry = state.registry
+    app.state.begin_drain = state.begin_drain
+    app.state.grpc = None
+    return app
+
+
+def _openapi(app, state):
+    """The OpenAPI document of what is served now (rebuilt when the versions change)."""
+    registry, deploy = state.registry, state.deploy
+    models = registry.models()
+    key = tuple(sorted((m.name, m.version) for m in models))
+    if state.openapi is None or state.openapi[0] != key:
+        model = registry.get(models[0].name) if models else None
+        p = model.predictor if model is not None else None
+        if p is None:
+            return app.openapi_schema or {}
+        chars = max_text_chars(p, deploy)
+        request = api.request_model(deploy, chars, p.task)
+        prediction = p.task.prediction_model(p.label_names)
+        doc = api.openapi_document(app, request, api.response_model(prediction), model.example)
+        api.add_oip(doc, {n: registry.versions(n) for n in registry.names()},
+                    oip.model_metadata(model.name, registry.versions(model.name), model),
+                    deploy, chars, oip.long_text_choices(model), state.repository is not None)
+        routes_openai.add_openapi(doc, state)
+        state.openapi = (key, doc)
+    return state.openapi[1]
+
+
+def app_from_config(export_dir, deploy_cfg, backend=None, repository=None, grpc_port=None):
+    """The app for ``export_dir`` (or the model ``repository`` dir) with the ``Deploy``
+    settings: predictor(s), limits, batcher (``serve`` runs it with uvicorn; each Ray Serve
+    replica runs its own copy).  A single export must pass the admission check first."""
+    if deploy_cfg.auth_all_routes and not deploy_cfg.auth_token_file:
+        raise ConfigError("Deploy.auth_all_routes: true needs Deploy.auth_token_file (the file "
+                          "holding the token)")
+    token = read_token(deploy_cfg.auth_token_file) if deploy_cfg.auth_token_file else None
+    engine = functools.partial(Predictor, backend=backend or deploy_cfg.backend,
+                               device=deploy_cfg.device, threads=deploy_cfg.threads,
+                               max_batch_tokens=deploy_cfg.max_batch_tokens,
+                               max_batch_size=deploy_cfg.max_batch_size,
+                               tensorrt=deploy_cfg.tensorrt,
+                               split_long_sources=deploy_cfg.split_long_sources,
+                               allow_external_symlinks=deploy_cfg.allow_external_symlinks)
+    # admitted, in the precision asked for or (auto) the one this host runs fastest
+    load = functools.partial(load_admitted, engine, requested=deploy_cfg.precision,
+                             device=deploy_cfg.device, renderers=render_checks())
+    if repository is not None:
+        return create_app(repository=repository, load_predictor=load, deploy=deploy_cfg,
+                          auth_token=token, grpc_port=grpc_port)
+    # the check a repository runs before a version takes traffic; one export has no fallback
+    predictor = load(export_dir)
+    log.info("export %s admitted in %s: %s", export_dir, predictor.precision,
+             ", ".join(predictor.admission))
+    return create_app(predictor, deploy_cfg, auth_token=token, grpc_port=grpc_port)
+
+
+def serve(export_dir, deploy_cfg, host=None, port=None, backend=None, repository=None,
+          port_file=None, grpc_port=None):
+    """Serve the export (or the model repository) until SIGINT/SIGTERM, then drain: stop
+    accepting, answer every request already taken, unload, return (exit status 0).
+
+    ``port=0`` takes a free port; the bound port is logged and, with ``port_file``, written
+    there (atomically) once the socket is listening, so callers never guess a free port.
+    ``grpc_port`` (default ``Deploy.grpc_port``; null: none) also serves the Open Inference
+    Protocol over gRPC, on the same models, limits and counters."""
+
+    class DrainingServer(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets)  # the app's lifespan has loaded the model(s)
+            if repository is None:
+                # The one export lives as long as this process: out of the collector's
+                # sight, a collection walks only what requests allocate.  Not for a
+                # repository, whose retired versions must stay collectable.
+                gc.collect()
+                gc.freeze()
+
+        async def shutdown(self, sockets=None):
+            app.state.begin_drain()  # before uvicorn waits for the in-flight requests
+            await super().shutdown(sockets)
+
+    host = host or deploy_cfg.host
+    port = deploy_cfg.port if port is None else port
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("binding %s: the server is reachable from other machines", host)
+    grpc_port = deploy_cfg.grpc_port if grpc_port is None else grpc_port
+    app = app_from_config(export_dir, deploy_cfg, backend, repository, grpc_port)
+    # A repository loads its predictors after uvicorn has installed its signal handlers;
+    # importing the runtime now keeps Paddle's SIGTERM handler from replacing them.
+    import_runtime(backend or deploy_cfg.backend)
+    # bound here rather than by uvicorn so the port is known before serving (port 0)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror}); choose another "
+                          f"--port (or Deploy.port), or 0 for any free port") from None
+    bound = sock.getsockname()[1]
+    log.info("serving %s on http://%s:%d", repository or export_dir, host, bound)
+    config = uvicorn_config(app, deploy_cfg, host, bound)  # with the Deploy connection bounds
+    # listening before the port file appears: a client that reads it is queued, not refused,
+    # until the app has started
+    sock.listen(config.backlog)
+    if port_file:
+        atomic_write_text(port_file, f"{bound}\n")
+    server = DrainingServer(config)
+    # uvicorn re-raises the signal it drained on, to the handler that was there before it:
+    # SIGINT -> KeyboardInterrupt (caught below), SIGTERM -> this no-op rather than death by
+    # SIGTERM, so a drained shutdown exits 0 either way.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # as uvicorn.run does
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if not server.started:
+        raise SystemExit(3)  # uvicorn's STARTUP_FAILURE, as uvicorn.run exits

@@ -1,0 +1,143 @@
+"""--precision auto picks the fastest verified precision; slower-than-fp32 on CPU is warned about."""
+import json
+import logging
+import shutil
+
+import pytest
+
+from ppvarlen.runtime import precision_choice
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.export.exporter import export_model
+from test_export import CFG, _encoder, _meta, _test_items
+from test_quantize import assert_spread, spread_transformer
+
+# texts of the test encoder's characters (ids 6.. are U+4E00..) and their ids as the
+# predictor feeds them to a transformer ([CLS] text [SEP]): the test split of the export
+TEXTS = ["".join(chr(0x4E00 + i - 6) for i in x["input_ids"][:-2] or [6])
+         for x in _test_items(40)]
+ITEMS = [{"input_ids": [2] + [ord(c) - 0x4E00 + 6 for c in t] + [3], "label": 0, "doc_id": k}
+         for k, t in enumerate(TEXTS)]
+
+
+def _measured(fp32, fp16, int8, int8_verified=True):
+    return {"onnx": {"fp32": {"verified": True, "examples_per_s": fp32},
+                     "fp16": {"verified": True, "examples_per_s": fp16},
+                     "int8": {"verified": int8_verified, "examples_per_s": int8}}}
+
+
+@pytest.fixture(scope="module")
+def shared_export(tmp_path_factory):
+    """One export per module; tests get their own copy (``export_dir``), so a test that
+    rewrites the manifest never changes what another test reads, in any order."""
+    out = tmp_path_factory.mktemp("choice") / "export"
+    export_model(spread_transformer(ITEMS), _meta("classification", "transformer_cls", ["a", "b"]),
+                 _encoder(), CFG, str(out), ["onnx"], ["fp32", "fp16", "int8"], verify=True,
+                 test_examples=ITEMS)
+    return out
+
+
+@pytest.fixture
+def export_dir(shared_export, tmp_path):
+    copy = tmp_path / "export"
+    shutil.copytree(shared_export, copy)
+    return copy
+
+
+@pytest.fixture(scope="module")
+def fp32_labels(shared_export):
+    labels = [p["label"] for p in Predictor(str(shared_export), "onnx", precision="fp32")
+              .predict(TEXTS)]
+    assert_spread([["a", "b"].index(x) for x in labels], 2)  # both classes answered
+    return labels
+
+
+def _force(export_dir, measured):
+    """Rewrite the manifest's measurements (manifest.json is not in its own hash list)."""
+    path = export_dir / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["precision_measured"].update(measured)
+    path.write_text(json.dumps(manifest))
+
+
+def test_export_records_every_onnx_precision_as_verified_and_timed(export_dir):
+    measured = json.loads((export_dir / "manifest.json").read_text())["precision_measured"]
+    assert set(measured["onnx"]) == {"fp32", "fp16", "int8"}
+    for entry in measured["onnx"].values():
+        assert entry["verified"] and entry["examples_per_s"] > 0 and entry["agreement"] >= 0.995
+
+
+@pytest.mark.parametrize("speeds, expected", [((100.0, 50.0, 300.0), "int8"),
+                                              ((400.0, 50.0, 300.0), "fp32"),
+                                              ((100.0, 150.0, 90.0), "fp16")])
+def test_auto_serves_the_fastest_verified_precision(export_dir, fp32_labels, speeds, expected):
+    _force(export_dir, _measured(*speeds))
+    predictor = Predictor(str(export_dir), backend="onnx", precision="auto")
+    assert predictor.precision == expected
+    labels = [p["label"] for p in predictor.predict(TEXTS)]
+    # the verified precision answers like fp32 (the export gate: >= 99.5% of the test split)
+    assert sum(a == b for a, b in zip(labels, fp32_labels)) >= 0.995 * len(TEXTS)
+
+
+def test_auto_keeps_fp32_unless_a_precision_is_clearly_faster():
+    gain = precision_choice.AUTO_MIN_GAIN
+    within_noise = {"precision_measured": _measured(100.0, 50.0, 100.0 * gain - 1)}
+    assert precision_choice.resolve(within_noise, "onnx", "auto") == "fp32"
+    clearly = {"precision_measured": _measured(100.0, 50.0, 100.0 * gain + 1)}
+    assert precision_choice.resolve(clearly, "onnx", "auto") == "int8"
+
+
+def test_auto_ignores_an_unverified_precision():
+    manifest = {"precision_measured": _measured(100.0, 50.0, 900.0, int8_verified=False)}
+    assert precision_choice.resolve(manifest, "onnx", "auto") == "fp32"
+    assert precision_choice.resolve({}, "onnx", "auto") == "fp32"  # nothing measured
+    assert precision_choice.resolve(manifest, "onnx", "auto", device="gpu") == "fp32"
+
+
+def test_precision_measured_slower_than_fp32_logs_a_warning(export_dir, caplog):
+    _force(export_dir, _measured(200.0, 80.0, 300.0))
+    caplog.set_level(logging.WARNING, logger="ppvarlen.runtime.precision")
+    logging.getLogger("ppvarlen").propagate = True
+    predictor = Predictor(str(export_dir), backend="onnx", precision="fp16")
+    assert predictor.precision == "fp16"  # served as asked, not swapped
+    warned = [r.getMessage() for r in caplog.records if "SLOWER than fp32" in r.getMessage()]
+    # one warning (captured twice when an earlier test left a handler on the propagating
+    # "ppvarlen" logger)
+    assert len(set(warned)) == 1 and "80.0 vs 200.0" in warned[0]
+    caplog.clear()
+    Predictor(str(export_dir), backend="onnx", precision="int8")  # faster: no warning
+    assert not [r for r in caplog.records if "SLOWER" in r.getMessage()]
+
+
+def test_unmeasured_fp16_on_cpu_warns_but_measured_faster_does_not():
+    assert "not measured" in precision_choice.warn_if_slower({}, "onnx", "fp16")
+    manifest = {"precision_measured": _measured(100.0, 150.0, 90.0)}
+    assert precision_choice.warn_if_slower(manifest, "onnx", "fp16") is None
+    assert "SLOWER" in precision_choice.warn_if_slower(manifest, "onnx", "int8")
+
+
+def test_export_timing_uses_a_bounded_spread_of_batches():
+    import numpy as np
+
+    from ppvarlen.export.precision_speed import _spread
+
+    batches = [(None, np.full(10, n)) for n in range(1, 101)]  # 10 rows of length n
+    picked = _spread(batches, 16, max_tokens=3000)
+    lengths = [int(sl[0]) for _, sl in picked]
+    assert len(picked) <= 16 and sum(10 * n for n in lengths) <= 3000
+    assert lengths[0] == 1 and lengths == sorted(lengths) and len(set(lengths)) == len(lengths)
+
+
+def test_bf16_without_cpu_support_is_warned_and_never_auto(monkeypatch, caplog):
+    manifest = {"precision_measured": {"paddle": {
+        "fp32": {"verified": True, "examples_per_s": 100.0},
+        "bf16": {"verified": True, "examples_per_s": 120.0, "cpu_bf16": True}}}}
+    caplog.set_level(logging.WARNING, logger="ppvarlen.runtime.precision")
+    logging.getLogger("ppvarlen").propagate = True
+    monkeypatch.setattr(precision_choice, "cpu_supports_bf16", lambda: True)
+    assert precision_choice.resolve(manifest, "paddle", "auto") == "bf16"
+    assert precision_choice.resolve(manifest, "paddle", "bf16") == "bf16"
+    assert not [r for r in caplog.records if "no bf16 instructions" in r.getMessage()]
+    monkeypatch.setattr(precision_choice, "cpu_supports_bf16", lambda: False)
+    assert precision_choice.resolve(manifest, "paddle", "auto") == "fp32"
+    precision_choice.resolve(manifest, "paddle", "bf16")
+    assert [r for r in caplog.records if "no bf16 instructions" in r.getMessage()]

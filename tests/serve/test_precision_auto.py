@@ -1,0 +1,212 @@
+"""Deploy.precision auto (the default) is decided on the serving host: the precisions the
+export verified that this CPU runs and that pass admission are timed here, the fastest that
+beats fp32 by AUTO_MIN_GAIN serves, and the choice is shown on /health, the model config
+and /metrics.  Timings are injected (``precision_choice.measure``): nothing here depends on
+which precision this test machine runs faster."""
+import json
+import logging
+import shutil
+
+import pytest
+from fastapi.testclient import TestClient
+
+from ppvarlen import cli
+from ppvarlen.runtime import admission
+from ppvarlen.runtime import precision_choice
+from ppvarlen.runtime.admission import AdmissionError
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.server import app_from_config
+from ppvarlen.serve.state import deploy_settings
+from ppvarlen.export.exporter import export_model
+from test_export import CFG, _encoder, _meta
+from test_precision_choice import ITEMS
+from test_quantize import spread_transformer
+
+NAME = "transformer_cls"
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory):
+    """paddle fp32+bf16 and onnx fp32+int8, every one verified; bf16 recorded as verified on
+    a host with bf16 instructions whatever this test machine has (manifest.json is not in its
+    own hash list), as an export made on such a host reads."""
+    out = tmp_path_factory.mktemp("auto") / "export"
+    export_model(spread_transformer(ITEMS), _meta("classification", NAME, ["a", "b"]),
+                 _encoder(), CFG, str(out), ["paddle", "onnx"], ["fp32", "bf16", "int8"],
+                 verify=True, test_examples=ITEMS)
+    path = out / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["precision_measured"]["paddle"]["bf16"]["cpu_bf16"] = True
+    path.write_text(json.dumps(manifest))
+    return str(out)
+
+
+@pytest.fixture
+def host(monkeypatch):
+    """This host as a test sets it: bf16 instructions or not, and the texts/s timed here
+    (``speeds``; a test that must not time sets ``timed`` to None)."""
+    class Host:
+        speeds = {}
+        calls = []
+
+    def measure(predictors, batches, **timing):
+        Host.calls.append(sorted(predictors))
+        assert batches and all(batches)  # the admission batches, built from the export
+        return {p: Host.speeds[p] for p in predictors}, 2, 0.1
+
+    monkeypatch.setattr(precision_choice, "measure", measure)
+    monkeypatch.setattr(precision_choice, "cpu_supports_bf16", lambda: True)
+    return Host
+
+
+def _loader(backend):
+    def load(export_dir, precision):
+        return Predictor(export_dir, backend, precision=precision)
+    return load
+
+
+def _refuse_admission_of(monkeypatch, refused):
+    real = admission.admit
+
+    def admit(predictor, seed=0, renderers=()):
+        if predictor.precision == refused:
+            raise AdmissionError("padding", "length 1: the output alone differs from the "
+                                 "output batched with other lengths (padding changes the answer)")
+        return real(predictor, seed, renderers)
+
+    monkeypatch.setattr(admission, "admit", admit)
+
+
+def test_deploy_precision_defaults_to_auto():
+    assert deploy_settings().precision == "auto"
+
+
+@pytest.mark.parametrize("on_host, expected", [
+    ({"fp32": 100.0, "bf16": 150.0}, "bf16"),  # export host: bf16 within AUTO_MIN_GAIN
+    ({"fp32": 100.0, "bf16": 100.0 * precision_choice.AUTO_MIN_GAIN - 1}, "fp32"),
+])
+def test_auto_serves_what_this_host_times_fastest(export_dir, host, on_host, expected, caplog):
+    host.speeds = on_host
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
+    predictor = precision_choice.load_admitted(_loader("paddle"), export_dir, "auto")
+    assert host.calls == [["bf16", "fp32"]]  # both admitted, then timed together
+    assert predictor.precision == expected
+    choice = predictor.precision_choice
+    assert choice["precision"] == expected and choice["requested"] == "auto"
+    assert choice["texts_per_cpu_s"] == {p: round(v, 1) for p, v in on_host.items()}
+    assert set(predictor.admission) == set(admission.CHECKS)  # what serves was admitted
+    line = next(r.getMessage() for r in caplog.records if "precision auto:" in r.getMessage())
+    assert f"{on_host['fp32']:.1f}" in line and f"{on_host['bf16']:.1f}" in line
+    assert "CPU flags:" in line
+
+
+def test_bf16_verified_on_another_host_is_skipped_on_a_cpu_without_bf16(
+        export_dir, host, monkeypatch, caplog):
+    monkeypatch.setattr(precision_choice, "cpu_supports_bf16", lambda: False)
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
+    predictor = precision_choice.load_admitted(_loader("paddle"), export_dir, "auto")
+    assert predictor.precision == "fp32" and host.calls == []  # nothing else to time
+    assert "passes admission here" in predictor.precision_choice["reason"]
+    assert any("bf16" in r.getMessage() and "skipped" in r.getMessage()
+               and "no bf16 instructions" in r.getMessage() for r in caplog.records)
+
+
+def test_a_precision_failing_admission_here_is_skipped_and_fp32_serves(
+        export_dir, host, monkeypatch, caplog):
+    _refuse_admission_of(monkeypatch, "int8")
+    host.speeds = {"fp32": 100.0, "int8": 900.0}
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
+    predictor = precision_choice.load_admitted(_loader("onnx"), export_dir, "auto")
+    assert predictor.precision == "fp32" and host.calls == []
+    assert any(r.levelno == logging.WARNING and "int8" in r.getMessage()
+               and "padding check" in r.getMessage() for r in caplog.records)
+
+
+def test_an_explicit_precision_overrides_auto_and_is_not_timed(export_dir, host):
+    host.speeds = {"fp32": 100.0, "bf16": 900.0}
+    predictor = precision_choice.load_admitted(_loader("paddle"), export_dir, "fp32")
+    assert predictor.precision == "fp32" and host.calls == []
+    assert predictor.precision_choice == precision_choice.as_requested("fp32")
+
+
+def test_an_explicit_precision_failing_admission_is_named(export_dir, monkeypatch, capsys):
+    _refuse_admission_of(monkeypatch, "int8")
+    with pytest.raises(AdmissionError, match=r"^int8: padding check: length 1"):
+        precision_choice.load_admitted(_loader("onnx"), export_dir, "int8")
+    for flags in (["--precision", "int8"], ["-o", "Deploy.precision=int8"]):
+        rc = cli.main_serve(["--model-dir", export_dir, "--backend", "onnx", "--port", "0",
+                             *flags])
+        err = capsys.readouterr().err
+        assert rc == 2 and "int8: padding check: length 1" in err, err
+
+
+def test_precision_flag_and_override_must_agree(export_dir, capsys):
+    rc = cli.main_serve(["--model-dir", export_dir, "--precision", "fp32",
+                         "-o", "Deploy.precision=int8"])
+    assert rc == 2 and "disagree" in capsys.readouterr().err
+
+
+def test_measure_interleaves_rounds_and_stops_at_the_budget():
+    now = [0.0]
+    ran = []
+
+    class Timed:  # a predictor whose every batch takes `cost` seconds of a fake clock
+        def __init__(self, name, cost):
+            self.name, self.cost = name, cost
+
+        def run_engine(self, rows):
+            ran.append(self.name)
+            now[0] += self.cost
+
+        def _reset_counters(self):
+            pass
+
+    batches = [[[7, 8]], [[7], [8, 9]]]  # 3 texts
+    speeds, rounds, took = precision_choice.measure(
+        {"fp32": Timed("fp32", 0.5), "int8": Timed("int8", 0.25)}, batches, budget_s=3.5,
+        clock=lambda: now[0], wall=lambda: now[0])
+    # an untimed warm-up pass, then rounds of 1.5 s: the second timed round ends past the 3.5 s
+    # budget and is the last
+    assert rounds == 2 and took == pytest.approx(4.5)
+    assert ran == ["fp32"] * 2 + ["int8"] * 2 + ["fp32"] * 2 + ["int8"] * 2 \
+        + ["int8"] * 2 + ["fp32"] * 2  # the order turns each round
+    assert speeds == {"fp32": pytest.approx(3.0), "int8": pytest.approx(6.0)}
+    now[0] = 0.0
+    _, rounds, _ = precision_choice.measure({"fp32": Timed("fp32", 0.0)}, batches,
+                                            clock=lambda: now[0], wall=lambda: now[0])
+    assert rounds == precision_choice.MAX_ROUNDS
+
+
+@pytest.mark.parametrize("repository", [False, True])
+def test_the_choice_is_shown_on_health_config_and_metrics(export_dir, host, tmp_path,
+                                                           repository):
+    host.speeds = {"fp32": 100.0, "bf16": 150.0}
+    deploy = deploy_settings(max_wait_ms=1)
+    if repository:
+        root = tmp_path / "repo"
+        shutil.copytree(export_dir, root / NAME / "1")
+        app = app_from_config(None, deploy, "paddle", repository=str(root))
+    else:
+        app = app_from_config(export_dir, deploy, "paddle")
+    with TestClient(app) as client:
+        health = client.get("/health").json()
+        assert health["precision"] == "bf16" and "150.0 vs fp32 100.0 texts/CPU-s" in \
+            health["precision_reason"]
+        params = client.get(f"/v2/models/{NAME}/config").json()["parameters"]
+        assert params["precision"] == {"string_value": "bf16"}
+        assert params["precision_requested"] == {"string_value": "auto"}
+        metrics = client.get("/metrics").text
+        assert (f'ppvarlen_model_precision{{model="{NAME}",precision="bf16",requested="auto",'
+                f'version="1"}} 1.0') in metrics
+
+
+def test_bf16_verified_by_fp32_kernels_on_the_export_host_is_not_a_candidate(
+        monkeypatch, caplog):
+    monkeypatch.setattr(precision_choice, "cpu_supports_bf16", lambda: True)
+    manifest = {"precision_measured": {"paddle": {
+        "fp32": {"verified": True}, "bf16": {"verified": True, "cpu_bf16": False}}}}
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
+    assert precision_choice.host_candidates(manifest, "paddle") == []
+    assert any("export host had no bf16" in r.getMessage() for r in caplog.records)
+    manifest["precision_measured"]["paddle"]["bf16"]["cpu_bf16"] = True
+    assert precision_choice.host_candidates(manifest, "paddle") == ["bf16"]
