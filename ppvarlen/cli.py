@@ -232,7 +232,10 @@ def main_eval(argv=None):
         python tools/eval.py -c CONFIG --checkpoint DIR ...        # the same command
 
     The model, vocabulary and label names come from the checkpoint; the data
-    options (corpus, files, max_len, long_text) from the config.
+    options (corpus, files, max_len, long_text) from the config.  The metrics go to stdout
+    (JSON) and to RUN/eval/CHECKPOINT-SPLIT/metrics.json (--output-dir); classification and
+    text pairs also print a per-class table (precision, recall, F1, support) and write
+    confusion_matrix.json and confusion_matrix.png there.
     """
     parser = _parser(main_eval)
     parser.add_argument("--checkpoint", required=True, help="checkpoint dir, e.g. output/run/best")
