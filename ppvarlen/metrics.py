@@ -63,13 +63,13 @@ def classification_metrics(preds, labels, num_labels):
 
 def class_report(preds, labels, label_names):
     """The eval's per-class report of a single-label task: {"per_class": {label name:
-    {precision, recall, f1, support}}, "confusion_matrix": {"labels", "matrix" (row = gold,
+    {precision, recall, f1, support}}, "confusion_matrix": {"label_names", "matrix" (row = gold,
     column = predicted)}}."""
     n = len(label_names)
     per_class = {name: {k: c[k] for k in ("precision", "recall", "f1", "support")}
                  for name, c in zip(label_names, per_class_prf(preds, labels, n))}
     return {"per_class": per_class,
-            "confusion_matrix": {"labels": list(label_names), "rows": "gold",
+            "confusion_matrix": {"label_names": list(label_names), "rows": "gold",
                                  "columns": "predicted",
                                  "matrix": confusion_matrix(preds, labels, n).tolist()}}
 

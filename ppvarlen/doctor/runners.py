@@ -100,7 +100,11 @@ class ExportRows(PredictorRows):
             super(ExportRows, self).run([row], width)
             return {n: np.shape(v) for n, v in self.last[0].items()
                     if isinstance(v, np.ndarray)}
-        self.per_token |= per_token_outputs(shapes_at, [len(row) + 2, len(row) + 5])
+        limit = self.predictor.max_position
+        widths = [w for w in (len(row) + 1, len(row) + 2, len(row) + 5)
+                  if not limit or w <= int(limit)][-2:]
+        if len(widths) == 2:  # else the manifest's per-token outputs are all there is to go by
+            self.per_token |= per_token_outputs(shapes_at, widths)
         return self.per_token
 
 

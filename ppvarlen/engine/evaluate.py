@@ -162,7 +162,7 @@ def plot_confusion_matrix(matrix, png_path, title):
     count while the labels are few enough to read."""
     from matplotlib.figure import Figure  # no pyplot: the process's backend stays as it was
 
-    counts, labels = matrix["matrix"], matrix["labels"]
+    counts, labels = matrix["matrix"], matrix["label_names"]
     n = len(labels)
     names = labels if _drawable(labels) else [str(i) for i in range(n)]
     if names is not labels:

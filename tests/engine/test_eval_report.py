@@ -89,20 +89,20 @@ def test_eval_prints_the_per_class_report_and_writes_the_confusion_matrix(run, c
 
     # the numbers: one rule (ppvarlen.metrics) for the matrix, the table and macro-F1
     matrix = result["confusion_matrix"]
-    assert sorted(matrix["labels"]) == sorted(LABELS)  # the label words, as written
+    assert sorted(matrix["label_names"]) == sorted(LABELS)  # the label words, as written
     counts = np.array(matrix["matrix"])
     assert counts.shape == (3, 3) and counts.sum() == result["num_examples"] == 30
-    for k, name in enumerate(matrix["labels"]):
+    for k, name in enumerate(matrix["label_names"]):
         c = result["per_class"][name]
         assert c["support"] == counts[k].sum() == 10
         assert c["precision"] == pytest.approx(counts[k, k] / max(counts[:, k].sum(), 1))
         assert c["recall"] == pytest.approx(counts[k, k] / 10)
     assert result["accuracy"] == pytest.approx(np.trace(counts) / 30)
     assert result["macro_f1"] == pytest.approx(
-        np.mean([result["per_class"][n]["f1"] for n in matrix["labels"]]))
+        np.mean([result["per_class"][n]["f1"] for n in matrix["label_names"]]))
 
     # printed: a row per label with its support, then the averages
-    for name in matrix["labels"]:
+    for name in matrix["label_names"]:
         row = next(line for line in err.splitlines() if line.startswith(name))
         c = result["per_class"][name]
         assert row.split()[1:] == [f"{c['precision']:.4f}", f"{c['recall']:.4f}",
