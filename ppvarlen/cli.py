@@ -637,7 +637,7 @@ def _bench(args):
 
 
 def main_doctor(argv=None):
-    """Find the variable-length bugs in a model you already have; exit 0 all pass, 1 a check failed.
+    """Find the variable-length bugs in a model you already have; exit 0 none failed, 1 one did.
 
         ppvarlen-doctor MODEL [--tokenizer DIR] [--texts FILE] [--json REPORT] [--backend paddle|onnx]
         python tools/doctor.py MODEL ...                           # the same command
@@ -646,8 +646,9 @@ def main_doctor(argv=None):
     (config.json + model.safetensors), a Paddle inference model (MODEL.json PIR or legacy
     MODEL.pdmodel, + MODEL.pdiparams) or an ONNX file.  It is loaded the way it is deployed
     (Paddle Inference, ONNX Runtime, the PaddleNLP dygraph model called with what its tokenizer
-    returns), fed controlled batches, and each check reported pass / fail / n/a with the
-    measured evidence and the fix: 1 dynamic dimensions, 2 padding invariance, 3 batch
+    returns), fed controlled batches, and each check reported pass / warn / fail / n/a with
+    the measured evidence and the fix (warn: a choice an export's manifest records, such as
+    long_text: truncate, reported with its advice; exit 0): 1 dynamic dimensions, 2 padding invariance, 3 batch
     invariance, 4 empty and 1-token rows, 5 float16 masks, 6 position limits, 7 tokenizer <->
     model, 8 truncation on --texts (a text per line, or JSONL with "text").  Graph inputs are
     fed by name (input_ids, token_type_ids, attention_mask, seq_len, position_ids); the report
