@@ -35,7 +35,7 @@ SEGMENTS = {"name": "token_type_ids", "dtype": "int64", "dims": [-1, -1]}
 
 readers.register_format("text_pair", readers.CorpusFormat(
     FIELDS, '{"text_a": "物流很快", "text_b": "送货速度快", "label": "same"}', None,
-    ("text_a", "text_b"), "class", tsv=lambda line: readers.tsv_columns(line, FIELDS)))
+    ("text_a", "text_b"), "class", table=True))
 
 
 def derive_sentiment_pairs(directory, limit=None):
