@@ -68,7 +68,7 @@ setup(
         "fastapi",
         "uvicorn[standard]",  # httptools + uvloop: the pure-Python h11 parser caps QPS
         "httpx",
-        "prometheus-client>=0.17",  # GET /metrics (ppvarlen/deploy/prom.py)
+        "prometheus-client>=0.17",  # GET /metrics (ppvarlen/serve/prom.py)
         # the Open Inference Protocol over gRPC: the protocol's .proto files as Triton compiles
         # them (tritonclient.grpc's service_pb2 / model_config_pb2) and grpcio's server
         "tritonclient[grpc]>=2.40",

@@ -50,8 +50,8 @@ from machine import machine
 from ppvarlen.config import load_config
 from ppvarlen.data.sources import load_corpus
 from ppvarlen.data.vocab import TextEncoder
-from ppvarlen.deploy.bench import free_port
-from ppvarlen.deploy.manifest import load_manifest
+from ppvarlen.serve.bench import free_port
+from ppvarlen.runtime.manifest import load_manifest
 from ppvarlen.export.exporter import export_model
 from ppvarlen.models import build_model
 from ppvarlen.utils.io import atomic_write_json

@@ -27,7 +27,7 @@ def main():
     args = ap.parse_args()
     from ppvarlen.data.sources import load_corpus
     from ppvarlen.data.g2p import without_final_punctuation
-    from ppvarlen.deploy.predictor import Predictor
+    from ppvarlen.runtime.predictor import Predictor
     from ppvarlen.tasks.seq2seq_metrics import seq2seq_metrics
 
     predictor = Predictor(args.model_dir, args.backend)

@@ -47,7 +47,7 @@ MODULES = {
                  ["tests/test_longtext.py", "tests/test_longtext_edges.py"]),
     "collate": (["ppvarlen/data/collate.py"],
                 ["tests/test_collate.py", "tests/test_collate_edges.py"]),
-    "batcher": (["ppvarlen/deploy/batcher.py"],
+    "batcher": (["ppvarlen/serve/batcher.py"],
                 ["tests/test_deploy_batcher.py", "tests/test_batcher_edges.py"]),
     "tagging": (["ppvarlen/tasks/tagging.py", "ppvarlen/data/tagschemes.py"],
                 ["tests/test_tagschemes.py", "tests/test_tagging_task.py",

@@ -5,10 +5,10 @@
         [--out output/bench/ray_inference]
 
 Batch: the sentiment test split (x ``--repeat``) as JSONL, predicted by
-``ppvarlen.deploy.infer.run_file`` (what deploy/python/infer.py runs) in this process, then
+``ppvarlen.runtime.infer.run_file`` (what deploy/python/infer.py runs) in this process, then
 by ``run_batch`` with ``--actors`` predictor actors on a local Ray cluster (wall time,
 actor start-up included).  Serving: the same closed-loop clients as bench_client.py
-(``ppvarlen.deploy.bench.drive``, one text per request) against serve.py and against the
+(``ppvarlen.serve.bench.drive``, one text per request) against serve.py and against the
 Ray Serve deployment of deploy/ray/serve.yaml (2 replicas).  Writes JSON + PNG.
 """
 import argparse
@@ -22,8 +22,8 @@ import time
 def batch_numbers(model_dir, backend, texts, actors, window):
     import ray
 
-    from ppvarlen.deploy.infer import run_file
-    from ppvarlen.deploy.predictor import Predictor
+    from ppvarlen.runtime.infer import run_file
+    from ppvarlen.runtime.predictor import Predictor
     from ppvarlen.integrations.ray_batch import run_batch
 
     work = tempfile.mkdtemp(prefix="ray_bench_")
@@ -51,7 +51,7 @@ def serving_numbers(model_dir, backend, texts, concurrency, requests):
     import httpx
     from ray import serve
 
-    from ppvarlen.deploy import bench
+    from ppvarlen.serve import bench
     from ppvarlen.integrations.ray_serve import load_serve_config, run_config
 
     def measure(url):
@@ -117,7 +117,7 @@ def main():
 
     import ray
 
-    from ppvarlen.deploy.bench import split_texts
+    from ppvarlen.serve.bench import split_texts
     from ppvarlen.utils.io import atomic_write_json
 
     texts = split_texts(args.model_dir)

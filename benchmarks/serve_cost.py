@@ -40,8 +40,8 @@ import time
 import httpx
 import serve_vs_triton as svt  # the sibling benchmark: perf_analyzer, processes, machine
 
-from ppvarlen.deploy.bench import free_port
-from ppvarlen.deploy.manifest import load_manifest
+from ppvarlen.serve.bench import free_port
+from ppvarlen.runtime.manifest import load_manifest
 from ppvarlen.utils.io import atomic_write_json
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

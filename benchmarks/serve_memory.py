@@ -62,9 +62,9 @@ def draw_shapes(count, max_rows, max_len, seed=0):
 
 def child(args):
     """One (mode, bound) in this process; prints one JSON line."""
-    from ppvarlen.deploy import backends
-    from ppvarlen.deploy import predictor as predictor_module
-    from ppvarlen.deploy.predictor import Predictor
+    from ppvarlen.runtime import backends
+    from ppvarlen.runtime import predictor as predictor_module
+    from ppvarlen.runtime.predictor import Predictor
 
     backend, precision = args.mode.split(":")
     parts = args.bound.split("+")

@@ -16,7 +16,7 @@ The two servers, up side by side for the whole run, on free 127.0.0.1 ports:
 
 Before any load: the anchor's token ids must equal ppvarlen's (``Predictor.encode``) on every
 input text and both servers must answer the same labels and probabilities on a sample, or the
-run stops.  Input texts: the export's real test split (``ppvarlen.deploy.bench.split_texts``:
+run stops.  Input texts: the export's real test split (``ppvarlen.serve.bench.split_texts``:
 sentiment reviews, one per request).  perf_analyzer then measures every (concurrency,
 protocol) point on both servers, interleaved (ppvarlen c=1 REST, Triton c=1 REST, ppvarlen c=1
 gRPC, ...; every other round starts with Triton), each point three fixed windows: on 2 shared
@@ -47,10 +47,10 @@ from importlib.metadata import PackageNotFoundError, version
 
 import httpx
 
-from ppvarlen.deploy import oip
-from ppvarlen.deploy.bench import free_port, split_texts
-from ppvarlen.deploy.manifest import load_manifest
-from ppvarlen.deploy.predictor import Predictor
+from ppvarlen.serve.protocols.oip import codec as oip
+from ppvarlen.serve.bench import free_port, split_texts
+from ppvarlen.runtime.manifest import load_manifest
+from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.utils.io import atomic_write_json
 
 from machine import machine

@@ -38,7 +38,7 @@ from google.protobuf import json_format
 from matplotlib.figure import Figure
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from ppvarlen.deploy.bench import free_port
+from ppvarlen.serve.bench import free_port
 from ppvarlen.utils.io import atomic_write_json
 
 from machine import machine

@@ -36,11 +36,11 @@ from . import _mkl, _quiet
 from .config import ConfigError, add_config_args, load_config, parse_override
 from .config_schema import MODEL_KEYS, SCHEMA, iter_keys
 from .data.errors import DataError
-from .deploy.embedding_files import FORMATS as EMBEDDING_FORMATS
-from .deploy.infer import WINDOW, run_file
-from .deploy.manifest import UnservableExportError
-from .deploy.precision_choice import load_admitted
-from .deploy.predictor import Predictor
+from .runtime.embedding_files import FORMATS as EMBEDDING_FORMATS
+from .runtime.infer import WINDOW, run_file
+from .runtime.manifest import UnservableExportError
+from .runtime.precision_choice import load_admitted
+from .runtime.predictor import Predictor
 from .doctor.errors import ModelLoadError
 from .export.errors import ExportFailedError
 from .models.sentence_transformers_dir import PADDLENLP_EMBED_POOLINGS
@@ -543,7 +543,7 @@ def _serve(args):
                               f"{sorted(given)[0]} disagree; give one of them")
         overrides.append(f"Deploy.precision={args.precision}")
     cfg = _deploy_overrides(overrides, "serve")
-    from .deploy.server import serve
+    from .serve.server import serve
 
     serve(args.model_dir, cfg.Deploy, args.host, args.port, args.backend, args.model_repository,
           args.port_file, args.grpc_port)
@@ -611,7 +611,7 @@ def main_bench(argv=None):
 
 
 def _bench(args):
-    from .deploy.bench import run_benchmark
+    from .serve.bench import run_benchmark
 
     setup_logging()
     _deploy_overrides(args.override, "bench")  # unknown key / bad value: fail here, not in the server

@@ -297,7 +297,7 @@ SCHEMA = {
         "max_body_bytes": Field(int, 1 << 20, help="largest /predict body in bytes (413 "
                                 "beyond, refused before parsing)"),
         "max_text_chars": Field(int, 20000, help="longest text (characters) a request may send"),
-        # connection bounds (ppvarlen/deploy/connections.py; docs/SERVING.md "Connection limits")
+        # connection bounds (ppvarlen/serve/http/connections.py; docs/SERVING.md "Connection limits")
         "max_header_bytes": Field(int, 65536, nullable=True,
                                   help="largest request head (request line and header lines) in "
                                   "bytes: 431 beyond, then closed; null = no bound. 64 KiB holds "

@@ -6,7 +6,7 @@ so a page edited by hand or left stale after a code change is caught.  Sources:
 
 * config.md      -- ``config_schema.iter_keys()`` (section, key, type, default, meaning, models)
 * commands.md    -- each console script's ``--help`` (setup.py's CONSOLE_SCRIPTS, ppvarlen/cli.py)
-* http-api.md    -- the server's OpenAPI document (ppvarlen/deploy/api.py), rendered from its JSON
+* http-api.md    -- the server's OpenAPI document (ppvarlen/serve/openapi.py), rendered from its JSON
 * python-api.md  -- mkdocstrings directives for the public classes (their docstrings)
 
 Nothing in the library imports this module (it is a maintainers' tool); it needs no Paddle.
@@ -23,8 +23,8 @@ import yaml
 
 from . import cli
 from .config_schema import MODEL_KEYS, SCHEMA, iter_keys
-from .deploy.repository import ServedModel
-from .deploy.server import create_app, model_name_of
+from .serve.repository import ServedModel
+from .serve.server import create_app, model_name_of
 from .tasks import get_task
 from .utils.io import atomic_write_text
 
@@ -36,7 +36,7 @@ HELP_WIDTH = "100"  # argparse wraps --help to $COLUMNS; fixed so the page does 
 
 # The public Python API: (page section, dotted object) rendered by mkdocstrings from docstrings.
 PYTHON_API = (
-    ("Serving an export", "ppvarlen.deploy.predictor.Predictor"),
+    ("Serving an export", "ppvarlen.runtime.predictor.Predictor"),
     ("Batching by length", "ppvarlen.data.samplers.TokenBudgetBatchSampler"),
     ("Batching by length", "ppvarlen.data.samplers.BucketBatchSampler"),
     ("Batching by length", "ppvarlen.data.samplers.build_batch_sampler"),
@@ -250,7 +250,7 @@ def _schema_table(name, schema, prefix="", level="###"):
 
 def http_api_page():
     doc = _with_embeddings(openapi_document())
-    out = [GENERATED_NOTE.format(source="the server's OpenAPI document (ppvarlen/deploy/api.py)"),
+    out = [GENERATED_NOTE.format(source="the server's OpenAPI document (ppvarlen/serve/openapi.py)"),
            "# HTTP API\n",
            "Rendered from the OpenAPI document `ppvarlen-serve` answers at `/openapi.json` "
            "(its `/docs` page shows the same with a live example). This page is the document "

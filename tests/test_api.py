@@ -13,8 +13,8 @@ from test_deploy_seq2seq import make_seq2seq_export
 from test_deploy_seq2seq import reference as s2s_reference
 from test_server import RunningServer
 
-from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import create_app, deploy_settings
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.server import create_app, deploy_settings
 from ppvarlen.utils.inputs import is_blank
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -14,8 +14,8 @@ from test_deploy_batcher import FakePredictor, Item
 
 from ppvarlen.config import ConfigError
 from ppvarlen.config_schema import SCHEMA
-from ppvarlen.deploy import batcher as batcher_module
-from ppvarlen.deploy.batcher import BatcherClosed, DynamicBatcher, QueueFull, plan_groups
+from ppvarlen.serve import batcher as batcher_module
+from ppvarlen.serve.batcher import BatcherClosed, DynamicBatcher, QueueFull, plan_groups
 
 NEVER_MS = 600_000  # a max_wait no test waits out: a batch must go for another reason
 
@@ -228,7 +228,7 @@ class _Records(logging.Handler):
 @pytest.fixture()
 def batcher_log():
     handler = _Records()
-    logger = logging.getLogger("ppvarlen.deploy.batcher")
+    logger = logging.getLogger("ppvarlen.serve.batcher")
     logger.addHandler(handler)
     yield handler.records
     logger.removeHandler(handler)

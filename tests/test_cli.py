@@ -12,7 +12,7 @@ import pytest
 from ppvarlen import cli
 from ppvarlen.config import ConfigError
 from ppvarlen.data.errors import DataError
-from ppvarlen.deploy.manifest import UnservableExportError
+from ppvarlen.runtime.manifest import UnservableExportError
 from ppvarlen.export.errors import ExportFailedError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

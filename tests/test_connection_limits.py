@@ -1,4 +1,4 @@
-"""Connection bounds (ppvarlen/deploy/connections.py) over real sockets on 127.0.0.1.
+"""Connection bounds (ppvarlen/serve/http/connections.py) over real sockets on 127.0.0.1.
 
 Every server here is built by ``connections.uvicorn_config``, the builder ``serve()`` runs:
 in a thread with a small FastAPI app for the answers and deadlines, and as
@@ -31,8 +31,8 @@ from test_server import RunningServer, wait_for
 from uvicorn.protocols.http import httptools_impl
 
 from ppvarlen.config import ConfigError, load_config
-from ppvarlen.deploy import connections
-from ppvarlen.deploy.predictor import Predictor
+from ppvarlen.serve.http import connections
+from ppvarlen.runtime.predictor import Predictor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WAIT_S = 15  # the longest any answer or close is waited for (the deadlines are ~1 s)
@@ -132,11 +132,11 @@ def log_records():
     saved = [(lg, lg.level) for lg in loggers]
     for lg in loggers:
         lg.addHandler(handler)
-    logging.getLogger("ppvarlen.deploy.connections").setLevel(logging.INFO)
+    logging.getLogger("ppvarlen.serve.http.connections").setLevel(logging.INFO)
     yield records
     for lg, level in saved:
         lg.removeHandler(handler)
-    logging.getLogger("ppvarlen.deploy.connections").setLevel(logging.NOTSET)
+    logging.getLogger("ppvarlen.serve.http.connections").setLevel(logging.NOTSET)
 
 
 def assert_no_tracebacks(records):
@@ -147,7 +147,7 @@ def assert_no_tracebacks(records):
 def reports(records, kind):
     """The report lines ConnectionEvents wrote for ``kind``."""
     what = connections.EVENTS[kind][1]
-    return [r for r in records if r.name == "ppvarlen.deploy.connections" and
+    return [r for r in records if r.name == "ppvarlen.serve.http.connections" and
             r.levelno >= logging.INFO and r.getMessage().startswith(what)]
 
 
@@ -422,7 +422,7 @@ def test_max_connections_is_fitted_under_the_open_file_limit(monkeypatch):
 
 def test_the_uvicorn_internals_the_protocol_relies_on_are_as_read():
     """Fails when uvicorn changes under BoundedHttpToolsProtocol: read the new
-    uvicorn/protocols/http/httptools_impl.py against ppvarlen/deploy/connections.py (its
+    uvicorn/protocols/http/httptools_impl.py against ppvarlen/serve/http/connections.py (its
     data_received copies uvicorn's), then update UVICORN_READ and the hash here."""
     source = inspect.getsource(httptools_impl).encode()
     assert uvicorn.__version__ == connections.UVICORN_READ, uvicorn.__version__

@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from ppvarlen.deploy.batcher import BatcherClosed, DynamicBatcher, QueueFull
+from ppvarlen.serve.batcher import BatcherClosed, DynamicBatcher, QueueFull
 
 
 class Item:
@@ -91,7 +91,7 @@ def test_padding_must_be_cheaper_than_a_separate_pass():
 def test_plan_groups_is_the_cheapest_split():
     import itertools
 
-    from ppvarlen.deploy.batcher import plan_groups
+    from ppvarlen.serve.batcher import plan_groups
 
     def cost(groups, lengths, overhead):
         return sum(overhead + (b - a) * lengths[b - 1] for a, b in groups)

@@ -7,7 +7,7 @@ import sys
 import pytest
 from test_deploy_helpers import TEXTS, cls_export, tag_export  # noqa: F401
 
-from ppvarlen.deploy.predictor import Predictor
+from ppvarlen.runtime.predictor import Predictor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INFER = os.path.join(REPO, "deploy", "python", "infer.py")
@@ -64,7 +64,7 @@ def test_infer_refuses_bad_arguments_without_traceback(cls_export, tmp_path):  #
 
 
 def test_bench_compares_batching_on_and_off(cls_export, tmp_path):  # noqa: F811
-    from ppvarlen.deploy.bench import run_benchmark
+    from ppvarlen.serve.bench import run_benchmark
 
     res = run_benchmark(cls_export[0], str(tmp_path), "onnx", concurrency=8, max_requests=120,
                         duration_s=20, warmup_requests=16, texts=TEXTS)

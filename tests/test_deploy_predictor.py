@@ -10,8 +10,8 @@ from test_deploy_helpers import (NER_TAGS, TEXTS, cls_export, reference,  # noqa
                                  reference_ids, tag_export)
 
 from ppvarlen.data.errors import DataError
-from ppvarlen.deploy.manifest import UnservableExportError
-from ppvarlen.deploy.predictor import Predictor, char_spans
+from ppvarlen.runtime.manifest import UnservableExportError
+from ppvarlen.runtime.predictor import Predictor, char_spans
 from ppvarlen.tasks.tagging import TaggingTask, entities
 
 MAX_LEN = 16

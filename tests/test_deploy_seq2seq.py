@@ -16,9 +16,9 @@ from test_server import RunningServer, post, run_concurrently
 from test_vocab import pair_counts
 
 from ppvarlen.data.errors import DataError
-from ppvarlen.deploy.manifest import UnservableExportError
-from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import create_app, deploy_settings
+from ppvarlen.runtime.manifest import UnservableExportError
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.server import create_app, deploy_settings
 
 MAX_SOURCE = 16
 LONG = "这是一段非常非常非常非常长的句子，超过了最大长度"  # > MAX_SOURCE chars
@@ -226,7 +226,7 @@ def test_manifest_without_decoding_is_refused(s2s_export, tmp_path):
 
 
 def test_bench_draws_g2p_sources_for_a_seq2seq_export(s2s_export):
-    from ppvarlen.deploy.bench import split_texts
+    from ppvarlen.serve.bench import split_texts
 
     texts = split_texts(s2s_export[0])
     # clauses packed to the export's max_len

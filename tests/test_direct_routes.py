@@ -1,4 +1,4 @@
-"""The inference routes answered ahead of FastAPI's routing (``ppvarlen.deploy.direct``): the
+"""The inference routes answered ahead of FastAPI's routing (``ppvarlen.serve.http.direct``): the
 same answers, errors, headers and counts as a FastAPI route, under a mount prefix too, and
 FastAPI still owning everything else about those paths (405, the trailing-slash redirect, the
 OpenAPI document)."""
@@ -9,9 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 from test_deploy_helpers import TEXTS, cls_export  # noqa: F401
 
-from ppvarlen.deploy.direct import route_path
-from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import create_app, deploy_settings
+from ppvarlen.serve.http.direct import route_path
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.server import create_app, deploy_settings
 
 INFER = "/v2/models/tiny/infer"
 

@@ -17,7 +17,8 @@ import pytest
 
 import doctor_models as planted
 from ppvarlen.cli import main_doctor
-from ppvarlen.deploy import admission, row_checks
+from ppvarlen.runtime import admission
+from ppvarlen.runtime import row_checks
 from ppvarlen.doctor import output_checks, tokenizer_check
 from ppvarlen.doctor.diagnose import diagnose
 from test_deploy_helpers import make_tiny_export

@@ -11,8 +11,8 @@ import pytest
 from script_loader import load_script
 from test_server import RunningServer
 
-from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import create_app, deploy_settings
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.server import create_app, deploy_settings
 
 TRAIN = ["这部电影真好看", "质量 太差了", "物流\u3000很快\t包装完好", "反斜杠\\也是字", "好评",
          "江泽民主席在北京会见了客人，双方进行了友好的交谈"]

@@ -1,4 +1,4 @@
-"""Serving an embedding export (ppvarlen/deploy/routes_openai.py, the OIP's FP32 embedding):
+"""Serving an embedding export (ppvarlen/serve/protocols/openai/routes.py, the OIP's FP32 embedding):
 the OFFICIAL ``openai`` client's ``embeddings.create`` gets float and base64 embeddings equal
 to the eager model's; bad input gets the OpenAI error object with a 4xx (the client raises its
 own error types); ``dimensions`` refused or cut per the manifest; auth, metrics, repository
@@ -32,10 +32,11 @@ from ppvarlen.cli import main_infer
 from ppvarlen.config import load_config
 from ppvarlen.data.errors import DataError
 from ppvarlen.data.vocab import TextEncoder
-from ppvarlen.deploy import embedding_files, routes_openai
-from ppvarlen.deploy.infer import run_file
-from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import create_app, deploy_settings
+from ppvarlen.runtime import embedding_files
+from ppvarlen.serve.protocols.openai import routes as routes_openai
+from ppvarlen.runtime.infer import run_file
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.server import create_app, deploy_settings
 from ppvarlen.export.exporter import export_model
 from ppvarlen.models import build_model
 

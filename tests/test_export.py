@@ -89,7 +89,7 @@ def test_parity_checked_the_engines_the_predictor_serves(rnn_export):
     """Every served backend/precision was checked with exactly the engine settings the
     predictor (serve, infer) builds for the same directory and Deploy.threads: a parity runner
     of its own, other threads or another oneDNN/ONNX Runtime setting fails here."""
-    from ppvarlen.deploy.predictor import Predictor
+    from ppvarlen.runtime.predictor import Predictor
     from ppvarlen.export.precision_speed import PARITY_BACKENDS
 
     _, out, manifest = rnn_export
@@ -107,7 +107,7 @@ def test_parity_checked_the_engines_the_predictor_serves(rnn_export):
 
 
 def test_parity_builds_its_served_backends_with_the_serving_factory(monkeypatch, tmp_path):
-    from ppvarlen.deploy import backends
+    from ppvarlen.runtime import backends
     from ppvarlen.export import parity
 
     built = []

@@ -270,8 +270,8 @@ def test_low_precisions_are_refused_for_seq2seq(tmp_path):
 def test_a_corrupted_file_fails_the_sha256_check(exported, tmp_path):
     import shutil
 
-    from ppvarlen.deploy.manifest import UnservableExportError
-    from ppvarlen.deploy.manifest import load_manifest
+    from ppvarlen.runtime.manifest import UnservableExportError
+    from ppvarlen.runtime.manifest import load_manifest
 
     _, out, _ = exported
     copy = tmp_path / "copy"

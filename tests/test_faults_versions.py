@@ -16,12 +16,12 @@ import pytest
 from test_deploy_helpers import TEXTS, make_tiny_export
 from test_server import RunningServer, wait_for
 
-from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import create_app, deploy_settings
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.server import create_app, deploy_settings
 from ppvarlen.utils.io import HOST_TAG
 
 DEADLINE_S = 60  # generous: the machine is shared and may be busy
-REPOSITORY = "ppvarlen.deploy.repository"
+REPOSITORY = "ppvarlen.serve.repository"
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,7 @@ def test_the_fingerprint_sees_what_a_copy_or_a_fix_changes_and_not_a_read(export
     """What re-examines a refused version: a permission fixed (a chmod: root reads any file,
     so this suite cannot be refused for one), a file rewritten with its old size and mtime
     restored (``rsync -a``, ``cp -p``), a file replaced by a rename; a read changes nothing."""
-    from ppvarlen.deploy.repository import content_fingerprint
+    from ppvarlen.serve.repository import content_fingerprint
 
     version = tmp_path / "1"
     shutil.copytree(exports["a"], version)

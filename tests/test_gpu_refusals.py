@@ -13,9 +13,9 @@ import paddle
 import pytest
 from paddle.inference import PrecisionType
 
-from ppvarlen.deploy import gpu
-from ppvarlen.deploy.backends import build_engine
-from ppvarlen.deploy.manifest import load_manifest
+from ppvarlen.runtime import gpu
+from ppvarlen.runtime.backends import build_engine
+from ppvarlen.runtime.manifest import load_manifest
 from ppvarlen.export import gpu_check
 from test_precision_choice import export_dir, shared_export  # noqa: F401  (a tiny onnx export)
 from test_quantize import int8_export  # noqa: F401

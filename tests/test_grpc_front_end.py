@@ -14,11 +14,11 @@ import tritonclient.grpc as tgrpc
 from test_deploy_helpers import cls_export  # noqa: F401
 from test_server import RunningServer
 
-from ppvarlen.deploy.grpc_front import Relay
-from ppvarlen.deploy.grpc_service import METHOD_NAMES, METHODS, SERVICE, front_end_command
-from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.relay_frames import CALL, HELLO, MAX_CALL_ID, FrameReader, call_frame
-from ppvarlen.deploy.server import create_app, deploy_settings
+from ppvarlen.serve.grpc.front import Relay
+from ppvarlen.serve.grpc.service import METHOD_NAMES, METHODS, SERVICE, front_end_command
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.grpc.frames import CALL, HELLO, MAX_CALL_ID, FrameReader, call_frame
+from ppvarlen.serve.server import create_app, deploy_settings
 
 
 def _infer_one(port, name):

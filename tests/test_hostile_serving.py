@@ -4,7 +4,7 @@ Crafted artifacts (each built here from the tiny export, its hashes rewritten as
 would write them): truncated weights, an ``encoder.json`` of ``[]``, five label names for a
 two-logit model, a NaN ``[SEP]`` embedding row, a vocabulary larger than the embedding table,
 symbolic links out of the export or the repository, a version directory named ``²``.  Each is
-refused by the one admission check (``ppvarlen.deploy.admission``) with its reason — at
+refused by the one admission check (``ppvarlen.runtime.admission``) with its reason — at
 start-up, on the load endpoint (409) and in the index — while the good version keeps answering
 16 clients with no request failed or lost.  Hostile requests (deep JSON, huge integers, lone
 surrogates, NaN literals, bad binary-extension headers, a client gone mid-body, a bug in a
@@ -30,11 +30,11 @@ from test_prometheus import samples, value
 from test_server import REPO, RunningServer, run_concurrently
 
 from ppvarlen.config import ConfigError, load_config
-from ppvarlen.deploy import api
-from ppvarlen.deploy.admission import AdmissionError, admit
-from ppvarlen.deploy.manifest import UnservableExportError
-from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import app_from_config, create_app, deploy_settings
+from ppvarlen.serve import openapi as api
+from ppvarlen.runtime.admission import AdmissionError, admit
+from ppvarlen.runtime.manifest import UnservableExportError
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.server import app_from_config, create_app, deploy_settings
 from ppvarlen.export.errors import ExportFailedError
 from ppvarlen.export.exporter import admit_export
 from ppvarlen.utils.io import sha256_file
@@ -260,7 +260,7 @@ def test_bad_versions_under_load_never_fail_a_request(bad, tmp_path):
     shutil.copytree(bad["good"], outside / "tiny_elsewhere")
     own = dict(zip(TEXTS, Predictor(bad["good"], "onnx").predict(TEXTS)))
     log = Records()
-    logging.getLogger("ppvarlen.deploy.repository").addHandler(log)
+    logging.getLogger("ppvarlen.serve.repository").addHandler(log)
     load = functools.partial(Predictor, backend="onnx")
     app = create_app(repository=str(root), load_predictor=load, deploy=deploy_settings(repository_poll_s=0.3, max_wait_ms=2))
     kinds = [k for k, (backend, _) in REFUSALS.items() if backend == "onnx"] + ["dir_link"]
@@ -297,7 +297,7 @@ def test_bad_versions_under_load_never_fail_a_request(bad, tmp_path):
             assert r.status_code == 404 and "ASCII digits" in r.json()["error"], r.text
             metrics = samples(httpx.get(srv.url + "/metrics", timeout=30).text)
     finally:
-        logging.getLogger("ppvarlen.deploy.repository").removeHandler(log)
+        logging.getLogger("ppvarlen.serve.repository").removeHandler(log)
     assert not loop.failures, loop.failures[:3]
     assert len(loop.answers) == loop.sent
     assert {v for _, v, _, _ in loop.answers} == {"1", str(good)}
@@ -408,7 +408,7 @@ def test_a_client_gone_mid_body_is_one_log_line(server):
     records = Records()
     for name in ("ppvarlen", "uvicorn.error"):
         logging.getLogger(name).addHandler(records)
-    server_log = logging.getLogger("ppvarlen.deploy.server")
+    server_log = logging.getLogger("ppvarlen.serve.server")
     level = server_log.level
     server_log.setLevel(logging.INFO)
     try:

@@ -61,7 +61,7 @@ def test_importing_ppvarlen_leaves_the_environment_and_warning_filters_alone():
     env = {k: v for k, v in os.environ.items()
            if k not in ("MKL_DEBUG_CPU_TYPE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
     for first, ours in (("import numpy, yaml, pydantic\n", "ppvarlen, ppvarlen.config, ppvarlen.cli, ppvarlen.metrics, "
-                             "ppvarlen.tasks, ppvarlen.models, ppvarlen.deploy.predictor"),
+                             "ppvarlen.tasks, ppvarlen.models, ppvarlen.runtime.predictor"),
                         ("import paddle, paddlenlp.transformers, paddlenlp.trainer\n",
                          "ppvarlen.engine, ppvarlen.export.exporter, "
                          "ppvarlen.integrations.paddlenlp_trainer")):
@@ -79,27 +79,31 @@ def test_importing_ppvarlen_leaves_the_environment_and_warning_filters_alone():
 
 
 LAYER_RULES = {  # package or module -> the ppvarlen subpackages it must not import (at any depth)
-    # data is task-agnostic: a task hands its store fields and encode function in (issue 23)
-    "ppvarlen/data": "tasks|engine|export|deploy|doctor",
-    "ppvarlen/models": "engine|export|deploy|doctor",
-    "ppvarlen/deploy": "models|engine|export|doctor",
-    # export builds its parity backends with the serving engine factory, reads manifests with
-    # the serving reader and admits what it wrote with the serving admission check (through
-    # the serving predictor); nothing else of deploy
-    "ppvarlen/export": r"deploy(?!\.(backends|manifest|admission|predictor)\b)|doctor",
+    # data is task-agnostic: a task hands its store fields and encode function in
+    "ppvarlen/data": "tasks|engine|export|runtime|serve|doctor",
+    "ppvarlen/models": "engine|export|runtime|serve|doctor",
+    # an export directory -> predictions, with no server and no training code in it
+    "ppvarlen/runtime": "models|engine|export|serve|doctor",
+    # the server loads exports through the runtime; beside the trainer, never above it
+    "ppvarlen/serve": "models|engine|export|doctor",
+    # export builds its parity backends, reads manifests and admits what it wrote through the
+    # runtime; it never imports the server
+    "ppvarlen/export": "serve|doctor",
     # tasks read their metrics from ppvarlen/metrics.py, never from the trainer's package; they
-    # receive model objects and never import models (deploy imports tasks: a serving host needs
-    # no model or training code)
-    "ppvarlen/tasks": "models|engine|export|deploy|doctor",
+    # receive model objects and never import models (the runtime imports tasks: a serving host
+    # needs no model or training code)
+    "ppvarlen/tasks": "models|engine|export|runtime|serve|doctor",
     # the store build drives a task over the corpus the data layer reads: above both, below
     # the trainer, the exporter and the tools that call it
-    "ppvarlen/store_build.py": "models|engine|export|deploy|doctor",
+    "ppvarlen/store_build.py": "models|engine|export|runtime|serve|doctor",
     # the metrics are read by tasks, the trainer and the server alike
-    "ppvarlen/metrics.py": "tasks|models|engine|export|deploy|doctor",
-    # the doctor loads models the way they are deployed: the serving predictor and its shared
-    # checks (deploy), PaddleNLP directories (models); never the trainer or the exporter, and
-    # nothing imports the doctor but the command line
-    "ppvarlen/doctor": "engine|export",
+    "ppvarlen/metrics.py": "tasks|models|engine|export|runtime|serve|doctor",
+    # the doctor loads models the way they are deployed: the runtime's predictor and its shared
+    # checks, PaddleNLP directories (models); never the trainer, the exporter or the server,
+    # and nothing imports the doctor but the command line
+    "ppvarlen/doctor": "engine|export|serve",
+    # Ray batch inference runs exports through the runtime; only Ray Serve needs the server
+    "ppvarlen/integrations/ray_batch.py": "serve|engine|export|doctor",
 }
 
 
@@ -114,7 +118,7 @@ def test_layering_pattern_catches_the_forms_it_names():
     rx = _layer_rx(LAYER_RULES["ppvarlen/data"])
     for line in ("from ..tasks import get_task", "    from ...tasks.base import Task",
                  "import ppvarlen.tasks", "from ppvarlen.engine import metrics",
-                 "from ..export.parity import x", "    from ...deploy import api"):
+                 "from ..export.parity import x", "    from ...serve import openapi"):
         assert rx.search(line), line
     for line in ("from .store import StoreField", "from ..utils.io import atomic_dir",
                  "from .corpora import load_corpus", "# from ..tasks import nothing"):
@@ -122,10 +126,9 @@ def test_layering_pattern_catches_the_forms_it_names():
 
 
 def test_layering():
-    """data knows nothing of tasks/engine/export/deploy (not even lazily), models nothing of
-    engine/export/deploy; deploy never imports models/engine/export; export only deploy's engine
-    factory, manifest reader and admission check; tasks nothing of models/engine/export/deploy (not even in a
-    method); the doctor nothing of engine/export, and no library layer the doctor."""
+    """Each package imports only the floors below it (LAYER_RULES), not even lazily: data <
+    tasks < runtime < export / doctor / serve; serve beside engine; nothing imports the
+    doctor but the command line."""
     bad = []
     for d, pattern in LAYER_RULES.items():
         rx = _layer_rx(pattern)
@@ -261,7 +264,8 @@ def test_no_sys_path_edits_in_shipped_scripts():
 # The generic layers iterate over what a task declares (its store Fields, input/output specs);
 # they name no task's field.  The names are collected FROM the registered tasks' declarations,
 # minus the token-row contract every task shares (the base Task's: ids, lengths, doc id).
-GENERIC_DIRS = ["ppvarlen/data", "ppvarlen/export", "ppvarlen/deploy", "ppvarlen/engine"]
+GENERIC_DIRS = ["ppvarlen/data", "ppvarlen/export", "ppvarlen/runtime", "ppvarlen/serve",
+                "ppvarlen/engine"]
 # corpus readers: they define the corpora's line formats ({"text", "label"}, {"tokens", "tags"}),
 # which are the corpora's keys, not a task's item fields
 CORPUS_READERS = ("ppvarlen/data/corpora/", "ppvarlen/data/readers.py", "ppvarlen/data/splits.py",
@@ -269,7 +273,7 @@ CORPUS_READERS = ("ppvarlen/data/corpora/", "ppvarlen/data/readers.py", "ppvarle
 # remaining (file, name) uses, each with its reason; the test fails when one is added AND when
 # one disappears (then delete it here), so the list only shrinks
 KNOWN_FIELD_NAMES = {
-    ("ppvarlen/deploy/routes_predict.py", "labels"): "/health key listing the label names",
+    ("ppvarlen/serve/protocols/predict/routes.py", "labels"): "/health key listing the label names",
     ("ppvarlen/export/precision_speed.py", "tokens"): "a timing report's token count key",
     ("ppvarlen/export/exporter.py", "label"): "pretrained-dir verify file format (docstring)",
     ("ppvarlen/export/exporter.py", "tags"): "pretrained-dir verify file format (docstring)",
@@ -277,10 +281,10 @@ KNOWN_FIELD_NAMES = {
     ("ppvarlen/export/parity.py", "src_ids"): "seq2seq's decoded-ids parity (verify_greedy)",
     ("ppvarlen/export/parity.py", "src_len"): "seq2seq's decoded-ids parity (verify_greedy)",
     ("ppvarlen/export/parity.py", "tokens"): "seq2seq's decoded-ids parity (verify_greedy)",
-    ("ppvarlen/deploy/backends.py", "src_ids"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
-    ("ppvarlen/deploy/backends.py", "src_len"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
-    ("ppvarlen/deploy/backends.py", "tokens"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
-    ("ppvarlen/deploy/routes_openai.py", "embedding"): "the OpenAI API's own names (data[i]."
+    ("ppvarlen/runtime/backends.py", "src_ids"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
+    ("ppvarlen/runtime/backends.py", "src_len"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
+    ("ppvarlen/runtime/backends.py", "tokens"): "seq2seq's greedy ONNX engine (OnnxGreedyEngine)",
+    ("ppvarlen/serve/protocols/openai/routes.py", "embedding"): "the OpenAI API's own names (data[i]."
     "embedding, \"object\": \"embedding\")",
 }
 
@@ -347,15 +351,15 @@ def test_task_field_check_catches_a_planted_name(tmp_path):
 # Imports go at the top of their module.  An import inside a function is allowed only at a
 # documented boundary: (module path glob, imported module(s), why it must stay lazy).  An entry
 # that no import uses any more fails the test too (delete it then), so the list only shrinks.
-PADDLE_FREE = "the serving path (deploy, tasks, data) imports without paddle"
+PADDLE_FREE = "the serving path (runtime, serve, tasks, data) imports without paddle"
 LAZY_IMPORTS = [
     ("ppvarlen/cli.py", ("ppvarlen.engine", "ppvarlen.export.exporter",
                          "ppvarlen.export.gpu_check", "ppvarlen.length_report",
-                         "ppvarlen.deploy.server", "ppvarlen.deploy.bench",
+                         "ppvarlen.serve.server", "ppvarlen.serve.bench",
                          "ppvarlen.doctor.diagnose"),
      "one import of the command's module when it runs: --help and config errors stay instant "
      "and paddle-free (tests/test_cli.py)"),
-    ("ppvarlen/deploy/*", ("paddle",), PADDLE_FREE + "; Paddle Inference loads when it runs"),
+    ("ppvarlen/runtime/*", ("paddle",), PADDLE_FREE + "; Paddle Inference loads when it runs"),
     ("ppvarlen/tasks/*", ("paddle",), PADDLE_FREE + "; only training/eval calls need paddle"),
     ("ppvarlen/models/__init__.py", ("ppvarlen.models.weights",),
      "`import ppvarlen.models` (the registry) stays paddle-free: config checks need no paddle"),

@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 from pair_qa_exports import pair_export, qa_export  # noqa: F401
 
 from ppvarlen.data.errors import DataError
-from ppvarlen.deploy import infer
-from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import create_app, deploy_settings
+from ppvarlen.runtime import infer
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.server import create_app, deploy_settings
 from ppvarlen.tasks import get_task
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

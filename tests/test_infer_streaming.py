@@ -5,8 +5,8 @@ import pytest
 from test_deploy_helpers import TEXTS, cls_export, make_tiny_export, tag_export  # noqa: F401
 
 from ppvarlen.data.errors import DataError
-from ppvarlen.deploy import infer
-from ppvarlen.deploy.predictor import Predictor
+from ppvarlen.runtime import infer
+from ppvarlen.runtime.predictor import Predictor
 
 LONG = "".join(TEXTS)  # longer than the tiny exports' max_len of 16
 

@@ -20,8 +20,8 @@ from test_deploy_helpers import TEXTS, cls_export, make_tiny_export, tag_export 
 from test_prometheus import samples, value
 from test_server import RunningServer
 
-from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import create_app, deploy_settings
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.server import create_app, deploy_settings
 
 CLIENTS = 16
 DEADLINE_S = 120  # generous: the machine is shared and may be busy
@@ -127,7 +127,7 @@ def test_hot_reload_under_load(cls_export, tmp_path):  # noqa: F811
     assert own["1"] != own["2"]  # the versions are told apart by their answers
 
     log = Records()
-    logging.getLogger("ppvarlen.deploy.repository").addHandler(log)
+    logging.getLogger("ppvarlen.serve.repository").addHandler(log)
     load = functools.partial(Predictor, backend="onnx")
     app = create_app(repository=str(root), load_predictor=load, deploy=deploy_settings(repository_poll_s=0.2, max_wait_ms=2, workers=1, drain_timeout_s=60))
     with RunningServer(app) as srv, ClientLoop(srv.url) as loop:
@@ -174,7 +174,7 @@ def test_hot_reload_under_load(cls_export, tmp_path):  # noqa: F811
                  reason="manifest") == 2
     assert value(metrics, "ppvarlen_model_version_loaded", model="tiny", version="1") == 0
     assert value(metrics, "ppvarlen_model_version_loaded", model="tiny", version="2") == 1
-    logging.getLogger("ppvarlen.deploy.repository").removeHandler(log)
+    logging.getLogger("ppvarlen.serve.repository").removeHandler(log)
     assert any("version 3 refused" in m and "sha256" in m for m in log.messages), log.messages
     print(f"{len(versions)} answers ({versions.count('1')} from version 1, "
           f"{versions.count('2')} from version 2), 0 failed; RSS with one version "

@@ -12,8 +12,8 @@ from test_deploy_seq2seq import MIXED, make_seq2seq_export
 from test_server import RunningServer
 from tritonclient.utils import InferenceServerException
 
-from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import create_app, deploy_settings
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.server import create_app, deploy_settings
 
 # mixed lengths: 1 to 26 characters, one beyond the exports' max_len of 16 tokens
 MIXED_TEXTS = TEXTS + ["好", "北京", "这是一段非常非常非常非常长的句子，超过了最大长度"]

@@ -19,9 +19,9 @@ from test_server import RunningServer
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from ppvarlen.deploy.grpc_service import SERVICE
-from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import create_app, deploy_settings
+from ppvarlen.serve.grpc.service import SERVICE
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.server import create_app, deploy_settings
 
 LIMITS = dict(max_texts_per_request=16, max_text_chars=200, max_body_bytes=8192)
 

@@ -15,8 +15,8 @@ from pair_qa_exports import pair_export, qa_export  # noqa: F401
 from test_server import RunningServer
 from tritonclient.utils import InferenceServerException
 
-from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import create_app, deploy_settings
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.server import create_app, deploy_settings
 from ppvarlen.tasks import get_task
 
 EXPORTS = {"text_pair": "pair_export", "extractive_qa": "qa_export"}

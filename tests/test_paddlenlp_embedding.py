@@ -328,7 +328,7 @@ def test_export_records_the_embedding_and_passes_parity_and_admission(exported):
 
 @pytest.mark.parametrize("backend", ["paddle", "onnx"])
 def test_exported_engines_take_any_shape_and_equal_paddlenlp(backend, exported):
-    from ppvarlen.deploy.backends import OnnxEngine, PaddleEngine
+    from ppvarlen.runtime.backends import OnnxEngine, PaddleEngine
 
     st, out = exported["st"]
     manifest = json.load(open(os.path.join(out, "manifest.json")))
@@ -349,7 +349,7 @@ def test_training_writes_a_directory_that_says_its_pooling(exported):
     directory, out = exported["trained"]
     said = read_directory_pooling(directory, HIDDEN)
     assert (said.pooling, said.normalize) == ("cls", False)
-    from ppvarlen.deploy.backends import OnnxEngine
+    from ppvarlen.runtime.backends import OnnxEngine
 
     manifest = json.load(open(os.path.join(out, "manifest.json")))
     rows, vocab_size = encoded_texts(directory)

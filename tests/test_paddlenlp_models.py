@@ -278,7 +278,7 @@ def test_trained_model_saved_with_save_pretrained_reloads_with_identical_logits(
 
 @pytest.mark.parametrize("arch, head", COMBOS)
 def test_export_from_directory_matches_paddlenlp_eager(arch, head, trained):
-    from ppvarlen.deploy.backends import OnnxEngine, PaddleEngine
+    from ppvarlen.runtime.backends import OnnxEngine, PaddleEngine
 
     run, out, _ = trained(arch, head)
     manifest = json.load(open(out / "manifest.json"))

@@ -18,8 +18,8 @@ import pytest
 from test_deploy_helpers import TEXTS, cls_export  # noqa: F401
 from test_server import REPO, RunningServer
 
-from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import create_app, deploy_settings
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.server import create_app, deploy_settings
 
 
 def perf_analyzer_path():

@@ -11,11 +11,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from ppvarlen import cli
-from ppvarlen.deploy import admission, precision_choice
-from ppvarlen.deploy.admission import AdmissionError
-from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import app_from_config
-from ppvarlen.deploy.state import deploy_settings
+from ppvarlen.runtime import admission
+from ppvarlen.runtime import precision_choice
+from ppvarlen.runtime.admission import AdmissionError
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.server import app_from_config
+from ppvarlen.serve.state import deploy_settings
 from ppvarlen.export.exporter import export_model
 from test_export import CFG, _encoder, _meta
 from test_precision_choice import ITEMS
@@ -67,11 +68,11 @@ def _loader(backend):
 def _refuse_admission_of(monkeypatch, refused):
     real = admission.admit
 
-    def admit(predictor, seed=0):
+    def admit(predictor, seed=0, renderers=()):
         if predictor.precision == refused:
             raise AdmissionError("padding", "length 1: the output alone differs from the "
                                  "output batched with other lengths (padding changes the answer)")
-        return real(predictor, seed)
+        return real(predictor, seed, renderers)
 
     monkeypatch.setattr(admission, "admit", admit)
 
@@ -86,7 +87,7 @@ def test_deploy_precision_defaults_to_auto():
 ])
 def test_auto_serves_what_this_host_times_fastest(export_dir, host, on_host, expected, caplog):
     host.speeds = on_host
-    caplog.set_level(logging.INFO, logger="ppvarlen.deploy.precision")
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
     predictor = precision_choice.load_admitted(_loader("paddle"), export_dir, "auto")
     assert host.calls == [["bf16", "fp32"]]  # both admitted, then timed together
     assert predictor.precision == expected
@@ -102,7 +103,7 @@ def test_auto_serves_what_this_host_times_fastest(export_dir, host, on_host, exp
 def test_bf16_verified_on_another_host_is_skipped_on_a_cpu_without_bf16(
         export_dir, host, monkeypatch, caplog):
     monkeypatch.setattr(precision_choice, "cpu_supports_bf16", lambda: False)
-    caplog.set_level(logging.INFO, logger="ppvarlen.deploy.precision")
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
     predictor = precision_choice.load_admitted(_loader("paddle"), export_dir, "auto")
     assert predictor.precision == "fp32" and host.calls == []  # nothing else to time
     assert "passes admission here" in predictor.precision_choice["reason"]
@@ -114,7 +115,7 @@ def test_a_precision_failing_admission_here_is_skipped_and_fp32_serves(
         export_dir, host, monkeypatch, caplog):
     _refuse_admission_of(monkeypatch, "int8")
     host.speeds = {"fp32": 100.0, "int8": 900.0}
-    caplog.set_level(logging.INFO, logger="ppvarlen.deploy.precision")
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
     predictor = precision_choice.load_admitted(_loader("onnx"), export_dir, "auto")
     assert predictor.precision == "fp32" and host.calls == []
     assert any(r.levelno == logging.WARNING and "int8" in r.getMessage()
@@ -204,7 +205,7 @@ def test_bf16_verified_by_fp32_kernels_on_the_export_host_is_not_a_candidate(
     monkeypatch.setattr(precision_choice, "cpu_supports_bf16", lambda: True)
     manifest = {"precision_measured": {"paddle": {
         "fp32": {"verified": True}, "bf16": {"verified": True, "cpu_bf16": False}}}}
-    caplog.set_level(logging.INFO, logger="ppvarlen.deploy.precision")
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
     assert precision_choice.host_candidates(manifest, "paddle") == []
     assert any("export host had no bf16" in r.getMessage() for r in caplog.records)
     manifest["precision_measured"]["paddle"]["bf16"]["cpu_bf16"] = True

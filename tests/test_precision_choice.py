@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-from ppvarlen.deploy import precision_choice
-from ppvarlen.deploy.predictor import Predictor
+from ppvarlen.runtime import precision_choice
+from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.export.exporter import export_model
 from test_export import CFG, _encoder, _meta, _test_items
 from test_quantize import assert_spread, spread_transformer
@@ -95,7 +95,7 @@ def test_auto_ignores_an_unverified_precision():
 
 def test_precision_measured_slower_than_fp32_logs_a_warning(export_dir, caplog):
     _force(export_dir, _measured(200.0, 80.0, 300.0))
-    caplog.set_level(logging.WARNING, logger="ppvarlen.deploy.precision")
+    caplog.set_level(logging.WARNING, logger="ppvarlen.runtime.precision")
     logging.getLogger("ppvarlen").propagate = True
     predictor = Predictor(str(export_dir), backend="onnx", precision="fp16")
     assert predictor.precision == "fp16"  # served as asked, not swapped
@@ -131,7 +131,7 @@ def test_bf16_without_cpu_support_is_warned_and_never_auto(monkeypatch, caplog):
     manifest = {"precision_measured": {"paddle": {
         "fp32": {"verified": True, "examples_per_s": 100.0},
         "bf16": {"verified": True, "examples_per_s": 120.0, "cpu_bf16": True}}}}
-    caplog.set_level(logging.WARNING, logger="ppvarlen.deploy.precision")
+    caplog.set_level(logging.WARNING, logger="ppvarlen.runtime.precision")
     logging.getLogger("ppvarlen").propagate = True
     monkeypatch.setattr(precision_choice, "cpu_supports_bf16", lambda: True)
     assert precision_choice.resolve(manifest, "paddle", "auto") == "bf16"

@@ -115,7 +115,7 @@ def test_memory_stays_bounded_over_every_batch_shape(mlp_export, backend, precis
 
 
 def test_budget_sets_the_capacity_in_weight_copies():
-    from ppvarlen.deploy.backends import ONEDNN_CACHE_CAPACITY, onednn_cache_capacity
+    from ppvarlen.runtime.backends import ONEDNN_CACHE_CAPACITY, onednn_cache_capacity
 
     mib = 2 ** 20
     assert onednn_cache_capacity(400 * mib, "fp32", budget=1024 * mib) == 2
@@ -126,8 +126,8 @@ def test_budget_sets_the_capacity_in_weight_copies():
 
 def _child(export_dir, backend, precision):
     """Warm up on one batch, then every length 1..MAX_LEN at every batch size 1..MAX_ROWS."""
-    from ppvarlen.deploy import backends
-    from ppvarlen.deploy.predictor import Predictor
+    from ppvarlen.runtime import backends
+    from ppvarlen.runtime.predictor import Predictor
 
     copy_bytes = int(_weight_copy_mib(export_dir, precision) * 2 ** 20)
     backends.ONEDNN_CACHE_BUDGET_BYTES = BUDGET_COPIES * copy_bytes

@@ -5,8 +5,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_deploy_helpers import TEXTS, cls_export  # noqa: F401
 from test_server import RunningServer, run_concurrently
 
-from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import create_app, deploy_settings
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.server import create_app, deploy_settings
 
 INFER = "/v2/models/{name}/infer"
 

@@ -9,8 +9,8 @@ import pytest
 from onnxruntime.quantization import quantize_dynamic
 
 from ppvarlen.config import ConfigError
-from ppvarlen.deploy.backends import OnnxEngine
-from ppvarlen.deploy.manifest import load_manifest
+from ppvarlen.runtime.backends import OnnxEngine
+from ppvarlen.runtime.manifest import load_manifest
 from ppvarlen.export import parity
 from ppvarlen.export.exporter import check_request, export_model
 from ppvarlen.export.quantize import non_initializer_weights, quantize_onnx, quantized_node_count

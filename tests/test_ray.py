@@ -18,8 +18,8 @@ from test_server import RunningServer, post, run_concurrently
 ray = pytest.importorskip("ray")
 from ray import serve  # noqa: E402
 
-from ppvarlen.deploy.predictor import Predictor  # noqa: E402
-from ppvarlen.deploy.server import create_app, deploy_settings  # noqa: E402
+from ppvarlen.runtime.predictor import Predictor  # noqa: E402
+from ppvarlen.serve.server import create_app, deploy_settings  # noqa: E402
 from ppvarlen.integrations.ray_batch import run_batch  # noqa: E402
 from ppvarlen.config import ConfigError  # noqa: E402
 from ppvarlen.integrations.ray_serve import (ReplicaStartError, build_app,  # noqa: E402
@@ -235,7 +235,7 @@ def test_serve_args_are_checked_before_any_replica_starts():
 
 
 def test_core_package_never_imports_ray():
-    code = ("import sys, ppvarlen, ppvarlen.deploy.server, ppvarlen.deploy.predictor, "
+    code = ("import sys, ppvarlen, ppvarlen.serve.server, ppvarlen.runtime.predictor, "
             "ppvarlen.integrations, ppvarlen.integrations.text_shards; "
             "print([m for m in sys.modules if m == 'ray' or m.startswith('ray.')])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,

@@ -75,7 +75,7 @@ def test_sigterm_after_a_reload_drains_and_exits_0(cls_export, tmp_path):  # noq
 
 HANDLER_REPLACED = r"""
 import ctypes, os, signal, sys, time
-from ppvarlen.deploy.state import rearm_signal_handlers
+from ppvarlen.serve.state import rearm_signal_handlers
 
 got = []
 signal.signal(signal.SIGTERM, lambda *a: got.append("python"))
@@ -105,7 +105,7 @@ def test_rearm_restores_the_python_handler_a_native_library_replaced(tmp_path):
 def test_stop_waiting_runs_what_the_batcher_holds_at_once():
     from test_deploy_batcher import FakePredictor, Item
 
-    from ppvarlen.deploy.batcher import DynamicBatcher
+    from ppvarlen.serve.batcher import DynamicBatcher
 
     pred = FakePredictor()
     # an hour's wait for company: only stop_waiting can get these texts run within the test

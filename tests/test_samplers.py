@@ -434,7 +434,7 @@ def test_grid_lengths_hand_worked():
 
 
 def test_export_parity_and_the_serving_admission_check_share_one_grid():
-    from ppvarlen.deploy import admission
+    from ppvarlen.runtime import admission
     from ppvarlen.export import parity
 
     assert parity.grid_lengths is grid_lengths and admission.grid_lengths is grid_lengths

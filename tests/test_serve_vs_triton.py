@@ -9,7 +9,7 @@ import pytest
 from script_loader import load_script
 
 from ppvarlen.data.vocab import TextEncoder
-from ppvarlen.deploy.predictor import Predictor
+from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.tasks import get_task
 
 # perf_analyzer 2.41's `-f out.csv --verbose-csv` and its printed report, as it writes them

@@ -12,9 +12,9 @@ import httpx
 import pytest
 from test_deploy_helpers import TEXTS, cls_export, tag_export  # noqa: F401
 
-from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.connections import uvicorn_config
-from ppvarlen.deploy.server import create_app, deploy_settings
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.http.connections import uvicorn_config
+from ppvarlen.serve.server import create_app, deploy_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

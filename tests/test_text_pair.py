@@ -17,8 +17,8 @@ from tiny_task import assert_exact_parity, tiny_model, tiny_task_cfg
 from ppvarlen.config import ConfigError
 from ppvarlen.data.collate import Collator
 from ppvarlen.data.errors import DataError
-from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.server import create_app, deploy_settings
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.server import create_app, deploy_settings
 from ppvarlen.engine import trainer as trainer_mod
 from ppvarlen.engine.checkpoint import load_for_inference
 from ppvarlen.export.exporter import export_checkpoint

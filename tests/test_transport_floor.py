@@ -11,7 +11,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from script_loader import REPO, load_script
 
-from ppvarlen.deploy.bench import free_port
+from ppvarlen.serve.bench import free_port
 
 
 @pytest.fixture(scope="module")

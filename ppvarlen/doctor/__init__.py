@@ -10,6 +10,6 @@ file), feeds it controlled batches and returns one ``report.CheckResult`` per ch
 4. empty and 1-token rows (``output_checks``)  8. truncation on --texts (``length_checks``)
 
 The finite-output, padding, batching and vocabulary judgements are
-``ppvarlen.deploy.row_checks``, shared with the serving admission check.  Importing this
+``ppvarlen.runtime.row_checks``, shared with the serving admission check.  Importing this
 package imports nothing (``ppvarlen.cli`` reads ``errors`` at start-up).
 """

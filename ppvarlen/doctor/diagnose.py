@@ -1,7 +1,7 @@
 """Run every check on one model: ``diagnose`` -> (LoadedModel, [CheckResult]); ``run_doctor``
 is the command (table on the terminal, JSON report, exit code)."""
 from ppvarlen.data.errors import DataError
-from ppvarlen.deploy.infer import read_texts
+from ppvarlen.runtime.infer import read_texts
 from ppvarlen.utils.io import atomic_write_json
 
 from . import sources

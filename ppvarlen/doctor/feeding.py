@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 
-from ppvarlen.deploy.row_checks import InputRefused
+from ppvarlen.runtime.row_checks import InputRefused
 
 # role -> (exact normalised names, substrings tried after every exact name failed)
 ROLES = {

@@ -1,7 +1,7 @@
 """Checks 1, 6 and 8: the lengths a model takes, its position limit, and the user's texts."""
 import numpy as np
 
-from ppvarlen.deploy.row_checks import InputRefused, ModelRaised, nonfinite_outputs
+from ppvarlen.runtime.row_checks import InputRefused, ModelRaised, nonfinite_outputs
 
 from .model import seeded
 from .report import FAIL, NOT_APPLICABLE, PASS, CheckResult

@@ -9,7 +9,7 @@ FALLBACK_VOCAB = 16  # ids drawn below this when neither a tokenizer nor a table
 class LoadedModel:
     """A model as ``ppvarlen.doctor.sources`` loaded it.
 
-    ``run`` is its row runner (``ppvarlen.deploy.row_checks``), None when the graph's inputs
+    ``run`` is its row runner (``ppvarlen.runtime.row_checks``), None when the graph's inputs
     could not be mapped; ``graph`` the ``Graph`` of its file (None for a dygraph model);
     ``fp16`` a function returning (row runner, what it is) of a half-precision variant that
     runs here, or None."""

@@ -1,12 +1,12 @@
 """Checks 2-5: what the model's outputs do under padding, batching, empty rows and float16.
 
 Each runs the loaded model's row runner on controlled rows (random ordinary ids, special
-tokens where the serving path adds them) and judges with ``ppvarlen.deploy.row_checks``, the
+tokens where the serving path adds them) and judges with ``ppvarlen.runtime.row_checks``, the
 functions the serving admission check uses.
 """
 import numpy as np
 
-from ppvarlen.deploy.row_checks import (RTOL, InputRefused, ModelRaised, batch_difference,
+from ppvarlen.runtime.row_checks import (RTOL, InputRefused, ModelRaised, batch_difference,
                                         nonfinite_outputs, padding_difference)
 
 from .model import seeded

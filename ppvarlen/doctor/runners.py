@@ -1,4 +1,4 @@
-"""Row runners (``ppvarlen.deploy.row_checks``) over the runtimes a model is deployed with.
+"""Row runners (``ppvarlen.runtime.row_checks``) over the runtimes a model is deployed with.
 
 ``OnnxRunner`` (ONNX Runtime, CPU), ``PaddleRunner`` (Paddle Inference, CPU) and
 ``DygraphRunner`` (a PaddleNLP model called the way its tokenizer's output is passed to it)
@@ -12,7 +12,7 @@ import inspect
 import numpy as np
 import paddle
 
-from ppvarlen.deploy.row_checks import ModelRaised, first_line, split_rows
+from ppvarlen.runtime.row_checks import ModelRaised, first_line, split_rows
 
 
 class RowRunner:

@@ -24,10 +24,10 @@ import paddle.inference as paddle_inference
 
 from ppvarlen.config import ConfigError
 from ppvarlen.data.errors import DataError
-from ppvarlen.deploy.admission import PredictorRows
-from ppvarlen.deploy.manifest import UnservableExportError, load_manifest
-from ppvarlen.deploy.predictor import Predictor
-from ppvarlen.deploy.row_checks import ModelRaised, first_line
+from ppvarlen.runtime.admission import PredictorRows
+from ppvarlen.runtime.manifest import UnservableExportError, load_manifest
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.runtime.row_checks import ModelRaised, first_line
 from ppvarlen.models.paddlenlp_auto import check_pretrained_dir, load_auto_model
 
 from . import fp16, onnx_graph, paddle_graph

@@ -1,7 +1,7 @@
 """Check 7: does the tokenizer fit the model (vocabulary vs embedding rows, special ids,
 [CLS]/[SEP] expected and added)?  The vocabulary judgement is ``row_checks.vocabulary_problem``,
 the one the serving admission check's smoke rows use."""
-from ppvarlen.deploy.row_checks import InputRefused, ModelRaised, vocabulary_problem
+from ppvarlen.runtime.row_checks import InputRefused, ModelRaised, vocabulary_problem
 
 from .report import FAIL, NOT_APPLICABLE, PASS, CheckResult
 

@@ -23,9 +23,9 @@ from ..config import ConfigError, load_config
 from ..data.collate import Collator
 from ..data.lengths import length_stats
 from ..data.vocab import TextEncoder
-from ..deploy.admission import admit
-from ..deploy.manifest import UnservableExportError, is_version_name
-from ..deploy.predictor import Predictor
+from ppvarlen.runtime.admission import admit
+from ppvarlen.runtime.manifest import UnservableExportError, is_version_name
+from ppvarlen.runtime.predictor import Predictor
 from ..engine.checkpoint import load_for_inference
 from ..models import build_model
 from ..model_registry import MODELS

@@ -21,8 +21,8 @@ import paddle
 
 from ..data.collate import Collator
 from ..data.vocab import TextEncoder
-from ..deploy.backends import build_engine
-from ..deploy.manifest import load_manifest
+from ppvarlen.runtime.backends import build_engine
+from ppvarlen.runtime.manifest import load_manifest
 from ..tasks import get_task
 from ..utils.io import atomic_write_json
 from ..utils.log import get_logger

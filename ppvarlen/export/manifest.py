@@ -1,6 +1,6 @@
 """manifest.json: everything a serving host needs to know about an export directory.
 
-The deploy side (ppvarlen/deploy/manifest.py) reads it without training code;
+The deploy side (ppvarlen/runtime/manifest.py) reads it without training code;
 the field names follow docs/DESIGN.md "Export directory" (example there).
 """
 import os

@@ -11,7 +11,7 @@ What is compared follows the task's export view (``Task.export_view``):
 Every backend (static program, Paddle Inference with oneDNN off/on, bf16,
 ONNX Runtime fp32/fp16/int8) runs the same batches as the eager model, which is the
 reference.  The served backends (Paddle Inference as served, bf16, every ONNX precision) are
-built by the serving engine factory (``ppvarlen.deploy.backends.build_engine``) on the export
+built by the serving engine factory (``ppvarlen.runtime.backends.build_engine``) on the export
 directory being written, with its manifest and ``Deploy.threads``: what is checked is what
 ``serve`` and ``infer`` run, and ``parity.json["engines"]`` records each engine's settings.
 Paddle Inference with oneDNN off (``paddle_inference``) is a diagnostic of the graph itself,
@@ -40,7 +40,7 @@ from paddle import inference
 
 from ..data.collate import Collator
 from ..data.order import grid_lengths, length_sorted_batches
-from ..deploy.backends import build_engine
+from ppvarlen.runtime.backends import build_engine
 from ..tasks import get_task
 from ..utils.inputs import validate_batch
 from ..utils.search import greedy_search, length_limits, strip_eos

@@ -50,7 +50,7 @@ def paddle_config(model_dir, precision="fp32", onednn=True, threads=2, device="c
     """A ``paddle.inference.Config`` for ``{model_dir}/model.json`` in the given precision.
 
     Not the served settings: serving and the export's parity check of the served backends both
-    build engines with ``ppvarlen.deploy.backends.build_engine``.  This config is for the
+    build engines with ``ppvarlen.runtime.backends.build_engine``.  This config is for the
     diagnostics around them (Paddle Inference with oneDNN off, the GPU check, benchmarks).
     """
     config = inference.Config(f"{model_dir}/model.json", f"{model_dir}/model.pdiparams")
@@ -84,5 +84,5 @@ def _gpu_settings(config, precision, shape_ranges):
     config.enable_use_gpu(256, 0, mode)
     if shape_ranges:  # the legacy switch does not apply to PIR programs
         raise ValueError("TensorRT on a PIR model.json goes through paddle.tensorrt.convert "
-                         "(ppvarlen.deploy.gpu.convert_tensorrt), not Config.enable_tensorrt_engine")
+                         "(ppvarlen.runtime.gpu.convert_tensorrt), not Config.enable_tensorrt_engine")
 

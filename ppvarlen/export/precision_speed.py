@@ -11,7 +11,7 @@ parity + timings into ``manifest["precision_measured"]``::
                          "examples_per_s": 812.0}, "bf16": {...}},
      "onnx":   {"fp32": {...}, "fp16": {...}, "int8": {...}}}
 
-The deploy side (ppvarlen/deploy/precision_choice.py) reads it for
+The deploy side (ppvarlen/runtime/precision_choice.py) reads it for
 ``--precision auto`` and for the slower-than-fp32 warning.
 """
 import os

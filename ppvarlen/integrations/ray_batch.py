@@ -31,8 +31,8 @@ import numpy as np
 from ppvarlen.cli import positive_int, run_command
 from ppvarlen.config import ConfigError
 from ppvarlen.data.errors import DataError
-from ppvarlen.deploy.manifest import load_manifest
-from ppvarlen.deploy.predictor import Predictor
+from ppvarlen.runtime.manifest import load_manifest
+from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.utils.io import atomic_dir, atomic_write_json
 
 from .ray_cluster import add_cluster_args, ray_cluster

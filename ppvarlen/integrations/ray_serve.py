@@ -1,7 +1,7 @@
 """Online serving on Ray Serve: ppvarlen's own HTTP app, one copy per replica.
 
 Each replica loads one ``Predictor`` and serves the app ``deploy/python/serve.py``
-serves (``ppvarlen.deploy.server.create_app``): the same token-budget
+serves (``ppvarlen.serve.server.create_app``): the same token-budget
 ``DynamicBatcher``, ``POST /predict``, ``/health``, ``/metrics`` (Prometheus),
 ``/metrics.json``, the Open Inference Protocol v2 routes under ``/v2``, error JSON and
 statuses, so every existing client works unchanged.  Serve's proxy spreads requests
@@ -37,8 +37,8 @@ except ImportError as e:  # the core package never needs Ray
 
 from ppvarlen.cli import run_command
 from ppvarlen.config import ConfigError
-from ppvarlen.deploy.manifest import UnservableExportError
-from ppvarlen.deploy.server import app_from_config, deploy_settings
+from ppvarlen.runtime.manifest import UnservableExportError
+from ppvarlen.serve.server import app_from_config, deploy_settings
 
 from .ray_cluster import add_cluster_args, ray_cluster
 
@@ -106,7 +106,7 @@ def replica_error(app_name):
 
     ``serve.run`` only says "Failed to update the deployments"; the status message
     holds the replica's traceback, whose last line is the error itself, e.g.
-    ``ppvarlen.deploy.manifest.UnservableExportError: export directory not found: ...``.
+    ``ppvarlen.runtime.manifest.UnservableExportError: export directory not found: ...``.
     """
     status = serve.status().applications.get(app_name)
     deployment = status.deployments.get(DEPLOYMENT) if status else None

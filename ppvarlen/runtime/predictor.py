@@ -26,9 +26,9 @@ from ppvarlen.data.vocab import TextEncoder, char_spans  # noqa: F401 (also impo
 from ppvarlen.tasks import get_task
 from ppvarlen.utils.inputs import is_blank, validate_batch
 
-from . import precision_choice
-from .backends import build_engine, input_names
-from .manifest import UnservableExportError, load_manifest, require_listed
+from ppvarlen.runtime import precision_choice
+from ppvarlen.runtime.backends import build_engine, input_names
+from ppvarlen.runtime.manifest import UnservableExportError, load_manifest, require_listed
 
 
 class NonFiniteOutput(RuntimeError):

@@ -21,10 +21,11 @@ import typing
 
 import numpy as np
 
+from ppvarlen.runtime.admission import strict_json
 from ppvarlen.tasks import get_task
 
-from .edge import header_int, shown
-from .errors import ApiError
+from ppvarlen.serve.http.edge import header_int, shown
+from ppvarlen.serve.errors import ApiError
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 HEADER_LENGTH_KEY = HEADER_LENGTH.lower().encode()  # as ASGI headers name it
@@ -338,3 +339,28 @@ def infer_response(model, request_id, params, wanted, results):
         return header, [(b"content-type", b"application/json")]
     return header + b"".join(blobs), [(b"content-type", b"application/octet-stream"),
                                       (HEADER_LENGTH_KEY, b"%d" % len(header))]
+
+
+class _Rendered:
+    """What the OIP renderer reads of a served model, for a predictor not served yet."""
+
+    def __init__(self, predictor):
+        self.name, self.version = predictor.manifest.get("model_name") or "model", "0"
+        self.task_name, self.label_names = predictor.task.name, list(predictor.label_names)
+        self.oip_outputs = outputs(self.task_name, self.label_names,
+                                   predictor.task.oip_tensor_types(predictor.manifest))
+
+
+def render_checks():
+    """Admission's render checks for this protocol: the answer to the example as OIP JSON and
+    as the binary extension (gRPC sends the binary form), the JSON part parsed back strictly."""
+    def render(binary):
+        def check(predictor, results):
+            served = _Rendered(predictor)
+            wanted = [(n, binary) for n, *_ in served.oip_outputs]
+            content, headers = infer_response(served, None, {}, wanted, results)
+            head = content[:int(dict(headers)[HEADER_LENGTH_KEY])] if binary else content
+            strict_json(head, "the OIP infer answer")
+        return check
+
+    return [("OIP JSON", render(False)), ("OIP binary", render(True))]

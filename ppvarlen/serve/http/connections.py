@@ -42,7 +42,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from ppvarlen.config import ConfigError
 from ppvarlen.utils.log import get_logger
 
-log = get_logger("deploy.connections")
+log = get_logger("serve.connections")
 
 UVICORN_READ = "0.55.0"  # the uvicorn whose httptools protocol BoundedHttpToolsProtocol extends
 # A client answered while it may still be sending (an oversized head, a slow body) is read and
@@ -408,7 +408,7 @@ def uvicorn_config(app, deploy_cfg, host, port):
     section ``deploy_cfg`` (``config.http.events`` counts their refusals), graceful shutdown
     within Deploy.drain_timeout_s, uvicorn's own log lines from warnings up."""
     if uvicorn.__version__.split(".")[:2] != UVICORN_READ.split(".")[:2]:
-        log.warning("uvicorn %s: the connection bounds (ppvarlen/deploy/connections.py) extend "
+        log.warning("uvicorn %s: the connection bounds (ppvarlen/serve/http/connections.py) extend "
                     "uvicorn %s's httptools protocol; run tests/test_connection_limits.py "
                     "against this uvicorn", uvicorn.__version__, UVICORN_READ)
     limits = fit_open_file_limit(ConnectionLimits.from_deploy(deploy_cfg))

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
-from ..utils.inputs import NON_BLANK_PATTERN
+from ppvarlen.utils.inputs import NON_BLANK_PATTERN
 
 
 class ErrorBody(BaseModel):

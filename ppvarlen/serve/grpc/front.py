@@ -7,7 +7,7 @@ the REST loop and the model; here it runs on another core.  Nothing here knows a
 methods are registered without (de)serialisers, so the request bytes reach the server
 untouched and the response bytes leave as the server wrote them.
 
-Run by the server only: ``python -m ppvarlen.deploy.grpc_front --fd N ...`` where ``N`` is its
+Run by the server only: ``python -m ppvarlen.serve.grpc.front --fd N ...`` where ``N`` is its
 end of a socket pair.  Frames on it (``relay_frames``): the server's ``hello`` answer carries
 the bound port or why binding failed; a call goes out as (call id, method, authorization,
 request) and comes back as (call id, status code, response or error text); ``STOP`` (with the
@@ -21,7 +21,7 @@ import socket
 
 import grpc
 
-from .relay_frames import MAX_CALL_ID, STOP, FramedProtocol, call_frame, hello_frame
+from ppvarlen.serve.grpc.frames import MAX_CALL_ID, STOP, FramedProtocol, call_frame, hello_frame
 
 try:  # uvicorn[standard]'s event loop where it installs (not on Windows), as uvicorn picks it
     import uvloop

@@ -19,8 +19,8 @@ never silently downgraded:
 """
 import os
 
-from ..config import ConfigError
-from .manifest import UnservableExportError
+from ppvarlen.config import ConfigError
+from ppvarlen.runtime.manifest import UnservableExportError
 
 GPU_PRECISIONS = ("fp32", "fp16", "bf16")
 

@@ -16,15 +16,15 @@ from ppvarlen.config import load_config
 from ppvarlen.data.errors import DataError
 from ppvarlen.utils.log import get_logger
 
-from .batcher import BatcherClosed, QueueFull
-from .edge import shown
-from .errors import ApiError
-from .predictor import NonFiniteOutput
-from .prom import ServerMetrics
-from .repository import (VERSION_NAME, LiveVersions, NotServed, Repository, ServedModel,
+from ppvarlen.serve.batcher import BatcherClosed, QueueFull
+from ppvarlen.serve.http.edge import shown
+from ppvarlen.serve.errors import ApiError
+from ppvarlen.runtime.predictor import NonFiniteOutput
+from ppvarlen.serve.prom import ServerMetrics
+from ppvarlen.serve.repository import (VERSION_NAME, LiveVersions, NotServed, Repository, ServedModel,
                          SeveralModels)
 
-log = get_logger("deploy.server")
+log = get_logger("serve.server")
 
 
 def deploy_settings(**keys):

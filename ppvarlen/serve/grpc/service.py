@@ -32,18 +32,18 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 
 from ppvarlen.utils.log import get_logger
 
-from . import oip
-from .edge import HEALTH_PROBES
-from .errors import ApiError
-from .relay_frames import CALL, HELLO, FramedProtocol, answer_frame, stop_frame
-from .routes_oip import load_newest, server_version, statistics
+from ppvarlen.serve.protocols.oip import codec as oip
+from ppvarlen.serve.http.edge import HEALTH_PROBES
+from ppvarlen.serve.errors import ApiError
+from ppvarlen.serve.grpc.frames import CALL, HELLO, FramedProtocol, answer_frame, stop_frame
+from ppvarlen.serve.protocols.oip.routes import load_newest, server_version, statistics
 
 try:  # uvicorn[standard]'s event loop where it installs (not on Windows), as uvicorn picks it
     import uvloop
 except ImportError:  # pragma: no cover - platforms without uvloop
     uvloop = None
 
-log = get_logger("deploy.grpc")
+log = get_logger("serve.grpc")
 SERVICE = "inference.GRPCInferenceService"
 STATUS_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
                 404: grpc.StatusCode.NOT_FOUND, 409: grpc.StatusCode.FAILED_PRECONDITION,
@@ -261,7 +261,7 @@ class _ServerEnd(FramedProtocol):
 
 def front_end_command(fd, host, port, max_receive, max_send, max_calls):
     """The command that starts the front end on its end ``fd`` of the socket pair."""
-    return [sys.executable, "-m", "ppvarlen.deploy.grpc_front", "--fd", str(fd), "--host", host,
+    return [sys.executable, "-m", "ppvarlen.serve.grpc.front", "--fd", str(fd), "--host", host,
             "--port", str(port), "--service", SERVICE, "--methods", ",".join(METHOD_NAMES),
             "--max-receive", str(max_receive), "--max-send", str(max_send),
             "--max-calls", str(max_calls)]

@@ -49,7 +49,7 @@ from ppvarlen.data.readers import LONG_LINE, bounded_lines
 from ppvarlen.tasks.base import Task
 from ppvarlen.utils.io import atomic_text_writer
 
-from . import embedding_files
+from ppvarlen.runtime import embedding_files
 
 WINDOW = 4096  # usable texts sorted and batched together; larger windows pack denser batches
 # A window also closes at this many characters, so a file of very long lines stays bounded.

@@ -25,18 +25,23 @@ from ppvarlen.config import ConfigError
 from ppvarlen.utils.io import atomic_write_text
 from ppvarlen.utils.log import get_logger
 
-from . import api, oip, routes_oip, routes_openai, routes_predict
-from .backends import import_runtime
-from .connections import uvicorn_config
-from .direct import DirectRoutes, ServingApp, error_response
-from .edge import AnswerErrors, RequireToken, read_token
-from .errors import ApiError
-from .grpc_service import GrpcServer
-from .precision_choice import load_admitted
-from .predictor import Predictor
-from .state import AppState, deploy_settings, max_text_chars, model_name_of  # noqa: F401
+from ppvarlen.serve import openapi as api
+from ppvarlen.serve.protocols.oip import codec as oip
+from ppvarlen.serve.protocols.oip import routes as routes_oip
+from ppvarlen.serve.protocols.openai import routes as routes_openai
+from ppvarlen.serve.protocols.predict import routes as routes_predict
+from ppvarlen.runtime.backends import import_runtime
+from ppvarlen.serve.http.connections import uvicorn_config
+from ppvarlen.serve.http.direct import DirectRoutes, ServingApp, error_response
+from ppvarlen.serve.http.edge import AnswerErrors, RequireToken, read_token
+from ppvarlen.serve.errors import ApiError
+from ppvarlen.serve.grpc.service import GrpcServer
+from ppvarlen.runtime.precision_choice import load_admitted
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.protocols import render_checks
+from ppvarlen.serve.state import AppState, deploy_settings, max_text_chars, model_name_of  # noqa: F401
 
-log = get_logger("deploy.server")
+log = get_logger("serve.server")
 
 
 def create_app(predictor=None, deploy=None, repository=None, load_predictor=None,
@@ -130,7 +135,7 @@ def app_from_config(export_dir, deploy_cfg, backend=None, repository=None, grpc_
                                allow_external_symlinks=deploy_cfg.allow_external_symlinks)
     # admitted, in the precision asked for or (auto) the one this host runs fastest
     load = functools.partial(load_admitted, engine, requested=deploy_cfg.precision,
-                             device=deploy_cfg.device)
+                             device=deploy_cfg.device, renderers=render_checks())
     if repository is not None:
         return create_app(repository=repository, load_predictor=load, deploy=deploy_cfg,
                           auth_token=token, grpc_port=grpc_port)

@@ -7,9 +7,9 @@ from fastapi.responses import JSONResponse, Response
 
 from ppvarlen.tasks.base import Task
 
-from . import api
-from .edge import SHOWN_CHARS, parse_json, read_body, shown
-from .errors import ApiError
+from ppvarlen.serve import openapi as api
+from ppvarlen.serve.http.edge import SHOWN_CHARS, parse_json, read_body, shown
+from ppvarlen.serve.errors import ApiError
 
 
 def validate_payload(payload, limits, key="texts", check_item=None, item_words="strings"):

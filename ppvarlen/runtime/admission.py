@@ -13,17 +13,16 @@ loaded ``Predictor`` it runs, in order, and refuses with the first failure
    table; a corrupted special-token row shows up as non-finite outputs.
 3. ``padding``: each length of the manifest's grid (``data.order.grid_lengths``) gives the same
    output alone as batched with other lengths.
-4. ``render``: the task's example request answered through every response path the server has
-   (``/predict`` JSON, Open Inference Protocol JSON and binary — gRPC sends the binary
-   form), each parsed back as strict JSON (no NaN) and, for ``/predict``, valid against the
-   task's prediction model.
+4. ``render``: the task's example request answered as strict JSON (no NaN) valid against the
+   task's prediction model, then through each response path the caller names (``renderers``:
+   the server passes its protocols' answer forms, ``ppvarlen.serve.protocols.render_checks``).
 
 ``admit`` returns the evidence of each check (the repository index and export logs show it).
 Anything the predictor raises during a check is a refusal naming the check, never an
 exception out of the caller's loop.
 
 The finite-output, alone-vs-batched and vocabulary-vs-embedding judgements are those of
-``ppvarlen.deploy.row_checks``, which ``ppvarlen-doctor`` runs on any model; ``PredictorRows``
+``ppvarlen.runtime.row_checks``, which ``ppvarlen-doctor`` runs on any model; ``PredictorRows``
 is a loaded predictor seen through that module's row-runner interface (the doctor runs a
 ppvarlen export through it too).
 """
@@ -35,10 +34,9 @@ from ppvarlen.data.collate import pad_sequences
 from ppvarlen.data.order import grid_lengths
 from ppvarlen.utils.inputs import validate_batch
 
-from . import api, oip
-from .manifest import UnservableExportError
+from ppvarlen.runtime.manifest import UnservableExportError
 # first_line and nonfinite_rows are read from here too (the repository, earlier callers)
-from .row_checks import (InputRefused, ModelRaised, batch_difference, first_line,  # noqa: F401
+from ppvarlen.runtime.row_checks import (InputRefused, ModelRaised, batch_difference, first_line,  # noqa: F401
                          nonfinite_outputs, nonfinite_rows, split_rows, vocabulary_problem)
 
 GRID_BATCH = 4  # a grid row is checked alone and with this many rows in all
@@ -53,15 +51,18 @@ class AdmissionError(UnservableExportError):
         self.check = check
 
 
-def admit(predictor, seed=0):
+def admit(predictor, seed=0, renderers=()):
     """Run every check on ``predictor`` -> {check: evidence}; AdmissionError on the first
-    failure.  The predictor's token counters are reset afterwards (checks are not traffic)."""
+    failure.  ``renderers``: (name, render(predictor, results) -> None, raising on an answer
+    that cannot be sent) for the render check.  The predictor's token counters are reset
+    afterwards (checks are not traffic)."""
     report = {}
     try:
         for name, check in (("graph", check_graph), ("smoke", check_smoke),
                             ("padding", check_padding), ("render", check_render)):
             try:
                 report[name] = check(predictor, seed) if name in ("smoke", "padding") \
+                    else check_render(predictor, renderers) if name == "render" \
                     else check(predictor)
             except AdmissionError:
                 raise
@@ -75,7 +76,7 @@ def admit(predictor, seed=0):
 
 
 class PredictorRows:
-    """A loaded ``Predictor`` as a row runner (``ppvarlen.deploy.row_checks``):
+    """A loaded ``Predictor`` as a row runner (``ppvarlen.runtime.row_checks``):
     ``run(id_rows, width=None)`` -> one ``{output name: array}`` per row.
 
     ``answers=False``: the engine's named outputs, per-token outputs (the manifest's
@@ -193,43 +194,33 @@ def check_padding(predictor, seed=0):
 
 # ---------------------------------------------------------------- 4. render
 
-def _strict_json(raw, where):
+def strict_json(raw, where):
+    """``raw`` parsed as JSON that holds no NaN/Infinity; AdmissionError naming ``where``."""
     def refuse(constant):
         raise AdmissionError("render", f"{where} holds {constant}, which is not JSON")
 
     return json.loads(raw, parse_constant=refuse)
 
 
-def check_render(predictor):
+def check_render(predictor, renderers=()):
     task = predictor.task
     example = list(task.examples[:1])
     if not example:
         return {"paths": []}
     results = predictor.predict(example)
-    body = _strict_json(api.predict_body(results, "0"), "the /predict answer")
+    try:
+        body = json.dumps(results, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        raise AdmissionError("render", "the answer to the example holds NaN or Infinity, "
+                             "which is not JSON") from None
     prediction = task.prediction_model(predictor.label_names)
-    for k, r in enumerate(body["predictions"]):
+    for k, r in enumerate(strict_json(body, "the answer")):
         try:
             prediction.model_validate(r)
         except ValueError as e:
-            raise AdmissionError("render", f"the /predict answer to the example "
-                                 f"{example[k]!r} does not fit the task's prediction model: "
+            raise AdmissionError("render", f"the answer to the example {example[k]!r} does "
+                                 f"not fit the task's prediction model: "
                                  f"{first_line(e)}") from None
-    served = _Rendered(predictor)
-    names = [n for n, *_ in served.oip_outputs]
-    for binary in (False, True):
-        content, headers = oip.infer_response(served, None, {},
-                                              [(n, binary) for n in names], results)
-        head = content[:int(dict(headers)[oip.HEADER_LENGTH_KEY])] if binary else content
-        _strict_json(head, "the OIP infer answer")
-    return {"paths": ["/predict", "OIP JSON", "OIP binary"], "example": example}
-
-
-class _Rendered:
-    """What the OIP renderer reads of a served model, for a predictor not served yet."""
-
-    def __init__(self, predictor):
-        self.name, self.version = predictor.manifest.get("model_name") or "model", "0"
-        self.task_name, self.label_names = predictor.task.name, list(predictor.label_names)
-        self.oip_outputs = oip.outputs(self.task_name, self.label_names,
-                                       predictor.task.oip_tensor_types(predictor.manifest))
+    for _, render in renderers:
+        render(predictor, results)
+    return {"paths": ["predictions"] + [name for name, _ in renderers], "example": example}

@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from ppvarlen.config import ConfigError
 from ppvarlen.utils.log import get_logger
 
-log = get_logger("deploy.batcher")
+log = get_logger("serve.batcher")
 PLAN_WINDOW = 256  # the oldest queued texts a batch is planned over (bounds planning time)
 ALL_QUEUED = "all queued"  # _ready's answer when only the Callers rule says go
 

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.routing import compile_path
 
-from .errors import ApiError
+from ppvarlen.serve.errors import ApiError
 
 
 class DirectRoute:

@@ -38,11 +38,11 @@ import time
 import numpy as np
 from fastapi import APIRouter, Request
 
-from ..utils.inputs import NON_BLANK_PATTERN
-from .edge import parse_json, read_body, shown
-from .errors import ApiError
-from .routes_predict import version_header_pairs
-from .state import max_text_chars
+from ppvarlen.utils.inputs import NON_BLANK_PATTERN
+from ppvarlen.serve.http.edge import parse_json, read_body, shown
+from ppvarlen.serve.errors import ApiError
+from ppvarlen.serve.protocols.predict.routes import version_header_pairs
+from ppvarlen.serve.state import max_text_chars
 
 ENDPOINT = "/v1/embeddings"
 FIELDS = ("input", "model", "encoding_format", "dimensions", "user")

@@ -3,7 +3,7 @@
 A *row runner* is ``run(id_rows, width=None) -> [{output name: np.ndarray}, ...]``: the id
 rows (special tokens already in place) are padded to their longest row, or to ``width``, run
 as one batch, and each row's outputs come back on their own, a per-token output cut to the
-row's real length.  The serving admission check (``ppvarlen.deploy.admission``, over a loaded
+row's real length.  The serving admission check (``ppvarlen.runtime.admission``, over a loaded
 ``Predictor``) and ``ppvarlen-doctor`` (``ppvarlen.doctor``, over any model it can load) call
 the functions here, so "finite", "the same alone as batched", "the same padded further" and
 "the vocabulary fits the embedding table" mean one thing in both.

@@ -8,11 +8,11 @@ from importlib import metadata
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from . import oip
-from .edge import header, parse_json, read_body, shown
-from .errors import ApiError
-from .manifest import UnservableExportError
-from .routes_predict import version_header_pairs, version_headers
+from ppvarlen.serve.protocols.oip import codec as oip
+from ppvarlen.serve.http.edge import header, parse_json, read_body, shown
+from ppvarlen.serve.errors import ApiError
+from ppvarlen.runtime.manifest import UnservableExportError
+from ppvarlen.serve.protocols.predict.routes import version_header_pairs, version_headers
 
 
 def server_version():

@@ -20,9 +20,9 @@ import time
 from ppvarlen.config import ConfigError
 from ppvarlen.utils.log import get_logger
 
-from .errors import OPENAI_PREFIX, ApiError, error_body
+from ppvarlen.serve.errors import OPENAI_PREFIX, ApiError, error_body
 
-log = get_logger("deploy.server")
+log = get_logger("serve.server")
 DECIMAL = re.compile(r"[0-9]{1,19}", re.ASCII)  # str.isdigit() also takes '²', int() does not
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 SHOWN_CHARS = 64

@@ -19,14 +19,14 @@ import time
 import httpx
 import numpy as np
 
-from .manifest import load_manifest
+from ppvarlen.runtime.manifest import load_manifest
 from ppvarlen.config import load_config
 from ppvarlen.data.sources import load_corpus
 from ppvarlen.tasks import get_task
 from ppvarlen.utils.io import atomic_write_json
 from ppvarlen.utils.log import get_logger
 
-log = get_logger("deploy.bench")
+log = get_logger("serve.bench")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SETTINGS = {  # name -> Deploy overrides
     "dynamic_batching": {},

@@ -31,9 +31,9 @@ import time
 from ppvarlen.data.order import grid_lengths
 from ppvarlen.utils.log import get_logger
 
-from . import admission
+from ppvarlen.runtime import admission
 
-log = get_logger("deploy.precision")
+log = get_logger("runtime.precision")
 _quiet = threading.local()  # set while auto loads candidates: not "requested", so no warnings
 
 
@@ -225,10 +225,11 @@ def _candidate():
         _quiet.on = False
 
 
-def load_admitted(load, export_dir, requested="auto", device="cpu"):
+def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()):
     """The admitted predictor of ``export_dir`` for ``requested`` (Deploy.precision), its
     choice in ``predictor.precision_choice`` and its admission report in
-    ``predictor.admission``.  ``load(export_dir, precision=p)`` makes a ``Predictor``.
+    ``predictor.admission``.  ``load(export_dir, precision=p)`` makes a ``Predictor``;
+    ``renderers`` go to ``admission.admit``.
 
     An explicit precision is served as asked; its admission failure names it ("int8:
     padding check: ...").  ``auto`` on CPU: see the module docstring; a candidate that fails
@@ -236,7 +237,7 @@ def load_admitted(load, export_dir, requested="auto", device="cpu"):
     if requested != "auto" or device != "cpu":
         predictor = load(export_dir, precision=requested)
         try:
-            predictor.admission = admission.admit(predictor)
+            predictor.admission = admission.admit(predictor, renderers=renderers)
         except admission.AdmissionError as e:
             if predictor.precision != "fp32":
                 e.args = (f"{predictor.precision}: {e}",)
@@ -244,13 +245,13 @@ def load_admitted(load, export_dir, requested="auto", device="cpu"):
         predictor.precision_choice = as_requested(predictor.precision, requested)
         return predictor
     fp32 = load(export_dir, precision="fp32")
-    fp32.admission = admission.admit(fp32)
+    fp32.admission = admission.admit(fp32, renderers=renderers)
     admitted = {"fp32": fp32}
     for p in host_candidates(fp32.manifest, fp32.backend):
         try:
             with _candidate():
                 candidate = load(export_dir, precision=p)
-            candidate.admission = admission.admit(candidate)
+            candidate.admission = admission.admit(candidate, renderers=renderers)
         except Exception as e:  # noqa: BLE001 - a candidate that fails anything is not served
             log.warning("precision auto: %s (verified on the export host) skipped: it fails "
                         "on this host: %s", p, e)

@@ -20,10 +20,10 @@ import tempfile
 
 import numpy as np
 
-from . import gpu
+from ppvarlen.runtime import gpu
 from ppvarlen.config import ConfigError
 
-from .manifest import UnservableExportError, require_listed
+from ppvarlen.runtime.manifest import UnservableExportError, require_listed
 from ppvarlen.utils.search import greedy_search, length_limits
 
 STEP_INPUTS = ("tokens", "src_len", "self_k", "self_v", "cross_k", "cross_v")

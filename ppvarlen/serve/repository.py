@@ -40,15 +40,17 @@ from ppvarlen.utils.io import reap_dead_owners
 from ppvarlen.utils.parallel import release_memory
 from ppvarlen.utils.log import get_logger
 
-from . import oip, precision_choice
-from .admission import AdmissionError, admit, first_line
-from .batcher import BatcherClosed, Callers, DynamicBatcher
-from .edge import shown
-from .stats import VersionStats
-from .manifest import VERSION_NAME  # noqa: F401 - state.py reads it from here
-from .manifest import MANIFEST, UnservableExportError, is_version_name, outside
+from ppvarlen.serve.protocols.oip import codec as oip
+from ppvarlen.serve.protocols import render_checks
+from ppvarlen.runtime import precision_choice
+from ppvarlen.runtime.admission import AdmissionError, admit, first_line
+from ppvarlen.serve.batcher import BatcherClosed, Callers, DynamicBatcher
+from ppvarlen.serve.http.edge import shown
+from ppvarlen.serve.stats import VersionStats
+from ppvarlen.runtime.manifest import VERSION_NAME  # noqa: F401 - state.py reads it from here
+from ppvarlen.runtime.manifest import MANIFEST, UnservableExportError, is_version_name, outside
 
-log = get_logger("deploy.repository")
+log = get_logger("serve.repository")
 
 
 class ServedModel:
@@ -453,7 +455,7 @@ class Repository:
         if self.after_load is not None:
             self.after_load()
         if getattr(predictor, "admission", None) is None:  # a loader that does not admit
-            predictor.admission = admit(predictor)
+            predictor.admission = admit(predictor, renderers=render_checks())
         return predictor
 
     def _retire_older(self, name, version):

@@ -1,0 +1,1 @@
+"""The HTTP transport: the edge (errors, auth, JSON), the fast path and connection limits."""

@@ -1,0 +1,1 @@
+"""The Open Inference Protocol v2 (KServe / Triton), REST and gRPC."""

@@ -1,0 +1,1 @@
+"""ppvarlen's own ``/predict`` protocol."""
