@@ -664,6 +664,12 @@ def _detect_scheme(files, skip_invalid):
     return scheme, "the tags (" + ", ".join(f"{t} first at {first_at[t]}" for t in shown) + ")"
 
 
+def label_set_line(names, shown=40):
+    """The line a run logs as it starts: the classes (tags) it learns, in id order."""
+    more = f", ... ({len(names) - shown} more)" if len(names) > shown else ""
+    return f"labels ({len(names)}, ids in this order): {', '.join(names[:shown])}{more}"
+
+
 def label_id(label, index):
     """A raw class label's id in ``index`` (name -> id), or None when it is not one."""
     if isinstance(label, str):

@@ -926,6 +926,8 @@ class _Merge:
                   for s, v in keys.items()}
         overlap = {}
         for a, b in (("train", "dev"), ("train", "test"), ("dev", "test")):
+            if a in self.plan.specs and self.plan.specs.get(a) == self.plan.specs.get(b):
+                continue  # one file read as both (a verify file): the same texts, by design
             n = _common_count(unique[a], unique[b])
             if n:
                 overlap[f"{a}&{b}"] = n
@@ -1044,6 +1046,45 @@ def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto", limit
     if not fd.examples:
         raise _no_examples(path, fd.lines, fd.skipped)
     return fd
+
+
+SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".tsv": "tsv", ".csv": "csv",
+                  ".conll": "conll", ".bio": "conll", ".iob": "conll", ".parquet": "parquet"}
+
+
+def format_of(path):
+    """The user-file format (a Data.corpus value) a file's suffix names (``.gz`` aside), or None."""
+    base = path[:-3] if path.endswith(".gz") else path
+    return SUFFIX_FORMATS.get(os.path.splitext(base)[1].lower())
+
+
+def join_tokens(tokens):
+    """A tagging example's tokens as the one text a request holds: characters joined as they
+    are, longer tokens (words) with a space between, which a word tokenizer splits again."""
+    return "".join(tokens) if all(len(t) == 1 for t in tokens) else " ".join(tokens)
+
+
+def request_texts(path, fields, fmt=None, keys=None):
+    """(line, (text, ...)) of each record of a data file in a training format (``fmt``, by
+    default its suffix's: ``format_of``), read by the training reader: its texts in the order of
+    ``fields`` (format field names; a tagging record's tokens are ``join_tokens``'d into its
+    text), its labels not used.  For inference over a corpus file as training reads it."""
+    fmt = fmt or format_of(path)
+    if fmt is None:
+        raise DataError(f"{path}: cannot tell the format from the suffix; use one of "
+                        f"{sorted(SUFFIX_FORMATS)}")
+    fd = read_file(path, fmt, None, keys=keys)
+    out = []
+    for n, ex in zip(fd.line_numbers, fd.examples):
+        if "tokens" in ex:
+            ex = {**ex, "text": join_tokens(ex["tokens"])}
+        missing = [f for f in fields if f not in ex]
+        if missing:
+            raise DataError(f"{path}: read as {fd.task} data ({list(FORMATS[fd.task].fields)}), "
+                            f"which has no {missing[0]!r} for this model; give a file of the "
+                            f"model's task")
+        out.append((n, tuple(ex[f] for f in fields)))
+    return out
 
 
 def load_corpus(data_cfg):
