@@ -554,8 +554,9 @@ def sniff_format(path, limits=None):
     if all(ln.lstrip().startswith("{") for ln in filled[:20]):
         return "jsonl"
     has_blank = any(not ln.strip() for ln in lines[1:-1])  # a blank line between lines
-    columns = [len(ln.split("\t") if "\t" in ln else ln.split()) for ln in filled[:50]]
-    short = all(len(ln) < 40 for ln in filled[:50])
+    tokens = [ln for ln in filled[:50] if not ln.startswith(CONLL_DOCSTART)] or filled[:1]
+    columns = [len(ln.split("\t") if "\t" in ln else ln.split()) for ln in tokens]
+    short = all(len(ln) < 40 for ln in tokens)
     if short and has_blank and min(columns) >= 2 and len(set(columns)) == 1:
         return "conll"
     if all("\t" in ln for ln in filled[:20]):

@@ -89,12 +89,6 @@ def test_jsonl_fields_by_the_same_keys(tmp_path):
                                                   "tags": ["B-LOC", "I-LOC"]}]
 
 
-def test_text_then_label_files_read_as_before(tmp_path):
-    body = "".join(f"{t}\t{l}\n" for t, l in ROWS)
-    for text in ("text\tlabel\n" + body, body):
-        fd = read_file(_write(tmp_path, "x.tsv", text), "tsv")
-        assert fd.examples == [{"text": t, "label": l} for t, l in ROWS]
-
 
 def test_trailing_blank_lines_tolerated_blank_lines_inside_refused(tmp_path):
     for fmt, body in (("tsv", "".join(f"{t}\t{l}\n" for t, l in ROWS)),
