@@ -89,7 +89,6 @@ def test_jsonl_fields_by_the_same_keys(tmp_path):
                                                   "tags": ["B-LOC", "I-LOC"]}]
 
 
-
 def test_trailing_blank_lines_tolerated_blank_lines_inside_refused(tmp_path):
     for fmt, body in (("tsv", "".join(f"{t}\t{l}\n" for t, l in ROWS)),
                       ("jsonl", "".join(f'{{"text": "{t}", "label": "{l}"}}\n' for t, l in ROWS)),
