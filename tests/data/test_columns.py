@@ -2,7 +2,7 @@
 is which field; a layout the reader cannot tell is refused naming the columns and the key."""
 import pytest
 
-import ppvarlen.tasks  # noqa: F401  (the task modules register their formats: text_pair)
+import ppvarlen.tasks  # noqa: F401  (task modules register their formats: text_pair)
 
 from ppvarlen.data.errors import DataError
 from ppvarlen.data.sources import load_corpus, read_file
@@ -84,7 +84,8 @@ def test_jsonl_fields_by_the_same_keys(tmp_path):
     fd = read_file(path, "jsonl", keys={"label_field": "polarity"})
     assert fd.task == "classification"
     assert fd.examples == [{"text": t, "label": l} for t, l in ROWS]
-    tags = _write(tmp_path, "t.jsonl", '{"words": ["北", "京"], "ner_tags": ["B-LOC", "I-LOC"]}\n')
+    tags = _write(tmp_path, "t.jsonl",
+                  '{"words": ["北", "京"], "ner_tags": ["B-LOC", "I-LOC"]}\n')
     assert read_file(tags, "jsonl").examples == [{"tokens": ["北", "京"],
                                                   "tags": ["B-LOC", "I-LOC"]}]
 

@@ -14,8 +14,8 @@ def _write(tmp_path, name, lines):
 
 
 def _reviews(tmp_path, dev_typo):
-    train = _write(tmp_path, "train.tsv", ["text\tlabel"] + [f"第{i}条评论\t{'正面' if i % 2 else '负面'}"
-                                                            for i in range(12)])
+    train = _write(tmp_path, "train.tsv", ["text\tlabel"] + [
+        f"第{i}条评论\t{'正面' if i % 2 else '负面'}" for i in range(12)])
     dev = _write(tmp_path, "dev.tsv", ["text\tlabel", "很好\t正面", "太差\t负面",
                                        f"还行\t{dev_typo}"])
     return train, dev
@@ -23,8 +23,8 @@ def _reviews(tmp_path, dev_typo):
 
 def test_dev_only_label_refused_with_the_nearest_train_label(tmp_path):
     train, dev = _reviews(tmp_path, "正靣")
-    with pytest.raises(DataError, match=r"dev\.tsv:4: label '正靣' is not in the train file, which "
-                                        r"has 2: '正面', '负面'; did you mean '正面'\?.*"
+    with pytest.raises(DataError, match=r"dev\.tsv:4: label '正靣' is not in the train file, "
+                                        r"which has 2: '正面', '负面'; did you mean '正面'\?.*"
                                         r"Data\.allow_eval_only_labels"):
         load_corpus({"corpus": "tsv", "train_file": train, "dev_file": dev})
     # meant: allowed by the key (a class train never shows), or pinned by Data.label_names
@@ -37,9 +37,11 @@ def test_dev_only_label_refused_with_the_nearest_train_label(tmp_path):
 
 
 def test_dev_only_tag_type_refused_with_the_nearest_train_type(tmp_path):
-    row = '{"tokens": ["江", "泽", "民", "在", "北", "京"], "tags": ["B-PER", "I-PER", "I-PER", "O", "B-LOC", "I-LOC"]}'
+    row = ('{"tokens": ["江", "泽", "民", "在", "北", "京"], '
+           '"tags": ["B-PER", "I-PER", "I-PER", "O", "B-LOC", "I-LOC"]}')
     train = _write(tmp_path, "train.jsonl", [row] * 6)
-    dev = _write(tmp_path, "dev.jsonl", [row, row.replace("B-PER", "B-PRE").replace("I-PER", "I-PRE")])
+    typo = row.replace("B-PER", "B-PRE").replace("I-PER", "I-PRE")
+    dev = _write(tmp_path, "dev.jsonl", [row, typo])
     with pytest.raises(DataError, match=r"dev\.jsonl:2: tag type 'PRE' is not in the train file.*"
                                         r"did you mean 'PER'\?"):
         load_corpus({"corpus": "jsonl", "train_file": train, "dev_file": dev})
