@@ -925,8 +925,9 @@ class _Merge:
         unique = {s: _sorted_unique(np.concatenate(v)) if v else np.zeros(0, np.uint64)
                   for s, v in keys.items()}
         overlap = {}
+        source = {s: self.plan.specs.get(s, self.plan.specs["train"]) for s in SPLITS}
         for a, b in (("train", "dev"), ("train", "test"), ("dev", "test")):
-            if a in self.plan.specs and self.plan.specs.get(a) == self.plan.specs.get(b):
+            if source[a] == source[b] and b in self.plan.specs:
                 continue  # one file read as both (a verify file): the same texts, by design
             n = _common_count(unique[a], unique[b])
             if n:

@@ -67,3 +67,10 @@ def test_training_logs_the_label_set_at_its_start(tmp_path, capsys):
         "Train.progress_bar=false", f"Data.cache_dir={tmp_path / 'cache'}"])
     train_run(cfg)
     assert "labels (2, ids in this order): 正面, 负面" in capsys.readouterr().err
+
+
+def test_one_file_read_as_train_and_test_reports_no_overlap(tmp_path):
+    path = _write(tmp_path, "verify.tsv", [f"第{i}条\t{'正面' if i % 2 else '负面'}"
+                                           for i in range(40)])
+    c = load_corpus({"corpus": "tsv", "train_file": path, "test_file": path})
+    assert "texts_in_two_splits" not in c.stats["split"]  # one verify file: not a leak
