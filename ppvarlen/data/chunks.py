@@ -67,18 +67,25 @@ def _after_filled_line(block, carried):
     """Where a chunk of a line format may end in ``block``: after its last line end that ends a
     line with something on it (0: nowhere).  Blank lines go to the next chunk, so that blank
     lines ending a chunk are the file's last ones (tolerated) and no others."""
-    cut = block.rfind(b"\n") + 1
-    if not cut:
-        return 0
-    if block[block.rfind(b"\n", 0, cut - 1) + 1:cut].strip():
-        return cut
-    filled = len(block[:cut].rstrip(b" \t\r\n"))
-    return block.index(b"\n", filled) + 1 if filled else 0
+    return _back_over_blank_lines(block, block.rfind(b"\n") + 1)
+
+
+def _back_over_blank_lines(block, cut):
+    """``cut`` (just after a line end, or 0) moved back before the blank lines that end
+    ``block[:cut]``."""
+    while cut:
+        start = block.rfind(b"\n", 0, cut - 1) + 1
+        if block[start:cut].strip():
+            return cut
+        cut = start
+    return 0
 
 
 def _after_blank_line(block, carried):
-    """CoNLL: after the last blank line (a sentence never spans two chunks)."""
-    return max(block.rfind(b"\n\n") + 2, block.rfind(b"\n\r\n") + 3, 0) if b"\n" in block else 0
+    """CoNLL: after the last blank line (a sentence never spans two chunks; 0: none)."""
+    ends = [at + len(blank) for blank in (b"\n\n", b"\n\r\n")
+            if (at := block.rfind(blank)) >= 0]
+    return max(ends, default=0)
 
 
 def _after_closed_quotes(block, carried):
@@ -91,7 +98,7 @@ def _after_closed_quotes(block, carried):
         before = block.rfind(b"\n", 0, cut - 1) + 1
         inside = (inside + block.count(b'"', before, cut)) % 2
         cut = before
-    return cut
+    return _back_over_blank_lines(block, cut)  # blank lines hold no quote
 
 
 RECORD_ENDS = {"conll": _after_blank_line, "csv": _after_closed_quotes}

@@ -804,29 +804,33 @@ class _Merge:
         plan = self.plan
         if plan.fmt not in TABLE_SEPARATORS:
             return
-        counts, first = Counter(), {}
+        counts, first = Counter(), {}  # over the train file(s): label -> examples, (path, line)
+        firsts = Counter()  # label -> the headerless files whose line 1 has it
         for ref in self.refs:
             if ref.role != "train" or not ref.label_values:
                 continue
             per = np.bincount(ref.label_codes, minlength=len(ref.label_values))
+            layout = plan.layouts.get(ref.path)
+            unsaid = layout is not None and not layout.header and not layout.stated
             for value, c, n in zip(ref.label_values, per.tolist(), ref.label_lines):
-                counts[(ref.path, value)] += c
-                first.setdefault((ref.path, value), n)
+                counts[value] += c
+                first.setdefault(value, (ref.path, n))
+                firsts[value] += int(n == 1 and unsaid)
         how = ("name the columns in a header line (text, label, ...: docs/guide/data.md) or by "
                "Data.text_field / Data.label_field, or give a headerless file's order with "
                "Data.columns, e.g. [label, text]")
-        for (path, value), n in first.items():
-            layout = plan.layouts.get(path)
-            if n == 1 and counts[(path, value)] == 1 and isinstance(value, str) and \
-                    layout is not None and not layout.header and not layout.stated:
+        for value, k in firsts.items():
+            if k and k == counts[value] and isinstance(value, str):
+                path = first[value][0]
                 raise DataError(f"{path}:1: the first line looks like a header the reader does "
                                 f"not know: its label {value!r} is on no other line; {how}. If "
                                 f"the line is data, say the order with Data.columns: "
-                                f"{list(layout.names)}")
-        examples, classes = sum(counts.values()), len({v for _, v in counts})
+                                f"{list(plan.layouts[path].names)}")
+        examples, classes = sum(counts.values()), len(counts)
         if classes >= 20 and classes > examples / 2:
-            (path, value), _ = counts.most_common()[-1]
-            raise DataError(f"{path}:{first[(path, value)]}: the label column looks like text: "
+            value = counts.most_common()[-1][0]
+            path, n = first[value]
+            raise DataError(f"{path}:{n}: the label column looks like text: "
                             f"{classes} classes for {examples} train examples (e.g. label "
                             f"{value!r:.60}); check which column is which: {how}. If these "
                             f"are the classes, list them in Data.label_names")

@@ -100,3 +100,40 @@ def test_trailing_blank_lines_tolerated_blank_lines_inside_refused(tmp_path):
         inside = "".join(lines[:2]) + "\n" + "".join(lines[2:])
         with pytest.raises(DataError, match=r"inside\.\w+:3: blank line"):
             read_file(_write(tmp_path, f"inside.{fmt}", inside), fmt)
+
+
+def test_label_column_holding_texts_refused(tmp_path):
+    """A header that names the columns the wrong way round: the labels are the reviews."""
+    rows = "".join(f"{'pos' if i % 2 else 'neg'}\t第{i}条评论很长\n" for i in range(40))
+    path = _write(tmp_path, "swapped.tsv", "text\tlabel\n" + rows)
+    with pytest.raises(DataError, match=r"swapped\.tsv:\d+: the label column looks like text: "
+                                        r"40 classes for 40 train examples.*Data\.columns"):
+        load_corpus({"corpus": "tsv", "train_file": path})
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv", "jsonl"])
+def test_records_read_the_same_whatever_the_chunk_boundaries(tmp_path, monkeypatch, fmt):
+    from ppvarlen.data import chunks
+
+    texts = [f'第{i}条,"引号"\n换行' if fmt == "csv" else f"第{i}条评论" for i in range(60)]
+    if fmt == "csv":
+        body = "text,label\n" + "".join('"' + t.replace('"', '""') + f'",l{i % 3}\n'
+                                        for i, t in enumerate(texts))
+    elif fmt == "tsv":
+        body = "".join(f"{t}\tl{i % 3}\n" for i, t in enumerate(texts))
+    else:
+        body = "".join(f'{{"text": "{t}", "label": "l{i % 3}"}}\n' for i, t in enumerate(texts))
+    path = _write(tmp_path, f"c.{fmt}", body + "\n\n")
+    whole = read_file(path, fmt)
+    for size in (7, 16, 33, 100):
+        monkeypatch.setattr(chunks, "CHUNK_BYTES", size)
+        small = read_file(path, fmt)
+        assert small.examples == whole.examples and small.line_numbers == whole.line_numbers
+    assert [ex["text"] for ex in whole.examples] == texts
+    # a blank line inside the file is refused wherever a chunk ends
+    lines = body.splitlines(keepends=True)
+    inside = _write(tmp_path, f"i.{fmt}", "".join(lines[:31]) + "\n" + "".join(lines[31:]))
+    for size in (7, 16, 33, 100, 1 << 20):
+        monkeypatch.setattr(chunks, "CHUNK_BYTES", size)
+        with pytest.raises(DataError, match=r"i\.\w+:\d+: blank line"):
+            read_file(inside, fmt)

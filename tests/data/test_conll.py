@@ -100,3 +100,15 @@ def test_tagging_trains_evaluates_exports_and_infers_on_conll(tmp_path, capsys):
     first = _sentences(1, 72)[0]
     assert len(records) == 12 and records[0]["line"] == 3  # after -DOCSTART- and its blank
     assert len(records[0]["tags"]) == len(first[0])  # one tag per CoNLL token
+
+
+def test_sentences_read_the_same_whatever_the_chunk_boundaries(tmp_path, monkeypatch):
+    from ppvarlen.data import chunks
+
+    path = _conll(tmp_path / "c.conll", _sentences(30))
+    whole = read_file(path, "conll")
+    assert len(whole.examples) == 30
+    for size in (5, 16, 40, 333):
+        monkeypatch.setattr(chunks, "CHUNK_BYTES", size)
+        small = read_file(path, "conll")
+        assert small.examples == whole.examples and small.line_numbers == whole.line_numbers
