@@ -120,6 +120,12 @@ def plan(cfg):
     files = {s: expand_inputs(spec) for s, spec in specs.items()}
     limits = ReadLimits.of(cfg)
     keys = columns.column_keys(cfg)
+    unread = [k for k in keys if (k == "columns" and cfg.corpus not in TABLE_SEPARATORS) or
+              cfg.corpus == "conll"]
+    if unread:
+        raise ConfigError(f"Data.{unread[0]} names columns of a table (or fields of jsonl / "
+                          f"parquet), but Data.corpus is {cfg.corpus}, which has none to name "
+                          f"(conll: the token first, the tag last); remove Data.{unread[0]}")
     task = _format_task(cfg.corpus, cfg.task, files["train"][0], limits, keys)
     names = cfg.get("label_names")
     layouts = {path: _layout(cfg.corpus, task, path, limits, keys)

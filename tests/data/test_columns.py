@@ -137,3 +137,11 @@ def test_records_read_the_same_whatever_the_chunk_boundaries(tmp_path, monkeypat
         monkeypatch.setattr(chunks, "CHUNK_BYTES", size)
         with pytest.raises(DataError, match=r"i\.\w+:\d+: blank line"):
             read_file(inside, fmt)
+
+
+def test_a_column_key_the_format_does_not_read_is_refused(tmp_path):
+    from ppvarlen.config import ConfigError
+
+    path = _write(tmp_path, "j.jsonl", '{"text": "好", "label": "pos"}\n')
+    with pytest.raises(ConfigError, match=r"Data\.columns names columns of a table.*jsonl"):
+        load_corpus({"corpus": "jsonl", "train_file": path, "columns": ["text", "label"]})
