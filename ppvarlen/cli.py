@@ -327,8 +327,9 @@ def main_export(argv=None):
                         help="--pretrained-dir --task embedding: L2-normalise after pooling "
                         "(default: the directory's modules.json Normalize module, else off); "
                         "one contradicting the directory is an error")
-    parser.add_argument("--verify-file", help="--pretrained-dir: labelled JSONL for the parity "
-                        "report besides the shape grid")
+    parser.add_argument("--verify-file", help="--pretrained-dir: a labelled file for the "
+                        "parity report besides the shape grid, in any format training reads "
+                        "(told by its suffix: .jsonl, .tsv, .csv, .conll, .parquet)")
     parser.add_argument("--output", required=True,
                         help="export directory to write (an existing one is replaced once the "
                         "new one is complete). In a model repository: MODELS/NAME/VERSION, a "
@@ -454,7 +455,9 @@ def main_infer(argv=None):
     parser.add_argument("--model-dir", required=True, help="export directory (has manifest.json)")
     parser.add_argument("--backend", choices=["paddle", "onnx"], default="paddle")
     parser.add_argument("--input", required=True, help=".jsonl (a request item per line, in "
-                        "the task's fields) or .txt (a text per line; one-text tasks)")
+                        "the task's fields), .txt (a text per line; one-text tasks), or a "
+                        "training data file (.tsv, .csv, .conll, .parquet: read as training "
+                        "reads it, labels not used)")
     parser.add_argument("--output", default=None, help="JSONL predictions (default: stdout); "
                         "an embedding export also .npy (float32 [N, D], a row per line) or "
                         ".parquet (line, embedding, num_tokens, truncated columns)")
