@@ -18,7 +18,8 @@ batch runs through both loops back to back, the first one alternating (one inter
 
 A row-step is one row of one decoder step.  Recorded per backend and order: row-steps, wall and
 process-CPU seconds of each loop, their ratios (full / shrinking), and the number of sources
-whose outputs differ between the two loops (expected 0).  Writes ``OUT/seq2seq_decode.json``
+whose outputs differ between the two loops (with their batch and row: a near-tie argmax
+can flip between two Paddle programs whose kernels oneDNN fuses differently).  Writes ``OUT/seq2seq_decode.json``
 and ``OUT/seq2seq_decode.png``; prints the ratios and the CPU's SIMD flags.
 """
 import argparse
@@ -132,7 +133,7 @@ def paddle_loops(checkpoint, decoding, threads, workdir):
 def interleaved(loops, batches, pad_id):
     """Each batch through both loops, alternating which goes first -> per-loop totals."""
     totals = {name: {"row_steps": 0, "wall_s": 0.0, "cpu_s": 0.0} for name in loops}
-    differing = 0
+    differing = []  # (batch, row) whose outputs differ between the loops
     order = list(loops)
     for b, sources in enumerate(batches):
         ids, lens = pad(sources, pad_id)
@@ -143,13 +144,14 @@ def interleaved(loops, batches, pad_id):
             totals[name]["wall_s"] += time.perf_counter() - wall
             totals[name]["cpu_s"] += time.process_time() - cpu
             totals[name]["row_steps"] += row_steps
-        differing += sum(x != y for x, y in zip(outputs["full"], outputs["shrink"]))
+        differing += [[b, i] for i, (x, y) in enumerate(zip(outputs["full"], outputs["shrink"]))
+                      if x != y]
     full, shrink = totals["full"], totals["shrink"]
     return {"batches": len(batches), "sources": sum(map(len, batches)), **totals,
             "row_steps_ratio": full["row_steps"] / shrink["row_steps"],
             "wall_ratio": full["wall_s"] / shrink["wall_s"],
             "cpu_ratio": full["cpu_s"] / shrink["cpu_s"],
-            "outputs_differing": differing}
+            "outputs_differing": len(differing), "differing_batch_row": differing}
 
 
 def plot(results, path):

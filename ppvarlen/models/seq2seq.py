@@ -313,6 +313,13 @@ class DecoderStepProgram(nn.Layer):
         return [tokens, InputSpec([None], "int64", "src_len")] + cache
 
 
+def _drop_ended(ended, per_row, caches):
+    """The rows not ``ended`` of each ``per_row`` tensor [B, ...] and each cache [L, B, ...]."""
+    keep = paddle.nonzero(paddle.logical_not(ended)).squeeze(1)
+    return ([paddle.gather(t, keep) for t in per_row],
+            [paddle.gather(t, keep, axis=1) for t in caches])
+
+
 class GreedyProgram(nn.Layer):
     """Export view of ``greedy_decode`` with the loop IN the graph: (src_ids, src_len) -> tokens.
 
@@ -322,10 +329,11 @@ class GreedyProgram(nn.Layer):
     into one PIR while op whose carried tokens and self-attention cache grow by a step per
     iteration; Paddle 3.3.1 Inference runs that with oneDNN on and off (tests/test_export_seq2seq).
 
-    A finished row leaves the decoding batch: each iteration first gathers the rows still
-    decoding (caches, source lengths, limits, last tokens) and steps only those, then scatters
-    their tokens into the full-batch column (``pad_id`` for the rows that left).  A row's
-    computation does not depend on the other rows, so the tokens are the full batch's.
+    A finished row leaves the decoding batch: after a step in which rows ended, the next
+    iteration gathers the rows still decoding (caches, source lengths, limits, last tokens; a
+    cond op, so a step after which no row ended copies nothing) and steps only those; their
+    tokens are scattered into the full-batch column (``pad_id`` for the rows that left).  A
+    row's computation does not depend on the other rows, so the tokens are the full batch's.
     ``shrink=False`` steps every row to the end (the reference for tests and benchmarks).
     """
 
@@ -355,12 +363,12 @@ class GreedyProgram(nn.Layer):
         row_steps = paddle.zeros([], dtype="int64")
         going = steps < max_steps
         while going:
-            if self.shrink:  # Python-level: traced once, no branch in the graph
-                keep = paddle.nonzero(paddle.logical_not(ended)).squeeze(1)
-                rows, last, ended, src_len, limits = (
-                    paddle.gather(x, keep) for x in (rows, last, ended, src_len, limits))
-                self_k, self_v, cross_k, cross_v = (paddle.gather(x, keep, axis=1)
-                                                    for x in (self_k, self_v, cross_k, cross_v))
+            if self.shrink:  # Python-level: traced once
+                if ended.any():  # a cond op: gather only after a row ended
+                    (rows, last, src_len, limits), (self_k, self_v, cross_k, cross_v) = \
+                        _drop_ended(ended, (rows, last, src_len, limits),
+                                    (self_k, self_v, cross_k, cross_v))
+                    ended = paddle.zeros_like(rows).astype("bool")
             logp, self_k, self_v = m.decode_step(last.unsqueeze(1), src_len, self_k, self_v,
                                                  cross_k, cross_v)
             steps = steps + 1
