@@ -2,9 +2,9 @@
 
 * ``read_body``: an ASGI request's body within ``Deploy.max_body_bytes`` (declared or counted),
   a client that goes away mid-body is one log line (``ClientGone``), not a traceback.
-* ``parse_json``: strict JSON -> ``MalformedRequest`` naming what is wrong: not UTF-8, nested too deep, an
-  integer too long to convert, NaN/Infinity, a lone surrogate (it could not be encoded back
-  into an answer); so no route ever holds a value it could not echo.
+* ``parse_json``: strict JSON -> ``MalformedRequest`` naming what is wrong: not UTF-8, nested
+  too deep, an integer too long to convert, NaN/Infinity, a lone surrogate (it could not be
+  encoded back into an answer); so no route ever holds a value it could not echo.
 * ``RequireToken``: ASGI middleware for ``Deploy.auth_token_file`` (bearer token).
 * ``AnswerErrors``: ASGI middleware, outermost: counts every answer by route and status, and
   an exception no route turned into an answer becomes a JSON 500 (logged once with its
@@ -21,8 +21,8 @@ import time
 from ppvarlen.config import ConfigError
 from ppvarlen.utils.log import get_logger
 
-from ppvarlen.serve.errors import (SHOWN_CHARS, BodyTooLarge, InternalError,  # noqa: F401
-                                   MalformedRequest, Unauthenticated, shown)
+from ppvarlen.serve.errors import (BodyTooLarge, InternalError, MalformedRequest,
+                                   Unauthenticated, shown)
 
 log = get_logger("serve.server")
 DECIMAL = re.compile(r"[0-9]{1,19}", re.ASCII)  # str.isdigit() also takes '²', int() does not
