@@ -66,26 +66,26 @@ def _tensor_of(name, annotation, label_names):
     return "BYTES", [], lambda r: _json_text(r[name])
 
 
-def _typed(name, datatype, tail):
-    """A field the task typed itself (``Task.oip_tensor_types``): its value as it is."""
-    return datatype, list(tail), lambda r: r[name]
+def _shaped(name, tail):
+    """A list of floats whose width the task gives (``Task.output_shapes``): FP32, as it is."""
+    return "FP32", list(tail), lambda r: r[name]
 
 
 @functools.lru_cache(maxsize=64)
-def _outputs(task_name, label_names, typed):
+def _outputs(task_name, label_names, shaped):
     prediction = get_task(task_name).prediction_model(list(label_names))
-    types = {name: (datatype, tail) for name, datatype, tail in typed}
-    return [(name, *(_typed(name, *types[name]) if name in types else
+    shapes = dict(shaped)
+    return [(name, *(_shaped(name, shapes[name]) if name in shapes else
                      _tensor_of(name, field.annotation, label_names)))
             for name, field in prediction.model_fields.items()]
 
 
-def outputs(task_name, label_names, typed=None):
+def outputs(task_name, label_names, shapes=None):
     """[(name, datatype, shape after the batch dim, result -> value)]: one tensor per field
     of the task's /predict prediction, so both answer the same values under the same names;
-    ``typed``: the task's own types of some fields (``Task.oip_tensor_types``)."""
-    typed = tuple((n, d, tuple(tail)) for n, (d, tail) in sorted((typed or {}).items()))
-    return _outputs(task_name, tuple(label_names), typed)
+    ``shapes``: the widths the task gives of some fields (``Task.output_shapes``)."""
+    shaped = tuple((n, tuple(tail)) for n, tail in sorted((shapes or {}).items()))
+    return _outputs(task_name, tuple(label_names), shaped)
 
 
 def outputs_of(model):
@@ -93,7 +93,7 @@ def outputs_of(model):
     specs = _served_outputs.get(model)
     if specs is None:
         specs = _served_outputs[model] = outputs(
-            model.task_name, model.label_names, model.task.oip_tensor_types(model.manifest))
+            model.task_name, model.label_names, model.task.output_shapes(model.manifest))
     return specs
 
 
