@@ -60,7 +60,7 @@ def reviews():
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory, reviews):
     with pytest.MonkeyPatch.context() as mp:  # the tiny model's vocabulary: these reviews
-        mp.setattr(test_deploy_helpers, "TEXTS", reviews)
+        mp.setattr(export_helpers, "TEXTS", reviews)
         out, _, _ = export_helpers.make_tiny_export(
             str(tmp_path_factory.mktemp("ray") / "export"), "classification", max_len=128)
     return out

@@ -1,10 +1,13 @@
-"""``AppState``: what every route of the server shares, built once from the Deploy section.
+"""The data plane: what every protocol's requests share, written once.
 
-The REST predict routes (``routes_predict``), the Open Inference Protocol over REST
-(``routes_oip``) and over gRPC (``grpc_service``) are modules over one ``AppState``: the
-Deploy settings (limits, batching), the registry of model versions taking traffic, the model
-repository, the counters (``prom.ServerMetrics``) and the one path a request's items take to
-a batcher and back (``infer``).
+``DataPlane`` holds the Deploy settings, the model versions taking traffic (``LiveVersions``),
+the model repository and the counters (``prom.ServerMetrics``), and owns an inference
+request's lifecycle (``infer``): count it, refuse it while draining, look the model up by name
+and version, let the protocol's codec read it, encode its items with that version's
+vocabulary and queue them on its batcher, refuse NaN/inf answers (the version is marked
+unhealthy), time it, let the codec render the answer, count it answered.  It raises
+``errors.ServeError`` types, never a protocol's status: each protocol (``protocols/*``) reads
+and renders its own form around it, each transport (``http/``, ``grpc/``) carries the bytes.
 """
 import asyncio
 import re
@@ -16,13 +19,14 @@ from ppvarlen.config import load_config
 from ppvarlen.data.errors import DataError
 from ppvarlen.utils.log import get_logger
 
-from ppvarlen.serve.batcher import BatcherClosed, QueueFull
-from ppvarlen.serve.http.edge import shown
-from ppvarlen.serve.errors import ApiError
+from ppvarlen.runtime.manifest import UnservableExportError
 from ppvarlen.runtime.predictor import NonFiniteOutput
+from ppvarlen.serve import errors
+from ppvarlen.serve.errors import shown
+from ppvarlen.serve.batcher import BatcherClosed, QueueFull
 from ppvarlen.serve.prom import ServerMetrics
-from ppvarlen.serve.repository import (VERSION_NAME, LiveVersions, NotServed, Repository, ServedModel,
-                         SeveralModels)
+from ppvarlen.serve.repository import (VERSION_NAME, LiveVersions, NotServed, Repository,
+                                       ServedModel, SeveralModels)
 
 log = get_logger("serve.server")
 
@@ -59,8 +63,24 @@ def rearm_signal_handlers():
             signal.signal(sig, handler)
 
 
+class Call:
+    """What a protocol's codec read of one inference request: the ``items`` (the task's request
+    items), the model ``name`` and ``version`` asked for (None: the only model, the newest
+    version), the ``long_text`` policy asked for (None: the export's), ``where`` (how an error
+    names the items: ``texts``, ``inputs[0].data``) and ``context``, the codec's own (what it
+    needs again to render the answer: an id, the outputs wanted)."""
+
+    __slots__ = ("items", "name", "version", "long_text", "where", "context")
+
+    def __init__(self, items, name=None, version=None, long_text=None, where="texts",
+                 context=None):
+        self.items, self.name, self.version = items, name, version
+        self.long_text, self.where, self.context = long_text, where, context
+
+
 class Outcome:
-    """What ``AppState.infer`` hands a route: the version that answered and its results."""
+    """What ``DataPlane.infer`` hands a codec to render: the version that answered, its
+    results, and what the counters take of them."""
 
     __slots__ = ("model", "results", "truncated", "split", "answers", "input_s", "timings")
 
@@ -70,12 +90,14 @@ class Outcome:
         self.input_s, self.timings = input_s, timings  # encoding; (queue, forward) per text
 
 
-class AppState:
+class DataPlane:
     """One export (``predictor``, served as version 1 of its manifest's model_name) or a
-    model repository (``repository`` dir, ``load_predictor(export_dir)``) with the ``deploy``
-    settings; ``start``/``stop`` run in the app's lifespan."""
+    model repository (``repository`` dir, ``load_predictor(export_dir)``, admitted with the
+    ``renderers`` checks) with the ``deploy`` settings; ``start``/``stop`` run in the app's
+    lifespan."""
 
-    def __init__(self, deploy, predictor=None, repository=None, load_predictor=None):
+    def __init__(self, deploy, predictor=None, repository=None, load_predictor=None,
+                 renderers=()):
         if (predictor is None) == (repository is None):
             raise ValueError("the server serves either a predictor or a model repository")
         self.deploy = deploy
@@ -89,7 +111,7 @@ class AppState:
         self.repository = None
         if repository is not None:
             self.repository = Repository(repository, load_predictor, self.registry, deploy,
-                                         self.metrics, self._after_load)
+                                         self.metrics, self._after_load, renderers)
 
     # ------------------------------------------------------------ lifecycle
     def _after_load(self):
@@ -110,8 +132,8 @@ class AppState:
         self.metrics.mark_loaded(model)
 
     def begin_drain(self):
-        """Shutdown has begun: refuse new requests (503), stop polling the repository, and
-        let every batcher run what it holds without waiting for company."""
+        """Shutdown has begun: refuse new requests (``Draining``), stop polling the
+        repository, and let every batcher run what it holds without waiting for company."""
         self.draining = True
         if self.repository is not None:
             self.repository.stop(wait=False)
@@ -127,29 +149,67 @@ class AppState:
             drained &= await asyncio.to_thread(m.close, self.deploy.drain_timeout_s)
         log.info("shutdown: queue %s", "drained" if drained else "NOT drained before timeout")
 
-    # ------------------------------------------------------------ requests
+    # ------------------------------------------------------------ models
     def check_open(self):
         if self.draining:
-            raise ApiError(503, "server is shutting down", None, {"Retry-After": "1"})
+            raise errors.Draining("server is shutting down")
 
     def model(self, name=None, version=None):
-        """The version a request addresses (the newest ready one without ``version``); 404
-        no such model or version, 409 a route without a model name on several models."""
+        """The version a request addresses (the newest ready one without ``version``);
+        ModelNotFound, or AmbiguousModel for no name on several models."""
         if version is not None and not VERSION_NAME.fullmatch(version):
-            raise ApiError(404, f"version {shown(version)}: versions are positive integers in "
-                           f"ASCII digits", None)
+            raise errors.ModelNotFound(f"version {shown(version)}: versions are positive "
+                                       f"integers in ASCII digits")
         try:
             return self.registry.get(name, version)
         except NotServed as e:
             raise _not_served(e) from None
 
-    async def infer(self, items, name=None, version=None, long_text=None, where="texts",
-                    started=None):
-        """Encode ``items`` with the chosen version's vocabulary, queue them on its batcher,
-        wait -> ``Outcome``.  ApiError for what cannot be answered (422 a bad item, 503 full,
-        draining, or NaN/inf from the model); a failure once queued is counted in the
-        version's statistics (``started``: the request's ``time.perf_counter()``)."""
-        started = time.perf_counter() if started is None else started
+    def ready(self):
+        """Whether the server takes inference requests (not draining, a model loaded)."""
+        return not self.draining and bool(self.registry.names())
+
+    def not_ready_reason(self, model):
+        """Why ``model`` takes no requests now, or None when it does."""
+        return "the server is shutting down" if self.draining else model.unhealthy
+
+    async def load_newest(self, name):
+        """The repository's newest version of ``name`` loaded now -> its READY status;
+        NoRepository, ModelNotFound or LoadRefused (with the reason) otherwise."""
+        if self.repository is None:
+            raise errors.NoRepository("this server serves one export (--model-dir), not a "
+                                      "model repository")
+        try:
+            status = await asyncio.to_thread(self.repository.refresh, name)
+        except UnservableExportError as e:
+            raise errors.ModelNotFound(str(e)) from None
+        if status["state"] != "READY":
+            raise errors.LoadRefused(
+                f"model {shown(name)} version {status['version']} refused: {status['reason']}; "
+                f"still serving {self.registry.versions(name) or 'nothing'}")
+        return status
+
+    # ------------------------------------------------------------ requests
+    async def infer(self, read, render):
+        """One inference request from arrival to answer: ``read()`` (the protocol's codec, a
+        coroutine -> ``Call``) parses it, its items go to the model's batcher, ``render(outcome,
+        call)`` -> the answer, which is returned.  A ServeError for what cannot be answered;
+        the transport counts it (``failed``) with the status its protocol gives it."""
+        started = time.perf_counter()
+        self.metrics.count_request()
+        self.check_open()
+        call = await read()
+        outcome = await self._run(call, started)
+        rendering = time.perf_counter()
+        answer = render(outcome, call)
+        self.answered(outcome, started, time.perf_counter() - rendering)
+        return answer
+
+    async def _run(self, call, started):
+        """Encode ``call.items`` with the chosen version's vocabulary, queue them on its
+        batcher, wait -> ``Outcome``; a failure once queued is counted in the version's
+        statistics."""
+        items, where, long_text = call.items, call.where, call.long_text
         encoded = {"queued": False}
         callers = self.registry.callers
 
@@ -160,8 +220,8 @@ class AppState:
                 try:
                     out.append(p.task.encode_request(p, item, long_text))
                 except DataError as e:
-                    raise ApiError(422, f"{where}[{i}]: {e}", f"{where}[{i}]",
-                                   refused_texts=1) from None
+                    raise errors.InvalidInput(f"{where}[{i}]: {e}", f"{where}[{i}]",
+                                              refused_texts=1) from None
             encoded["seconds"] = time.perf_counter() - start
             if not encoded["queued"]:  # counted before the submit wakes a worker
                 encoded["queued"] = True
@@ -171,16 +231,15 @@ class AppState:
         callers.arrive()
         try:
             try:
-                model, futures = self.registry.submit(encode, name, version,
+                model, futures = self.registry.submit(encode, call.name, call.version,
                                                       loop=asyncio.get_running_loop())
             except NotServed as e:
                 raise _not_served(e) from None
             except QueueFull as e:
-                raise ApiError(503, f"overloaded: {e}; retry later", None,
-                               {"Retry-After": "1"}) from None
+                raise errors.Overloaded(f"overloaded: {e}; retry later") from None
             except BatcherClosed:
-                raise ApiError(503, "server is shutting down or the version was unloaded; "
-                               "retry", None, {"Retry-After": "1"}) from None
+                raise errors.ModelNotReady("server is shutting down or the version was "
+                                           "unloaded; retry") from None
             answered = await _all_of(futures)
         finally:
             callers.leave(encoded["queued"])
@@ -193,8 +252,8 @@ class AppState:
                 self._refuse_nonfinite(model, nonfinite, f"{where}[{nonfinite[0]}]")
             i = failures[0]
             log.error("%s[%d] failed: %r", where, i, results[i])
-            raise ApiError(500, f"prediction failed for {where}[{i}]: "
-                           f"{type(results[i]).__name__}", f"{where}[{i}]")
+            raise errors.PredictionFailed(f"prediction failed for {where}[{i}]: "
+                                          f"{type(results[i]).__name__}", f"{where}[{i}]")
         truncated = sum(bool(r.get("truncated")) for r in results)
         split = sum(r.get("pieces", 1) > 1 for r in results)
         return Outcome(model, results, truncated, split, model.task.answer_counts(results),
@@ -209,24 +268,25 @@ class AppState:
         outcome.model.stats.observe_success(seconds, outcome.input_s, outcome.timings,
                                             output_s)
 
-    def failed(self, error):
-        """Count a refused request (an ApiError)."""
-        self.metrics.record(error.status)
+    def failed(self, error, status):
+        """Count a refused request (a ServeError, answered with the HTTP ``status``)."""
+        self.metrics.record(status)
         if error.refused_texts:
             self.metrics.refused(error.refused_texts)
 
     def _refuse_nonfinite(self, model, failures, where):
-        """NaN/inf from the model is never an answer: 503 naming the version, counted, and
-        the version marked unhealthy (the index, /health and its ready endpoint say so)."""
+        """NaN/inf from the model is never an answer: refused naming the version, counted,
+        and the version marked unhealthy (the index, /health and its ready endpoint say so)."""
         reason = f"non-finite outputs (NaN/inf) for {len(failures)} text(s), e.g. {where}"
         self.metrics.nonfinite_outputs.labels(model.name, model.version).inc(len(failures))
         self.metrics.model_healthy.labels(model.name, model.version).set(0)
         if self.registry.mark_unhealthy(model, reason):
             log.error("model %s version %s marked unhealthy: %s", model.name, model.version,
                       reason)
-        raise ApiError(503, f"model {model.name!r} version {model.version} answered NaN/inf for "
-                       f"{where}; the version is marked unhealthy — the operator must replace "
-                       f"it (a newer version in the repository takes over)", where)
+        raise errors.NonFiniteAnswer(
+            f"model {model.name!r} version {model.version} answered NaN/inf for {where}; the "
+            f"version is marked unhealthy — the operator must replace it (a newer version in "
+            f"the repository takes over)", where)
 
 
 async def _all_of(futures):
@@ -241,5 +301,6 @@ async def _all_of(futures):
 
 
 def _not_served(e):
-    """404 no such model/version; 409 a route without a model name, several models."""
-    return ApiError(409 if isinstance(e, SeveralModels) else 404, str(e), None)
+    """ModelNotFound; AmbiguousModel for a request naming no model, on several models."""
+    kind = errors.AmbiguousModel if isinstance(e, SeveralModels) else errors.ModelNotFound
+    return kind(str(e))
