@@ -332,7 +332,7 @@ def test_resume_refuses_code_in_checkpoint_pickles_and_non_unified(seq_dir, tmp_
 DRIVER = textwrap.dedent('''
     import json, os, sys
     import numpy as np
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from paddlenlp.trainer import TrainingArguments
     import test_paddlenlp_trainer as T
 
@@ -363,8 +363,9 @@ def test_two_processes_get_equal_batch_counts(seq_dir, tmp_path):
     model_dir, _ = seq_dir
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
-    tests_dir = os.path.join(REPO, "tests")
+    tests_dir = os.path.join(REPO, "tests")  # the shared helpers; this module's own folder too
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, tests_dir,
+                                                       os.path.dirname(os.path.abspath(__file__)),
                                                        os.environ.get("PYTHONPATH", "")]))
     out, logs = tmp_path / "out", tmp_path / "logs"
     out.mkdir()
