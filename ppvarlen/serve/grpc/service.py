@@ -28,6 +28,7 @@ import time
 import grpc
 from google.protobuf import json_format
 
+from grpc_health.v1 import health_pb2
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from ppvarlen.utils.log import get_logger
@@ -35,6 +36,7 @@ from ppvarlen.utils.log import get_logger
 from ppvarlen.serve.protocols.oip import codec as oip
 from ppvarlen.serve.http.edge import HEALTH_PROBES
 from ppvarlen.serve.errors import ApiError
+from ppvarlen.serve.grpc import health
 from ppvarlen.serve.grpc.frames import CALL, HELLO, FramedProtocol, answer_frame, stop_frame
 from ppvarlen.serve.protocols.oip.routes import load_newest, server_version, statistics
 
@@ -50,7 +52,8 @@ STATUS_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAU
                 413: grpc.StatusCode.RESOURCE_EXHAUSTED, 422: grpc.StatusCode.INVALID_ARGUMENT,
                 503: grpc.StatusCode.UNAVAILABLE}
 # the REST paths whose protection (Deploy.auth_all_routes) the health methods share
-PROBES = {"ServerLive": HEALTH_PROBES[0], "ServerReady": HEALTH_PROBES[1]}
+PROBES = {"ServerLive": HEALTH_PROBES[0], "ServerReady": HEALTH_PROBES[1],
+          "Check": HEALTH_PROBES[1]}
 # the methods served, with their request messages; the front end answers UNIMPLEMENTED to others
 METHODS = {"ServerLive": service_pb2.ServerLiveRequest,
            "ServerReady": service_pb2.ServerReadyRequest,
@@ -61,8 +64,12 @@ METHODS = {"ServerLive": service_pb2.ServerLiveRequest,
            "ModelStatistics": service_pb2.ModelStatisticsRequest,
            "ModelInfer": service_pb2.ModelInferRequest,
            "RepositoryIndex": service_pb2.RepositoryIndexRequest,
-           "RepositoryModelLoad": service_pb2.RepositoryModelLoadRequest}
+           "RepositoryModelLoad": service_pb2.RepositoryModelLoadRequest,
+           "Check": health_pb2.HealthCheckRequest}
 METHOD_NAMES = list(METHODS)
+# the service each method belongs to: the protocol's, or gRPC's health service
+METHOD_PATHS = [f"{health.HEALTH_SERVICE if m == 'Check' else SERVICE}/{m}"
+                for m in METHOD_NAMES]
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -77,6 +84,11 @@ def _payload(request):
     if raw and len(raw) != len(request.inputs):
         raise ApiError(400, f"raw_input_contents holds {len(raw)} tensors for "
                        f"{len(request.inputs)} inputs; send one per input, in order", None)
+    if raw and any(t.HasField("contents") for t in request.inputs):
+        typed = next(k for k, t in enumerate(request.inputs) if t.HasField("contents"))
+        raise ApiError(400, f"inputs[{typed}] has contents while the request has "
+                       f"raw_input_contents; the protocol allows one form per request: all "
+                       f"tensors raw, or all in contents", None)
     inputs, binary = [], []
     for k, tensor in enumerate(request.inputs):
         entry = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
@@ -153,8 +165,18 @@ class InferenceService:
         return service_pb2.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request):
-        ready = not self.state.draining and bool(self.state.registry.names())
-        return service_pb2.ServerReadyResponse(ready=ready)
+        return service_pb2.ServerReadyResponse(ready=self._server_ready())
+
+    def _server_ready(self):
+        return not self.state.draining and bool(self.state.registry.names())
+
+    def _model_ready(self, name):
+        return not self.state.draining and not self.state.model(name).unhealthy
+
+    async def Check(self, request):
+        """grpc.health.v1.Health/Check (``health.check``)."""
+        return health.check(request.service, self._server_ready, self._model_ready,
+                            self.state.registry.names())
 
     async def ModelReady(self, request):
         model = self.state.model(request.name, request.version or None)
@@ -262,7 +284,7 @@ class _ServerEnd(FramedProtocol):
 def front_end_command(fd, host, port, max_receive, max_send, max_calls):
     """The command that starts the front end on its end ``fd`` of the socket pair."""
     return [sys.executable, "-m", "ppvarlen.serve.grpc.front", "--fd", str(fd), "--host", host,
-            "--port", str(port), "--service", SERVICE, "--methods", ",".join(METHOD_NAMES),
+            "--port", str(port), "--methods", ",".join(METHOD_PATHS),
             "--max-receive", str(max_receive), "--max-send", str(max_send),
             "--max-calls", str(max_calls)]
 
