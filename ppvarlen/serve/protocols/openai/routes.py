@@ -1,4 +1,6 @@
-"""The OpenAI embeddings API over the ``AppState``: ``POST /v1/embeddings``.
+"""The OpenAI embeddings API over the ``AppState``: ``POST /v1/embeddings``, and the models
+API's ``GET /v1/models`` and ``GET /v1/models/{model}`` (model discovery: every served model,
+``owned_by`` ppvarlen, ``created`` the time its export was written).
 
 Request (the OpenAI API's, as the official ``openai`` client sends it)::
 
@@ -12,7 +14,13 @@ otherwise and decodes it itself): ``base64`` is each embedding's little-endian f
 ``dimensions``: the model's width D always; fewer only where the manifest says the model may
 be cut (``embedding.truncatable``, ``Task.embedding_spec``): the first D' values, divided by
 their L2 norm again when the model normalises.  ``user`` is accepted and ignored.  Token-id
-inputs (lists of integers) are refused: ids of another tokenizer mean nothing to this model.
+inputs (lists of integers) are refused (400, code ``unsupported_input``): the OpenAI API's ids
+are tiktoken's, another tokenizer's, and as this model's ids they would embed other words.
+
+Up to ``MAX_INPUTS`` (2,048, the OpenAI API's bound) texts a request: sorted by length and
+queued ``Deploy.max_texts_per_request`` at a time, one part after the other on the version
+that answered the first (a request never holds more of the queue than any other route's, nor
+mixes versions); the batcher groups each part's texts by length within its token budget.
 
 Answer::
 
@@ -33,6 +41,8 @@ model not served 404 (code ``model_not_found``), a served model that is no embed
 """
 import base64
 import json
+import os
+import re
 import time
 
 import numpy as np
@@ -42,9 +52,11 @@ from ppvarlen.utils.inputs import NON_BLANK_PATTERN
 from ppvarlen.serve.http.edge import parse_json, read_body, shown
 from ppvarlen.serve.errors import ApiError
 from ppvarlen.serve.protocols.predict.routes import version_header_pairs
-from ppvarlen.serve.state import max_text_chars
+from ppvarlen.serve.state import Outcome, max_text_chars
 
 ENDPOINT = "/v1/embeddings"
+MODELS = "/v1/models"
+MAX_INPUTS = 2048  # the OpenAI API's inputs per request (CreateEmbeddingRequest.input maxItems)
 FIELDS = ("input", "model", "encoding_format", "dimensions", "user")
 ENCODINGS = ("float", "base64")
 MAX_USER_CHARS = 256
@@ -115,10 +127,9 @@ def _texts(value, limits):
                    "tokenizes each text with the model's own vocabulary; send the texts as "
                    "strings (LangChain's OpenAIEmbeddings: check_embedding_ctx_length=False)",
                    "input", "unsupported_input")
-    if len(value) > limits.max_texts_per_request:
-        raise _bad(f"{len(value)} inputs in one request; at most "
-                   f"{limits.max_texts_per_request} (Deploy.max_texts_per_request) — split the "
-                   f"request", "input")
+    if len(value) > MAX_INPUTS:
+        raise _bad(f"{len(value)} inputs in one request; at most {MAX_INPUTS} (the OpenAI "
+                   f"API's bound) — split the request", "input")
     for i, t in enumerate(value):
         if not isinstance(t, str):
             raise _bad(f"input[{i}] must be a string, got {type(t).__name__}", f"input[{i}]")
@@ -198,7 +209,8 @@ async def create_embeddings(state, read):
         texts, name, encoding, dimensions = parse_request(parse_json(await read()),
                                                           state.deploy)
         check_dimensions(embedding_spec(served_model(state, name), name), dimensions, name)
-        outcome = await state.infer(texts, name, where="input", started=started)
+        outcome = await infer_in_parts(state, texts, name, started,
+                                       state.deploy.max_texts_per_request)
         # the version that answered may be newer than the one checked
         spec = embedding_spec(outcome.model, name)
         check_dimensions(spec, dimensions, name)
@@ -211,9 +223,69 @@ async def create_embeddings(state, read):
     return content, outcome.model
 
 
+async def infer_in_parts(state, texts, name, started, part_size):
+    """``state.infer`` of ``texts`` ``part_size`` at a time, shortest first, every part on
+    the version that answered the first -> one ``Outcome`` with the results in input order."""
+    if len(texts) <= part_size:
+        return await state.infer(texts, name, where="input", started=started)
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    version, parts = None, []
+    for start in range(0, len(order), part_size):
+        chosen = order[start:start + part_size]
+        try:
+            part = await state.infer([texts[i] for i in chosen], name, version,
+                                     where="input", started=started)
+        except ApiError as e:
+            raise _renumbered(e, chosen) from None
+        version = part.model.version
+        parts.append(part)
+    results = [None] * len(texts)
+    for i, result in zip(order, (r for p in parts for r in p.results)):
+        results[i] = result
+    first = parts[0]
+    return Outcome(first.model, results, sum(p.truncated for p in parts),
+                   sum(p.split for p in parts), first.model.task.answer_counts(results),
+                   sum(p.input_s for p in parts), [t for p in parts for t in p.timings])
+
+
+def _renumbered(error, positions):
+    """``error`` of a part naming ``input[k]`` (its k-th text) -> the same naming the text's
+    place in the request, ``input[positions[k]]``."""
+    found = re.fullmatch(r"input\[(\d+)\]", error.field or "")
+    if found is None:
+        return error
+    k = int(found.group(1))
+    old, new = f"input[{k}]", f"input[{positions[k]}]"
+    return ApiError(error.status, error.message.replace(old, new), new, error.headers,
+                    error.refused_texts, error.code)
+
+
+def model_object(model):
+    """The OpenAI API's model object of a served version."""
+    created = 0
+    if model.predictor is not None:
+        try:
+            created = int(os.stat(os.path.join(model.predictor.export_dir,
+                                               "manifest.json")).st_mtime)
+        except OSError:  # removed since it loaded: it still answers from memory
+            pass
+    return {"id": model.name, "object": "model", "created": created, "owned_by": "ppvarlen"}
+
+
 def router(state, direct):
-    """``POST /v1/embeddings`` over ``state``, answered by ``direct`` (a DirectRoutes)."""
+    """``POST /v1/embeddings`` over ``state``, answered by ``direct`` (a DirectRoutes), and
+    the models API."""
     routes = APIRouter()
+
+    @routes.get(MODELS)
+    async def list_models():
+        return {"object": "list",
+                "data": [model_object(state.registry.get(n)) for n in state.registry.names()]}
+
+    @routes.get(MODELS + "/{model:path}")
+    async def retrieve_model(model: str):
+        return model_object(served_model(state, model))
+
     limit = state.deploy.max_body_bytes
 
     async def embeddings(scope, receive):
@@ -237,7 +309,7 @@ def request_schema(name, spec, limits, max_text_chars):
             "properties": {
                 "input": {"description": "a text, or a list of texts (answered in order)",
                           "oneOf": [text, {"type": "array", "items": text, "minItems": 1,
-                                           "maxItems": limits.max_texts_per_request}]},
+                                           "maxItems": MAX_INPUTS}]},
                 "model": {"type": "string", "enum": [name],
                           "description": "a served embedding model's name"},
                 "encoding_format": {"type": ["string", "null"], "enum": [*ENCODINGS, None],
@@ -285,10 +357,44 @@ ERROR_SCHEMA = {
                        "code": {"type": ["string", "null"]}}}}}
 
 
+MODEL_SCHEMA = {
+    "title": "OpenAIModel", "type": "object", "required": ["id", "object", "created", "owned_by"],
+    "properties": {"id": {"type": "string"}, "object": {"const": "model"},
+                   "created": {"type": "integer", "description": "when the export's manifest "
+                               "was written (unix seconds)"},
+                   "owned_by": {"const": "ppvarlen"}}}
+
+
+def add_models_openapi(doc, state):
+    """Declare ``GET /v1/models`` and ``GET /v1/models/{model}``."""
+    schemas = doc["components"]["schemas"]
+    schemas["OpenAIModel"], schemas["OpenAIErrorBody"] = MODEL_SCHEMA, ERROR_SCHEMA
+    model = {"$ref": "#/components/schemas/OpenAIModel"}
+
+    def answer(description, schema):
+        return {"description": description, "content": {"application/json": {
+            "schema": schema}}}
+
+    doc["paths"][MODELS]["get"].update(summary="List models (the OpenAI models API)",
+                                       responses={"200": answer("every served model", {
+                                           "type": "object", "required": ["object", "data"],
+                                           "properties": {"object": {"const": "list"},
+                                                          "data": {"type": "array",
+                                                                   "items": model}}})})
+    one = doc["paths"][MODELS + "/{model}"]["get"]
+    one.update(summary="Retrieve a model (the OpenAI models API)", responses={
+        "200": answer("the model", model),
+        "404": answer("no such model (code model_not_found)",
+                      {"$ref": "#/components/schemas/OpenAIErrorBody"})})
+    one["parameters"] = [{"name": "model", "in": "path", "required": True,
+                          "schema": {"type": "string"}}]
+
+
 def add_openapi(doc, state):
     """Declare ``POST /v1/embeddings`` in ``doc`` for the embedding models ``state`` serves
     now (the request schema of each: its name, width, text bounds); none: the path is left
     out."""
+    add_models_openapi(doc, state)
     limits, options = state.deploy, []
     for name in sorted(state.registry.names()):
         model = state.registry.get(name)
