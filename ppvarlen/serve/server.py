@@ -39,7 +39,8 @@ from ppvarlen.serve.grpc.service import GrpcServer
 from ppvarlen.runtime.precision_choice import load_admitted
 from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.serve.protocols import render_checks
-from ppvarlen.serve.state import AppState, deploy_settings, max_text_chars, model_name_of  # noqa: F401
+from ppvarlen.serve.state import (AppState, deploy_settings, max_text_chars,  # noqa: F401
+                                  model_name_of, served_name)
 
 log = get_logger("serve.server")
 
@@ -137,8 +138,14 @@ def app_from_config(export_dir, deploy_cfg, backend=None, repository=None, grpc_
     load = functools.partial(load_admitted, engine, requested=deploy_cfg.precision,
                              device=deploy_cfg.device, renderers=render_checks())
     if repository is not None:
+        if deploy_cfg.model_name is not None:
+            raise ConfigError(f"Deploy.model_name {deploy_cfg.model_name!r} names a single "
+                              f"export; a repository's models are named by their directories "
+                              f"(NAME/VERSION/); leave it out with --model-repository")
         return create_app(repository=repository, load_predictor=load, deploy=deploy_cfg,
                           auth_token=token, grpc_port=grpc_port)
+    if deploy_cfg.model_name is not None:
+        served_name(deploy_cfg.model_name)  # before the export loads
     # the check a repository runs before a version takes traffic; one export has no fallback
     predictor = load(export_dir)
     log.info("export %s admitted in %s: %s", export_dir, predictor.precision,

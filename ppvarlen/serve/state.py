@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 
-from ppvarlen.config import load_config
+from ppvarlen.config import ConfigError, load_config
 from ppvarlen.data.errors import DataError
 from ppvarlen.utils.log import get_logger
 
@@ -33,10 +33,25 @@ def deploy_settings(**keys):
     return load_config(data={"Deploy": keys}).Deploy
 
 
-def model_name_of(predictor):
-    """The name OIP paths use for a single export: the manifest's model_name if path-safe."""
+SERVED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}", re.ASCII)
+
+
+def model_name_of(predictor, deploy=None):
+    """The name OIP paths use for a single export: ``Deploy.model_name`` when set, else the
+    manifest's model_name if path-safe."""
+    chosen = getattr(deploy, "model_name", None)
+    if chosen is not None:
+        return served_name(chosen)
     name = predictor.manifest.get("model_name") or "model"
-    return name if re.fullmatch(r"[A-Za-z0-9_.-]+", name) else "model"
+    return name if SERVED_NAME.fullmatch(name) else "model"
+
+
+def served_name(name):
+    """``Deploy.model_name`` if it can be a path segment; ConfigError naming the key else."""
+    if not SERVED_NAME.fullmatch(name):
+        raise ConfigError(f"Deploy.model_name {shown(name)}: 1-128 letters, digits, '_', '.' "
+                          f"or '-' (it is a URL path segment: /v2/models/NAME)")
+    return name
 
 
 def max_text_chars(predictor, deploy):
@@ -104,7 +119,7 @@ class AppState:
             await asyncio.to_thread(self.repository.load_all)
             self.repository.start_polling()
             return
-        model = ServedModel(model_name_of(self.predictor), "1", self.predictor)
+        model = ServedModel(model_name_of(self.predictor, self.deploy), "1", self.predictor)
         await asyncio.to_thread(model.start, self.deploy, self.metrics, self.registry.callers)
         self.registry.add(model)
         self.metrics.mark_loaded(model)
