@@ -90,9 +90,9 @@ def parse_request(payload, limits):
         raise _bad(f"unrecognized request argument(s) {shown(unknown)}; {ENDPOINT} takes "
                    f"{', '.join(FIELDS)}", str(unknown[0])[:64])
     model = payload.get("model")
-    if not isinstance(model, str) or not model:
+    if not isinstance(model, str):
         raise _bad("you must provide a model parameter: the name of a served embedding model "
-                   "(GET /v2/models/NAME, or /health's model_name)" if model is None else
+                   "(GET /v1/models lists them)" if model is None else
                    f"model must be a model name (a string), got {shown(model)}", "model")
     texts = _texts(payload.get("input"), limits)
     encoding = payload.get("encoding_format")
