@@ -32,6 +32,7 @@ from ppvarlen.serve.protocols.openai import routes as routes_openai
 from ppvarlen.serve.protocols.predict import routes as routes_predict
 from ppvarlen.runtime.backends import import_runtime
 from ppvarlen.serve.http.connections import uvicorn_config
+from ppvarlen.serve.http import fallback
 from ppvarlen.serve.http.direct import DirectRoutes, ServingApp, error_response
 from ppvarlen.serve.http.edge import AnswerErrors, RequireToken, read_token
 from ppvarlen.serve.errors import ApiError
@@ -85,6 +86,8 @@ def create_app(predictor=None, deploy=None, repository=None, load_predictor=None
     @app.exception_handler(ApiError)
     async def _api_error(request, exc):
         return error_response(state, exc, request.scope)
+
+    fallback.install(app)  # no such route, wrong method: the path's protocol's error body
 
     app.include_router(routes_predict.router(state, direct))
     app.include_router(routes_oip.router(state, direct))

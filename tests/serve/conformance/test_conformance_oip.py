@@ -194,3 +194,15 @@ def test_binary_and_json_infer_agree_on_n_by_1(served):
         else:
             assert np.allclose(got.ravel(), expected["data"], atol=1e-6), expected["name"]
     client.close()
+
+
+@pytest.mark.parametrize("method,path", [
+    ("GET", "/v2/no/such/route"), ("GET", "/v2/models/{name}/infer"),
+    ("POST", "/v2/health/ready"), ("DELETE", "/v2/models/{name}")])
+def test_routing_errors_are_the_protocols_error_object(served, method, path):
+    """No such route and a wrong method answer ``{"error": string}`` too (tritonclient
+    decodes every error answer as that object)."""
+    r = httpx.request(method, served.url + path.format(name=served.name), timeout=30)
+    assert_protocol_error(r, 404 if "no/such" in path else 405)
+    if r.status_code == 405:
+        assert r.headers["allow"] and r.headers["allow"] in r.json()["error"]

@@ -84,3 +84,14 @@ def test_token_id_inputs_refused_never_embedded(served, ids):
     error = assert_error_response(embed(served, ids), 400)
     assert error["code"] == "unsupported_input" and error["param"] == "input"
     assert "check_embedding_ctx_length=False" in error["message"]
+
+
+@pytest.mark.parametrize("method,path,status", [
+    ("GET", "/v1/chat/completions", 404), ("GET", "/v1/embeddings", 405),
+    ("DELETE", "/v1/models/{name}", 405), ("POST", "/v1/models", 405)])
+def test_routing_errors_are_the_error_response(served, method, path, status):
+    """Under /v1 a route that does not exist or a method a path does not have is answered with
+    ``ErrorResponse`` too, so the client raises its own error types."""
+    r = httpx.request(method, served.url + path.format(name=served.name), timeout=30)
+    error = assert_error_response(r, status)
+    assert error["type"] == "invalid_request_error"
