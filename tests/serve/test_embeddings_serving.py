@@ -351,7 +351,7 @@ def test_openapi_declares_the_route_only_for_embedding_models(served, cls_export
     assert set(post_doc["responses"]) == {"200", "400", "404", "413", "500", "503"}
     request = doc["components"]["schemas"]["EmbeddingsRequest"]
     assert request["properties"]["model"]["enum"] == ["tiny_embed"]
-    assert request["properties"]["input"]["oneOf"][1]["maxItems"] == 8
+    assert request["properties"]["input"]["oneOf"][1]["maxItems"] == routes_openai.MAX_INPUTS
     with TestClient(create_app(Predictor(cls_export[0], "onnx"),
                                deploy=deploy_settings(**LIMITS))) as http:
         assert "/v1/embeddings" not in http.get("/openapi.json").json()["paths"]

@@ -15,7 +15,8 @@ from export_helpers import cls_export  # noqa: F401
 from test_server import RunningServer
 
 from ppvarlen.serve.grpc.front import Relay
-from ppvarlen.serve.grpc.service import METHOD_NAMES, METHODS, SERVICE, front_end_command
+from ppvarlen.serve.grpc.service import (METHOD_PATHS, METHODS, SERVICE,
+                                         front_end_command)
 from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.serve.grpc.frames import CALL, HELLO, MAX_CALL_ID, FrameReader, call_frame
 from ppvarlen.serve.server import create_app, deploy_settings
@@ -113,9 +114,12 @@ def test_a_port_the_front_end_cannot_bind_is_refused_naming_it():
         taken.close()
 
 
-@pytest.mark.parametrize("method", METHOD_NAMES)
-def test_every_relayed_method_has_a_request_message(method):
-    assert METHODS[method].DESCRIPTOR.full_name == f"inference.{method}Request"
+@pytest.mark.parametrize("path", METHOD_PATHS)
+def test_every_relayed_method_has_its_services_request_message(path):
+    service, method = path.split("/")
+    package = service.rpartition(".")[0]
+    expected = "HealthCheckRequest" if service == "grpc.health.v1.Health" else f"{method}Request"
+    assert METHODS[method].DESCRIPTOR.full_name == f"{package}.{expected}"
 
 
 def test_call_ids_wrap_within_the_frames_32_bits():
