@@ -1,29 +1,101 @@
-"""The HTTP error every server route raises (status, message, the field at fault, headers) and
-the JSON body it is answered with, which depends on the route's protocol."""
+"""What the server refuses a request for, in its own terms: one type per meaning, no status code.
 
-OPENAI_PREFIX = "/v1/"  # routes_openai: the OpenAI API's error object
-OIP_PREFIX = "/v2"  # the Open Inference Protocol's {"error": message}
+The data plane, the repository and the transports raise these; each protocol renders them in
+its own form (``protocols/*``: an HTTP status and body, a gRPC status code), and the HTTP
+statuses the REST protocols share are ``http.status.HTTP_STATUS``.
+"""
+SHOWN_CHARS = 64
 
 
-class ApiError(Exception):
-    def __init__(self, status, message, field=None, headers=None, refused_texts=0, code=None):
+def shown(value, limit=SHOWN_CHARS):
+    """A client's value as an error message quotes it: repr, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} characters)"
+
+
+class ServeError(Exception):
+    """A request the server does not answer: ``message`` says why and how to fix it, ``field``
+    names the request field at fault (None: no single one), ``refused_texts`` counts texts
+    refused for what they hold (metrics), ``code`` is a machine-readable reason where a
+    protocol has one (the OpenAI API's)."""
+
+    retry = False  # the client may send the same request again later
+
+    def __init__(self, message, field=None, refused_texts=0, code=None):
         super().__init__(message)
-        self.status, self.message, self.field, self.headers = status, message, field, headers
-        self.refused_texts = refused_texts  # texts refused for what they hold (metrics)
-        self.code = code  # a machine-readable reason, where the protocol has one (OpenAI's)
-
-    def body(self, path):
-        """The JSON body answering this error on ``path`` (``error_body``)."""
-        return error_body(path, self.status, self.message, self.field, self.code)
+        self.message, self.field = message, field
+        self.refused_texts, self.code = refused_texts, code
 
 
-def error_body(path, status, message, field=None, code=None):
-    """The JSON body of an error answer on ``path``: under /v1/ the OpenAI API's
-    ``{"error": {"message", "type", "param", "code"}}``, under /v2 the protocol's ``{"error":
-    message}``, elsewhere ``{"error": message, "field": name}``."""
-    if path.startswith(OPENAI_PREFIX):
-        kind = "invalid_request_error" if status < 500 else "server_error"
-        return {"error": {"message": message, "type": kind, "param": field, "code": code}}
-    if path.startswith(OIP_PREFIX):
-        return {"error": message}
-    return {"error": message, "field": field}
+class MalformedRequest(ServeError):
+    """The bytes are not a request: not JSON, not UTF-8, a bad header, a broken message."""
+
+
+class InvalidInput(ServeError):
+    """A well-formed request whose fields (or one of whose items) this model cannot take."""
+
+
+class UnsupportedEncoding(ServeError):
+    """A body in a Content-Encoding the server does not decode (it decodes gzip and deflate)."""
+
+
+class BodyTooLarge(ServeError):
+    """The request is larger than ``Deploy.max_body_bytes``."""
+
+
+class Unauthenticated(ServeError):
+    """A protected call without the bearer token of ``Deploy.auth_token_file``."""
+
+
+class ModelNotFound(ServeError):
+    """No ready model or version answers to the name (the message says what is served)."""
+
+
+class NoSuchRoute(ServeError):
+    """A path no route of the server answers."""
+
+
+class MethodNotAllowed(ServeError):
+    """A route asked with a method it does not have."""
+
+
+class AmbiguousModel(ServeError):
+    """A request that names no model, on a server holding several."""
+
+
+class NoRepository(ServeError):
+    """A model repository call on a server that serves one export."""
+
+
+class LoadRefused(ServeError):
+    """The repository's newest version of a model failed its checks (the reason is named)."""
+
+
+class Draining(ServeError):
+    """The server is shutting down."""
+
+    retry = True
+
+
+class Overloaded(ServeError):
+    """The version's queue is full."""
+
+    retry = True
+
+
+class ModelNotReady(ServeError):
+    """The version picked was unloaded before the request reached its queue."""
+
+    retry = True
+
+
+class NonFiniteAnswer(ServeError):
+    """The model answered NaN/inf; the version is marked unhealthy."""
+
+
+class PredictionFailed(ServeError):
+    """The model raised on an item (a bug: the server log has the details)."""
+
+
+class InternalError(ServeError):
+    """A bug escaped every route (logged with its traceback)."""

@@ -40,14 +40,12 @@ from ppvarlen.utils.io import reap_dead_owners
 from ppvarlen.utils.parallel import release_memory
 from ppvarlen.utils.log import get_logger
 
-from ppvarlen.serve.protocols.oip import codec as oip
-from ppvarlen.serve.protocols import render_checks
 from ppvarlen.runtime import precision_choice
 from ppvarlen.runtime.admission import AdmissionError, admit, first_line
 from ppvarlen.serve.batcher import BatcherClosed, Callers, DynamicBatcher
-from ppvarlen.serve.http.edge import shown
+from ppvarlen.serve.errors import shown
 from ppvarlen.serve.stats import VersionStats
-from ppvarlen.runtime.manifest import VERSION_NAME  # noqa: F401 - state.py reads it from here
+from ppvarlen.runtime.manifest import VERSION_NAME  # noqa: F401 - the data plane reads it from here
 from ppvarlen.runtime.manifest import MANIFEST, UnservableExportError, is_version_name, outside
 
 log = get_logger("serve.repository")
@@ -60,19 +58,14 @@ class ServedModel:
         self.name, self.version, self.predictor = name, str(version), predictor
         self.task, self.task_name = predictor.task, predictor.task.name
         self.label_names = list(predictor.label_names)
-        # what /health reports of the task (e.g. the tag scheme), kept after an unload
-        self.health_extras = predictor.task.health_extras(predictor.manifest)
-        # what /v1/embeddings (None: not an embedding model) and the OIP outputs need of it
-        self.embedding = predictor.task.embedding_spec(predictor.manifest)
-        # its Open Inference Protocol output tensors, read by every infer request
-        self.oip_outputs = oip.outputs(self.task_name, self.label_names,
-                                       predictor.task.oip_tensor_types(predictor.manifest))
+        # what the protocols read of the export (kept after an unload drops the predictor)
+        self.manifest = predictor.manifest
         self.backend, self.long_text = predictor.backend, predictor.long_text
         # the precision it serves and why (auto: timed on this host; precision_choice)
         self.precision_choice = getattr(predictor, "precision_choice", None) or \
             precision_choice.as_requested(predictor.precision)
         self.batcher = None
-        self.example = None
+        self.example = None  # (the task's example items, this version's predictions of them)
         self.overhead_tokens = None
         self.unhealthy = None  # why this version stopped being trusted (non-finite outputs)
         self.stats = VersionStats()  # Triton's statistics extension
@@ -129,15 +122,14 @@ class ServedModel:
 
 
 def _example(model):
-    """A request and the answer this version really gives it, for /docs."""
+    """The task's example items and the predictions this version really gives them (what
+    the protocols' documents show), or None when they do not fit the export."""
     texts = model.predictor.task.examples
     try:
-        predictions = model.predictor.predict(texts)
+        return texts, model.predictor.predict(texts)
     except DataError as e:  # e.g. an export whose max_len is shorter than the example
         log.warning("no /docs example: the example texts do not fit this export (%s)", e)
         return None
-    return {"request": {"texts": texts},
-            "response": {"predictions": predictions, "model_version": model.version}}
 
 
 class NotServed(LookupError):
@@ -321,7 +313,8 @@ class Refused(Exception):
 class Repository:
     """Loads, verifies, swaps in and unloads versions of ``root/NAME/VERSION/``."""
 
-    def __init__(self, root, load_predictor, registry, deploy, metrics=None, after_load=None):
+    def __init__(self, root, load_predictor, registry, deploy, metrics=None, after_load=None,
+                 renderers=()):
         if not os.path.isdir(root):
             raise UnservableExportError(f"model repository not found: {root}; pass a directory holding "
                               f"NAME/VERSION/ export directories")
@@ -332,6 +325,7 @@ class Repository:
         self.load_predictor = load_predictor  # export dir -> Predictor (verifies the manifest)
         self.metrics, self.poll_s = metrics, deploy.repository_poll_s
         self.after_load = after_load  # called once a version's predictor exists (server hook)
+        self.renderers = list(renderers)  # the protocols' answer forms admission checks
         self.allow_external_symlinks = deploy.allow_external_symlinks
         self._refused = {}  # (name, version) -> content_fingerprint when refused
         self._loaded = {}  # (name, version) -> (path, content_fingerprint) it was loaded from
@@ -455,7 +449,7 @@ class Repository:
         if self.after_load is not None:
             self.after_load()
         if getattr(predictor, "admission", None) is None:  # a loader that does not admit
-            predictor.admission = admit(predictor, renderers=render_checks())
+            predictor.admission = admit(predictor, renderers=self.renderers)
         return predictor
 
     def _retire_older(self, name, version):

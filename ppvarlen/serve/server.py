@@ -1,16 +1,14 @@
-"""HTTP (and gRPC) serving: the app over ``AppState``, run with uvicorn.
+"""HTTP (and gRPC) serving: the app over one ``DataPlane``, run with uvicorn.
 
-``create_app`` assembles one ``AppState`` (``state.py``: Deploy settings, model registry,
-repository, counters, the request path to the batchers) and the route modules over it:
-``routes_predict`` (``POST /predict``, ``/health``, ``/metrics``, ``/metrics.json``) and
-``routes_oip`` (the Open Inference Protocol v2 under ``/v2``, with Triton's model
-configuration and statistics extensions) and ``routes_openai`` (the OpenAI embeddings API,
-``POST /v1/embeddings``); their inference routes are answered ahead of FastAPI's routing
-(``direct``); ``serve`` adds the protocol's gRPC service
-(``grpc_service``, ``Deploy.grpc_port``) on the same state.  Every answer names the version
-that produced it (``X-Model-Version``).  Every input is bounded (``docs/SERVING.md``, the
-threat model); errors are JSON ``{"error": message, "field": name}`` (the protocols' own
-bodies under ``/v1`` and ``/v2``: ``errors.error_body``).
+``create_app`` assembles one ``DataPlane`` (``dataplane.py``: Deploy settings, model registry,
+repository, counters, an inference request's lifecycle) and, over it, the routes of every
+protocol in ``protocols.PROTOCOLS`` (``predict``: ``POST /predict``, ``/health``, the metrics;
+``oip``: the Open Inference Protocol v2 under ``/v2`` with Triton's extensions; ``openai``: the
+OpenAI embeddings API); their inference routes are answered ahead of FastAPI's routing
+(``http.direct``); ``serve`` adds the protocols' gRPC services (``grpc.service``,
+``Deploy.grpc_port``) on the same plane.  Every answer names the version that produced it
+(``X-Model-Version``).  Every input is bounded (``docs/SERVING.md``, the threat model); a
+refusal is a ``ServeError`` answered in the form of the protocol whose route it came from.
 """
 import contextlib
 import functools
@@ -25,101 +23,101 @@ from ppvarlen.config import ConfigError
 from ppvarlen.utils.io import atomic_write_text
 from ppvarlen.utils.log import get_logger
 
-from ppvarlen.serve import openapi as api
-from ppvarlen.serve.protocols.oip import codec as oip
-from ppvarlen.serve.protocols.oip import routes as routes_oip
-from ppvarlen.serve.protocols.openai import routes as routes_openai
-from ppvarlen.serve.protocols.predict import routes as routes_predict
+from fastapi.openapi.utils import get_openapi
+
 from ppvarlen.runtime.backends import import_runtime
+from ppvarlen.runtime.precision_choice import load_admitted
+from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.serve.dataplane import (DataPlane, deploy_settings, max_text_chars,  # noqa: F401
+                                      model_name_of, served_name)
+from ppvarlen.serve.errors import ServeError
+from ppvarlen.serve.grpc.service import GrpcServer
 from ppvarlen.serve.http.connections import uvicorn_config
 from ppvarlen.serve.http import fallback
 from ppvarlen.serve.http.direct import DirectRoutes, ServingApp, error_response
 from ppvarlen.serve.http.edge import AnswerErrors, RequireToken, read_token
-from ppvarlen.serve.errors import ApiError
-from ppvarlen.serve.grpc.service import GrpcServer
-from ppvarlen.runtime.precision_choice import load_admitted
-from ppvarlen.runtime.predictor import Predictor
-from ppvarlen.serve.protocols import render_checks
-from ppvarlen.serve.state import (AppState, deploy_settings, max_text_chars,  # noqa: F401
-                                  model_name_of, served_name)
+from ppvarlen.serve.protocols import PROTOCOLS, edge_render, gathered, render_checks
 
 log = get_logger("serve.server")
 
 
 def create_app(predictor=None, deploy=None, repository=None, load_predictor=None,
                auth_token=None, grpc_port=None):
-    """The app (a FastAPI ``ServingApp``) over one ``AppState``: one export (``predictor``,
+    """The app (a FastAPI ``ServingApp``) over one ``DataPlane``: one export (``predictor``,
     served as version 1 of its manifest's model_name) or a model repository (``repository`` dir,
     ``load_predictor(export_dir)``), with the ``deploy`` settings (a Deploy section;
     ``deploy_settings(**keys)`` makes one; default: the schema's).  ``auth_token``: the bearer
     token of ``Deploy.auth_token_file``.  ``grpc_port``: also serve the OIP over gRPC there
     (0: a free port, in ``app.state.grpc.port``), started and stopped with the app."""
     deploy = deploy if deploy is not None else deploy_settings()
-    state = AppState(deploy, predictor, repository, load_predictor)
+    plane = DataPlane(deploy, predictor, repository, load_predictor, render_checks())
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        await state.start()
-        grpc = None
+        await plane.start()
+        servers = []
         if grpc_port is not None:
-            grpc = app.state.grpc = GrpcServer(state, deploy.host, grpc_port, auth_token,
-                                               deploy.auth_all_routes).start()
+            servers = [GrpcServer(p.grpc_service(plane, auth_token, deploy.auth_all_routes),
+                                  deploy, deploy.host, grpc_port).start()
+                       for p in PROTOCOLS if hasattr(p, "grpc_service")]
+            app.state.grpc = servers[0] if servers else None
         yield
-        state.begin_drain()
-        if grpc is not None:
-            grpc.stop(deploy.drain_timeout_s)
-        await state.stop()
+        plane.begin_drain()
+        for server in servers:
+            server.stop(deploy.drain_timeout_s)
+        await plane.stop()
 
-    direct = DirectRoutes(state)
+    direct = DirectRoutes(plane)
     app = ServingApp(direct, title="ppvarlen", lifespan=lifespan)
     # outermost last: count and answer every error, then the token, then CORS
     if deploy.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(deploy.cors_origins),
                            allow_methods=["GET", "POST"], allow_headers=["*"],
                            expose_headers=["X-Model-Name", "X-Model-Version",
-                                           oip.HEADER_LENGTH])
+                                           *gathered("EXPOSE_HEADERS")])
     if auth_token is not None:
-        app.add_middleware(RequireToken, token=auth_token, all_routes=deploy.auth_all_routes)
-    app.add_middleware(AnswerErrors, observe=state.metrics.observe_request,
-                       on_error=lambda: state.metrics.record(500))
+        app.add_middleware(RequireToken, token=auth_token, render=edge_render,
+                           all_routes=deploy.auth_all_routes,
+                           guarded=gathered("GUARDED_PREFIXES"), open_paths=gathered("OPEN_PATHS"))
+    app.add_middleware(AnswerErrors, observe=plane.metrics.observe_request, render=edge_render,
+                       on_error=lambda: plane.metrics.record(500))
 
-    @app.exception_handler(ApiError)
-    async def _api_error(request, exc):
-        return error_response(state, exc, request.scope)
+    renderers = {}  # route path -> the render_error of the protocol it belongs to
+    for protocol in PROTOCOLS:
+        router = protocol.router(plane, direct)
+        renderers.update((route.path, protocol.render_error) for route in router.routes)
+        app.include_router(router)
 
-    fallback.install(app)  # no such route, wrong method: the path's protocol's error body
+    @app.exception_handler(ServeError)
+    async def _refused(request, exc):
+        path = getattr(request.scope.get("route"), "path", None)
+        return error_response(plane, renderers.get(path, PROTOCOLS[0].render_error), exc)
 
-    app.include_router(routes_predict.router(state, direct))
-    app.include_router(routes_oip.router(state, direct))
-    app.include_router(routes_openai.router(state, direct))
-    app.openapi = functools.partial(_openapi, app, state)
-    app.state.app_state = state
-    app.state.registry = state.registry
-    app.state.begin_drain = state.begin_drain
+    fallback.install(app, edge_render)  # no such route, wrong method: the path's protocol's form
+    app.openapi = functools.partial(_openapi, app, plane)
+    app.state.app_state = plane
+    app.state.registry = plane.registry
+    app.state.begin_drain = plane.begin_drain
     app.state.grpc = None
     return app
 
 
-def _openapi(app, state):
-    """The OpenAPI document of what is served now (rebuilt when the versions change)."""
-    registry, deploy = state.registry, state.deploy
+def _openapi(app, plane):
+    """The OpenAPI document of what is served now (rebuilt when the versions change): FastAPI's
+    document of the routes, each protocol's part filled in for the first model served."""
+    registry = plane.registry
     models = registry.models()
     key = tuple(sorted((m.name, m.version) for m in models))
-    if state.openapi is None or state.openapi[0] != key:
+    if plane.openapi is None or plane.openapi[0] != key:
         model = registry.get(models[0].name) if models else None
-        p = model.predictor if model is not None else None
-        if p is None:
+        if model is None or model.predictor is None:
             return app.openapi_schema or {}
-        chars = max_text_chars(p, deploy)
-        request = api.request_model(deploy, chars, p.task)
-        prediction = p.task.prediction_model(p.label_names)
-        doc = api.openapi_document(app, request, api.response_model(prediction), model.example)
-        api.add_oip(doc, {n: registry.versions(n) for n in registry.names()},
-                    oip.model_metadata(model.name, registry.versions(model.name), model),
-                    deploy, chars, oip.long_text_choices(model), state.repository is not None)
-        routes_openai.add_openapi(doc, state)
-        state.openapi = (key, doc)
-    return state.openapi[1]
+        doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                          description=app.description)
+        for protocol in PROTOCOLS:
+            protocol.add_openapi(doc, plane, model)
+        plane.openapi = (key, doc)
+    return plane.openapi[1]
 
 
 def app_from_config(export_dir, deploy_cfg, backend=None, repository=None, grpc_port=None):

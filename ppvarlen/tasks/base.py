@@ -311,10 +311,10 @@ class Task:
         embeddings."""
         return None
 
-    def oip_tensor_types(self, manifest):
-        """{prediction field: (OIP datatype, shape after the batch dim)} for the fields whose
-        tensor the prediction model's annotation cannot type (e.g. a width the manifest
-        holds); the other fields follow their annotation (``deploy.oip``)."""
+    def output_shapes(self, manifest):
+        """{prediction field: shape after the batch dim} of the fields holding a list of
+        floats whose width the prediction model's annotation cannot say (the manifest holds
+        it, e.g. an embedding's D); a protocol that answers tensors reads them."""
         return {}
 
     def bench_overrides(self, manifest):

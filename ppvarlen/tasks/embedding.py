@@ -290,8 +290,8 @@ class EmbeddingTask(Task):
         return {"field": OUTPUT, "dim": entry["dim"], "normalize": entry["normalize"],
                 "truncatable": entry.get("truncatable", False)}
 
-    def oip_tensor_types(self, manifest):
-        return {OUTPUT: ("FP32", [manifest["embedding"]["dim"]])}
+    def output_shapes(self, manifest):
+        return {OUTPUT: [manifest["embedding"]["dim"]]}
 
     def too_long_fix(self):
         return ("shorten the text or re-export with a larger Data.max_len (an embedding reads "

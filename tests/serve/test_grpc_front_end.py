@@ -15,8 +15,8 @@ from export_helpers import cls_export  # noqa: F401
 from test_server import RunningServer
 
 from ppvarlen.serve.grpc.front import Relay
-from ppvarlen.serve.grpc.service import (METHOD_PATHS, METHODS, SERVICE,
-                                         front_end_command)
+from ppvarlen.serve.grpc.service import front_end_command
+from ppvarlen.serve.protocols.oip.grpc import METHOD_PATHS, METHODS, SERVICE
 from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.serve.grpc.frames import CALL, HELLO, MAX_CALL_ID, FrameReader, call_frame
 from ppvarlen.serve.server import create_app, deploy_settings
@@ -74,7 +74,7 @@ def test_the_front_end_is_restarted_when_killed_and_stops_with_the_server(cls_ex
 def _front_end(port, max_calls=4):
     ours, theirs = socket.socketpair()
     proc = subprocess.Popen(front_end_command(theirs.fileno(), "127.0.0.1", port, 8192, 8192,
-                                              max_calls),
+                                              max_calls, METHOD_PATHS),
                             pass_fds=(theirs.fileno(),))
     theirs.close()
     hello = []

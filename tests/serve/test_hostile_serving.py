@@ -30,7 +30,7 @@ from test_prometheus import samples, value
 from test_server import REPO, RunningServer, run_concurrently
 
 from ppvarlen.config import ConfigError, load_config
-from ppvarlen.serve import openapi as api
+from ppvarlen.serve.protocols.predict import openapi as api
 from ppvarlen.runtime.admission import AdmissionError, admit
 from ppvarlen.runtime.manifest import UnservableExportError
 from ppvarlen.runtime.predictor import Predictor

@@ -19,7 +19,7 @@ from test_server import RunningServer
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from ppvarlen.serve.grpc.service import SERVICE
+from ppvarlen.serve.protocols.oip.grpc import SERVICE
 from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.serve.server import create_app, deploy_settings
 

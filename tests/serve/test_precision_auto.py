@@ -16,7 +16,7 @@ from ppvarlen.runtime import precision_choice
 from ppvarlen.runtime.admission import AdmissionError
 from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.serve.server import app_from_config
-from ppvarlen.serve.state import deploy_settings
+from ppvarlen.serve.dataplane import deploy_settings
 from ppvarlen.export.exporter import export_model
 from test_export import CFG, _encoder, _meta
 from test_precision_choice import ITEMS

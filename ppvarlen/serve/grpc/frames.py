@@ -1,4 +1,4 @@
-"""The frames between the gRPC front end (``grpc_front``) and the server (``grpc_service``) on
+"""The frames between the gRPC front end (``front``) and the server (``service``) on
 their socket pair: a 12-byte header (kind, call id, code, authorization length, body length),
 then the authorization, then the body.
 

@@ -1,5 +1,5 @@
 """The gRPC front end: a process of its own that speaks gRPC and relays every call, as bytes, to
-the server process (``grpc_service.GrpcServer``), which parses, answers and serialises it.
+the server process (``service.GrpcServer``), which parses, answers and serialises it.
 
 Why a process: grpc's Python transport costs about as much CPU per call as the rest of a
 request, and in the server's process it would hold the same interpreter lock as the batcher,

@@ -6,8 +6,7 @@ model is ready (``ModelReady``), and NOT_FOUND for any other name, as the health
 ``Watch`` (a stream) is not served: UNIMPLEMENTED, which probes do not call."""
 from grpc_health.v1 import health_pb2
 
-from ppvarlen.serve.errors import ApiError
-from ppvarlen.serve.http.edge import shown
+from ppvarlen.serve.errors import ModelNotFound, shown
 
 HEALTH_SERVICE = "grpc.health.v1.Health"
 Status = health_pb2.HealthCheckResponse.ServingStatus
@@ -21,7 +20,7 @@ def check(service, server_ready, model_ready, names):
     elif service in names:
         ready = model_ready(service)
     else:
-        raise ApiError(404, f"health of {shown(service)}: no such service; ask for \"\" (the "
+        raise ModelNotFound(f"health of {shown(service)}: no such service; ask for \"\" (the "
                        f"server), inference.GRPCInferenceService or a served model's name "
-                       f"({shown(sorted(names), 200)})", None)
+                       f"({shown(sorted(names), 200)})")
     return health_pb2.HealthCheckResponse(status=Status.SERVING if ready else Status.NOT_SERVING)

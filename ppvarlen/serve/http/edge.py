@@ -3,15 +3,16 @@
 * ``read_body``: an ASGI request's body within ``Deploy.max_body_bytes`` (declared or counted),
   a client that goes away mid-body is one log line (``ClientGone``), not a traceback.
   A ``Content-Encoding: gzip`` or ``deflate`` body (tritonclient's request compression) is
-  decoded, its decoded size bounded by the same limit (a zip bomb is 413 once it passes it).
-* ``parse_json``: strict JSON -> 400 naming what is wrong: not UTF-8, nested too deep, an
-  integer too long to convert, NaN/Infinity, a lone surrogate (it could not be encoded back
-  into an answer); so no route ever holds a value it could not echo.
-* ``shown``: how an error message quotes a client's value (bounded, escaped).
+  decoded, its decoded size bounded by the same limit (a zip bomb is refused once it passes it).
+* ``parse_json``: strict JSON -> ``MalformedRequest`` naming what is wrong: not UTF-8, nested
+  too deep, an integer too long to convert, NaN/Infinity, a lone surrogate (it could not be
+  encoded back into an answer); so no route ever holds a value it could not echo.
 * ``RequireToken``: ASGI middleware for ``Deploy.auth_token_file`` (bearer token).
 * ``AnswerErrors``: ASGI middleware, outermost: counts every answer by route and status, and
-  an exception no route turned into an answer becomes the project's JSON 500 (logged once
-  with its traceback), never text/plain.
+  an exception no route turned into an answer becomes a JSON 500 (logged once with its
+  traceback), never text/plain.
+Both answer their refusals in the form of the protocol that owns the path (``render``, given
+by the server): this module knows no protocol.
 """
 import hmac
 import json
@@ -23,13 +24,12 @@ import zlib
 from ppvarlen.config import ConfigError
 from ppvarlen.utils.log import get_logger
 
-from ppvarlen.serve.errors import OPENAI_PREFIX, ApiError, error_body
+from ppvarlen.serve.errors import (BodyTooLarge, InternalError, MalformedRequest,
+                                   Unauthenticated, UnsupportedEncoding, shown)
 
 log = get_logger("serve.server")
 DECIMAL = re.compile(r"[0-9]{1,19}", re.ASCII)  # str.isdigit() also takes '²', int() does not
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-SHOWN_CHARS = 64
-HEALTH_PROBES = ("/v2/health/live", "/v2/health/ready")
 
 
 class ClientGone(Exception):
@@ -37,9 +37,10 @@ class ClientGone(Exception):
 
 
 def header_int(value, name):
-    """An ASCII-decimal header value -> int; ApiError 400 naming the header otherwise."""
+    """An ASCII-decimal header value -> int; MalformedRequest naming the header otherwise."""
     if not DECIMAL.fullmatch(value):
-        raise ApiError(400, f"bad {name} header {shown(value)}: a decimal number of bytes", name)
+        raise MalformedRequest(f"bad {name} header {shown(value)}: a decimal number of bytes",
+                               name)
     return int(value)
 
 
@@ -55,8 +56,8 @@ async def read_body(scope, receive, limit):
     """The body of an ASGI request, within ``limit`` bytes; ClientGone when the client left."""
     declared = header(scope, b"content-length")
     if declared is not None and header_int(declared, "Content-Length") > limit:
-        raise ApiError(413, f"body is {declared} bytes; at most {limit} (Deploy.max_body_bytes)",
-                       "body")
+        raise BodyTooLarge(f"body is {declared} bytes; at most {limit} (Deploy.max_body_bytes)",
+                           "body")
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -66,7 +67,7 @@ async def read_body(scope, receive, limit):
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:  # chunked uploads announce no length: count while reading
-            raise ApiError(413, f"body exceeds {limit} bytes (Deploy.max_body_bytes)", "body")
+            raise BodyTooLarge(f"body exceeds {limit} bytes (Deploy.max_body_bytes)", "body")
         if not message.get("more_body", False):
             body = b"".join(chunks + [chunk]) if chunks else chunk
             encoding = header(scope, b"content-encoding")
@@ -81,30 +82,30 @@ ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS,
 
 def decoded(body, encoding, limit):
     """``body`` sent with ``Content-Encoding: encoding`` -> its bytes, at most ``limit``
-    decoded (413 beyond, before more is inflated); 415 an encoding other than gzip/deflate,
-    400 a body that is not what its encoding says."""
+    decoded (BodyTooLarge beyond, before more is inflated); UnsupportedEncoding another
+    encoding, MalformedRequest a body that is not what its encoding says."""
     name = encoding.strip().lower()
     if name in ("", "identity"):
         return body
     if name not in ENCODINGS:
-        raise ApiError(415, f"Content-Encoding {shown(encoding)}: this server decodes gzip and "
-                       f"deflate; send one of them or none", "Content-Encoding")
+        raise UnsupportedEncoding(f"Content-Encoding {shown(encoding)}: this server decodes gzip "
+                                  f"and deflate; send one of them or none", "Content-Encoding")
     inflater = zlib.decompressobj(ENCODINGS[name])
     try:
         out = inflater.decompress(body, limit + 1)
         if len(out) > limit or inflater.unconsumed_tail:
-            raise ApiError(413, f"the {name}-decoded body exceeds {limit} bytes "
-                           f"(Deploy.max_body_bytes)", "body")
+            raise BodyTooLarge(f"the {name}-decoded body exceeds {limit} bytes "
+                               f"(Deploy.max_body_bytes)", "body")
         out += inflater.flush()
     except zlib.error as e:
-        raise ApiError(400, f"the body is not valid {name} data (Content-Encoding: {name}): "
-                       f"{e}", "Content-Encoding") from None
+        raise MalformedRequest(f"the body is not valid {name} data (Content-Encoding: "
+                               f"{name}): {e}", "Content-Encoding") from None
     if not inflater.eof:
-        raise ApiError(400, f"the {name} body ends before its compressed stream does",
-                       "Content-Encoding")
+        raise MalformedRequest(f"the {name} body ends before its compressed stream does",
+                               "Content-Encoding")
     if len(out) > limit:
-        raise ApiError(413, f"the {name}-decoded body exceeds {limit} bytes "
-                       f"(Deploy.max_body_bytes)", "body")
+        raise BodyTooLarge(f"the {name}-decoded body exceeds {limit} bytes "
+                           f"(Deploy.max_body_bytes)", "body")
     return out
 
 
@@ -113,26 +114,27 @@ def _not_json(constant):
 
 
 def parse_json(raw, where="body"):
-    """Strict JSON of a request body (bytes) -> the value; ApiError 400 naming the problem."""
+    """Strict JSON of a request body (bytes) -> the value; MalformedRequest naming the
+    problem."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ApiError(400, f"{where} is not valid JSON: not UTF-8 at byte {e.start}; send "
-                       f"UTF-8",
-                       where) from None
+        raise MalformedRequest(f"{where} is not valid JSON: not UTF-8 at byte {e.start}; "
+                               f"send UTF-8", where) from None
     try:
         value = json.loads(text, parse_constant=_not_json)
     except RecursionError:
-        raise ApiError(400, f"{where} nests arrays/objects too deeply to parse; the API's "
-                       f"bodies are a few levels deep", where) from None
+        raise MalformedRequest(f"{where} nests arrays/objects too deeply to parse; the API's "
+                               f"bodies are a few levels deep", where) from None
     except ValueError as e:  # JSONDecodeError, NaN/Infinity, integers over Python's digit limit
-        raise ApiError(400, f"{where} is not valid JSON: {shown(str(e), 200)}", where) from None
+        raise MalformedRequest(f"{where} is not valid JSON: {shown(str(e), 200)}",
+                               where) from None
     if SURROGATE_ESCAPE.search(text):
         path = _surrogate_path(value)
         if path is not None:
-            raise ApiError(400, f"{where}{path} holds a lone UTF-16 surrogate escape (\\ud800-"
-                           f"\\udfff without its pair); JSON strings must be valid Unicode",
-                           f"{where}{path}")
+            raise MalformedRequest(f"{where}{path} holds a lone UTF-16 surrogate escape "
+                                   f"(\\ud800-\\udfff without its pair); JSON strings must be "
+                                   f"valid Unicode", f"{where}{path}")
     return value
 
 
@@ -163,18 +165,18 @@ def _surrogate_path(value):
     return None
 
 
-def shown(value, limit=SHOWN_CHARS):
-    """A client's value as an error message quotes it: repr, cut to ``limit`` characters."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} characters)"
-
-
-def edge_error_body(path, status, message, field=None, code=None):
-    """The body of an answer the edge gives itself: ``{"error", "field"}`` on every route (the
-    /v2 routes' clients read it so too), the OpenAI error object under /v1/."""
-    if path.startswith(OPENAI_PREFIX):
-        return error_body(path, status, message, field, code)
-    return {"error": message, "field": field}
+async def send_error(send, render, path, error, extra_headers=()):
+    """Answer ``error`` (a ServeError) on ``path`` in the form ``render(path, error)`` ->
+    (status, headers or None, body) gives: the protocol's that owns the path."""
+    status, headers, body = render(path, error)
+    raw = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), *extra_headers,
+                            *((k.lower().encode("latin-1"), v.encode("latin-1"))
+                              for k, v in (headers or {}).items()),
+                            (b"content-length", str(len(raw)).encode())]})
+    await send({"type": "http.response.body", "body": raw})
+    return status
 
 
 # ---------------------------------------------------------------- bearer token
@@ -197,17 +199,19 @@ def read_token(path):
 
 class RequireToken:
     """ASGI middleware: requests to protected paths need ``Authorization: Bearer TOKEN``
-    (401 otherwise).  Protected: the repository's endpoints, or with ``all_routes`` every path
-    but the health probes."""
+    (401 otherwise, in the form ``render(path, error)`` gives).  Protected: the paths under
+    ``guarded`` (prefixes: a repository's endpoints), or with ``all_routes`` every path but
+    those in ``open_paths`` (the health probes)."""
 
-    def __init__(self, app, token, all_routes=False):
-        self.app, self.all_routes = app, all_routes
+    def __init__(self, app, token, render, all_routes=False, guarded=(), open_paths=()):
+        self.app, self.render, self.all_routes = app, render, all_routes
+        self.guarded, self.open_paths = tuple(guarded), frozenset(open_paths)
         self._expected = f"Bearer {token}".encode("ascii")
 
     def protects(self, path):
         if self.all_routes:
-            return path not in HEALTH_PROBES
-        return path.startswith("/v2/repository")
+            return path not in self.open_paths
+        return path.startswith(self.guarded) if self.guarded else False
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not self.protects(scope["path"]):
@@ -216,15 +220,11 @@ class RequireToken:
         if hmac.compare_digest(given, self._expected):
             return await self.app(scope, receive, send)
         why = "no Authorization header" if not given else "a wrong token"
-        body = json.dumps(edge_error_body(
-            scope["path"], 401, f"{scope['path']} needs Authorization: Bearer TOKEN (the token "
-            f"of Deploy.auth_token_file); the request had {why}", "Authorization",
-            "invalid_api_key")).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"www-authenticate", b'Bearer realm="ppvarlen"'),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        error = Unauthenticated(f"{scope['path']} needs Authorization: Bearer TOKEN (the token "
+                                f"of Deploy.auth_token_file); the request had {why}",
+                                "Authorization", code="invalid_api_key")
+        await send_error(send, self.render, scope["path"], error,
+                         [(b"www-authenticate", b'Bearer realm="ppvarlen"')])
 
 
 # ---------------------------------------------------------------- last resort
@@ -236,8 +236,8 @@ class AnswerErrors:
     client that went away is one line (counted as 499, nginx's "client closed request").
     One layer for both: each middleware layer costs every request an extra coroutine."""
 
-    def __init__(self, app, observe, on_error=None):
-        self.app, self.observe, self.on_error = app, observe, on_error
+    def __init__(self, app, observe, render, on_error=None):
+        self.app, self.observe, self.render, self.on_error = app, observe, render, on_error
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -258,14 +258,10 @@ class AnswerErrors:
             if self.on_error is not None:
                 self.on_error()
             if status[0] is None:  # else the answer had begun: the connection just closes
-                status[0] = 500
-                body = json.dumps(edge_error_body(scope.get("path", ""), 500, "internal "
-                                                  "server error (logged); retry, or report it "
-                                                  "with the server's log")).encode()
-                await send({"type": "http.response.start", "status": 500,
-                            "headers": [(b"content-type", b"application/json"),
-                                        (b"content-length", str(len(body)).encode())]})
-                await send({"type": "http.response.body", "body": body})
+                status[0] = await send_error(send, self.render, scope.get("path", ""),
+                                             InternalError("internal server error (logged); "
+                                                           "retry, or report it with the "
+                                                           "server's log"))
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
             self.observe(route, status[0] or 499, time.perf_counter() - start)

@@ -9,23 +9,24 @@ inputs) and answers with one output per field of the task's ``/predict`` predict
 an ``FP32`` ``[-1, C]`` tensor), JSON strings in ``BYTES`` where it has none (tags, entities).  Both JSON
 tensor data and Triton's binary tensor data extension (``Inference-Header-Content-Length``:
 the JSON header, then each binary tensor in order; ``BYTES`` elements as a 4-byte
-little-endian length and the bytes) are read and written.  Errors are ``ApiError`` with the
-server's statuses; the server renders them as the protocol's ``{"error": "..."}`` (REST) or
-status codes (gRPC).  ``model_config`` is the Triton model configuration the
+little-endian length and the bytes) are read and written.  Refusals are ``errors.ServeError``
+types; ``routes`` renders them as the protocol's ``{"error": "..."}``, ``grpc`` as status
+codes.  ``model_config`` is the Triton model configuration the
 ``model_configuration`` extension serves (what ``perf_analyzer`` reads before it sends load).
 """
 import functools
 import json
 import struct
 import typing
+import weakref
 
 import numpy as np
 
 from ppvarlen.runtime.admission import strict_json
 from ppvarlen.tasks import get_task
 
-from ppvarlen.serve.http.edge import header_int, shown
-from ppvarlen.serve.errors import ApiError
+from ppvarlen.serve.errors import InvalidInput, MalformedRequest, shown
+from ppvarlen.serve.http.edge import header_int
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 HEADER_LENGTH_KEY = HEADER_LENGTH.lower().encode()  # as ASGI headers name it
@@ -43,6 +44,7 @@ IGNORED_PARAMETERS = ("triton_enable_empty_final_response", "priority", "timeout
                       "content_type", "headers")
 NUMPY = {"FP32": "<f4", "INT64": "<i8", "BOOL": "?"}
 MAX_ID_CHARS = 256
+_served_outputs = weakref.WeakKeyDictionary()  # served model -> its output tensors
 
 
 def _json_text(value):
@@ -67,26 +69,35 @@ def _tensor_of(name, annotation, label_names):
     return "BYTES", [], lambda r: _json_text(r[name])
 
 
-def _typed(name, datatype, tail):
-    """A field the task typed itself (``Task.oip_tensor_types``): its value as it is."""
-    return datatype, list(tail), lambda r: r[name]
+def _shaped(name, tail):
+    """A list of floats whose width the task gives (``Task.output_shapes``): FP32, as it is."""
+    return "FP32", list(tail), lambda r: r[name]
 
 
 @functools.lru_cache(maxsize=64)
-def _outputs(task_name, label_names, typed):
+def _outputs(task_name, label_names, shaped):
     prediction = get_task(task_name).prediction_model(list(label_names))
-    types = {name: (datatype, tail) for name, datatype, tail in typed}
-    return [(name, *(_typed(name, *types[name]) if name in types else
+    shapes = dict(shaped)
+    return [(name, *(_shaped(name, shapes[name]) if name in shapes else
                      _tensor_of(name, field.annotation, label_names)))
             for name, field in prediction.model_fields.items()]
 
 
-def outputs(task_name, label_names, typed=None):
+def outputs(task_name, label_names, shapes=None):
     """[(name, datatype, shape after the batch dim, result -> value)]: one tensor per field
     of the task's /predict prediction, so both answer the same values under the same names;
-    ``typed``: the task's own types of some fields (``Task.oip_tensor_types``)."""
-    typed = tuple((n, d, tuple(tail)) for n, (d, tail) in sorted((typed or {}).items()))
-    return _outputs(task_name, tuple(label_names), typed)
+    ``shapes``: the widths the task gives of some fields (``Task.output_shapes``)."""
+    shaped = tuple((n, tuple(tail)) for n, tail in sorted((shapes or {}).items()))
+    return _outputs(task_name, tuple(label_names), shaped)
+
+
+def outputs_of(model):
+    """``outputs`` of a served version (read by every infer request: looked up once)."""
+    specs = _served_outputs.get(model)
+    if specs is None:
+        specs = _served_outputs[model] = outputs(
+            model.task_name, model.label_names, model.task.output_shapes(model.manifest))
+    return specs
 
 
 # model metadata's platform: a name from the protocol's list ("Platforms": onnx_onnxv1 is an ONNX
@@ -100,7 +111,7 @@ def model_metadata(name, versions, model):
             "inputs": [{"name": n, "datatype": "BYTES", "shape": [-1]}
                        for n in model.task.oip_inputs],
             "outputs": [{"name": n, "datatype": d, "shape": [-1] + tail}
-                        for n, d, tail, _ in model.oip_outputs]}
+                        for n, d, tail, _ in outputs_of(model)]}
 
 
 def model_config(model):
@@ -125,7 +136,7 @@ def model_config(model):
             "input": [{"name": n, "data_type": "TYPE_STRING", "dims": [-1]}
                       for n in model.task.oip_inputs],
             "output": [{"name": n, "data_type": TRITON_TYPES[d], "dims": [-1] + tail}
-                       for n, d, tail, _ in model.oip_outputs],
+                       for n, d, tail, _ in outputs_of(model)],
             "dynamic_batching": {"max_queue_delay_microseconds": int(deploy.max_wait_ms * 1000),
                                  "preserve_ordering": True,
                                  "default_queue_policy": {"max_queue_size": deploy.queue_size}},
@@ -142,8 +153,8 @@ def long_text_choices(model):
 
 # ---------------------------------------------------------------- requests
 
-def _fail(message, status=422, refused_texts=0):
-    raise ApiError(status, message, None, refused_texts=refused_texts)
+def _fail(message, refused_texts=0):
+    raise InvalidInput(message, refused_texts=refused_texts)
 
 
 def _object(value, where, allowed):
@@ -219,8 +230,8 @@ def split_body(body, header_length):
         return body, b""
     n = header_int(header_length, HEADER_LENGTH)
     if n > len(body):
-        raise ApiError(400, f"bad {HEADER_LENGTH} header {n}: the JSON part's length in bytes, "
-                       f"at most the body's {len(body)}", HEADER_LENGTH)
+        raise MalformedRequest(f"bad {HEADER_LENGTH} header {n}: the JSON part's length in "
+                               f"bytes, at most the body's {len(body)}", HEADER_LENGTH)
     return body[:n], body[n:]
 
 
@@ -311,7 +322,7 @@ def parse_infer(payload, binary, limits, model):
         _fail(f"{len(binary) - used} bytes of binary data after the JSON header that no "
               f"input's binary_data_size accounts for")
     items = [model.task.oip_item(tuple(columns[n][i] for n in names)) for i in range(count)]
-    out_names = [n for n, *_ in model.oip_outputs]
+    out_names = [n for n, *_ in outputs_of(model)]
     requested = payload.get("outputs")
     if "outputs" not in payload:
         wanted = [(n, binary_default) for n in out_names]
@@ -346,7 +357,7 @@ def _binary(datatype, values):
 
 def output_tensors(model, names, results):
     """[(name, datatype, shape, flat values)] of the outputs ``names`` (REST and gRPC)."""
-    specs = {n: (d, tail, get) for n, d, tail, get in model.oip_outputs}
+    specs = {n: (d, tail, get) for n, d, tail, get in outputs_of(model)}
     out = []
     for name in names:
         datatype, tail, get = specs[name]
@@ -393,9 +404,8 @@ class _Rendered:
 
     def __init__(self, predictor):
         self.name, self.version = predictor.manifest.get("model_name") or "model", "0"
-        self.task_name, self.label_names = predictor.task.name, list(predictor.label_names)
-        self.oip_outputs = outputs(self.task_name, self.label_names,
-                                   predictor.task.oip_tensor_types(predictor.manifest))
+        self.task, self.task_name = predictor.task, predictor.task.name
+        self.label_names, self.manifest = list(predictor.label_names), predictor.manifest
 
 
 def render_checks():
@@ -404,7 +414,7 @@ def render_checks():
     def render(binary):
         def check(predictor, results):
             served = _Rendered(predictor)
-            wanted = [(n, binary) for n, *_ in served.oip_outputs]
+            wanted = [(n, binary) for n, *_ in outputs_of(served)]
             content, headers = infer_response(served, None, {}, wanted, results)
             head = content[:int(dict(headers)[HEADER_LENGTH_KEY])] if binary else content
             strict_json(head, "the OIP infer answer")

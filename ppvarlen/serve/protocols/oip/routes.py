@@ -1,18 +1,26 @@
-"""The Open Inference Protocol v2 over REST (``/v2/...``) on the ``AppState``, with Triton's
+"""The Open Inference Protocol v2 over REST (``/v2/...``) on the ``DataPlane``, with Triton's
 ``model_configuration`` and ``statistics`` extensions and, for a model repository, its
-``model_repository`` extension (index and load)."""
-import asyncio
-import time
+``model_repository`` extension (index and load).  Refusals are the protocol's ``{"error":
+message}`` with the REST statuses (``http.status``)."""
 from importlib import metadata
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
 
+from ppvarlen.serve.dataplane import Call
+from ppvarlen.serve.http.direct import version_header_pairs, version_headers
+from ppvarlen.serve.http.edge import header, parse_json, read_body
+from ppvarlen.serve.http.status import http_status
 from ppvarlen.serve.protocols.oip import codec as oip
-from ppvarlen.serve.http.edge import header, parse_json, read_body, shown
-from ppvarlen.serve.errors import ApiError
-from ppvarlen.runtime.manifest import UnservableExportError
-from ppvarlen.serve.protocols.predict.routes import version_header_pairs, version_headers
+
+HEALTH_PROBES = ("/v2/health/live", "/v2/health/ready")  # open under Deploy.auth_all_routes
+REPOSITORY_PREFIX = "/v2/repository"  # the routes a bearer token always guards
+
+
+def render_error(error):
+    """(status, headers, body) of a refusal on the /v2 routes."""
+    status, headers = http_status(error)
+    return status, headers, {"error": error.message}
 
 
 def server_version():
@@ -22,20 +30,29 @@ def server_version():
         return "unknown"
 
 
-def statistics(state, name=None, version=None):
+def statistics(plane, name=None, version=None):
     """The statistics extension's document: every ready version, or those of ``name``."""
-    models = [state.model(name, version)] if version is not None else [
-        m for m in state.registry.models() if name is None or m.name == name]
+    models = [plane.model(name, version)] if version is not None else [
+        m for m in plane.registry.models() if name is None or m.name == name]
     if name is not None and not models:
-        state.model(name)  # 404 naming what is served
+        plane.model(name)  # ModelNotFound naming what is served
     return {"model_stats": [m.stats.document(m.name, m.version)
                             for m in sorted(models, key=lambda m: (m.name, int(m.version)))]}
 
 
-def router(state, direct):
-    """The /v2 routes over ``state``; the infer routes answered by ``direct``."""
+def read_infer(plane, payload, binary, name, version):
+    """The ``Call`` of an infer request's payload (REST and gRPC alike)."""
+    model = plane.model(name, version)
+    items, request_id, params, wanted = oip.parse_infer(payload, binary, plane.deploy, model)
+    where = "inputs[0].data" if len(model.task.oip_inputs) == 1 else "rows"
+    return Call(items, name, version, params.get("long_text"), where,
+                (request_id, params, wanted))
+
+
+def router(plane, direct):
+    """The /v2 routes over ``plane``; the infer routes answered by ``direct``."""
     routes = APIRouter()
-    deploy = state.deploy
+    deploy = plane.deploy
 
     @routes.get("/v2")
     async def server_metadata():
@@ -47,55 +64,46 @@ def router(state, direct):
 
     @routes.get("/v2/health/ready")
     async def ready():
-        ok = not state.draining and bool(state.registry.names())
+        ok = plane.ready()
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     async def model_metadata(name: str, version: str = None):
-        model = state.model(name, version)
-        return JSONResponse(oip.model_metadata(name, state.registry.versions(name), model),
+        model = plane.model(name, version)
+        return JSONResponse(oip.model_metadata(name, plane.registry.versions(name), model),
                             headers=version_headers(model))
 
     async def model_ready(name: str, version: str = None):
-        model = state.model(name, version)
-        if state.draining or model.unhealthy:
-            why = "the server is shutting down" if state.draining else model.unhealthy
+        model = plane.model(name, version)
+        why = plane.not_ready_reason(model)
+        if why:
             return JSONResponse({"name": name, "ready": False, "reason": why}, status_code=503,
                                 headers=version_headers(model))
         return JSONResponse({"name": name, "ready": True}, headers=version_headers(model))
 
     async def model_config(name: str, version: str = None):
-        model = state.model(name, version)
+        model = plane.model(name, version)
         return JSONResponse(oip.model_config(model), headers=version_headers(model))
 
     async def model_stats(name: str, version: str = None):
-        return statistics(state, name, version)
+        return statistics(plane, name, version)
 
     async def all_stats():
-        return statistics(state)
+        return statistics(plane)
 
-    async def infer(scope, receive, name, version=None):
-        started = time.perf_counter()
-        state.metrics.count_request()
-        state.check_open()
+    async def read(scope, receive, name, version):
         body = await read_body(scope, receive, deploy.max_body_bytes)
         head, binary = oip.split_body(body, header(scope, oip.HEADER_LENGTH_KEY))
-        payload = parse_json(head)
-        model = state.model(name, version)
-        items, request_id, params, wanted = oip.parse_infer(payload, binary, deploy, model)
-        where = "inputs[0].data" if len(model.task.oip_inputs) == 1 else "rows"
-        outcome = await state.infer(items, name, version, params.get("long_text"), where,
-                                    started)
-        rendering = time.perf_counter()
-        content, headers = oip.infer_response(outcome.model, request_id, params, wanted,
-                                              outcome.results)
-        state.answered(outcome, started, time.perf_counter() - rendering)
+        return read_infer(plane, parse_json(head), binary, name, version)
+
+    def render(outcome, call):
+        content, headers = oip.infer_response(outcome.model, *call.context, outcome.results)
         return content, headers + version_header_pairs(outcome.model)
 
-    async def declared_infer(request: Request, name: str, version: str = None):
-        pass  # never called: the direct route answers (the body's schema is api.py's)
+    async def infer(scope, receive, name, version=None):
+        return await plane.infer(lambda: read(scope, receive, name, version), render)
 
     for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
-        direct.post(routes, path, infer, declared_infer)
+        direct.post(routes, path, infer, render_error)
     for path, handler in [
             ("/v2/models/stats", all_stats),
             ("/v2/models/{name}", model_metadata),
@@ -108,29 +116,14 @@ def router(state, direct):
             ("/v2/models/{name}/versions/{version}/stats", model_stats)]:
         routes.add_api_route(path, handler, methods=["GET"])
 
-    if state.repository is not None:
+    if plane.repository is not None:
         @routes.post("/v2/repository/index")
         async def repository_index():
-            return state.registry.index()
+            return plane.registry.index()
 
         @routes.post("/v2/repository/models/{name}/load")
         async def repository_load(name: str):
             """Load NAME's newest version now (verified before it takes traffic)."""
-            status = await load_newest(state, name)
-            return status
+            return await plane.load_newest(name)
 
     return routes
-
-
-async def load_newest(state, name):
-    """The repository's newest version of ``name`` loaded now -> its READY status; ApiError
-    404 (no such model) or 409 (refused, with the reason) otherwise (REST and gRPC)."""
-    try:
-        status = await asyncio.to_thread(state.repository.refresh, name)
-    except UnservableExportError as e:
-        raise ApiError(404, str(e), None) from None
-    if status["state"] != "READY":
-        raise ApiError(409, f"model {shown(name)} version {status['version']} refused: "
-                       f"{status['reason']}; still serving "
-                       f"{state.registry.versions(name) or 'nothing'}", None)
-    return status

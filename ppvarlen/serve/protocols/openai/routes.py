@@ -1,4 +1,4 @@
-"""The OpenAI embeddings API over the ``AppState``: ``POST /v1/embeddings``, and the models
+"""The OpenAI embeddings API over the ``DataPlane``: ``POST /v1/embeddings``, and the models
 API's ``GET /v1/models`` and ``GET /v1/models/{model}`` (model discovery: every served model,
 ``owned_by`` ppvarlen, ``created`` the time its export was written).
 
@@ -15,12 +15,9 @@ otherwise and decodes it itself): ``base64`` is each embedding's little-endian f
 be cut (``embedding.truncatable``, ``Task.embedding_spec``): the first D' values, divided by
 their L2 norm again when the model normalises.  ``user`` is accepted and ignored.  Token-id
 inputs (lists of integers) are refused (400, code ``unsupported_input``): the OpenAI API's ids
-are tiktoken's, another tokenizer's, and as this model's ids they would embed other words.
-
-Up to ``MAX_INPUTS`` (2,048, the OpenAI API's bound) texts a request: sorted by length and
-queued ``Deploy.max_texts_per_request`` at a time, one part after the other on the version
-that answered the first (a request never holds more of the queue than any other route's, nor
-mixes versions); the batcher groups each part's texts by length within its token budget.
+are tiktoken's, another tokenizer's, and read as this model's ids they would embed other
+words.  Up to ``MAX_INPUTS`` (2,048, the OpenAI API's bound) texts a request; the data plane
+queues a long list in parts (``DataPlane.infer``).
 
 Answer::
 
@@ -30,11 +27,11 @@ Answer::
 
 ``n``: the tokens the model read, summed over the texts, special tokens excluded (each text's
 ``num_tokens`` in ``/predict``).  The texts take the path every route's texts take
-(``AppState.infer``): the version's vocabulary, long-text policy and length-aware batcher,
+(``DataPlane.infer``): the version's vocabulary, long-text policy and length-aware batcher,
 the same counters.
 
 Errors: the OpenAI error object ``{"error": {"message", "type", "param", "code"}}``
-(``errors.error_body``; ``type`` invalid_request_error for a 4xx, server_error for a 5xx).
+(``render_error``; ``type`` invalid_request_error for a 4xx, server_error for a 5xx).
 Bad input is 400 (where ``/predict`` says 422), a body over ``Deploy.max_body_bytes`` 413, a
 model not served 404 (code ``model_not_found``), a served model that is no embedding model 400
 (code ``model_not_embedding``), a full queue or a shutdown 503 with Retry-After.
@@ -42,17 +39,17 @@ model not served 404 (code ``model_not_found``), a served model that is no embed
 import base64
 import json
 import os
-import re
-import time
+import weakref
 
 import numpy as np
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
 from ppvarlen.utils.inputs import NON_BLANK_PATTERN
-from ppvarlen.serve.http.edge import parse_json, read_body, shown
-from ppvarlen.serve.errors import ApiError
-from ppvarlen.serve.protocols.predict.routes import version_header_pairs
-from ppvarlen.serve.state import Outcome, max_text_chars
+from ppvarlen.serve.dataplane import Call, max_text_chars
+from ppvarlen.serve.errors import InvalidInput, ModelNotFound, shown
+from ppvarlen.serve.http.direct import version_header_pairs
+from ppvarlen.serve.http.edge import parse_json, read_body
+from ppvarlen.serve.http.status import http_status
 
 ENDPOINT = "/v1/embeddings"
 MODELS = "/v1/models"
@@ -60,27 +57,30 @@ MAX_INPUTS = 2048  # the OpenAI API's inputs per request (CreateEmbeddingRequest
 FIELDS = ("input", "model", "encoding_format", "dimensions", "user")
 ENCODINGS = ("float", "base64")
 MAX_USER_CHARS = 256
+EDGE_PREFIXES = ("/v1/",)  # what the edge answers under these paths, it answers in this form
+_NO_SPEC = object()
+_specs = weakref.WeakKeyDictionary()  # served model -> its embedding spec (_NO_SPEC: none)
 
 
-def _bad(message, param=None, code=None, status=400, refused_texts=0):
-    return ApiError(status, message, param, refused_texts=refused_texts, code=code)
+def _bad(message, param=None, code=None, refused_texts=0):
+    return InvalidInput(message, param, refused_texts=refused_texts, code=code)
 
 
 def _is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def openai_error(error):
-    """``error`` as this route answers it: a request the other routes refuse with 422 (a
-    body that does not fit, a text the export cannot take) is the OpenAI API's 400."""
-    if error.status != 422:
-        return error
-    return ApiError(400, error.message, error.field, error.headers, error.refused_texts,
-                    error.code)
+def render_error(error):
+    """(status, headers, body) of a refusal as the OpenAI API answers it: a request the other
+    routes refuse with 422 (a body that does not fit, a text the export cannot take) is 400."""
+    status, headers = http_status(error, {InvalidInput: 400})
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return status, headers, {"error": {"message": error.message, "type": kind,
+                                       "param": error.field, "code": error.code}}
 
 
 def parse_request(payload, limits):
-    """The body -> (texts, model name, encoding_format, dimensions or None); ApiError 400
+    """The body -> (texts, model name, encoding_format, dimensions or None); InvalidInput
     naming the field otherwise.  ``limits``: the Deploy section (texts per request, chars)."""
     if not isinstance(payload, dict):
         raise _bad(f"the body must be a JSON object like {{\"input\": [\"text\"], \"model\": "
@@ -139,13 +139,22 @@ def _texts(value, limits):
     return value
 
 
+def spec_of(model):
+    """The served version's ``Task.embedding_spec`` (None: no embedding model), read once."""
+    spec = _specs.get(model)
+    if spec is None:
+        spec = _specs[model] = model.task.embedding_spec(model.manifest) or _NO_SPEC
+    return None if spec is _NO_SPEC else spec
+
+
 def embedding_spec(model, name):
     """The served version's ``Task.embedding_spec``; 400 when it is no embedding model."""
-    if model.embedding is None:
+    spec = spec_of(model)
+    if spec is None:
         raise _bad(f"model {shown(name)} is a {model.task_name} model, not an embedding model: "
                    f"{ENDPOINT} serves exports of the embedding task (ask this one on "
                    f"/predict or /v2/models/{model.name}/infer)", "model", "model_not_embedding")
-    return model.embedding
+    return spec
 
 
 def check_dimensions(spec, dimensions, name):
@@ -187,77 +196,15 @@ def response_body(rows, encoding, name, prompt_tokens):
                       ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
-def served_model(state, name):
-    """The newest ready version of ``name``; 404 ``model_not_found`` naming what is served."""
+def served_model(plane, name):
+    """The newest ready version of ``name``; ModelNotFound (``model_not_found``) naming what
+    is served."""
     try:
-        return state.model(name)
-    except ApiError as e:
-        if e.status != 404:
-            raise
-        raise _bad(f"the model {shown(name)} does not exist on this server; served: "
-                   f"{shown(state.registry.names(), 200)}", "model", "model_not_found",
-                   404) from None
-
-
-async def create_embeddings(state, read):
-    """Answer one request: ``read()`` (a coroutine function) gives its body bytes ->
-    (answer bytes, the version that answered); an ApiError as this route answers it."""
-    started = time.perf_counter()
-    state.metrics.count_request()
-    try:
-        state.check_open()
-        texts, name, encoding, dimensions = parse_request(parse_json(await read()),
-                                                          state.deploy)
-        check_dimensions(embedding_spec(served_model(state, name), name), dimensions, name)
-        outcome = await infer_in_parts(state, texts, name, started,
-                                       state.deploy.max_texts_per_request)
-        # the version that answered may be newer than the one checked
-        spec = embedding_spec(outcome.model, name)
-        check_dimensions(spec, dimensions, name)
-    except ApiError as e:
-        raise openai_error(e) from None
-    rendering = time.perf_counter()
-    content = response_body(vectors(outcome.results, spec, dimensions), encoding, name,
-                            sum(r["num_tokens"] for r in outcome.results))
-    state.answered(outcome, started, time.perf_counter() - rendering)
-    return content, outcome.model
-
-
-async def infer_in_parts(state, texts, name, started, part_size):
-    """``state.infer`` of ``texts`` ``part_size`` at a time, shortest first, every part on
-    the version that answered the first -> one ``Outcome`` with the results in input order."""
-    if len(texts) <= part_size:
-        return await state.infer(texts, name, where="input", started=started)
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    version, parts = None, []
-    for start in range(0, len(order), part_size):
-        chosen = order[start:start + part_size]
-        try:
-            part = await state.infer([texts[i] for i in chosen], name, version,
-                                     where="input", started=started)
-        except ApiError as e:
-            raise _renumbered(e, chosen) from None
-        version = part.model.version
-        parts.append(part)
-    results = [None] * len(texts)
-    for i, result in zip(order, (r for p in parts for r in p.results)):
-        results[i] = result
-    first = parts[0]
-    return Outcome(first.model, results, sum(p.truncated for p in parts),
-                   sum(p.split for p in parts), first.model.task.answer_counts(results),
-                   sum(p.input_s for p in parts), [t for p in parts for t in p.timings])
-
-
-def _renumbered(error, positions):
-    """``error`` of a part naming ``input[k]`` (its k-th text) -> the same naming the text's
-    place in the request, ``input[positions[k]]``."""
-    found = re.fullmatch(r"input\[(\d+)\]", error.field or "")
-    if found is None:
-        return error
-    k = int(found.group(1))
-    old, new = f"input[{k}]", f"input[{positions[k]}]"
-    return ApiError(error.status, error.message.replace(old, new), new, error.headers,
-                    error.refused_texts, error.code)
+        return plane.model(name)
+    except ModelNotFound:
+        raise ModelNotFound(f"the model {shown(name)} does not exist on this server; served: "
+                            f"{shown(plane.registry.names(), 200)}", "model",
+                            code="model_not_found") from None
 
 
 def model_object(model):
@@ -272,30 +219,41 @@ def model_object(model):
     return {"id": model.name, "object": "model", "created": created, "owned_by": "ppvarlen"}
 
 
-def router(state, direct):
-    """``POST /v1/embeddings`` over ``state``, answered by ``direct`` (a DirectRoutes), and
+def router(plane, direct):
+    """``POST /v1/embeddings`` over ``plane``, answered by ``direct`` (a DirectRoutes), and
     the models API."""
     routes = APIRouter()
+    limit = plane.deploy.max_body_bytes
 
     @routes.get(MODELS)
     async def list_models():
         return {"object": "list",
-                "data": [model_object(state.registry.get(n)) for n in state.registry.names()]}
+                "data": [model_object(plane.registry.get(n)) for n in plane.registry.names()]}
 
     @routes.get(MODELS + "/{model:path}")
     async def retrieve_model(model: str):
-        return model_object(served_model(state, model))
+        return model_object(served_model(plane, model))
 
-    limit = state.deploy.max_body_bytes
+    async def read(scope, receive):
+        texts, name, encoding, dimensions = parse_request(
+            parse_json(await read_body(scope, receive, limit)), plane.deploy)
+        check_dimensions(embedding_spec(served_model(plane, name), name), dimensions, name)
+        return Call(texts, name, where="input", context=(encoding, dimensions))
+
+    def render(outcome, call):
+        encoding, dimensions = call.context
+        # the version that answered may be newer than the one checked
+        spec = embedding_spec(outcome.model, call.name)
+        check_dimensions(spec, dimensions, call.name)
+        content = response_body(vectors(outcome.results, spec, dimensions), encoding,
+                                call.name, sum(r["num_tokens"] for r in outcome.results))
+        return content, [(b"content-type", b"application/json"),
+                         *version_header_pairs(outcome.model)]
 
     async def embeddings(scope, receive):
-        content, model = await create_embeddings(state, lambda: read_body(scope, receive, limit))
-        return content, [(b"content-type", b"application/json"), *version_header_pairs(model)]
+        return await plane.infer(lambda: read(scope, receive), render)
 
-    async def declared_embeddings(request: Request):
-        pass  # never called: the direct route answers (add_openapi documents the body)
-
-    direct.post(routes, ENDPOINT, embeddings, declared_embeddings)
+    direct.post(routes, ENDPOINT, embeddings, render_error)
     return routes
 
 
@@ -365,7 +323,7 @@ MODEL_SCHEMA = {
                    "owned_by": {"const": "ppvarlen"}}}
 
 
-def add_models_openapi(doc, state):
+def add_models_openapi(doc):
     """Declare ``GET /v1/models`` and ``GET /v1/models/{model}``."""
     schemas = doc["components"]["schemas"]
     schemas["OpenAIModel"], schemas["OpenAIErrorBody"] = MODEL_SCHEMA, ERROR_SCHEMA
@@ -375,12 +333,11 @@ def add_models_openapi(doc, state):
         return {"description": description, "content": {"application/json": {
             "schema": schema}}}
 
+    listing = {"type": "object", "required": ["object", "data"],
+               "properties": {"object": {"const": "list"},
+                              "data": {"type": "array", "items": model}}}
     doc["paths"][MODELS]["get"].update(summary="List models (the OpenAI models API)",
-                                       responses={"200": answer("every served model", {
-                                           "type": "object", "required": ["object", "data"],
-                                           "properties": {"object": {"const": "list"},
-                                                          "data": {"type": "array",
-                                                                   "items": model}}})})
+                                       responses={"200": answer("every served model", listing)})
     one = doc["paths"][MODELS + "/{model}"]["get"]
     one.update(summary="Retrieve a model (the OpenAI models API)", responses={
         "200": answer("the model", model),
@@ -390,17 +347,18 @@ def add_models_openapi(doc, state):
                           "schema": {"type": "string"}}]
 
 
-def add_openapi(doc, state):
-    """Declare ``POST /v1/embeddings`` in ``doc`` for the embedding models ``state`` serves
-    now (the request schema of each: its name, width, text bounds); none: the path is left
-    out."""
-    add_models_openapi(doc, state)
-    limits, options = state.deploy, []
-    for name in sorted(state.registry.names()):
-        model = state.registry.get(name)
-        if model.embedding is not None and model.predictor is not None:
-            chars = max_text_chars(model.predictor, limits)
-            options.append(request_schema(name, model.embedding, limits, chars))
+def add_openapi(doc, plane, model=None):
+    """Declare ``POST /v1/embeddings`` in ``doc`` for the embedding models ``plane`` serves
+    now (the request schema of each: its name, width, text bounds; none: the path is left
+    out), and the models API."""
+    add_models_openapi(doc)
+    limits, options = plane.deploy, []
+    for name in sorted(plane.registry.names()):
+        served = plane.registry.get(name)
+        spec = spec_of(served)
+        if spec is not None and served.predictor is not None:
+            chars = max_text_chars(served.predictor, limits)
+            options.append(request_schema(name, spec, limits, chars))
     if not options:
         doc["paths"].pop(ENDPOINT, None)
         return

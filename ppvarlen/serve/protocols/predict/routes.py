@@ -1,95 +1,102 @@
-"""ppvarlen's own REST routes over the ``AppState``: ``POST /predict``, ``GET /health``,
-``GET /metrics`` (Prometheus) and ``GET /metrics.json``."""
-import time
+"""ppvarlen's own REST protocol over the ``DataPlane``: ``POST /predict``, ``GET /health``,
+``GET /metrics`` (Prometheus) and ``GET /metrics.json``; its refusals are ``{"error": message,
+"field": name}`` with the REST statuses (``http.status``)."""
+import weakref
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
 from ppvarlen.tasks.base import Task
 
-from ppvarlen.serve import openapi as api
-from ppvarlen.serve.http.edge import SHOWN_CHARS, parse_json, read_body, shown
-from ppvarlen.serve.errors import ApiError
+from ppvarlen.serve.protocols.predict import openapi as api
+from ppvarlen.serve.dataplane import Call
+from ppvarlen.serve.errors import SHOWN_CHARS, InvalidInput, shown
+from ppvarlen.serve.http.direct import version_header_pairs
+from ppvarlen.serve.http.edge import parse_json, read_body
+from ppvarlen.serve.http.status import http_status
+
+_health_extras = weakref.WeakKeyDictionary()  # served model -> what /health adds of its task
+
+
+def render_error(error):
+    """(status, headers, body) of a refusal on this protocol's routes (and the default form
+    of every answer the edge gives outside a protocol's paths)."""
+    status, headers = http_status(error)
+    return status, headers, {"error": error.message, "field": error.field}
 
 
 def validate_payload(payload, limits, key="texts", check_item=None, item_words="strings"):
-    """``{key: [item, ...]}`` within ``limits`` (the Deploy keys) -> the list; ApiError naming
+    """``{key: [item, ...]}`` within ``limits`` (the Deploy keys) -> the list; InvalidInput naming
     the field otherwise.  ``key`` and ``check_item(item, max_chars)`` -> (problem or None, over
     the character limit) are the task's (``Task.request_key`` / ``Task.check_request_item``)."""
     check_item = check_item or Task().check_request_item
     if not isinstance(payload, dict):
-        raise ApiError(422, f"body must be a JSON object like {{\"{key}\": [...]}}, got "
-                       f"{type(payload).__name__}", "body")
+        raise InvalidInput(f"body must be a JSON object like {{\"{key}\": [...]}}, got "
+                           f"{type(payload).__name__}", "body")
     unknown = sorted(set(payload) - {key})
     if unknown:
-        raise ApiError(422, f"unknown field(s) {shown(unknown)}; the body takes only "
-                       f"\"{key}\"", unknown[0][:SHOWN_CHARS])
+        raise InvalidInput(f"unknown field(s) {shown(unknown)}; the body takes only "
+                           f"\"{key}\"", unknown[0][:SHOWN_CHARS])
     if key not in payload:
-        raise ApiError(422, f"field \"{key}\" is required: a list of {item_words}", key)
+        raise InvalidInput(f"field \"{key}\" is required: a list of {item_words}", key)
     texts = payload[key]
     if not isinstance(texts, list):
-        raise ApiError(422, f"\"{key}\" must be a list of {item_words}, got "
-                       f"{type(texts).__name__}", key)
+        raise InvalidInput(f"\"{key}\" must be a list of {item_words}, got "
+                           f"{type(texts).__name__}", key)
     if not texts:
-        raise ApiError(422, f"\"{key}\" is empty; send at least one", key)
+        raise InvalidInput(f"\"{key}\" is empty; send at least one", key)
     if len(texts) > limits.max_texts_per_request:
-        raise ApiError(422, f"{len(texts)} {key} in one request; at most "
-                       f"{limits.max_texts_per_request} (Deploy.max_texts_per_request) — split "
-                       f"the request", key)
+        raise InvalidInput(f"{len(texts)} {key} in one request; at most "
+                           f"{limits.max_texts_per_request} (Deploy.max_texts_per_request) — "
+                           f"split the request", key)
     for i, t in enumerate(texts):
         problem, too_long = check_item(t, limits.max_text_chars)
         if problem:
-            raise ApiError(422, f"{key}[{i}] {problem}", f"{key}[{i}]",
-                           refused_texts=int(too_long))
+            raise InvalidInput(f"{key}[{i}] {problem}", f"{key}[{i}]",
+                               refused_texts=int(too_long))
     return texts
 
 
-def version_headers(model):
-    return {"X-Model-Name": model.name, "X-Model-Version": model.version}
+def health_extras(model):
+    """What /health adds of the served version's task (e.g. the tag scheme), read once."""
+    extras = _health_extras.get(model)
+    if extras is None:
+        extras = _health_extras[model] = model.task.health_extras(model.manifest)
+    return extras
 
 
-def version_header_pairs(model):
-    """``version_headers`` as a direct route answers them (``direct``: lowercase bytes)."""
-    return [(b"x-model-name", model.name.encode("latin-1")),
-            (b"x-model-version", model.version.encode("latin-1"))]
-
-
-def router(state, direct):
-    """The routes over ``state``; ``POST /predict`` answered by ``direct`` (a DirectRoutes)."""
+def router(plane, direct):
+    """The routes over ``plane``; ``POST /predict`` answered by ``direct`` (a DirectRoutes)."""
     routes = APIRouter()
-    deploy = state.deploy
+    deploy = plane.deploy
 
-    async def predict(scope, receive):
-        started = time.perf_counter()
-        state.metrics.count_request()
-        state.check_open()
+    async def read(scope, receive):
         payload = parse_json(await read_body(scope, receive, deploy.max_body_bytes))
-        task = state.model().task
+        task = plane.model().task
         items = validate_payload(payload, deploy, task.request_key, task.check_request_item,
                                  task.request_item_words)
-        outcome = await state.infer(items, where=task.request_key, started=started)
-        rendering = time.perf_counter()
-        content = api.predict_body(outcome.results, outcome.model.version)
-        state.answered(outcome, started, time.perf_counter() - rendering)
-        return content, [(b"content-type", b"application/json"),
-                         *version_header_pairs(outcome.model)]
+        return Call(items, where=task.request_key)
 
-    async def declared_predict(request: Request):
-        pass  # never called: the direct route answers (the body's schema is api.py's)
+    def render(outcome, call):
+        return api.predict_body(outcome.results, outcome.model.version), [
+            (b"content-type", b"application/json"), *version_header_pairs(outcome.model)]
 
-    direct.post(routes, "/predict", predict, declared_predict)
+    async def predict(scope, receive):
+        return await plane.infer(lambda: read(scope, receive), render)
+
+    direct.post(routes, "/predict", predict, render_error)
 
     @routes.get("/health")
     async def health():
-        names = state.registry.names()  # a repository of several models: the first one's
-        model = state.model(names[0] if names else None)
-        status = "draining" if state.draining else "unhealthy" if model.unhealthy else "ok"
+        names = plane.registry.names()  # a repository of several models: the first one's
+        model = plane.model(names[0] if names else None)
+        status = "draining" if plane.draining else "unhealthy" if model.unhealthy else "ok"
         body = {"status": status, "task": model.task_name, "backend": model.backend,
                 "model_name": model.name, "model_version": model.version,
                 "labels": model.label_names, "workers": deploy.workers,
-                "queue_depth": state.registry.queue_depth(),
+                "queue_depth": plane.registry.queue_depth(),
                 "precision": model.precision_choice["precision"],
-                "precision_reason": model.precision_choice["reason"], **model.health_extras}
+                "precision_reason": model.precision_choice["reason"], **health_extras(model)}
         if model.unhealthy:
             body["unhealthy_reason"] = model.unhealthy
         if model.files_changed:  # answering from memory; its directory says otherwise
@@ -98,13 +105,13 @@ def router(state, direct):
 
     @routes.get("/metrics")
     async def get_metrics():
-        body, content_type = state.metrics.exposition()
+        body, content_type = plane.metrics.exposition()
         return Response(body, media_type=content_type)
 
     @routes.get("/metrics.json")
     async def get_metrics_json():
-        out = state.metrics.snapshot()
-        models = state.registry.models()
+        out = plane.metrics.snapshot()
+        models = plane.registry.models()
         batchers = [m.batcher.metrics() for m in models if m.batcher is not None]
         out.update(batchers[0] if len(batchers) == 1 else {"models": batchers})
         out["settings"] = {"max_wait_ms": deploy.max_wait_ms,
