@@ -23,7 +23,7 @@ from ppvarlen.runtime.manifest import UnservableExportError
 from ppvarlen.runtime.predictor import NonFiniteOutput
 from ppvarlen.serve import errors
 from ppvarlen.serve.errors import shown
-from ppvarlen.serve.batcher import BatcherClosed, QueueFull
+from ppvarlen.serve.batcher import BatcherClosed, DeadlineExpired, QueueFull
 from ppvarlen.serve.prom import ServerMetrics
 from ppvarlen.serve.repository import (VERSION_NAME, LiveVersions, NotServed, Repository,
                                        ServedModel, SeveralModels)
@@ -82,15 +82,17 @@ class Call:
     """What a protocol's codec read of one inference request: the ``items`` (the task's request
     items), the model ``name`` and ``version`` asked for (None: the only model, the newest
     version), the ``long_text`` policy asked for (None: the export's), ``where`` (how an error
-    names the items: ``texts``, ``inputs[0].data``) and ``context``, the codec's own (what it
-    needs again to render the answer: an id, the outputs wanted)."""
+    names the items: ``texts``, ``inputs[0].data``), ``context``, the codec's own (what it
+    needs again to render the answer: an id, the outputs wanted) and ``timeout_s``, how long
+    its texts may wait in the queue (None: as long as it takes; the OIP's ``timeout``)."""
 
-    __slots__ = ("items", "name", "version", "long_text", "where", "context")
+    __slots__ = ("items", "name", "version", "long_text", "where", "context", "timeout_s")
 
     def __init__(self, items, name=None, version=None, long_text=None, where="texts",
-                 context=None):
+                 context=None, timeout_s=None):
         self.items, self.name, self.version = items, name, version
         self.long_text, self.where, self.context = long_text, where, context
+        self.timeout_s = timeout_s
 
 
 class Outcome:
@@ -181,12 +183,32 @@ class DataPlane:
             raise _not_served(e) from None
 
     def ready(self):
-        """Whether the server takes inference requests (not draining, a model loaded)."""
-        return not self.draining and bool(self.registry.names())
+        """Whether the server is ready as the Open Inference Protocol defines it: "all the
+        models are ready" -- not draining, a model loaded, every served model's newest version
+        healthy, and no repository model left without a version (refused; unloaded on request
+        does not count)."""
+        names = self.registry.names()
+        if self.draining or not names:
+            return False
+        if any(self.registry.get(n).unhealthy for n in names):
+            return False
+        return self.repository is None or not self.repository.unserved()
 
     def not_ready_reason(self, model):
         """Why ``model`` takes no requests now, or None when it does."""
         return "the server is shutting down" if self.draining else model.unhealthy
+
+    async def unload(self, name):
+        """The repository's model ``name`` out of routing now, its queue drained (requests
+        already queued are answered); it stays unloaded until ``load_newest``.  NoRepository,
+        ModelNotFound when nothing of ``name`` is served."""
+        if self.repository is None:
+            raise errors.NoRepository("this server serves one export (--model-dir), not a "
+                                      "model repository")
+        if not self.registry.versions(name):
+            raise errors.ModelNotFound(f"model {shown(name)} is not loaded; loaded: "
+                                       f"{shown(self.registry.names(), 200)}")
+        await asyncio.to_thread(self.repository.unload, name)
 
     async def load_newest(self, name):
         """The repository's newest version of ``name`` loaded now -> its READY status;
@@ -252,6 +274,9 @@ class DataPlane:
         once queued is counted in the version's statistics."""
         where, long_text = call.where, call.long_text
         place = (lambda i: i) if positions is None else positions.__getitem__
+        deadline = None
+        if call.timeout_s is not None:  # from the request's arrival, on the batcher's clock
+            deadline = time.monotonic() - (time.perf_counter() - started) + call.timeout_s
         encoded = {"queued": False}
         callers = self.registry.callers
 
@@ -274,7 +299,8 @@ class DataPlane:
         try:
             try:
                 model, futures = self.registry.submit(encode, call.name, version,
-                                                      loop=asyncio.get_running_loop())
+                                                      loop=asyncio.get_running_loop(),
+                                                      deadline=deadline)
             except NotServed as e:
                 raise _not_served(e) from None
             except QueueFull as e:
@@ -289,6 +315,13 @@ class DataPlane:
         failures = [i for i, r in enumerate(results) if isinstance(r, BaseException)]
         if failures:
             model.stats.observe_failure(time.perf_counter() - started)
+            expired = [i for i in failures if isinstance(results[i], DeadlineExpired)]
+            if expired:
+                raise errors.DeadlineExceeded(
+                    f"request timeout expired: {len(expired)} of its {len(items)} text(s) were "
+                    f"still queued after the {call.timeout_s * 1e6:.0f} microseconds it allowed "
+                    f"(parameters.timeout); retry with a longer timeout or later",
+                    f"{where}[{place(expired[0])}]")
             nonfinite = [i for i in failures if isinstance(results[i], NonFiniteOutput)]
             if nonfinite:
                 self._refuse_nonfinite(model, nonfinite, f"{where}[{place(nonfinite[0])}]")

@@ -83,6 +83,11 @@ class Overloaded(ServeError):
     retry = True
 
 
+class DeadlineExceeded(ServeError):
+    """The request's own timeout passed while its texts waited in the queue (Triton: "Request
+    timeout expired")."""
+
+
 class ModelNotReady(ServeError):
     """The version picked was unloaded before the request reached its queue."""
 

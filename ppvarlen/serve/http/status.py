@@ -10,7 +10,7 @@ HTTP_STATUS = {errors.MalformedRequest: 400, errors.Unauthenticated: 401,
                errors.InvalidInput: 422,
                errors.PredictionFailed: 500, errors.InternalError: 500,
                errors.Draining: 503, errors.Overloaded: 503, errors.ModelNotReady: 503,
-               errors.NonFiniteAnswer: 503}
+               errors.NonFiniteAnswer: 503, errors.DeadlineExceeded: 503}
 RETRY_AFTER = {"Retry-After": "1"}
 
 

@@ -206,3 +206,37 @@ def test_routing_errors_are_the_protocols_error_object(served, method, path):
     assert_protocol_error(r, 404 if "no/such" in path else 405)
     if r.status_code == 405:
         assert r.headers["allow"] and r.headers["allow"] in r.json()["error"]
+
+
+def test_one_export_advertises_no_repository_extension_and_has_none(served):
+    assert "model_repository" not in httpx.get(served.url + "/v2").json()["extensions"]
+    assert_protocol_error(httpx.post(served.url + "/v2/repository/index"), 404)
+    with grpc.insecure_channel(served.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        extensions = stub.ServerMetadata(service_pb2.ServerMetadataRequest()).extensions
+        assert "model_repository" not in extensions
+        with pytest.raises(grpc.RpcError) as err:
+            stub.RepositoryIndex(service_pb2.RepositoryIndexRequest())
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.parametrize("name,version", [("", ""), ("{name}", "one"), ("{name}", "-1")])
+def test_grpc_an_empty_name_or_a_version_that_is_no_number_is_invalid_argument(
+        served, name, version):
+    """As Triton answers them (its gRPC server checks the request before looking a model up);
+    a well-formed name that is not served stays NOT_FOUND."""
+    name = name.format(name=served.name)
+    with grpc.insecure_channel(served.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for call in (lambda: stub.ModelReady(service_pb2.ModelReadyRequest(
+                         name=name, version=version)),
+                     lambda: stub.ModelMetadata(service_pb2.ModelMetadataRequest(
+                         name=name, version=version)),
+                     lambda: stub.ModelInfer(service_pb2.ModelInferRequest(
+                         model_name=name, model_version=version))):
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelReady(service_pb2.ModelReadyRequest(name="not_served"))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND

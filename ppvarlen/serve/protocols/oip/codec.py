@@ -30,18 +30,18 @@ from ppvarlen.serve.http.edge import header_int
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 HEADER_LENGTH_KEY = HEADER_LENGTH.lower().encode()  # as ASGI headers name it
-EXTENSIONS = ["binary_tensor_data", "parameters", "model_repository", "model_configuration",
-              "statistics"]
+EXTENSIONS = ["binary_tensor_data", "parameters", "model_configuration", "statistics"]
+
+
+def extensions(repository):
+    """The extensions served: ``model_repository`` only with a repository (its routes)."""
+    return EXTENSIONS + (["model_repository"] if repository else [])
 TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT64": "TYPE_INT64",
                 "BOOL": "TYPE_BOOL"}
-# Parameters are free-form key/values in the protocol (a string, number or boolean each): the
-# keys below have a meaning here, every other key is accepted and ignored (docs/SERVING.md lists
-# the ones clients are known to send).
-REQUEST_PARAMETERS = {"long_text", "binary_data_output"}
-# keys clients send that are accepted without effect: Triton's gRPC streaming flag, its
-# priority and timeout (tritonclient's infer options), MLServer's codec hint
-IGNORED_PARAMETERS = ("triton_enable_empty_final_response", "priority", "timeout",
-                      "content_type", "headers")
+# Parameters are free-form key/values in the protocol (a string, number or boolean each); the
+# ones with a meaning here are read where they are used (long_text, binary_data_output and
+# timeout of the request, binary_data_size of an input, binary_data of an output), every other
+# key is accepted and ignored (docs/SERVING.md lists those clients are known to send).
 NUMPY = {"FP32": "<f4", "INT64": "<i8", "BOOL": "?"}
 MAX_ID_CHARS = 256
 _served_outputs = weakref.WeakKeyDictionary()  # served model -> its output tensors
@@ -275,6 +275,10 @@ def parse_infer(payload, binary, limits, model):
     policy = params.get("long_text")
     if "long_text" in params and policy not in long_text_choices(model):
         _fail(f"parameters.long_text {shown(policy)}: one of {long_text_choices(model)}")
+    timeout = params.get("timeout", 0)
+    if not _is_integer(timeout) or timeout < 0:
+        _fail(f"parameters.timeout {shown(timeout)}: microseconds the request may wait in the "
+              f"queue (an integer >= 0; 0 = no limit)")
     binary_default = params.get("binary_data_output", False)
     if not isinstance(binary_default, bool):
         _fail("parameters.binary_data_output must be true or false")

@@ -24,11 +24,13 @@ from ppvarlen.utils.log import get_logger
 
 from ppvarlen.serve import errors
 from ppvarlen.serve.grpc import health
-from ppvarlen.serve.errors import (BodyTooLarge, MalformedRequest, NoRepository, ServeError,
-                                   Unauthenticated)
+from ppvarlen.runtime.manifest import VERSION_NAME
+from ppvarlen.serve.errors import (BodyTooLarge, InvalidInput, MalformedRequest, NoRepository,
+                                   ServeError, Unauthenticated, shown)
 from ppvarlen.serve.http.status import http_status
 from ppvarlen.serve.protocols.oip import codec as oip
-from ppvarlen.serve.protocols.oip.routes import (HEALTH_PROBES, read_infer, server_version,
+from ppvarlen.serve.protocols.oip.routes import (HEALTH_PROBES, read_infer,
+                                                 repository_index_of, server_version,
                                                  statistics)
 
 log = get_logger("serve.grpc")
@@ -44,7 +46,8 @@ STATUS_CODES = {errors.MalformedRequest: grpc.StatusCode.INVALID_ARGUMENT,
                 errors.Draining: grpc.StatusCode.UNAVAILABLE,
                 errors.Overloaded: grpc.StatusCode.UNAVAILABLE,
                 errors.ModelNotReady: grpc.StatusCode.UNAVAILABLE,
-                errors.NonFiniteAnswer: grpc.StatusCode.UNAVAILABLE}
+                errors.NonFiniteAnswer: grpc.StatusCode.UNAVAILABLE,
+                errors.DeadlineExceeded: grpc.StatusCode.UNAVAILABLE}
 # the REST paths whose protection (Deploy.auth_all_routes) the health methods share
 PROBES = {"ServerLive": HEALTH_PROBES[0], "ServerReady": HEALTH_PROBES[1],
           "Check": HEALTH_PROBES[1]}
@@ -59,6 +62,7 @@ METHODS = {"ServerLive": service_pb2.ServerLiveRequest,
            "ModelInfer": service_pb2.ModelInferRequest,
            "RepositoryIndex": service_pb2.RepositoryIndexRequest,
            "RepositoryModelLoad": service_pb2.RepositoryModelLoadRequest,
+           "RepositoryModelUnload": service_pb2.RepositoryModelUnloadRequest,
            "Check": health_pb2.HealthCheckRequest}
 METHOD_NAMES = list(METHODS)
 # "service/method" of each, in code order: the protocol's, or gRPC's health service
@@ -192,21 +196,33 @@ class InferenceService:
                             lambda name: not plane.not_ready_reason(plane.model(name)),
                             plane.registry.names())
 
+    def _model(self, name, version):
+        """The version a request names; an empty name or a version that is no number is
+        INVALID_ARGUMENT, as Triton answers it (the REST paths cannot carry either)."""
+        if not name:
+            raise InvalidInput("the model name is empty; name a served model "
+                               f"({shown(self.plane.registry.names(), 200)})", "name")
+        if version and not VERSION_NAME.fullmatch(version):
+            raise InvalidInput(f"version {shown(version)}: versions are positive integers in "
+                               f"ASCII digits (empty: the newest ready one)", "version")
+        return self.plane.model(name, version or None)
+
     async def ModelReady(self, request):
-        model = self.plane.model(request.name, request.version or None)
+        model = self._model(request.name, request.version)
         return service_pb2.ModelReadyResponse(ready=not self.plane.not_ready_reason(model))
 
     async def ServerMetadata(self, request):
         return service_pb2.ServerMetadataResponse(name="ppvarlen", version=server_version(),
-                                                  extensions=oip.EXTENSIONS)
+                                                  extensions=oip.extensions(
+                                                      self.plane.repository is not None))
 
     async def ModelMetadata(self, request):
-        model = self.plane.model(request.name, request.version or None)
+        model = self._model(request.name, request.version)
         doc = oip.model_metadata(request.name, self.plane.registry.versions(request.name), model)
         return json_format.ParseDict(doc, service_pb2.ModelMetadataResponse())
 
     async def ModelConfig(self, request):
-        model = self.plane.model(request.name, request.version or None)
+        model = self._model(request.name, request.version)
         config = json_format.ParseDict(oip.model_config(model), model_config_pb2.ModelConfig())
         return service_pb2.ModelConfigResponse(config=config)
 
@@ -223,6 +239,7 @@ class InferenceService:
             if size > limit:
                 raise BodyTooLarge(f"message is {size} bytes; at most {limit} "
                                    f"(Deploy.max_body_bytes)")
+            self._model(request.model_name, request.model_version)
             payload, binary = _payload(request)
             return read_infer(plane, payload, binary, request.model_name,
                               request.model_version or None)
@@ -236,8 +253,12 @@ class InferenceService:
                                "repository")
         return service_pb2.RepositoryIndexResponse(
             models=[service_pb2.RepositoryIndexResponse.ModelIndex(**e)
-                    for e in self.plane.registry.index()])
+                    for e in repository_index_of(self.plane, request.ready)])
 
     async def RepositoryModelLoad(self, request):
         await self.plane.load_newest(request.model_name)
         return service_pb2.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request):
+        await self.plane.unload(request.model_name)
+        return service_pb2.RepositoryModelUnloadResponse()
