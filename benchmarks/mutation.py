@@ -6,7 +6,7 @@
     python benchmarks/mutation.py --list                          # modules and their test files
     python benchmarks/mutation.py --table                         # the summary as markdown
     python benchmarks/mutation.py --rescore order                 # re-count after listing equivalents
-        [--json benchmarks/results/mutation.json] [--workdir mutants] [--max-children 1]
+        [--json output/bench/mutation.json] [--workdir mutants] [--max-children 1]
         [--sample N --seed S]
 
 Each module runs in a scratch copy of the project (``<workdir>/<module>/``, gitignored) with a
@@ -278,8 +278,9 @@ def main(argv=None):
     parser.add_argument("--table", action="store_true",
                         help="print the --json summary as a markdown table (runs nothing)")
     parser.add_argument("--workdir", default=os.path.join(REPO, "mutants"))
-    parser.add_argument("--json", default=os.path.join(REPO, "benchmarks", "results",
-                                                       "mutation.json"))
+    parser.add_argument("--json", default=os.path.join(REPO, "output", "bench", "mutation.json"),
+                        help="the summary (gitignored); the one docs/mutation/ shows is "
+                             "docs/assets/mutation.json")
     parser.add_argument("--max-children", type=int, default=1,
                         help="parallel mutant workers (default 1: one core, machine is shared)")
     parser.add_argument("--timeout", type=float, default=4 * 3600,

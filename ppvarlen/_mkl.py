@@ -1,9 +1,8 @@
 """MKL's AVX2 kernels on AMD CPUs.
 
 Paddle's CPU wheel (3.3.1) links MKL 2019.0 Update 5, which picks its kernels by CPU vendor: on
-an AMD CPU it takes a generic path.  On this project's 2-core AMD EPYC host an fp32 GEMM
-(2048x512 @ 512x2048) ran 4.4x slower through Paddle than through numpy's OpenBLAS, and training
-the anchor Transformer 1.48x slower (benchmarks/train_throughput.py --what anchor).  MKL up to
+an AMD CPU it takes a generic path, measurably slower than numpy's OpenBLAS on the same GEMM and
+in training (benchmarks/train_throughput.py --what anchor; docs/BENCHMARKS.md).  MKL up to
 2020.0 honours ``MKL_DEBUG_CPU_TYPE=5``: use the AVX2 kernels.  ``apply()`` sets it when a
 ppvarlen command starts (``ppvarlen.cli``, before the command imports paddle) and when a
 ``Trainer`` is built; MKL reads the variable at its first call, so it reaches every Paddle

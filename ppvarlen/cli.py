@@ -94,6 +94,7 @@ def run_command(parser, argv, command):
     args = parser.parse_args(argv)
     command_settings()
     quiet_third_party_output()
+    setup_logging()  # every command logs in one format (the trainer re-applies its log_level)
     try:
         return command(args)
     except USER_ERRORS as e:
@@ -231,22 +232,35 @@ def main_eval(argv=None):
         python tools/eval.py -c CONFIG --checkpoint DIR ...        # the same command
 
     The model, vocabulary and label names come from the checkpoint; the data
-    options (corpus, files, max_len, long_text) from the config.
+    options (corpus, files, max_len, long_text) from the config.  The metrics go to stdout
+    (JSON) and to RUN/eval/CHECKPOINT-SPLIT/metrics.json (--output-dir); classification and
+    text pairs also print a per-class table (precision, recall, F1, support) and write
+    confusion_matrix.json and confusion_matrix.png there.
     """
     parser = _parser(main_eval)
     parser.add_argument("--checkpoint", required=True, help="checkpoint dir, e.g. output/run/best")
     parser.add_argument("--split", default="test", choices=["train", "dev", "test"])
+    parser.add_argument("--output-dir", default=None,
+                        help="where metrics.json (and for classification confusion_matrix.json "
+                             "and .png) are written; default RUN/eval/CHECKPOINT-SPLIT beside "
+                             "the checkpoint")
     return _run(parser, argv, _eval)
 
 
 def _eval(args):
     cfg = load_config(args.config, args.override)
     checkpoint = _checkpoint_dir(args.checkpoint)
-    from .engine import evaluate_checkpoint
+    from .engine.evaluate import (eval_dir, evaluate_checkpoint, format_class_report,
+                                  write_eval_report)
 
     result = evaluate_checkpoint(cfg, checkpoint, args.split, progress=True)
     for warning in result["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
+    if result.get("per_class"):
+        print(format_class_report(result["per_class"], result.get("accuracy"),
+                                  result.get("macro_f1")), file=sys.stderr)
+    written = write_eval_report(result, args.output_dir or eval_dir(checkpoint, args.split))
+    print(f"report: {', '.join(written)}", file=sys.stderr)
     _print_json(result)
     return 0
 
@@ -313,8 +327,9 @@ def main_export(argv=None):
                         help="--pretrained-dir --task embedding: L2-normalise after pooling "
                         "(default: the directory's modules.json Normalize module, else off); "
                         "one contradicting the directory is an error")
-    parser.add_argument("--verify-file", help="--pretrained-dir: labelled JSONL for the parity "
-                        "report besides the shape grid")
+    parser.add_argument("--verify-file", help="--pretrained-dir: a labelled file for the "
+                        "parity report besides the shape grid, in any format training reads "
+                        "(told by its suffix: .jsonl, .tsv, .csv, .conll, .parquet)")
     parser.add_argument("--output", required=True,
                         help="export directory to write (an existing one is replaced once the "
                         "new one is complete). In a model repository: MODELS/NAME/VERSION, a "
@@ -440,7 +455,9 @@ def main_infer(argv=None):
     parser.add_argument("--model-dir", required=True, help="export directory (has manifest.json)")
     parser.add_argument("--backend", choices=["paddle", "onnx"], default="paddle")
     parser.add_argument("--input", required=True, help=".jsonl (a request item per line, in "
-                        "the task's fields) or .txt (a text per line; one-text tasks)")
+                        "the task's fields), .txt (a text per line; one-text tasks), or a "
+                        "training data file (.tsv, .csv, .conll, .parquet: read as training "
+                        "reads it, labels not used)")
     parser.add_argument("--output", default=None, help="JSONL predictions (default: stdout); "
                         "an embedding export also .npy (float32 [N, D], a row per line) or "
                         ".parquet (line, embedding, num_tokens, truncated columns)")
@@ -634,7 +651,7 @@ def _bench(args):
 
 
 def main_doctor(argv=None):
-    """Find the variable-length bugs in a model you already have; exit 0 all pass, 1 a check failed.
+    """Find the variable-length bugs in a model you already have; exit 0 none failed, 1 one did.
 
         ppvarlen-doctor MODEL [--tokenizer DIR] [--texts FILE] [--json REPORT] [--backend paddle|onnx]
         python tools/doctor.py MODEL ...                           # the same command
@@ -643,8 +660,9 @@ def main_doctor(argv=None):
     (config.json + model.safetensors), a Paddle inference model (MODEL.json PIR or legacy
     MODEL.pdmodel, + MODEL.pdiparams) or an ONNX file.  It is loaded the way it is deployed
     (Paddle Inference, ONNX Runtime, the PaddleNLP dygraph model called with what its tokenizer
-    returns), fed controlled batches, and each check reported pass / fail / n/a with the
-    measured evidence and the fix: 1 dynamic dimensions, 2 padding invariance, 3 batch
+    returns), fed controlled batches, and each check reported pass / warn / fail / n/a with
+    the measured evidence and the fix (warn: a choice an export's manifest records, such as
+    long_text: truncate, reported with its advice; exit 0): 1 dynamic dimensions, 2 padding invariance, 3 batch
     invariance, 4 empty and 1-token rows, 5 float16 masks, 6 position limits, 7 tokenizer <->
     model, 8 truncation on --texts (a text per line, or JSONL with "text").  Graph inputs are
     fed by name (input_ids, token_type_ids, attention_mask, seq_len, position_ids); the report

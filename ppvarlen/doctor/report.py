@@ -4,14 +4,16 @@ import textwrap
 
 import numpy as np
 
-PASS, FAIL, NOT_APPLICABLE = "pass", "fail", "n/a"
+# warn: the check found something a user should know that the deployment decided on purpose
+# (an export's recorded long-text policy): reported with its advice, not a failure (exit 0)
+PASS, WARN, FAIL, NOT_APPLICABLE = "pass", "warn", "fail", "n/a"
 TABLE_WIDTH = 100
 
 
 class CheckResult:
-    """One check's verdict: ``status`` pass / fail / n/a, ``summary`` (one line of measured
-    evidence), ``evidence`` (the numbers), ``fix`` (what to do when it fails, or why it does
-    not apply) and ``pitfalls`` (docs/PITFALLS.md entries it catches)."""
+    """One check's verdict: ``status`` pass / warn / fail / n/a, ``summary`` (one line of
+    measured evidence), ``evidence`` (the numbers), ``fix`` (what to do when it fails or warns,
+    or why it does not apply) and ``pitfalls`` (docs/PITFALLS.md entries it catches)."""
 
     def __init__(self, number, title, status, summary, evidence=None, fix=None, pitfalls=()):
         self.number, self.title, self.status = number, title, status
@@ -25,7 +27,7 @@ class CheckResult:
 
 
 def exit_code(results):
-    """0 when nothing fails, 1 when a check does."""
+    """0 when nothing fails (warnings included), 1 when a check does."""
     return 1 if any(r.status == FAIL for r in results) else 0
 
 
@@ -49,6 +51,7 @@ def document(model, results):
     """The JSON report: the model as loaded (what was fed to which input) and every check."""
     return plain({"model": model.describe(), "checks": [r.as_dict() for r in results],
                   "failed": [r.number for r in results if r.status == FAIL],
+                  "warnings": [r.number for r in results if r.status == WARN],
                   "exit_code": exit_code(results)})
 
 
@@ -79,15 +82,18 @@ def format_table(model, results):
         status = r.status.upper() if r.status == FAIL else r.status
         lines.append(f"  {r.number:>2}  {r.title:<28} {status:<6}  {evidence[0]}")
         lines += [" " * indent + more for more in evidence[1:]]
-    failing = [r for r in results if r.status == FAIL and r.fix]
-    if failing:
-        lines += ["", "  fixes:"]
-        for r in failing:
+    for status, heading in ((FAIL, "fixes"), (WARN, "warnings (deliberate, still worth a look)")):
+        advised = [r for r in results if r.status == status and r.fix]
+        if advised:
+            lines += ["", f"  {heading}:"]
+        for r in advised:
             cited = f" (docs/PITFALLS.md {', '.join(map(str, r.pitfalls))})" if r.pitfalls else ""
             text = _wrapped(f"{r.number}. {r.title}: {r.fix}{cited}", 4)
             lines += ["    " + text[0]] + ["       " + more for more in text[1:]]
     failed = [str(r.number) for r in results if r.status == FAIL]
+    warned = [str(r.number) for r in results if r.status == WARN]
     lines += ["", f"  {len(failed)} of {len(results)} checks failed" +
-              (f" ({', '.join(failed)})" if failed else "") + "; exit " +
-              str(exit_code(results))]
+              (f" ({', '.join(failed)})" if failed else "") +
+              (f", {len(warned)} warned ({', '.join(warned)})" if warned else "") +
+              "; exit " + str(exit_code(results))]
     return "\n".join(lines)

@@ -1,18 +1,28 @@
 """Row runners (``ppvarlen.runtime.row_checks``) over the runtimes a model is deployed with.
 
-``OnnxRunner`` (ONNX Runtime, CPU), ``PaddleRunner`` (Paddle Inference, CPU) and
-``DygraphRunner`` (a PaddleNLP model called the way its tokenizer's output is passed to it)
+``onnx_batch`` (ONNX Runtime, CPU), ``paddle_batch`` (Paddle Inference, CPU) and
+``dygraph_batch`` (a PaddleNLP model called the way its tokenizer's output is passed to it)
 each run a batch of id rows; ``RowRunner`` around them pads (``feeding.Feeder``), splits the
 batch into the graph's fixed batch size when it has one, and cuts per-token outputs to each
-row's length.  Which outputs are per token is measured, not guessed from names: an output
-whose second axis follows the padded width across two widths.
+row's length.  ``ExportRows`` runs a ppvarlen export through its serving ``Predictor``.
+Which outputs are per token is measured, not guessed from names: an output whose second axis
+follows the padded width across two widths (``per_token_outputs``).
 """
 import inspect
 
 import numpy as np
 import paddle
 
+from ppvarlen.runtime.admission import PredictorRows
 from ppvarlen.runtime.row_checks import ModelRaised, first_line, split_rows
+
+
+def per_token_outputs(shapes_at, widths):
+    """Names of the outputs whose second axis is the padded width at every width in
+    ``widths`` (``shapes_at(width)`` -> {output name: shape} of one row run at that width)."""
+    shapes = [shapes_at(w) for w in widths]
+    return {n for n, shape in shapes[0].items()
+            if all(len(s.get(n, ())) >= 2 and s[n][1] == w for s, w in zip(shapes, widths))}
 
 
 class RowRunner:
@@ -50,9 +60,51 @@ class RowRunner:
         """Measure which outputs have one entry per position (``row``: a short id row)."""
         fixed = self.feeder.fixed_length
         widths = [fixed] if fixed else [len(row) + 2, len(row) + 5]
-        shapes = [{n: np.shape(v) for n, v in self._batch([row], w).items()} for w in widths]
-        self.per_token = {n for n, shape in shapes[0].items()
-                          if all(len(s[n]) >= 2 and s[n][1] == w for s, w in zip(shapes, widths))}
+        self.per_token = per_token_outputs(
+            lambda w: {n: np.shape(v) for n, v in self._batch([row], w).items()}, widths)
+        return self.per_token
+
+
+class ExportRows(PredictorRows):
+    """A ppvarlen export through its serving ``Predictor``, as a row runner.
+
+    Besides the manifest's ``per: token`` outputs, every output measured to follow the padded
+    width is cut to each row's length (decoded tags [B, L] are per token whether or not the
+    manifest says so: compared uncut, a row padded further has a longer tag row).  Where the
+    serving path decodes tags outside the graph (ONNX: Viterbi in numpy over the emissions),
+    those tags are an output too, named ``tags``: they are what a user reads."""
+
+    def __init__(self, predictor):
+        super().__init__(predictor, answers=predictor.task.generates)
+        self.decodes_outside = getattr(predictor, "crf_matrix", None) is not None
+
+    def run(self, id_rows, width=None):
+        rows = super().run(id_rows, width)
+        if self.answers or not self.decodes_outside:
+            return rows
+        try:
+            decoded = self.predictor.task.engine_rows(self.predictor, *self.last)
+        except Exception as e:  # noqa: BLE001 - the decoder's own words name the broken part
+            raise ModelRaised(f"{type(e).__name__}: {first_line(e)}") from None
+        for row, tags in zip(rows, decoded):
+            row["tags"] = np.asarray(tags)
+        return rows
+
+    __call__ = run
+
+    def find_per_token(self, row):
+        if self.answers:  # a task's answer rows are already one per row, cut by the task
+            return self.per_token
+
+        def shapes_at(width):
+            super(ExportRows, self).run([row], width)
+            return {n: np.shape(v) for n, v in self.last[0].items()
+                    if isinstance(v, np.ndarray)}
+        limit = self.predictor.max_position
+        widths = [w for w in (len(row) + 1, len(row) + 2, len(row) + 5)
+                  if not limit or w <= int(limit)][-2:]
+        if len(widths) == 2:  # else the manifest's per-token outputs are all there is to go by
+            self.per_token |= per_token_outputs(shapes_at, widths)
         return self.per_token
 
 

@@ -24,7 +24,6 @@ import paddle.inference as paddle_inference
 
 from ppvarlen.config import ConfigError
 from ppvarlen.data.errors import DataError
-from ppvarlen.runtime.admission import PredictorRows
 from ppvarlen.runtime.manifest import UnservableExportError, load_manifest
 from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.runtime.row_checks import ModelRaised, first_line
@@ -35,12 +34,13 @@ from .errors import ModelLoadError
 from .feeding import Feeder, map_inputs
 from .graph import GraphInput
 from .model import LoadedModel, seeded
-from .runners import RowRunner, dygraph_batch, onnx_batch, paddle_batch
+from .runners import ExportRows, RowRunner, dygraph_batch, onnx_batch, paddle_batch
 from .tokenizers import from_encoder, load_tokenizer, read_model_config
 
 EXPORT, PADDLENLP, PIR, LEGACY, ONNX = ("ppvarlen export", "PaddleNLP directory",
                                         "Paddle inference model (PIR .json)",
                                         "Paddle inference model (legacy .pdmodel)", "ONNX file")
+ORT_FATAL_ONLY = 4  # onnxruntime's logger severities: 0 verbose ... 3 error, 4 fatal
 # config.json architectures suffix -> the PaddleNLP Auto class that loads the head
 HEADS = (("ForSequenceClassification", "AutoModelForSequenceClassification"),
          ("ForTokenClassification", "AutoModelForTokenClassification"),
@@ -142,17 +142,19 @@ def load_export(path, backend, tokenizer_dir):
     roles.update({spec["name"]: "segments" for spec in specs[2:]})
     model.set_feeding(roles, [])
     model.fed[specs[0]["name"]] += " (the export's vocabulary, through the Predictor)"
-    model.run = PredictorRows(predictor, answers=predictor.task.generates)
+    model.run = ExportRows(predictor)
     model.max_len = int(manifest["max_len"])
     model.long_text = predictor.long_text
     model.add_max_position(manifest.get("max_position"), "manifest max_position")
     if model.graph is not None:
         _read_tables(model, specs[0]["name"])
+    _measure_outputs(model)
     if predictor.task.generates:
         model.float32_only = "a seq2seq export serves in float32 only (docs/PITFALLS.md 36)"
     precisions = (manifest.get("precisions") or {}).get("onnx", [])
     if "fp16" in precisions:
-        model.fp16 = lambda: (PredictorRows(Predictor(path, "onnx", precision="fp16")),
+        model.fp16 = lambda: (_measured(ExportRows(Predictor(path, "onnx", precision="fp16")),
+                                        model),
                               "the export's own fp16 ONNX file (onnx/model_fp16.onnx)", True)
     elif not predictor.task.generates:
         # ppvarlen serves a precision only where the export made and verified it (the
@@ -251,7 +253,10 @@ def load_onnx(path, tokenizer_dir):
 
 def _session(path_or_bytes):
     options = ort.SessionOptions()
-    options.log_severity_level = 3  # unused-initializer warnings of converted graphs
+    # fatal only: the doctor provokes failures on purpose (a row past the position table makes
+    # a Gather fail) and reports what the raised exception says; ONNX Runtime would also log
+    # each as a red error line, and warn about every unused initializer of a converted graph
+    options.log_severity_level = ORT_FATAL_ONLY
     options.intra_op_num_threads = 1
     return ort.InferenceSession(path_or_bytes, options, providers=["CPUExecutionProvider"])
 
@@ -313,6 +318,12 @@ def _measure_outputs(model):
                              f"{row}: {e}") from None
 
 
+def _measured(runner, model):
+    """``runner`` (a variant of ``model``'s, same outputs) told ``model``'s per-token outputs."""
+    runner.per_token = set(getattr(model.run, "per_token", ()))
+    return runner
+
+
 def _cast_runner(model, onnx_file, proto=None):
     """(row runner, what it is, False: not a variant the model ships) of ``onnx_file`` with
     every float constant cast to float16."""
@@ -325,6 +336,5 @@ def _cast_runner(model, onnx_file, proto=None):
     fixed = next((i for i in inputs if roles.get(i.name) == "ids"))
     runner = RowRunner(Feeder(inputs, roles, model.pad_id, fixed.fixed(1)),
                        onnx_batch(session), fixed.fixed(0))
-    runner.per_token = set(getattr(model.run, "per_token", ()))
-    return runner, f"{os.path.basename(onnx_file)} cast to float16 (onnxconverter-common, " \
+    return _measured(runner, model), f"{os.path.basename(onnx_file)} cast to float16 (onnxconverter-common, " \
                    f"no clamping of constants)", False

@@ -12,10 +12,10 @@ alike (``benchmarks/train_throughput.py --what cpu`` measures each, interleaved)
   set_num_threads``: MKL's and OpenMP's thread counts; Paddle has no public training API for it).
 * The C heap.  A step allocates and frees tensors of up to tens of MB.  glibc's malloc returns
   large freed blocks to the OS (mmap'd blocks at once, the heap top past 128 KB), so every step
-  page-faults its working set back in: ~6,900 minor faults per sentiment Transformer step, 13%
-  of its time in the kernel.  ``Train.keep_freed_memory`` raises glibc's thresholds (``mallopt``)
-  so blocks up to 32 MB come from the heap and up to 1 GiB of freed heap stays in the process
-  for the next step (~500 faults per step).  The resident size then stays near the run's peak.
+  page-faults its working set back in, a visible share of each step spent in the kernel.
+  ``Train.keep_freed_memory`` raises glibc's thresholds (``mallopt``) so blocks up to 32 MB
+  come from the heap and up to 1 GiB of freed heap stays in the process for the next step
+  (far fewer faults).  The resident size then stays near the run's peak.
 
 Both are process-wide and stay after training (an export in the same process keeps them; the
 last Trainer started in a process sets them).  Only on CPU: on a GPU the device does the math

@@ -19,6 +19,7 @@ from .. import _mkl
 from ..config import ConfigError, save_config
 from ..data.lengths import length_stats, optimal_boundaries, quantile_boundaries
 from ..data.loader import train_loader
+from ..data.readers import label_set_line
 from ..data.vocab import vocab_sha256
 from ..models import build_model
 from ..models.weights import load_weights, read_metadata
@@ -148,6 +149,8 @@ class Trainer:
         if cfg.Model.get("init_from"):
             _check_init_vocabulary(cfg.Model.init_from, enc)
         self.num_labels = self.task.num_labels(enc, self.data.label_names)
+        if self.data.label_names:
+            log.info("%s", label_set_line(list(self.data.label_names)))
         # the first epoch's batches are planned in a thread while the model, the static program
         # and the optimizer are built: the plan is numpy sorts and gathers, which release the
         # GIL, and it grows with the corpus while the rest does not

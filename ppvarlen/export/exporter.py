@@ -22,6 +22,7 @@ import numpy as np
 from ..config import ConfigError, load_config
 from ..data.collate import Collator
 from ..data.lengths import length_stats
+from ..data.sources import format_of
 from ..data.vocab import TextEncoder
 from ppvarlen.runtime.admission import admit
 from ppvarlen.runtime.manifest import UnservableExportError, is_version_name
@@ -610,11 +611,13 @@ def export_pretrained_dir(directory, output, cfg, task=None, formats=None, preci
 
 
 def _encode_verify_file(cfg, encoder, task, path, label_names):
-    """The labelled JSONL file, encoded with the directory's tokenizer (all of it: test)."""
+    """The labelled file (any format training reads, told by its suffix; JSONL otherwise),
+    encoded with the directory's tokenizer (all of it: test)."""
     if not os.path.isfile(path):
         raise ConfigError(f"--verify-file {path}: file not found")
     raw = cfg.to_dict()
-    raw["Data"].update(corpus="jsonl", train_file=path, test_file=path, task=task,
+    raw["Data"].update(corpus=format_of(path) or "jsonl", train_file=path, test_file=path,
+                       task=task,
                        label_names=list(label_names))
     bundle = build_datasets(load_config(data=raw).Data, task_hint=task, encoder=encoder,
                             splits=("test",))

@@ -37,6 +37,8 @@ WEIGHT_TYPES = ("qint8", "quint8")
 # pairs of u8*s8 products in int16 (vpmaddubsw), which saturates with full 8-bit weights and
 # flipped answers measurably (docs/PRECISION.md); the file may be served on any host, so
 # always on.
+# onnxruntime's logger severities: 2 (warnings, its default) and 3 (errors only)
+ORT_DEFAULT_SEVERITY, ORT_ERRORS_ONLY = 2, 3
 DEFAULT_INT8 = {"method": "static", "weight_type": "qint8", "per_channel": False,
                 "reduce_range": True}
 _QUANTIZED_OPS = ("MatMulInteger", "DynamicQuantizeMatMul", "QLinearMatMul", "QGemm",
@@ -85,13 +87,19 @@ def quantize_onnx(src, dst, method="dynamic", weight_type="qint8", per_channel=F
                   reduce_range=True, calibration_batches=None,
                   input_names=("input_ids", "seq_len")):
     """int8 copy of ``src`` at ``dst``; returns the facts recorded in the manifest."""
+    import onnxruntime as ort
+
     quiet = logging.getLogger().level
     logging.getLogger().setLevel(max(quiet, logging.WARNING))  # the quantizer logs every node
+    # the quantizer's own sessions (shape inference, calibration) log a "Removing initializer
+    # ... not used by any node" warning per unused paddle2onnx constant; errors still show
+    ort.set_default_logger_severity(ORT_ERRORS_ONLY)
     try:
         return _quantize(src, dst, method, weight_type, per_channel, reduce_range,
                          calibration_batches, input_names)
     finally:
         logging.getLogger().setLevel(quiet)
+        ort.set_default_logger_severity(ORT_DEFAULT_SEVERITY)
 
 
 def _quantize(src, dst, method, weight_type, per_channel, reduce_range, calibration_batches,

@@ -65,8 +65,8 @@ def dropout_left_out(layer):
     In eval mode an ``upscale_in_train`` dropout is the identity, but traced it
     stays a ``pd_op.dropout`` (is_test) op that copies its input, and Paddle
     Inference 3.3.1's CPU/oneDNN pipeline does not delete it: with each op a
-    oneDNN -> Paddle layout change too, they cost ~20% of the Paddle Inference
-    CPU time of the sentiment transformer (docs/PRECISION.md).  ``F.dropout``
+    oneDNN -> Paddle layout change too, they cost a sizeable share of the Paddle
+    Inference CPU time of the sentiment transformer (docs/PRECISION.md).  ``F.dropout``
     returns its input for ``p == 0``, so p is 0 while tracing, restored after.
     (``downscale_in_infer`` scales in eval: left as it is.)  Yields the count.
     """

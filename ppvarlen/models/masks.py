@@ -114,8 +114,8 @@ def masked_cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, smoothing=0.
     ``smoothing`` s > 0: label smoothing uniform over the C classes, per item
     (1 - s) * CE + s * mean_c(-log p_c).  Since -log p_c = lse - z_c and lse = CE + z_y,
     that is CE + s * (z_y - mean_c z): the softmax pass cross_entropy already makes, plus
-    a gather and a mean.  (A separate logsumexp pass costs ~4x cross_entropy's forward +
-    backward on Paddle 3.3.1's CPU, log_softmax's backward ~60x: measured.)
+    a gather and a mean.  (A separate logsumexp pass, or log_softmax's backward, costs
+    several times cross_entropy's forward + backward on Paddle 3.3.1's CPU.)
     """
     logits = logits.astype("float32")
     num_classes = paddle.shape(logits)[-1]

@@ -128,7 +128,8 @@ class PaddleEngine:
                                  "or --backend onnx --precision fp16")
             config.disable_gpu()
             # The exporter may turn oneDNN off for a graph it slows down (settings.fp32);
-            # bf16 needs it.  Default on: ~7x eager for the classifiers.
+            # bf16 needs it.  Default on: oneDNN's kernels are what make Paddle Inference
+            # faster than eager on CPU (docs/BENCHMARKS.md).
             settings = (entry.get("settings") or {}).get(precision) or {}
             if precision == "bf16" or settings.get("enable_onednn", True):
                 config.enable_onednn()

@@ -5,7 +5,10 @@ Input: ``.jsonl``, one request item per line in the fields the task declares
 tagging; a seq2seq export also reads ``{"source": ...}``, the seq2seq data format),
 ``{"text_a": ..., "text_b": ...}`` (text pairs, the pair corpus's fields) or ``{"question":
 ..., "context": ...}`` (extractive QA); other fields are ignored, so a corpus file is read as
-it is.  ``.txt`` (one text per line) for a task whose item is one text.  Each line's texts
+it is.  ``.txt`` (one text per line) for a task whose item is one text.  A file in another
+format training reads (``.tsv``, ``.csv``, ``.conll``, ``.parquet``; labels not used) is read by
+the training reader (``data.sources.request_texts``: columns by name, a CoNLL sentence's
+tokens joined into its text), whole, and refused at its first bad record.  Each line's texts
 become the task's request item (``Task.oip_item``), encoded as the server encodes it
 (``Task.encode_request``).
 Output: JSONL, line ``i`` answering input line ``i``: ``{"line": n, **prediction}``
@@ -46,6 +49,7 @@ from tqdm import tqdm
 from ppvarlen.config_schema import SCHEMA
 from ppvarlen.data.errors import DataError
 from ppvarlen.data.readers import LONG_LINE, bounded_lines
+from ppvarlen.data.sources import SUFFIX_FORMATS, format_of, request_texts
 from ppvarlen.tasks.base import Task
 from ppvarlen.utils.io import atomic_text_writer
 
@@ -82,10 +86,11 @@ def check_input(path, task=None):
     example = line_example(task)
     ext = os.path.splitext(path)[1].lower()
     one_text = len(fields) == 1
-    if ext not in (".txt", ".jsonl"):
+    if ext not in (".txt", ".jsonl") and format_of(path) is None:
         txt = " or .txt (a text per line)" if one_text else ""
-        raise DataError(f"{path}: input must be .jsonl ({example} per line){txt}, got "
-                        f"{ext or 'no extension'}")
+        others = ", ".join(sorted(set(SUFFIX_FORMATS) - {".jsonl"}))
+        raise DataError(f"{path}: input must be .jsonl ({example} per line){txt}, or a "
+                        f"training data file ({others}), got {ext or 'no extension'}")
     if ext == ".txt" and not one_text:
         names = ", ".join(f'"{names[0]}"' for names in fields)
         raise DataError(f"{path}: a {task.name} request item has {len(fields)} texts ({names}) "
@@ -157,6 +162,9 @@ def iter_items(path, task=None, max_text_chars=MAX_TEXT_CHARS):
     """
     task = task or Task()
     ext = check_input(path, task)
+    if ext not in (".txt", ".jsonl"):
+        yield from _data_file_items(path, task, max_text_chars)
+        return
     count = len(task.line_fields())
     bound = line_bytes_bound(max_text_chars, count)
     takes = ("a text of {} characters takes" if count == 1 else
@@ -175,13 +183,28 @@ def iter_items(path, task=None, max_text_chars=MAX_TEXT_CHARS):
             continue
         long = next(((key, t) for key, t in texts if len(t) > max_text_chars), None)
         if long is not None:
-            key, text = long
-            yield n, DataError(f"{where}: {key} has {len(text):,} characters; at most "
-                               f"{max_text_chars:,} (Deploy.max_text_chars, as the server). "
-                               f"Split the text, or raise the limit, e.g. "
-                               f"-o Deploy.max_text_chars={len(text)}")
+            yield n, _too_long(where, *long, max_text_chars)
             continue
         yield n, task.oip_item(tuple(t for _, t in texts))
+
+
+def _data_file_items(path, task, max_text_chars):
+    """``iter_items`` of a file in a training format: its records' texts (``request_texts``)."""
+    fields = tuple(names[0] for names in task.line_fields())
+    for n, texts in request_texts(path, fields):
+        key, text = next(((k, t) for k, t in zip(fields, texts) if len(t) > max_text_chars),
+                         (None, None))
+        if key is not None:
+            yield n, _too_long(f"{path}:{n}", key, text, max_text_chars)
+            continue
+        yield n, task.oip_item(texts)
+
+
+def _too_long(where, key, text, max_text_chars):
+    return DataError(f"{where}: {key} has {len(text):,} characters; at most "
+                     f"{max_text_chars:,} (Deploy.max_text_chars, as the server). "
+                     f"Split the text, or raise the limit, e.g. "
+                     f"-o Deploy.max_text_chars={len(text)}")
 
 
 def read_texts(path, task=None, max_text_chars=MAX_TEXT_CHARS):
@@ -330,13 +353,14 @@ def run_file(predictor, input_path, output_path=None, progress=True, window=WIND
     truncated, windowed, seconds, model_seconds, texts/s, tokens/s, padding efficiency,
     warnings.
     """
-    check_input(input_path, predictor.task)
+    ext = check_input(input_path, predictor.task)
     fmt = embedding_files.output_format(output_path, output_format)
     check_output(predictor, output_path, fmt)
     real0, padded0 = predictor.real_tokens, predictor.padded_tokens
     out0, steps0 = predictor.real_target_tokens, predictor.padded_target_tokens
     totals = _Totals()
-    total = count_lines(input_path) if progress else None
+    # a line per text in .txt / .jsonl; other formats' records are not lines
+    total = count_lines(input_path) if progress and ext in (".txt", ".jsonl") else None
     # smoothing=0: the bar shows texts over the time since it opened, as the summary does
     bar = tqdm(total=total, unit="text", smoothing=0, disable=not progress, file=sys.stderr)
     start = time.perf_counter()

@@ -54,9 +54,9 @@ def _speed(entry):
 
 
 # ``auto`` leaves fp32 only for a precision at least this much faster on the export host:
-# the export's timing is a few interleaved rounds on a possibly shared CPU, and e.g. int8 of
-# the BiGRU-CRF tagger (only its emission head quantizes) timed 1.04x fp32, within noise,
-# for tags that differ from fp32's on 0.005% of tokens (docs/PRECISION.md).
+# the export's timing is a few interleaved rounds on a possibly shared CPU, and a precision
+# within that noise of fp32 (e.g. int8 of the BiGRU-CRF tagger, whose emission head alone
+# quantizes) would trade some changed answers for no real gain (docs/PRECISION.md).
 AUTO_MIN_GAIN = 1.10
 
 

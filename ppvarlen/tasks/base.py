@@ -252,6 +252,11 @@ class Task:
     def report(self, dataset, outputs, label_names, encoder=None):
         raise NotImplementedError
 
+    def class_report(self, dataset, outputs, label_names):
+        """The eval's per-class report of a single-label task (``metrics.class_report``: per
+        class precision/recall/F1/support and the confusion matrix); None for other tasks."""
+        return None
+
     def meta_extras(self, cfg):
         """Checkpoint-meta fields besides the common ones."""
         return {}

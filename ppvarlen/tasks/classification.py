@@ -45,15 +45,22 @@ class ClassificationTask(Task):
 
     def report(self, dataset, outputs, label_names, encoder=None):
         """Accuracy/macro-F1 per document (windows of one long text: mean of their logits)."""
+        preds, gold = self.document_labels(dataset, outputs)
+        out = metrics.classification_metrics(preds, gold, len(label_names))
+        out["num_examples"] = int(len(gold))
+        return out
+
+    def class_report(self, dataset, outputs, label_names):
+        return metrics.class_report(*self.document_labels(dataset, outputs), label_names)
+
+    def document_labels(self, dataset, outputs):
+        """(predicted, gold) label ids per document, in document order."""
         doc_ids = [dataset[i]["doc_id"] for i in range(len(dataset))]
         gold = {}
         for i, d in enumerate(doc_ids):
             gold.setdefault(d, dataset[i]["label"])
         docs, doc_logits = aggregate_classification(doc_ids, np.stack(outputs))
-        preds = doc_logits.argmax(axis=-1)
-        out = metrics.classification_metrics(preds, [gold[int(d)] for d in docs], len(label_names))
-        out["num_examples"] = int(len(docs))
-        return out
+        return doc_logits.argmax(axis=-1), [int(gold[int(d)]) for d in docs]
 
     def output_problems(self, predictor, out, seq_len):
         return output_width_problems(out, "logits", seq_len, len(predictor.label_names),

@@ -65,7 +65,7 @@ CLAUSE_ENDS = "，。！？；、,.!?;"
 
 readers.register_format("embedding", readers.CorpusFormat(
     FIELDS, '{"text_a": "物流很快，包装完好", "text_b": "送货速度快，东西不错"}', None,
-    ("text_a", "text_b"), tsv=lambda line: readers.tsv_columns(line, FIELDS, label_column=False)))
+    ("text_a", "text_b"), table=True))
 
 
 # ------------------------------------------------------------------ the derived corpus

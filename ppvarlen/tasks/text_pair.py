@@ -8,9 +8,9 @@ the split's long-text stats per side; ``Data.long_text: error`` refuses it inste
 not apply (a window of one text without the other is not the pair).  Everything else (loss,
 metrics from ``ppvarlen.metrics``, the per-pair response) is classification's.
 
-Corpus lines: JSONL ``{"text_a": .., "text_b": .., "label": ..}`` or TSV ``text_a<TAB>text_b<TAB>
-label`` (a header line ``text_a  text_b  label`` is skipped), registered with the user-file reader
-below; ``Data.corpus: jsonl`` / ``tsv`` with ``Data.task: text_pair`` for TSV.
+Corpus lines: JSONL ``{"text_a": .., "text_b": .., "label": ..}`` or TSV / CSV columns (a header
+``text_a  text_b  label`` names them and tells the task; a headerless file needs ``Data.task:
+text_pair``: ``data.columns``), registered with the user-file reader below.
 """
 import json
 import os
@@ -35,7 +35,7 @@ SEGMENTS = {"name": "token_type_ids", "dtype": "int64", "dims": [-1, -1]}
 
 readers.register_format("text_pair", readers.CorpusFormat(
     FIELDS, '{"text_a": "物流很快", "text_b": "送货速度快", "label": "same"}', None,
-    ("text_a", "text_b"), "class", tsv=lambda line: readers.tsv_columns(line, FIELDS)))
+    ("text_a", "text_b"), "class", table=True))
 
 
 def derive_sentiment_pairs(directory, limit=None):

@@ -1,8 +1,26 @@
-"""One logger for the package; entry points call ``setup_logging`` once."""
+"""One logger for the package; every command calls ``setup_logging`` (``ppvarlen.cli``), the
+trainer again with ``Global.log_level``: one line format for train, eval, export, serve...
+
+Lines go to stderr through ``tqdm.write``, which clears an active progress bar, writes the line
+on its own, and redraws the bar below it: a log line never lands inside the bar's line.
+"""
 import logging
 import sys
 
+from tqdm import tqdm
+
 _FMT = "[%(asctime)s] %(levelname)s %(name)s: %(message)s"
+
+
+class BarSafeHandler(logging.StreamHandler):
+    """A stream handler that writes around tqdm's progress bars (``tqdm.write``)."""
+
+    def emit(self, record):
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+            self.flush()
+        except Exception:  # noqa: BLE001 - logging's own contract: report, never raise
+            self.handleError(record)
 
 
 def get_logger(name="ppvarlen"):
@@ -13,7 +31,7 @@ def setup_logging(level=logging.INFO, log_file=None):
     root = logging.getLogger("ppvarlen")
     root.setLevel(level)
     root.handlers.clear()
-    h = logging.StreamHandler(sys.stderr)
+    h = BarSafeHandler(sys.stderr)
     h.setFormatter(logging.Formatter(_FMT, "%H:%M:%S"))
     root.addHandler(h)
     if log_file:

@@ -55,11 +55,17 @@ def test_infer_jsonl_to_stdout(cls_export, tmp_path):  # noqa: F811
 
 
 def test_infer_refuses_bad_arguments_without_traceback(cls_export, tmp_path):  # noqa: F811
+    xml = tmp_path / "in.xml"
+    xml.write_text("a\n", encoding="utf-8")
+    r = run_infer("--model-dir", cls_export[0], "--input", str(xml))
+    assert r.returncode == 2 and ".txt" in r.stderr and "Traceback" not in r.stderr
+    # a training format is read as training reads it: a bad record is refused by file:line
     csv = tmp_path / "in.csv"
     csv.write_text("a\n", encoding="utf-8")
     r = run_infer("--model-dir", cls_export[0], "--input", str(csv))
-    assert r.returncode == 2 and ".txt" in r.stderr and "Traceback" not in r.stderr
-    r = run_infer("--model-dir", str(tmp_path), "--input", str(csv))
+    assert r.returncode == 2 and "in.csv:1: expected 2 comma-separated columns" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = run_infer("--model-dir", str(tmp_path), "--input", str(xml))
     assert r.returncode == 2 and "manifest.json is missing" in r.stderr
 
 

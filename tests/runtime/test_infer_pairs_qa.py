@@ -185,5 +185,6 @@ def test_one_text_tasks_read_their_fields_as_before(tmp_path):
                                                           "extractive_qa"))] == \
         [(("text",),), (("text_a",), ("text_b",)), (("question",), ("context",))]
     with pytest.raises(DataError, match=r"\.jsonl \(\{\"question\": \"...\", \"context\": "
-                                        r"\"...\"\} per line\), got \.csv"):
-        infer.check_input(str(tmp_path / "in.csv"), get_task("extractive_qa"))
+                                        r"\"...\"\} per line\), or a training data file "
+                                        r"\(.*\), got \.xml"):
+        infer.check_input(str(tmp_path / "in.xml"), get_task("extractive_qa"))

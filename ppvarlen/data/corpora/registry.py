@@ -28,9 +28,10 @@ BUILT_IN = {
     "people_daily_ner": BuiltInCorpus("tagging", ner_corpus),
     "g2p": BuiltInCorpus("seq2seq", g2p_corpus, ("max_source_len", "max_target_len", "split_seed")),
 }
-USER_FORMATS = ("jsonl", "tsv", "parquet")
+USER_FORMATS = ("jsonl", "tsv", "csv", "conll", "parquet")
 # Keys only user files read: a built-in corpus would silently ignore them.
-USER_FILE_KEYS = ("train_file", "dev_file", "test_file", "label_names")
+USER_FILE_KEYS = ("train_file", "dev_file", "test_file", "label_names", "text_field",
+                  "text_pair_field", "label_field", "tokens_field", "tags_field", "columns")
 
 
 def load_built_in(cfg):
@@ -42,9 +43,9 @@ def load_built_in(cfg):
                           f"Data.task is {cfg.task!r}; remove Data.task or pick another corpus")
     for key in USER_FILE_KEYS:
         if cfg.get(key) is not None:
-            raise ConfigError(f"Data.{key} is only read for Data.corpus: jsonl or tsv, but the "
-                              f"corpus is the built-in {name!r}; remove Data.{key} or set "
-                              f"Data.corpus to jsonl/tsv")
+            raise ConfigError(f"Data.{key} is only read for Data.corpus: jsonl, tsv, csv, conll "
+                              f"or parquet (your files), but the corpus is the built-in {name!r}; remove Data.{key} or set "
+                              f"Data.corpus to your files' format")
     corpus = fresh_copy(_built(name, **{k: cfg.get(k) for k in built_in.keys}))
     check_tag_scheme_key(cfg.get("tag_scheme", "auto"), name, corpus)
     apply_limit(corpus, cfg.limit)

@@ -1,7 +1,8 @@
 """Connection bounds of ``ppvarlen-serve``: what a client may hold before its request is in.
 
-The app bounds what a parsed request carries (``Limits`` in server.py: body, texts,
-characters, queue).  uvicorn with httptools bounds nothing around it: a request head of any
+The app bounds what a parsed request carries (the Deploy section's ``max_body_bytes``,
+checked by ``http.edge.read_body``; ``max_texts_per_request``, checked by each protocol's
+parse; ``queue_size``, by the batcher).  uvicorn with httptools bounds nothing around it: a request head of any
 size is buffered, a head or a body may trickle in for ever, and every idle connection is kept,
 so a few hundred slow clients or a burst of silent sockets hold the server's memory and file
 descriptors.  ``uvicorn_config`` builds the ``uvicorn.Config`` that ``serve()`` runs, with
