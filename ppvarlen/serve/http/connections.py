@@ -43,7 +43,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from ppvarlen.config import ConfigError
 from ppvarlen.utils.log import get_logger
 
-log = get_logger("serve.connections")
+log = get_logger("serve.http.connections")
 
 UVICORN_READ = "0.55.0"  # the uvicorn whose httptools protocol BoundedHttpToolsProtocol extends
 # A client answered while it may still be sending (an oversized head, a slow body) is read and
