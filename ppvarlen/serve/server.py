@@ -36,7 +36,8 @@ from ppvarlen.serve.http.connections import uvicorn_config
 from ppvarlen.serve.http import fallback
 from ppvarlen.serve.http.direct import DirectRoutes, ServingApp, error_response
 from ppvarlen.serve.http.edge import AnswerErrors, RequireToken, read_token
-from ppvarlen.serve.protocols import PROTOCOLS, edge_render, gathered, render_checks
+from ppvarlen.serve.protocols import (PROTOCOLS, edge_render, gathered, render_checks,
+                                      route_render)
 
 log = get_logger("serve.server")
 
@@ -93,7 +94,7 @@ def create_app(predictor=None, deploy=None, repository=None, load_predictor=None
         path = getattr(request.scope.get("route"), "path", None)
         return error_response(plane, renderers.get(path, PROTOCOLS[0].render_error), exc)
 
-    fallback.install(app, edge_render)  # no such route, wrong method: the path's protocol's form
+    fallback.install(app, route_render)  # no such route, wrong method: the path's protocol's form
     app.openapi = functools.partial(_openapi, app, plane)
     app.state.app_state = plane
     app.state.registry = plane.registry

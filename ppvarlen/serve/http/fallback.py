@@ -2,7 +2,7 @@
 method the path does not have (``MethodNotAllowed``, 405 with ``Allow``), a request FastAPI's own
 parameter validation refuses (``InvalidInput``).  FastAPI answers them ``{"detail": ...}``; here
 each is refused in the form of the protocol that owns the path (``render``: the server's
-``edge_render``), so a client reads the error as it reads every other one (tritonclient
+``protocols.route_render``), so a client reads the error as it reads every other one (tritonclient
 reported "while decoding the response: 'error'" for ``{"detail": ...}``)."""
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse

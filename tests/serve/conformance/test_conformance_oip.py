@@ -204,6 +204,7 @@ def test_routing_errors_are_the_protocols_error_object(served, method, path):
     decodes every error answer as that object)."""
     r = httpx.request(method, served.url + path.format(name=served.name), timeout=30)
     assert_protocol_error(r, 404 if "no/such" in path else 405)
+    assert set(r.json()) == {"error"}, r.json()  # the error object, nothing else
     if r.status_code == 405:
         assert r.headers["allow"] and r.headers["allow"] in r.json()["error"]
 
