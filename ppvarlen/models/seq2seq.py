@@ -313,6 +313,13 @@ class DecoderStepProgram(nn.Layer):
         return [tokens, InputSpec([None], "int64", "src_len")] + cache
 
 
+def _drop_ended(ended, per_row, caches):
+    """The rows not ``ended`` of each ``per_row`` tensor [B, ...] and each cache [L, B, ...]."""
+    keep = paddle.nonzero(paddle.logical_not(ended)).squeeze(1)
+    return ([paddle.gather(t, keep) for t in per_row],
+            [paddle.gather(t, keep, axis=1) for t in caches])
+
+
 class GreedyProgram(nn.Layer):
     """Export view of ``greedy_decode`` with the loop IN the graph: (src_ids, src_len) -> tokens.
 
@@ -321,34 +328,59 @@ class GreedyProgram(nn.Layer):
     stops as soon as every row has finished.  to_static turns the tensor-conditioned ``while``
     into one PIR while op whose carried tokens and self-attention cache grow by a step per
     iteration; Paddle 3.3.1 Inference runs that with oneDNN on and off (tests/test_export_seq2seq).
+
+    A finished row leaves the decoding batch: after a step in which rows ended, the next
+    iteration gathers the rows still decoding (caches, source lengths, limits, last tokens; a
+    cond op, so a step after which no row ended copies nothing) and steps only those; their
+    tokens are scattered into the full-batch column (``pad_id`` for the rows that left).  A
+    row's computation does not depend on the other rows, so the tokens are the full batch's.
+    ``shrink=False`` steps every row to the end (the reference for tests and benchmarks).
     """
 
-    def __init__(self, model):
+    def __init__(self, model, shrink=True):
         super().__init__()
         self.model = model
+        self.shrink = shrink
 
     def forward(self, src_ids, src_len):
+        return self.decode(src_ids, src_len)[0]
+
+    def decode(self, src_ids, src_len):
+        """(tokens [B, T], row_steps): row_steps counts the decoder's row-steps (rows stepped,
+        summed over the steps), what leaving the batch saves."""
         m = self.model
         memory = m.encode(src_ids, src_len)
         self_k, self_v, cross_k, cross_v = m.init_cache(memory)
         limits = m.length_limits(src_len)
         batch = paddle.shape(src_ids)[0]
         tokens = paddle.full([batch, 1], m.bos_id, dtype="int64")
-        finished = paddle.zeros([batch], dtype="bool")
-        eos = paddle.full([batch], m.eos_id, dtype="int64")
         pad = paddle.full([batch], m.pad_id, dtype="int64")
+        # the rows in the decoding batch: their source row, last token, and whether it ended
+        rows = paddle.arange(batch, dtype="int64")
+        last = paddle.full([batch], m.bos_id, dtype="int64")
+        ended = paddle.zeros([batch], dtype="bool")
         steps, max_steps = paddle.zeros([], dtype="int64"), limits.max()
+        row_steps = paddle.zeros([], dtype="int64")
         going = steps < max_steps
         while going:
-            logp, self_k, self_v = m.decode_step(tokens[:, -1:], src_len, self_k, self_v,
+            if self.shrink:  # Python-level: traced once
+                if ended.any():  # a cond op: gather only after a row ended
+                    (rows, last, src_len, limits), (self_k, self_v, cross_k, cross_v) = \
+                        _drop_ended(ended, (rows, last, src_len, limits),
+                                    (self_k, self_v, cross_k, cross_v))
+                    ended = paddle.zeros_like(rows).astype("bool")
+            logp, self_k, self_v = m.decode_step(last.unsqueeze(1), src_len, self_k, self_v,
                                                  cross_k, cross_v)
             steps = steps + 1
-            nxt = paddle.where(limits <= steps, eos, logp.argmax(axis=-1))  # at its limit: end
-            nxt = paddle.where(finished, pad, nxt)
-            tokens = paddle.concat([tokens, nxt.unsqueeze(1)], axis=1)
-            finished = paddle.logical_or(finished, nxt == m.eos_id)
-            going = paddle.logical_and(steps < max_steps, paddle.logical_not(finished.all()))
-        return tokens[:, 1:]
+            row_steps = row_steps + paddle.shape(last)[0].astype("int64")
+            nxt = logp.argmax(axis=-1)
+            nxt = paddle.where(limits <= steps, paddle.full_like(nxt, m.eos_id), nxt)
+            nxt = paddle.where(ended, paddle.full_like(nxt, m.pad_id), nxt)  # none if shrunk
+            tokens = paddle.concat([tokens, paddle.scatter(pad, rows, nxt).unsqueeze(1)], axis=1)
+            ended = paddle.logical_or(ended, nxt == m.eos_id)
+            last = nxt
+            going = paddle.logical_and(steps < max_steps, paddle.logical_not(ended.all()))
+        return tokens[:, 1:], row_steps
 
     @staticmethod
     def input_spec():

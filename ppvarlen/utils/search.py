@@ -8,8 +8,12 @@ needs just onnxruntime.  It reproduces ``Seq2SeqTransformer.greedy_decode`` step
   masked inside the step; see ``Seq2SeqTransformer.init_cache``);
 * each step feeds the previous token of every row ([B, 1], BOS first) and takes the argmax
   (first index on ties, as Paddle's argmax);
-* a row at its own limit is forced to emit EOS; a row that emitted EOS is finished and what it
-  emits later is never read; the loop stops as soon as every row is finished.
+* a row at its own limit is forced to emit EOS; a row that emitted EOS is finished and leaves
+  the batch: the next step runs on the rows still decoding only (their caches, source lengths
+  and limits gathered), as CTranslate2 does; the loop stops as soon as every row is finished.
+  Each row's computation does not depend on the other rows of its batch, so the outputs are
+  the ones the full batch gives (``shrink=False`` keeps every row stepping to the end: the
+  reference the shrinking loop is tested and benchmarked against).
 
 Limits (EOS included): ``min(floor(max_len_a * src_len) + max_len_b, max_position)``, computed
 in float32 like the model's ``length_limits`` so both agree for every source length.
@@ -40,13 +44,14 @@ def strip_eos(tokens, eos_id):
     return out
 
 
-def greedy_search(run_encoder, run_step, src_ids, src_len, bos_id, eos_id, limits):
+def greedy_search(run_encoder, run_step, src_ids, src_len, bos_id, eos_id, limits, shrink=True):
     """Greedy outputs (lists of ids without BOS/EOS), one per source row, in input order.
 
     ``run_encoder(src_ids, src_len) -> (cross_k, cross_v)`` [layers, B, heads, S, head_dim];
-    ``run_step(tokens [B, 1], src_len, self_k, self_v, cross_k, cross_v) -> (logp [B, V],
-    self_k, self_v)`` with the self cache one slot longer than given.  ``limits`` [B] from
-    ``length_limits``.  All arrays are numpy; ids and lengths int64.
+    ``run_step(tokens [b, 1], src_len, self_k, self_v, cross_k, cross_v) -> (logp [b, V],
+    self_k, self_v)`` with the self cache one slot longer than given; b is the number of rows
+    still decoding (all B with ``shrink=False``).  ``limits`` [B] from ``length_limits``.  All
+    arrays are numpy; ids and lengths int64.
     """
     src_ids = np.asarray(src_ids, dtype=np.int64)
     src_len = np.asarray(src_len, dtype=np.int64)
@@ -62,14 +67,25 @@ def greedy_search(run_encoder, run_step, src_ids, src_len, bos_id, eos_id, limit
     cross_k, cross_v = run_encoder(src_ids, src_len)
     self_k = np.zeros(cross_k.shape[:3] + (1,) + cross_k.shape[4:], dtype=cross_k.dtype)
     self_v = self_k
-    tokens = np.full((batch, 1), bos_id, dtype=np.int64)
+    steps = int(limits.max())
+    # generated ids by source row; a row's first EOS ends it (what follows is never read)
+    out = np.full((batch, steps), eos_id, dtype=np.int64)
+    rows = np.arange(batch)  # the source row of each row in the decoding batch
+    last = np.full((batch, 1), bos_id, dtype=np.int64)
     finished = np.zeros(batch, dtype=bool)
-    for t in range(int(limits.max())):
-        logp, self_k, self_v = run_step(tokens[:, -1:], src_len, self_k, self_v, cross_k, cross_v)
+    for t in range(steps):
+        logp, self_k, self_v = run_step(last, src_len, self_k, self_v, cross_k, cross_v)
         nxt = np.asarray(logp).argmax(axis=-1).astype(np.int64)
         nxt[limits <= t + 1] = eos_id  # a row at its own limit ends now
-        tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
+        out[rows, t] = nxt
         finished |= nxt == eos_id
         if finished.all():
-            break
-    return strip_eos(tokens[:, 1:], eos_id)
+            return strip_eos(out[:, :t + 1], eos_id)
+        last = nxt[:, None]
+        if shrink and finished.any():
+            keep = np.flatnonzero(~finished)
+            rows, last, src_len, limits, finished = (
+                a[keep] for a in (rows, last, src_len, limits, finished))
+            self_k, self_v, cross_k, cross_v = (
+                np.take(a, keep, axis=1) for a in (self_k, self_v, cross_k, cross_v))
+    return strip_eos(out, eos_id)

@@ -15,35 +15,45 @@ LAYERS, HEADS, HEAD_DIM = 2, 3, 4
 
 
 class ScriptedModel:
-    """Row i wants to emit ``script[i]`` then EOS; counts steps and checks the cache shapes."""
+    """Row i (source length i + 1) wants to emit ``script[i]`` then EOS; counts steps and rows
+    stepped, and checks that the cache rows it is given belong to the rows it is asked about."""
 
     def __init__(self, scripts):
-        self.scripts, self.steps, self.fed = scripts, 0, []
+        self.scripts, self.steps, self.row_steps, self.fed = scripts, 0, 0, []
 
     def encoder(self, src_ids, src_len):
         shape = (LAYERS, src_ids.shape[0], HEADS, src_ids.shape[1], HEAD_DIM)
-        return np.ones(shape, np.float32), np.ones(shape, np.float32) * 2
+        row = src_len.astype(np.float32).reshape(1, -1, 1, 1, 1)
+        return np.ones(shape, np.float32) * row, np.ones(shape, np.float32) * 2 * row
 
     def step(self, tokens, src_len, self_k, self_v, cross_k, cross_v):
         batch = tokens.shape[0]
         assert tokens.shape == (batch, 1) and tokens.dtype == np.int64
         assert self_k.shape == (LAYERS, batch, HEADS, 1 + self.steps, HEAD_DIM)
+        row = src_len.astype(np.float32)
+        np.testing.assert_array_equal(cross_k[0, :, 0, 0, 0], row)
+        np.testing.assert_array_equal(cross_v[0, :, 0, 0, 0], 2 * row)
+        np.testing.assert_array_equal(self_k[0, :, 0, 1:, 0], np.repeat(row[:, None],
+                                                                        self.steps, 1))
         self.fed.append(tokens[:, 0].copy())
         t = self.steps
         logp = np.full((batch, VOCAB), -5.0, np.float32)
-        for i, script in enumerate(self.scripts):
+        for i, n in enumerate(src_len):
+            script = self.scripts[n - 1]
             want = script[t] if t < len(script) else EOS
             logp[i, want] = -0.1
         self.steps += 1
-        grow = np.zeros((LAYERS, batch, HEADS, 1, HEAD_DIM), np.float32)
+        self.row_steps += batch
+        grow = np.ones((LAYERS, batch, HEADS, 1, HEAD_DIM), np.float32) * row.reshape(1, -1, 1,
+                                                                                     1, 1)
         return logp, np.concatenate([self_k, grow], 3), np.concatenate([self_v, grow], 3)
 
 
-def run(scripts, limits):
+def run(scripts, limits, shrink=True):
     model = ScriptedModel(scripts)
-    src = np.full((len(scripts), 3), 7, np.int64)
-    out = greedy_search(model.encoder, model.step, src, np.full(len(scripts), 3, np.int64),
-                        BOS, EOS, np.asarray(limits, np.int64))
+    src = np.full((len(scripts), len(scripts)), 7, np.int64)
+    out = greedy_search(model.encoder, model.step, src, np.arange(1, len(scripts) + 1),
+                        BOS, EOS, np.asarray(limits, np.int64), shrink=shrink)
     return out, model
 
 
@@ -54,8 +64,18 @@ def test_rows_stop_at_their_own_eos_and_the_loop_exits_early():
     assert model.steps == 5  # longest row: 4 tokens + EOS, not the limit of 50
     # each step feeds the previous step's argmax (BOS first)
     assert model.fed[0].tolist() == [BOS] * 3
+    assert model.fed[1].tolist() == [6, 8]  # row 2 ended with EOS at step 1: it left the batch
+    assert model.fed[2].tolist() == [7, 9]
+    assert model.fed[3].tolist() == [10]  # row 0 ended at step 2
+    assert model.row_steps == 3 + 2 + 2 + 1 + 1
+
+
+def test_without_shrink_every_row_steps_to_the_end():
+    scripts = [[6, 7], [8, 9, 10, 11], []]
+    out, model = run(scripts, [50, 50, 50], shrink=False)
+    assert out == scripts
+    assert model.steps == 5 and model.row_steps == 3 * 5
     assert model.fed[1].tolist() == [6, 8, EOS]
-    assert model.fed[2].tolist() == [7, 9, EOS]
 
 
 def test_a_row_at_its_limit_is_forced_to_end():
