@@ -70,9 +70,13 @@ setup(
         "httpx",
         "prometheus-client>=0.17",  # GET /metrics (ppvarlen/serve/prom.py)
         # the Open Inference Protocol over gRPC: the protocol's .proto files as Triton compiles
-        # them (tritonclient.grpc's service_pb2 / model_config_pb2) and grpcio's server
-        "tritonclient[grpc]>=2.40",
+        # them (tritonclient.grpc's service_pb2 / model_config_pb2) and grpcio's server; [http]
+        # too, so docs/SERVING.md's tritonclient.http example runs on this install
+        "tritonclient[grpc,http]>=2.40",
         "grpcio>=1.60",
+        # grpc.health.v1.Health on the gRPC port (Kubernetes gRPC probes); 1.77+ needs protobuf 7,
+        # which tritonclient's compiled messages do not take
+        "grpcio-health-checking>=1.60,<1.77",
     ],
     extras_require={
         # Ray Data batch inference and Ray Serve (ppvarlen.integrations, deploy/ray/);
@@ -85,7 +89,12 @@ setup(
                  "mutmut>=3.3,<4", "hypothesis>=6", "scikit-learn", "seqeval",
                  "schemathesis>=4.30,<5", "tritonclient[http,grpc]>=2.40",
                  # the official client of the OpenAI API, against /v1/embeddings
-                 "openai>=1.40", *PARQUET, *RAY, *DOCS],
+                 "openai>=1.40",
+                 # the ecosystem's clients in tests/serve/conformance: KServe's REST and gRPC
+                 # clients (kserve pins pandas<3, psutil<6, python-dateutil<3) and LangChain's
+                 # OpenAIEmbeddings
+                 "kserve>=0.21,<0.22", "langchain-openai>=1.0",
+                 *PARQUET, *RAY, *DOCS],
         "docs": DOCS,
         # ppvarlen-infer's Parquet embedding output (and Parquet corpus input)
         "parquet": PARQUET,

@@ -544,21 +544,32 @@ def main_serve(argv=None):
     parser.add_argument("--precision", choices=PRECISION_CHOICES, default=None,
                         help="the same as -o Deploy.precision=P (default: Deploy.precision, "
                         "auto: the fastest verified precision, timed on this host at load)")
+    parser.add_argument("--model-name", default=None, metavar="NAME",
+                        help="the same as -o Deploy.model_name=NAME: the name --model-dir is "
+                        "served under (/v2/models/NAME, the OpenAI model id; default: the "
+                        "manifest's model_name)")
     parser.add_argument("-o", "--override", action="append", default=[], metavar="Deploy.KEY=V",
                         help="override a Deploy setting, e.g. -o Deploy.max_wait_ms=2")
     return _run(parser, argv, _serve)
 
 
+def _flag_override(overrides, flag, key, value):
+    """A flag that means ``-o key=value``, added to ``overrides``; ConfigError when an
+    ``-o`` of the same key says otherwise."""
+    if value is None:
+        return
+    given = {o.partition("=")[2].strip() for o in overrides if o.partition("=")[0].strip() == key}
+    if given - {value}:
+        raise ConfigError(f"{flag} {value} and -o {key}={sorted(given)[0]} disagree; give one "
+                          f"of them")
+    overrides.append(f"{key}={value}")
+
+
 def _serve(args):
     setup_logging()
     overrides = list(args.override)
-    if args.precision is not None:
-        given = {o.partition("=")[2].strip() for o in overrides
-                 if o.partition("=")[0].strip() == "Deploy.precision"}
-        if given - {args.precision}:
-            raise ConfigError(f"--precision {args.precision} and -o Deploy.precision="
-                              f"{sorted(given)[0]} disagree; give one of them")
-        overrides.append(f"Deploy.precision={args.precision}")
+    _flag_override(overrides, "--precision", "Deploy.precision", args.precision)
+    _flag_override(overrides, "--model-name", "Deploy.model_name", args.model_name)
     cfg = _deploy_overrides(overrides, "serve")
     from .serve.server import serve
 

@@ -275,6 +275,11 @@ SCHEMA = {
         "host": Field(str, "127.0.0.1", help="address the server binds (0.0.0.0 to accept "
                       "other machines)"),
         "port": Field(int, 8080, help="the server's TCP port"),
+        "model_name": Field(str, None, help="the name a single export (--model-dir) is served "
+                            "under: the OIP paths' /v2/models/NAME, the OpenAI model id, "
+                            "X-Model-Name; letters, digits, '_', '.', '-'; null = the "
+                            "manifest's model_name (the architecture, e.g. transformer_cls). A "
+                            "repository's names are its directories"),
         "grpc_port": Field(int, None, help="also serve the Open Inference Protocol over gRPC "
                            "(inference.GRPCInferenceService, as Triton and KServe) on this port "
                            "of Deploy.host; 0 = a free port (logged); null = no gRPC"),

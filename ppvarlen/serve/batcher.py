@@ -120,6 +120,10 @@ class BatcherClosed(RuntimeError):
     """The batcher is shutting down and accepts no new work."""
 
 
+class DeadlineExpired(RuntimeError):
+    """A text's deadline passed while it waited in the queue (it never ran)."""
+
+
 class Answered:
     """An answer delivered to an event loop: the result and its timings (seconds)."""
 
@@ -130,12 +134,13 @@ class Answered:
 
 
 class _Job:
-    __slots__ = ("item", "length", "future", "enqueued", "loop", "taken")
+    __slots__ = ("item", "length", "future", "enqueued", "loop", "taken", "deadline")
 
-    def __init__(self, item, length, loop=None):
+    def __init__(self, item, length, loop=None, deadline=None):
         self.item = item
         self.length = length
         self.loop = loop
+        self.deadline = deadline  # time.monotonic() after which it is refused unrun; None: never
         self.taken = False  # out of the queue: in a batch, or dropped
         # an asyncio future of ``loop`` (created in its thread: submit runs there), else a
         # thread-safe one
@@ -182,6 +187,7 @@ class DynamicBatcher:
         self.queue_size = queue_size
         self._pending = []  # FIFO of _Job
         self._pending_tokens = 0  # their lengths' sum
+        self._with_deadline = 0  # how many of them have a deadline
         self._cond = threading.Condition()
         self._closed = False
         self._predictors = list(predictors)
@@ -195,13 +201,14 @@ class DynamicBatcher:
             t.start()
 
     # ------------------------------------------------------------ callers
-    def submit(self, items, loop=None):
+    def submit(self, items, loop=None, deadline=None):
         """Queue all ``items`` (or none: raises QueueFull) and return one future each: with
         ``loop`` (the running event loop; call from its thread) asyncio futures resolving to
         ``Answered``, resolved a batch at a time in one callback on the loop (one wake-up
         per batch, not per text); else ``concurrent.futures.Future`` resolving to the
-        result."""
-        jobs = [_Job(it, int(it.num_tokens), loop) for it in items]
+        result.  ``deadline`` (a ``time.monotonic()``): a text still queued then is not run;
+        its future gets ``DeadlineExpired``."""
+        jobs = [_Job(it, int(it.num_tokens), loop, deadline) for it in items]
         with self._cond:
             if self._closed:
                 raise BatcherClosed("server is shutting down")
@@ -211,6 +218,8 @@ class DynamicBatcher:
             was_empty = not self._pending
             self._pending.extend(jobs)
             self._pending_tokens += sum(j.length for j in jobs)
+            if deadline is not None:
+                self._with_deadline += len(jobs)
             # a waiting worker's deadline is the oldest text's, which these do not change:
             # wake it only when the queue was empty (no deadline yet) or is ready now
             if was_empty or self._ready(time.monotonic()):
@@ -251,6 +260,7 @@ class DynamicBatcher:
             self._closed = True
             if not drain:
                 dropped, self._pending, self._pending_tokens = self._pending, [], 0
+                self._with_deadline = 0
                 for j in dropped:
                     j.taken = True
                 self._deliver(dropped, [BatcherClosed("server shut down before this text ran")]
@@ -294,12 +304,26 @@ class DynamicBatcher:
             j.taken = True
         self._pending = [j for j in self._pending if not j.taken]
         self._pending_tokens -= sum(j.length for j in batch)
+        self._with_deadline -= sum(j.deadline is not None for j in batch)
         return True
+
+    def _expire(self, now):
+        """Under the lock: refuse the queued texts whose deadline has passed (DeadlineExpired)
+        -> the earliest deadline still pending, or None."""
+        if not self._with_deadline:
+            return None
+        expired = [j for j in self._pending if j.deadline is not None and j.deadline <= now]
+        if expired:
+            self._take(expired)
+            self._deliver(expired, [DeadlineExpired("its deadline passed in the queue")]
+                          * len(expired), now, 0.0)
+        return min((j.deadline for j in self._pending if j.deadline is not None), default=None)
 
     def _work(self, predictor):
         while True:
             with self._cond:
                 while True:
+                    next_deadline = self._expire(time.monotonic())
                     ready = self._pending and self._ready(time.monotonic())
                     if ready:
                         break
@@ -307,8 +331,10 @@ class DynamicBatcher:
                         return
                     timeout = None
                     if self._pending:
-                        timeout = max(0.0, self._pending[0].enqueued + self.max_wait
-                                      - time.monotonic())
+                        wake = self._pending[0].enqueued + self.max_wait
+                        if next_deadline is not None:
+                            wake = min(wake, next_deadline)
+                        timeout = max(0.0, wake - time.monotonic())
                     self._cond.wait(timeout)
                 considered = self._pending[:PLAN_WINDOW]
             batch = self._plan(considered)

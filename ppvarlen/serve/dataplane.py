@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 
-from ppvarlen.config import load_config
+from ppvarlen.config import ConfigError, load_config
 from ppvarlen.data.errors import DataError
 from ppvarlen.utils.log import get_logger
 
@@ -23,7 +23,7 @@ from ppvarlen.runtime.manifest import UnservableExportError
 from ppvarlen.runtime.predictor import NonFiniteOutput
 from ppvarlen.serve import errors
 from ppvarlen.serve.errors import shown
-from ppvarlen.serve.batcher import BatcherClosed, QueueFull
+from ppvarlen.serve.batcher import BatcherClosed, DeadlineExpired, QueueFull
 from ppvarlen.serve.prom import ServerMetrics
 from ppvarlen.serve.repository import (VERSION_NAME, LiveVersions, NotServed, Repository,
                                        ServedModel, SeveralModels)
@@ -37,10 +37,25 @@ def deploy_settings(**keys):
     return load_config(data={"Deploy": keys}).Deploy
 
 
-def model_name_of(predictor):
-    """The name OIP paths use for a single export: the manifest's model_name if path-safe."""
+SERVED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}", re.ASCII)
+
+
+def model_name_of(predictor, deploy=None):
+    """The name OIP paths use for a single export: ``Deploy.model_name`` when set, else the
+    manifest's model_name if path-safe."""
+    chosen = getattr(deploy, "model_name", None)
+    if chosen is not None:
+        return served_name(chosen)
     name = predictor.manifest.get("model_name") or "model"
-    return name if re.fullmatch(r"[A-Za-z0-9_.-]+", name) else "model"
+    return name if SERVED_NAME.fullmatch(name) else "model"
+
+
+def served_name(name):
+    """``Deploy.model_name`` if it can be a path segment; ConfigError naming the key else."""
+    if not SERVED_NAME.fullmatch(name):
+        raise ConfigError(f"Deploy.model_name {shown(name)}: 1-128 letters, digits, '_', '.' "
+                          f"or '-' (it is a URL path segment: /v2/models/NAME)")
+    return name
 
 
 def max_text_chars(predictor, deploy):
@@ -67,15 +82,17 @@ class Call:
     """What a protocol's codec read of one inference request: the ``items`` (the task's request
     items), the model ``name`` and ``version`` asked for (None: the only model, the newest
     version), the ``long_text`` policy asked for (None: the export's), ``where`` (how an error
-    names the items: ``texts``, ``inputs[0].data``) and ``context``, the codec's own (what it
-    needs again to render the answer: an id, the outputs wanted)."""
+    names the items: ``texts``, ``inputs[0].data``), ``context``, the codec's own (what it
+    needs again to render the answer: an id, the outputs wanted) and ``timeout_s``, how long
+    its texts may wait in the queue (None: as long as it takes; the OIP's ``timeout``)."""
 
-    __slots__ = ("items", "name", "version", "long_text", "where", "context")
+    __slots__ = ("items", "name", "version", "long_text", "where", "context", "timeout_s")
 
     def __init__(self, items, name=None, version=None, long_text=None, where="texts",
-                 context=None):
+                 context=None, timeout_s=None):
         self.items, self.name, self.version = items, name, version
         self.long_text, self.where, self.context = long_text, where, context
+        self.timeout_s = timeout_s
 
 
 class Outcome:
@@ -126,7 +143,7 @@ class DataPlane:
             await asyncio.to_thread(self.repository.load_all)
             self.repository.start_polling()
             return
-        model = ServedModel(model_name_of(self.predictor), "1", self.predictor)
+        model = ServedModel(model_name_of(self.predictor, self.deploy), "1", self.predictor)
         await asyncio.to_thread(model.start, self.deploy, self.metrics, self.registry.callers)
         self.registry.add(model)
         self.metrics.mark_loaded(model)
@@ -166,12 +183,32 @@ class DataPlane:
             raise _not_served(e) from None
 
     def ready(self):
-        """Whether the server takes inference requests (not draining, a model loaded)."""
-        return not self.draining and bool(self.registry.names())
+        """Whether the server is ready as the Open Inference Protocol defines it: "all the
+        models are ready" -- not draining, a model loaded, every served model's newest version
+        healthy, and no repository model left without a version (refused; unloaded on request
+        does not count)."""
+        names = self.registry.names()
+        if self.draining or not names:
+            return False
+        if any(self.registry.get(n).unhealthy for n in names):
+            return False
+        return self.repository is None or not self.repository.unserved()
 
     def not_ready_reason(self, model):
         """Why ``model`` takes no requests now, or None when it does."""
         return "the server is shutting down" if self.draining else model.unhealthy
+
+    async def unload(self, name):
+        """The repository's model ``name`` out of routing now, its queue drained (requests
+        already queued are answered); it stays unloaded until ``load_newest``.  NoRepository,
+        ModelNotFound when nothing of ``name`` is served."""
+        if self.repository is None:
+            raise errors.NoRepository("this server serves one export (--model-dir), not a "
+                                      "model repository")
+        if not self.registry.versions(name):
+            raise errors.ModelNotFound(f"model {shown(name)} is not loaded; loaded: "
+                                       f"{shown(self.registry.names(), 200)}")
+        await asyncio.to_thread(self.repository.unload, name)
 
     async def load_newest(self, name):
         """The repository's newest version of ``name`` loaded now -> its READY status;
@@ -206,10 +243,40 @@ class DataPlane:
         return answer
 
     async def _run(self, call, started):
-        """Encode ``call.items`` with the chosen version's vocabulary, queue them on its
-        batcher, wait -> ``Outcome``; a failure once queued is counted in the version's
-        statistics."""
-        items, where, long_text = call.items, call.where, call.long_text
+        """``call``'s items -> ``Outcome``.  A request of more items than
+        ``Deploy.max_texts_per_request`` (the OpenAI API allows 2,048) is queued that many at a
+        time, shortest first, one part after the other on the version that answered the first:
+        it holds no more of the queue than any other request, the batcher groups each part
+        within its token budget, and no answer mixes versions."""
+        part_size = self.deploy.max_texts_per_request
+        if len(call.items) <= part_size:
+            return await self._run_part(call, call.items, call.version, started)
+        # by length (an item's text, or the texts of a pair): each part's texts alike in length
+        order = sorted(range(len(call.items)), key=lambda i: len(str(call.items[i])))
+        version, parts = call.version, []
+        for start in range(0, len(order), part_size):
+            positions = order[start:start + part_size]
+            part = await self._run_part(call, [call.items[i] for i in positions], version,
+                                        started, positions)
+            version = part.model.version
+            parts.append(part)
+        results = [None] * len(call.items)
+        for i, result in zip(order, (r for p in parts for r in p.results)):
+            results[i] = result
+        model = parts[0].model
+        return Outcome(model, results, sum(p.truncated for p in parts),
+                       sum(p.split for p in parts), model.task.answer_counts(results),
+                       sum(p.input_s for p in parts), [t for p in parts for t in p.timings])
+
+    async def _run_part(self, call, items, version, started, positions=None):
+        """Encode ``items`` (``call``'s, at ``positions`` in it; None: all, in order) with the
+        chosen version's vocabulary, queue them on its batcher, wait -> ``Outcome``; a failure
+        once queued is counted in the version's statistics."""
+        where, long_text = call.where, call.long_text
+        place = (lambda i: i) if positions is None else positions.__getitem__
+        deadline = None
+        if call.timeout_s is not None:  # from the request's arrival, on the batcher's clock
+            deadline = time.monotonic() - (time.perf_counter() - started) + call.timeout_s
         encoded = {"queued": False}
         callers = self.registry.callers
 
@@ -220,8 +287,8 @@ class DataPlane:
                 try:
                     out.append(p.task.encode_request(p, item, long_text))
                 except DataError as e:
-                    raise errors.InvalidInput(f"{where}[{i}]: {e}", f"{where}[{i}]",
-                                              refused_texts=1) from None
+                    at = f"{where}[{place(i)}]"
+                    raise errors.InvalidInput(f"{at}: {e}", at, refused_texts=1) from None
             encoded["seconds"] = time.perf_counter() - start
             if not encoded["queued"]:  # counted before the submit wakes a worker
                 encoded["queued"] = True
@@ -231,8 +298,9 @@ class DataPlane:
         callers.arrive()
         try:
             try:
-                model, futures = self.registry.submit(encode, call.name, call.version,
-                                                      loop=asyncio.get_running_loop())
+                model, futures = self.registry.submit(encode, call.name, version,
+                                                      loop=asyncio.get_running_loop(),
+                                                      deadline=deadline)
             except NotServed as e:
                 raise _not_served(e) from None
             except QueueFull as e:
@@ -247,13 +315,20 @@ class DataPlane:
         failures = [i for i, r in enumerate(results) if isinstance(r, BaseException)]
         if failures:
             model.stats.observe_failure(time.perf_counter() - started)
+            expired = [i for i in failures if isinstance(results[i], DeadlineExpired)]
+            if expired:
+                raise errors.DeadlineExceeded(
+                    f"request timeout expired: {len(expired)} of its {len(items)} text(s) were "
+                    f"still queued after the {call.timeout_s * 1e6:.0f} microseconds it allowed "
+                    f"(parameters.timeout); retry with a longer timeout or later",
+                    f"{where}[{place(expired[0])}]")
             nonfinite = [i for i in failures if isinstance(results[i], NonFiniteOutput)]
             if nonfinite:
-                self._refuse_nonfinite(model, nonfinite, f"{where}[{nonfinite[0]}]")
+                self._refuse_nonfinite(model, nonfinite, f"{where}[{place(nonfinite[0])}]")
             i = failures[0]
-            log.error("%s[%d] failed: %r", where, i, results[i])
-            raise errors.PredictionFailed(f"prediction failed for {where}[{i}]: "
-                                          f"{type(results[i]).__name__}", f"{where}[{i}]")
+            log.error("%s[%d] failed: %r", where, place(i), results[i])
+            raise errors.PredictionFailed(f"prediction failed for {where}[{place(i)}]: "
+                                          f"{type(results[i]).__name__}", f"{where}[{place(i)}]")
         truncated = sum(bool(r.get("truncated")) for r in results)
         split = sum(r.get("pieces", 1) > 1 for r in results)
         return Outcome(model, results, truncated, split, model.task.answer_counts(results),

@@ -35,6 +35,10 @@ class InvalidInput(ServeError):
     """A well-formed request whose fields (or one of whose items) this model cannot take."""
 
 
+class UnsupportedEncoding(ServeError):
+    """A body in a Content-Encoding the server does not decode (it decodes gzip and deflate)."""
+
+
 class BodyTooLarge(ServeError):
     """The request is larger than ``Deploy.max_body_bytes``."""
 
@@ -45,6 +49,14 @@ class Unauthenticated(ServeError):
 
 class ModelNotFound(ServeError):
     """No ready model or version answers to the name (the message says what is served)."""
+
+
+class NoSuchRoute(ServeError):
+    """A path no route of the server answers."""
+
+
+class MethodNotAllowed(ServeError):
+    """A route asked with a method it does not have."""
 
 
 class AmbiguousModel(ServeError):
@@ -69,6 +81,11 @@ class Overloaded(ServeError):
     """The version's queue is full."""
 
     retry = True
+
+
+class DeadlineExceeded(ServeError):
+    """The request's own timeout passed while its texts waited in the queue (Triton: "Request
+    timeout expired")."""
 
 
 class ModelNotReady(ServeError):

@@ -107,11 +107,11 @@ class ServedModel:
         if batcher is not None:
             batcher.stop_waiting()
 
-    def submit(self, items, loop=None):
+    def submit(self, items, loop=None, deadline=None):
         batcher = self.batcher
         if batcher is None:
             raise BatcherClosed(f"model {self.name} version {self.version} is unloaded")
-        return batcher.submit(items, loop)
+        return batcher.submit(items, loop, deadline)
 
     def close(self, timeout):
         """Drain the queue, stop the workers, drop the engines; True when drained in time."""
@@ -226,9 +226,9 @@ class LiveVersions:
                                 f"ready versions: {sorted(versions, key=int)}")
             return versions[str(version)]
 
-    def submit(self, encode, name=None, version=None, attempts=5, loop=None):
+    def submit(self, encode, name=None, version=None, attempts=5, loop=None, deadline=None):
         """Pick a version, ``encode(predictor)`` the texts, queue them -> (model, futures)
-        (``loop``: see ``DynamicBatcher.submit``).
+        (``loop``, ``deadline``: see ``DynamicBatcher.submit``).
 
         A version withdrawn between the pick and the submit refuses it; pick again (the
         version that replaced it is ready by then).  ``encode`` may raise (bad texts)."""
@@ -238,7 +238,7 @@ class LiveVersions:
             try:
                 if predictor is None:
                     raise BatcherClosed(f"model {model.name} version {model.version} is unloaded")
-                return model, model.submit(encode(predictor), loop)
+                return model, model.submit(encode(predictor), loop, deadline)
             except BatcherClosed:
                 if version is not None or attempt == attempts - 1:
                     raise
@@ -329,6 +329,7 @@ class Repository:
         self.allow_external_symlinks = deploy.allow_external_symlinks
         self._refused = {}  # (name, version) -> content_fingerprint when refused
         self._loaded = {}  # (name, version) -> (path, content_fingerprint) it was loaded from
+        self._unloaded = set()  # names unloaded on request: the poller leaves them so
         self._lock = threading.Lock()  # one load at a time
         self._stop = threading.Event()
         self._thread = None
@@ -348,6 +349,11 @@ class Repository:
         version refused before is examined again when its files changed since, and the newest
         one always when ``retry_newest`` (the load endpoint; not the poller)."""
         with self._lock:
+            if retry_newest:  # a load asked for it: no longer unloaded on request
+                self._unloaded.discard(name)
+            elif name in self._unloaded:
+                return {"name": name, "version": "", "state": "UNAVAILABLE",
+                        "reason": "unloaded on request"}
             self._check_served(name)
             versions = scan(self.root).get(name)
             if not versions:
@@ -455,15 +461,35 @@ class Repository:
     def _retire_older(self, name, version):
         for old in self.registry.versions(name):
             if int(old) < int(version):
-                model = self.registry.get(name, old)
-                self.registry.withdraw(model)
-                self._loaded.pop((name, old), None)  # new requests go to `version` from now on
-                drained = model.close(self.deploy.drain_timeout_s)
-                if self.metrics is not None:
-                    self.metrics.mark_unloaded(model)
-                log.info("model %s version %s unloaded (%s)", name, old,
-                         "queue drained" if drained else "NOT drained before the timeout")
+                self._retire(name, old)  # new requests go to `version` from now on
         release_memory()
+
+    def _retire(self, name, version):
+        """Take one version out of routing, then answer what its queue holds and unload it."""
+        model = self.registry.get(name, version)
+        self.registry.withdraw(model)
+        self._loaded.pop((name, version), None)
+        drained = model.close(self.deploy.drain_timeout_s)
+        if self.metrics is not None:
+            self.metrics.mark_unloaded(model)
+        log.info("model %s version %s unloaded (%s)", name, version,
+                 "queue drained" if drained else "NOT drained before the timeout")
+
+    def unload(self, name):
+        """Every served version of ``name`` unloaded (queues drained); the poller leaves the
+        model unloaded until ``refresh(name)`` with ``retry_newest`` (the load endpoint)."""
+        with self._lock:
+            self._unloaded.add(name)
+            for version in self.registry.versions(name):
+                self._retire(name, version)
+        release_memory()
+
+    def unserved(self):
+        """Models of the repository with no version serving that were not unloaded on
+        request (every version refused): the server is not ready while there are any."""
+        seen = {e["name"] for e in self.registry.index()
+                if os.path.isdir(os.path.join(self.root, e["name"]))}  # removed: not a model
+        return sorted(seen - set(self.registry.names()) - self._unloaded)
 
     # ------------------------------------------------------------ polling
     def start_polling(self):

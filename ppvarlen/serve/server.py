@@ -29,13 +29,15 @@ from ppvarlen.runtime.backends import import_runtime
 from ppvarlen.runtime.precision_choice import load_admitted
 from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.serve.dataplane import (DataPlane, deploy_settings, max_text_chars,  # noqa: F401
-                                      model_name_of)
+                                      model_name_of, served_name)
 from ppvarlen.serve.errors import ServeError
 from ppvarlen.serve.grpc.service import GrpcServer
 from ppvarlen.serve.http.connections import uvicorn_config
+from ppvarlen.serve.http import fallback
 from ppvarlen.serve.http.direct import DirectRoutes, ServingApp, error_response
 from ppvarlen.serve.http.edge import AnswerErrors, RequireToken, read_token
-from ppvarlen.serve.protocols import PROTOCOLS, edge_render, gathered, render_checks
+from ppvarlen.serve.protocols import (PROTOCOLS, edge_render, gathered, render_checks,
+                                      route_render)
 
 log = get_logger("serve.server")
 
@@ -92,6 +94,7 @@ def create_app(predictor=None, deploy=None, repository=None, load_predictor=None
         path = getattr(request.scope.get("route"), "path", None)
         return error_response(plane, renderers.get(path, PROTOCOLS[0].render_error), exc)
 
+    fallback.install(app, route_render)  # no such route, wrong method: the path's protocol's form
     app.openapi = functools.partial(_openapi, app, plane)
     app.state.app_state = plane
     app.state.registry = plane.registry
@@ -137,8 +140,14 @@ def app_from_config(export_dir, deploy_cfg, backend=None, repository=None, grpc_
     load = functools.partial(load_admitted, engine, requested=deploy_cfg.precision,
                              device=deploy_cfg.device, renderers=render_checks())
     if repository is not None:
+        if deploy_cfg.model_name is not None:
+            raise ConfigError(f"Deploy.model_name {deploy_cfg.model_name!r} names a single "
+                              f"export; a repository's models are named by their directories "
+                              f"(NAME/VERSION/); leave it out with --model-repository")
         return create_app(repository=repository, load_predictor=load, deploy=deploy_cfg,
                           auth_token=token, grpc_port=grpc_port)
+    if deploy_cfg.model_name is not None:
+        served_name(deploy_cfg.model_name)  # before the export loads
     # the check a repository runs before a version takes traffic; one export has no fallback
     predictor = load(export_dir)
     log.info("export %s admitted in %s: %s", export_dir, predictor.precision,

@@ -16,7 +16,7 @@ from test_server import RunningServer
 
 from ppvarlen.serve.grpc.front import Relay
 from ppvarlen.serve.grpc.service import front_end_command
-from ppvarlen.serve.protocols.oip.grpc import METHOD_NAMES, METHODS, SERVICE
+from ppvarlen.serve.protocols.oip.grpc import METHOD_PATHS, METHODS, SERVICE
 from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.serve.grpc.frames import CALL, HELLO, MAX_CALL_ID, FrameReader, call_frame
 from ppvarlen.serve.server import create_app, deploy_settings
@@ -74,7 +74,7 @@ def test_the_front_end_is_restarted_when_killed_and_stops_with_the_server(cls_ex
 def _front_end(port, max_calls=4):
     ours, theirs = socket.socketpair()
     proc = subprocess.Popen(front_end_command(theirs.fileno(), "127.0.0.1", port, 8192, 8192,
-                                              max_calls, SERVICE, METHOD_NAMES),
+                                              max_calls, METHOD_PATHS),
                             pass_fds=(theirs.fileno(),))
     theirs.close()
     hello = []
@@ -114,9 +114,12 @@ def test_a_port_the_front_end_cannot_bind_is_refused_naming_it():
         taken.close()
 
 
-@pytest.mark.parametrize("method", METHOD_NAMES)
-def test_every_relayed_method_has_a_request_message(method):
-    assert METHODS[method].DESCRIPTOR.full_name == f"inference.{method}Request"
+@pytest.mark.parametrize("path", METHOD_PATHS)
+def test_every_relayed_method_has_its_services_request_message(path):
+    service, method = path.split("/")
+    package = service.rpartition(".")[0]
+    expected = "HealthCheckRequest" if service == "grpc.health.v1.Health" else f"{method}Request"
+    assert METHODS[method].DESCRIPTOR.full_name == f"{package}.{expected}"
 
 
 def test_call_ids_wrap_within_the_frames_32_bits():

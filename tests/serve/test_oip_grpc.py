@@ -99,7 +99,7 @@ def test_grpc_health_metadata_and_model_config(served):
     assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [("text", "BYTES", [-1])]
     assert [t.name for t in meta.outputs] == OUTPUTS["classification"]
     assert all(t.datatype == DATATYPES[t.name] for t in meta.outputs)
-    assert list(meta.versions) == ["1"] and meta.platform == "ppvarlen_onnx"
+    assert list(meta.versions) == ["1"] and meta.platform == "onnx_onnxv1"
     rest = httpx.get(f"{served.url}/v2/models/{served.name}").json()
     assert json_format.ParseDict(rest, service_pb2.ModelMetadataResponse()) == meta
 

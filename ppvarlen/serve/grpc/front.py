@@ -77,12 +77,18 @@ class Relay(FramedProtocol):
         return body
 
 
-def _handlers(relay, methods):
+def _handlers(relay, paths):
+    """One generic handler per service of ``paths`` ("service/method", in frame order)."""
     def handler(index):
         async def relayed(request, context):
             return await relay.call(index, request, context)
         return grpc.unary_unary_rpc_method_handler(relayed)  # no serialisers: bytes both ways
-    return {name: handler(index) for index, name in enumerate(methods)}
+    services = {}
+    for index, path in enumerate(paths):
+        service, method = path.split("/")
+        services.setdefault(service, {})[method] = handler(index)
+    return tuple(grpc.method_handlers_generic_handler(service, methods)
+                 for service, methods in services.items())
 
 
 async def serve(args):
@@ -94,8 +100,7 @@ async def serve(args):
                ("grpc.max_send_message_length", args.max_send),
                ("grpc.so_reuseport", 0)]
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=args.max_calls)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        args.service, _handlers(relay, args.methods.split(","))),))
+    server.add_generic_rpc_handlers(_handlers(relay, args.methods.split(",")))
     address = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
     try:
         bound = server.add_insecure_port(address)
@@ -118,8 +123,8 @@ def main(argv=None):
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--host", required=True)
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--service", required=True)
-    parser.add_argument("--methods", required=True, help="comma-separated, in frame order")
+    parser.add_argument("--methods", required=True,
+                        help="comma-separated service/method names, in frame order")
     parser.add_argument("--max-receive", type=int, required=True)
     parser.add_argument("--max-send", type=int, required=True)
     parser.add_argument("--max-calls", type=int, required=True)

@@ -59,11 +59,11 @@ class _ServerEnd(FramedProtocol):
             self.transport.write(answer_frame(call_id, code.value[0], out))
 
 
-def front_end_command(fd, host, port, max_receive, max_send, max_calls, service, methods):
+def front_end_command(fd, host, port, max_receive, max_send, max_calls, paths):
     """The command that starts the front end on its end ``fd`` of the socket pair, serving
-    the gRPC service named ``service`` with ``methods`` (their names, in code order)."""
+    the methods ``paths`` ("service/method", in code order)."""
     return [sys.executable, "-m", "ppvarlen.serve.grpc.front", "--fd", str(fd), "--host", host,
-            "--port", str(port), "--service", service, "--methods", ",".join(methods),
+            "--port", str(port), "--methods", ",".join(paths),
             "--max-receive", str(max_receive), "--max-send", str(max_send),
             "--max-calls", str(max_calls)]
 
@@ -111,7 +111,7 @@ class GrpcServer:
         # message reaches ModelInfer, whose 413 names Deploy.max_body_bytes
         command = front_end_command(theirs.fileno(), self.host, self.port, 2 * limit,
                                     max(limit, 64 << 20), deploy.max_connections,
-                                    self.service.name, self.service.method_names)
+                                    self.service.method_paths)
         try:
             self._proc = subprocess.Popen(command, pass_fds=(theirs.fileno(),),
                                           stdin=subprocess.DEVNULL, env=_front_end_env())

@@ -2,6 +2,8 @@
 
 * ``read_body``: an ASGI request's body within ``Deploy.max_body_bytes`` (declared or counted),
   a client that goes away mid-body is one log line (``ClientGone``), not a traceback.
+  A ``Content-Encoding: gzip`` or ``deflate`` body (tritonclient's request compression) is
+  decoded, its decoded size bounded by the same limit (a zip bomb is refused once it passes it).
 * ``parse_json``: strict JSON -> ``MalformedRequest`` naming what is wrong: not UTF-8, nested
   too deep, an integer too long to convert, NaN/Infinity, a lone surrogate (it could not be
   encoded back into an answer); so no route ever holds a value it could not echo.
@@ -17,12 +19,13 @@ import json
 import os
 import re
 import time
+import zlib
 
 from ppvarlen.config import ConfigError
 from ppvarlen.utils.log import get_logger
 
 from ppvarlen.serve.errors import (BodyTooLarge, InternalError, MalformedRequest,
-                                   Unauthenticated, shown)
+                                   Unauthenticated, UnsupportedEncoding, shown)
 
 log = get_logger("serve.server")
 DECIMAL = re.compile(r"[0-9]{1,19}", re.ASCII)  # str.isdigit() also takes '²', int() does not
@@ -66,8 +69,44 @@ async def read_body(scope, receive, limit):
         if size > limit:  # chunked uploads announce no length: count while reading
             raise BodyTooLarge(f"body exceeds {limit} bytes (Deploy.max_body_bytes)", "body")
         if not message.get("more_body", False):
-            return b"".join(chunks + [chunk]) if chunks else chunk
+            body = b"".join(chunks + [chunk]) if chunks else chunk
+            encoding = header(scope, b"content-encoding")
+            return body if encoding is None else decoded(body, encoding, limit)
         chunks.append(chunk)
+
+
+# zlib's window bits for each Content-Encoding: gzip's header, or zlib's (RFC 9110 "deflate")
+ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS,
+             "deflate": zlib.MAX_WBITS}
+
+
+def decoded(body, encoding, limit):
+    """``body`` sent with ``Content-Encoding: encoding`` -> its bytes, at most ``limit``
+    decoded (BodyTooLarge beyond, before more is inflated); UnsupportedEncoding another
+    encoding, MalformedRequest a body that is not what its encoding says."""
+    name = encoding.strip().lower()
+    if name in ("", "identity"):
+        return body
+    if name not in ENCODINGS:
+        raise UnsupportedEncoding(f"Content-Encoding {shown(encoding)}: this server decodes gzip "
+                                  f"and deflate; send one of them or none", "Content-Encoding")
+    inflater = zlib.decompressobj(ENCODINGS[name])
+    try:
+        out = inflater.decompress(body, limit + 1)
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise BodyTooLarge(f"the {name}-decoded body exceeds {limit} bytes "
+                               f"(Deploy.max_body_bytes)", "body")
+        out += inflater.flush()
+    except zlib.error as e:
+        raise MalformedRequest(f"the body is not valid {name} data (Content-Encoding: "
+                               f"{name}): {e}", "Content-Encoding") from None
+    if not inflater.eof:
+        raise MalformedRequest(f"the {name} body ends before its compressed stream does",
+                               "Content-Encoding")
+    if len(out) > limit:
+        raise BodyTooLarge(f"the {name}-decoded body exceeds {limit} bytes "
+                           f"(Deploy.max_body_bytes)", "body")
+    return out
 
 
 def _not_json(constant):

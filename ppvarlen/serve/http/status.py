@@ -4,11 +4,13 @@ from ppvarlen.serve import errors
 
 HTTP_STATUS = {errors.MalformedRequest: 400, errors.Unauthenticated: 401,
                errors.ModelNotFound: 404, errors.NoRepository: 404,
+               errors.NoSuchRoute: 404, errors.MethodNotAllowed: 405,
                errors.AmbiguousModel: 409, errors.LoadRefused: 409,
-               errors.BodyTooLarge: 413, errors.InvalidInput: 422,
+               errors.BodyTooLarge: 413, errors.UnsupportedEncoding: 415,
+               errors.InvalidInput: 422,
                errors.PredictionFailed: 500, errors.InternalError: 500,
                errors.Draining: 503, errors.Overloaded: 503, errors.ModelNotReady: 503,
-               errors.NonFiniteAnswer: 503}
+               errors.NonFiniteAnswer: 503, errors.DeadlineExceeded: 503}
 RETRY_AFTER = {"Retry-After": "1"}
 
 

@@ -6,6 +6,7 @@ inference routes declared on ``direct``, the fast path), ``render_error(error)``
 status, headers, JSON body) of a ``ServeError``, ``add_openapi(doc, plane, model)`` and
 ``render_checks()`` (admission's checks of its answer forms); optionally ``grpc_service(plane,
 auth_token, auth_all_routes)``, ``EDGE_PREFIXES`` (paths whose edge refusals take its form),
+``PATH_PREFIXES`` (paths it owns: a request no route takes there is refused in its form),
 ``OPEN_PATHS`` / ``GUARDED_PREFIXES`` (bearer-token policy), ``EXPOSE_HEADERS`` (CORS).
 Adding a protocol is its folder and one line in ``PROTOCOLS``; the first one is the default
 form of a refusal outside every protocol's paths.
@@ -28,6 +29,16 @@ def edge_render(path, error):
         if path.startswith(getattr(p, "EDGE_PREFIXES", ())):
             return p.render_error(error)
     return PROTOCOLS[0].render_error(error)
+
+
+def route_render(path, error):
+    """(status, headers, body) of a request no route takes (no such path, a wrong method) on
+    ``path``: in the form of the protocol whose ``PATH_PREFIXES`` hold it, as its own routes
+    answer, else as the edge answers there (``edge_render``)."""
+    for p in PROTOCOLS:
+        if path.startswith(getattr(p, "PATH_PREFIXES", ())):
+            return p.render_error(error)
+    return edge_render(path, error)
 
 
 def gathered(name):

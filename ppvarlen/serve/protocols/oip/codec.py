@@ -30,15 +30,18 @@ from ppvarlen.serve.http.edge import header_int
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 HEADER_LENGTH_KEY = HEADER_LENGTH.lower().encode()  # as ASGI headers name it
-EXTENSIONS = ["binary_tensor_data", "parameters", "model_repository", "model_configuration",
-              "statistics"]
+EXTENSIONS = ["binary_tensor_data", "parameters", "model_configuration", "statistics"]
+
+
+def extensions(repository):
+    """The extensions served: ``model_repository`` only with a repository (its routes)."""
+    return EXTENSIONS + (["model_repository"] if repository else [])
 TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT64": "TYPE_INT64",
                 "BOOL": "TYPE_BOOL"}
-# request parameters with a meaning here; the tasks' long-text policies a request may choose
-REQUEST_PARAMETERS = {"long_text", "binary_data_output",
-                      # Triton's gRPC clients send it on every request (streaming models' flag;
-                      # nothing streams here): accepted, without effect
-                      "triton_enable_empty_final_response"}
+# Parameters are free-form key/values in the protocol (a string, number or boolean each); the
+# ones with a meaning here are read where they are used (long_text, binary_data_output and
+# timeout of the request, binary_data_size of an input, binary_data of an output), every other
+# key is accepted and ignored (docs/SERVING.md lists those clients are known to send).
 NUMPY = {"FP32": "<f4", "INT64": "<i8", "BOOL": "?"}
 MAX_ID_CHARS = 256
 _served_outputs = weakref.WeakKeyDictionary()  # served model -> its output tensors
@@ -97,8 +100,14 @@ def outputs_of(model):
     return specs
 
 
+# model metadata's platform: a name from the protocol's list ("Platforms": onnx_onnxv1 is an ONNX
+# model for ONNX Runtime); the list has no Paddle format, so a Paddle Inference model gets a
+# name of the list's "<project>_<format>" form rather than a listed name that would be false
+PLATFORMS = {"onnx": "onnx_onnxv1", "paddle": "paddle_inference"}
+
+
 def model_metadata(name, versions, model):
-    return {"name": name, "versions": list(versions), "platform": f"ppvarlen_{model.backend}",
+    return {"name": name, "versions": list(versions), "platform": PLATFORMS[model.backend],
             "inputs": [{"name": n, "datatype": "BYTES", "shape": [-1]}
                        for n in model.task.oip_inputs],
             "outputs": [{"name": n, "datatype": d, "shape": [-1] + tail}
@@ -158,6 +167,56 @@ def _object(value, where, allowed):
     return value
 
 
+def _parameters(value, where):
+    """A ``parameters`` object: free-form keys, each a string, number or boolean (the
+    protocol's $parameter); the keys are the caller's to interpret."""
+    if not isinstance(value, dict):
+        _fail(f"{where} must be a JSON object of key/values, got {type(value).__name__}")
+    for key, v in value.items():
+        if not isinstance(v, (str, int, float, bool)):
+            _fail(f"{where}.{shown(key)[1:-1]} is {shown(v, 32)}; a parameter's value is "
+                  f"a string, a number or a boolean")
+    return value
+
+
+def _flat_texts(data, n, where):
+    """A BYTES tensor's ``data`` of shape [N] or [N, 1]: flat, or nested one text a row as
+    the protocol allows ("their natural multi-dimensional representation")."""
+    if not isinstance(data, list):
+        _fail(f"{where}.data must be a list of strings (or use the binary extension)")
+    if data and all(isinstance(row, list) and len(row) == 1 for row in data):
+        data = [row[0] for row in data]
+    if len(data) != n:
+        _fail(f"{where}.shape says {n} texts but data has {len(data)}")
+    for i, t in enumerate(data):
+        if not isinstance(t, str):
+            _fail(f"{where}.data[{i}] must be a string, got {type(t).__name__}")
+    return data
+
+
+def _texts_shape(shape, where):
+    """N of a BYTES input's shape: [N] or [N, 1] (a batch of strings as many clients shape
+    it), N >= 1."""
+    if (not isinstance(shape, list) or len(shape) not in (1, 2) or not all(map(_is_integer, shape))
+            or shape[0] < 1 or (len(shape) == 2 and shape[1] != 1)):
+        _fail(f"{where}.shape {shown(shape)}: must be [N] or [N, 1], N >= 1 texts")
+    return int(shape[0])
+
+
+def check_addressed(payload, model):
+    """A body's ``model_name`` / ``model_version`` (KServe's client sends them): accepted when
+    they name the model and version the path chose, refused otherwise."""
+    named = payload.get("model_name", model.name)
+    if named != model.name:
+        _fail(f"model_name {shown(named)} in the body differs from the path's model "
+              f"{shown(model.name)}; leave it out or make them agree")
+    version = payload.get("model_version", model.version)
+    if not isinstance(version, str) or version not in ("", model.version):
+        _fail(f"model_version {shown(version)} in the body differs from the version that "
+              f"answers, {model.version!r} (the path's, or the newest ready one); leave it out "
+              f"or make them agree")
+
+
 def _is_integer(value):
     """JSON's integers: 3 and 3.0 alike (JSON Schema counts both), never true/false."""
     if isinstance(value, bool):
@@ -203,17 +262,23 @@ def parse_infer(payload, binary, limits, model):
     N each; row i of them is request item i (``Task.oip_item``).  Binary tensors
     (``binary_data_size``) take their bytes from ``binary`` in the order the inputs are
     listed, as the extension says."""
-    _object(payload, "body", {"id", "parameters", "inputs", "outputs"})
+    _object(payload, "body", {"id", "parameters", "inputs", "outputs", "model_name",
+                              "model_version"})
+    check_addressed(payload, model)
     request_id = payload.get("id")
     if "id" in payload and not isinstance(request_id, str):
         _fail(f"id must be a string, got {type(request_id).__name__}")
     if request_id is not None and len(request_id) > MAX_ID_CHARS:
         _fail(f"id has {len(request_id)} characters; at most {MAX_ID_CHARS} (it is echoed in "
               f"the answer)")
-    params = _object(payload.get("parameters", {}), "parameters", REQUEST_PARAMETERS)
+    params = _parameters(payload.get("parameters", {}), "parameters")
     policy = params.get("long_text")
     if "long_text" in params and policy not in long_text_choices(model):
         _fail(f"parameters.long_text {shown(policy)}: one of {long_text_choices(model)}")
+    timeout = params.get("timeout", 0)
+    if not _is_integer(timeout) or timeout < 0:
+        _fail(f"parameters.timeout {shown(timeout)}: microseconds the request may wait in the "
+              f"queue (an integer >= 0; 0 = no limit)")
     binary_default = params.get("binary_data_output", False)
     if not isinstance(binary_default, bool):
         _fail("parameters.binary_data_output must be true or false")
@@ -222,7 +287,7 @@ def parse_infer(payload, binary, limits, model):
     inputs = payload.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != len(names):
         _fail(f"inputs must be a list of exactly {len(names)} tensor(s), {listed} (BYTES, "
-              f"shape [N])")
+              f"shape [N] or [N, 1])")
     columns, count, used = {}, None, 0
     for k, tensor in enumerate(inputs):
         where = f"inputs[{k}]"
@@ -233,11 +298,7 @@ def parse_infer(payload, binary, limits, model):
         if tensor.get("datatype") != "BYTES":
             _fail(f"{where}.datatype {shown(tensor.get('datatype'))}: {name!r} is BYTES (UTF-8 "
                   f"texts)")
-        shape = tensor.get("shape")
-        if (not isinstance(shape, list) or len(shape) != 1 or not _is_integer(shape[0])
-                or shape[0] < 1):
-            _fail(f"{where}.shape {shown(shape)}: must be [N], N >= 1 texts")
-        n = int(shape[0])
+        n = _texts_shape(tensor.get("shape"), where)
         if n > limits.max_texts_per_request:
             _fail(f"{n} texts in one request; at most {limits.max_texts_per_request} "
                   f"(Deploy.max_texts_per_request) — split the request")
@@ -245,8 +306,7 @@ def parse_infer(payload, binary, limits, model):
             _fail(f"{where}.shape [{n}] differs from the other inputs' [{count}]: row i of "
                   f"every input makes request item i")
         count = n
-        tparams = _object(tensor.get("parameters", {}), f"{where}.parameters",
-                          {"binary_data_size"})
+        tparams = _parameters(tensor.get("parameters", {}), f"{where}.parameters")
         if "binary_data_size" in tparams:
             size = tparams["binary_data_size"]
             if not _is_integer(size) or size < 0 or used + size > len(binary):
@@ -257,15 +317,7 @@ def parse_infer(payload, binary, limits, model):
             columns[name] = decode_bytes_tensor(binary[used:used + int(size)], n, where)
             used += int(size)
         else:
-            data = tensor.get("data")
-            if not isinstance(data, list):
-                _fail(f"{where}.data must be a list of strings (or use the binary extension)")
-            if len(data) != n:
-                _fail(f"{where}.shape says {n} texts but data has {len(data)}")
-            for i, t in enumerate(data):
-                if not isinstance(t, str):
-                    _fail(f"{where}.data[{i}] must be a string, got {type(t).__name__}")
-            columns[name] = data
+            columns[name] = _flat_texts(tensor.get("data"), n, where)
         for i, t in enumerate(columns[name]):
             if len(t) > limits.max_text_chars:
                 _fail(f"{where}.data[{i}] has {len(t)} characters; at most "
@@ -287,8 +339,7 @@ def parse_infer(payload, binary, limits, model):
             if out.get("name") not in out_names:
                 _fail(f"outputs[{k}].name {shown(out.get('name'))}: this model's outputs are "
                       f"{out_names}")
-            oparams = _object(out.get("parameters", {}), f"outputs[{k}].parameters",
-                              {"binary_data"})
+            oparams = _parameters(out.get("parameters", {}), f"outputs[{k}].parameters")
             flag = oparams.get("binary_data", binary_default)
             if not isinstance(flag, bool):
                 _fail(f"outputs[{k}].parameters.binary_data must be true or false")

@@ -17,16 +17,20 @@ import time
 
 import grpc
 from google.protobuf import json_format
+from grpc_health.v1 import health_pb2
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from ppvarlen.utils.log import get_logger
 
 from ppvarlen.serve import errors
-from ppvarlen.serve.errors import (BodyTooLarge, MalformedRequest, NoRepository, ServeError,
-                                   Unauthenticated)
+from ppvarlen.serve.grpc import health
+from ppvarlen.runtime.manifest import VERSION_NAME
+from ppvarlen.serve.errors import (BodyTooLarge, InvalidInput, MalformedRequest, NoRepository,
+                                   ServeError, Unauthenticated, shown)
 from ppvarlen.serve.http.status import http_status
 from ppvarlen.serve.protocols.oip import codec as oip
-from ppvarlen.serve.protocols.oip.routes import (HEALTH_PROBES, read_infer, server_version,
+from ppvarlen.serve.protocols.oip.routes import (HEALTH_PROBES, read_infer,
+                                                 repository_index_of, server_version,
                                                  statistics)
 
 log = get_logger("serve.grpc")
@@ -42,9 +46,11 @@ STATUS_CODES = {errors.MalformedRequest: grpc.StatusCode.INVALID_ARGUMENT,
                 errors.Draining: grpc.StatusCode.UNAVAILABLE,
                 errors.Overloaded: grpc.StatusCode.UNAVAILABLE,
                 errors.ModelNotReady: grpc.StatusCode.UNAVAILABLE,
-                errors.NonFiniteAnswer: grpc.StatusCode.UNAVAILABLE}
+                errors.NonFiniteAnswer: grpc.StatusCode.UNAVAILABLE,
+                errors.DeadlineExceeded: grpc.StatusCode.UNAVAILABLE}
 # the REST paths whose protection (Deploy.auth_all_routes) the health methods share
-PROBES = {"ServerLive": HEALTH_PROBES[0], "ServerReady": HEALTH_PROBES[1]}
+PROBES = {"ServerLive": HEALTH_PROBES[0], "ServerReady": HEALTH_PROBES[1],
+          "Check": HEALTH_PROBES[1]}
 # the methods served, with their request messages; the front end answers UNIMPLEMENTED to others
 METHODS = {"ServerLive": service_pb2.ServerLiveRequest,
            "ServerReady": service_pb2.ServerReadyRequest,
@@ -55,8 +61,13 @@ METHODS = {"ServerLive": service_pb2.ServerLiveRequest,
            "ModelStatistics": service_pb2.ModelStatisticsRequest,
            "ModelInfer": service_pb2.ModelInferRequest,
            "RepositoryIndex": service_pb2.RepositoryIndexRequest,
-           "RepositoryModelLoad": service_pb2.RepositoryModelLoadRequest}
+           "RepositoryModelLoad": service_pb2.RepositoryModelLoadRequest,
+           "RepositoryModelUnload": service_pb2.RepositoryModelUnloadRequest,
+           "Check": health_pb2.HealthCheckRequest}
 METHOD_NAMES = list(METHODS)
+# "service/method" of each, in code order: the protocol's, or gRPC's health service
+METHOD_PATHS = [f"{health.HEALTH_SERVICE if m == 'Check' else SERVICE}/{m}"
+                for m in METHOD_NAMES]
 
 
 def status_code(error):
@@ -92,6 +103,11 @@ def _payload(request):
     if raw and len(raw) != len(request.inputs):
         raise MalformedRequest(f"raw_input_contents holds {len(raw)} tensors for "
                                f"{len(request.inputs)} inputs; send one per input, in order")
+    if raw and any(t.HasField("contents") for t in request.inputs):
+        typed = next(k for k, t in enumerate(request.inputs) if t.HasField("contents"))
+        raise MalformedRequest(f"inputs[{typed}] has contents while the request has "
+                               f"raw_input_contents; the protocol allows one form per request: "
+                               f"all tensors raw, or all in contents")
     inputs, binary = [], []
     for k, tensor in enumerate(request.inputs):
         entry = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
@@ -123,7 +139,8 @@ class InferenceService:
     """Each method of the protocol's service over the ``DataPlane``: a request message in, the
     response message out, a ServeError for a refusal (answered with its status code)."""
 
-    name, method_names = SERVICE, METHOD_NAMES  # what the gRPC front end serves
+    # what the gRPC front end serves
+    name, method_names, method_paths = SERVICE, METHOD_NAMES, METHOD_PATHS
 
     def __init__(self, plane, auth_token=None, auth_all_routes=False):
         self.plane = plane
@@ -172,21 +189,40 @@ class InferenceService:
     async def ServerReady(self, request):
         return service_pb2.ServerReadyResponse(ready=self.plane.ready())
 
+    async def Check(self, request):
+        """grpc.health.v1.Health/Check (``grpc.health.check``)."""
+        plane = self.plane
+        return health.check(request.service, plane.ready,
+                            lambda name: not plane.not_ready_reason(plane.model(name)),
+                            plane.registry.names())
+
+    def _model(self, name, version):
+        """The version a request names; an empty name or a version that is no number is
+        INVALID_ARGUMENT, as Triton answers it (the REST paths cannot carry either)."""
+        if not name:
+            raise InvalidInput("the model name is empty; name a served model "
+                               f"({shown(self.plane.registry.names(), 200)})", "name")
+        if version and not VERSION_NAME.fullmatch(version):
+            raise InvalidInput(f"version {shown(version)}: versions are positive integers in "
+                               f"ASCII digits (empty: the newest ready one)", "version")
+        return self.plane.model(name, version or None)
+
     async def ModelReady(self, request):
-        model = self.plane.model(request.name, request.version or None)
+        model = self._model(request.name, request.version)
         return service_pb2.ModelReadyResponse(ready=not self.plane.not_ready_reason(model))
 
     async def ServerMetadata(self, request):
         return service_pb2.ServerMetadataResponse(name="ppvarlen", version=server_version(),
-                                                  extensions=oip.EXTENSIONS)
+                                                  extensions=oip.extensions(
+                                                      self.plane.repository is not None))
 
     async def ModelMetadata(self, request):
-        model = self.plane.model(request.name, request.version or None)
+        model = self._model(request.name, request.version)
         doc = oip.model_metadata(request.name, self.plane.registry.versions(request.name), model)
         return json_format.ParseDict(doc, service_pb2.ModelMetadataResponse())
 
     async def ModelConfig(self, request):
-        model = self.plane.model(request.name, request.version or None)
+        model = self._model(request.name, request.version)
         config = json_format.ParseDict(oip.model_config(model), model_config_pb2.ModelConfig())
         return service_pb2.ModelConfigResponse(config=config)
 
@@ -203,6 +239,7 @@ class InferenceService:
             if size > limit:
                 raise BodyTooLarge(f"message is {size} bytes; at most {limit} "
                                    f"(Deploy.max_body_bytes)")
+            self._model(request.model_name, request.model_version)
             payload, binary = _payload(request)
             return read_infer(plane, payload, binary, request.model_name,
                               request.model_version or None)
@@ -216,8 +253,12 @@ class InferenceService:
                                "repository")
         return service_pb2.RepositoryIndexResponse(
             models=[service_pb2.RepositoryIndexResponse.ModelIndex(**e)
-                    for e in self.plane.registry.index()])
+                    for e in repository_index_of(self.plane, request.ready)])
 
     async def RepositoryModelLoad(self, request):
         await self.plane.load_newest(request.model_name)
         return service_pb2.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request):
+        await self.plane.unload(request.model_name)
+        return service_pb2.RepositoryModelUnloadResponse()

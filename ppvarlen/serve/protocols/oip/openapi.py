@@ -76,8 +76,12 @@ class RepositoryEntry(BaseModel):
                                     "that failed)")
 
 
+# a parameter's value in the Open Inference Protocol: a string, number or boolean
+SCALAR = {"type": ["string", "number", "boolean"]}
+
+
 def infer_request_schema(limits, max_text_chars, output_names, long_text_choices,
-                         input_names=("text",)):
+                         input_names=("text",), model_names=()):
     """The infer body as JSON Schema: one tensor per name of ``input_names``.  The schema
     cannot say that shape [N] must equal the number of data items, nor that each input comes
     once with the same N; the server checks that (422)."""
@@ -89,10 +93,16 @@ def infer_request_schema(limits, max_text_chars, output_names, long_text_choices
         "required": ["inputs"],
         "properties": {
             "id": {"type": "string", "description": "echoed in the response"},
-            "parameters": {"type": "object", "additionalProperties": False, "properties": {
+            "model_name": {"enum": list(model_names), "description": "the path's model, if "
+                           "given"},
+            "model_version": {"type": "string", "pattern": "^[0-9]*$", "description": "the "
+                              "version that answers, if given (empty: any)"},
+            "parameters": {"type": "object", "additionalProperties": SCALAR, "properties": {
                 "long_text": {"enum": long_text_choices, "description": "this request's "
                               "long-text policy instead of the export's"},
-                "binary_data_output": {"type": "boolean"}}},
+                "binary_data_output": {"type": "boolean"}},
+                "description": "free-form key/values (the protocol's); other keys are "
+                               "accepted and ignored"},
             "inputs": {"type": "array", "minItems": len(input_names),
                        "maxItems": len(input_names), "items": {
                 "type": "object", "additionalProperties": False,
@@ -100,16 +110,19 @@ def infer_request_schema(limits, max_text_chars, output_names, long_text_choices
                 "properties": {
                     "name": {"enum": list(input_names)},
                     "datatype": {"enum": ["BYTES"]},
-                    "shape": {"type": "array", "items": count, "minItems": 1, "maxItems": 1,
-                              "description": "[N]: N texts, as many as data holds"},
-                    "parameters": {"type": "object", "additionalProperties": False,
-                                   "properties": {}},
-                    "data": {"type": "array", "items": text, "minItems": 1,
-                             "maxItems": limits.max_texts_per_request}}}},
+                    "shape": {"type": "array", "minItems": 1, "maxItems": 2,
+                              "prefixItems": [count, {"const": 1}], "items": count,
+                              "description": "[N] or [N, 1]: N texts, as many as data holds"},
+                    "parameters": {"type": "object", "additionalProperties": SCALAR},
+                    "data": {"type": "array", "minItems": 1,
+                             "maxItems": limits.max_texts_per_request,
+                             "items": {"anyOf": [text, {"type": "array", "items": text,
+                                                        "minItems": 1, "maxItems": 1}]}}}}},
             "outputs": {"type": "array", "minItems": 1, "items": {
                 "type": "object", "additionalProperties": False, "required": ["name"],
                 "properties": {"name": {"enum": output_names},
-                               "parameters": {"type": "object", "additionalProperties": False,
+                               "parameters": {"type": "object",
+                                              "additionalProperties": SCALAR,
                                               "properties": {"binary_data": {
                                                   "type": "boolean"}}}}}},
         },
@@ -144,7 +157,7 @@ def add_openapi(doc, plane, model):
     error = _schema(OipError, components)
     components["InferRequest"] = infer_request_schema(
         limits, chars, [o["name"] for o in metadata["outputs"]], long_text_choices,
-        [i["name"] for i in metadata["inputs"]])
+        [i["name"] for i in metadata["inputs"]], sorted(served))
     not_found = _json(error, "no such model, or no ready version of that number")
     name = {"name": "name", "in": "path", "required": True,
             "schema": {"type": "string", "enum": sorted(served)}}
@@ -187,7 +200,8 @@ def add_openapi(doc, plane, model):
                 "413": _json(error, "the body is larger than Deploy.max_body_bytes"),
                 "422": _json(error, "the request does not fit the model: input name, "
                                     "datatype, shape (N texts, as many as data holds), a text "
-                                    "the export cannot take"),
+                                    "the export cannot take, a body's model_name or "
+                                    "model_version other than the path's"),
                 "500": _json(error, "the model failed on a text (a bug: see the server log)"),
                 "503": _json(error, "the queue is full or the server is shutting down; retry",
                              headers=RETRY_AFTER)})

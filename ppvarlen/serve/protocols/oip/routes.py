@@ -1,13 +1,14 @@
 """The Open Inference Protocol v2 over REST (``/v2/...``) on the ``DataPlane``, with Triton's
 ``model_configuration`` and ``statistics`` extensions and, for a model repository, its
-``model_repository`` extension (index and load).  Refusals are the protocol's ``{"error":
+``model_repository`` extension (index, load and unload).  Refusals are the protocol's ``{"error":
 message}`` with the REST statuses (``http.status``)."""
 from importlib import metadata
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from ppvarlen.serve.dataplane import Call
+from ppvarlen.serve.errors import InvalidInput
 from ppvarlen.serve.http.direct import version_header_pairs, version_headers
 from ppvarlen.serve.http.edge import header, parse_json, read_body
 from ppvarlen.serve.http.status import http_status
@@ -30,6 +31,12 @@ def server_version():
         return "unknown"
 
 
+def repository_index_of(plane, ready_only=False):
+    """The repository extension's index: every version seen, with its state (READY,
+    UNAVAILABLE with the reason); ``ready_only``: the READY ones (the request's ``ready``)."""
+    return [e for e in plane.registry.index() if not ready_only or e["state"] == "READY"]
+
+
 def statistics(plane, name=None, version=None):
     """The statistics extension's document: every ready version, or those of ``name``."""
     models = [plane.model(name, version)] if version is not None else [
@@ -45,8 +52,9 @@ def read_infer(plane, payload, binary, name, version):
     model = plane.model(name, version)
     items, request_id, params, wanted = oip.parse_infer(payload, binary, plane.deploy, model)
     where = "inputs[0].data" if len(model.task.oip_inputs) == 1 else "rows"
+    timeout_us = int(params.get("timeout", 0))  # Triton's: microseconds, 0 = none
     return Call(items, name, version, params.get("long_text"), where,
-                (request_id, params, wanted))
+                (request_id, params, wanted), timeout_us / 1e6 if timeout_us else None)
 
 
 def router(plane, direct):
@@ -56,7 +64,8 @@ def router(plane, direct):
 
     @routes.get("/v2")
     async def server_metadata():
-        return {"name": "ppvarlen", "version": server_version(), "extensions": oip.EXTENSIONS}
+        return {"name": "ppvarlen", "version": server_version(),
+                "extensions": oip.extensions(plane.repository is not None)}
 
     @routes.get("/v2/health/live")
     async def live():
@@ -118,8 +127,21 @@ def router(plane, direct):
 
     if plane.repository is not None:
         @routes.post("/v2/repository/index")
-        async def repository_index():
-            return plane.registry.index()
+        async def repository_index(request: Request):
+            """Every version seen with its state; ``{"ready": true}``: the READY ones only."""
+            body = await request.body()
+            ready = (parse_json(body) or {}) if body.strip() else {}
+            if not isinstance(ready, dict) or not isinstance(ready.get("ready", False), bool):
+                raise InvalidInput("the index request is {\"ready\": true|false} or empty",
+                                   "ready")
+            return repository_index_of(plane, ready.get("ready", False))
+
+        @routes.post("/v2/repository/models/{name}/unload")
+        async def repository_unload(name: str):
+            """Take NAME out of routing now and drain its queue (it stays unloaded until a
+            load asks for it)."""
+            await plane.unload(name)
+            return {}
 
         @routes.post("/v2/repository/models/{name}/load")
         async def repository_load(name: str):

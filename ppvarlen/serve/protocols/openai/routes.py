@@ -1,4 +1,6 @@
-"""The OpenAI embeddings API over the ``DataPlane``: ``POST /v1/embeddings``.
+"""The OpenAI embeddings API over the ``DataPlane``: ``POST /v1/embeddings``, and the models
+API's ``GET /v1/models`` and ``GET /v1/models/{model}`` (model discovery: every served model,
+``owned_by`` ppvarlen, ``created`` the time its export was written).
 
 Request (the OpenAI API's, as the official ``openai`` client sends it)::
 
@@ -12,7 +14,10 @@ otherwise and decodes it itself): ``base64`` is each embedding's little-endian f
 ``dimensions``: the model's width D always; fewer only where the manifest says the model may
 be cut (``embedding.truncatable``, ``Task.embedding_spec``): the first D' values, divided by
 their L2 norm again when the model normalises.  ``user`` is accepted and ignored.  Token-id
-inputs (lists of integers) are refused: ids of another tokenizer mean nothing to this model.
+inputs (lists of integers) are refused (400, code ``unsupported_input``): the OpenAI API's ids
+are tiktoken's, another tokenizer's, and read as this model's ids they would embed other
+words.  Up to ``MAX_INPUTS`` (2,048, the OpenAI API's bound) texts a request; the data plane
+queues a long list in parts (``DataPlane.infer``).
 
 Answer::
 
@@ -33,6 +38,7 @@ model not served 404 (code ``model_not_found``), a served model that is no embed
 """
 import base64
 import json
+import os
 import weakref
 
 import numpy as np
@@ -46,6 +52,8 @@ from ppvarlen.serve.http.edge import parse_json, read_body
 from ppvarlen.serve.http.status import http_status
 
 ENDPOINT = "/v1/embeddings"
+MODELS = "/v1/models"
+MAX_INPUTS = 2048  # the OpenAI API's inputs per request (CreateEmbeddingRequest.input maxItems)
 FIELDS = ("input", "model", "encoding_format", "dimensions", "user")
 ENCODINGS = ("float", "base64")
 MAX_USER_CHARS = 256
@@ -82,9 +90,9 @@ def parse_request(payload, limits):
         raise _bad(f"unrecognized request argument(s) {shown(unknown)}; {ENDPOINT} takes "
                    f"{', '.join(FIELDS)}", str(unknown[0])[:64])
     model = payload.get("model")
-    if not isinstance(model, str) or not model:
+    if not isinstance(model, str):
         raise _bad("you must provide a model parameter: the name of a served embedding model "
-                   "(GET /v2/models/NAME, or /health's model_name)" if model is None else
+                   "(GET /v1/models lists them)" if model is None else
                    f"model must be a model name (a string), got {shown(model)}", "model")
     texts = _texts(payload.get("input"), limits)
     encoding = payload.get("encoding_format")
@@ -119,10 +127,9 @@ def _texts(value, limits):
                    "tokenizes each text with the model's own vocabulary; send the texts as "
                    "strings (LangChain's OpenAIEmbeddings: check_embedding_ctx_length=False)",
                    "input", "unsupported_input")
-    if len(value) > limits.max_texts_per_request:
-        raise _bad(f"{len(value)} inputs in one request; at most "
-                   f"{limits.max_texts_per_request} (Deploy.max_texts_per_request) — split the "
-                   f"request", "input")
+    if len(value) > MAX_INPUTS:
+        raise _bad(f"{len(value)} inputs in one request; at most {MAX_INPUTS} (the OpenAI "
+                   f"API's bound) — split the request", "input")
     for i, t in enumerate(value):
         if not isinstance(t, str):
             raise _bad(f"input[{i}] must be a string, got {type(t).__name__}", f"input[{i}]")
@@ -200,10 +207,32 @@ def served_model(plane, name):
                             code="model_not_found") from None
 
 
+def model_object(model):
+    """The OpenAI API's model object of a served version."""
+    created = 0
+    if model.predictor is not None:
+        try:
+            created = int(os.stat(os.path.join(model.predictor.export_dir,
+                                               "manifest.json")).st_mtime)
+        except OSError:  # removed since it loaded: it still answers from memory
+            pass
+    return {"id": model.name, "object": "model", "created": created, "owned_by": "ppvarlen"}
+
+
 def router(plane, direct):
-    """``POST /v1/embeddings`` over ``plane``, answered by ``direct`` (a DirectRoutes)."""
+    """``POST /v1/embeddings`` over ``plane``, answered by ``direct`` (a DirectRoutes), and
+    the models API."""
     routes = APIRouter()
     limit = plane.deploy.max_body_bytes
+
+    @routes.get(MODELS)
+    async def list_models():
+        return {"object": "list",
+                "data": [model_object(plane.registry.get(n)) for n in plane.registry.names()]}
+
+    @routes.get(MODELS + "/{model:path}")
+    async def retrieve_model(model: str):
+        return model_object(served_model(plane, model))
 
     async def read(scope, receive):
         texts, name, encoding, dimensions = parse_request(
@@ -238,7 +267,7 @@ def request_schema(name, spec, limits, max_text_chars):
             "properties": {
                 "input": {"description": "a text, or a list of texts (answered in order)",
                           "oneOf": [text, {"type": "array", "items": text, "minItems": 1,
-                                           "maxItems": limits.max_texts_per_request}]},
+                                           "maxItems": MAX_INPUTS}]},
                 "model": {"type": "string", "enum": [name],
                           "description": "a served embedding model's name"},
                 "encoding_format": {"type": ["string", "null"], "enum": [*ENCODINGS, None],
@@ -286,10 +315,43 @@ ERROR_SCHEMA = {
                        "code": {"type": ["string", "null"]}}}}}
 
 
+MODEL_SCHEMA = {
+    "title": "OpenAIModel", "type": "object", "required": ["id", "object", "created", "owned_by"],
+    "properties": {"id": {"type": "string"}, "object": {"const": "model"},
+                   "created": {"type": "integer", "description": "when the export's manifest "
+                               "was written (unix seconds)"},
+                   "owned_by": {"const": "ppvarlen"}}}
+
+
+def add_models_openapi(doc):
+    """Declare ``GET /v1/models`` and ``GET /v1/models/{model}``."""
+    schemas = doc["components"]["schemas"]
+    schemas["OpenAIModel"], schemas["OpenAIErrorBody"] = MODEL_SCHEMA, ERROR_SCHEMA
+    model = {"$ref": "#/components/schemas/OpenAIModel"}
+
+    def answer(description, schema):
+        return {"description": description, "content": {"application/json": {
+            "schema": schema}}}
+
+    listing = {"type": "object", "required": ["object", "data"],
+               "properties": {"object": {"const": "list"},
+                              "data": {"type": "array", "items": model}}}
+    doc["paths"][MODELS]["get"].update(summary="List models (the OpenAI models API)",
+                                       responses={"200": answer("every served model", listing)})
+    one = doc["paths"][MODELS + "/{model}"]["get"]
+    one.update(summary="Retrieve a model (the OpenAI models API)", responses={
+        "200": answer("the model", model),
+        "404": answer("no such model (code model_not_found)",
+                      {"$ref": "#/components/schemas/OpenAIErrorBody"})})
+    one["parameters"] = [{"name": "model", "in": "path", "required": True,
+                          "schema": {"type": "string"}}]
+
+
 def add_openapi(doc, plane, model=None):
     """Declare ``POST /v1/embeddings`` in ``doc`` for the embedding models ``plane`` serves
-    now (the request schema of each: its name, width, text bounds); none: the path is left
-    out."""
+    now (the request schema of each: its name, width, text bounds; none: the path is left
+    out), and the models API."""
+    add_models_openapi(doc)
     limits, options = plane.deploy, []
     for name in sorted(plane.registry.names()):
         served = plane.registry.get(name)
