@@ -258,7 +258,8 @@ def serve_comparison(args, cfg, model, meta, encoder, bundle):
             trained = train_steps(model, bundle.train, args.train_steps, encoder.pad_id)
         export_model(model, meta, encoder, cfg, export_dir, ["paddle", "onnx"], ["auto"],
                      verify=True, test_examples=load_test_split(cfg, encoder, meta["task"]),
-                     calibration_examples=lambda: load_train_sample(cfg, encoder, meta["task"]))
+                     calibration_examples=lambda: load_train_sample(
+                         cfg, encoder, meta["task"], limit=args.calibration_examples))
     with open(os.path.join(export_dir, "manifest.json")) as f:
         manifest = json.load(f)
     with open(os.path.join(export_dir, "parity.json")) as f:
@@ -405,6 +406,9 @@ def main():
                         help="serve auto vs ONNX Runtime fp32 and load both (module docstring)")
     parser.add_argument("--train-steps", type=int, default=0,
                         help="--serve with --ernie-*: AdamW steps before the export")
+    parser.add_argument("--calibration-examples", type=int, default=256,
+                        help="--serve: train texts the int8 scales are calibrated on (the "
+                             "exporter's default 256)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--rounds", type=int, default=2, help="--serve: sweeps (A B A B)")
     parser.add_argument("--duration-s", type=float, default=60.0)
