@@ -22,9 +22,26 @@ weights without ``reduce_range``).  Every runner is
 warmed up, then ``--repeats`` passes run interleaved (so load from the other
 processes on the machine falls on all alike); the median pass is reported.
 Paddle Inference int8 is absent: see docs/PRECISION.md.
-Writes ``{work}/precision_throughput.json`` and ``.png``.
+Writes ``{work}/precision_throughput.json`` and ``.png`` (or into ``--out``).
+
+``--serve``: the served comparison instead.  The model is exported the way
+``ppvarlen-export`` does by default (``Export.precision: [auto]``, verified: the
+task-metric gate on the test split, ``-o Export.parity_max_examples=N`` bounds it;
+``--train-steps`` gives a random-init model a few AdamW steps first, so its answers are
+decided rather than near-tied), then served twice side by side: ``ppvarlen-serve
+--backend paddle --precision auto`` (what it picks is logged and read from ``/health``)
+and ``--backend onnx --precision fp32``.  Closed-loop clients send one real review of the
+test split per request at each ``--concurrency``; points run interleaved (round,
+concurrency, then auto and ONNX fp32 back to back: A B A B), each after a warm-up, with the
+load average and the server's CPU seconds per text recorded.  Writes
+``serve_precision.json`` and ``.png``::
+
+    python benchmarks/precision_throughput.py -c configs/sentiment/transformer.yaml \
+        --ernie-base --serve --train-steps 40 -o Export.parity_max_examples=512 \
+        --work output/bench/prec_serve --out output/bench/prec_serve
 """
 import argparse
+import json
 import logging
 import os
 import statistics
@@ -34,6 +51,7 @@ import time
 from ppvarlen.config import add_config_args, load_config
 from ppvarlen.export.precision_speed import one_pass
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ERNIE_MEDIUM = {"hidden_size": 768, "num_hidden_layers": 6, "num_attention_heads": 12,
                 "intermediate_size": 3072, "hidden_act": "gelu", "max_position_embeddings": 2048}
 ERNIE_MEDIUM_VOCAB = 40000
@@ -63,6 +81,37 @@ def ernie_medium(cfg, encoder, label_names, train_lengths, shape=None, name="ern
             "buckets": [], "length_profile": {"p50": float(p[0]), "p95": float(p[1]),
                                               "p99": float(p[2]), "max": int(max(train_lengths))}}
     return model, meta
+
+
+def train_steps(model, train, steps, pad_id, lr=1e-4, rows=16, max_len=64, seed=0):
+    """``steps`` AdamW steps on random train-split batches (``train``: encoded items with
+    ``label``), texts cut to ``max_len``; -> the last ten losses.  A random-init head's
+    logits are near-tied, so any rounding flips argmaxes and the metric gate measures noise;
+    a few steps decide the answers."""
+    import numpy as np
+    import paddle
+
+    rng = np.random.RandomState(seed)
+    opt = paddle.optimizer.AdamW(learning_rate=lr, parameters=model.parameters())
+    losses = []
+    model.train()
+    for step in range(steps):
+        picked = [train[int(i)] for i in rng.choice(len(train), rows, replace=False)]
+        ids = [list(x["input_ids"])[:max_len] for x in picked]
+        width = max(map(len, ids))
+        batch = np.full((rows, width), pad_id, dtype="int64")
+        for r, row in enumerate(ids):
+            batch[r, :len(row)] = row
+        loss, _ = model(paddle.to_tensor(batch),
+                        paddle.to_tensor(np.array([len(r) for r in ids], dtype="int64")),
+                        paddle.to_tensor(np.array([int(x["label"]) for x in picked], dtype="int64")))
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        losses.append(float(loss))
+        print(f"train step {step + 1}/{steps}: loss {losses[-1]:.4f}", file=sys.stderr, flush=True)
+    model.eval()
+    return losses[-10:]
 
 
 def interleaved(runners, batches, repeats):
@@ -129,6 +178,185 @@ def agreement(runners, batches, outputs):
     return parity.compare(runners[reference], backends, batches, outputs)
 
 
+def start_server(export_dir, backend, precision, threads, log_path, timeout_s=900):
+    """``ppvarlen-serve`` of ``export_dir`` on a free port, its log in ``log_path`` (the
+    precision ``auto`` picked is logged there) -> (process, url) once /health answers."""
+    import subprocess
+
+    import httpx
+
+    from ppvarlen.serve.bench import free_port
+
+    port = free_port()
+    cmd = [sys.executable, os.path.join(REPO, "deploy", "python", "serve.py"), "--model-dir",
+           export_dir, "--backend", backend, "--precision", precision, "--port", str(port),
+           "-o", f"Deploy.threads={threads}"]
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{backend} {precision}: the server exited with code "
+                             f"{proc.returncode}; its log: {log_path}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(1)
+    proc.kill()
+    raise SystemExit(f"{backend} {precision}: no /health answer within {timeout_s}s ({log_path})")
+
+
+def serve_point(url, pid, texts, concurrency, warmup_s, duration_s, seed):
+    """One closed-loop measurement: warm-up, then ``duration_s`` of ``concurrency`` clients,
+    one text per request -> texts/s, latencies, the server's CPU seconds per text, load."""
+    import asyncio
+
+    import httpx
+    import psutil  # installed with the project's dependencies (visualdl's)
+
+    from ppvarlen.serve.bench import drive, summarize
+
+    def process_tree_cpu_s(pid):
+        root = psutil.Process(pid)
+        return sum(sum(p.cpu_times()[:2]) for p in [root] + root.children(recursive=True))
+
+    cap = int(1000 * (duration_s + warmup_s))
+    asyncio.run(drive(url, texts, concurrency, cap, warmup_s, seed + 1))
+    before = httpx.get(url + "/metrics.json", timeout=30).json()
+    cpu0 = process_tree_cpu_s(pid)
+    load0 = os.getloadavg()
+    latencies, statuses, wall = asyncio.run(drive(url, texts, concurrency, cap, duration_s, seed))
+    cpu1 = process_tree_cpu_s(pid)
+    after = httpx.get(url + "/metrics.json", timeout=30).json()
+    point = summarize(latencies, statuses, wall)
+    batches = after["batches"] - before["batches"]
+    items = after["items"] - before["items"]
+    point.update({"texts_per_s": point["qps"], "batches": batches,
+                  "mean_batch": round(items / batches, 2) if batches else None,
+                  "server_cpu_s_per_text": round((cpu1 - cpu0) / max(point["ok"], 1), 4),
+                  "load_average_before": [round(x, 2) for x in load0],
+                  "load_average_after": [round(x, 2) for x in os.getloadavg()]})
+    return point
+
+
+def serve_comparison(args, cfg, model, meta, encoder, bundle):
+    """The ``--serve`` mode (module docstring) -> the result dict written as JSON."""
+    import httpx
+    import psutil
+
+    from ppvarlen.export.exporter import export_model, load_test_split, load_train_sample
+    from ppvarlen.serve.bench import split_texts
+    from ppvarlen.utils.io import atomic_write_json
+
+    export_dir = os.path.join(args.work, "export_serve")
+    trained = None
+    if not os.path.exists(os.path.join(export_dir, "manifest.json")):
+        if args.train_steps:
+            trained = train_steps(model, bundle.train, args.train_steps, encoder.pad_id)
+        export_model(model, meta, encoder, cfg, export_dir, ["paddle", "onnx"], ["auto"],
+                     verify=True, test_examples=load_test_split(cfg, encoder, meta["task"]),
+                     calibration_examples=lambda: load_train_sample(
+                         cfg, encoder, meta["task"], limit=args.calibration_examples))
+    with open(os.path.join(export_dir, "manifest.json")) as f:
+        manifest = json.load(f)
+    with open(os.path.join(export_dir, "parity.json")) as f:
+        parity_report = json.load(f)
+    texts = [t for t in split_texts(export_dir) if t.strip()]
+    out = args.out or args.work
+    os.makedirs(out, exist_ok=True)
+    servers = {"auto": ("paddle", "auto"), "onnx_fp32": ("onnx", "fp32")}
+    procs, urls, health = {}, {}, {}
+    try:
+        for name, (backend, precision) in servers.items():  # one at a time: auto times at load
+            procs[name], urls[name] = start_server(export_dir, backend, precision, args.threads,
+                                                   os.path.join(out, f"server_{name}.log"))
+            health[name] = httpx.get(urls[name] + "/health", timeout=30).json()
+        with open(os.path.join(out, "server_auto.log")) as f:
+            auto_log = [line.strip() for line in f if "precision auto" in line]
+        points = []
+        for round_no in range(args.rounds):
+            for concurrency in args.concurrency:
+                for name in servers:
+                    point = serve_point(urls[name], procs[name].pid, texts, concurrency,
+                                        args.warmup_s, args.duration_s, seed=round_no)
+                    point.update(server=name, round=round_no + 1, concurrency=concurrency)
+                    points.append(point)
+                    print(f"round {point['round']} c={concurrency} {name}: "
+                          f"{point['texts_per_s']} texts/s, mean batch {point['mean_batch']}, "
+                          f"{point['errors']} errors, load {point['load_average_after'][0]}",
+                          file=sys.stderr, flush=True)
+        rss = {n: round(psutil.Process(p.pid).memory_info().rss / 2**20) for n, p in procs.items()}
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except Exception:  # noqa: BLE001 - a server that does not drain is killed
+                proc.kill()
+    summary = {}
+    for concurrency in args.concurrency:
+        per = {n: [p["texts_per_s"] for p in points if p["server"] == n and
+                   p["concurrency"] == concurrency] for n in servers}
+        ratios = [a / b for a, b in zip(per["auto"], per["onnx_fp32"]) if b]
+        summary[str(concurrency)] = {
+            "auto_texts_per_s": per["auto"], "onnx_fp32_texts_per_s": per["onnx_fp32"],
+            "ratio_per_round": [round(r, 2) for r in ratios],
+            "ratio_median": round(statistics.median(ratios), 2) if ratios else None}
+    flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "")
+    result = {"mode": "serve", "model_name": meta["model_name"], "export": export_dir,
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "cpu_count": os.cpu_count(), "threads": args.threads,
+              "cpu_flags": [f for f in flags.split() if f.startswith(("avx", "amx"))],
+              "train_steps": args.train_steps, "last_train_losses": trained,
+              "texts_pool": len(texts), "duration_s": args.duration_s,
+              "warmup_s": args.warmup_s, "rounds": args.rounds,
+              "precisions_exported": manifest.get("precisions"),
+              "metric_gate": parity_report.get("metric_gate"),
+              "left_out": (manifest.get("precision_measured") or {}).get("left_out"),
+              "auto_log": auto_log,
+              "auto_chose": health["auto"].get("precision"),
+              "auto_reason": health["auto"].get("precision_reason"),
+              "server_rss_mib_at_end": rss, "points": points, "summary": summary}
+    atomic_write_json(os.path.join(out, "serve_precision.json"), result)
+    plot_serve(result, os.path.join(out, "serve_precision.png"))
+    for concurrency, row in summary.items():
+        print(f"c={concurrency}: auto ({result['auto_chose']}) {row['auto_texts_per_s']} vs "
+              f"onnx fp32 {row['onnx_fp32_texts_per_s']} texts/s: ratio per round "
+              f"{row['ratio_per_round']}, median {row['ratio_median']}")
+    return result
+
+
+def plot_serve(result, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    names = ("auto", "onnx_fp32")
+    concurrencies = sorted({p["concurrency"] for p in result["points"]})
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        for j, c in enumerate(concurrencies):
+            values = [p["texts_per_s"] for p in result["points"]
+                      if p["server"] == name and p["concurrency"] == c]
+            ax.scatter([j + i * width] * len(values), values, color=f"C{i}", zorder=3)
+            ax.bar(j + i * width, statistics.median(values), width, color=f"C{i}", alpha=0.5,
+                   label=(f"auto ({result['auto_chose']})" if name == "auto" else
+                          "ONNX Runtime fp32") if j == 0 else None)
+    ax.set_xticks([j + width / 2 for j in range(len(concurrencies))],
+                  [f"concurrency {c}" for c in concurrencies])
+    ax.set_ylabel("texts/s (dots: rounds, bar: median)")
+    ax.set_title(f"{result['model_name']} served, {result['cpu_count']} cores, {result['date']}",
+                 fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def _ratio(value):
     return "-" if value is None else f"{value:.2f}"
 
@@ -173,6 +401,18 @@ def main():
     parser.add_argument("--int8-variants",
                         default="int8_full_range,int8_quint8,int8_per_channel,int8_static_qdq",
                         help="extra int8 copies to time ('' for none)")
+    parser.add_argument("--out", default=None, help="JSON/PNG here (default: --work)")
+    parser.add_argument("--serve", action="store_true",
+                        help="serve auto vs ONNX Runtime fp32 and load both (module docstring)")
+    parser.add_argument("--train-steps", type=int, default=0,
+                        help="--serve with --ernie-*: AdamW steps before the export")
+    parser.add_argument("--calibration-examples", type=int, default=256,
+                        help="--serve: train texts the int8 scales are calibrated on (the "
+                             "exporter's default 256)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--rounds", type=int, default=2, help="--serve: sweeps (A B A B)")
+    parser.add_argument("--duration-s", type=float, default=60.0)
+    parser.add_argument("--warmup-s", type=float, default=10.0)
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     import numpy as np
@@ -201,6 +441,8 @@ def main():
                                    *((ERNIE_BASE, "ernie_base_random") if args.ernie_base else ()))
     else:
         parser.error("pass --checkpoint, --ernie-medium or --ernie-base")
+    if args.serve:
+        return serve_comparison(args, cfg, model, meta, encoder, bundle)
     rng = np.random.RandomState(0)
     test = [{"input_ids": bundle.test[i]["input_ids"]} for i in range(len(bundle.test))]
     if args.max_examples and args.max_examples < len(test):
@@ -216,8 +458,12 @@ def main():
 
     export_dir = os.path.join(args.work, "export")
     if not os.path.exists(os.path.join(export_dir, "manifest.json")):
+        from ppvarlen.export.exporter import load_train_sample
+
+        # unverified (agreement is measured here); int8's activation scales from train texts
         export_model(model, meta, encoder, cfg, export_dir, ["paddle", "onnx"],
-                     ["fp32", "bf16", "fp16", "int8"], verify=False)
+                     ["fp32", "bf16", "fp16", "int8"], verify=False,
+                     calibration_examples=lambda: load_train_sample(cfg, encoder, meta["task"]))
     variants = [v for v in args.int8_variants.split(",") if v]
     only = set(args.only.split(",")) | {"onnx_fp32"} if args.only else None
     from ppvarlen.tasks import get_task
@@ -251,9 +497,10 @@ def main():
         r["vs_onnx_fp32"] = r["examples_per_s"] / ort32
         r["vs_paddle_fp32"] = r["examples_per_s"] / pi32 if pi32 else None
         r["cpu_vs_onnx_fp32"] = r["examples_per_cpu_s"] / ort_cpu
-    os.makedirs(args.work, exist_ok=True)
-    atomic_write_json(os.path.join(args.work, "precision_throughput.json"), result)
-    plot(result, os.path.join(args.work, "precision_throughput.png"))
+    out = args.out or args.work
+    os.makedirs(out, exist_ok=True)
+    atomic_write_json(os.path.join(out, "precision_throughput.json"), result)
+    plot(result, os.path.join(out, "precision_throughput.png"))
     print(f"{'runner':<24}{'ex/s':>9}{'tok/s':>10}{'vs eager':>9}{'vs ORT32':>9}{'vs PI32':>8}"
           f"{'CPU vs ORT32':>13}{'agree':>9}{'max|dp|':>9}")
     for name, r in result["runners"].items():

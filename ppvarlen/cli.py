@@ -39,7 +39,6 @@ from .data.errors import DataError
 from .runtime.embedding_files import FORMATS as EMBEDDING_FORMATS
 from .runtime.infer import WINDOW, run_file
 from .runtime.manifest import UnservableExportError
-from .runtime.precision_choice import load_admitted
 from .runtime.predictor import Predictor
 from .doctor.errors import ModelLoadError
 from .export.errors import ExportFailedError
@@ -500,11 +499,9 @@ def _infer(args):
                              threads=args.threads, max_batch_tokens=args.max_batch_tokens,
                              max_batch_size=args.max_batch_size, tensorrt=args.tensorrt,
                              split_long_sources=args.split_long_sources)
-    if args.precision == "auto":  # chosen on this host, as the server chooses
+    if args.precision == "auto":  # chosen on this host (as the server chooses): say what
         setup_logging()
-        predictor = load_admitted(load, args.model_dir, "auto", args.device)
-    else:
-        predictor = load(args.model_dir, precision=args.precision)
+    predictor = load(args.model_dir, precision=args.precision)
     summary = run_file(predictor, args.input, args.output, progress=not args.no_progress,
                        window=args.window, max_text_chars=deploy.max_text_chars,
                        output_format=args.output_format)

@@ -286,6 +286,12 @@ SCHEMA = {
         "threads": Field(int, 1, help="math threads per predictor; 1 measured fastest on 2 "
                          "shared cores (the server's event loop needs one); raise on big hosts"),
         "workers": Field(int, 1, help="predictor threads taking batches from the queue"),
+        "onednn_cache_bytes": Field(int, 2 << 30, help="Paddle Inference on CPU: memory its "
+                                    "oneDNN shape cache may hold, in bytes. Each cached input "
+                                    "shape keeps its own copy of the weights, so the cache holds "
+                                    "this over one copy's size (paddle/model.pdiparams, half for "
+                                    "bf16) shapes, 1 to 64; a shape outside it costs a weight "
+                                    "reorder again (docs/PRECISION.md, Memory)"),
         "max_wait_ms": Field(float, 5.0, help="longest a request waits for others to share "
                              "its batch"),
         "batch_when_all_queued": Field(bool, True, help="run a batch without waiting "

@@ -22,15 +22,17 @@ import numpy as np
 
 from ppvarlen.runtime import gpu
 from ppvarlen.config import ConfigError
+from ppvarlen.config_schema import SCHEMA
 
 from ppvarlen.runtime.manifest import UnservableExportError, require_listed
 from ppvarlen.utils.search import greedy_search, length_limits
 
 STEP_INPUTS = ("tokens", "src_len", "self_k", "self_v", "cross_k", "cross_v")
 ONEDNN_CACHE_CAPACITY = 64  # most input shapes whose oneDNN kernels stay cached
-# Memory the oneDNN shape cache may hold: every cached input shape keeps its own reordered copy
-# of the weight matrices, so the capacity is this budget over the size of one copy.
-ONEDNN_CACHE_BUDGET_BYTES = 2 << 30
+# Memory the oneDNN shape cache may hold (Deploy.onednn_cache_bytes when not given): every
+# cached input shape keeps its own reordered copy of the weight matrices, so the capacity is
+# this budget over the size of one copy.
+ONEDNN_CACHE_BUDGET_BYTES = SCHEMA["Deploy"]["onednn_cache_bytes"].default
 PRECISIONS = {"paddle": ("fp32", "bf16", "fp16"), "onnx": ("fp32", "fp16", "int8")}
 
 
@@ -64,9 +66,14 @@ def onednn_cache_capacity(params_bytes, precision, budget=None):
     Paddle Inference honours the capacity (least recently used shapes are dropped), but each
     shape it keeps holds its kernels' weights reordered for that shape: a copy of the weights
     per shape (bf16: at half the size), so a capacity counted in shapes alone lets a large model
-    fill the machine.  A shape outside the cache costs a weight reorder again, not a leak.  ``budget`` (bytes) defaults
-    to ``ONEDNN_CACHE_BUDGET_BYTES`` (read at call time, so tests and benchmarks can set it)."""
+    fill the machine.  A shape outside the cache costs a weight reorder again, not a leak.
+    ``budget`` (bytes, ``Deploy.onednn_cache_bytes``) defaults to ``ONEDNN_CACHE_BUDGET_BYTES``
+    (read at call time, so tests and benchmarks can set it)."""
     budget = ONEDNN_CACHE_BUDGET_BYTES if budget is None else budget
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ConfigError(f"Deploy.onednn_cache_bytes is {budget!r}; it must be a whole number "
+                          f"of bytes, at least 1 (default {ONEDNN_CACHE_BUDGET_BYTES}: a bound "
+                          f"on the memory Paddle's oneDNN shape cache holds)")
     copy_bytes = max(1, params_bytes // 2 if precision == "bf16" else params_bytes)
     return int(max(1, min(ONEDNN_CACHE_CAPACITY, budget // copy_bytes)))
 
@@ -97,7 +104,7 @@ class PaddleEngine:
     """
 
     def __init__(self, export_dir, manifest, device="cpu", precision="fp32", threads=1,
-                 gpu_id=0, tensorrt=False, _predictor=None):
+                 gpu_id=0, tensorrt=False, onednn_cache_bytes=None, _predictor=None):
         self.output_names = _output_names(manifest, "paddle")
         self.inputs = list(manifest.get("inputs") or [])
         self.input_names = input_names(manifest)
@@ -135,7 +142,8 @@ class PaddleEngine:
                 config.enable_onednn()
                 # oneDNN caches kernels (and a weight copy) per input shape; every batch can
                 # have a new shape: bound the cache in bytes.
-                cache_capacity = onednn_cache_capacity(os.path.getsize(params), precision)
+                cache_capacity = onednn_cache_capacity(os.path.getsize(params), precision,
+                                                       onednn_cache_bytes)
                 config.set_onednn_cache_capacity(cache_capacity)
             config.set_cpu_math_library_num_threads(int(threads))
             if precision == "bf16":
@@ -290,11 +298,13 @@ class OnnxGreedyEngine:
         return {"output_ids": ids}
 
 
-def build_engine(export_dir, manifest, backend, tensorrt=False, **kw):
+def build_engine(export_dir, manifest, backend, tensorrt=False, onednn_cache_bytes=None, **kw):
+    """The engine of ``backend`` for the export (``onednn_cache_bytes``: Paddle's only)."""
     if tensorrt and (backend != "paddle" or kw.get("device") != "gpu"):
         raise ConfigError("TensorRT runs only with --backend paddle --device gpu")
     if backend == "paddle":
-        return PaddleEngine(export_dir, manifest, tensorrt=tensorrt, **kw)
+        return PaddleEngine(export_dir, manifest, tensorrt=tensorrt,
+                            onednn_cache_bytes=onednn_cache_bytes, **kw)
     if backend == "onnx" and _backend_entry(manifest, "onnx").get("decode") == "greedy_numpy":
         return OnnxGreedyEngine(export_dir, manifest, **kw)
     if backend == "onnx":

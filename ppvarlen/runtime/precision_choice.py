@@ -1,22 +1,22 @@
-"""Which precision to serve, from what the export verified and measured (manifest data).
+"""Which precision to serve: ``auto`` is decided on the host that serves, one rule for the
+server, ``ppvarlen-infer`` and ``Predictor(..., precision="auto")``.
 
 ``manifest["precision_measured"][backend][precision]`` (written by ``--verify``,
-ppvarlen/export/precision_speed.py) says whether the precision passed the parity
-gates and how many examples/s it ran on the export host's CPU.
+ppvarlen/export/precision_speed.py) says whether the precision passed the export's gates
+(only a verified precision is a candidate) and how many examples/s it ran on the export
+host's CPU (used for warnings only: another CPU can order the precisions either way).
 
-* ``resolve(manifest, backend, "auto", device)`` -> the fastest verified precision
-  of that backend, a reduced one only when >= ``AUTO_MIN_GAIN`` x fp32 (fp32 when
-  nothing was measured, or on GPU: CPU timings say nothing about a GPU).
-* an explicit precision is served as asked; on CPU, one measured slower than fp32
-  logs a warning with both numbers (fp16 with no measurement: a warning too,
-  ONNX Runtime's fp16 kernels are for CUDA).
+* an explicit precision is served as asked (``resolve``); on CPU, one measured slower than
+  fp32 on the export host logs a warning with both numbers (fp16 with no measurement: a
+  warning too, ONNX Runtime's fp16 kernels are for CUDA).
 * bf16 on a CPU without bf16 instructions (avx512_bf16 / AMX): Paddle Inference
   logs "CPU does not support BFLOAT16 calculations" at glog level and runs fp32
   kernels; that is said here as a warning, and ``auto`` never picks such a bf16.
+* ``auto`` off CPU serves fp32 (CPU timings say nothing about a GPU).
 
-The server decides on the host that serves (``load_admitted``), since the export host's
-timings say nothing about another CPU (AVX2-only, AVX-512, AMX): with ``auto`` it loads fp32
-and every precision the export verified that this CPU can run, admits each
+``auto`` on CPU (``load_admitted``; the export host's timings say nothing about another CPU:
+AVX2-only, AVX-512, AMX) loads fp32 and every precision the export verified that this CPU
+can run, admits each
 (``admission.admit``; one that fails is skipped with a log line), times the admitted ones on
 the admission batches (``measure``: interleaved rounds until ``TIME_BUDGET_S``) and serves
 the fastest that beats fp32 by ``AUTO_MIN_GAIN``.  The choice, both speeds and the CPU's
@@ -53,38 +53,24 @@ def _speed(entry):
     return (entry or {}).get("examples_per_s")
 
 
-# ``auto`` leaves fp32 only for a precision at least this much faster on the export host:
-# the export's timing is a few interleaved rounds on a possibly shared CPU, and a precision
-# within that noise of fp32 (e.g. int8 of the BiGRU-CRF tagger, whose emission head alone
-# quantizes) would trade some changed answers for no real gain (docs/PRECISION.md).
+# ``auto`` leaves fp32 only for a precision at least this much faster on the serving host:
+# the timing is a few interleaved rounds on a possibly shared CPU, and e.g. int8 of the
+# BiGRU-CRF tagger (only its emission head quantizes) times within noise of fp32 while it
+# changes some tags (docs/PRECISION.md).
 AUTO_MIN_GAIN = 1.10
 
 
-def fastest(manifest, backend):
-    """The verified precision with the most examples/s; a reduced precision only when it
-    beat fp32 by ``AUTO_MIN_GAIN`` (fp32 when none was timed)."""
-    timed = {p: _speed(e) for p, e in measured(manifest, backend).items()
-             if _speed(e) and (p != "bf16" or (e.get("cpu_bf16") and cpu_supports_bf16()))}
-    if "fp32" in timed:
-        timed = {p: v for p, v in timed.items() if p == "fp32" or v >= AUTO_MIN_GAIN * timed["fp32"]}
-    if not timed:
-        return "fp32"
-    return max(sorted(timed), key=lambda p: timed[p])
-
-
 def resolve(manifest, backend, precision, device="cpu"):
-    """The precision to serve for a request of ``precision`` (``auto`` picks by measurement)."""
+    """The precision an engine loads for a request of ``precision``: an explicit one as
+    asked (warned about on CPU when it is slow or not really run), ``auto`` off CPU fp32.
+    ``auto`` on CPU is timed on this host: ``load_admitted``."""
     if precision == "auto":
-        if device != "cpu":
-            log.info("--precision auto on %s: serving fp32 (the export's timings are from the "
-                     "export host's CPU; pass --precision fp16/bf16 to choose)", device)
-            return "fp32"
-        chosen = fastest(manifest, backend)
-        speeds = {p: round(_speed(e), 1) for p, e in measured(manifest, backend).items()
-                  if _speed(e)}
-        log.info("--precision auto: %s for backend %s (verified examples/s on the export host: "
-                 "%s)", chosen, backend, speeds or "none measured")
-        return chosen
+        if device == "cpu":
+            raise ValueError("precision auto on CPU is chosen by load_admitted (timed on this "
+                             "host), not from the manifest")
+        log.info("--precision auto on %s: serving fp32 (the export's timings are from the "
+                 "export host's CPU; pass --precision fp16/bf16 to choose)", device)
+        return "fp32"
     if device == "cpu" and not getattr(_quiet, "on", False):
         warn_if_slower(manifest, backend, precision)
         if precision == "bf16" and not cpu_supports_bf16():

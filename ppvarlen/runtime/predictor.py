@@ -12,6 +12,7 @@ pydantic model the task declares (``prediction_model``; docs/TASKS.md shows each
 pieces after clause punctuation (``longtext.clause_spans``), each decoded on its own, and the
 outputs joined in order; otherwise the manifest's policy applies.
 """
+import functools
 import os
 import time
 
@@ -73,7 +74,19 @@ class Predictor:
 
     def __init__(self, export_dir, backend="paddle", device="cpu", precision="fp32", threads=1,
                  max_batch_tokens=8192, max_batch_size=64, tensorrt=False, verify=True,
-                 split_long_sources=False, allow_external_symlinks=False, _shared=None):
+                 split_long_sources=False, allow_external_symlinks=False,
+                 onednn_cache_bytes=None, _shared=None):
+        if _shared is None and precision == "auto" and device == "cpu":
+            # decided on this host, by the rule the server and ppvarlen-infer use
+            chosen = precision_choice.load_admitted(
+                functools.partial(Predictor, backend=backend, device=device, threads=threads,
+                                  max_batch_tokens=max_batch_tokens,
+                                  max_batch_size=max_batch_size, tensorrt=tensorrt,
+                                  verify=verify, split_long_sources=split_long_sources,
+                                  allow_external_symlinks=allow_external_symlinks,
+                                  onednn_cache_bytes=onednn_cache_bytes),
+                export_dir, "auto", device)
+            _shared = chosen.__dict__
         if _shared is not None:
             self.__dict__.update(_shared)
         else:
@@ -124,11 +137,11 @@ class Predictor:
                     raise UnservableExportError(f"max_len {self.max_len} exceeds the TensorRT shape range "
                                                 f"(max length {top_len}) in the manifest; re-export")
                 self.max_batch_size = min(self.max_batch_size, int(top_batch))
-            # auto -> fastest verified (>= 10% over fp32); warns on a precision measured slower
+            # an explicit precision (auto off CPU: fp32); warns on one measured slower
             self.precision = precision_choice.resolve(m, backend, precision, device)
             self.engine = build_engine(export_dir, m, backend, device=device,
                                        precision=self.precision, threads=threads,
-                                       tensorrt=tensorrt)
+                                       tensorrt=tensorrt, onednn_cache_bytes=onednn_cache_bytes)
         # Counted over the arrays really run: padding efficiency = real / padded.
         self.real_tokens = 0
         self.padded_tokens = 0

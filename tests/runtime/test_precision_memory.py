@@ -124,6 +124,22 @@ def test_budget_sets_the_capacity_in_weight_copies():
     assert onednn_cache_capacity(mib, "fp32", budget=1024 * mib) == ONEDNN_CACHE_CAPACITY
 
 
+def test_deploy_onednn_cache_bytes_sets_the_served_capacity(mlp_export):
+    from ppvarlen.config import ConfigError
+    from ppvarlen.runtime.predictor import Predictor
+    from ppvarlen.serve.server import app_from_config
+    from ppvarlen.serve.state import deploy_settings
+
+    copy_bytes = os.path.getsize(os.path.join(mlp_export, "paddle", "model.pdiparams"))
+    deploy = deploy_settings(backend="paddle", precision="fp32", onednn_cache_bytes=2 * copy_bytes)
+    app = app_from_config(mlp_export, deploy)
+    served = app.state.app_state.predictor
+    assert served.engine.settings["onednn_cache_capacity"] == 2  # two weight copies fit
+    for bad in (0, -1):
+        with pytest.raises(ConfigError, match=r"Deploy\.onednn_cache_bytes is -?\d+; it must"):
+            Predictor(mlp_export, "paddle", precision="fp32", onednn_cache_bytes=bad)
+
+
 def _child(export_dir, backend, precision):
     """Warm up on one batch, then every length 1..MAX_LEN at every batch size 1..MAX_ROWS."""
     from ppvarlen.runtime import backends
