@@ -94,6 +94,9 @@ setup(
                  # clients (kserve pins pandas<3, psutil<6, python-dateutil<3) and LangChain's
                  # OpenAIEmbeddings
                  "kserve>=0.21,<0.22", "langchain-openai>=1.0",
+                 # kserve's pandas<3 lets the resolver take paddlenlp's tool-helpers 0.1.2, which
+                 # pins numpy<=1.26.4 and so breaks pyarrow (it needs numpy 2): keep numpy 2
+                 "numpy>=2",
                  *PARQUET, *RAY, *DOCS],
         "docs": DOCS,
         # ppvarlen-infer's Parquet embedding output (and Parquet corpus input)

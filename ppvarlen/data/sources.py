@@ -870,11 +870,12 @@ class _Merge:
                 raise _no_examples(path, fs.lines, fs.skipped + fd.skipped)
             files.append(fd)
         if plan.label_names is None and not plan.eval_only_labels:
-            role = {p: r for r, paths in plan.files.items() for p in paths}
-            train = {_tag_type(t) for fd in files if role[fd.path] == "train"
+            # a file may be read as train and as dev/test too: it counts as train
+            train_paths = set(plan.files.get("train", ()))
+            train = {_tag_type(t) for fd in files if fd.path in train_paths
                      for ex in fd.examples for t in ex["tags"]}
             self._check_eval_only(
-                ((fd.path, _tag_type(t), n) for fd in files if role[fd.path] != "train"
+                ((fd.path, _tag_type(t), n) for fd in files if fd.path not in train_paths
                  for ex, n in zip(fd.examples, fd.line_numbers) for t in ex["tags"]),
                 train, "tag type")
         names, label_stats = map_tags(files, plan.label_names, plan.skip_invalid, plan.tag_scheme)
