@@ -128,7 +128,7 @@ def test_deploy_onednn_cache_bytes_sets_the_served_capacity(mlp_export):
     from ppvarlen.config import ConfigError
     from ppvarlen.runtime.predictor import Predictor
     from ppvarlen.serve.server import app_from_config
-    from ppvarlen.serve.state import deploy_settings
+    from ppvarlen.serve.dataplane import deploy_settings
 
     copy_bytes = os.path.getsize(os.path.join(mlp_export, "paddle", "model.pdiparams"))
     deploy = deploy_settings(backend="paddle", precision="fp32", onednn_cache_bytes=2 * copy_bytes)
