@@ -181,32 +181,13 @@ def agreement(runners, batches, outputs):
 def start_server(export_dir, backend, precision, threads, log_path, timeout_s=900):
     """``ppvarlen-serve`` of ``export_dir`` on a free port, its log in ``log_path`` (the
     precision ``auto`` picked is logged there) -> (process, url) once /health answers."""
-    import subprocess
+    from ppvarlen.serve import bench
 
-    import httpx
-
-    from ppvarlen.serve.bench import free_port
-
-    port = free_port()
-    cmd = [sys.executable, os.path.join(REPO, "deploy", "python", "serve.py"), "--model-dir",
-           export_dir, "--backend", backend, "--precision", precision, "--port", str(port),
-           "-o", f"Deploy.threads={threads}"]
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{backend} {precision}: the server exited with code "
-                             f"{proc.returncode}; its log: {log_path}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(1)
-    proc.kill()
-    raise SystemExit(f"{backend} {precision}: no /health answer within {timeout_s}s ({log_path})")
+    try:
+        return bench.start_server(export_dir, backend, {"threads": threads}, bench.free_port(),
+                                  timeout_s, log_path=log_path, args=("--precision", precision))
+    except RuntimeError as e:
+        raise SystemExit(f"{backend} {precision}: {e}") from None
 
 
 def serve_point(url, pid, texts, concurrency, warmup_s, duration_s, seed):

@@ -177,14 +177,17 @@ def test_task_comparison_pattern_catches_the_forms_it_names():
         assert not rx.search(line), line
 
 
-def _module_level_imports(path, module):
-    """Modules ``module`` (dotted) imports when it is loaded: top-level statements only."""
+def imported_modules(source, module, is_package=False, top_level_only=True):
+    """Module names ``source`` (the text of dotted ``module``) imports, relative ones resolved;
+    ``from X import name`` counts as both X and X.name (name may be a module).
+    ``top_level_only``: what loading the module imports; else every import statement, also one
+    inside a function (tests/serve/test_layering_serve.py)."""
     import ast
 
-    tree = ast.parse(open(path, encoding="utf-8").read())
-    package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
+    tree = ast.parse(source)
+    package = module if is_package else module.rsplit(".", 1)[0]
     out = set()
-    for node in tree.body:
+    for node in tree.body if top_level_only else ast.walk(tree):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -196,6 +199,12 @@ def _module_level_imports(path, module):
             out.add(base)
             out.update(f"{base}.{a.name}" for a in node.names)
     return out
+
+
+def _module_level_imports(path, module):
+    """Modules ``module`` (dotted) imports when it is loaded: top-level statements only."""
+    with open(path, encoding="utf-8") as f:
+        return imported_modules(f.read(), module, path.endswith("__init__.py"))
 
 
 def _ppvarlen_modules():

@@ -48,19 +48,27 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_server(export_dir, backend, deploy_overrides, port, startup_timeout=120):
-    """serve.py in a child process; returns (process, url) once /health answers."""
+def start_server(export_dir, backend, deploy_overrides, port, startup_timeout=120,
+                 log_path=None, args=()):
+    """serve.py in a child process; returns (process, url) once /health answers.  ``log_path``:
+    its output goes to that file (a long run: a pipe nobody reads would fill and stall it),
+    else stderr is kept for the error; ``args``: more serve.py arguments (``--precision``)."""
     cmd = [sys.executable, os.path.join(REPO, "deploy", "python", "serve.py"), "--model-dir",
-           export_dir, "--backend", backend, "--port", str(port)]
+           export_dir, "--backend", backend, "--port", str(port), *args]
     for k, v in deploy_overrides.items():
         cmd += ["-o", f"Deploy.{k}={v}"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if log_path is None:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
+    else:
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + startup_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with code {proc.returncode}: "
-                               f"{proc.stderr.read()[-2000:]}")
+            tail = proc.stderr.read()[-2000:] if log_path is None else f"its log: {log_path}"
+            raise RuntimeError(f"server exited with code {proc.returncode}: {tail}")
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
                 return proc, url

@@ -27,15 +27,19 @@ def _measured(fp32, fp16, int8, int8_verified=True):
                      "int8": {"verified": int8_verified, "examples_per_s": int8}}}
 
 
+def spread_export(out, precisions):
+    """A verified ONNX export of the spread-logits transformer in ``precisions`` -> ``out``."""
+    export_model(spread_transformer(ITEMS), _meta("classification", "transformer_cls", ["a", "b"]),
+                 _encoder(), CFG, str(out), ["onnx"], precisions, verify=True,
+                 test_examples=ITEMS)
+    return out
+
+
 @pytest.fixture(scope="module")
 def shared_export(tmp_path_factory):
     """One export per module; tests get their own copy (``export_dir``), so a test that
     rewrites the manifest never changes what another test reads, in any order."""
-    out = tmp_path_factory.mktemp("choice") / "export"
-    export_model(spread_transformer(ITEMS), _meta("classification", "transformer_cls", ["a", "b"]),
-                 _encoder(), CFG, str(out), ["onnx"], ["fp32", "fp16", "int8"], verify=True,
-                 test_examples=ITEMS)
-    return out
+    return spread_export(tmp_path_factory.mktemp("choice") / "export", ["fp32", "fp16", "int8"])
 
 
 @pytest.fixture

@@ -10,19 +10,12 @@ import pytest
 from ppvarlen import cli
 from ppvarlen.runtime import precision_choice
 from ppvarlen.runtime.predictor import Predictor
-from ppvarlen.export.exporter import export_model
-from test_export import CFG, _encoder, _meta
-from test_precision_choice import ITEMS, TEXTS
-from test_quantize import spread_transformer
+from test_precision_choice import TEXTS, spread_export
 
 
 @pytest.fixture(scope="module")
 def shared_export(tmp_path_factory):
-    out = tmp_path_factory.mktemp("predictor_auto") / "export"
-    export_model(spread_transformer(ITEMS), _meta("classification", "transformer_cls", ["a", "b"]),
-                 _encoder(), CFG, str(out), ["onnx"], ["fp32", "int8"], verify=True,
-                 test_examples=ITEMS)
-    return out
+    return spread_export(tmp_path_factory.mktemp("predictor_auto") / "export", ["fp32", "int8"])
 
 
 @pytest.fixture

@@ -2,8 +2,9 @@
 plane, batcher) know no protocol; a protocol (protocols/NAME/) knows no other protocol.  Read
 from the source (every import, also one inside a function), so a violation fails here before
 it is ever run."""
-import ast
 import os
+
+from test_hygiene import imported_modules
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SERVE = os.path.join(REPO, "ppvarlen", "serve")
@@ -20,22 +21,8 @@ def module_name(path):
 
 
 def imports(source, module, is_package=False):
-    """Every module name ``source`` (the text of ``module``) imports, relative ones resolved;
-    ``from X import name`` counts as both X and X.name (name may be a module)."""
-    package = module if is_package else module.rpartition(".")[0]
-    out = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                parts = parts[:len(parts) - node.level + 1]
-                base = ".".join(parts + ([base] if base else []))
-            out.add(base)
-            out.update(f"{base}.{a.name}" for a in node.names)
-    return out
+    """Every module ``source`` imports, also inside functions (the suite's one import reader)."""
+    return imported_modules(source, module, is_package, top_level_only=False)
 
 
 def protocol_of(name):

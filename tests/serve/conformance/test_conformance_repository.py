@@ -183,3 +183,14 @@ def _refusal(call):
     except InferenceServerException as e:
         return e
     raise AssertionError("the timed request was answered; it should have expired")
+
+
+@pytest.mark.parametrize("name", ["nosuch", "..", "a%2Fb", "x" * 300])
+def test_unloading_or_loading_a_model_the_repository_lacks_is_a_4xx_naming_it(repo, name):
+    """A hostile or unknown model name on the repository routes is refused in the protocol's
+    error form, never a 500; the served model is untouched."""
+    for action in ("unload", "load"):
+        r = httpx.post(f"{repo.url}/v2/repository/models/{name}/{action}", timeout=60)
+        assert 400 <= r.status_code < 500, (action, name, r.status_code, r.text)
+        assert set(r.json()) == {"error"}, r.text
+    assert httpx.get(repo.url + "/v2/models/sentiment/ready").status_code == 200
