@@ -41,6 +41,7 @@ load average and the server's CPU seconds per text recorded.  Writes
         --work output/bench/prec_serve --out output/bench/prec_serve
 """
 import argparse
+import io
 import json
 import logging
 import os
@@ -117,6 +118,28 @@ def train_steps(model, train, steps, pad_id, lr=3e-5, rows=16, max_len=64, seed=
         print(f"train step {step + 1}/{steps}: loss {losses[-1]:.4f}", file=sys.stderr, flush=True)
     model.eval()
     return losses[-10:]
+
+
+def trained_weights(model, train, args, pad_id):
+    """``train_steps`` with ``args``' steps and rate, its weights kept in ``{work}`` as .npz (no
+    pickle) and reused by a later run with the same steps and rate: a gate or a serve run
+    repeated does not train again.  -> the last losses (None when reused)."""
+    import numpy as np
+    import paddle
+
+    from ppvarlen.utils.io import atomic_write_bytes
+
+    path = os.path.join(args.work, f"trained_{args.train_steps}_steps_lr{args.train_lr:g}.npz")
+    if os.path.exists(path):
+        with np.load(path, allow_pickle=False) as saved:
+            model.set_state_dict({k: paddle.to_tensor(saved[k]) for k in saved.files})
+        print(f"trained weights reused from {path}", file=sys.stderr, flush=True)
+        return None
+    losses = train_steps(model, train, args.train_steps, pad_id, lr=args.train_lr)
+    buffer = io.BytesIO()
+    np.savez(buffer, **{k: v.numpy() for k, v in model.state_dict().items()})
+    atomic_write_bytes(path, buffer.getvalue())
+    return losses
 
 
 def interleaved(runners, batches, repeats):
@@ -241,8 +264,7 @@ def serve_comparison(args, cfg, model, meta, encoder, bundle):
     trained = None
     if not os.path.exists(os.path.join(export_dir, "manifest.json")):
         if args.train_steps:
-            trained = train_steps(model, bundle.train, args.train_steps, encoder.pad_id,
-                                  lr=args.train_lr)
+            trained = trained_weights(model, bundle.train, args, encoder.pad_id)
         export_model(model, meta, encoder, cfg, export_dir, ["paddle", "onnx"], ["auto"],
                      verify=True, test_examples=load_test_split(cfg, encoder, meta["task"]),
                      calibration_examples=lambda: load_train_sample(
