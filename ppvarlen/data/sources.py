@@ -350,7 +350,7 @@ class Scanner:
         self.index = None if plan.label_names is None else \
             {name: i for i, name in enumerate(plan.label_names)}
 
-    def _records(self, chunk, scan, raws=None, loaded=None):
+    def records(self, chunk, scan, raws=None, loaded=None):
         """Yield (line, its example or the ``BadLine`` that says why it has none) of the chunk
         (``raws``: its lines, read already, the file's trailing blank lines cut; ``loaded``:
         their ``load_lines`` values)."""
@@ -423,7 +423,7 @@ class Scanner:
                 if layout is not None:
                     loaded = None  # parsed again line by line, renamed there
         numbers, examples = [], []
-        for n, ex in self._records(chunk, scan, raws, loaded):
+        for n, ex in self.records(chunk, scan, raws, loaded):
             scan.lines += 1
             if isinstance(ex, BadLine):
                 if not self.plan.skip_invalid:
@@ -1076,27 +1076,41 @@ def join_tokens(tokens):
     return "".join(tokens) if all(len(t) == 1 for t in tokens) else " ".join(tokens)
 
 
-def request_texts(path, fields, fmt=None, keys=None):
-    """(line, (text, ...)) of each record of a data file in a training format (``fmt``, by
-    default its suffix's: ``format_of``), read by the training reader: its texts in the order of
-    ``fields`` (format field names; a tagging record's tokens are ``join_tokens``'d into its
-    text), its labels not used.  For inference over a corpus file as training reads it."""
+def request_records(path, fields, fmt=None, keys=None, limits=None):
+    """(line, (text, ...) | DataError) of each record of a data file in a training format
+    (``fmt``, by default its suffix's: ``format_of``), streamed in input order: read chunk by
+    chunk (a Parquet file batch by batch) by pass 1's reader (``Scanner.records``), so memory
+    stays bounded whatever the file's size.  A record's texts come in the order of ``fields``
+    (format field names; a tagging record's tokens are ``join_tokens``'d into its text), its
+    labels not used.  A bad record is its line's DataError (``file:line: why``) and the records
+    after it are still read.  For inference over a corpus file as training reads it.
+
+    Refused as a whole (DataError, before any record): a file whose format cannot be told, or
+    whose header names no column for a field (``columns``), or whose records hold no text the
+    model reads.  Reading stops with a DataError where no record end can be found (a line over
+    Data.max_line_bytes, a gzip bomb: ``data.chunks``)."""
     fmt = fmt or format_of(path)
     if fmt is None:
         raise DataError(f"{path}: cannot tell the format from the suffix; use one of "
                         f"{sorted(SUFFIX_FORMATS)}")
-    fd = read_file(path, fmt, None, keys=keys)
-    out = []
-    for n, ex in zip(fd.line_numbers, fd.examples):
-        if "tokens" in ex:
-            ex = {**ex, "text": join_tokens(ex["tokens"])}
-        missing = [f for f in fields if f not in ex]
-        if missing:
-            raise DataError(f"{path}: read as {fd.task} data ({list(FORMATS[fd.task].fields)}), "
-                            f"which has no {missing[0]!r} for this model; give a file of the "
-                            f"model's task")
-        out.append((n, tuple(ex[f] for f in fields)))
-    return out
+    limits, keys = limits or ReadLimits.of(), keys or {}
+    task = _format_task(fmt, None, path, limits, keys)
+    read = FORMATS[task].fields
+    missing = [f for f in fields if f not in read and not (f == "text" and "tokens" in read)]
+    if missing:
+        raise DataError(f"{path}: read as {task} data ({list(read)}), which has no "
+                        f"{missing[0]!r} for this model; give a file of the model's task")
+    one = Plan(fmt, task, True, {"train": [path]}, {"train": path}, False, 0, limits=limits,
+               layouts={path: _layout(fmt, task, path, limits, keys)})
+    scanner = Scanner(one, None)
+    for chunk in one.chunks():
+        for n, ex in scanner.records(chunk, ChunkScan("train", path)):
+            if isinstance(ex, BadLine):
+                yield n, DataError(f"{path}:{n}: {ex.message}")
+                continue
+            if "tokens" in ex:
+                ex = {**ex, "text": join_tokens(ex["tokens"])}
+            yield n, tuple(ex[f] for f in fields)
 
 
 def load_corpus(data_cfg):

@@ -6,14 +6,18 @@ tagging; a seq2seq export also reads ``{"source": ...}``, the seq2seq data forma
 ``{"text_a": ..., "text_b": ...}`` (text pairs, the pair corpus's fields) or ``{"question":
 ..., "context": ...}`` (extractive QA); other fields are ignored, so a corpus file is read as
 it is.  ``.txt`` (one text per line) for a task whose item is one text.  A file in another
-format training reads (``.tsv``, ``.csv``, ``.conll``, ``.parquet``; labels not used) is read by
-the training reader (``data.sources.request_texts``: columns by name, a CoNLL sentence's
-tokens joined into its text), whole, and refused at its first bad record.  Each line's texts
-become the task's request item (``Task.oip_item``), encoded as the server encodes it
-(``Task.encode_request``).
+format training reads (``.tsv``, ``.csv``, ``.conll``, ``.parquet``, plain or gzip'd; labels
+not used) is read by the training reader (``data.sources.request_records``: columns by name,
+a CoNLL sentence's tokens joined into its text), streamed as well: chunk by chunk (a Parquet
+file batch by batch), a record numbered by its first line (a Parquet file by its row).  Such a
+file is refused as a whole only before its first record is read (a header naming no column
+the model reads, a file of another task's fields) or where its records cannot be told apart
+any further (a line over Data.max_line_bytes).  Each line's texts become the task's request
+item (``Task.oip_item``), encoded as the server encodes it (``Task.encode_request``).
 Output: JSONL, line ``i`` answering input line ``i``: ``{"line": n, **prediction}``
-or ``{"line": n, "error": why}`` for a line that could not be used (a field missing or not
-a string, named with the line; also reported on stderr); the other lines are still predicted.
+or ``{"line": n, "error": why}`` for a line (a record) that could not be used (a field
+missing or not a string, a table row of the wrong width, a CoNLL line without a tag, named
+with the line; also reported on stderr); the other lines are still predicted.
 An embedding export's vectors can go to ``.npy`` or Parquet instead (by the output's suffix or
 ``output_format``; ``embedding_files``), written window by window as well.
 
@@ -49,7 +53,7 @@ from tqdm import tqdm
 from ppvarlen.config_schema import SCHEMA
 from ppvarlen.data.errors import DataError
 from ppvarlen.data.readers import LONG_LINE, bounded_lines
-from ppvarlen.data.sources import SUFFIX_FORMATS, format_of, request_texts
+from ppvarlen.data.sources import SUFFIX_FORMATS, format_of, request_records
 from ppvarlen.tasks.base import Task
 from ppvarlen.utils.io import atomic_text_writer
 
@@ -189,9 +193,13 @@ def iter_items(path, task=None, max_text_chars=MAX_TEXT_CHARS):
 
 
 def _data_file_items(path, task, max_text_chars):
-    """``iter_items`` of a file in a training format: its records' texts (``request_texts``)."""
+    """``iter_items`` of a file in a training format: its records' texts (``request_records``,
+    streamed; a bad record is its line's DataError)."""
     fields = tuple(names[0] for names in task.line_fields())
-    for n, texts in request_texts(path, fields):
+    for n, texts in request_records(path, fields):
+        if isinstance(texts, DataError):
+            yield n, texts
+            continue
         key, text = next(((k, t) for k, t in zip(fields, texts) if len(t) > max_text_chars),
                          (None, None))
         if key is not None:
