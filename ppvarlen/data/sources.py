@@ -146,7 +146,7 @@ def _format_task(fmt, task, first_file, limits, keys=None):
         raise ConfigError(f"Data.task {task!r}: no corpus format of that name; the formats are "
                           f"{sorted(FORMATS)} (a task module registers its own, docs/TASKS.md)")
     if fmt == "conll":
-        if task not in (None, "tagging"):
+        if task is not None and fmt not in formats_for(task):
             raise ConfigError(f"Data.task {task!r}: CoNLL files hold tagging data (a token and "
                               f"its tag per line); remove Data.task, or give {task} data as "
                               f"JSONL with {list(FORMATS[task].fields)} fields")
@@ -157,7 +157,7 @@ def _format_task(fmt, task, first_file, limits, keys=None):
             header = _first_cells(fmt, first_file, limits)
             task = (columns.resolvable(header, tables, keys, case=False)
                     if header is not None else None) or DEFAULT_TASK
-        if not FORMATS[task].table:
+        if fmt not in formats_for(task):
             looks = sniff_format(first_file, limits)
             others = sorted(t for t in tables if t != DEFAULT_TASK)
             raise DataError(f"{first_file}: {fmt.upper()} files hold "
@@ -1064,6 +1064,15 @@ SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".tsv": "tsv", ".csv": "c
                   ".conll": "conll", ".bio": "conll", ".iob": "conll", ".parquet": "parquet"}
 
 
+def formats_for(task):
+    """The user-file formats (Data.corpus values) that can hold ``task``'s corpus format: JSONL
+    and Parquet any (a field per key or column), TSV and CSV one with a table form, CoNLL
+    tagging's (a token and its tag per line)."""
+    fmt = FORMATS[task]
+    return tuple(f for f in USER_FORMATS if f in ("jsonl", "parquet") or
+                 (f in TABLE_SEPARATORS and fmt.table) or (f == "conll" and task == "tagging"))
+
+
 def format_of(path):
     """The user-file format (a Data.corpus value) a file's suffix names (``.gz`` aside), or None."""
     base = path[:-3] if path.endswith(".gz") else path
@@ -1082,8 +1091,9 @@ def request_records(path, fields, fmt=None, keys=None, limits=None):
     chunk (a Parquet file batch by batch) by pass 1's reader (``Scanner.records``), so memory
     stays bounded whatever the file's size.  A record's texts come in the order of ``fields``
     (format field names; a tagging record's tokens are ``join_tokens``'d into its text), its
-    labels not used.  A bad record is its line's DataError (``file:line: why``) and the records
-    after it are still read.  For inference over a corpus file as training reads it.
+    labels not used; ``keys``: the Data keys naming its columns (``columns.column_keys``).  A
+    bad record is its line's DataError (``file:line: why``) and the records after it are still
+    read.  For inference over a corpus file as training reads it.
 
     Refused as a whole (DataError, before any record): a file whose format cannot be told, or
     whose header names no column for a field (``columns``), or whose records hold no text the
@@ -1094,6 +1104,9 @@ def request_records(path, fields, fmt=None, keys=None, limits=None):
         raise DataError(f"{path}: cannot tell the format from the suffix; use one of "
                         f"{sorted(SUFFIX_FORMATS)}")
     limits, keys = limits or ReadLimits.of(), keys or {}
+    if keys and fmt == "conll":
+        raise DataError(f"{path}: Data.{next(iter(keys))} names columns, but a CoNLL file has "
+                        f"none to name (the token first, the tag last); drop it")
     task = _format_task(fmt, None, path, limits, keys)
     read = FORMATS[task].fields
     missing = [f for f in fields if f not in read and not (f == "text" and "tokens" in read)]

@@ -156,19 +156,26 @@ def _line_texts(line, task, where):
     return texts
 
 
-def iter_items(path, task=None, max_text_chars=MAX_TEXT_CHARS):
-    """(line_no, request item | DataError) for every line of a .txt or .jsonl file, streamed.
+def iter_items(path, task=None, max_text_chars=MAX_TEXT_CHARS, column_keys=None):
+    """(line_no, request item | DataError) for every line of a .txt or .jsonl file (or record
+    of a training data file), streamed.
 
     ``task``: whose request items the lines hold (``Task.line_fields``, ``Task.oip_item``;
     default one text, ``{"text": ...}``).  A text over ``max_text_chars`` characters
     (Deploy.max_text_chars; each text of an item), or a line longer than the item's texts
-    take, is a DataError like any unusable line.
+    take, is a DataError like any unusable line.  ``column_keys``: the Data keys naming a
+    training data file's columns (``columns.column_keys``: Data.text_field, Data.columns, ...).
     """
     task = task or Task()
     ext = check_input(path, task)
     if ext not in (".txt", ".jsonl"):
-        yield from _data_file_items(path, task, max_text_chars)
+        yield from _data_file_items(path, task, max_text_chars, column_keys)
         return
+    if column_keys:
+        key = next(iter(column_keys))
+        raise DataError(f"{path}: Data.{key} names a column of a training data file (.tsv, "
+                        f".csv, .parquet), but a {ext} line holds the request item itself "
+                        f"({line_example(task)}); drop -o Data.{key}")
     count = len(task.line_fields())
     bound = line_bytes_bound(max_text_chars, count)
     takes = ("a text of {} characters takes" if count == 1 else
@@ -192,11 +199,11 @@ def iter_items(path, task=None, max_text_chars=MAX_TEXT_CHARS):
         yield n, task.oip_item(tuple(t for _, t in texts))
 
 
-def _data_file_items(path, task, max_text_chars):
+def _data_file_items(path, task, max_text_chars, column_keys):
     """``iter_items`` of a file in a training format: its records' texts (``request_records``,
     streamed; a bad record is its line's DataError)."""
     fields = tuple(names[0] for names in task.line_fields())
-    for n, texts in request_records(path, fields):
+    for n, texts in request_records(path, fields, keys=column_keys):
         if isinstance(texts, DataError):
             yield n, texts
             continue
@@ -215,9 +222,9 @@ def _too_long(where, key, text, max_text_chars):
                      f"-o Deploy.max_text_chars={len(text)}")
 
 
-def read_texts(path, task=None, max_text_chars=MAX_TEXT_CHARS):
+def read_texts(path, task=None, max_text_chars=MAX_TEXT_CHARS, column_keys=None):
     """``iter_items`` as a list (small files and tests)."""
-    return list(iter_items(path, task, max_text_chars))
+    return list(iter_items(path, task, max_text_chars, column_keys))
 
 
 def item_chars(item):
@@ -351,11 +358,12 @@ def check_output(predictor, output_path, fmt):
 
 
 def run_file(predictor, input_path, output_path=None, progress=True, window=WINDOW,
-             max_text_chars=MAX_TEXT_CHARS, output_format=None):
+             max_text_chars=MAX_TEXT_CHARS, output_format=None, column_keys=None):
     """Predict every line of ``input_path`` (the request items of ``predictor``'s task);
     write JSONL to ``output_path`` (or stdout), or for an embedding export the embeddings
     as .npy / Parquet (``output_format``, default by the suffix: ``embedding_files``).  A
     text over ``max_text_chars`` (Deploy.max_text_chars) gets an error record.
+    ``column_keys``: the Data keys naming a training data file's columns (``iter_items``).
 
     Returns the summary dict (see the module docstring): texts, predicted, failed,
     truncated, windowed, seconds, model_seconds, texts/s, tokens/s, padding efficiency,
@@ -373,7 +381,7 @@ def run_file(predictor, input_path, output_path=None, progress=True, window=WIND
     bar = tqdm(total=total, unit="text", smoothing=0, disable=not progress, file=sys.stderr)
     start = time.perf_counter()
     with _open_records(predictor, output_path, fmt) as write:
-        rows = iter_items(input_path, predictor.task, max_text_chars)
+        rows = iter_items(input_path, predictor.task, max_text_chars, column_keys)
         for chunk in encoded_windows(predictor, input_path, rows, window):
             write(_predict_window(predictor, chunk, totals))
             bar.update(len(chunk))
