@@ -220,3 +220,28 @@ def test_first_records_are_written_before_the_file_is_read_through(fmt, request,
     assert stdout.at_first_write is not None and stdout.at_first_write < total / 2, \
         (stdout.at_first_write, total)
     assert len("".join(stdout.text).splitlines()) == len(texts)
+
+
+def test_columns_are_named_by_the_data_keys_training_reads(cls_export, tmp_path, capsys):  # noqa: F811
+    """ppvarlen-infer -o Data.text_field=...: the fix the header error names can be applied."""
+    from ppvarlen.cli import main_infer
+
+    src = tmp_path / "in.csv"
+    src.write_text("label,body\n" + "".join(f'pos,"{t}"\n' for t in TEXTS), encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    args = ["--no-progress", "--model-dir", cls_export[0], "--backend", "onnx", "--input",
+            str(src), "--output", str(out)]
+    assert main_infer(args) == 2
+    err = capsys.readouterr().err
+    assert f"{src} header: no column is the 'text' (found: ['label', 'body']" in err
+    assert "name it with Data.text_field" in err and not out.exists()
+    assert main_infer(args + ["-o", "Data.text_field=body"]) == 0
+    records = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["line"] for r in records] == list(range(2, len(TEXTS) + 2))
+    assert [_answer(r) for r in records] == _as_jsonl(cls_export[0], TEXTS, tmp_path)
+    # a .jsonl line is the request item itself: a column key there is refused, not ignored
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_text(json.dumps({"body": TEXTS[0]}) + "\n", encoding="utf-8")
+    assert main_infer(args[:6] + [str(jsonl), "-o", "Data.text_field=body"]) == 2
+    assert f"{jsonl}: Data.text_field names a column of a training data file" in \
+        capsys.readouterr().err
