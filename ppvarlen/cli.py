@@ -302,8 +302,9 @@ def main_export(argv=None):
     task comes from config.json's architectures (*ForSequenceClassification /
     *ForTokenClassification) or --task; the tokenizer is AutoTokenizer's on DIR, texts are
     encoded as [CLS] text [SEP].  -c is optional here (Data.max_len, Deploy shape ranges,
-    Export settings); parity runs on the shape grid and, with --verify-file, on that JSONL
-    file ({"text", "label"} or {"tokens", "tags"} lines, labels from id2label).
+    Export settings); parity runs on the shape grid and, with --verify-file, on that labelled
+    file ({"text", "label"} or {"tokens", "tags"} JSONL lines, a .tsv/.csv/.parquet table or a
+    .conll file, read as training reads it; labels from id2label).
     --task embedding exports DIR's bare encoder (AutoModel) pooled over the real tokens:
     pooling and normalisation from a sentence-transformers layout in DIR (modules.json,
     1_Pooling/config.json, 2_Normalize), else --pooling / --normalize; a flag contradicting

@@ -222,7 +222,8 @@ def test_first_records_are_written_before_the_file_is_read_through(fmt, request,
     assert len("".join(stdout.text).splitlines()) == len(texts)
 
 
-def test_columns_are_named_by_the_data_keys_training_reads(cls_export, tmp_path, capsys):  # noqa: F811
+def test_columns_are_named_by_the_data_keys_training_reads(cls_export, tmp_path,  # noqa: F811
+                                                          capsys):
     """ppvarlen-infer -o Data.text_field=...: the fix the header error names can be applied."""
     from ppvarlen.cli import main_infer
 
