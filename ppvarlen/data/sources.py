@@ -120,12 +120,7 @@ def plan(cfg):
     files = {s: expand_inputs(spec) for s, spec in specs.items()}
     limits = ReadLimits.of(cfg)
     keys = columns.column_keys(cfg)
-    unread = [k for k in keys if (k == "columns" and cfg.corpus not in TABLE_SEPARATORS) or
-              cfg.corpus == "conll"]
-    if unread:
-        raise ConfigError(f"Data.{unread[0]} names columns of a table (or fields of jsonl / "
-                          f"parquet), but Data.corpus is {cfg.corpus}, which has none to name "
-                          f"(conll: the token first, the tag last); remove Data.{unread[0]}")
+    _check_column_keys(cfg.corpus, keys, f"Data.corpus is {cfg.corpus}")
     task = _format_task(cfg.corpus, cfg.task, files["train"][0], limits, keys)
     names = cfg.get("label_names")
     layouts = {path: _layout(cfg.corpus, task, path, limits, keys)
@@ -135,6 +130,17 @@ def plan(cfg):
                 tuple(s for s in ("dev", "test") if s not in files),
                 cfg.get("tag_scheme", "auto"), cfg.limit, parallel.has_mapper(), limits,
                 layouts, bool(cfg.get("allow_eval_only_labels", False)))
+
+
+def _check_column_keys(fmt, keys, what):
+    """ConfigError when one of ``keys`` (``columns.column_keys``) names columns ``fmt`` does not
+    have (``what``: where the format comes from, for the message)."""
+    unread = [k for k in keys if (k == "columns" and fmt not in TABLE_SEPARATORS) or
+              fmt == "conll"]
+    if unread:
+        raise ConfigError(f"Data.{unread[0]} names columns of a table (or fields of jsonl / "
+                          f"parquet), but {what}, which has none to name "
+                          f"(conll: the token first, the tag last); remove Data.{unread[0]}")
 
 
 def _format_task(fmt, task, first_file, limits, keys=None):
@@ -1066,11 +1072,11 @@ SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".tsv": "tsv", ".csv": "c
 
 def formats_for(task):
     """The user-file formats (Data.corpus values) that can hold ``task``'s corpus format: JSONL
-    and Parquet any (a field per key or column), TSV and CSV one with a table form, CoNLL
-    tagging's (a token and its tag per line)."""
+    and Parquet any (a field per key or column), TSV and CSV one with a table form, CoNLL one
+    labelled by a tag per token (a token and its tag per line)."""
     fmt = FORMATS[task]
     return tuple(f for f in USER_FORMATS if f in ("jsonl", "parquet") or
-                 (f in TABLE_SEPARATORS and fmt.table) or (f == "conll" and task == "tagging"))
+                 (f in TABLE_SEPARATORS and fmt.table) or (f == "conll" and fmt.labels == "tags"))
 
 
 def format_of(path):
@@ -1104,9 +1110,7 @@ def request_records(path, fields, fmt=None, keys=None, limits=None):
         raise DataError(f"{path}: cannot tell the format from the suffix; use one of "
                         f"{sorted(SUFFIX_FORMATS)}")
     limits, keys = limits or ReadLimits.of(), keys or {}
-    if keys and fmt == "conll":
-        raise DataError(f"{path}: Data.{next(iter(keys))} names columns, but a CoNLL file has "
-                        f"none to name (the token first, the tag last); drop it")
+    _check_column_keys(fmt, keys, f"{path} is {fmt}")
     task = _format_task(fmt, None, path, limits, keys)
     read = FORMATS[task].fields
     missing = [f for f in fields if f not in read and not (f == "text" and "tokens" in read)]
