@@ -20,6 +20,7 @@ from .readers import BadLine, ReadLimits, _check_cell_bytes, long_line_error, op
 
 CHUNK_BYTES = 4 << 20  # a chunk of whole lines: a few thousand examples, a few MB per worker
 PARQUET_BATCH_ROWS = 4096  # rows of a row group read at once (a row group may be the whole file)
+PARQUET_READ_BUFFER = 1 << 20  # bytes of a column chunk read at once when streaming its batches
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,10 @@ def pyarrow_errors():
     return OSError, pa.ArrowException
 
 
-def _parquet_file(path):
+def _parquet_file(path, streamed=False):
+    """``pyarrow.parquet.ParquetFile`` of ``path``; ``streamed``: its column chunks read
+    ``PARQUET_READ_BUFFER`` bytes at a time (pyarrow otherwise reads a row group's column chunk
+    whole, even to hand out its first batch)."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -172,6 +176,8 @@ def _parquet_file(path):
                         f"the parquet extra, ppvarlen[parquet] (or give JSONL / TSV files)") \
             from None
     try:
+        if streamed:
+            return pq.ParquetFile(path, pre_buffer=False, buffer_size=PARQUET_READ_BUFFER)
         return pq.ParquetFile(path)
     except pyarrow_errors() as e:
         raise parquet_error(path, e) from None
@@ -203,7 +209,8 @@ def _row_group_batches(path, i, first_row):
     """Row group ``i`` of ``path`` as record batches of at most ``PARQUET_BATCH_ROWS`` rows (a
     row group may hold the whole file: it is never held at once); DataError (naming its
     ``first_row``) when pyarrow cannot read it."""
-    batches = _parquet_file(path).iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[i])
+    batches = _parquet_file(path, streamed=True).iter_batches(batch_size=PARQUET_BATCH_ROWS,
+                                                              row_groups=[i])
     while True:
         try:
             batch = next(batches)
