@@ -35,6 +35,7 @@ import yaml
 from . import _mkl, _quiet
 from .config import ConfigError, add_config_args, load_config, parse_override
 from .config_schema import MODEL_KEYS, SCHEMA, iter_keys
+from .data.columns import COLUMN_KEYS, column_keys
 from .data.errors import DataError
 from .runtime.embedding_files import FORMATS as EMBEDDING_FORMATS
 from .runtime.infer import WINDOW, run_file
@@ -301,8 +302,9 @@ def main_export(argv=None):
     task comes from config.json's architectures (*ForSequenceClassification /
     *ForTokenClassification) or --task; the tokenizer is AutoTokenizer's on DIR, texts are
     encoded as [CLS] text [SEP].  -c is optional here (Data.max_len, Deploy shape ranges,
-    Export settings); parity runs on the shape grid and, with --verify-file, on that JSONL
-    file ({"text", "label"} or {"tokens", "tags"} lines, labels from id2label).
+    Export settings); parity runs on the shape grid and, with --verify-file, on that labelled
+    file ({"text", "label"} or {"tokens", "tags"} JSONL lines, a .tsv/.csv/.parquet table or a
+    .conll file, read as training reads it; labels from id2label).
     --task embedding exports DIR's bare encoder (AutoModel) pooled over the real tokens:
     pooling and normalisation from a sentence-transformers layout in DIR (modules.json,
     1_Pooling/config.json, 2_Normalize), else --pooling / --normalize; a flag contradicting
@@ -424,6 +426,8 @@ def _lengths(args):
 
 PRECISION_CHOICES = SCHEMA["Deploy"]["precision"].choices
 INFER_DEPLOY_KEY = "Deploy.max_text_chars"  # the other Deploy settings have flags of their own
+# and the keys naming a training data file's columns, read as training reads them
+INFER_KEYS = (INFER_DEPLOY_KEY,) + tuple(f"Data.{k}" for k in COLUMN_KEYS)
 
 
 def main_infer(argv=None):
@@ -448,6 +452,9 @@ def main_infer(argv=None):
     still predicted; the exit code is 1 if any line failed.  A text over
     Deploy.max_text_chars characters (the server's limit, each text of an item; -o to raise
     it) is such a bad line, and so is a line longer than such texts take (read no further).
+    A training data file (.tsv, .csv, .conll, .parquet) is streamed the same way, its columns
+    found by name as training finds them (-o Data.text_field=..., Data.columns=[...]); a bad
+    record is its first line's error record.
     The summary (stderr, JSON) counts truncated and windowed texts and warns on truncation.
     """
     parser = _parser(main_infer, config=False)
@@ -455,8 +462,9 @@ def main_infer(argv=None):
     parser.add_argument("--backend", choices=["paddle", "onnx"], default="paddle")
     parser.add_argument("--input", required=True, help=".jsonl (a request item per line, in "
                         "the task's fields), .txt (a text per line; one-text tasks), or a "
-                        "training data file (.tsv, .csv, .conll, .parquet: read as training "
-                        "reads it, labels not used)")
+                        "training data file (.tsv, .csv, .conll, .parquet, plain or .gz: read "
+                        "as training reads it, columns by name, labels not used; streamed, a "
+                        "bad record is its line's error record)")
     parser.add_argument("--output", default=None, help="JSONL predictions (default: stdout); "
                         "an embedding export also .npy (float32 [N, D], a row per line) or "
                         ".parquet (line, embedding, num_tokens, truncated columns)")
@@ -481,20 +489,24 @@ def main_infer(argv=None):
                         f"{WINDOW}); memory grows with it, padding shrinks")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("-o", "--override", action="append", default=[],
-                        metavar=f"{INFER_DEPLOY_KEY}=N",
+                        metavar="KEY=VALUE",
                         help=f"the one server setting this command reads: the longest text in "
                         f"characters ({INFER_DEPLOY_KEY}, default "
-                        f"{SCHEMA['Deploy']['max_text_chars'].default})")
+                        f"{SCHEMA['Deploy']['max_text_chars'].default}); and for a training "
+                        f"data file the Data keys naming its columns, as in training "
+                        f"(Data.text_field=body, Data.columns=[label,text], ...)")
     return _run(parser, argv, _infer)
 
 
 def _infer(args):
-    other = [o for o in args.override if o.partition("=")[0].strip() != INFER_DEPLOY_KEY]
+    other = [o for o in args.override if o.partition("=")[0].strip() not in INFER_KEYS]
     if other:
-        raise ConfigError(f"ppvarlen-infer takes only -o {INFER_DEPLOY_KEY}=N, got {other}; "
-                          f"its other settings are flags (--threads, --max-batch-tokens, "
-                          f"--max-batch-size, --precision, ...)")
-    deploy = _deploy_overrides(args.override, "ppvarlen-infer").Deploy
+        raise ConfigError(f"ppvarlen-infer takes only -o {INFER_DEPLOY_KEY}=N and the Data keys "
+                          f"naming a data file's columns ({', '.join(INFER_KEYS[1:])}), got "
+                          f"{other}; its other settings are flags (--threads, "
+                          f"--max-batch-tokens, --max-batch-size, --precision, ...)")
+    cfg = load_config(overrides=args.override)
+    deploy = cfg.Deploy
     load = functools.partial(Predictor, backend=args.backend, device=args.device,
                              threads=args.threads, max_batch_tokens=args.max_batch_tokens,
                              max_batch_size=args.max_batch_size, tensorrt=args.tensorrt,
@@ -504,7 +516,7 @@ def _infer(args):
     predictor = load(args.model_dir, precision=args.precision)
     summary = run_file(predictor, args.input, args.output, progress=not args.no_progress,
                        window=args.window, max_text_chars=deploy.max_text_chars,
-                       output_format=args.output_format)
+                       output_format=args.output_format, column_keys=column_keys(cfg.Data))
     print(json.dumps(summary, ensure_ascii=False), file=sys.stderr)
     return 1 if summary["failed"] else 0
 

@@ -2,7 +2,8 @@
 
 Line files (JSONL / TSV, plain or gzip'd) are cut into chunks of whole lines (``_chunks_of``:
 about ``CHUNK_BYTES``, a byte range of a plain file or a ``.gz``'s decompressed bytes), Parquet
-files into their row groups (``_parquet_chunks``).  Reading is bounded (``readers.ReadLimits``):
+files into their row groups (``_parquet_chunks``, each read in batches of
+``PARQUET_BATCH_ROWS`` rows).  Reading is bounded (``readers.ReadLimits``):
 files are opened with ``readers.open_data_file`` (a ``.gz`` within
 ``Data.max_decompressed_ratio``), the parent holds at most ``Data.max_line_bytes`` of an
 unfinished line, and a chunk that stops there carries the error, raised in input order.
@@ -18,6 +19,8 @@ from .errors import DataError
 from .readers import BadLine, ReadLimits, _check_cell_bytes, long_line_error, open_data_file
 
 CHUNK_BYTES = 4 << 20  # a chunk of whole lines: a few thousand examples, a few MB per worker
+PARQUET_BATCH_ROWS = 4096  # rows of a row group read at once (a row group may be the whole file)
+PARQUET_READ_BUFFER = 1 << 20  # bytes of a column chunk read at once when streaming its batches
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,10 @@ def pyarrow_errors():
     return OSError, pa.ArrowException
 
 
-def _parquet_file(path):
+def _parquet_file(path, streamed=False):
+    """``pyarrow.parquet.ParquetFile`` of ``path``; ``streamed``: its column chunks read
+    ``PARQUET_READ_BUFFER`` bytes at a time (pyarrow otherwise reads a row group's column chunk
+    whole, even to hand out its first batch)."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -170,6 +176,8 @@ def _parquet_file(path):
                         f"the parquet extra, ppvarlen[parquet] (or give JSONL / TSV files)") \
             from None
     try:
+        if streamed:
+            return pq.ParquetFile(path, pre_buffer=False, buffer_size=PARQUET_READ_BUFFER)
         return pq.ParquetFile(path)
     except pyarrow_errors() as e:
         raise parquet_error(path, e) from None
@@ -197,21 +205,41 @@ def _row_group(path, i, first_row):
         raise parquet_error(path, e, i, first_row) from None
 
 
+def _row_group_batches(path, i, first_row):
+    """Row group ``i`` of ``path`` as record batches of at most ``PARQUET_BATCH_ROWS`` rows (a
+    row group may hold the whole file: it is never held at once); DataError (naming its
+    ``first_row``) when pyarrow cannot read it."""
+    batches = _parquet_file(path, streamed=True).iter_batches(batch_size=PARQUET_BATCH_ROWS,
+                                                              row_groups=[i])
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except pyarrow_errors() as e:
+            raise parquet_error(path, e, i, first_row) from None
+        yield batch
+
+
 def _parquet_rows(chunk, limits):
-    """(row number, dict) of the chunk's row group; a text cell over Data.max_line_bytes stops
-    the reading as a line over it does.  A row with a string cell that is not UTF-8 (pyarrow
-    does not check when it writes) is a ``BadLine``, skipped under Data.skip_invalid."""
+    """(row number, dict) of the chunk's row group, read batch by batch (its shipped table at
+    once); a text cell over Data.max_line_bytes stops the reading as a line over it does.  A
+    row with a string cell that is not UTF-8 (pyarrow does not check when it writes) is a
+    ``BadLine``, skipped under Data.skip_invalid."""
     if chunk.row_group is None:  # an empty file
         return
     first = chunk.first_line
-    table = chunk.rows if chunk.rows is not None else _row_group(chunk.path, chunk.row_group, first)
-    _check_cell_bytes(chunk.path, table, first, limits.max_line_bytes)
-    try:
-        rows = table.to_pylist()
-    except UnicodeDecodeError:
-        rows = [_row_or_bad(table, k) for k in range(table.num_rows)]
-    for k, row in enumerate(rows):
-        yield first + k, row
+    batches = [chunk.rows] if chunk.rows is not None else \
+        _row_group_batches(chunk.path, chunk.row_group, first)
+    for batch in batches:
+        _check_cell_bytes(chunk.path, batch, first, limits.max_line_bytes)
+        try:
+            rows = batch.to_pylist()
+        except UnicodeDecodeError:
+            rows = [_row_or_bad(batch, k) for k in range(batch.num_rows)]
+        for k, row in enumerate(rows):
+            yield first + k, row
+        first += batch.num_rows
 
 
 def _row_or_bad(table, k):

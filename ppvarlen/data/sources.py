@@ -120,12 +120,7 @@ def plan(cfg):
     files = {s: expand_inputs(spec) for s, spec in specs.items()}
     limits = ReadLimits.of(cfg)
     keys = columns.column_keys(cfg)
-    unread = [k for k in keys if (k == "columns" and cfg.corpus not in TABLE_SEPARATORS) or
-              cfg.corpus == "conll"]
-    if unread:
-        raise ConfigError(f"Data.{unread[0]} names columns of a table (or fields of jsonl / "
-                          f"parquet), but Data.corpus is {cfg.corpus}, which has none to name "
-                          f"(conll: the token first, the tag last); remove Data.{unread[0]}")
+    _check_column_keys(cfg.corpus, keys, f"Data.corpus is {cfg.corpus}")
     task = _format_task(cfg.corpus, cfg.task, files["train"][0], limits, keys)
     names = cfg.get("label_names")
     layouts = {path: _layout(cfg.corpus, task, path, limits, keys)
@@ -137,6 +132,17 @@ def plan(cfg):
                 layouts, bool(cfg.get("allow_eval_only_labels", False)))
 
 
+def _check_column_keys(fmt, keys, what):
+    """ConfigError when one of ``keys`` (``columns.column_keys``) names columns ``fmt`` does not
+    have (``what``: where the format comes from, for the message)."""
+    unread = [k for k in keys if (k == "columns" and fmt not in TABLE_SEPARATORS) or
+              fmt == "conll"]
+    if unread:
+        raise ConfigError(f"Data.{unread[0]} names columns of a table (or fields of jsonl / "
+                          f"parquet), but {what}, which has none to name "
+                          f"(conll: the token first, the tag last); remove Data.{unread[0]}")
+
+
 def _format_task(fmt, task, first_file, limits, keys=None):
     """The corpus format (task name) the files are read as: ``task`` (Data.task) when given,
     else the one the first record's fields (a table's header) tell, else the default (a
@@ -146,7 +152,7 @@ def _format_task(fmt, task, first_file, limits, keys=None):
         raise ConfigError(f"Data.task {task!r}: no corpus format of that name; the formats are "
                           f"{sorted(FORMATS)} (a task module registers its own, docs/TASKS.md)")
     if fmt == "conll":
-        if task not in (None, "tagging"):
+        if task is not None and fmt not in formats_for(task):
             raise ConfigError(f"Data.task {task!r}: CoNLL files hold tagging data (a token and "
                               f"its tag per line); remove Data.task, or give {task} data as "
                               f"JSONL with {list(FORMATS[task].fields)} fields")
@@ -157,7 +163,7 @@ def _format_task(fmt, task, first_file, limits, keys=None):
             header = _first_cells(fmt, first_file, limits)
             task = (columns.resolvable(header, tables, keys, case=False)
                     if header is not None else None) or DEFAULT_TASK
-        if not FORMATS[task].table:
+        if fmt not in formats_for(task):
             looks = sniff_format(first_file, limits)
             others = sorted(t for t in tables if t != DEFAULT_TASK)
             raise DataError(f"{first_file}: {fmt.upper()} files hold "
@@ -350,7 +356,7 @@ class Scanner:
         self.index = None if plan.label_names is None else \
             {name: i for i, name in enumerate(plan.label_names)}
 
-    def _records(self, chunk, scan, raws=None, loaded=None):
+    def records(self, chunk, scan, raws=None, loaded=None):
         """Yield (line, its example or the ``BadLine`` that says why it has none) of the chunk
         (``raws``: its lines, read already, the file's trailing blank lines cut; ``loaded``:
         their ``load_lines`` values)."""
@@ -423,7 +429,7 @@ class Scanner:
                 if layout is not None:
                     loaded = None  # parsed again line by line, renamed there
         numbers, examples = [], []
-        for n, ex in self._records(chunk, scan, raws, loaded):
+        for n, ex in self.records(chunk, scan, raws, loaded):
             scan.lines += 1
             if isinstance(ex, BadLine):
                 if not self.plan.skip_invalid:
@@ -1064,6 +1070,15 @@ SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".tsv": "tsv", ".csv": "c
                   ".conll": "conll", ".bio": "conll", ".iob": "conll", ".parquet": "parquet"}
 
 
+def formats_for(task):
+    """The user-file formats (Data.corpus values) that can hold ``task``'s corpus format: JSONL
+    and Parquet any (a field per key or column), TSV and CSV one with a table form, CoNLL one
+    labelled by a tag per token (a token and its tag per line)."""
+    fmt = FORMATS[task]
+    return tuple(f for f in USER_FORMATS if f in ("jsonl", "parquet") or
+                 (f in TABLE_SEPARATORS and fmt.table) or (f == "conll" and fmt.labels == "tags"))
+
+
 def format_of(path):
     """The user-file format (a Data.corpus value) a file's suffix names (``.gz`` aside), or None."""
     base = path[:-3] if path.endswith(".gz") else path
@@ -1076,27 +1091,43 @@ def join_tokens(tokens):
     return "".join(tokens) if all(len(t) == 1 for t in tokens) else " ".join(tokens)
 
 
-def request_texts(path, fields, fmt=None, keys=None):
-    """(line, (text, ...)) of each record of a data file in a training format (``fmt``, by
-    default its suffix's: ``format_of``), read by the training reader: its texts in the order of
-    ``fields`` (format field names; a tagging record's tokens are ``join_tokens``'d into its
-    text), its labels not used.  For inference over a corpus file as training reads it."""
+def request_records(path, fields, fmt=None, keys=None, limits=None):
+    """(line, (text, ...) | DataError) of each record of a data file in a training format
+    (``fmt``, by default its suffix's: ``format_of``), streamed in input order: read chunk by
+    chunk (a Parquet file batch by batch) by pass 1's reader (``Scanner.records``), so memory
+    stays bounded whatever the file's size.  A record's texts come in the order of ``fields``
+    (format field names; a tagging record's tokens are ``join_tokens``'d into its text), its
+    labels not used; ``keys``: the Data keys naming its columns (``columns.column_keys``).  A
+    bad record is its line's DataError (``file:line: why``) and the records after it are still
+    read.  For inference over a corpus file as training reads it.
+
+    Refused as a whole (DataError, before any record): a file whose format cannot be told, or
+    whose header names no column for a field (``columns``), or whose records hold no text the
+    model reads.  Reading stops with a DataError where no record end can be found (a line over
+    Data.max_line_bytes, a gzip bomb: ``data.chunks``)."""
     fmt = fmt or format_of(path)
     if fmt is None:
         raise DataError(f"{path}: cannot tell the format from the suffix; use one of "
                         f"{sorted(SUFFIX_FORMATS)}")
-    fd = read_file(path, fmt, None, keys=keys)
-    out = []
-    for n, ex in zip(fd.line_numbers, fd.examples):
-        if "tokens" in ex:
-            ex = {**ex, "text": join_tokens(ex["tokens"])}
-        missing = [f for f in fields if f not in ex]
-        if missing:
-            raise DataError(f"{path}: read as {fd.task} data ({list(FORMATS[fd.task].fields)}), "
-                            f"which has no {missing[0]!r} for this model; give a file of the "
-                            f"model's task")
-        out.append((n, tuple(ex[f] for f in fields)))
-    return out
+    limits, keys = limits or ReadLimits.of(), keys or {}
+    _check_column_keys(fmt, keys, f"{path} is {fmt}")
+    task = _format_task(fmt, None, path, limits, keys)
+    read = FORMATS[task].fields
+    missing = [f for f in fields if f not in read and not (f == "text" and "tokens" in read)]
+    if missing:
+        raise DataError(f"{path}: read as {task} data ({list(read)}), which has no "
+                        f"{missing[0]!r} for this model; give a file of the model's task")
+    one = Plan(fmt, task, True, {"train": [path]}, {"train": path}, False, 0, limits=limits,
+               layouts={path: _layout(fmt, task, path, limits, keys)})
+    scanner = Scanner(one, None)
+    for chunk in one.chunks():
+        for n, ex in scanner.records(chunk, ChunkScan("train", path)):
+            if isinstance(ex, BadLine):
+                yield n, DataError(f"{path}:{n}: {ex.message}")
+                continue
+            if "tokens" in ex:
+                ex = {**ex, "text": join_tokens(ex["tokens"])}
+            yield n, tuple(ex[f] for f in fields)
 
 
 def load_corpus(data_cfg):

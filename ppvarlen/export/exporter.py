@@ -22,7 +22,8 @@ import numpy as np
 from ..config import ConfigError, load_config
 from ..data.collate import Collator
 from ..data.lengths import length_stats
-from ..data.sources import format_of
+from ..data import readers
+from ..data.sources import SUFFIX_FORMATS, format_of, formats_for
 from ..data.vocab import TextEncoder
 from ppvarlen.runtime.admission import admit
 from ppvarlen.runtime.manifest import UnservableExportError, is_version_name
@@ -611,13 +612,22 @@ def export_pretrained_dir(directory, output, cfg, task=None, formats=None, preci
 
 
 def _encode_verify_file(cfg, encoder, task, path, label_names):
-    """The labelled file (any format training reads, told by its suffix; JSONL otherwise),
-    encoded with the directory's tokenizer (all of it: test)."""
+    """The labelled file (a format training reads that holds the task's data, told by its
+    suffix, ``.gz`` aside), read as training reads it (columns by name) and encoded with the
+    directory's tokenizer (all of it: test)."""
     if not os.path.isfile(path):
         raise ConfigError(f"--verify-file {path}: file not found")
+    fmt, fits = format_of(path), formats_for(task)
+    if fmt not in fits:
+        suffixes = ", ".join(s for s, f in SUFFIX_FORMATS.items() if f in fits)
+        fields = ", ".join(readers.FORMATS[task].fields)
+        got = f"a {fmt} file cannot hold them" if fmt else \
+            f"cannot tell the format of {os.path.splitext(path)[1] or 'a file without suffix'}"
+        raise ConfigError(f"--verify-file {path}: a {task} export is verified on labelled "
+                          f"{task} examples ({fields}) in a format training reads, told by the "
+                          f"suffix: {suffixes} (or the same + .gz); {got}")
     raw = cfg.to_dict()
-    raw["Data"].update(corpus=format_of(path) or "jsonl", train_file=path, test_file=path,
-                       task=task,
+    raw["Data"].update(corpus=fmt, train_file=path, test_file=path, task=task,
                        label_names=list(label_names))
     bundle = build_datasets(load_config(data=raw).Data, task_hint=task, encoder=encoder,
                             splits=("test",))

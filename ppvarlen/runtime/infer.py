@@ -6,14 +6,18 @@ tagging; a seq2seq export also reads ``{"source": ...}``, the seq2seq data forma
 ``{"text_a": ..., "text_b": ...}`` (text pairs, the pair corpus's fields) or ``{"question":
 ..., "context": ...}`` (extractive QA); other fields are ignored, so a corpus file is read as
 it is.  ``.txt`` (one text per line) for a task whose item is one text.  A file in another
-format training reads (``.tsv``, ``.csv``, ``.conll``, ``.parquet``; labels not used) is read by
-the training reader (``data.sources.request_texts``: columns by name, a CoNLL sentence's
-tokens joined into its text), whole, and refused at its first bad record.  Each line's texts
-become the task's request item (``Task.oip_item``), encoded as the server encodes it
-(``Task.encode_request``).
+format training reads (``.tsv``, ``.csv``, ``.conll``, ``.parquet``, plain or gzip'd; labels
+not used) is read by the training reader (``data.sources.request_records``: columns by name,
+a CoNLL sentence's tokens joined into its text), streamed as well: chunk by chunk (a Parquet
+file batch by batch), a record numbered by its first line (a Parquet file by its row).  Such a
+file is refused as a whole only before its first record is read (a header naming no column
+the model reads, a file of another task's fields) or where its records cannot be told apart
+any further (a line over Data.max_line_bytes).  Each line's texts become the task's request
+item (``Task.oip_item``), encoded as the server encodes it (``Task.encode_request``).
 Output: JSONL, line ``i`` answering input line ``i``: ``{"line": n, **prediction}``
-or ``{"line": n, "error": why}`` for a line that could not be used (a field missing or not
-a string, named with the line; also reported on stderr); the other lines are still predicted.
+or ``{"line": n, "error": why}`` for a line (a record) that could not be used (a field
+missing or not a string, a table row of the wrong width, a CoNLL line without a tag, named
+with the line; also reported on stderr); the other lines are still predicted.
 An embedding export's vectors can go to ``.npy`` or Parquet instead (by the output's suffix or
 ``output_format``; ``embedding_files``), written window by window as well.
 
@@ -49,7 +53,7 @@ from tqdm import tqdm
 from ppvarlen.config_schema import SCHEMA
 from ppvarlen.data.errors import DataError
 from ppvarlen.data.readers import LONG_LINE, bounded_lines
-from ppvarlen.data.sources import SUFFIX_FORMATS, format_of, request_texts
+from ppvarlen.data.sources import SUFFIX_FORMATS, format_of, request_records
 from ppvarlen.tasks.base import Task
 from ppvarlen.utils.io import atomic_text_writer
 
@@ -152,19 +156,26 @@ def _line_texts(line, task, where):
     return texts
 
 
-def iter_items(path, task=None, max_text_chars=MAX_TEXT_CHARS):
-    """(line_no, request item | DataError) for every line of a .txt or .jsonl file, streamed.
+def iter_items(path, task=None, max_text_chars=MAX_TEXT_CHARS, column_keys=None):
+    """(line_no, request item | DataError) for every line of a .txt or .jsonl file (or record
+    of a training data file), streamed.
 
     ``task``: whose request items the lines hold (``Task.line_fields``, ``Task.oip_item``;
     default one text, ``{"text": ...}``).  A text over ``max_text_chars`` characters
     (Deploy.max_text_chars; each text of an item), or a line longer than the item's texts
-    take, is a DataError like any unusable line.
+    take, is a DataError like any unusable line.  ``column_keys``: the Data keys naming a
+    training data file's columns (``columns.column_keys``: Data.text_field, Data.columns, ...).
     """
     task = task or Task()
     ext = check_input(path, task)
     if ext not in (".txt", ".jsonl"):
-        yield from _data_file_items(path, task, max_text_chars)
+        yield from _data_file_items(path, task, max_text_chars, column_keys)
         return
+    if column_keys:
+        key = next(iter(column_keys))
+        raise DataError(f"{path}: Data.{key} names a column of a training data file (.tsv, "
+                        f".csv, .parquet), but a {ext} line holds the request item itself "
+                        f"({line_example(task)}); drop -o Data.{key}")
     count = len(task.line_fields())
     bound = line_bytes_bound(max_text_chars, count)
     takes = ("a text of {} characters takes" if count == 1 else
@@ -188,10 +199,14 @@ def iter_items(path, task=None, max_text_chars=MAX_TEXT_CHARS):
         yield n, task.oip_item(tuple(t for _, t in texts))
 
 
-def _data_file_items(path, task, max_text_chars):
-    """``iter_items`` of a file in a training format: its records' texts (``request_texts``)."""
+def _data_file_items(path, task, max_text_chars, column_keys):
+    """``iter_items`` of a file in a training format: its records' texts (``request_records``,
+    streamed; a bad record is its line's DataError)."""
     fields = tuple(names[0] for names in task.line_fields())
-    for n, texts in request_texts(path, fields):
+    for n, texts in request_records(path, fields, keys=column_keys):
+        if isinstance(texts, DataError):
+            yield n, texts
+            continue
         key, text = next(((k, t) for k, t in zip(fields, texts) if len(t) > max_text_chars),
                          (None, None))
         if key is not None:
@@ -207,9 +222,9 @@ def _too_long(where, key, text, max_text_chars):
                      f"-o Deploy.max_text_chars={len(text)}")
 
 
-def read_texts(path, task=None, max_text_chars=MAX_TEXT_CHARS):
+def read_texts(path, task=None, max_text_chars=MAX_TEXT_CHARS, column_keys=None):
     """``iter_items`` as a list (small files and tests)."""
-    return list(iter_items(path, task, max_text_chars))
+    return list(iter_items(path, task, max_text_chars, column_keys))
 
 
 def item_chars(item):
@@ -343,11 +358,12 @@ def check_output(predictor, output_path, fmt):
 
 
 def run_file(predictor, input_path, output_path=None, progress=True, window=WINDOW,
-             max_text_chars=MAX_TEXT_CHARS, output_format=None):
+             max_text_chars=MAX_TEXT_CHARS, output_format=None, column_keys=None):
     """Predict every line of ``input_path`` (the request items of ``predictor``'s task);
     write JSONL to ``output_path`` (or stdout), or for an embedding export the embeddings
     as .npy / Parquet (``output_format``, default by the suffix: ``embedding_files``).  A
     text over ``max_text_chars`` (Deploy.max_text_chars) gets an error record.
+    ``column_keys``: the Data keys naming a training data file's columns (``iter_items``).
 
     Returns the summary dict (see the module docstring): texts, predicted, failed,
     truncated, windowed, seconds, model_seconds, texts/s, tokens/s, padding efficiency,
@@ -365,7 +381,7 @@ def run_file(predictor, input_path, output_path=None, progress=True, window=WIND
     bar = tqdm(total=total, unit="text", smoothing=0, disable=not progress, file=sys.stderr)
     start = time.perf_counter()
     with _open_records(predictor, output_path, fmt) as write:
-        rows = iter_items(input_path, predictor.task, max_text_chars)
+        rows = iter_items(input_path, predictor.task, max_text_chars, column_keys)
         for chunk in encoded_windows(predictor, input_path, rows, window):
             write(_predict_window(predictor, chunk, totals))
             bar.update(len(chunk))

@@ -59,12 +59,17 @@ def test_infer_refuses_bad_arguments_without_traceback(cls_export, tmp_path):  #
     xml.write_text("a\n", encoding="utf-8")
     r = run_infer("--model-dir", cls_export[0], "--input", str(xml))
     assert r.returncode == 2 and ".txt" in r.stderr and "Traceback" not in r.stderr
-    # a training format is read as training reads it: a bad record is refused by file:line
+    # a training format is read as training reads it: a bad record is its line's error record
     csv = tmp_path / "in.csv"
     csv.write_text("a\n", encoding="utf-8")
     r = run_infer("--model-dir", cls_export[0], "--input", str(csv))
-    assert r.returncode == 2 and "in.csv:1: expected 2 comma-separated columns" in r.stderr
-    assert "Traceback" not in r.stderr
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert json.loads(r.stdout)["error"].startswith(f"{csv}:1: expected 2 comma-separated columns")
+    # a header naming no column the model reads: refused before any record, with the fix
+    csv.write_text("body,label\n好,pos\n", encoding="utf-8")
+    r = run_infer("--model-dir", cls_export[0], "--input", str(csv))
+    assert r.returncode == 2 and f"{csv} header: no column is the 'text'" in r.stderr
+    assert "Data.text_field" in r.stderr and "Traceback" not in r.stderr and not r.stdout
     r = run_infer("--model-dir", str(tmp_path), "--input", str(xml))
     assert r.returncode == 2 and "manifest.json is missing" in r.stderr
 
