@@ -12,6 +12,11 @@ are logged, not read.
 A table's first line is its header when it names a column (a recognised name or one a key
 gives); a headerless table is read in the order ``Data.columns`` gives once, else in the
 format's own order (``text<TAB>label``), the order files without a header have always had.
+
+A request's read (``ppvarlen-infer``: ``table_layout``'s ``unread``, ``field_layout`` given the
+request's fields) resolves the request's texts only, by the same rule: a label column is neither
+required nor read.  A headerless table there is the texts alone (one column: the text) or the
+format's order (text<TAB>label); any other width is refused.
 """
 from dataclasses import dataclass
 
@@ -117,9 +122,14 @@ def known_names(fields, keys):
     return out
 
 
-def table_layout(first_cells, fields, keys, where):
+def table_layout(first_cells, fields, keys, where, unread=None):
     """The ``Layout`` of a table whose first line has the cells ``first_cells`` (None: the file
-    has no readable first line; the scan reports it)."""
+    has no readable first line; the scan reports it).
+
+    ``unread``: a request's read (``ppvarlen-infer``), None for training.  Then ``fields`` are
+    the request's texts, the only columns resolved, and ``unread`` the format's other fields (its
+    label): not required, not read, but a column named as one still marks a header, and a
+    headerless table's first line tells its order (``_headerless_request``)."""
     given = keys.get("columns")
     if given is not None:
         names = tuple(given)
@@ -129,7 +139,8 @@ def table_layout(first_cells, fields, keys, where):
                                              f"{where} (Data.columns {list(names)})"), header,
                               stated=True), fields, where)
     cells = [_norm(c, False) for c in (first_cells or ())]
-    if first_cells is not None and known_names(fields, keys) & set(cells):
+    if first_cells is not None and known_names(tuple(fields) + tuple(unread or ()), keys) & \
+            set(cells):
         names = tuple(c.strip() for c in first_cells)
         return _logged(Layout(names, resolve(names, fields, keys, f"{where} header"), True),
                        fields, where)
@@ -138,7 +149,27 @@ def table_layout(first_cells, fields, keys, where):
         raise DataError(f"{where}: Data.{set_keys[0]} names a column, but the first line is no "
                         f"header ({'<TAB>'.join(first_cells or ())[:80]!r}); give the columns' "
                         f"order with Data.columns, e.g. Data.columns: {list(fields)}")
+    if unread is not None and first_cells is not None:
+        return _headerless_request(len(first_cells), tuple(fields), tuple(unread), where)
     return Layout(tuple(fields), tuple(range(len(fields))))
+
+
+def _headerless_request(width, fields, unread, where):
+    """The ``Layout`` of a headerless table read for a request's texts ``fields``, by its first
+    line's ``width``: the texts alone (one column: the text), or the texts then the format's
+    other fields, the order training reads (text<TAB>label).  Another width is refused: which
+    column is which cannot be told."""
+    for names in (fields, fields + unread):
+        if width == len(names):
+            return Layout(names, tuple(range(len(fields))))
+    orders = " or ".join(dict.fromkeys(str(list(n)) for n in (fields, fields + unread)))
+    key = _key_and_names(fields[0])[0]
+    named = f"any name given with -o Data.{key}=NAME" if key else "no other name"
+    raise DataError(f"{where}: no header, and its first line has {width} columns; a headerless "
+                    f"table's columns are read as {orders}, so which column is the {fields[0]!r} cannot "
+                    f"be told. Add a header line naming the columns (the {fields[0]!r} one "
+                    f"{fields[0]!r}, or {named}), or name the {width} columns in order with "
+                    f"-o Data.columns=[...], the {fields[0]!r} one {fields[0]!r}")
 
 
 def field_layout(names, fields, keys, where):

@@ -345,10 +345,10 @@ def infer_task(obj):
     return max(found, key=lambda task: len(FORMATS[task].fields), default=None)
 
 
-def parse_json_line(line, task, rename=None):
+def parse_json_line(line, task, rename=None, read=None):
     """One JSONL line -> example dict (labels still raw); ``rename``: the file's field ->
-    format field (``columns.Layout.rename``), None: its fields are the format's.  Raises
-    BadLine."""
+    format field (``columns.Layout.rename``), None: its fields are the format's; ``read``:
+    ``parse_object``'s.  Raises BadLine."""
     spec = FORMATS[task]
     if not line.strip():
         raise BadLine("blank_line", "blank line; remove it (every line must be one JSON object)")
@@ -357,10 +357,10 @@ def parse_json_line(line, task, rename=None):
     except json.JSONDecodeError as e:
         raise BadLine("bad_json", f"invalid JSON ({e.msg} at column {e.colno}); each line must be "
                                   f"one JSON object such as {spec.example_line}") from None
-    return parse_object(obj, task, rename)
+    return parse_object(obj, task, rename, read)
 
 
-def parse_json_bytes(raw, n, task, loaded=NOT_LOADED, rename=None):
+def parse_json_bytes(raw, n, task, loaded=NOT_LOADED, rename=None, read=None):
     """One raw JSONL line (bytes, its line end or not) at line ``n`` -> example dict: what
     ``decode_line`` then ``parse_json_line`` give, BadLine included.  orjson parses the UTF-8
     bytes themselves (no decoded copy of the line, and several times faster than ``json`` on
@@ -373,8 +373,8 @@ def parse_json_bytes(raw, n, task, loaded=NOT_LOADED, rename=None):
         line = decode_line(raw, n)
         if isinstance(line, BadLine):
             raise line
-        return parse_json_line(line, task, rename)
-    return parse_object(obj, task, rename)
+        return parse_json_line(line, task, rename, read)
+    return parse_object(obj, task, rename, read)
 
 
 def _holds_float(value):
@@ -399,24 +399,27 @@ def renamed(obj, rename):
     return {field: obj[name] for name, field in rename.items() if name in obj}
 
 
-def parse_object(obj, task, rename=None):
-    """One JSON object (a JSONL line, a Parquet row) -> example dict.  Raises BadLine."""
+def parse_object(obj, task, rename=None, read=None):
+    """One JSON object (a JSONL line, a Parquet row) -> example dict.  ``read``: the fields read
+    (a request's texts, each a non-empty string: ``parse_flat``), None: all the format's, as
+    its parse checks them.  Raises BadLine."""
     spec = FORMATS[task]
     if not isinstance(obj, dict):
         raise BadLine("not_an_object", f"expected a JSON object, got {type(obj).__name__}; each "
                                        f"line must look like {spec.example_line}")
     if rename is not None:
         obj = renamed(obj, rename)
-    names = spec.fields
+    names = read or spec.fields
     for name in names:  # every field there: no list built per line
         if name not in obj:
             break
     else:
-        return spec.parse_object(obj)
+        return spec.parse_object(obj) if read is None else parse_flat(obj, read)
     missing = [n for n in names if n not in obj]
     if missing:
-        raise BadLine("missing_field", f"missing field {' and '.join(map(repr, missing))} (task "
-                                       f"{task} needs {', '.join(map(repr, names))}, e.g. "
+        needs = f"task {task} needs" if read is None else "the model reads"
+        raise BadLine("missing_field", f"missing field {' and '.join(map(repr, missing))} "
+                                       f"({needs} {', '.join(map(repr, names))}, e.g. "
                                        f"{spec.example_line}; fields here: {sorted(obj)}; "
                                        f"another name for a field: Data.text_field, "
                                        f"label_field, ...)")

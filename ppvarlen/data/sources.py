@@ -86,6 +86,7 @@ class Plan:
     limits: ReadLimits = field(default_factory=ReadLimits.of)
     layouts: dict = field(default_factory=dict)  # path -> its ``columns.Layout`` (None: plain)
     eval_only_labels: bool = False  # Data.allow_eval_only_labels
+    read: tuple = None  # the fields a record is read for: a request's texts; None: the format's
 
     def chunks(self):
         for role in SPLITS:
@@ -251,11 +252,17 @@ def _columns_task(path, keys):
         DEFAULT_TASK
 
 
-def _layout(fmt, task, path, limits, keys):
-    """The ``columns.Layout`` of one file (None: its fields are the format's, as they are)."""
-    fields = FORMATS[task].fields
+def _layout(fmt, task, path, limits, keys, read=None):
+    """The ``columns.Layout`` of one file (None: its fields are the format's, as they are);
+    ``read``: a request's texts, the only fields resolved (``columns.table_layout``)."""
+    fields = read or FORMATS[task].fields
     if fmt in TABLE_SEPARATORS:
-        return columns.table_layout(_first_cells(fmt, path, limits), fields, keys, path)
+        unread = None
+        if read is not None:  # the format's other fields follow the texts in a headerless table
+            order = FORMATS[task].fields
+            unread = order[len(read):] if order[:len(read)] == read else ()
+        return columns.table_layout(_first_cells(fmt, path, limits), fields, keys, path,
+                                    unread)
     if fmt == "jsonl":
         n, obj = _first_object(path, limits)
         return None if obj is None else \
@@ -363,10 +370,11 @@ class Scanner:
         plan = self.plan
         layout = plan.layouts.get(chunk.path)
         rename = None if layout is None else layout.rename
+        fields = plan.read or self.fmt.fields
         if plan.fmt == "parquet":
             for n, row in _parquet_rows(chunk, plan.limits):
                 if not isinstance(row, BadLine):  # a row with a cell not UTF-8 is one already
-                    row = self._parsed_or_bad(parse_object, row, plan.task, rename)
+                    row = self._parsed_or_bad(parse_object, row, plan.task, rename, plan.read)
                 yield n, row
             return
         if chunk.error is not None:
@@ -383,7 +391,7 @@ class Scanner:
             long = next((k for k, raw in enumerate(raws) if len(raw) > limit), None)
             for n, cells in csv_records(raws[header:long], chunk.first_line + header):
                 if not isinstance(cells, BadLine):
-                    cells = self._parsed_or_bad(table_row, cells, layout, self.fmt.fields,
+                    cells = self._parsed_or_bad(table_row, cells, layout, fields,
                                                 self.fmt.labels == "class", ",")
                 yield n, cells
             if long is not None:
@@ -395,13 +403,14 @@ class Scanner:
                 raise long_line_error(f"{chunk.path}:{n}", limit)
             if plan.fmt == "jsonl":  # parsed from its bytes (``parse_json_bytes``)
                 yield n, self._parsed_or_bad(parse_json_bytes, raw, n, plan.task,
-                                             NOT_LOADED if loaded is None else loaded[k], rename)
+                                             NOT_LOADED if loaded is None else loaded[k], rename,
+                                             plan.read)
                 continue
             if k == 0 and header:
                 continue
             line = decode_line(raw, n)
             if not isinstance(line, BadLine):
-                line = self._parsed_or_bad(table_row, tsv_cells(line), layout, self.fmt.fields,
+                line = self._parsed_or_bad(table_row, tsv_cells(line), layout, fields,
                                            self.fmt.labels == "class")
             yield n, line
 
@@ -1111,14 +1120,17 @@ def request_records(path, fields, fmt=None, keys=None, limits=None):
                         f"{sorted(SUFFIX_FORMATS)}")
     limits, keys = limits or ReadLimits.of(), keys or {}
     _check_column_keys(fmt, keys, f"{path} is {fmt}")
-    task = _format_task(fmt, None, path, limits, keys)
+    task = _request_task(fmt, tuple(fields), path, limits, keys)
     read = FORMATS[task].fields
     missing = [f for f in fields if f not in read and not (f == "text" and "tokens" in read)]
     if missing:
         raise DataError(f"{path}: read as {task} data ({list(read)}), which has no "
                         f"{missing[0]!r} for this model; give a file of the model's task")
+    # a tagging corpus's tokens are the text (its tags checked as training checks them); other
+    # records are read for the texts alone: a label column neither required nor read
+    texts = None if "tokens" in read else tuple(fields)
     one = Plan(fmt, task, True, {"train": [path]}, {"train": path}, False, 0, limits=limits,
-               layouts={path: _layout(fmt, task, path, limits, keys)})
+               layouts={path: _layout(fmt, task, path, limits, keys, texts)}, read=texts)
     scanner = Scanner(one, None)
     for chunk in one.chunks():
         for n, ex in scanner.records(chunk, ChunkScan("train", path)):
@@ -1128,6 +1140,19 @@ def request_records(path, fields, fmt=None, keys=None, limits=None):
             if "tokens" in ex:
                 ex = {**ex, "text": join_tokens(ex["tokens"])}
             yield n, tuple(ex[f] for f in fields)
+
+
+def _request_task(fmt, fields, path, limits, keys):
+    """The corpus format a request's ``fields`` are read from: the one the file tells
+    (``_format_task``); when it tells none (the default) and the default has no such fields, the
+    format ``fmt`` can hold with the most fields that has them all (a headerless text pair:
+    text_a<TAB>text_b<TAB>label; QA's question and context)."""
+    task = _format_task(fmt, None, path, limits, keys)
+    if task != DEFAULT_TASK or set(fields) <= set(FORMATS[task].fields):
+        return task
+    holding = [t for t, f in FORMATS.items() if set(fields) <= set(f.fields) and
+               fmt in formats_for(t)]
+    return max(holding, key=lambda t: len(FORMATS[t].fields), default=task)
 
 
 def load_corpus(data_cfg):
