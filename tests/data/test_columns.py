@@ -145,3 +145,24 @@ def test_a_column_key_the_format_does_not_read_is_refused(tmp_path):
     path = _write(tmp_path, "j.jsonl", '{"text": "好", "label": "pos"}\n')
     with pytest.raises(ConfigError, match=r"Data\.columns names columns of a table.*jsonl"):
         load_corpus({"corpus": "jsonl", "train_file": path, "columns": ["text", "label"]})
+
+
+def test_a_file_without_labels_trains_refused_but_gives_a_requests_texts(tmp_path):
+    """Training needs the label column (refused naming it); inference reads the texts alone
+    from the same file (``request_records``), the label column neither required nor read."""
+    from ppvarlen.data.sources import request_records
+
+    texts = [t for t, _ in ROWS]
+    path = _write(tmp_path, "t.csv", "id,text\n" + "".join(f"{k},{t}\n"
+                                                           for k, t in enumerate(texts)))
+    with pytest.raises(DataError, match=r"t\.csv header: no column is the 'label' \(found: "
+                                        r"\['id', 'text'\].*Data\.label_field"):
+        load_corpus({"corpus": "csv", "train_file": path})
+    with pytest.raises(DataError, match=r"no column is the 'label'"):
+        read_file(path, "csv")
+    assert list(request_records(path, ("text",))) == [(k + 2, (t,)) for k, t in enumerate(texts)]
+    # a headerless file of one column: training reads text<TAB>label, so each line is refused
+    one = _write(tmp_path, "one.tsv", "".join(f"{t}\n" for t in texts))
+    with pytest.raises(DataError, match=r"one\.tsv:1: expected 2 tab-separated columns"):
+        load_corpus({"corpus": "tsv", "train_file": one})
+    assert list(request_records(one, ("text",))) == [(k + 1, (t,)) for k, t in enumerate(texts)]

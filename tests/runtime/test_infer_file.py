@@ -61,10 +61,12 @@ def test_infer_refuses_bad_arguments_without_traceback(cls_export, tmp_path):  #
     assert r.returncode == 2 and ".txt" in r.stderr and "Traceback" not in r.stderr
     # a training format is read as training reads it: a bad record is its line's error record
     csv = tmp_path / "in.csv"
-    csv.write_text("a\n", encoding="utf-8")
+    csv.write_text("好,pos\n坏\n", encoding="utf-8")  # headerless: text,label by its first line
     r = run_infer("--model-dir", cls_export[0], "--input", str(csv))
     assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert json.loads(r.stdout)["error"].startswith(f"{csv}:1: expected 2 comma-separated columns")
+    first, bad = map(json.loads, r.stdout.splitlines())
+    assert first["line"] == 1 and "error" not in first
+    assert bad["error"].startswith(f"{csv}:2: expected 2 comma-separated columns")
     # a header naming no column the model reads: refused before any record, with the fix
     csv.write_text("body,label\n好,pos\n", encoding="utf-8")
     r = run_infer("--model-dir", cls_export[0], "--input", str(csv))

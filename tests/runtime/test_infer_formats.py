@@ -246,3 +246,98 @@ def test_columns_are_named_by_the_data_keys_training_reads(cls_export, tmp_path,
     assert main_infer(args[:6] + [str(jsonl), "-o", "Data.text_field=body"]) == 2
     assert f"{jsonl}: Data.text_field names a column of a training data file" in \
         capsys.readouterr().err
+
+
+def _csv_cell(text):
+    return '"' + text.replace('"', '""') + '"' if any(c in text for c in ',"\n') else text
+
+
+def _unlabelled_table(separator, header, row):
+    """A writer of a table without labels: ``header`` (None: headerless), each text's row."""
+    def write(path, texts):
+        lines = [] if header is None else [separator.join(header)]
+        numbers = []
+        for k, text in enumerate(texts):
+            numbers.append(len(lines) + 1)
+            cell = _csv_cell(text) if separator == "," else text
+            lines += separator.join(row(k, cell)).split("\n")
+        return _lines_file(path, lines), numbers
+    return write
+
+
+def _unlabelled_parquet(names):
+    def write(path, texts):
+        columns = {"id": list(range(len(texts))), "text": texts}
+        pq.write_table(pa.table({n: columns[n] for n in names}), str(path), row_group_size=3)
+        return path, list(range(1, len(texts) + 1))
+    return write
+
+
+UNLABELLED = {  # a file a user wants predictions for: no label column
+    "csv text": ("csv", _unlabelled_table(",", ["text"], lambda k, t: [t])),
+    "csv id,text": ("csv", _unlabelled_table(",", ["id", "text"], lambda k, t: [str(k), t])),
+    "csv headerless": ("csv", _unlabelled_table(",", None, lambda k, t: [t])),
+    "tsv text": ("tsv", _unlabelled_table("\t", ["text"], lambda k, t: [t])),
+    "tsv id,text": ("tsv", _unlabelled_table("\t", ["id", "text"], lambda k, t: [str(k), t])),
+    "tsv headerless": ("tsv", _unlabelled_table("\t", None, lambda k, t: [t])),
+    "parquet text": ("parquet", _unlabelled_parquet(["text"])),
+    "parquet id,text": ("parquet", _unlabelled_parquet(["id", "text"])),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(UNLABELLED))
+def test_a_file_without_labels_is_predicted_as_the_same_texts_in_jsonl(kind, cls_export,  # noqa: F811
+                                                                      tmp_path, monkeypatch):
+    """Inference never reads a label: a text-only table (a header of its texts, other columns
+    not read, or one column without a header) is predicted, not refused for its label."""
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", 48)
+    monkeypatch.setattr(chunks, "PARQUET_BATCH_ROWS", 2, raising=False)
+    fmt, write = UNLABELLED[kind]
+    texts = _texts(fmt)
+    src, numbers = write(tmp_path / f"in.{fmt}", texts)
+    records, summary = _run(cls_export[0], src, tmp_path)
+    assert [rec["line"] for rec in records] == numbers
+    assert [_answer(rec) for rec in records] == _as_jsonl(cls_export[0], texts, tmp_path)
+    assert summary["texts"] == summary["predicted"] == len(texts)
+
+
+def test_a_headerless_table_wider_than_text_and_label_is_refused_with_the_fix(  # noqa: F811
+        cls_export, tmp_path, capsys):
+    from ppvarlen.cli import main_infer
+
+    src = tmp_path / "three.csv"
+    src.write_text("".join(f"{k},{t},web\n" for k, t in enumerate(TEXTS)), encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    args = ["--no-progress", "--model-dir", cls_export[0], "--backend", "onnx", "--input",
+            str(src), "--output", str(out)]
+    assert main_infer(args) == 2
+    err = capsys.readouterr().err
+    assert f"{src}: no header, and its first line has 3 columns" in err, err
+    assert "['text'] or ['text', 'label']" in err and "Add a header line" in err
+    assert "-o Data.text_field=NAME" in err and "-o Data.columns=[...]" in err
+    assert "Traceback" not in err and not out.exists()
+    # the fix the message names: the columns' order given once
+    assert main_infer(args + ["-o", "Data.columns=[id,text,source]"]) == 0
+    records = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["line"] for r in records] == list(range(1, len(TEXTS) + 1))
+    assert [_answer(r) for r in records] == _as_jsonl(cls_export[0], TEXTS, tmp_path)
+
+
+def test_pair_and_qa_files_without_labels_give_their_texts(tmp_path):
+    """A request of several texts reads those columns only: a headerless text pair (its texts,
+    or its texts then the label, the pair corpus's order) and a QA Parquet file without
+    answers."""
+    import ppvarlen.tasks  # noqa: F401  (the pair and QA corpus formats)
+    from ppvarlen.data.sources import request_records
+
+    pairs = _lines_file(tmp_path / "p.csv", ["物流很快,送货速度快", "质量差,不推荐"])
+    assert list(request_records(str(pairs), ("text_a", "text_b"))) == \
+        [(1, ("物流很快", "送货速度快")), (2, ("质量差", "不推荐"))]
+    labelled = _lines_file(tmp_path / "pl.tsv", ["物流很快\t送货速度快\tsame"])
+    assert list(request_records(str(labelled), ("text_a", "text_b"))) == \
+        [(1, ("物流很快", "送货速度快"))]
+    qa = tmp_path / "qa.parquet"
+    pq.write_table(pa.table({"id": [7], "question": ["哪里？"], "context": ["他在北京。"]}),
+                   str(qa))
+    assert list(request_records(str(qa), ("question", "context"))) == \
+        [(1, ("哪里？", "他在北京。"))]
