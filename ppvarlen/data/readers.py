@@ -273,8 +273,11 @@ def _check_label(value):
 
 
 def _parse_tagging(obj):
-    tokens, tags = obj["tokens"], obj["tags"]
+    # no "tags": a CoNLL file of tokens only, read for inference (``conll_sentences``)
+    tokens, tags = obj["tokens"], obj.get("tags")
     for name, seq in (("tokens", tokens), ("tags", tags)):
+        if seq is None and name == "tags":
+            continue
         if not isinstance(seq, list) or not all(isinstance(t, str) for t in seq):
             raise BadLine("wrong_type", f"field {name!r} must be a list of strings, got {seq!r:.80}")
     if not tokens:
@@ -282,7 +285,7 @@ def _parse_tagging(obj):
     if any(t == "" for t in tokens):
         raise BadLine("empty_text", f"token {tokens.index('')} is an empty string; drop it (and "
                                     f"its tag) or give the real token")
-    if len(tokens) != len(tags):
+    if tags is not None and len(tokens) != len(tags):
         raise BadLine("length_mismatch", f"{len(tokens)} tokens but {len(tags)} tags; give exactly "
                                          f"one tag per token")
     return {"tokens": tokens, "tags": tags}  # tags: check_tag_scheme, over whole files
@@ -498,12 +501,14 @@ def csv_records(lines, first_line):
 CONLL_DOCSTART = "-DOCSTART-"
 
 
-def conll_sentences(lines, first_line):
+def conll_sentences(lines, first_line, tagged=True):
     """(line of its first token, {"tokens", "tags"} | BadLine) of each sentence of CoNLL
     ``lines`` (raw bytes, line ends cut): a token per line, its tag in the last column
     (whitespace- or tab-separated: a line with a tab is split at tabs only, so a token may hold
     spaces), a blank line between sentences (any number of them, at the end too), and
-    ``-DOCSTART-`` lines skipped.  A bad line makes its sentence the BadLine (at that line)."""
+    ``-DOCSTART-`` lines skipped.  A bad line makes its sentence the BadLine (at that line).
+    ``tagged`` False: a file of tokens only (``conll_tagged``; read for inference), each line
+    one token and nothing else, a sentence's "tags" None."""
     tokens, tags, start, bad = [], [], None, None
     for k, raw in enumerate(lines + [b""]):
         n = first_line + k
@@ -516,7 +521,8 @@ def conll_sentences(lines, first_line):
             if bad is not None:
                 yield bad
             elif tokens:
-                yield start, _or_bad(_parse_tagging, {"tokens": tokens, "tags": tags})
+                yield start, _or_bad(_parse_tagging,
+                                     {"tokens": tokens, "tags": tags if tagged else None})
             tokens, tags, start, bad = [], [], None, None
             continue
         cells = line.split("\t") if "\t" in line else line.split()
@@ -525,13 +531,29 @@ def conll_sentences(lines, first_line):
         start = start or n
         if bad is not None:
             continue
-        if len(cells) < 2 or not cells[-1].strip():
+        if not tagged and len(cells) > 1:
+            bad = (n, BadLine("column_count", f"a CoNLL file of tokens only (its first token "
+                                              f"line has one column) holds one token per line, "
+                                              f"found {len(cells)} columns: {line[:60]!r}; give "
+                                              f"every token its tag, or none"))
+            continue
+        if tagged and (len(cells) < 2 or not cells[-1].strip()):
             bad = (n, BadLine("column_count", f"a token line holds the token and its tag (the "
                                               f"last column), found {len(cells)} column(s): "
                                               f"{line[:60]!r}; a blank line ends a sentence"))
             continue
         tokens.append(cells[0].strip() if "\t" in line else cells[0])
         tags.append(cells[-1].strip())
+
+
+def conll_tagged(lines):
+    """Whether a CoNLL file whose first ``lines`` (decoded, line ends cut) are these holds tags:
+    its first token line has more than one column (a token-only file: one)."""
+    for line in lines:
+        cells = line.split("\t") if "\t" in line else line.split()
+        if cells and cells[0].strip() != CONLL_DOCSTART:
+            return len(cells) > 1
+    return True
 
 
 def _or_bad(parse, *args):

@@ -52,8 +52,8 @@ from .errors import DataError
 from . import columns, tagschemes
 from .readers import (_SKIP_HINT, DEFAULT_TASK, FORMATS, LONG_LINE, NOT_LOADED, TABLE_SEPARATORS,
                       UNPARSED, BadLine, FileData, ReadLimits, bounded_lines, check_tag_scheme,
-                      conll_sentences, csv_records, decode_line, expand_inputs, flat_examples,
-                      infer_task, label_id, load_lines, long_line_error, map_tags,
+                      conll_sentences, conll_tagged, csv_records, decode_line, expand_inputs,
+                      flat_examples, infer_task, label_id, load_lines, long_line_error, map_tags,
                       open_data_file, parse_json_bytes, parse_object, renamed, sniff_format,
                       table_row, tsv_cells)
 from .splits import SPLITS, example_key, key_field, split_codes_and_hashes, split_method
@@ -220,6 +220,22 @@ def _first_cells(fmt, path, limits):
     return None if isinstance(cells, BadLine) else cells
 
 
+def _conll_tagged(path, limits):
+    """Whether a CoNLL file holds tags (``readers.conll_tagged``: its first token line has a
+    tag); an unreadable start is read as tagged, the scan reporting it."""
+    def lines():
+        with open_data_file(path, limits) as f:
+            for n, raw in enumerate(bounded_lines(f, limits.max_line_bytes), 1):
+                line = LONG_LINE if raw is LONG_LINE else decode_line(raw, n)
+                if line is LONG_LINE or isinstance(line, BadLine):
+                    return
+                yield line
+    try:
+        return conll_tagged(lines())
+    except DataError:
+        return True
+
+
 def _first_line_task(path, limits, keys):
     """The task the first JSON object's fields tell (by the format's names, else by the names
     ``columns`` recognises), else the default."""
@@ -382,7 +398,7 @@ class Scanner:
         raws = _filled(chunk.raw_lines()) if raws is None else raws
         limit = plan.limits.max_line_bytes
         if plan.fmt == "conll":
-            yield from conll_sentences(raws, chunk.first_line)
+            yield from conll_sentences(raws, chunk.first_line, tagged="tags" in fields)
             return
         header = int(layout is not None and layout.header and chunk.first_line == 1)
         if header:
@@ -1129,6 +1145,8 @@ def request_records(path, fields, fmt=None, keys=None, limits=None):
     # a tagging corpus's tokens are the text (its tags checked as training checks them); other
     # records are read for the texts alone: a label column neither required nor read
     texts = None if "tokens" in read else tuple(fields)
+    if fmt == "conll" and not _conll_tagged(path, limits):
+        texts = ("tokens",)  # a CoNLL file of tokens only, one per line
     one = Plan(fmt, task, True, {"train": [path]}, {"train": path}, False, 0, limits=limits,
                layouts={path: _layout(fmt, task, path, limits, keys, texts)}, read=texts)
     scanner = Scanner(one, None)
