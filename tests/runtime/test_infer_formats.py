@@ -273,7 +273,16 @@ def _unlabelled_parquet(names):
     return write
 
 
-UNLABELLED = {  # a file a user wants predictions for: no label column
+def _conll_tokens(path, texts):
+    """A CoNLL file of tokens only (no tags): a character per line, a blank line between."""
+    lines, numbers = ["-DOCSTART-", ""], []
+    for text in texts:
+        numbers.append(len(lines) + 1)
+        lines += list(text) + [""]
+    return _lines_file(path, lines), numbers
+
+
+UNLABELLED = {  # a file a user wants predictions for: no label column (no tags)
     "csv text": ("csv", _unlabelled_table(",", ["text"], lambda k, t: [t])),
     "csv id,text": ("csv", _unlabelled_table(",", ["id", "text"], lambda k, t: [str(k), t])),
     "csv headerless": ("csv", _unlabelled_table(",", None, lambda k, t: [t])),
@@ -282,22 +291,25 @@ UNLABELLED = {  # a file a user wants predictions for: no label column
     "tsv headerless": ("tsv", _unlabelled_table("\t", None, lambda k, t: [t])),
     "parquet text": ("parquet", _unlabelled_parquet(["text"])),
     "parquet id,text": ("parquet", _unlabelled_parquet(["id", "text"])),
+    "conll tokens": ("conll", _conll_tokens),
 }
 
 
 @pytest.mark.parametrize("kind", sorted(UNLABELLED))
-def test_a_file_without_labels_is_predicted_as_the_same_texts_in_jsonl(kind, cls_export,  # noqa: F811
-                                                                      tmp_path, monkeypatch):
+def test_a_file_without_labels_is_predicted_as_the_same_texts_in_jsonl(kind, request, tmp_path,
+                                                                      monkeypatch):
     """Inference never reads a label: a text-only table (a header of its texts, other columns
-    not read, or one column without a header) is predicted, not refused for its label."""
+    not read, or one column without a header) is predicted, not refused for its label; so is
+    a CoNLL file of tokens without tags (a tagging export)."""
     monkeypatch.setattr(chunks, "CHUNK_BYTES", 48)
     monkeypatch.setattr(chunks, "PARQUET_BATCH_ROWS", 2, raising=False)
     fmt, write = UNLABELLED[kind]
+    export_dir = request.getfixturevalue(EXPORTS.get(fmt, "cls_export"))[0]
     texts = _texts(fmt)
     src, numbers = write(tmp_path / f"in.{fmt}", texts)
-    records, summary = _run(cls_export[0], src, tmp_path)
+    records, summary = _run(export_dir, src, tmp_path)
     assert [rec["line"] for rec in records] == numbers
-    assert [_answer(rec) for rec in records] == _as_jsonl(cls_export[0], texts, tmp_path)
+    assert [_answer(rec) for rec in records] == _as_jsonl(export_dir, texts, tmp_path)
     assert summary["texts"] == summary["predicted"] == len(texts)
 
 
@@ -341,3 +353,15 @@ def test_pair_and_qa_files_without_labels_give_their_texts(tmp_path):
                    str(qa))
     assert list(request_records(str(qa), ("question", "context"))) == \
         [(1, ("哪里？", "他在北京。"))]
+
+
+def test_a_conll_file_of_tokens_only_refuses_a_line_with_a_tag(tag_export, tmp_path):  # noqa: F811
+    """Its first token line says a CoNLL file holds tokens only (or tokens and tags): a line of
+    the other kind is its sentence's error record, the other sentences predicted."""
+    src = _lines_file(tmp_path / "mixed.conll", ["北", "京 B-LOC", "", "上", "海"])
+    records, summary = _run(tag_export[0], src, tmp_path)
+    assert records[0]["line"] == 2 and records[0]["error"].startswith(
+        f"{src}:2: a CoNLL file of tokens only (its first token line has one column) holds one "
+        f"token per line, found 2 columns")
+    assert [_answer(records[1])] == _as_jsonl(tag_export[0], ["上海"], tmp_path)
+    assert summary["failed"] == 1 and summary["predicted"] == 1
