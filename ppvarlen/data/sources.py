@@ -144,9 +144,9 @@ def _check_column_keys(fmt, keys, what):
                           f"(conll: the token first, the tag last); remove Data.{unread[0]}")
 
 
-def _format_task(fmt, task, first_file, limits, keys=None):
+def _format_task(fmt, task, first_file, limits, keys=None, default=DEFAULT_TASK):
     """The corpus format (task name) the files are read as: ``task`` (Data.task) when given,
-    else the one the first record's fields (a table's header) tell, else the default (a
+    else the one the first record's fields (a table's header) tell, else ``default`` (a
     headerless table); CoNLL is tagging's."""
     keys = keys or {}
     if task is not None and task not in FORMATS:
@@ -163,7 +163,7 @@ def _format_task(fmt, task, first_file, limits, keys=None):
         if task is None:
             header = _first_cells(fmt, first_file, limits)
             task = (columns.resolvable(header, tables, keys, case=False)
-                    if header is not None else None) or DEFAULT_TASK
+                    if header is not None else None) or default
         if fmt not in formats_for(task):
             looks = sniff_format(first_file, limits)
             others = sorted(t for t in tables if t != DEFAULT_TASK)
@@ -177,8 +177,8 @@ def _format_task(fmt, task, first_file, limits, keys=None):
         return task
     if task is not None:
         return task
-    return _columns_task(first_file, keys) if fmt == "parquet" else \
-        _first_line_task(first_file, limits, keys)
+    return _columns_task(first_file, keys, default) if fmt == "parquet" else \
+        _first_line_task(first_file, limits, keys, default)
 
 
 def _first_object(path, limits):
@@ -236,15 +236,15 @@ def _conll_tagged(path, limits):
         return True
 
 
-def _first_line_task(path, limits, keys):
+def _first_line_task(path, limits, keys, default=DEFAULT_TASK):
     """The task the first JSON object's fields tell (by the format's names, else by the names
-    ``columns`` recognises), else the default."""
+    ``columns`` recognises), else ``default``."""
     n, obj = _first_object(path, limits)
     if obj is None:
         looks = sniff_format(path, limits)
         if looks not in (None, "jsonl"):
             raise _looks_like(path, "jsonl", looks)
-        return DEFAULT_TASK
+        return default
     task = infer_task(obj) if not keys else None
     task = task or columns.resolvable(list(obj), {t: f.fields for t, f in FORMATS.items()},
                                       keys, case=True)
@@ -256,16 +256,16 @@ def _first_line_task(path, limits, keys):
     return task
 
 
-def _columns_task(path, keys):
+def _columns_task(path, keys, default=DEFAULT_TASK):
     """The task a Parquet file's columns tell (every row has them all, so no row group is read
-    before the scan, which reports a damaged one in input order), else the default."""
+    before the scan, which reports a damaged one in input order), else ``default``."""
     parquet = _parquet_file(path)
     if not parquet.metadata.num_rows:
-        return DEFAULT_TASK
+        return default
     names = parquet.schema_arrow.names
     return (infer_task(set(names)) if not keys else None) or \
         columns.resolvable(names, {t: f.fields for t, f in FORMATS.items()}, keys, True) or \
-        DEFAULT_TASK
+        default
 
 
 def _layout(fmt, task, path, limits, keys, read=None):
@@ -1136,7 +1136,7 @@ def request_records(path, fields, fmt=None, keys=None, limits=None):
                         f"{sorted(SUFFIX_FORMATS)}")
     limits, keys = limits or ReadLimits.of(), keys or {}
     _check_column_keys(fmt, keys, f"{path} is {fmt}")
-    task = _request_task(fmt, tuple(fields), path, limits, keys)
+    task = _format_task(fmt, None, path, limits, keys, _request_format(fmt, fields))
     read = FORMATS[task].fields
     missing = [f for f in fields if f not in read and not (f == "text" and "tokens" in read)]
     if missing:
@@ -1160,17 +1160,14 @@ def request_records(path, fields, fmt=None, keys=None, limits=None):
             yield n, tuple(ex[f] for f in fields)
 
 
-def _request_task(fmt, fields, path, limits, keys):
-    """The corpus format a request's ``fields`` are read from: the one the file tells
-    (``_format_task``); when it tells none (the default) and the default has no such fields, the
-    format ``fmt`` can hold with the most fields that has them all (a headerless text pair:
-    text_a<TAB>text_b<TAB>label; QA's question and context)."""
-    task = _format_task(fmt, None, path, limits, keys)
-    if task != DEFAULT_TASK or set(fields) <= set(FORMATS[task].fields):
-        return task
+def _request_format(fmt, fields):
+    """The corpus format a request's ``fields`` are read from in a file that tells none (a
+    headerless table, a Parquet file of no format's columns): of those ``fmt`` can hold that
+    have the fields, the one with the most (a headerless text pair: text_a<TAB>text_b<TAB>label;
+    QA's question and context), else the default."""
     holding = [t for t, f in FORMATS.items() if set(fields) <= set(f.fields) and
                fmt in formats_for(t)]
-    return max(holding, key=lambda t: len(FORMATS[t].fields), default=task)
+    return max(holding, key=lambda t: len(FORMATS[t].fields), default=DEFAULT_TASK)
 
 
 def load_corpus(data_cfg):
