@@ -452,9 +452,10 @@ def main_infer(argv=None):
     still predicted; the exit code is 1 if any line failed.  A text over
     Deploy.max_text_chars characters (the server's limit, each text of an item; -o to raise
     it) is such a bad line, and so is a line longer than such texts take (read no further).
-    A training data file (.tsv, .csv, .conll, .parquet) is streamed the same way, its columns
-    found by name as training finds them (-o Data.text_field=..., Data.columns=[...]); a bad
-    record is its first line's error record.
+    A training data file (.tsv, .csv, .conll, .parquet) is streamed the same way, its text
+    columns found by name as training finds them (-o Data.text_field=..., Data.columns=[...]),
+    a label column not needed (a headerless table: one column, the text, or text,label; a
+    CoNLL file: tokens with or without tags); a bad record is its first line's error record.
     The summary (stderr, JSON) counts truncated and windowed texts and warns on truncation.
     """
     parser = _parser(main_infer, config=False)
@@ -463,8 +464,8 @@ def main_infer(argv=None):
     parser.add_argument("--input", required=True, help=".jsonl (a request item per line, in "
                         "the task's fields), .txt (a text per line; one-text tasks), or a "
                         "training data file (.tsv, .csv, .conll, .parquet, plain or .gz: read "
-                        "as training reads it, columns by name, labels not used; streamed, a "
-                        "bad record is its line's error record)")
+                        "as training reads it, columns by name, no label column needed; "
+                        "streamed, a bad record is its line's error record)")
     parser.add_argument("--output", default=None, help="JSONL predictions (default: stdout); "
                         "an embedding export also .npy (float32 [N, D], a row per line) or "
                         ".parquet (line, embedding, num_tokens, truncated columns)")

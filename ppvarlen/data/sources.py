@@ -1121,14 +1121,17 @@ def request_records(path, fields, fmt=None, keys=None, limits=None):
     (``fmt``, by default its suffix's: ``format_of``), streamed in input order: read chunk by
     chunk (a Parquet file batch by batch) by pass 1's reader (``Scanner.records``), so memory
     stays bounded whatever the file's size.  A record's texts come in the order of ``fields``
-    (format field names; a tagging record's tokens are ``join_tokens``'d into its text), its
-    labels not used; ``keys``: the Data keys naming its columns (``columns.column_keys``).  A
+    (format field names; a tagging record's tokens are ``join_tokens``'d into its text); only
+    those fields are resolved and read (``Plan.read``), so a label column is neither needed nor
+    read (a headerless table: ``columns.table_layout``'s ``unread``; a CoNLL file of tokens
+    only: ``readers.conll_tagged``); ``keys``: the Data keys naming its columns
+    (``columns.column_keys``).  A
     bad record is its line's DataError (``file:line: why``) and the records after it are still
     read.  For inference over a corpus file as training reads it.
 
     Refused as a whole (DataError, before any record): a file whose format cannot be told, or
-    whose header names no column for a field (``columns``), or whose records hold no text the
-    model reads.  Reading stops with a DataError where no record end can be found (a line over
+    whose header names no column for a field (``columns``), a headerless table wider than the
+    texts and the label, or a file whose records hold no text the model reads.  Reading stops with a DataError where no record end can be found (a line over
     Data.max_line_bytes, a gzip bomb: ``data.chunks``)."""
     fmt = fmt or format_of(path)
     if fmt is None:

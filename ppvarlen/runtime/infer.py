@@ -6,13 +6,18 @@ tagging; a seq2seq export also reads ``{"source": ...}``, the seq2seq data forma
 ``{"text_a": ..., "text_b": ...}`` (text pairs, the pair corpus's fields) or ``{"question":
 ..., "context": ...}`` (extractive QA); other fields are ignored, so a corpus file is read as
 it is.  ``.txt`` (one text per line) for a task whose item is one text.  A file in another
-format training reads (``.tsv``, ``.csv``, ``.conll``, ``.parquet``, plain or gzip'd; labels
-not used) is read by the training reader (``data.sources.request_records``: columns by name,
-a CoNLL sentence's tokens joined into its text), streamed as well: chunk by chunk (a Parquet
-file batch by batch), a record numbered by its first line (a Parquet file by its row).  Such a
-file is refused as a whole only before its first record is read (a header naming no column
-the model reads, a file of another task's fields) or where its records cannot be told apart
-any further (a line over Data.max_line_bytes).  Each line's texts become the task's request
+format training reads (``.tsv``, ``.csv``, ``.conll``, ``.parquet``, plain or gzip'd) is read
+by the training reader (``data.sources.request_records``: columns by name, a CoNLL sentence's
+tokens joined into its text), streamed as well: chunk by chunk (a Parquet file batch by
+batch), a record numbered by its first line (a Parquet file by its row).  Only the item's text
+columns are resolved (the fields above, by ``data.columns``' one rule): a label column is not
+needed and not read, so a ``text``-only or ``id,text`` table or Parquet file is predicted.  A
+headerless table is the texts alone (one column: the text) or the texts then the label, by its
+first line's width; a CoNLL file holds tokens with their tags or tokens only, by its first token
+line.  Such a file is refused as a whole only before its first record is read (a header naming
+no column the model reads, a headerless table of another width, a file of another task's
+fields) or where its records cannot be told apart any further (a line over
+Data.max_line_bytes).  Each line's texts become the task's request
 item (``Task.oip_item``), encoded as the server encodes it (``Task.encode_request``).
 Output: JSONL, line ``i`` answering input line ``i``: ``{"line": n, **prediction}``
 or ``{"line": n, "error": why}`` for a line (a record) that could not be used (a field
