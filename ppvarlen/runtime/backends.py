@@ -17,6 +17,8 @@ them in ``settings`` (parity.json keeps the checked ones; tests compare the two)
 """
 import os
 import tempfile
+import threading
+from collections import OrderedDict
 
 import numpy as np
 
@@ -33,6 +35,9 @@ ONEDNN_CACHE_CAPACITY = 64  # most input shapes whose oneDNN kernels stay cached
 # cached input shape keeps its own reordered copy of the weight matrices, so the capacity is
 # this budget over the size of one copy.
 ONEDNN_CACHE_BUDGET_BYTES = SCHEMA["Deploy"]["onednn_cache_bytes"].default
+# How much larger (in padded positions) a held oneDNN shape may be than a batch padded up to it
+# (``ShapeCache``; Deploy.onednn_shape_slack when not given, 1: never pad).
+ONEDNN_SHAPE_SLACK = SCHEMA["Deploy"]["onednn_shape_slack"].default
 PRECISIONS = {"paddle": ("fp32", "bf16", "fp16"), "onnx": ("fp32", "fp16", "int8")}
 
 
@@ -63,7 +68,7 @@ def input_names(manifest):
 def onednn_cache_capacity(params_bytes, precision, budget=None):
     """How many input shapes Paddle may keep oneDNN kernels for, within the memory budget.
 
-    Paddle Inference honours the capacity (least recently used shapes are dropped), but each
+    Paddle Inference honours the capacity (a new shape past it drops one held shape), but each
     shape it keeps holds its kernels' weights reordered for that shape: a copy of the weights
     per shape (bf16: at half the size), so a capacity counted in shapes alone lets a large model
     fill the machine.  A shape outside the cache costs a weight reorder again, not a leak.
@@ -76,6 +81,57 @@ def onednn_cache_capacity(params_bytes, precision, budget=None):
                           f"on the memory Paddle's oneDNN shape cache holds)")
     copy_bytes = max(1, params_bytes // 2 if precision == "bf16" else params_bytes)
     return int(max(1, min(ONEDNN_CACHE_CAPACITY, budget // copy_bytes)))
+
+
+WIDTH_STEP = 32  # a new oneDNN shape's width, rounded up (ShapeCache): a coarse grid
+
+
+class ShapeCache:
+    """The (rows, width) batch shapes Paddle's oneDNN cache holds kernels for, mirrored (the
+    least recently used dropped past ``capacity``), so that a batch can be padded up to a held
+    shape instead of costing a new one.
+
+    A server's batcher forms a new shape for nearly every batch, and each new shape costs its
+    kernels and a weight reorder (``onednn_cache_capacity``); padding costs only the padded
+    positions' compute.  ``fit`` pads a batch to the smallest held shape at least as large in
+    both dimensions whose positions are at most ``slack`` times the batch's own (the models
+    are padding- and batch-invariant, so answers are those of the unpadded batch; admission
+    checks both).  One mirror per process, as Paddle's cache is: clones share it."""
+
+    def __init__(self, capacity, slack):
+        self.capacity, self.slack = int(capacity), float(slack)
+        self._held = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def fit(self, rows, width, max_width=None):
+        """(rows, width) to run the batch at: a held shape that covers it, else a new one, on a
+        coarse grid (rows a power of two, width a multiple of ``WIDTH_STEP`` up to
+        ``max_width``) when that is within the slack: for a new shape Paddle drops the first
+        entry of its hash map of held shapes (not the least recently used), so the fewer
+        distinct shapes a server forms, the more of them stay held."""
+        with self._lock:
+            most = self.slack * rows * width
+            covering = [s for s in self._held if s[0] >= rows and s[1] >= width and
+                        s[0] * s[1] <= most]
+            if covering:
+                shape = min(covering, key=lambda s: (s[0] * s[1], s))
+                self._held.move_to_end(shape)
+                self.hits += 1
+                return shape
+            self.misses += 1
+            shape = (rows, width)
+            coarse = (1 << (rows - 1).bit_length(),
+                      -(-width // WIDTH_STEP) * WIDTH_STEP)
+            if max_width is not None:
+                coarse = (coarse[0], min(coarse[1], max(width, max_width)))
+            if coarse[0] * coarse[1] <= most:
+                shape = coarse
+            self._held[shape] = None
+            self._held.move_to_end(shape)
+            while len(self._held) > self.capacity:
+                self._held.popitem(last=False)
+            return shape
 
 
 def check_precision(manifest, backend, precision):
@@ -104,13 +160,15 @@ class PaddleEngine:
     """
 
     def __init__(self, export_dir, manifest, device="cpu", precision="fp32", threads=1,
-                 gpu_id=0, tensorrt=False, onednn_cache_bytes=None, _predictor=None):
+                 gpu_id=0, tensorrt=False, onednn_cache_bytes=None, onednn_shape_slack=None,
+                 _predictor=None):
         self.output_names = _output_names(manifest, "paddle")
         self.inputs = list(manifest.get("inputs") or [])
         self.input_names = input_names(manifest)
         if _predictor is not None:
-            self._predictor, self.settings = _predictor
+            self._predictor, self.settings, self.shape_cache = _predictor
             return
+        self.shape_cache = None  # oneDNN on CPU: a ShapeCache
         import paddle.inference as pi
 
         entry = _backend_entry(manifest, "paddle")
@@ -145,6 +203,14 @@ class PaddleEngine:
                 cache_capacity = onednn_cache_capacity(os.path.getsize(params), precision,
                                                        onednn_cache_bytes)
                 config.set_onednn_cache_capacity(cache_capacity)
+                slack = ONEDNN_SHAPE_SLACK if onednn_shape_slack is None else onednn_shape_slack
+                if isinstance(slack, bool) or not isinstance(slack, (int, float)) or \
+                        not slack >= 1:
+                    raise ConfigError(f"Deploy.onednn_shape_slack is {slack!r}; it must be a "
+                                      f"number, at least 1 (1: never pad a batch to a cached "
+                                      f"shape; default {ONEDNN_SHAPE_SLACK})")
+                if slack > 1:
+                    self.shape_cache = ShapeCache(cache_capacity, slack)
             config.set_cpu_math_library_num_threads(int(threads))
             if precision == "bf16":
                 config.enable_onednn_bfloat16()
@@ -156,12 +222,14 @@ class PaddleEngine:
                          "onednn": bool(config.onednn_enabled()),
                          "math_threads": int(config.cpu_math_library_num_threads()),
                          "onednn_cache_capacity": None if device == "gpu" else cache_capacity,
+                         "onednn_shape_slack": self.shape_cache and self.shape_cache.slack,
                          "onednn_bfloat16": device != "gpu" and precision == "bf16"}
         self._predictor = pi.create_predictor(config)
 
     def clone(self):
         return PaddleEngine(None, {"outputs": self.output_names, "inputs": self.inputs},
-                            _predictor=(self._predictor.clone(), self.settings))
+                            _predictor=(self._predictor.clone(), self.settings,
+                                        self.shape_cache))
 
     def graph_inputs(self):
         """The input names the loaded program takes (admission compares them with the manifest)."""
@@ -298,13 +366,15 @@ class OnnxGreedyEngine:
         return {"output_ids": ids}
 
 
-def build_engine(export_dir, manifest, backend, tensorrt=False, onednn_cache_bytes=None, **kw):
-    """The engine of ``backend`` for the export (``onednn_cache_bytes``: Paddle's only)."""
+def build_engine(export_dir, manifest, backend, tensorrt=False, onednn_cache_bytes=None,
+                 onednn_shape_slack=None, **kw):
+    """The engine of ``backend`` for the export (``onednn_*``: Paddle's only)."""
     if tensorrt and (backend != "paddle" or kw.get("device") != "gpu"):
         raise ConfigError("TensorRT runs only with --backend paddle --device gpu")
     if backend == "paddle":
         return PaddleEngine(export_dir, manifest, tensorrt=tensorrt,
-                            onednn_cache_bytes=onednn_cache_bytes, **kw)
+                            onednn_cache_bytes=onednn_cache_bytes,
+                            onednn_shape_slack=onednn_shape_slack, **kw)
     if backend == "onnx" and _backend_entry(manifest, "onnx").get("decode") == "greedy_numpy":
         return OnnxGreedyEngine(export_dir, manifest, **kw)
     if backend == "onnx":

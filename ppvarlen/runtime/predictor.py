@@ -75,7 +75,7 @@ class Predictor:
     def __init__(self, export_dir, backend="paddle", device="cpu", precision="fp32", threads=1,
                  max_batch_tokens=8192, max_batch_size=64, tensorrt=False, verify=True,
                  split_long_sources=False, allow_external_symlinks=False,
-                 onednn_cache_bytes=None, _shared=None):
+                 onednn_cache_bytes=None, onednn_shape_slack=None, _shared=None):
         if _shared is None and precision == "auto" and device == "cpu":
             # decided on this host, by the rule the server and ppvarlen-infer use
             chosen = precision_choice.load_admitted(
@@ -84,7 +84,8 @@ class Predictor:
                                   max_batch_size=max_batch_size, tensorrt=tensorrt,
                                   verify=verify, split_long_sources=split_long_sources,
                                   allow_external_symlinks=allow_external_symlinks,
-                                  onednn_cache_bytes=onednn_cache_bytes),
+                                  onednn_cache_bytes=onednn_cache_bytes,
+                                  onednn_shape_slack=onednn_shape_slack),
                 export_dir, "auto", device)
             _shared = chosen.__dict__
         if _shared is not None:
@@ -141,7 +142,8 @@ class Predictor:
             self.precision = precision_choice.resolve(m, backend, precision, device)
             self.engine = build_engine(export_dir, m, backend, device=device,
                                        precision=self.precision, threads=threads,
-                                       tensorrt=tensorrt, onednn_cache_bytes=onednn_cache_bytes)
+                                       tensorrt=tensorrt, onednn_cache_bytes=onednn_cache_bytes,
+                                       onednn_shape_slack=onednn_shape_slack)
         # Counted over the arrays really run: padding efficiency = real / padded.
         self.real_tokens = 0
         self.padded_tokens = 0
@@ -283,14 +285,35 @@ class Predictor:
     def _run_rows(self, id_lists, extras=None):
         """Pad, validate, run; per row: logits [C], tag ids [len] or generated ids (seq2seq).
         ``extras``: per row {name: aligned row} of the task's further declared inputs, padded
-        with their declared pad value."""
-        out, seq_len = self.run_engine(id_lists, extras)
+        with their declared pad value.  An engine with a ``shape_cache`` (Paddle, oneDNN) may
+        run the batch padded up to a shape it holds: more rows (copies of the first, their
+        answers dropped) and a wider pad."""
+        cache = getattr(self.engine, "shape_cache", None)
+        if cache is None:
+            out, seq_len = self.run_engine(id_lists, extras)
+        else:
+            out, seq_len = self._run_fitted(cache, id_lists, extras)
         rows = self.task.engine_rows(self, out, seq_len)
         steps = self.task.target_counts(rows)
         if steps is not None:
             self.real_target_tokens += steps[0]
             self.padded_target_tokens += steps[1]
         return rows
+
+    def _run_fitted(self, cache, id_lists, extras):
+        """``run_engine`` at the shape ``cache.fit`` gives -> the real rows' outputs, seq_len."""
+        n = len(id_lists)
+        rows, width = cache.fit(n, max(len(x) for x in id_lists),
+                                self.max_position or self.max_len)
+        if rows == n:
+            return self.run_engine(id_lists, extras, width=width)
+        copies = rows - n
+        out, seq_len = self.run_engine(list(id_lists) + [id_lists[0]] * copies,
+                                       extras and list(extras) + [extras[0]] * copies, width)
+        self.real_tokens -= copies * len(id_lists[0])  # the copies are padding
+        out = {name: value[:n] if getattr(value, "ndim", 1) and len(value) == rows else value
+               for name, value in out.items()}
+        return out, seq_len[:n]
 
     def run_engine(self, id_lists, extras=None, width=None):
         """Pad (to the longest row, or to ``width``), validate and run id rows -> (the engine's

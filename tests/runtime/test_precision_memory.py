@@ -140,6 +140,54 @@ def test_deploy_onednn_cache_bytes_sets_the_served_capacity(mlp_export):
             Predictor(mlp_export, "paddle", precision="fp32", onednn_cache_bytes=bad)
 
 
+def test_shape_cache_pads_up_to_a_held_shape_within_the_slack():
+    from ppvarlen.runtime.backends import ShapeCache
+
+    cache = ShapeCache(capacity=2, slack=2.0)
+    assert cache.fit(4, 30) == (4, 32)  # nothing held: a new shape, on the coarse grid
+    assert cache.fit(3, 25) == (4, 32)  # 128 positions <= 2 x 75
+    assert cache.fit(2, 20) == (2, 32)  # 128 > 2 x 40: a new shape (64 <= 2 x 40)
+    assert cache.fit(2, 18) == (2, 32)  # the smallest covering shape, not (4, 32)
+    assert cache.fit(5, 10) == (5, 10)  # (8, 32) > 2 x 50: its own; (4, 32) least recent
+    assert cache.fit(4, 30) == (4, 32) and (cache.hits, cache.misses) == (2, 4)
+    assert cache.fit(3, 25) == (4, 32)  # held again
+    assert cache.fit(1, 250, max_width=256) == (1, 256)
+    narrow = ShapeCache(capacity=2, slack=2.0)
+    assert narrow.fit(1, 249, max_width=250) == (1, 250)  # never wider than the model takes
+
+
+def test_padding_up_to_a_held_shape_keeps_every_answer(mlp_export):
+    """Batches of every size and width through a predictor that pads them up to the shapes its
+    oneDNN cache holds answer as one that runs each at its own shape; the copies' rows are
+    not answered and their tokens are not counted as real."""
+    from ppvarlen.config import ConfigError
+    from ppvarlen.runtime.predictor import Predictor
+
+    fitted = Predictor(mlp_export, "paddle", precision="fp32", onednn_shape_slack=4.0)
+    exact = Predictor(mlp_export, "paddle", precision="fp32", onednn_shape_slack=1)
+    assert exact.engine.shape_cache is None and fitted.engine.shape_cache.slack == 4.0
+    assert fitted.engine.settings["onednn_shape_slack"] == 4.0
+    rng = np.random.RandomState(0)
+    low = max(fitted.encoder.pad_id, fitted.encoder.unk_id) + 1
+    real = 0
+    # held after each: + (4, 32); hit; + (1, 32); hit (4 x 32 <= 4 x 60); hit; hit
+    for lengths in [(30, 20, 10, 5), (25, 3, 8), (9,), (30, 4), (12, 12, 1, 7), (20,)]:
+        batch = [rng.randint(low, fitted.encoder.vocab_size, size=n).tolist() for n in lengths]
+        real += sum(lengths)
+        got, want = fitted._run_rows(batch), exact._run_rows(batch)
+        assert len(got) == len(want) == len(lengths)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert (fitted.engine.shape_cache.hits, fitted.engine.shape_cache.misses) == (4, 2)
+    assert fitted.real_tokens == exact.real_tokens == real
+    assert fitted.padded_tokens > exact.padded_tokens
+    clone = fitted.clone()
+    assert clone.engine.shape_cache is fitted.engine.shape_cache  # one cache per process
+    for bad in (0.5, True, "2"):
+        with pytest.raises(ConfigError, match=r"Deploy\.onednn_shape_slack is .*; it must"):
+            Predictor(mlp_export, "paddle", precision="fp32", onednn_shape_slack=bad)
+
+
 def _child(export_dir, backend, precision):
     """Warm up on one batch, then every length 1..MAX_LEN at every batch size 1..MAX_ROWS."""
     from ppvarlen.runtime import backends
