@@ -37,7 +37,8 @@ load average and the server's CPU seconds per text recorded.  Writes
 ``serve_precision.json`` and ``.png``::
 
     python benchmarks/precision_throughput.py -c configs/sentiment/transformer.yaml \
-        --ernie-base --serve --train-steps 40 -o Export.parity_max_examples=512 \
+        --ernie-base --serve --train-steps 300 --train-lr 3e-5 \
+        -o Export.parity_max_examples=256 --calibration-examples 64 \
         --work output/bench/prec_serve --out output/bench/prec_serve
 """
 import argparse
