@@ -204,7 +204,7 @@ class Predictor:
             for k, (rows, n) in enumerate(shapes):
                 ids = [[self.encoder.unk_id] * n] * rows
                 start = time.perf_counter()
-                self._run_rows(ids)
+                self._run_rows(ids, fit=False)  # the fit is over the shapes' own positions
                 best[k] = min(best[k], time.perf_counter() - start)
         self._reset_counters()
         tokens = np.array([rows * n for rows, n in shapes], dtype=np.float64)
@@ -282,13 +282,13 @@ class Predictor:
                                   f"{len(bad)} of {len(items)} text(s), e.g. text {bad[0]}")
         return [self.task.response(self, it, outs) for it, outs in zip(items, per_item)]
 
-    def _run_rows(self, id_lists, extras=None):
+    def _run_rows(self, id_lists, extras=None, fit=True):
         """Pad, validate, run; per row: logits [C], tag ids [len] or generated ids (seq2seq).
         ``extras``: per row {name: aligned row} of the task's further declared inputs, padded
         with their declared pad value.  An engine with a ``shape_cache`` (Paddle, oneDNN) may
         run the batch padded up to a shape it holds: more rows (copies of the first, their
-        answers dropped) and a wider pad."""
-        cache = getattr(self.engine, "shape_cache", None)
+        answers dropped) and a wider pad; ``fit`` False: at its own shape."""
+        cache = getattr(self.engine, "shape_cache", None) if fit else None
         if cache is None:
             out, seq_len = self.run_engine(id_lists, extras)
         else:
