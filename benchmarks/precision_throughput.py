@@ -207,13 +207,15 @@ def agreement(runners, batches, outputs):
     return parity.compare(runners[reference], backends, batches, outputs)
 
 
-def start_server(export_dir, backend, precision, threads, log_path, timeout_s=900):
+def start_server(export_dir, backend, precision, threads, log_path, timeout_s=900, deploy=()):
     """``ppvarlen-serve`` of ``export_dir`` on a free port, its log in ``log_path`` (the
-    precision ``auto`` picked is logged there) -> (process, url) once /health answers."""
+    precision ``auto`` picked is logged there) -> (process, url) once /health answers.
+    ``deploy``: more ``KEY=VALUE`` Deploy settings."""
     from ppvarlen.serve import bench
 
+    overrides = {"threads": threads, **dict(item.split("=", 1) for item in deploy)}
     try:
-        return bench.start_server(export_dir, backend, {"threads": threads}, bench.free_port(),
+        return bench.start_server(export_dir, backend, overrides, bench.free_port(),
                                   timeout_s, log_path=log_path, args=("--precision", precision))
     except RuntimeError as e:
         raise SystemExit(f"{backend} {precision}: {e}") from None
@@ -281,8 +283,10 @@ def serve_comparison(args, cfg, model, meta, encoder, bundle):
     procs, urls, health = {}, {}, {}
     try:
         for name, (backend, precision) in servers.items():  # one at a time: auto times at load
-            procs[name], urls[name] = start_server(export_dir, backend, precision, args.threads,
-                                                   os.path.join(out, f"server_{name}.log"))
+            procs[name], urls[name] = start_server(
+                export_dir, backend, precision, args.threads,
+                os.path.join(out, f"server_{name}.log"),
+                deploy=args.auto_deploy if name == "auto" else ())
             health[name] = httpx.get(urls[name] + "/health", timeout=30).json()
         with open(os.path.join(out, "server_auto.log")) as f:
             auto_log = [line.strip() for line in f if "precision auto" in line]
@@ -321,6 +325,7 @@ def serve_comparison(args, cfg, model, meta, encoder, bundle):
               "cpu_count": os.cpu_count(), "threads": args.threads,
               "cpu_flags": [f for f in flags.split() if f.startswith(("avx", "amx"))],
               "train_steps": args.train_steps, "last_train_losses": trained,
+              "auto_deploy": args.auto_deploy,
               "texts_pool": len(texts), "duration_s": args.duration_s,
               "warmup_s": args.warmup_s, "rounds": args.rounds,
               "precisions_exported": manifest.get("precisions"),
@@ -421,6 +426,9 @@ def main():
     parser.add_argument("--calibration-examples", type=int, default=256,
                         help="--serve: train texts the int8 scales are calibrated on (the "
                              "exporter's default 256)")
+    parser.add_argument("--auto-deploy", action="append", default=[], metavar="KEY=VALUE",
+                        help="--serve: a Deploy setting for the auto server only, e.g. "
+                             "onednn_cache_bytes=6442450944 (repeatable)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--rounds", type=int, default=2, help="--serve: sweeps (A B A B)")
     parser.add_argument("--duration-s", type=float, default=60.0)
