@@ -292,11 +292,12 @@ SCHEMA = {
                                     "this over one copy's size (paddle/model.pdiparams, half for "
                                     "bf16) shapes, 1 to 64; a shape outside it costs a weight "
                                     "reorder again (docs/PRECISION.md, Memory)"),
-        "onednn_shape_slack": Field(float, 2.0, help="Paddle Inference with oneDNN on CPU: "
+        "onednn_shape_slack": Field(float, 1.0, help="Paddle Inference with oneDNN on CPU: "
                                     "a batch is padded up to a shape the oneDNN cache holds "
                                     "(no new kernels, no weight reorder) when that shape has at "
                                     "most this many times the batch's positions; 1 = never pad "
-                                    "(docs/PRECISION.md, Memory)"),
+                                    "(the default: served, it did not pay at the default "
+                                    "onednn_cache_bytes; docs/PRECISION.md, Memory)"),
         "max_wait_ms": Field(float, 5.0, help="longest a request waits for others to share "
                              "its batch"),
         "batch_when_all_queued": Field(bool, True, help="run a batch without waiting "
