@@ -42,7 +42,6 @@ load average and the server's CPU seconds per text recorded.  Writes
         --work output/bench/prec_serve --out output/bench/prec_serve
 """
 import argparse
-import io
 import json
 import logging
 import os
@@ -122,24 +121,19 @@ def train_steps(model, train, steps, pad_id, lr=3e-5, rows=16, max_len=64, seed=
 
 
 def trained_weights(model, train, args, pad_id):
-    """``train_steps`` with ``args``' steps and rate, its weights kept in ``{work}`` as .npz (no
-    pickle) and reused by a later run with the same steps and rate: a gate or a serve run
-    repeated does not train again.  -> the last losses (None when reused)."""
-    import numpy as np
-    import paddle
+    """``train_steps`` with ``args``' steps and rate, its weights kept in ``{work}`` (safetensors,
+    ``models.weights``) and reused by a later run with the same steps and rate: a gate or a serve
+    run repeated does not train again.  -> the last losses (None when reused)."""
+    from ppvarlen.models.weights import load_weights, save_weights
 
-    from ppvarlen.utils.io import atomic_write_bytes
-
-    path = os.path.join(args.work, f"trained_{args.train_steps}_steps_lr{args.train_lr:g}.npz")
+    path = os.path.join(args.work,
+                        f"trained_{args.train_steps}_steps_lr{args.train_lr:g}.safetensors")
     if os.path.exists(path):
-        with np.load(path, allow_pickle=False) as saved:
-            model.set_state_dict({k: paddle.to_tensor(saved[k]) for k in saved.files})
+        load_weights(model, path)
         print(f"trained weights reused from {path}", file=sys.stderr, flush=True)
         return None
     losses = train_steps(model, train, args.train_steps, pad_id, lr=args.train_lr)
-    buffer = io.BytesIO()
-    np.savez(buffer, **{k: v.numpy() for k, v in model.state_dict().items()})
-    atomic_write_bytes(path, buffer.getvalue())
+    save_weights(model, path)
     return losses
 
 
@@ -399,6 +393,12 @@ def plot(result, path):
     fig.savefig(path, dpi=110)
 
 
+def _key_value(item):
+    if "=" not in item:
+        raise argparse.ArgumentTypeError(f"{item!r}: give KEY=VALUE, e.g. onednn_shape_slack=2")
+    return item
+
+
 def main():
     parser = add_config_args(argparse.ArgumentParser(description=__doc__))
     parser.add_argument("--checkpoint")
@@ -427,6 +427,7 @@ def main():
                         help="--serve: train texts the int8 scales are calibrated on (the "
                              "exporter's default 256)")
     parser.add_argument("--auto-deploy", action="append", default=[], metavar="KEY=VALUE",
+                        type=_key_value,
                         help="--serve: a Deploy setting for the auto server only, e.g. "
                              "onednn_cache_bytes=6442450944 (repeatable)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
