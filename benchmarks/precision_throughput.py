@@ -395,7 +395,7 @@ def plot(result, path):
 
 def _key_value(item):
     if "=" not in item:
-        raise argparse.ArgumentTypeError(f"{item!r}: give KEY=VALUE, e.g. onednn_shape_slack=2")
+        raise argparse.ArgumentTypeError(f"{item!r}: give KEY=VALUE, e.g. onednn_shape_grid=false")
     return item
 
 

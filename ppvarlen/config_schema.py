@@ -292,12 +292,12 @@ SCHEMA = {
                                     "this over one copy's size (paddle/model.pdiparams, half for "
                                     "bf16) shapes, 1 to 64; a shape outside it costs a weight "
                                     "reorder again (docs/PRECISION.md, Memory)"),
-        "onednn_shape_slack": Field(float, 1.0, help="Paddle Inference with oneDNN on CPU: "
-                                    "a batch is padded up to a shape the oneDNN cache holds "
-                                    "(no new kernels, no weight reorder) when that shape has at "
-                                    "most this many times the batch's positions; 1 = never pad "
-                                    "(the default: served, it did not pay at the default "
-                                    "onednn_cache_bytes; docs/PRECISION.md, Memory)"),
+        "onednn_shape_grid": Field(bool, True, help="Paddle Inference with oneDNN on CPU: "
+                                   "batches run on a fixed grid of shapes (padded up in rows "
+                                   "and width) that fits the oneDNN cache, so none is dropped "
+                                   "and no batch pays new kernels or a weight reorder once "
+                                   "warm; the server times each grid shape at start and plans "
+                                   "batches with those times (docs/PRECISION.md, Memory)"),
         "max_wait_ms": Field(float, 5.0, help="longest a request waits for others to share "
                              "its batch"),
         "batch_when_all_queued": Field(bool, True, help="run a batch without waiting "

@@ -17,8 +17,6 @@ them in ``settings`` (parity.json keeps the checked ones; tests compare the two)
 """
 import os
 import tempfile
-import threading
-from collections import OrderedDict
 
 import numpy as np
 
@@ -35,9 +33,9 @@ ONEDNN_CACHE_CAPACITY = 64  # most input shapes whose oneDNN kernels stay cached
 # cached input shape keeps its own reordered copy of the weight matrices, so the capacity is
 # this budget over the size of one copy.
 ONEDNN_CACHE_BUDGET_BYTES = SCHEMA["Deploy"]["onednn_cache_bytes"].default
-# How much larger (in padded positions) a held oneDNN shape may be than a batch padded up to it
-# (``ShapeCache``; Deploy.onednn_shape_slack when not given, 1: never pad).
-ONEDNN_SHAPE_SLACK = SCHEMA["Deploy"]["onednn_shape_slack"].default
+# Whether Paddle oneDNN batches run on a grid of held shapes (``ShapeGrid``;
+# Deploy.onednn_shape_grid when not given).
+ONEDNN_SHAPE_GRID = SCHEMA["Deploy"]["onednn_shape_grid"].default
 PRECISIONS = {"paddle": ("fp32", "bf16", "fp16"), "onnx": ("fp32", "fp16", "int8")}
 
 
@@ -83,55 +81,67 @@ def onednn_cache_capacity(params_bytes, precision, budget=None):
     return int(max(1, min(ONEDNN_CACHE_CAPACITY, budget // copy_bytes)))
 
 
-WIDTH_STEP = 32  # a new oneDNN shape's width, rounded up (ShapeCache): a coarse grid
+GRID_TOP_ROWS = 16  # the most rows a grid shape has (larger batches run at their own shape)
+GRID_MIN_WIDTH = 16  # the narrowest grid width
+GRID_MIN_CAPACITY = 9  # below this many held shapes (3 x 3), a grid pads too coarsely: exact shapes
 
 
-class ShapeCache:
-    """The (rows, width) batch shapes Paddle's oneDNN cache holds kernels for, mirrored (the
-    least recently used dropped past ``capacity``), so that a batch can be padded up to a held
-    shape instead of costing a new one.
+def grid_axes(capacity, max_rows, max_width):
+    """(rows, widths) of a shape grid of at most ``capacity`` shapes: widths halve from
+    ``max_width`` (multiples of 8, at least ``GRID_MIN_WIDTH``), rows grow geometrically from
+    1 to ``min(max_rows, GRID_TOP_ROWS)``; about as many of each (square root of the capacity).
+    Chosen by rule, not tuned per model: docs/PRECISION.md (Memory) has the measurements."""
+    widths = [int(max_width)]
+    while len(widths) * len(widths) < capacity and widths[-1] // 2 >= GRID_MIN_WIDTH:
+        widths.append(-(-(widths[-1] // 2) // 8) * 8)
+    widths = sorted(set(widths))
+    top = max(1, min(int(max_rows), GRID_TOP_ROWS))
+    n_rows = max(1, min(top, capacity // len(widths)))
+    if n_rows == 1:
+        rows = [top]
+    else:
+        rows = sorted({max(1, round(top ** (k / (n_rows - 1)))) for k in range(n_rows)})
+    return rows, widths
 
-    A server's batcher forms a new shape for nearly every batch, and each new shape costs its
-    kernels and a weight reorder (``onednn_cache_capacity``); padding costs only the padded
-    positions' compute.  ``fit`` pads a batch to the smallest held shape at least as large in
-    both dimensions whose positions are at most ``slack`` times the batch's own (the models
-    are padding- and batch-invariant, so answers are those of the unpadded batch; admission
-    checks both).  One mirror per process, as Paddle's cache is: clones share it."""
 
-    def __init__(self, capacity, slack):
-        self.capacity, self.slack = int(capacity), float(slack)
-        self._held = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = self.misses = 0
+class ShapeGrid:
+    """The batch shapes a Paddle oneDNN engine runs: a fixed grid of at most the oneDNN
+    cache's capacity of (rows, width) shapes, so that Paddle never drops a shape it holds.
 
-    def fit(self, rows, width, max_width=None):
-        """(rows, width) to run the batch at: a held shape that covers it, else a new one, on a
-        coarse grid (rows a power of two, width a multiple of ``WIDTH_STEP`` up to
-        ``max_width``) when that is within the slack: for a new shape Paddle drops the first
-        entry of its hash map of held shapes (not the least recently used), so the fewer
-        distinct shapes a server forms, the more of them stay held."""
-        with self._lock:
-            most = self.slack * rows * width
-            covering = [s for s in self._held if s[0] >= rows and s[1] >= width and
-                        s[0] * s[1] <= most]
-            if covering:
-                shape = min(covering, key=lambda s: (s[0] * s[1], s))
-                self._held.move_to_end(shape)
-                self.hits += 1
-                return shape
-            self.misses += 1
-            shape = (rows, width)
-            coarse = (1 << (rows - 1).bit_length(),
-                      -(-width // WIDTH_STEP) * WIDTH_STEP)
-            if max_width is not None:
-                coarse = (coarse[0], min(coarse[1], max(width, max_width)))
-            if coarse[0] * coarse[1] <= most:
-                shape = coarse
-            self._held[shape] = None
-            self._held.move_to_end(shape)
-            while len(self._held) > self.capacity:
-                self._held.popitem(last=False)
-            return shape
+    Each shape Paddle caches costs its kernels and a weight reorder when first run
+    (``onednn_cache_capacity``); a server's batches have a new exact shape nearly every time,
+    and past the capacity Paddle drops an arbitrary held shape (not the least recently used).
+    On a grid every batch, once warm, runs at a held shape: padded up to the next grid width
+    (pad tokens) and the next grid rows (copies of its first row, their answers dropped); the
+    models are padding- and batch-invariant (admission checks both).  ``costs`` holds each
+    shape's measured seconds (``Predictor.warmup``), which the server's batcher plans with.
+    A batch with more rows than the grid's most runs in pieces (``Predictor._run_rows``); one
+    no grid shape covers otherwise runs at its own shape (``off_grid`` counts them).  One grid
+    per process, as Paddle's cache is: clones share it."""
+
+    def __init__(self, capacity, max_rows, max_width):
+        self.rows, self.widths = grid_axes(capacity, max_rows, max_width)
+        self.costs = {}
+        self.off_grid = 0  # batches no grid shape covers, run at their own shape
+
+    def shapes(self):
+        return [(r, w) for r in self.rows for w in self.widths]
+
+    def fit(self, rows, width):
+        """(rows, width) a batch of ``rows`` texts, the longest ``width``, runs at."""
+        r = next((g for g in self.rows if g >= rows), None)
+        w = next((g for g in self.widths if g >= width), None)
+        if r is None or w is None:
+            self.off_grid += 1
+            return rows, width
+        return r, w
+
+    def cost(self, rows, width):
+        """Measured seconds of the grid shape such a batch runs at; None when it runs off the
+        grid or the shape was not timed."""
+        r = next((g for g in self.rows if g >= rows), None)
+        w = next((g for g in self.widths if g >= width), None)
+        return self.costs.get((r, w))
 
 
 def check_precision(manifest, backend, precision):
@@ -160,15 +170,15 @@ class PaddleEngine:
     """
 
     def __init__(self, export_dir, manifest, device="cpu", precision="fp32", threads=1,
-                 gpu_id=0, tensorrt=False, onednn_cache_bytes=None, onednn_shape_slack=None,
-                 _predictor=None):
+                 gpu_id=0, tensorrt=False, onednn_cache_bytes=None, onednn_shape_grid=None,
+                 max_rows=64, max_width=None, _predictor=None):
         self.output_names = _output_names(manifest, "paddle")
         self.inputs = list(manifest.get("inputs") or [])
         self.input_names = input_names(manifest)
         if _predictor is not None:
-            self._predictor, self.settings, self.shape_cache = _predictor
+            self._predictor, self.settings, self.shape_grid = _predictor
             return
-        self.shape_cache = None  # oneDNN on CPU: a ShapeCache
+        self.shape_grid = None  # oneDNN on CPU: a ShapeGrid
         import paddle.inference as pi
 
         entry = _backend_entry(manifest, "paddle")
@@ -203,14 +213,12 @@ class PaddleEngine:
                 cache_capacity = onednn_cache_capacity(os.path.getsize(params), precision,
                                                        onednn_cache_bytes)
                 config.set_onednn_cache_capacity(cache_capacity)
-                slack = ONEDNN_SHAPE_SLACK if onednn_shape_slack is None else onednn_shape_slack
-                if isinstance(slack, bool) or not isinstance(slack, (int, float)) or \
-                        not slack >= 1:
-                    raise ConfigError(f"Deploy.onednn_shape_slack is {slack!r}; it must be a "
-                                      f"number, at least 1 (1: never pad a batch to a cached "
-                                      f"shape; default {ONEDNN_SHAPE_SLACK})")
-                if slack > 1:
-                    self.shape_cache = ShapeCache(cache_capacity, slack)
+                grid = ONEDNN_SHAPE_GRID if onednn_shape_grid is None else onednn_shape_grid
+                if not isinstance(grid, bool):
+                    raise ConfigError(f"Deploy.onednn_shape_grid is {grid!r}; it must be true "
+                                      f"or false (default {str(ONEDNN_SHAPE_GRID).lower()})")
+                if grid and cache_capacity >= GRID_MIN_CAPACITY and max_width:
+                    self.shape_grid = ShapeGrid(cache_capacity, max_rows, max_width)
             config.set_cpu_math_library_num_threads(int(threads))
             if precision == "bf16":
                 config.enable_onednn_bfloat16()
@@ -222,14 +230,15 @@ class PaddleEngine:
                          "onednn": bool(config.onednn_enabled()),
                          "math_threads": int(config.cpu_math_library_num_threads()),
                          "onednn_cache_capacity": None if device == "gpu" else cache_capacity,
-                         "onednn_shape_slack": self.shape_cache and self.shape_cache.slack,
+                         "onednn_shape_grid": self.shape_grid and [self.shape_grid.rows,
+                                                                    self.shape_grid.widths],
                          "onednn_bfloat16": device != "gpu" and precision == "bf16"}
         self._predictor = pi.create_predictor(config)
 
     def clone(self):
         return PaddleEngine(None, {"outputs": self.output_names, "inputs": self.inputs},
                             _predictor=(self._predictor.clone(), self.settings,
-                                        self.shape_cache))
+                                        self.shape_grid))
 
     def graph_inputs(self):
         """The input names the loaded program takes (admission compares them with the manifest)."""
@@ -367,14 +376,16 @@ class OnnxGreedyEngine:
 
 
 def build_engine(export_dir, manifest, backend, tensorrt=False, onednn_cache_bytes=None,
-                 onednn_shape_slack=None, **kw):
-    """The engine of ``backend`` for the export (``onednn_*``: Paddle's only)."""
+                 onednn_shape_grid=None, max_rows=64, max_width=None, **kw):
+    """The engine of ``backend`` for the export (``onednn_*`` and the grid's ``max_rows`` /
+    ``max_width``: Paddle's only)."""
     if tensorrt and (backend != "paddle" or kw.get("device") != "gpu"):
         raise ConfigError("TensorRT runs only with --backend paddle --device gpu")
     if backend == "paddle":
         return PaddleEngine(export_dir, manifest, tensorrt=tensorrt,
                             onednn_cache_bytes=onednn_cache_bytes,
-                            onednn_shape_slack=onednn_shape_slack, **kw)
+                            onednn_shape_grid=onednn_shape_grid, max_rows=max_rows,
+                            max_width=max_width, **kw)
     if backend == "onnx" and _backend_entry(manifest, "onnx").get("decode") == "greedy_numpy":
         return OnnxGreedyEngine(export_dir, manifest, **kw)
     if backend == "onnx":

@@ -75,7 +75,7 @@ class Predictor:
     def __init__(self, export_dir, backend="paddle", device="cpu", precision="fp32", threads=1,
                  max_batch_tokens=8192, max_batch_size=64, tensorrt=False, verify=True,
                  split_long_sources=False, allow_external_symlinks=False,
-                 onednn_cache_bytes=None, onednn_shape_slack=None, _shared=None):
+                 onednn_cache_bytes=None, onednn_shape_grid=None, _shared=None):
         if _shared is None and precision == "auto" and device == "cpu":
             # decided on this host, by the rule the server and ppvarlen-infer use
             chosen = precision_choice.load_admitted(
@@ -85,7 +85,7 @@ class Predictor:
                                   verify=verify, split_long_sources=split_long_sources,
                                   allow_external_symlinks=allow_external_symlinks,
                                   onednn_cache_bytes=onednn_cache_bytes,
-                                  onednn_shape_slack=onednn_shape_slack),
+                                  onednn_shape_grid=onednn_shape_grid),
                 export_dir, "auto", device)
             _shared = chosen.__dict__
         if _shared is not None:
@@ -143,7 +143,10 @@ class Predictor:
             self.engine = build_engine(export_dir, m, backend, device=device,
                                        precision=self.precision, threads=threads,
                                        tensorrt=tensorrt, onednn_cache_bytes=onednn_cache_bytes,
-                                       onednn_shape_slack=onednn_shape_slack)
+                                       onednn_shape_grid=onednn_shape_grid,
+                                       max_rows=self.max_batch_size,
+                                       max_width=min(self.max_len, self.max_position or
+                                                     self.max_len))
         # Counted over the arrays really run: padding efficiency = real / padded.
         self.real_tokens = 0
         self.padded_tokens = 0
@@ -159,7 +162,21 @@ class Predictor:
         return Predictor(None, _shared=shared)
 
     def warmup(self, lengths=(8, 32, 128)):
-        """Run a few batch shapes once so the first requests skip kernel set-up; not counted."""
+        """Run a few batch shapes once so the first requests skip kernel set-up; not counted.
+        An engine with a ``ShapeGrid`` runs every grid shape instead, twice, and keeps the
+        second run's seconds in ``grid.costs`` (the batcher plans with them; clones share the
+        grid, the first to warm up times it).  Paddle caches oneDNN kernels per thread: call
+        this in the thread that will run the batches."""
+        grid = getattr(self.engine, "shape_grid", None)
+        if grid is not None:
+            for rows, width in grid.shapes():
+                ids = [[self.encoder.unk_id] * width] * rows
+                self.run_engine(ids)
+                start = time.perf_counter()
+                self.run_engine(ids)
+                grid.costs.setdefault((rows, width), time.perf_counter() - start)
+            self._reset_counters()
+            return
         if self.task.generates:  # every run decodes many steps of growing shapes already
             lengths = lengths[:1]
         for n in lengths:
@@ -285,14 +302,15 @@ class Predictor:
     def _run_rows(self, id_lists, extras=None, fit=True):
         """Pad, validate, run; per row: logits [C], tag ids [len] or generated ids (seq2seq).
         ``extras``: per row {name: aligned row} of the task's further declared inputs, padded
-        with their declared pad value.  An engine with a ``shape_cache`` (Paddle, oneDNN) may
-        run the batch padded up to a shape it holds: more rows (copies of the first, their
-        answers dropped) and a wider pad; ``fit`` False: at its own shape."""
-        cache = getattr(self.engine, "shape_cache", None) if fit else None
-        if cache is None:
-            out, seq_len = self.run_engine(id_lists, extras)
-        else:
-            out, seq_len = self._run_fitted(cache, id_lists, extras)
+        with their declared pad value.  ``fit`` False: at the batch's own shape even on a
+        grid engine (``run_engine``); on one, a batch with more rows than the grid's most runs
+        in pieces of that many rows."""
+        grid = getattr(self.engine, "shape_grid", None) if fit else None
+        if grid is not None and len(id_lists) > grid.rows[-1]:
+            top = grid.rows[-1]
+            return [row for i in range(0, len(id_lists), top)
+                    for row in self._run_rows(id_lists[i:i + top], extras and extras[i:i + top])]
+        out, seq_len = (self.run_engine if fit else self._run_exact)(id_lists, extras)
         rows = self.task.engine_rows(self, out, seq_len)
         steps = self.task.target_counts(rows)
         if steps is not None:
@@ -300,24 +318,33 @@ class Predictor:
             self.padded_target_tokens += steps[1]
         return rows
 
-    def _run_fitted(self, cache, id_lists, extras):
-        """``run_engine`` at the shape ``cache.fit`` gives -> the real rows' outputs, seq_len."""
+    def run_engine(self, id_lists, extras=None, width=None):
+        """Pad (to the longest row, or to ``width``), validate and run id rows -> (the engine's
+        named outputs, seq_len); counted.  An engine with a ``shape_grid`` (Paddle, oneDNN:
+        a ``ShapeGrid``) runs every batch at its grid shape: more rows (copies of the first,
+        their answers dropped) and a wider pad.  Every run goes through here (admission,
+        timing, warm-up, traffic), so Paddle's cache holds no shape off the grid: one it held
+        would stay and push grid shapes out (Paddle drops shapes in hash order).  A batch
+        beyond the grid runs at its own shape, counted in ``grid.off_grid`` (``_run_rows``
+        splits batches with too many rows first)."""
+        grid = getattr(self.engine, "shape_grid", None)
+        if grid is None:
+            return self._run_exact(id_lists, extras, width)
         n = len(id_lists)
-        rows, width = cache.fit(n, max(len(x) for x in id_lists),
-                                self.max_position or self.max_len)
+        width = max(max(len(x) for x in id_lists), int(width or 0))
+        rows, width = grid.fit(n, width)
         if rows == n:
-            return self.run_engine(id_lists, extras, width=width)
+            return self._run_exact(id_lists, extras, width)
         copies = rows - n
-        out, seq_len = self.run_engine(list(id_lists) + [id_lists[0]] * copies,
+        out, seq_len = self._run_exact(list(id_lists) + [id_lists[0]] * copies,
                                        extras and list(extras) + [extras[0]] * copies, width)
         self.real_tokens -= copies * len(id_lists[0])  # the copies are padding
         out = {name: value[:n] if getattr(value, "ndim", 1) and len(value) == rows else value
                for name, value in out.items()}
         return out, seq_len[:n]
 
-    def run_engine(self, id_lists, extras=None, width=None):
-        """Pad (to the longest row, or to ``width``), validate and run id rows -> (the engine's
-        named outputs, seq_len); counted."""
+    def _run_exact(self, id_lists, extras=None, width=None):
+        """``run_engine`` at the batch's own shape (``width``: at least that wide)."""
         seq_len = np.array([len(x) for x in id_lists], dtype=np.int64)
         width = max(int(seq_len.max()), int(width or 0))
         input_ids = pad_sequences(id_lists, self.encoder.pad_id, width)

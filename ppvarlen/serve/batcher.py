@@ -31,10 +31,12 @@ PLAN_WINDOW = 256  # the oldest queued texts a batch is planned over (bounds pla
 ALL_QUEUED = "all queued"  # _ready's answer when only the Callers rule says go
 
 
-def plan_groups(sorted_lengths, overhead_tokens, max_tokens, max_size):
+def plan_groups(sorted_lengths, overhead_tokens, max_tokens, max_size, cost=None):
     """Cheapest split of length-sorted texts into consecutive batches: [(start, end)].
 
-    Cost of a batch = ``overhead_tokens`` + size x longest (padding counted), with
+    Cost of a batch = ``overhead_tokens`` + size x longest (padding counted), or
+    ``cost(size, longest)`` when given (an engine's measured seconds per batch shape, None
+    for a batch it has no figure for: not formed, unless it is one text), with
     size <= ``max_size`` and size x longest <= ``max_tokens`` (a text longer than
     the budget goes alone).  Exact dynamic programme over the cut points, O(n x max_size).
     Plain Python: the queues it plans are a few hundred texts at most, where numpy's cost
@@ -42,6 +44,8 @@ def plan_groups(sorted_lengths, overhead_tokens, max_tokens, max_size):
     """
     lengths = [int(x) for x in sorted_lengths]
     n = len(lengths)
+    if cost is not None:
+        return _plan_with_costs(lengths, cost, max_tokens, max_size)
     best = [0] * (n + 1)  # best[i]: cheapest cost of the first i texts
     cut = [0] * (n + 1)  # where the last batch of that split starts
     for i in range(1, n + 1):
@@ -56,6 +60,30 @@ def plan_groups(sorted_lengths, overhead_tokens, max_tokens, max_size):
             if cost < least:
                 least, at = cost, j
         best[i], cut[i] = least + overhead_tokens + i * longest, at
+    groups, end = [], n
+    while end > 0:
+        groups.append((cut[end], end))
+        end = cut[end]
+    return groups[::-1]
+
+
+def _plan_with_costs(lengths, cost, max_tokens, max_size):
+    """``plan_groups`` with a cost per (size, longest) instead of the linear one."""
+    n = len(lengths)
+    alone = max((c for c in (cost(1, x) for x in lengths) if c is not None), default=1.0)
+    best = [0.0] + [float("inf")] * n
+    cut = [0] * (n + 1)
+    for i in range(1, n + 1):
+        longest = lengths[i - 1]
+        fits = max(1, min(max_size, max_tokens // max(longest, 1)))
+        for j in range(max(0, i - fits), i):
+            c = cost(i - j, longest)
+            if c is None:
+                if i - j > 1:
+                    continue
+                c = alone
+            if best[j] + c < best[i]:
+                best[i], cut[i] = best[j] + c, j
     groups, end = [], n
     while end > 0:
         groups.append((cut[end], end))
@@ -167,10 +195,14 @@ class DynamicBatcher:
     ``on_batch(size, real_tokens, padded_tokens, queue_waits_s, compute_s)`` is called after
     each batch that ran (metrics and the statistics extension).  ``callers``: a ``Callers``
     whose ``all_in()`` runs the queue without waiting for company (the module's docstring).
+    ``warmup(predictor)`` runs in each worker's own thread before it takes a batch (Paddle's
+    oneDNN kernels are cached per thread: a warm-up elsewhere does not warm the worker), and
+    the constructor returns once every worker is warm (re-raising a warm-up's error).
     """
 
     def __init__(self, predictors, max_wait_ms=5.0, max_batch_tokens=8192, max_batch_size=64,
-                 queue_size=1024, overhead_tokens=256, on_batch=None, callers=None):
+                 queue_size=1024, overhead_tokens=256, on_batch=None, callers=None,
+                 batch_cost=None, warmup=None):
         if not predictors:
             raise ConfigError("DynamicBatcher needs at least one predictor (one per worker)")
         for name, v in [("max_batch_tokens", max_batch_tokens), ("max_batch_size", max_batch_size),
@@ -181,6 +213,7 @@ class DynamicBatcher:
             raise ConfigError(f"Deploy.max_wait_ms and batch_overhead_tokens must be >= 0, got "
                              f"{max_wait_ms}, {overhead_tokens}")
         self.overhead_tokens = overhead_tokens
+        self.batch_cost = batch_cost  # (size, longest) -> seconds: plan_groups' cost
         self.max_wait = max_wait_ms / 1000.0
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
@@ -195,10 +228,18 @@ class DynamicBatcher:
         self._callers = callers
         # batches_all_queued: batches started early by the Callers rule (module docstring)
         self._stats = {"batches": 0, "items": 0, "failed_items": 0, "batches_all_queued": 0}
+        self._warmup = warmup
+        self._warm = threading.Semaphore(0)
+        self._warmup_errors = []
         self._workers = [threading.Thread(target=self._work, args=(p,), name=f"batcher-{i}",
                                           daemon=True) for i, p in enumerate(predictors)]
         for t in self._workers:
             t.start()
+        for _ in self._workers:
+            self._warm.acquire()
+        if self._warmup_errors:
+            self.close(timeout=5)
+            raise self._warmup_errors[0]
 
     # ------------------------------------------------------------ callers
     def submit(self, items, loop=None, deadline=None):
@@ -290,7 +331,7 @@ class DynamicBatcher:
         in queue order.  Outside the lock: submits are not held up while it plans."""
         order = sorted(range(len(considered)), key=lambda i: (considered[i].length, i))
         groups = plan_groups([considered[i].length for i in order], self.overhead_tokens,
-                             self.max_batch_tokens, self.max_batch_size)
+                             self.max_batch_tokens, self.max_batch_size, self.batch_cost)
         at = order.index(0)
         start, end = next((a, b) for a, b in groups if a <= at < b)
         return [considered[i] for i in sorted(order[start:end])]
@@ -320,6 +361,14 @@ class DynamicBatcher:
         return min((j.deadline for j in self._pending if j.deadline is not None), default=None)
 
     def _work(self, predictor):
+        try:
+            if self._warmup is not None:
+                self._warmup(predictor)
+        except Exception as e:  # noqa: BLE001 - the constructor re-raises it
+            self._warmup_errors.append(e)
+            return
+        finally:
+            self._warm.release()
         while True:
             with self._cond:
                 while True:

@@ -81,11 +81,13 @@ class ServedModel:
         p = self.predictor
         self.settings = deploy
         predictors = [p] + [p.clone() for _ in range(deploy.workers - 1)]
-        for q in predictors:
-            q.warmup()
+        # a Paddle oneDNN shape grid: the batcher plans with its measured cost per shape
+        # (timing other shapes would put them in Paddle's cache, dropping grid shapes)
+        grid = getattr(p.engine, "shape_grid", None)
+        batch_cost = grid.cost if grid is not None else None
         self.overhead_tokens = deploy.batch_overhead_tokens
         if self.overhead_tokens is None:
-            self.overhead_tokens = p.measure_overhead_tokens()
+            self.overhead_tokens = 0 if batch_cost else p.measure_overhead_tokens()
         self.example = _example(self)
         p._reset_counters()  # the example is not traffic
         def on_batch(size, real, padded, waits, compute_s):
@@ -96,10 +98,17 @@ class ServedModel:
         self.batcher = DynamicBatcher(predictors, deploy.max_wait_ms, deploy.max_batch_tokens,
                                       deploy.max_batch_size, deploy.queue_size,
                                       self.overhead_tokens, on_batch,
-                                      callers if deploy.batch_when_all_queued else None)
-        log.info("model %s version %s ready (%s, %s backend, %d worker(s)); a forward pass "
-                 "costs as much as %d tokens", self.name, self.version, p.task.name, p.backend,
-                 deploy.workers, self.overhead_tokens)
+                                      callers if deploy.batch_when_all_queued else None,
+                                      batch_cost, warmup=lambda q: q.warmup())
+        if batch_cost:
+            log.info("model %s version %s ready (%s, %s backend, %d worker(s)); batches run on "
+                     "a grid of %d held shapes (rows %s, widths %s), planned with their "
+                     "measured times", self.name, self.version, p.task.name, p.backend,
+                     deploy.workers, len(grid.costs), grid.rows, grid.widths)
+        else:
+            log.info("model %s version %s ready (%s, %s backend, %d worker(s)); a forward pass "
+                     "costs as much as %d tokens", self.name, self.version, p.task.name,
+                     p.backend, deploy.workers, self.overhead_tokens)
         return self
 
     def stop_waiting(self):

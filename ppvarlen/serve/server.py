@@ -137,7 +137,7 @@ def app_from_config(export_dir, deploy_cfg, backend=None, repository=None, grpc_
                                split_long_sources=deploy_cfg.split_long_sources,
                                allow_external_symlinks=deploy_cfg.allow_external_symlinks,
                                onednn_cache_bytes=deploy_cfg.onednn_cache_bytes,
-                               onednn_shape_slack=deploy_cfg.onednn_shape_slack)
+                               onednn_shape_grid=deploy_cfg.onednn_shape_grid)
     # admitted, in the precision asked for or (auto) the one this host runs fastest
     load = functools.partial(load_admitted, engine, requested=deploy_cfg.precision,
                              device=deploy_cfg.device, renderers=render_checks())

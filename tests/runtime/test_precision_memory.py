@@ -22,6 +22,7 @@ LAYERS = 4
 MAX_LEN = 40
 MAX_ROWS = 4
 BUDGET_COPIES = 3  # the child's budget: this many weight copies
+GRID_BUDGET_COPIES = 12  # the grid case's (a grid needs room for 9 shapes or more)
 HEADROOM_MIB = 96  # allocator slack and activations on top of the cached copies
 
 
@@ -84,30 +85,37 @@ def _weight_copy_mib(export_dir, precision):
     return params / 2 ** 20 / (2 if precision == "bf16" else 1)
 
 
-def _soak(export_dir, backend, precision):
+def _soak(export_dir, backend, precision, grid=False):
     """Run the child; its readings (MiB)."""
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                            os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run([sys.executable, __file__, export_dir, backend, precision],
+    run = subprocess.run([sys.executable, __file__, export_dir, backend, precision, str(grid)],
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-CASES = [("paddle", "fp32"), ("paddle", "bf16"), ("onnx", "fp32")]
+CASES = [("paddle", "fp32", False), ("paddle", "bf16", False), ("paddle", "fp32", True),
+         ("onnx", "fp32", False)]
 
 
-@pytest.mark.parametrize("backend,precision", CASES)
-def test_memory_stays_bounded_over_every_batch_shape(mlp_export, backend, precision):
+@pytest.mark.parametrize("backend,precision,grid", CASES)
+def test_memory_stays_bounded_over_every_batch_shape(mlp_export, backend, precision, grid):
+    """``grid`` False: every batch at its own shape (the capacity bounds the cache); True:
+    the default shape grid, which never forms more shapes than the capacity."""
     if precision == "bf16" and not _bf16_host():
         pytest.skip("this CPU has no bf16 kernels (paddle.base.core.supports_bfloat16)")
-    r = _soak(mlp_export, backend, precision)
-    assert r["shapes"] > 64  # more shapes than a capacity of 64 shapes holds
+    r = _soak(mlp_export, backend, precision, grid)
+    if grid:
+        assert 1 < r["shapes"] <= r["capacity"]  # only grid shapes ever ran
+    else:
+        assert r["shapes"] > 64  # more shapes than a capacity of 64 shapes holds
     grown = r["after"] - r["warm"]
     copy = _weight_copy_mib(mlp_export, precision)
     # the most weight copies the cache may hold: the budget's, or one per shape the run formed
-    held = min(BUDGET_COPIES, r["shapes"]) if backend == "paddle" else 0
+    budget = GRID_BUDGET_COPIES if grid else BUDGET_COPIES
+    held = min(budget, r["shapes"]) if backend == "paddle" else 0
     bound = held * copy + HEADROOM_MIB
     assert grown <= bound, (f"RssAnon grew {grown:.0f} MiB over {r['shapes']} batch shapes "
                             f"(capacity {r['capacity']}, a weight copy {copy:.1f} MiB); bound "
@@ -140,62 +148,74 @@ def test_deploy_onednn_cache_bytes_sets_the_served_capacity(mlp_export):
             Predictor(mlp_export, "paddle", precision="fp32", onednn_cache_bytes=bad)
 
 
-def test_shape_cache_pads_up_to_a_held_shape_within_the_slack():
-    from ppvarlen.runtime.backends import ShapeCache
+def test_the_shape_grid_fits_the_cache_and_covers_every_batch():
+    from ppvarlen.runtime.backends import ShapeGrid, grid_axes
 
-    cache = ShapeCache(capacity=2, slack=2.0)
-    assert cache.fit(4, 30) == (4, 32)  # nothing held: a new shape, on the coarse grid
-    assert cache.fit(3, 25) == (4, 32)  # 128 positions <= 2 x 75
-    assert cache.fit(2, 20) == (2, 32)  # 128 > 2 x 40: a new shape (64 <= 2 x 40)
-    assert cache.fit(2, 18) == (2, 32)  # the smallest covering shape, not (4, 32)
-    assert cache.fit(5, 10) == (5, 10)  # (8, 32) > 2 x 50: its own; (4, 32) least recent
-    assert cache.fit(4, 30) == (4, 32) and (cache.hits, cache.misses) == (2, 4)
-    assert cache.fit(3, 25) == (4, 32)  # held again
-    assert cache.fit(1, 250, max_width=256) == (1, 256)
-    narrow = ShapeCache(capacity=2, slack=2.0)
-    assert narrow.fit(1, 249, max_width=250) == (1, 250)  # never wider than the model takes
+    assert grid_axes(9, 64, 256) == ([1, 4, 16], [64, 128, 256])
+    assert grid_axes(4, 64, 40) == ([1, 16], [24, 40])  # halved width rounded up to 8
+    assert grid_axes(9, 2, 256) == ([1, 2], [64, 128, 256])  # rows never past max_batch_size
+    for capacity in range(4, 65):
+        for max_rows, max_width in ((64, 256), (8, 512), (1, 40), (64, 16)):
+            rows, widths = grid_axes(capacity, max_rows, max_width)
+            assert len(rows) * len(widths) <= capacity  # Paddle never drops a grid shape
+            assert rows[0] == 1 or rows == [min(max_rows, 16)]
+            assert rows[-1] == min(max_rows, 16) and widths[-1] == max_width
+    grid = ShapeGrid(9, 64, 256)
+    assert grid.fit(3, 70) == (4, 128)
+    assert grid.fit(1, 64) == (1, 64) and grid.fit(16, 256) == (16, 256)
+    assert grid.fit(17, 10) == (17, 10) and grid.off_grid == 1  # too many rows: in pieces
+    grid.costs = {shape: 0.001 * shape[0] * shape[1] for shape in grid.shapes()}
+    assert grid.cost(3, 70) == pytest.approx(0.001 * 4 * 128)
+    assert grid.cost(17, 10) is None
 
 
-def test_padding_up_to_a_held_shape_keeps_every_answer(mlp_export):
-    """Batches of every size and width through a predictor that pads them up to the shapes its
-    oneDNN cache holds answer as one that runs each at its own shape; the copies' rows are
-    not answered and their tokens are not counted as real."""
+def test_batches_on_the_grid_keep_every_answer(mlp_export):
+    """Batches of every size and width through a predictor that pads them up to its grid's
+    shapes answer as one that runs each at its own shape; the copies' rows are not answered
+    and their tokens are not counted as real; warm-up times every grid shape once."""
     from ppvarlen.config import ConfigError
     from ppvarlen.runtime.predictor import Predictor
 
-    fitted = Predictor(mlp_export, "paddle", precision="fp32", onednn_shape_slack=4.0)
-    exact = Predictor(mlp_export, "paddle", precision="fp32", onednn_shape_slack=1)
-    assert exact.engine.shape_cache is None and fitted.engine.shape_cache.slack == 4.0
-    assert fitted.engine.settings["onednn_shape_slack"] == 4.0
+    gridded = Predictor(mlp_export, "paddle", precision="fp32")  # the default
+    exact = Predictor(mlp_export, "paddle", precision="fp32", onednn_shape_grid=False)
+    grid = gridded.engine.shape_grid
+    assert exact.engine.shape_grid is None and grid is not None
+    assert gridded.engine.settings["onednn_shape_grid"] == [grid.rows, grid.widths]
+    capacity = gridded.engine.settings["onednn_cache_capacity"]
+    assert len(grid.shapes()) <= capacity and grid.widths[-1] == MAX_LEN
+    gridded.warmup()
+    assert sorted(grid.costs) == sorted(grid.shapes()) and min(grid.costs.values()) > 0
+    assert gridded.real_tokens == gridded.padded_tokens == 0  # warm-up is not traffic
     rng = np.random.RandomState(0)
-    low = max(fitted.encoder.pad_id, fitted.encoder.unk_id) + 1
+    low = max(gridded.encoder.pad_id, gridded.encoder.unk_id) + 1
     real = 0
-    # held after each: + (4, 32); hit; + (1, 32); hit (4 x 32 <= 4 x 60); hit; hit
-    for lengths in [(30, 20, 10, 5), (25, 3, 8), (9,), (30, 4), (12, 12, 1, 7), (20,)]:
-        batch = [rng.randint(low, fitted.encoder.vocab_size, size=n).tolist() for n in lengths]
+    for lengths in [(30, 20, 10, 5), (25, 3, 8), (9,), (30, 4), (12, 12, 1, 7), (20,), (40, 2),
+                    tuple(range(1, 21))]:  # more rows than the grid's most: in pieces
+        batch = [rng.randint(low, gridded.encoder.vocab_size, size=n).tolist() for n in lengths]
         real += sum(lengths)
-        got, want = fitted._run_rows(batch), exact._run_rows(batch)
+        got, want = gridded._run_rows(batch), exact._run_rows(batch)
         assert len(got) == len(want) == len(lengths)
         for a, b in zip(got, want):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-    assert (fitted.engine.shape_cache.hits, fitted.engine.shape_cache.misses) == (4, 2)
-    assert fitted.real_tokens == exact.real_tokens == real
-    assert fitted.padded_tokens > exact.padded_tokens
-    clone = fitted.clone()
-    assert clone.engine.shape_cache is fitted.engine.shape_cache  # one cache per process
-    for bad in (0.5, True, "2"):
-        with pytest.raises(ConfigError, match=r"Deploy\.onednn_shape_slack is .*; it must"):
-            Predictor(mlp_export, "paddle", precision="fp32", onednn_shape_slack=bad)
+    assert gridded.real_tokens == exact.real_tokens == real
+    assert gridded.padded_tokens > exact.padded_tokens and grid.off_grid == 0
+    clone = gridded.clone()
+    assert clone.engine.shape_grid is grid  # one grid per process, timed once
+    for bad in (2, "yes", 1.0):
+        with pytest.raises(ConfigError, match=r"Deploy\.onednn_shape_grid is .*; it must"):
+            Predictor(mlp_export, "paddle", precision="fp32", onednn_shape_grid=bad)
 
 
-def _child(export_dir, backend, precision):
+def _child(export_dir, backend, precision, grid):
     """Warm up on one batch, then every length 1..MAX_LEN at every batch size 1..MAX_ROWS."""
     from ppvarlen.runtime import backends
     from ppvarlen.runtime.predictor import Predictor
 
     copy_bytes = int(_weight_copy_mib(export_dir, precision) * 2 ** 20)
-    backends.ONEDNN_CACHE_BUDGET_BYTES = BUDGET_COPIES * copy_bytes
-    p = Predictor(export_dir, backend, precision=precision, max_batch_size=MAX_ROWS)
+    copies = GRID_BUDGET_COPIES if grid == "True" else BUDGET_COPIES
+    backends.ONEDNN_CACHE_BUDGET_BYTES = copies * copy_bytes
+    p = Predictor(export_dir, backend, precision=precision, max_batch_size=MAX_ROWS,
+                  onednn_shape_grid=grid == "True")
     rng = np.random.RandomState(0)
     low = max(p.encoder.pad_id, p.encoder.unk_id) + 1
 
@@ -223,4 +243,4 @@ def _child(export_dir, backend, precision):
 
 
 if __name__ == "__main__":
-    _child(*sys.argv[1:4])
+    _child(*sys.argv[1:5])

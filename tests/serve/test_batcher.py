@@ -116,6 +116,57 @@ def test_plan_groups_is_the_cheapest_split():
         assert cost(plan, lengths, overhead) == best
 
 
+def test_plan_groups_with_measured_costs_is_the_cheapest_split_on_the_grid():
+    """A grid engine's cost per (size, longest): sizes it has no figure for are not formed
+    (a text alone always is), and the plan is the cheapest by those costs."""
+    import itertools
+
+    from ppvarlen.runtime.backends import ShapeGrid
+    from ppvarlen.serve.batcher import plan_groups
+
+    grid = ShapeGrid(9, 64, 64)  # rows 1, 4, 16 x widths 16, 32, 64
+    grid.costs = {(r, w): 0.02 + 0.001 * r * w for r, w in grid.shapes()}
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        lengths = sorted(int(x) for x in rng.integers(1, 65, rng.integers(1, 9)))
+        plan = plan_groups(lengths, 0, 4096, 64, grid.cost)
+        assert [a for a, _ in plan][1:] == [b for _, b in plan][:-1] and plan[-1][1] == len(lengths)
+        n, best = len(lengths), None
+        for k in range(n):
+            for cuts in itertools.combinations(range(1, n), k):
+                bounds = list(zip((0,) + cuts, cuts + (n,)))
+                c = sum(grid.cost(b - a, lengths[b - 1]) for a, b in bounds)
+                best = c if best is None else min(best, c)
+        assert sum(grid.cost(b - a, lengths[b - 1]) for a, b in plan) == pytest.approx(best)
+    # 17 texts: no grid shape holds them together
+    assert all(b - a <= 16 for a, b in plan_groups([5] * 17, 0, 4096, 64, grid.cost))
+    # a cost function with no figure at all still places every text, alone
+    assert plan_groups([3, 4], 0, 4096, 64, lambda size, longest: None) == [(0, 1), (1, 2)]
+
+
+def test_each_worker_warms_up_in_its_own_thread_before_the_batcher_is_ready():
+    """Paddle caches oneDNN kernels per thread: a warm-up counts only in the thread that
+    runs the batches; the constructor returns once every worker is warm."""
+    seen = []
+
+    def warm(predictor):
+        time.sleep(0.05)
+        seen.append((predictor, threading.current_thread().name))
+
+    predictors = [FakePredictor(), FakePredictor()]
+    b = DynamicBatcher(predictors, warmup=warm)
+    assert sorted(name for _, name in seen) == ["batcher-0", "batcher-1"]
+    assert {id(p) for p, _ in seen} == {id(p) for p in predictors}
+    assert b.submit([Item(1, 3)])[0].result(30) == ("echo", 1)
+    assert b.close()
+
+    def broken(predictor):
+        raise RuntimeError("no kernels for this shape")
+
+    with pytest.raises(RuntimeError, match="no kernels for this shape"):
+        DynamicBatcher([FakePredictor()], warmup=broken)
+
+
 def test_wait_is_bounded_for_a_lone_request():
     # a lone request is answered although no batchmate ever comes (no wall-clock bound: a
     # batcher that waited for a full batch would never answer and hit the generous timeout)

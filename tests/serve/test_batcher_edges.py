@@ -153,7 +153,8 @@ class _RecordingCondition(threading.Condition):
 def test_a_lone_text_waits_at_most_the_rest_of_max_wait(monkeypatch, max_wait_ms):
     monkeypatch.setattr(batcher_module, "threading",
                         types.SimpleNamespace(Condition=_RecordingCondition,
-                                              Thread=threading.Thread))
+                                              Thread=threading.Thread,
+                                              Semaphore=threading.Semaphore))
     pred = FakePredictor()
     b = DynamicBatcher([pred], max_wait_ms=max_wait_ms)
     future = b.submit([Item(0, 1)])[0]
