@@ -116,7 +116,8 @@ def load_export(path, backend, tokenizer_dir):
         if backend is None:  # the hashes are checked once, by the Predictor below
             backend = "paddle" if "paddle" in load_manifest(path, verify=False)["backends"] \
                 else "onnx"
-        predictor = Predictor(path, backend)
+        # at each batch's own shape: the checks vary the padded width on purpose
+        predictor = Predictor(path, backend, onednn_shape_grid=False)
     except (UnservableExportError, ConfigError, DataError) as e:
         raise ModelLoadError(f"{path} cannot be loaded: {e}") from None
     manifest, name = predictor.manifest, predictor.backend

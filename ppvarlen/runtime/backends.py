@@ -382,6 +382,9 @@ def build_engine(export_dir, manifest, backend, tensorrt=False, onednn_cache_byt
     if tensorrt and (backend != "paddle" or kw.get("device") != "gpu"):
         raise ConfigError("TensorRT runs only with --backend paddle --device gpu")
     if backend == "paddle":
+        if max_width is None and manifest.get("max_len"):  # the widest row the export takes
+            max_width = min(int(manifest["max_len"]),
+                            int(manifest.get("max_position") or manifest["max_len"]))
         return PaddleEngine(export_dir, manifest, tensorrt=tensorrt,
                             onednn_cache_bytes=onednn_cache_bytes,
                             onednn_shape_grid=onednn_shape_grid, max_rows=max_rows,
