@@ -69,11 +69,12 @@ def parse_grid(text):
 
 def on_grid(cost, grid):
     """``cost`` of the grid shape a group is padded up to; None past the grid's largest."""
+    from ppvarlen.runtime.backends import grid_cover
+
     rows, widths = grid
 
     def padded(r, w):
-        up_r = next((g for g in rows if g >= r), None)
-        up_w = next((g for g in widths if g >= w), None)
+        up_r, up_w = grid_cover(rows, r), grid_cover(widths, w)
         return None if up_r is None or up_w is None else cost(up_r, up_w)
     return padded
 
@@ -152,7 +153,10 @@ def plot(result, path):
     ax.set_title("served ceiling from measured batch costs")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    from ppvarlen.utils.io import atomic_binary_writer
+
+    with atomic_binary_writer(path) as f:
+        fig.savefig(f, format="png", dpi=110)
 
 
 def main():

@@ -83,7 +83,12 @@ def onednn_cache_capacity(params_bytes, precision, budget=None):
 
 GRID_TOP_ROWS = 16  # the most rows a grid shape has (larger batches run at their own shape)
 GRID_MIN_WIDTH = 16  # the narrowest grid width
-GRID_MIN_CAPACITY = 9  # below this many held shapes (3 x 3), a grid pads too coarsely: exact shapes
+GRID_MIN_CAPACITY = 9  # fewer held shapes: a grid pads too coarsely, batches run at their own shape
+
+
+def grid_cover(axis, value):
+    """The smallest value of a sorted grid ``axis`` at least ``value``; None past its end."""
+    return next((g for g in axis if g >= value), None)
 
 
 def grid_axes(capacity, max_rows, max_width):
@@ -129,8 +134,7 @@ class ShapeGrid:
 
     def fit(self, rows, width):
         """(rows, width) a batch of ``rows`` texts, the longest ``width``, runs at."""
-        r = next((g for g in self.rows if g >= rows), None)
-        w = next((g for g in self.widths if g >= width), None)
+        r, w = grid_cover(self.rows, rows), grid_cover(self.widths, width)
         if r is None or w is None:
             self.off_grid += 1
             return rows, width
@@ -139,9 +143,7 @@ class ShapeGrid:
     def cost(self, rows, width):
         """Measured seconds of the grid shape such a batch runs at; None when it runs off the
         grid or the shape was not timed."""
-        r = next((g for g in self.rows if g >= rows), None)
-        w = next((g for g in self.widths if g >= width), None)
-        return self.costs.get((r, w))
+        return self.costs.get((grid_cover(self.rows, rows), grid_cover(self.widths, width)))
 
 
 def check_precision(manifest, backend, precision):

@@ -144,9 +144,7 @@ class Predictor:
                                        precision=self.precision, threads=threads,
                                        tensorrt=tensorrt, onednn_cache_bytes=onednn_cache_bytes,
                                        onednn_shape_grid=onednn_shape_grid,
-                                       max_rows=self.max_batch_size,
-                                       max_width=min(self.max_len, self.max_position or
-                                                     self.max_len))
+                                       max_rows=self.max_batch_size)
         # Counted over the arrays really run: padding efficiency = real / padded.
         self.real_tokens = 0
         self.padded_tokens = 0
