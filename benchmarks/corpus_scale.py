@@ -471,7 +471,9 @@ def plot(report, png):
     fig.suptitle(f"raw JSONL to the first training step ({report['machine'].get('cpu_model')}, "
                  f"{report['machine']['cpu_count']} CPUs)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    from ppvarlen.utils.io import atomic_save_png
+
+    atomic_save_png(fig, png, dpi=110)
     plt.close(fig)
 
 

@@ -111,7 +111,9 @@ def main(argv=None):
     ax.set_title(f"writing {args.mb} MB, {machine()['cpu_model']}")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(args.out + ".png", dpi=100)
+    from ppvarlen.utils.io import atomic_save_png
+
+    atomic_save_png(fig, args.out + ".png", dpi=100)
     print(f"wrote {args.out}.json and {args.out}.png")
 
 

@@ -153,7 +153,9 @@ def plot(report, path):
     fig.suptitle(f"PaddleNLP Trainer, sentiment, max_length {MAX_LENGTH} "
                  f"(shared CPU, load {report['loadavg_start'][0]:.1f})")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    from ppvarlen.utils.io import atomic_save_png
+
+    atomic_save_png(fig, path, dpi=110)
 
 
 def main():

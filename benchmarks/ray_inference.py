@@ -99,7 +99,9 @@ def plot(results, path):
     axes[2].set_title("P99 latency (ms)")
     fig.suptitle("2 shared CPU cores, other jobs running: contended numbers")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    from ppvarlen.utils.io import atomic_save_png
+
+    atomic_save_png(fig, path, dpi=100)
     plt.close(fig)
 
 

@@ -90,7 +90,9 @@ def plot(results, path):
     ax.set_title("token-budget sampler planning (shared 2-core host)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    from ppvarlen.utils.io import atomic_save_png
+
+    atomic_save_png(fig, path, dpi=100)
     plt.close(fig)
 
 

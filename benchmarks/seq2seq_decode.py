@@ -173,7 +173,9 @@ def plot(results, path):
     ax.set_title("greedy decoding, finished rows leaving the batch (higher = shrinking saves)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    from ppvarlen.utils.io import atomic_save_png
+
+    atomic_save_png(fig, path, dpi=120)
 
 
 def main():

@@ -168,7 +168,9 @@ def plot(results, path):
     ax.set_ylabel("RssAnon MiB")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    from ppvarlen.utils.io import atomic_save_png
+
+    atomic_save_png(fig, path, dpi=110)
 
 
 def main():

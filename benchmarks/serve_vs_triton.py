@@ -707,9 +707,9 @@ def style_axes(axes_titles_units, concurrencies, xlabel):
 def save_figure(fig, path, title):
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    os.replace(tmp, path)
+    from ppvarlen.utils.io import atomic_save_png
+
+    atomic_save_png(fig, path, dpi=100)
 
 
 # ---------------------------------------------------------------- the run

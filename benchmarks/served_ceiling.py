@@ -153,10 +153,9 @@ def plot(result, path):
     ax.set_title("served ceiling from measured batch costs")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    from ppvarlen.utils.io import atomic_binary_writer
+    from ppvarlen.utils.io import atomic_save_png
 
-    with atomic_binary_writer(path) as f:
-        fig.savefig(f, format="png", dpi=110)
+    atomic_save_png(fig, path, dpi=110)
 
 
 def main():

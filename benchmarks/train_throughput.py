@@ -132,7 +132,9 @@ def batching(args):
     ax.set_ylabel("real tokens / s (training)")
     ax.set_title("sentiment Transformer, CPU")
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "train_throughput.png"), dpi=100)
+    from ppvarlen.utils.io import atomic_save_png
+
+    atomic_save_png(fig, os.path.join(args.out, "train_throughput.png"), dpi=100)
 
 # ---------------------------------------------------------------- eager vs static, interleaved
 
@@ -538,7 +540,9 @@ def write_report(args, tag, results, overrides, baseline, title):
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, f"train_throughput_{tag}.png"), dpi=100)
+    from ppvarlen.utils.io import atomic_save_png
+
+    atomic_save_png(fig, os.path.join(args.out, f"train_throughput_{tag}.png"), dpi=100)
 
 
 MODES = {  # --what -> (variants, baseline, configs (None = --configs), overrides, title)

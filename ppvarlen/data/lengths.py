@@ -6,9 +6,10 @@ Two ways to choose K bucket boundaries:
   tokens when every example is padded to its bucket's upper boundary, found by
   exact dynamic programming over the sorted distinct lengths.
 """
-import os
 
 import numpy as np
+
+from ppvarlen.utils.io import atomic_save_png
 
 PERCENTILES = (50, 80, 90, 95, 99)
 
@@ -151,8 +152,5 @@ def plot_lengths(lengths, path, max_len=None, boundaries=None, title="token leng
     if boundaries or max_len is not None:
         ax_c.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fig.savefig(tmp, format="png", dpi=110)  # write then rename: never a half-written PNG
-    os.replace(tmp, path)
+    atomic_save_png(fig, path, dpi=110)
     return path

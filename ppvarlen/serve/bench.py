@@ -23,7 +23,7 @@ from ppvarlen.runtime.manifest import load_manifest
 from ppvarlen.config import load_config
 from ppvarlen.data.sources import load_corpus
 from ppvarlen.tasks import get_task
-from ppvarlen.utils.io import atomic_write_json
+from ppvarlen.utils.io import atomic_save_png, atomic_write_json
 from ppvarlen.utils.log import get_logger
 
 log = get_logger("serve.bench")
@@ -235,6 +235,4 @@ def plot(results, path):
     b.set_title("latency")
     b.legend()
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    os.replace(tmp, path)
+    atomic_save_png(fig, path, dpi=100)

@@ -375,6 +375,13 @@ def atomic_binary_writer(path):
         yield f
 
 
+def atomic_save_png(fig, path, dpi=100):
+    """A matplotlib figure as a PNG at ``path`` through ``atomic_binary_writer``: a reader (or
+    a killed run) never sees half an image."""
+    with atomic_binary_writer(path) as f:
+        fig.savefig(f, format="png", dpi=dpi)
+
+
 @contextlib.contextmanager
 def _atomic_writer(path, mode, **open_keys):
     path = os.fspath(path)

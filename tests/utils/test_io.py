@@ -209,3 +209,27 @@ def test_atomic_dir_keeps_the_old_directory_when_the_swap_fails(tmp_path, monkey
             atomic_write_text(os.path.join(d, "step.txt"), "20")
     assert (target / "step.txt").read_text() == "10"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best"]  # the new one's temp removed
+
+
+def test_atomic_save_png_keeps_the_old_image_when_drawing_fails(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    path = tmp_path / "plot.png"
+    uio.atomic_save_png(fig, path, dpi=50)
+    first = path.read_bytes()
+    assert first.startswith(b"\x89PNG")
+
+    class Broken:
+        def savefig(self, f, **_):
+            f.write(b"\x89PNG half")
+            raise RuntimeError("renderer died")
+
+    with pytest.raises(RuntimeError):
+        uio.atomic_save_png(Broken(), path)
+    assert path.read_bytes() == first and os.listdir(tmp_path) == ["plot.png"]
+    plt.close(fig)
