@@ -11,8 +11,8 @@ fails on paddle2onnx's dynamic Reshape/Slice chains; plain ONNX shape
 inference is enough for MatMul/Gemm).
 
 Methods:
-* ``static`` (the export's, ``DEFAULT_INT8``) - QDQ graph with activation ranges
-  calibrated (MinMax) on a sample of train-split batches (the exporter's
+* ``static`` (the export's, ``DEFAULT_INT8``) - QDQ graph with uint8 activations whose
+  ranges are calibrated (MinMax) on a sample of train-split batches (the exporter's
   ``calibration_batches``): fixed scales, so each row's answer is the same alone
   or batched with any other rows, as the serving admission checks.
 * ``dynamic`` - weights int8 ahead of time, activations quantized per batch at run
@@ -41,6 +41,10 @@ WEIGHT_TYPES = ("qint8", "quint8")
 ORT_DEFAULT_SEVERITY, ORT_ERRORS_ONLY = 2, 3
 DEFAULT_INT8 = {"method": "static", "weight_type": "qint8", "per_channel": False,
                 "reduce_range": True}
+# Static activations are uint8 whatever the weights: ONNX Runtime's x86 QLinearMatMul kernels
+# take u8 activations; with int8 ones it runs the QDQ graph at fp32 speed or slower
+# (docs/PRECISION.md has both measured).
+STATIC_ACTIVATION_TYPE = "quint8"
 _QUANTIZED_OPS = ("MatMulInteger", "DynamicQuantizeMatMul", "QLinearMatMul", "QGemm",
                   "MatMulIntegerToFloat", "DequantizeLinear")
 
@@ -85,7 +89,7 @@ class _Calibration:
 
 def quantize_onnx(src, dst, method="dynamic", weight_type="qint8", per_channel=False,
                   reduce_range=True, calibration_batches=None,
-                  input_names=("input_ids", "seq_len")):
+                  input_names=("input_ids", "seq_len"), activation_type=STATIC_ACTIVATION_TYPE):
     """int8 copy of ``src`` at ``dst``; returns the facts recorded in the manifest."""
     import onnxruntime as ort
 
@@ -96,14 +100,14 @@ def quantize_onnx(src, dst, method="dynamic", weight_type="qint8", per_channel=F
     ort.set_default_logger_severity(ORT_ERRORS_ONLY)
     try:
         return _quantize(src, dst, method, weight_type, per_channel, reduce_range,
-                         calibration_batches, input_names)
+                         calibration_batches, input_names, activation_type)
     finally:
         logging.getLogger().setLevel(quiet)
         ort.set_default_logger_severity(ORT_DEFAULT_SEVERITY)
 
 
 def _quantize(src, dst, method, weight_type, per_channel, reduce_range, calibration_batches,
-              input_names):
+              input_names, activation_type):
     from onnxruntime.quantization import QuantFormat, quantize_dynamic, quantize_static
 
     with tempfile.TemporaryDirectory(prefix="ppvarlen-int8-") as work:
@@ -118,8 +122,7 @@ def _quantize(src, dst, method, weight_type, per_channel, reduce_range, calibrat
                 raise ExportFailedError("static int8 needs calibration batches (train-split inputs)")
             quantize_static(folded, dst, _Calibration(calibration_batches, input_names),
                             quant_format=QuantFormat.QDQ, op_types_to_quantize=INT8_OP_TYPES,
-                            activation_type=_weight_type("qint8" if weight_type == "qint8"
-                                                         else "quint8"),
+                            activation_type=_weight_type(activation_type),
                             weight_type=_weight_type(weight_type), per_channel=per_channel,
                             reduce_range=reduce_range)
         else:
@@ -128,6 +131,8 @@ def _quantize(src, dst, method, weight_type, per_channel, reduce_range, calibrat
     if not quantized:
         raise ExportFailedError(f"int8 quantization of {src} changed no MatMul/Gemm (weights still "
                                 f"computed in the graph: {left[:3]}); export without int8")
-    return {"method": method, "weight_type": weight_type, "per_channel": per_channel,
-            "reduce_range": reduce_range, "quantized_nodes": quantized,
+    return {"method": method, "weight_type": weight_type,
+            "activation_type": activation_type if method == "static" else "dynamic",
+            "per_channel": per_channel, "reduce_range": reduce_range,
+            "quantized_nodes": quantized,
             "unquantized_matmuls": len(left)}

@@ -262,3 +262,20 @@ def test_int8_weights_use_reduce_range_by_default(int8_export, tmp_path):
     full = quantize_onnx(str(out / "onnx" / "model.onnx"), str(tmp_path / "full.onnx"),
                          reduce_range=False)
     assert full["reduce_range"] is False and _int8_weight_extremes(tmp_path / "full.onnx") == 127
+
+
+def test_static_int8_activations_are_uint8(int8_export):
+    """u8 activations with s8 weights: the pair ONNX Runtime's x86 QLinearMatMul kernels run
+    (s8 activations left the QDQ graph at fp32 speed: docs/PRECISION.md)."""
+    out, manifest, _ = int8_export
+    assert manifest["backends"]["onnx"]["int8"]["activation_type"] == "quint8"
+    graph = onnx.load(out / "onnx" / "model_int8.onnx").graph
+    inits = {i.name: i for i in graph.initializer}
+    activation_zero_points = [inits[n.input[2]].data_type for n in graph.node
+                              if n.op_type == "QuantizeLinear" and n.input[0] not in inits]
+    weight_zero_points = {inits[n.input[2]].data_type for n in graph.node
+                          if n.op_type == "DequantizeLinear" and n.input[0] in inits}
+    assert activation_zero_points and set(activation_zero_points) == {onnx.TensorProto.UINT8}
+    # int8 weights (int32: Gemm biases, quantized with the product of both scales)
+    assert weight_zero_points <= {onnx.TensorProto.INT8, onnx.TensorProto.INT32}
+    assert onnx.TensorProto.INT8 in weight_zero_points
