@@ -16,9 +16,10 @@ Batches are the server's: the test split's texts (a random sample of
 ``Deploy.max_batch_size`` batches, the way the predictor groups a queue of
 texts.  The model is exported through the ppvarlen exporter (fp32, bf16, fp16,
 int8; ``--verify`` off, agreement measured here against eager on the same
-batches), extra int8 variants are quantized next to it (quint8 weights,
-per-channel, static QDQ calibrated on train-split batches, and 8-bit
-weights without ``reduce_range``).  Every runner is
+batches), extra int8 variants are quantized next to it (dynamic: quint8 weights,
+per-channel, 8-bit weights without ``reduce_range``; static QDQ calibrated on
+train-split batches with the export's uint8 activations, ``int8_static_qdq``, or
+int8 ones, ``int8_static_s8``).  Every runner is
 warmed up, then ``--repeats`` passes run interleaved (so load from the other
 processes on the machine falls on all alike); the median pass is reported.
 Paddle Inference int8 is absent: see docs/PRECISION.md.
@@ -28,12 +29,13 @@ Writes ``{work}/precision_throughput.json`` and ``.png`` (or into ``--out``).
 ``ppvarlen-export`` does by default (``Export.precision: [auto]``, verified: the
 task-metric gate on the test split, ``-o Export.parity_max_examples=N`` bounds it;
 ``--train-steps`` gives a random-init model a few AdamW steps first, so its answers are
-decided rather than near-tied), then served twice side by side: ``ppvarlen-serve
---backend paddle --precision auto`` (what it picks is logged and read from ``/health``)
-and ``--backend onnx --precision fp32``.  Closed-loop clients send one real review of the
-test split per request at each ``--concurrency``; points run interleaved (round,
-concurrency, then auto and ONNX fp32 back to back: A B A B), each after a warm-up, with the
-load average and the server's CPU seconds per text recorded.  Writes
+decided rather than near-tied), then served three times side by side: ``ppvarlen-serve
+--precision auto`` on each backend (``--backend paddle`` and ``--backend onnx``: what each
+picks is logged and read from ``/health``) and ``--backend onnx --precision fp32``, the
+reference.  Closed-loop clients send one real review of the test split per request at each
+``--concurrency``; points run interleaved (round, concurrency, then the three servers back
+to back: A B C A B C), each after a warm-up, with the load average and the server's CPU
+seconds per text recorded.  Writes
 ``serve_precision.json`` and ``.png``::
 
     python benchmarks/precision_throughput.py -c configs/sentiment/transformer.yaml \
@@ -173,7 +175,9 @@ def build_runners(export_dir, model, outputs, threads, int8_variants, calibratio
     variants = {"int8_full_range": dict(reduce_range=False),
                 "int8_quint8": dict(weight_type="quint8"),
                 "int8_per_channel": dict(per_channel=True),
-                "int8_static_qdq": dict(method="static", calibration_batches=calibration)}
+                "int8_static_qdq": dict(method="static", calibration_batches=calibration),
+                "int8_static_s8": dict(method="static", calibration_batches=calibration,
+                                       activation_type="qint8")}
 
     def variant(name):
         path = os.path.join(export_dir, "bench", f"{name}.onnx")
@@ -273,17 +277,21 @@ def serve_comparison(args, cfg, model, meta, encoder, bundle):
     texts = [t for t in split_texts(export_dir) if t.strip()]
     out = args.out or args.work
     os.makedirs(out, exist_ok=True)
-    servers = {"auto": ("paddle", "auto"), "onnx_fp32": ("onnx", "fp32")}
+    servers = {"auto_paddle": ("paddle", "auto"), "auto_onnx": ("onnx", "auto"),
+               "onnx_fp32": ("onnx", "fp32")}
+    autos = [n for n in servers if n.startswith("auto")]
     procs, urls, health = {}, {}, {}
     try:
         for name, (backend, precision) in servers.items():  # one at a time: auto times at load
             procs[name], urls[name] = start_server(
                 export_dir, backend, precision, args.threads,
                 os.path.join(out, f"server_{name}.log"),
-                deploy=args.auto_deploy if name == "auto" else ())
+                deploy=args.auto_deploy if name in autos else ())
             health[name] = httpx.get(urls[name] + "/health", timeout=30).json()
-        with open(os.path.join(out, "server_auto.log")) as f:
-            auto_log = [line.strip() for line in f if "precision auto" in line]
+        auto_log = {}
+        for name in autos:
+            with open(os.path.join(out, f"server_{name}.log")) as f:
+                auto_log[name] = [line.strip() for line in f if "precision auto" in line]
         points = []
         for round_no in range(args.rounds):
             for concurrency in args.concurrency:
@@ -308,11 +316,13 @@ def serve_comparison(args, cfg, model, meta, encoder, bundle):
     for concurrency in args.concurrency:
         per = {n: [p["texts_per_s"] for p in points if p["server"] == n and
                    p["concurrency"] == concurrency] for n in servers}
-        ratios = [a / b for a, b in zip(per["auto"], per["onnx_fp32"]) if b]
-        summary[str(concurrency)] = {
-            "auto_texts_per_s": per["auto"], "onnx_fp32_texts_per_s": per["onnx_fp32"],
-            "ratio_per_round": [round(r, 2) for r in ratios],
-            "ratio_median": round(statistics.median(ratios), 2) if ratios else None}
+        row = {"onnx_fp32_texts_per_s": per["onnx_fp32"]}
+        for name in autos:
+            ratios = [a / b for a, b in zip(per[name], per["onnx_fp32"]) if b]
+            row[name] = {"texts_per_s": per[name],
+                         "ratio_per_round": [round(r, 2) for r in ratios],
+                         "ratio_median": round(statistics.median(ratios), 2) if ratios else None}
+        summary[str(concurrency)] = row
     flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "")
     result = {"mode": "serve", "model_name": meta["model_name"], "export": export_dir,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -326,15 +336,17 @@ def serve_comparison(args, cfg, model, meta, encoder, bundle):
               "metric_gate": parity_report.get("metric_gate"),
               "left_out": (manifest.get("precision_measured") or {}).get("left_out"),
               "auto_log": auto_log,
-              "auto_chose": health["auto"].get("precision"),
-              "auto_reason": health["auto"].get("precision_reason"),
+              "auto_chose": {n: health[n].get("precision") for n in autos},
+              "auto_reason": {n: health[n].get("precision_reason") for n in autos},
               "server_rss_mib_at_end": rss, "points": points, "summary": summary}
     atomic_write_json(os.path.join(out, "serve_precision.json"), result)
     plot_serve(result, os.path.join(out, "serve_precision.png"))
     for concurrency, row in summary.items():
-        print(f"c={concurrency}: auto ({result['auto_chose']}) {row['auto_texts_per_s']} vs "
-              f"onnx fp32 {row['onnx_fp32_texts_per_s']} texts/s: ratio per round "
-              f"{row['ratio_per_round']}, median {row['ratio_median']}")
+        for name in autos:
+            print(f"c={concurrency}: {name} ({result['auto_chose'][name]}) "
+                  f"{row[name]['texts_per_s']} vs onnx fp32 {row['onnx_fp32_texts_per_s']} "
+                  f"texts/s: ratio per round {row[name]['ratio_per_round']}, median "
+                  f"{row[name]['ratio_median']}")
     return result
 
 
@@ -345,7 +357,7 @@ def plot_serve(result, path):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4))
-    names = ("auto", "onnx_fp32")
+    names = [n for n in result["auto_chose"]] + ["onnx_fp32"]
     concurrencies = sorted({p["concurrency"] for p in result["points"]})
     width = 0.8 / len(names)
     for i, name in enumerate(names):
@@ -354,8 +366,8 @@ def plot_serve(result, path):
                       if p["server"] == name and p["concurrency"] == c]
             ax.scatter([j + i * width] * len(values), values, color=f"C{i}", zorder=3)
             ax.bar(j + i * width, statistics.median(values), width, color=f"C{i}", alpha=0.5,
-                   label=(f"auto ({result['auto_chose']})" if name == "auto" else
-                          "ONNX Runtime fp32") if j == 0 else None)
+                   label=(f"{name} ({result['auto_chose'][name]})" if name != "onnx_fp32"
+                          else "ONNX Runtime fp32") if j == 0 else None)
     ax.set_xticks([j + width / 2 for j in range(len(concurrencies))],
                   [f"concurrency {c}" for c in concurrencies])
     ax.set_ylabel("texts/s (dots: rounds, bar: median)")
@@ -363,7 +375,9 @@ def plot_serve(result, path):
                  fontsize=9)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    from ppvarlen.utils.io import atomic_save_png
+
+    atomic_save_png(fig, path, dpi=110)
 
 
 def _ratio(value):
@@ -390,7 +404,9 @@ def plot(result, path):
                  f"server batches, {result['threads']} threads (load {result['load_average'][0]:.1f})",
                  fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    from ppvarlen.utils.io import atomic_save_png
+
+    atomic_save_png(fig, path, dpi=110)
 
 
 def _key_value(item):
@@ -418,7 +434,8 @@ def main():
                         help="extra int8 copies to time ('' for none)")
     parser.add_argument("--out", default=None, help="JSON/PNG here (default: --work)")
     parser.add_argument("--serve", action="store_true",
-                        help="serve auto vs ONNX Runtime fp32 and load both (module docstring)")
+                        help="serve auto (each backend) vs ONNX Runtime fp32 and load them (module "
+                        "docstring)")
     parser.add_argument("--train-steps", type=int, default=0,
                         help="--serve with --ernie-*: AdamW steps before the export")
     parser.add_argument("--train-lr", type=float, default=3e-5,

@@ -22,8 +22,16 @@ the admission batches (``measure``: interleaved rounds until ``TIME_BUDGET_S``) 
 the fastest that beats fp32 by ``AUTO_MIN_GAIN``.  The choice, both speeds and the CPU's
 flags are logged and kept as ``predictor.precision_choice`` (the server shows it on
 ``/health``, ``/v2/models/M/config`` and ``/metrics``).
+
+The candidates are loaded and timed in a child process (``choose_in_child``); this process
+then loads and admits only the chosen one.  Paddle Inference keeps every predictor's oneDNN
+kernels in one per-process map of input shapes, bounded by one capacity and not emptied when a
+predictor is freed: the shapes the other candidates ran would stay in it and push the served
+engine's held shapes out (docs/PRECISION.md, Memory).
 """
 import contextlib
+import logging
+import multiprocessing
 import random
 import threading
 import time
@@ -214,30 +222,87 @@ def _candidate():
 def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()):
     """The admitted predictor of ``export_dir`` for ``requested`` (Deploy.precision), its
     choice in ``predictor.precision_choice`` and its admission report in
-    ``predictor.admission``.  ``load(export_dir, precision=p)`` makes a ``Predictor``;
-    ``renderers`` go to ``admission.admit``.
+    ``predictor.admission``.  ``load(export_dir, precision=p)`` makes a ``Predictor`` (a
+    picklable callable: ``auto`` sends it to a child process); ``renderers`` go to
+    ``admission.admit``.
 
     An explicit precision is served as asked; its admission failure names it ("int8:
     padding check: ...").  ``auto`` on CPU: see the module docstring; a candidate that fails
     to load or admit is skipped with a log line, fp32 still serves."""
-    if requested != "auto" or device != "cpu":
-        predictor = load(export_dir, precision=requested)
-        try:
-            predictor.admission = admission.admit(predictor, renderers=renderers)
-        except admission.AdmissionError as e:
-            if predictor.precision != "fp32":
-                e.args = (f"{predictor.precision}: {e}",)
-            raise
-        predictor.precision_choice = as_requested(predictor.precision, requested)
-        return predictor
+    auto = requested == "auto" and device == "cpu"
+    choice = None
+    if auto:
+        choice = choose_in_child(load, export_dir) if CHOOSE_IN_CHILD else choose(load, export_dir)
+    with _candidate() if auto else contextlib.nullcontext():  # chosen, not requested: no warnings
+        predictor = load(export_dir, precision=choice["precision"] if auto else requested)
+    try:
+        predictor.admission = admission.admit(predictor, renderers=renderers)
+    except admission.AdmissionError as e:
+        if predictor.precision != "fp32":
+            e.args = (f"{predictor.precision}: {e}",)
+        raise
+    predictor.precision_choice = choice or as_requested(predictor.precision, requested)
+    return predictor
+
+
+# Tests that patch this module's functions (they do not reach a spawned child) choose in-process.
+CHOOSE_IN_CHILD = True
+
+
+def choose_in_child(load, export_dir):
+    """``choose(load, export_dir)`` run in a spawned child process (module docstring: the
+    candidates' kernels stay out of this process) -> the choice.  When the child fails, the
+    choice is made here instead, so its error (an fp32 that fails admission, a broken
+    export) is raised as itself."""
+    ctx = multiprocessing.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_choose_and_send, daemon=True,
+                        args=(load, export_dir, send, get_logger("ppvarlen").level))
+    choice, why = None, "it reported an error"
+    try:
+        child.start()
+        send.close()  # the child holds the sending end: its exit ends recv() with EOFError
+        choice = receive.recv()
+    except EOFError:
+        child.join()
+        why = f"it exited with status {child.exitcode}"
+    except Exception as e:  # noqa: BLE001 - e.g. a loader that cannot be pickled
+        why = f"it could not start: {e}"
+    finally:
+        send.close()
+        receive.close()
+        if child.pid is not None:
+            child.join()
+    if choice is None:
+        log.warning("precision auto: timing the candidates in a child process failed (%s); "
+                    "choosing in this process", why)
+        return choose(load, export_dir)
+    return choice
+
+
+def _choose_and_send(load, export_dir, send, level):
+    from ppvarlen.utils.log import setup_logging
+
+    setup_logging(level or logging.INFO)
+    try:
+        send.send(choose(load, export_dir))
+    except BaseException:  # noqa: BLE001 - the parent chooses again and raises the error
+        send.send(None)
+    finally:
+        send.close()
+
+
+def choose(load, export_dir):
+    """The ``auto`` choice on this CPU (module docstring), made in this process: loads, admits
+    and times the candidates, frees them -> {precision, requested, reason, texts_per_cpu_s}."""
     fp32 = load(export_dir, precision="fp32")
-    fp32.admission = admission.admit(fp32, renderers=renderers)
+    fp32.admission = admission.admit(fp32)
     admitted = {"fp32": fp32}
     for p in host_candidates(fp32.manifest, fp32.backend):
         try:
             with _candidate():
                 candidate = load(export_dir, precision=p)
-            candidate.admission = admission.admit(candidate, renderers=renderers)
+            candidate.admission = admission.admit(candidate)
         except Exception as e:  # noqa: BLE001 - a candidate that fails anything is not served
             log.warning("precision auto: %s (verified on the export host) skipped: it fails "
                         "on this host: %s", p, e)
@@ -246,10 +311,9 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
     flags = " ".join(cpu_flags()) or "unknown"
     if len(admitted) == 1:
         reason = "no other precision the export verified runs and passes admission here"
-        fp32.precision_choice = {**as_requested("fp32", "auto"), "reason": reason}
         log.info("precision auto: fp32 for backend %s (%s; CPU flags: %s)",
                  fp32.backend, reason, flags)
-        return fp32
+        return {**as_requested("fp32", "auto"), "reason": reason}
     speeds, rounds, took = measure(admitted, timing_batches(fp32))
     chosen = pick(speeds)
     shown = ", ".join(f"{p} {v:.1f}" for p, v in sorted(speeds.items()))
@@ -259,8 +323,6 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
     log.info("precision auto: %s for backend %s: %s (timed on the admission batches, %d "
              "interleaved rounds in %.1fs%s; CPU flags: %s)", chosen, fp32.backend, reason,
              rounds, took, f": {shown} texts/CPU-s" if chosen != "fp32" else "", flags)
-    served = admitted.pop(chosen)
-    admitted.clear()  # the other engines are freed before serving starts
-    served.precision_choice = {"precision": chosen, "requested": "auto", "reason": reason,
-                               "texts_per_cpu_s": {p: round(v, 1) for p, v in speeds.items()}}
-    return served
+    admitted.clear()
+    return {"precision": chosen, "requested": "auto", "reason": reason,
+            "texts_per_cpu_s": {p: round(v, 1) for p, v in speeds.items()}}

@@ -37,6 +37,7 @@ def host(monkeypatch):
         return {p: Host.speeds[p] for p in predictors}, 2, 0.1
 
     monkeypatch.setattr(precision_choice, "measure", measure)
+    monkeypatch.setattr(precision_choice, "CHOOSE_IN_CHILD", False)  # patches stay in-process
     return Host
 
 

@@ -55,6 +55,7 @@ def host(monkeypatch):
         return {p: Host.speeds[p] for p in predictors}, 2, 0.1
 
     monkeypatch.setattr(precision_choice, "measure", measure)
+    monkeypatch.setattr(precision_choice, "CHOOSE_IN_CHILD", False)  # patches stay in-process
     monkeypatch.setattr(precision_choice, "cpu_supports_bf16", lambda: True)
     return Host
 
@@ -210,3 +211,34 @@ def test_bf16_verified_by_fp32_kernels_on_the_export_host_is_not_a_candidate(
     assert any("export host had no bf16" in r.getMessage() for r in caplog.records)
     manifest["precision_measured"]["paddle"]["bf16"]["cpu_bf16"] = True
     assert precision_choice.host_candidates(manifest, "paddle") == ["bf16"]
+
+
+class RecordingLoader:
+    """A picklable loader: the spawned child gets a copy, so ``calls`` holds this process's."""
+
+    def __init__(self, backend):
+        self.backend, self.calls = backend, []
+
+    def __call__(self, export_dir, precision):
+        self.calls.append(precision)
+        return Predictor(export_dir, self.backend, precision=precision)
+
+
+def test_auto_times_the_candidates_in_a_child_and_loads_only_the_chosen_here(export_dir):
+    """Paddle keeps every predictor's oneDNN shapes in one per-process map: the candidates
+    load and time in a child process, this one loads (and admits) only what it serves."""
+    load = RecordingLoader("onnx")
+    predictor = precision_choice.load_admitted(load, export_dir, "auto")
+    assert load.calls == [predictor.precision]
+    choice = predictor.precision_choice
+    assert choice["requested"] == "auto" and choice["precision"] == predictor.precision
+    assert set(choice["texts_per_cpu_s"]) == {"fp32", "int8"}  # both timed, in the child
+    assert set(predictor.admission) == set(admission.CHECKS)
+
+
+def test_auto_chooses_in_this_process_when_the_child_cannot_start(export_dir, caplog):
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
+    predictor = precision_choice.load_admitted(_loader("onnx"), export_dir, "auto")  # a closure
+    assert predictor.precision_choice["requested"] == "auto"
+    assert any(r.levelno == logging.WARNING and "could not start" in r.getMessage()
+               and "choosing in this process" in r.getMessage() for r in caplog.records)
