@@ -445,8 +445,8 @@ def main():
                              "exporter's default 256)")
     parser.add_argument("--auto-deploy", action="append", default=[], metavar="KEY=VALUE",
                         type=_key_value,
-                        help="--serve: a Deploy setting for the auto server only, e.g. "
-                             "onednn_cache_bytes=6442450944 (repeatable)")
+                        help="--serve: a Deploy setting for the auto servers only (both "
+                             "backends), e.g. onednn_cache_bytes=6442450944 (repeatable)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--rounds", type=int, default=2, help="--serve: sweeps (A B A B)")
     parser.add_argument("--duration-s", type=float, default=60.0)
