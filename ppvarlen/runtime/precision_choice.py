@@ -30,14 +30,20 @@ predictor is freed: the shapes the other candidates ran would stay in it and pus
 engine's held shapes out (docs/PRECISION.md, Memory).
 """
 import contextlib
+import json
 import logging
-import multiprocessing
+import os
+import pickle
 import random
+import signal
+import subprocess
+import sys
 import threading
 import time
 
 from ppvarlen.data.order import grid_lengths
-from ppvarlen.utils.log import get_logger
+from ppvarlen.utils import parallel
+from ppvarlen.utils.log import get_logger, setup_logging
 
 from ppvarlen.runtime import admission
 
@@ -245,51 +251,69 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
     return predictor
 
 
-# Tests that patch this module's functions (they do not reach a spawned child) choose in-process.
+# Tests that patch this module's functions (they do not reach a child process) choose in-process.
 CHOOSE_IN_CHILD = True
+# A child that has not chosen by then is killed and the choice made here: loading, admitting
+# and timing the candidates of the largest exports takes a minute or two.
+CHILD_TIMEOUT_S = 900
+# The child is a fresh interpreter running this, not a multiprocessing "spawn": spawn runs the
+# parent's main script again in the child, and a script without an ``if __name__ ==
+# "__main__"`` guard (a console wrapper of main_serve, say) would start a second server there.
+_CHILD_CODE = "from ppvarlen.runtime.precision_choice import _child_main; _child_main()"
 
 
 def choose_in_child(load, export_dir):
-    """``choose(load, export_dir)`` run in a spawned child process (module docstring: the
-    candidates' kernels stay out of this process) -> the choice.  When the child fails, the
-    choice is made here instead, so its error (an fp32 that fails admission, a broken
-    export) is raised as itself."""
-    ctx = multiprocessing.get_context("spawn")
-    receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_choose_and_send, daemon=True,
-                        args=(load, export_dir, send, get_logger("ppvarlen").level))
-    choice, why = None, "it reported an error"
+    """``choose(load, export_dir)`` run in a child process (module docstring: the candidates'
+    kernels stay out of this process) -> the choice.  When the child fails, the choice is
+    made here instead, so its error (an fp32 that fails admission, a broken export) is
+    raised as itself."""
     try:
-        child.start()
-        send.close()  # the child holds the sending end: its exit ends recv() with EOFError
-        choice = receive.recv()
-    except EOFError:
-        child.join()
-        why = f"it exited with status {child.exitcode}"
-    except Exception as e:  # noqa: BLE001 - e.g. a loader that cannot be pickled
-        why = f"it could not start: {e}"
-    finally:
-        send.close()
-        receive.close()
-        if child.pid is not None:
-            child.join()
-    if choice is None:
-        log.warning("precision auto: timing the candidates in a child process failed (%s); "
-                    "choosing in this process", why)
-        return choose(load, export_dir)
-    return choice
+        request = pickle.dumps((load, export_dir, get_logger("ppvarlen").level, os.getpid()))
+    except Exception as e:  # noqa: BLE001 - e.g. a loader defined inside a function
+        return _choose_here(f"it could not start: its loader cannot be sent to it: {e}",
+                            load, export_dir)
+    # the child imports what the loader's pickle names from the same paths as this process
+    path = [p or os.getcwd() for p in sys.path]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    try:
+        done = subprocess.run([sys.executable, "-c", _CHILD_CODE], input=request,
+                              stdout=subprocess.PIPE, env=env, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return _choose_here(f"it had not chosen after {CHILD_TIMEOUT_S}s and was killed",
+                            load, export_dir)
+    except OSError as e:
+        return _choose_here(f"it could not start: {e}", load, export_dir)
+    try:
+        reply = json.loads(done.stdout.decode("utf-8"))
+    except ValueError:
+        reply = {"error": f"it exited with status {done.returncode} and no answer"}
+    if "error" in reply:
+        return _choose_here(reply["error"], load, export_dir)
+    return reply
 
 
-def _choose_and_send(load, export_dir, send, level):
-    from ppvarlen.utils.log import setup_logging
+def _choose_here(why, load, export_dir):
+    log.warning("precision auto: timing the candidates in a child process failed (%s); "
+                "choosing in this process", why)
+    return choose(load, export_dir)
 
+
+def _child_main():
+    """The child of ``choose_in_child``: its request pickled on stdin (this package's own
+    bytes from its parent, never a file), the choice -- or the error -- as JSON on stdout."""
+    answer = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # whatever else prints to stdout (Paddle, a loader) goes to the log instead
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it kills this one
+    load, export_dir, level, parent = pickle.load(sys.stdin.buffer)
+    if not parallel.die_with_parent(parent):
+        return
     setup_logging(level or logging.INFO)
     try:
-        send.send(choose(load, export_dir))
-    except BaseException:  # noqa: BLE001 - the parent chooses again and raises the error
-        send.send(None)
-    finally:
-        send.close()
+        reply = choose(load, export_dir)
+    except Exception as e:  # noqa: BLE001 - the parent chooses again and raises the error
+        reply = {"error": f"it reported {type(e).__name__}: {e}"}
+    with answer:
+        json.dump(reply, answer)
 
 
 def choose(load, export_dir):

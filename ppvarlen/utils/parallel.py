@@ -232,6 +232,14 @@ _PRCTL = _resolve_prctl()  # looked up here: a forked child loads no library (it
 _PR_SET_PDEATHSIG = 1
 
 
+def die_with_parent(parent_pid):
+    """Have the kernel kill this process when its parent dies (Linux), so a parent killed
+    outright leaves no child running -> False when the parent is already gone."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    return os.getppid() == parent_pid
+
+
 def _serve(fn, parent_pid, jobs_fd, results_fd, parents_fds):
     """A worker: ``fn`` of each job read from ``jobs_fd`` -> ``(index, ok, value)`` on
     ``results_fd``, until the parent closes its end."""
@@ -241,10 +249,9 @@ def _serve(fn, parent_pid, jobs_fd, results_fd, parents_fds):
     # Ctrl-C is the parent's to handle; SIGTERM ends a worker without a word (paddle's handler,
     # inherited by the fork, prints a fatal-error report, as if the worker had crashed)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by _fork: now ignored
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if _PRCTL is not None:  # a parent killed outright takes its workers along
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # it died before that
+    if not die_with_parent(parent_pid):  # it died before that
         return
     while True:
         job = _read_frame(jobs_fd)
@@ -308,11 +315,18 @@ class _Workers:
     def __init__(self, fn, num_proc):
         ctx = multiprocessing.get_context("fork")
         self.workers, self.selector = [], None
+        # Ctrl-C is held back while the workers fork: in a child, Python's after-fork hooks
+        # (random's reseed) run before _serve ignores SIGINT, and one arriving then printed an
+        # "Exception ignored" traceback from the worker; held, it stays pending in the child
+        # until ignored, and reaches this process once every worker it forked is in the list
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             for k in range(num_proc):
                 self.workers.append(self._fork(ctx, fn, k))
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         except BaseException:
             self.stop(kill=True)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             raise
         self.selector = selectors.DefaultSelector()  # made after the forks: not inherited
         for w in self.workers:

@@ -5,7 +5,11 @@ and /metrics.  Timings are injected (``precision_choice.measure``): nothing here
 which precision this test machine runs faster."""
 import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -242,3 +246,55 @@ def test_auto_chooses_in_this_process_when_the_child_cannot_start(export_dir, ca
     assert predictor.precision_choice["requested"] == "auto"
     assert any(r.levelno == logging.WARNING and "could not start" in r.getMessage()
                and "choosing in this process" in r.getMessage() for r in caplog.records)
+
+
+class SleepingLoader(RecordingLoader):
+    """Loads in this process; in any other (the child) it never returns."""
+
+    def __init__(self, backend):
+        super().__init__(backend)
+        self.home = os.getpid()
+
+    def __call__(self, export_dir, precision):
+        while os.getpid() != self.home:
+            time.sleep(1)
+        return super().__call__(export_dir, precision)
+
+
+@pytest.mark.timeout(240)
+def test_a_child_that_does_not_choose_in_time_is_killed_and_the_choice_made_here(
+        export_dir, monkeypatch, caplog):
+    monkeypatch.setattr(precision_choice, "CHILD_TIMEOUT_S", 5)
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
+    predictor = precision_choice.load_admitted(SleepingLoader("onnx"), export_dir, "auto")
+    assert set(predictor.precision_choice["texts_per_cpu_s"]) == {"fp32", "int8"}
+    assert any("had not chosen after 5s and was killed" in r.getMessage()
+               for r in caplog.records)
+
+
+# A user's script with no ``if __name__ == "__main__":`` guard (as a hand-written console
+# wrapper of main_serve is): the auto child must not run it again.
+_UNGUARDED_SCRIPT = """
+import json, sys
+sys.path[:0] = {path!r}
+with open({runs!r}, "a") as f:
+    f.write("ran\\n")
+from ppvarlen.runtime import precision_choice
+from test_precision_auto import RecordingLoader
+predictor = precision_choice.load_admitted(RecordingLoader("onnx"), {export!r}, "auto")
+print(json.dumps(predictor.precision_choice))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_auto_in_a_script_without_a_main_guard_runs_the_script_once(export_dir, tmp_path):
+    runs = tmp_path / "runs.txt"
+    script = tmp_path / "unguarded.py"
+    script.write_text(_UNGUARDED_SCRIPT.format(path=sys.path, runs=str(runs), export=export_dir))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=280, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert runs.read_text().splitlines() == ["ran"], run.stderr
+    assert "choosing in this process" not in run.stderr, run.stderr
+    choice = json.loads(run.stdout.strip().splitlines()[-1])
+    assert set(choice["texts_per_cpu_s"]) == {"fp32", "int8"}

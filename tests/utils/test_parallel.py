@@ -1,6 +1,10 @@
 """Ordered maps over forked workers (utils/parallel.py): results in job order for any worker
 count; ``ordered_map_in_rooms`` hands big results back through memory shared with the workers,
 reuses its few rooms, and ends its pool on an error or when the caller stops early."""
+import os
+import subprocess
+import sys
+
 import pytest
 
 from ppvarlen.utils.parallel import ordered_map, ordered_map_in_rooms
@@ -64,3 +68,25 @@ def test_a_map_left_unfinished_and_collected_later_leaves_the_next_map_alone():
     cycle.append(cycle)  # only a collection finds it
     del left, cycle
     assert list(ordered_map(_double, range(1000, 1030), 2)) == [2 * k for k in range(1000, 1030)]
+
+
+_CTRL_C_AT_FORK = """
+import os, signal, sys
+from ppvarlen.utils.parallel import ordered_map
+# a Ctrl-C that lands in a worker while Python's after-fork hooks still run (before the worker
+# ignores SIGINT): here sent by a hook of its own, in every forked child
+os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGINT))
+print(sum(ordered_map(abs, range(-50, 50), 2)))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_ctrl_c_that_reaches_a_worker_while_it_forks_is_ignored_without_a_word():
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-c", _CTRL_C_AT_FORK], env=env, capture_output=True,
+                         text=True, timeout=100)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [str(sum(abs(k) for k in range(-50, 50)))]
+    assert "KeyboardInterrupt" not in run.stderr and "Exception ignored" not in run.stderr, \
+        run.stderr
