@@ -32,16 +32,8 @@ def test_no_runtime_installs_or_downloads():
     assert not hits, "code must not install packages or download at run time:\n" + "\n".join(hits)
 
 
-# (file, why): pickles a ppvarlen process reads from its own parent, never from a file
-PICKLE_BETWEEN_OWN_PROCESSES = {
-    "ppvarlen/runtime/precision_choice.py": "the auto child reads the request its parent "
-                                            "wrote to the child's stdin",
-}
-
-
 def test_no_pickle_loading():
     hits = grep(r"paddle\.load\(|pickle\.loads?\(|np\.load\([^)]*allow_pickle\s*=\s*True")
-    hits = [h for h in hits if h.split(":")[0] not in PICKLE_BETWEEN_OWN_PROCESSES]
     assert not hits, "no pickle-based loading of files users may receive:\n" + "\n".join(hits)
 
 

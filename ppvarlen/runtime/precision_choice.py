@@ -30,10 +30,11 @@ predictor is freed: the shapes the other candidates ran would stay in it and pus
 engine's held shapes out (docs/PRECISION.md, Memory).
 """
 import contextlib
+import functools
+import importlib
 import json
 import logging
 import os
-import pickle
 import random
 import signal
 import subprocess
@@ -229,7 +230,8 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
     """The admitted predictor of ``export_dir`` for ``requested`` (Deploy.precision), its
     choice in ``predictor.precision_choice`` and its admission report in
     ``predictor.admission``.  ``load(export_dir, precision=p)`` makes a ``Predictor`` (a
-    picklable callable: ``auto`` sends it to a child process); ``renderers`` go to
+    ``functools.partial`` of a module-level callable with JSON keyword arguments: ``auto``
+    describes it to a child process, ``describe_loader``); ``renderers`` go to
     ``admission.admit``.
 
     An explicit precision is served as asked; its admission failure names it ("int8:
@@ -262,17 +264,45 @@ CHILD_TIMEOUT_S = 900
 _CHILD_CODE = "from ppvarlen.runtime.precision_choice import _child_main; _child_main()"
 
 
+def describe_loader(load):
+    """``load`` as JSON a child process rebuilds it from: {"callable": "module:qualname",
+    "kwargs": {...}} -> None when it is not a ``functools.partial`` of a module-level callable
+    with JSON keyword arguments only (a closure, say).  Data, not a pickle: the child runs
+    nothing the request could smuggle in beyond importing the callable it names."""
+    if not isinstance(load, functools.partial) or load.args:
+        return None
+    func = load.func
+    module, name = getattr(func, "__module__", None), getattr(func, "__qualname__", "")
+    if not module or module == "__main__" or "<" in name:  # the child cannot import it
+        return None
+    try:
+        json.dumps(load.keywords)
+    except (TypeError, ValueError):
+        return None
+    return {"callable": f"{module}:{name}", "kwargs": dict(load.keywords)}
+
+
+def rebuild_loader(description):
+    """The loader ``describe_loader`` described."""
+    module, _, name = description["callable"].partition(":")
+    func = importlib.import_module(module)
+    for part in name.split("."):
+        func = getattr(func, part)
+    return functools.partial(func, **description["kwargs"])
+
+
 def choose_in_child(load, export_dir):
     """``choose(load, export_dir)`` run in a child process (module docstring: the candidates'
     kernels stay out of this process) -> the choice.  When the child fails, the choice is
     made here instead, so its error (an fp32 that fails admission, a broken export) is
     raised as itself."""
-    try:
-        request = pickle.dumps((load, export_dir, get_logger("ppvarlen").level, os.getpid()))
-    except Exception as e:  # noqa: BLE001 - e.g. a loader defined inside a function
-        return _choose_here(f"it could not start: its loader cannot be sent to it: {e}",
-                            load, export_dir)
-    # the child imports what the loader's pickle names from the same paths as this process
+    loader = describe_loader(load)
+    if loader is None:
+        return _choose_here("it could not start: its loader is not a functools.partial of a "
+                            "module-level callable with JSON keyword arguments", load, export_dir)
+    request = json.dumps({"loader": loader, "export_dir": export_dir, "parent": os.getpid(),
+                          "level": get_logger("ppvarlen").level}).encode("utf-8")
+    # the child imports the loader's module from the same paths as this process
     path = [p or os.getcwd() for p in sys.path]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     try:
@@ -299,17 +329,17 @@ def _choose_here(why, load, export_dir):
 
 
 def _child_main():
-    """The child of ``choose_in_child``: its request pickled on stdin (this package's own
-    bytes from its parent, never a file), the choice -- or the error -- as JSON on stdout."""
+    """The child of ``choose_in_child``: its request as JSON on stdin, the choice -- or the
+    error -- as JSON on stdout."""
     answer = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # whatever else prints to stdout (Paddle, a loader) goes to the log instead
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it kills this one
-    load, export_dir, level, parent = pickle.load(sys.stdin.buffer)
-    if not parallel.die_with_parent(parent):
+    request = json.load(sys.stdin)
+    if not parallel.die_with_parent(request["parent"]):
         return
-    setup_logging(level or logging.INFO)
+    setup_logging(request["level"] or logging.INFO)
     try:
-        reply = choose(load, export_dir)
+        reply = choose(rebuild_loader(request["loader"]), request["export_dir"])
     except Exception as e:  # noqa: BLE001 - the parent chooses again and raises the error
         reply = {"error": f"it reported {type(e).__name__}: {e}"}
     with answer:

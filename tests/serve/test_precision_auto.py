@@ -3,6 +3,7 @@ export verified that this CPU runs and that pass admission are timed here, the f
 beats fp32 by AUTO_MIN_GAIN serves, and the choice is shown on /health, the model config
 and /metrics.  Timings are injected (``precision_choice.measure``): nothing here depends on
 which precision this test machine runs faster."""
+import functools
 import json
 import logging
 import os
@@ -217,23 +218,29 @@ def test_bf16_verified_by_fp32_kernels_on_the_export_host_is_not_a_candidate(
     assert precision_choice.host_candidates(manifest, "paddle") == ["bf16"]
 
 
-class RecordingLoader:
-    """A picklable loader: the spawned child gets a copy, so ``calls`` holds this process's."""
+RECORDED = []  # the precisions recording_load loaded in this process (the child has its own)
 
-    def __init__(self, backend):
-        self.backend, self.calls = backend, []
 
-    def __call__(self, export_dir, precision):
-        self.calls.append(precision)
-        return Predictor(export_dir, self.backend, precision=precision)
+def recording_load(export_dir, precision, backend):
+    """A loader ``auto`` can describe to its child: ``functools.partial(recording_load, ...)``."""
+    RECORDED.append(precision)
+    return Predictor(export_dir, backend, precision=precision)
+
+
+def sleeping_load(export_dir, precision, backend, home):
+    """Loads in process ``home``; in any other (the child) it never returns."""
+    while os.getpid() != home:
+        time.sleep(1)
+    return recording_load(export_dir, precision, backend)
 
 
 def test_auto_times_the_candidates_in_a_child_and_loads_only_the_chosen_here(export_dir):
     """Paddle keeps every predictor's oneDNN shapes in one per-process map: the candidates
     load and time in a child process, this one loads (and admits) only what it serves."""
-    load = RecordingLoader("onnx")
+    RECORDED.clear()
+    load = functools.partial(recording_load, backend="onnx")
     predictor = precision_choice.load_admitted(load, export_dir, "auto")
-    assert load.calls == [predictor.precision]
+    assert RECORDED == [predictor.precision]
     choice = predictor.precision_choice
     assert choice["requested"] == "auto" and choice["precision"] == predictor.precision
     assert set(choice["texts_per_cpu_s"]) == {"fp32", "int8"}  # both timed, in the child
@@ -248,25 +255,13 @@ def test_auto_chooses_in_this_process_when_the_child_cannot_start(export_dir, ca
                and "choosing in this process" in r.getMessage() for r in caplog.records)
 
 
-class SleepingLoader(RecordingLoader):
-    """Loads in this process; in any other (the child) it never returns."""
-
-    def __init__(self, backend):
-        super().__init__(backend)
-        self.home = os.getpid()
-
-    def __call__(self, export_dir, precision):
-        while os.getpid() != self.home:
-            time.sleep(1)
-        return super().__call__(export_dir, precision)
-
-
 @pytest.mark.timeout(240)
 def test_a_child_that_does_not_choose_in_time_is_killed_and_the_choice_made_here(
         export_dir, monkeypatch, caplog):
     monkeypatch.setattr(precision_choice, "CHILD_TIMEOUT_S", 5)
     caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
-    predictor = precision_choice.load_admitted(SleepingLoader("onnx"), export_dir, "auto")
+    load = functools.partial(sleeping_load, backend="onnx", home=os.getpid())
+    predictor = precision_choice.load_admitted(load, export_dir, "auto")
     assert set(predictor.precision_choice["texts_per_cpu_s"]) == {"fp32", "int8"}
     assert any("had not chosen after 5s and was killed" in r.getMessage()
                for r in caplog.records)
@@ -275,13 +270,14 @@ def test_a_child_that_does_not_choose_in_time_is_killed_and_the_choice_made_here
 # A user's script with no ``if __name__ == "__main__":`` guard (as a hand-written console
 # wrapper of main_serve is): the auto child must not run it again.
 _UNGUARDED_SCRIPT = """
-import json, sys
+import functools, json, sys
 sys.path[:0] = {path!r}
 with open({runs!r}, "a") as f:
     f.write("ran\\n")
 from ppvarlen.runtime import precision_choice
-from test_precision_auto import RecordingLoader
-predictor = precision_choice.load_admitted(RecordingLoader("onnx"), {export!r}, "auto")
+from test_precision_auto import recording_load
+load = functools.partial(recording_load, backend="onnx")
+predictor = precision_choice.load_admitted(load, {export!r}, "auto")
 print(json.dumps(predictor.precision_choice))
 """
 
