@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from machine import machine
-from ppvarlen.utils.io import DirectAppender
+from ppvarlen.utils.io import DirectAppender, atomic_save_png
 
 PIECE = 4 << 20  # a pass-2 job's rows: a few MB at a time, as the store writer gets them
 
@@ -111,8 +111,6 @@ def main(argv=None):
     ax.set_title(f"writing {args.mb} MB, {machine()['cpu_model']}")
     ax.legend()
     fig.tight_layout()
-    from ppvarlen.utils.io import atomic_save_png
-
     atomic_save_png(fig, args.out + ".png", dpi=100)
     print(f"wrote {args.out}.json and {args.out}.png")
 

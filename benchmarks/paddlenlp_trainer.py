@@ -36,7 +36,7 @@ from ppvarlen.data.samplers import TokenBudgetBatchSampler
 from ppvarlen.integrations.paddlenlp_trainer import (LengthBatchingTrainer,
                                                      ModelInputCollator, lengths_of,
                                                      make_random_model_dir)
-from ppvarlen.utils.io import atomic_write_json
+from ppvarlen.utils.io import atomic_save_png, atomic_write_json
 
 
 def _example():
@@ -153,8 +153,6 @@ def plot(report, path):
     fig.suptitle(f"PaddleNLP Trainer, sentiment, max_length {MAX_LENGTH} "
                  f"(shared CPU, load {report['loadavg_start'][0]:.1f})")
     fig.tight_layout()
-    from ppvarlen.utils.io import atomic_save_png
-
     atomic_save_png(fig, path, dpi=110)
 
 

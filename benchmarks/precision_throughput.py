@@ -53,6 +53,7 @@ import time
 
 from ppvarlen.config import add_config_args, load_config
 from ppvarlen.export.precision_speed import one_pass
+from ppvarlen.utils.io import atomic_save_png
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ERNIE_MEDIUM = {"hidden_size": 768, "num_hidden_layers": 6, "num_attention_heads": 12,
@@ -375,8 +376,6 @@ def plot_serve(result, path):
                  fontsize=9)
     ax.legend()
     fig.tight_layout()
-    from ppvarlen.utils.io import atomic_save_png
-
     atomic_save_png(fig, path, dpi=110)
 
 
@@ -404,8 +403,6 @@ def plot(result, path):
                  f"server batches, {result['threads']} threads (load {result['load_average'][0]:.1f})",
                  fontsize=9)
     fig.tight_layout()
-    from ppvarlen.utils.io import atomic_save_png
-
     atomic_save_png(fig, path, dpi=110)
 
 

@@ -51,7 +51,7 @@ from ppvarlen.serve.protocols.oip import codec as oip
 from ppvarlen.serve.bench import free_port, split_texts
 from ppvarlen.runtime.manifest import load_manifest
 from ppvarlen.runtime.predictor import Predictor
-from ppvarlen.utils.io import atomic_write_json
+from ppvarlen.utils.io import atomic_save_png, atomic_write_json
 
 from machine import machine
 
@@ -707,8 +707,6 @@ def style_axes(axes_titles_units, concurrencies, xlabel):
 def save_figure(fig, path, title):
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    from ppvarlen.utils.io import atomic_save_png
-
     atomic_save_png(fig, path, dpi=100)
 
 
