@@ -19,7 +19,8 @@ int8; ``--verify`` off, agreement measured here against eager on the same
 batches), extra int8 variants are quantized next to it (dynamic: quint8 weights,
 per-channel, 8-bit weights without ``reduce_range``; static QDQ calibrated on
 train-split batches with the export's uint8 activations, ``int8_static_qdq``, or
-int8 ones, ``int8_static_s8``).  Every runner is
+int8 ones, ``int8_static_s8``, or with each MatMul's output requantized to uint8,
+``int8_static_requant``).  Every runner is
 warmed up, then ``--repeats`` passes run interleaved (so load from the other
 processes on the machine falls on all alike); the median pass is reported.
 Paddle Inference int8 is absent: see docs/PRECISION.md.
@@ -178,7 +179,9 @@ def build_runners(export_dir, model, outputs, threads, int8_variants, calibratio
                 "int8_per_channel": dict(per_channel=True),
                 "int8_static_qdq": dict(method="static", calibration_batches=calibration),
                 "int8_static_s8": dict(method="static", calibration_batches=calibration,
-                                       activation_type="qint8")}
+                                       activation_type="qint8"),
+                "int8_static_requant": dict(method="static", calibration_batches=calibration,
+                                            matmul_outputs="quint8")}
 
     def variant(name):
         path = os.path.join(export_dir, "bench", f"{name}.onnx")

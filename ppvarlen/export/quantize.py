@@ -14,7 +14,10 @@ Methods:
 * ``static`` (the export's, ``DEFAULT_INT8``) - QDQ graph with uint8 activations whose
   ranges are calibrated (MinMax) on a sample of train-split batches (the exporter's
   ``calibration_batches``): fixed scales, so each row's answer is the same alone
-  or batched with any other rows, as the serving admission checks.
+  or batched with any other rows, as the serving admission checks.  The MatMul/Gemm
+  outputs stay float (``matmul_outputs: float``): ONNX Runtime then runs each as one
+  ``MatMulIntegerToFloat`` instead of a ``QLinearMatMul`` that requantizes its output to
+  uint8 and a ``DequantizeLinear`` that turns it back before the bias is added.
 * ``dynamic`` - weights int8 ahead of time, activations quantized per batch at run
   time (``MatMulInteger``/``DynamicQuantizeMatMul``); no data needed, but the
   activation scale comes from the whole batch, so a text's answer depends on its
@@ -45,6 +48,9 @@ DEFAULT_INT8 = {"method": "static", "weight_type": "qint8", "per_channel": False
 # take u8 activations; with int8 ones it runs the QDQ graph at fp32 speed or slower
 # (docs/PRECISION.md has both measured).
 STATIC_ACTIVATION_TYPE = "quint8"
+# Static MatMul/Gemm outputs: float (module docstring); "quint8" is kept for the benchmark.
+MATMUL_OUTPUTS = ("float", "quint8")
+STATIC_MATMUL_OUTPUTS = "float"
 _QUANTIZED_OPS = ("MatMulInteger", "DynamicQuantizeMatMul", "QLinearMatMul", "QGemm",
                   "MatMulIntegerToFloat", "DequantizeLinear")
 
@@ -89,8 +95,10 @@ class _Calibration:
 
 def quantize_onnx(src, dst, method="dynamic", weight_type="qint8", per_channel=False,
                   reduce_range=True, calibration_batches=None,
-                  input_names=("input_ids", "seq_len"), activation_type=STATIC_ACTIVATION_TYPE):
-    """int8 copy of ``src`` at ``dst``; returns the facts recorded in the manifest."""
+                  input_names=("input_ids", "seq_len"), activation_type=STATIC_ACTIVATION_TYPE,
+                  matmul_outputs=STATIC_MATMUL_OUTPUTS):
+    """int8 copy of ``src`` at ``dst``; returns the facts recorded in the manifest.
+    ``matmul_outputs`` (static): "float" or "quint8" (requantized, the quantizer's default)."""
     import onnxruntime as ort
 
     quiet = logging.getLogger().level
@@ -100,14 +108,14 @@ def quantize_onnx(src, dst, method="dynamic", weight_type="qint8", per_channel=F
     ort.set_default_logger_severity(ORT_ERRORS_ONLY)
     try:
         return _quantize(src, dst, method, weight_type, per_channel, reduce_range,
-                         calibration_batches, input_names, activation_type)
+                         calibration_batches, input_names, activation_type, matmul_outputs)
     finally:
         logging.getLogger().setLevel(quiet)
         ort.set_default_logger_severity(ORT_DEFAULT_SEVERITY)
 
 
 def _quantize(src, dst, method, weight_type, per_channel, reduce_range, calibration_batches,
-              input_names, activation_type):
+              input_names, activation_type, matmul_outputs):
     from onnxruntime.quantization import QuantFormat, quantize_dynamic, quantize_static
 
     with tempfile.TemporaryDirectory(prefix="ppvarlen-int8-") as work:
@@ -120,11 +128,16 @@ def _quantize(src, dst, method, weight_type, per_channel, reduce_range, calibrat
         elif method == "static":
             if not calibration_batches:
                 raise ExportFailedError("static int8 needs calibration batches (train-split inputs)")
+            if matmul_outputs not in MATMUL_OUTPUTS:
+                raise ExportFailedError(f"int8 matmul_outputs {matmul_outputs!r} not valid; "
+                                        f"choose {list(MATMUL_OUTPUTS)}")
+            float_out = {"OpTypesToExcludeOutputQuantization": INT8_OP_TYPES}
             quantize_static(folded, dst, _Calibration(calibration_batches, input_names),
                             quant_format=QuantFormat.QDQ, op_types_to_quantize=INT8_OP_TYPES,
                             activation_type=_weight_type(activation_type),
                             weight_type=_weight_type(weight_type), per_channel=per_channel,
-                            reduce_range=reduce_range)
+                            reduce_range=reduce_range,
+                            extra_options=float_out if matmul_outputs == "float" else {})
         else:
             raise ExportFailedError(f"int8 method {method!r} not valid; choose dynamic or static")
     quantized = quantized_node_count(onnx.load(dst, load_external_data=False))
@@ -133,6 +146,7 @@ def _quantize(src, dst, method, weight_type, per_channel, reduce_range, calibrat
                                 f"computed in the graph: {left[:3]}); export without int8")
     return {"method": method, "weight_type": weight_type,
             "activation_type": activation_type if method == "static" else "dynamic",
+            "matmul_outputs": matmul_outputs if method == "static" else "float",
             "per_channel": per_channel, "reduce_range": reduce_range,
             "quantized_nodes": quantized,
             "unquantized_matmuls": len(left)}

@@ -103,8 +103,10 @@ class ServedModel:
         if batch_cost:
             log.info("model %s version %s ready (%s, %s backend, %d worker(s)); batches run on "
                      "a grid of %d held shapes (rows %s, widths %s), planned with their "
-                     "measured times", self.name, self.version, p.task.name, p.backend,
-                     deploy.workers, len(grid.costs), grid.rows, grid.widths)
+                     "measured times (ms, rows x width: %s)", self.name, self.version,
+                     p.task.name, p.backend, deploy.workers, len(grid.costs), grid.rows,
+                     grid.widths, ", ".join(f"{r}x{w} {1000 * t:.1f}"
+                                            for (r, w), t in sorted(grid.costs.items())))
         else:
             log.info("model %s version %s ready (%s, %s backend, %d worker(s)); a forward pass "
                      "costs as much as %d tokens", self.name, self.version, p.task.name,

@@ -279,3 +279,33 @@ def test_static_int8_activations_are_uint8(int8_export):
     # int8 weights (int32: Gemm biases, quantized with the product of both scales)
     assert weight_zero_points <= {onnx.TensorProto.INT8, onnx.TensorProto.INT32}
     assert onnx.TensorProto.INT8 in weight_zero_points
+
+
+def _matmul_output_consumers(path):
+    graph = onnx.load(path).graph
+    consumers = {}
+    for n in graph.node:
+        for name in n.input:
+            consumers.setdefault(name, []).append(n.op_type)
+    return [op for n in graph.node if n.op_type in ("MatMul", "Gemm")
+            for out in n.output for op in consumers.get(out, [])]
+
+
+def test_static_int8_matmul_outputs_stay_float(int8_export, tmp_path):
+    """No QuantizeLinear right after a MatMul/Gemm: ONNX Runtime fuses each into one
+    MatMulIntegerToFloat instead of requantizing its output to uint8 and dequantizing it
+    again before the bias; the requantized graph is still what ``matmul_outputs="quint8"``
+    writes (the benchmark's comparison)."""
+    out, manifest, _ = int8_export
+    assert manifest["backends"]["onnx"]["int8"]["matmul_outputs"] == "float"
+    after = _matmul_output_consumers(out / "onnx" / "model_int8.onnx")
+    assert after and "QuantizeLinear" not in after
+    batches = [(np.array([x["input_ids"]], dtype="int64"), np.array([len(x["input_ids"])]))
+               for x in TEST_ITEMS[:4]]
+    info = quantize_onnx(str(out / "onnx" / "model.onnx"), str(tmp_path / "requant.onnx"),
+                         method="static", calibration_batches=batches, matmul_outputs="quint8")
+    assert info["matmul_outputs"] == "quint8"
+    assert "QuantizeLinear" in _matmul_output_consumers(tmp_path / "requant.onnx")
+    with pytest.raises(Exception, match="matmul_outputs"):
+        quantize_onnx(str(out / "onnx" / "model.onnx"), str(tmp_path / "bad.onnx"),
+                      method="static", calibration_batches=batches, matmul_outputs="int4")

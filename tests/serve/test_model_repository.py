@@ -255,3 +255,21 @@ def test_two_models_in_one_repository(cls_export, tag_export, tmp_path):  # noqa
     assert value(metrics, "ppvarlen_model_version_loaded", model="ner", version="1") == 1
     assert value(metrics, "ppvarlen_model_version_loaded", model="sentiment", version="1") == 0
     assert value(metrics, "ppvarlen_model_version_loaded", model="sentiment", version="2") == 1
+
+
+def test_a_paddle_model_on_a_shape_grid_logs_the_time_of_each_grid_shape(cls_export, tmp_path,  # noqa: F811
+                                                                          caplog):
+    """The batcher plans with the grid shapes' times measured at start; the ready line gives
+    them, so the batches a server formed can be explained from its log."""
+    root = tmp_path / "models"
+    shutil.copytree(cls_export[0], root / "sentiment" / "1")
+    app = create_app(repository=str(root), load_predictor=functools.partial(Predictor,
+                     backend="paddle"), deploy=deploy_settings(repository_poll_s=None))
+    with caplog.at_level(logging.INFO, logger="ppvarlen"), RunningServer(app):
+        pass
+    line = next(r.getMessage() for r in caplog.records if "held shapes" in r.getMessage())
+    rows, widths = (json.loads(x) for x in
+                    line.split("(rows ")[1].split(")")[0].split(", widths "))
+    times = line.split("rows x width: ")[1].rstrip(")").split(", ")
+    assert [t.split()[0] for t in times] == [f"{r}x{w}" for r in rows for w in widths], line
+    assert all(float(t.split()[1]) > 0 for t in times), line
