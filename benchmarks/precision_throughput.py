@@ -158,6 +158,16 @@ def interleaved(runners, batches, repeats):
     return seconds, cpu
 
 
+# --int8-variants: quantize_onnx options of each extra int8 copy (static ones are calibrated
+# on the benchmark's train sample)
+INT8_VARIANTS = {"int8_full_range": dict(reduce_range=False),
+                 "int8_quint8": dict(weight_type="quint8"),
+                 "int8_per_channel": dict(per_channel=True),
+                 "int8_static_qdq": dict(method="static"),
+                 "int8_static_s8": dict(method="static", activation_type="qint8"),
+                 "int8_static_requant": dict(method="static", matmul_outputs="quint8")}
+
+
 def build_runners(export_dir, model, outputs, threads, int8_variants, calibration, only=None):
     """{name: runner}; with ``only`` (a set of names) just those are built.  ``outputs``: the
     task's output specs (a runner names the graph's outputs by them)."""
@@ -174,20 +184,14 @@ def build_runners(export_dir, model, outputs, threads, int8_variants, calibratio
         name = "model.onnx" if precision == "fp32" else f"model_{precision}.onnx"
         builders[f"onnx_{precision}"] = (lambda n=name: parity.onnx_runner(
             os.path.join(onnx_dir, n), outputs, threads=threads))
-    variants = {"int8_full_range": dict(reduce_range=False),
-                "int8_quint8": dict(weight_type="quint8"),
-                "int8_per_channel": dict(per_channel=True),
-                "int8_static_qdq": dict(method="static", calibration_batches=calibration),
-                "int8_static_s8": dict(method="static", calibration_batches=calibration,
-                                       activation_type="qint8"),
-                "int8_static_requant": dict(method="static", calibration_batches=calibration,
-                                            matmul_outputs="quint8")}
-
     def variant(name):
         path = os.path.join(export_dir, "bench", f"{name}.onnx")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if not os.path.exists(path):
-            quantize_onnx(os.path.join(onnx_dir, "model.onnx"), path, **variants[name])
+            options = dict(INT8_VARIANTS[name])
+            if options.get("method") == "static":
+                options["calibration_batches"] = calibration
+            quantize_onnx(os.path.join(onnx_dir, "model.onnx"), path, **options)
         return parity.onnx_runner(path, outputs, threads=threads)
     for name in int8_variants:
         builders[f"onnx_{name}"] = lambda n=name: variant(n)
@@ -415,6 +419,16 @@ def _key_value(item):
     return item
 
 
+def _variant_names(text):
+    """--int8-variants: comma-separated names of INT8_VARIANTS, refused before any export."""
+    names = [v for v in text.split(",") if v]
+    unknown = [v for v in names if v not in INT8_VARIANTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"no int8 variant(s) {unknown}; choose from "
+                                         f"{sorted(INT8_VARIANTS)} ('' for none)")
+    return names
+
+
 def main():
     parser = add_config_args(argparse.ArgumentParser(description=__doc__))
     parser.add_argument("--checkpoint")
@@ -429,9 +443,10 @@ def main():
                         help="time only these runners (+ onnx_fp32, the reference without "
                              "eager), e.g. onnx_int8: eager ERNIE-medium takes ~18 min per "
                              "256 texts")
-    parser.add_argument("--int8-variants",
+    parser.add_argument("--int8-variants", type=_variant_names,
                         default="int8_full_range,int8_quint8,int8_per_channel,int8_static_qdq",
-                        help="extra int8 copies to time ('' for none)")
+                        help="extra int8 copies to time ('' for none): "
+                             + ", ".join(INT8_VARIANTS))
     parser.add_argument("--out", default=None, help="JSON/PNG here (default: --work)")
     parser.add_argument("--serve", action="store_true",
                         help="serve auto (each backend) vs ONNX Runtime fp32 and load them (module "
@@ -502,7 +517,7 @@ def main():
         export_model(model, meta, encoder, cfg, export_dir, ["paddle", "onnx"],
                      ["fp32", "bf16", "fp16", "int8"], verify=False,
                      calibration_examples=lambda: load_train_sample(cfg, encoder, meta["task"]))
-    variants = [v for v in args.int8_variants.split(",") if v]
+    variants = args.int8_variants
     only = set(args.only.split(",")) | {"onnx_fp32"} if args.only else None
     from ppvarlen.tasks import get_task
 

@@ -131,13 +131,13 @@ def _quantize(src, dst, method, weight_type, per_channel, reduce_range, calibrat
             if matmul_outputs not in MATMUL_OUTPUTS:
                 raise ExportFailedError(f"int8 matmul_outputs {matmul_outputs!r} not valid; "
                                         f"choose {list(MATMUL_OUTPUTS)}")
-            float_out = {"OpTypesToExcludeOutputQuantization": INT8_OP_TYPES}
             quantize_static(folded, dst, _Calibration(calibration_batches, input_names),
                             quant_format=QuantFormat.QDQ, op_types_to_quantize=INT8_OP_TYPES,
                             activation_type=_weight_type(activation_type),
                             weight_type=_weight_type(weight_type), per_channel=per_channel,
                             reduce_range=reduce_range,
-                            extra_options=float_out if matmul_outputs == "float" else {})
+                            extra_options={"OpTypesToExcludeOutputQuantization": INT8_OP_TYPES}
+                            if matmul_outputs == "float" else {})
         else:
             raise ExportFailedError(f"int8 method {method!r} not valid; choose dynamic or static")
     quantized = quantized_node_count(onnx.load(dst, load_external_data=False))

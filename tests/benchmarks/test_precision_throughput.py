@@ -57,3 +57,26 @@ def test_trained_weights_are_kept_and_reused_without_training(bench, tmp_path, m
     from ppvarlen.models.weights import read_weights
 
     assert sorted(read_weights(kept[0])) == sorted(trained.state_dict())  # no pickle: safetensors
+
+
+def test_an_unknown_int8_variant_is_refused_before_any_export(bench):
+    """--int8-variants is checked when the arguments are parsed, naming the unknown name and
+    the known ones (not a KeyError after the export and the warm-up)."""
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match=r"\['int8_bogus'\].*int8_static_requant"):
+        bench._variant_names("int8_static_qdq,int8_bogus")
+    assert bench._variant_names("") == []
+    assert bench._variant_names("int8_static_requant") == ["int8_static_requant"]
+
+
+def test_every_int8_variant_the_docs_name_exists(bench):
+    from test_doc_commands import documented_commands
+
+    named = [(page, v) for page, script, args in documented_commands()
+             if script == "benchmarks/precision_throughput.py"
+             for flag, value in zip(args, args[1:])
+             if flag == "--int8-variants" and not value.startswith("-")  # "" dropped
+             for v in value.split(",") if v]
+    assert named, "the docs show no --int8-variants value"
+    assert [(page, v) for page, v in named if v not in bench.INT8_VARIANTS] == []
