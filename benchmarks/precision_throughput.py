@@ -54,7 +54,7 @@ import time
 
 from ppvarlen.config import add_config_args, load_config
 from ppvarlen.export.precision_speed import one_pass
-from ppvarlen.utils.io import atomic_save_png
+from ppvarlen.utils.io import atomic_save_png, owned_prefix, reap_dead_owners
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ERNIE_MEDIUM = {"hidden_size": 768, "num_hidden_layers": 6, "num_attention_heads": 12,
@@ -191,7 +191,16 @@ def build_runners(export_dir, model, outputs, threads, int8_variants, calibratio
             options = dict(INT8_VARIANTS[name])
             if options.get("method") == "static":
                 options["calibration_batches"] = calibration
-            quantize_onnx(os.path.join(onnx_dir, "model.onnx"), path, **options)
+            # written under this process' name and renamed in: a killed run leaves no half
+            # file for the next run to time (and its debris is reaped then)
+            reap_dead_owners(os.path.dirname(path))
+            tmp = os.path.join(os.path.dirname(path), owned_prefix(".tmp-" + name) + "onnx")
+            try:
+                quantize_onnx(os.path.join(onnx_dir, "model.onnx"), tmp, **options)
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
         return parity.onnx_runner(path, outputs, threads=threads)
     for name in int8_variants:
         builders[f"onnx_{name}"] = lambda n=name: variant(n)

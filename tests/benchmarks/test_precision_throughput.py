@@ -1,6 +1,7 @@
 """benchmarks/precision_throughput.py's training of a random-init model (``--train-steps``),
 on a toy classifier: the loss falls, the weights are kept (safetensors) and a second run
 reuses them without training.  No export, no server."""
+import os
 import types
 
 import numpy as np
@@ -80,3 +81,36 @@ def test_every_int8_variant_the_docs_name_exists(bench):
              for v in value.split(",") if v]
     assert named, "the docs show no --int8-variants value"
     assert [(page, v) for page, v in named if v not in bench.INT8_VARIANTS] == []
+
+
+def test_an_int8_variant_file_appears_whole_or_not_at_all(bench, tmp_path, monkeypatch):
+    """A variant is quantized under its process' name and renamed in: a quantization that
+    fails leaves neither the variant nor its temp file (a later run would time half a file),
+    and a dead run's temp file is reaped."""
+    from ppvarlen.export import parity, quantize
+    from ppvarlen.utils.io import owned_prefix
+
+    bench_dir = tmp_path / "export" / "bench"
+    bench_dir.mkdir(parents=True)
+    dead = bench_dir / (owned_prefix(".tmp-int8_static_qdq").replace(
+        f".pid{os.getpid()}.", ".pid999999999.") + "onnx")  # no such process
+    dead.write_bytes(b"half")
+    monkeypatch.setattr(parity, "onnx_runner", lambda path, outputs, threads: path)
+
+    def failing(src, dst, **options):
+        open(dst, "wb").write(b"half a graph")
+        raise RuntimeError("killed mid-way")
+    monkeypatch.setattr(quantize, "quantize_onnx", failing)
+    with pytest.raises(RuntimeError, match="mid-way"):
+        bench.build_runners(str(tmp_path / "export"), None, [], 1, ["int8_static_qdq"], [],
+                            only={"onnx_int8_static_qdq"})
+    assert list(bench_dir.iterdir()) == []
+
+    def writing(src, dst, **options):
+        assert options == {"method": "static", "calibration_batches": ["c"]}
+        open(dst, "wb").write(b"graph")
+    monkeypatch.setattr(quantize, "quantize_onnx", writing)
+    runners = bench.build_runners(str(tmp_path / "export"), None, [], 1, ["int8_static_qdq"],
+                                  ["c"], only={"onnx_int8_static_qdq"})
+    assert runners == {"onnx_int8_static_qdq": str(bench_dir / "int8_static_qdq.onnx")}
+    assert [p.name for p in bench_dir.iterdir()] == ["int8_static_qdq.onnx"]
