@@ -17,6 +17,7 @@ them in ``settings`` (parity.json keeps the checked ones; tests compare the two)
 """
 import os
 import tempfile
+import threading
 
 import numpy as np
 
@@ -119,15 +120,18 @@ class ShapeGrid:
     On a grid every batch, once warm, runs at a held shape: padded up to the next grid width
     (pad tokens) and the next grid rows (copies of its first row, their answers dropped); the
     models are padding- and batch-invariant (admission checks both).  ``costs`` holds each
-    shape's measured seconds (``Predictor.warmup``), which the server's batcher plans with.
-    A batch with more rows than the grid's most runs in pieces (``Predictor._run_rows``); one
-    no grid shape covers otherwise runs at its own shape (``off_grid`` counts them).  One grid
-    per process, as Paddle's cache is: clones share it."""
+    shape's seconds, which the server's batcher plans with: the fastest run of the shape seen
+    so far (``observe``: warm-up passes, then every batch), so a figure a busy start-up
+    inflated falls once the shape runs on a quieter host.  A batch with more rows than the
+    grid's most runs in pieces (``Predictor._run_rows``); one no grid shape covers otherwise
+    runs at its own shape (``off_grid`` counts them).  One grid per process, as Paddle's
+    cache is: clones share it."""
 
     def __init__(self, capacity, max_rows, max_width):
         self.rows, self.widths = grid_axes(capacity, max_rows, max_width)
         self.costs = {}
         self.off_grid = 0  # batches no grid shape covers, run at their own shape
+        self._lock = threading.Lock()  # worker threads observe their runs concurrently
 
     def shapes(self):
         return [(r, w) for r in self.rows for w in self.widths]
@@ -144,6 +148,24 @@ class ShapeGrid:
         """Measured seconds of the grid shape such a batch runs at; None when it runs off the
         grid or the shape was not timed."""
         return self.costs.get((grid_cover(self.rows, rows), grid_cover(self.widths, width)))
+
+    def observe(self, rows, width, seconds):
+        """A run of (rows, width) took ``seconds``: keep it as the shape's cost when it is the
+        fastest yet.  The least time, not the latest or a mean: other work on the host (and
+        the shape's first run, which sets its kernels up) only ever slows a run, and the
+        batcher compares shapes with each other, so their uncontended costs are what it needs.
+        Shapes off the grid are not kept."""
+        if rows not in self.rows or width not in self.widths:
+            return
+        with self._lock:
+            held = self.costs.get((rows, width))
+            if held is None or seconds < held:
+                self.costs[(rows, width)] = seconds
+
+    def times_ms(self):
+        """{"ROWSxWIDTH": milliseconds} of the shapes timed, in grid order (logs, metrics)."""
+        with self._lock:
+            return {f"{r}x{w}": round(1000 * t, 1) for (r, w), t in sorted(self.costs.items())}
 
 
 def check_precision(manifest, backend, precision):

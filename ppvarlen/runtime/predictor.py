@@ -31,6 +31,10 @@ from ppvarlen.runtime import precision_choice
 from ppvarlen.runtime.backends import build_engine, input_names
 from ppvarlen.runtime.manifest import UnservableExportError, load_manifest, require_listed
 
+# Passes over a Paddle oneDNN shape grid at warm-up: one sets each shape's kernels up, two more
+# time it (``Predictor.warmup``); an ERNIE-base-sized grid takes seconds per pass.
+GRID_WARMUP_PASSES = 3
+
 
 class NonFiniteOutput(RuntimeError):
     """The model produced NaN or inf for a text: a broken model version, never an answer."""
@@ -161,18 +165,18 @@ class Predictor:
 
     def warmup(self, lengths=(8, 32, 128)):
         """Run a few batch shapes once so the first requests skip kernel set-up; not counted.
-        An engine with a ``ShapeGrid`` runs every grid shape instead, twice, and keeps the
-        second run's seconds in ``grid.costs`` (the batcher plans with them; clones share the
-        grid, the first to warm up times it).  Paddle caches oneDNN kernels per thread: call
-        this in the thread that will run the batches."""
+        An engine with a ``ShapeGrid`` runs every grid shape instead, in ``GRID_WARMUP_PASSES``
+        passes over the grid (the first sets each shape's kernels up); every run is timed
+        (``run_engine``) and each shape keeps its fastest, which the batcher plans with.  A
+        burst of other work during one pass slows different shapes in different passes, so
+        the fastest of two timed passes is seldom inflated; clones share the grid.  Paddle
+        caches oneDNN kernels per thread: call this in the thread that will run the
+        batches."""
         grid = getattr(self.engine, "shape_grid", None)
         if grid is not None:
-            for rows, width in grid.shapes():
-                ids = [[self.encoder.unk_id] * width] * rows
-                self.run_engine(ids)
-                start = time.perf_counter()
-                self.run_engine(ids)
-                grid.costs.setdefault((rows, width), time.perf_counter() - start)
+            for _ in range(GRID_WARMUP_PASSES):
+                for rows, width in grid.shapes():
+                    self.run_engine([[self.encoder.unk_id] * width] * rows)
             self._reset_counters()
             return
         if self.task.generates:  # every run decodes many steps of growing shapes already
@@ -331,11 +335,15 @@ class Predictor:
         n = len(id_lists)
         width = max(max(len(x) for x in id_lists), int(width or 0))
         rows, width = grid.fit(n, width)
+        start = time.perf_counter()
         if rows == n:
-            return self._run_exact(id_lists, extras, width)
+            result = self._run_exact(id_lists, extras, width)
+            grid.observe(rows, width, time.perf_counter() - start)
+            return result
         copies = rows - n
         out, seq_len = self._run_exact(list(id_lists) + [id_lists[0]] * copies,
                                        extras and list(extras) + [extras[0]] * copies, width)
+        grid.observe(rows, width, time.perf_counter() - start)
         self.real_tokens -= copies * len(id_lists[0])  # the copies are padding
         out = {name: value[:n] if getattr(value, "ndim", 1) and len(value) == rows else value
                for name, value in out.items()}

@@ -67,6 +67,7 @@ class ServedModel:
         self.batcher = None
         self.example = None  # (the task's example items, this version's predictions of them)
         self.overhead_tokens = None
+        self.shape_grid = None  # Paddle oneDNN: the grid its batches run on, with their costs
         self.unhealthy = None  # why this version stopped being trusted (non-finite outputs)
         self.stats = VersionStats()  # Triton's statistics extension
         self.settings = None  # the Deploy section it started with (the model config reads it)
@@ -83,7 +84,7 @@ class ServedModel:
         predictors = [p] + [p.clone() for _ in range(deploy.workers - 1)]
         # a Paddle oneDNN shape grid: the batcher plans with its measured cost per shape
         # (timing other shapes would put them in Paddle's cache, dropping grid shapes)
-        grid = getattr(p.engine, "shape_grid", None)
+        self.shape_grid = grid = getattr(p.engine, "shape_grid", None)
         batch_cost = grid.cost if grid is not None else None
         self.overhead_tokens = deploy.batch_overhead_tokens
         if self.overhead_tokens is None:
@@ -102,16 +103,24 @@ class ServedModel:
                                       batch_cost, warmup=lambda q: q.warmup())
         if batch_cost:
             log.info("model %s version %s ready (%s, %s backend, %d worker(s)); batches run on "
-                     "a grid of %d held shapes (rows %s, widths %s), planned with their "
-                     "measured times (ms, rows x width: %s)", self.name, self.version,
+                     "a grid of %d held shapes (rows %s, widths %s), planned with each "
+                     "shape's fastest run so far (/metrics.json shape_grid_ms follows them; "
+                     "now, ms, rows x width: %s)", self.name, self.version,
                      p.task.name, p.backend, deploy.workers, len(grid.costs), grid.rows,
-                     grid.widths, ", ".join(f"{r}x{w} {1000 * t:.1f}"
-                                            for (r, w), t in sorted(grid.costs.items())))
+                     grid.widths, ", ".join(f"{shape} {ms}"
+                                            for shape, ms in grid.times_ms().items()))
         else:
             log.info("model %s version %s ready (%s, %s backend, %d worker(s)); a forward pass "
                      "costs as much as %d tokens", self.name, self.version, p.task.name,
                      p.backend, deploy.workers, self.overhead_tokens)
         return self
+
+    def batch_metrics(self):
+        """The batcher's counters (``/metrics.json``), with the grid shapes' current costs."""
+        out = self.batcher.metrics()
+        if self.shape_grid is not None:
+            out["shape_grid_ms"] = self.shape_grid.times_ms()
+        return out
 
     def stop_waiting(self):
         batcher = self.batcher

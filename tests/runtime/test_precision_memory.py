@@ -200,10 +200,60 @@ def test_batches_on_the_grid_keep_every_answer(mlp_export):
     assert gridded.real_tokens == exact.real_tokens == real
     assert gridded.padded_tokens > exact.padded_tokens and grid.off_grid == 0
     clone = gridded.clone()
-    assert clone.engine.shape_grid is grid  # one grid per process, timed once
+    assert clone.engine.shape_grid is grid  # one grid per process: every worker's runs time it
     for bad in (2, "yes", 1.0):
         with pytest.raises(ConfigError, match=r"Deploy\.onednn_shape_grid is .*; it must"):
             Predictor(mlp_export, "paddle", precision="fp32", onednn_shape_grid=bad)
+
+
+def test_grid_costs_keep_each_shapes_fastest_run():
+    """The batcher plans with each grid shape's fastest run seen: a slower run (other work on
+    the host, a shape's first run) never raises it; shapes off the grid are not kept."""
+    from ppvarlen.runtime.backends import ShapeGrid
+
+    grid = ShapeGrid(9, 64, 256)
+    for seconds in (0.5, 0.2, 0.9):
+        grid.observe(4, 128, seconds)
+    assert grid.costs == {(4, 128): 0.2}
+    grid.observe(3, 128, 0.01)  # a batch of 3 runs at 4 rows: (3, 128) is no grid shape
+    grid.observe(17, 10, 0.01)  # off the grid
+    grid.observe(1, 64, 0.0375)
+    assert grid.costs == {(4, 128): 0.2, (1, 64): 0.0375}
+    assert grid.times_ms() == {"1x64": 37.5, "4x128": 200.0}
+
+
+def test_a_busy_start_does_not_set_the_grid_costs(mlp_export):
+    """A burst of other work during warm-up slows one shape's run: the shape's cost is its
+    fastest warm-up pass, not the slowed run; a served batch faster than a shape's cost
+    lowers it (the figures of a start-up on a busy host fall once traffic runs the shapes)."""
+    import time
+
+    from ppvarlen.runtime.predictor import GRID_WARMUP_PASSES, Predictor
+
+    predictor = Predictor(mlp_export, "paddle", precision="fp32")
+    grid, engine = predictor.engine.shape_grid, predictor.engine
+    burst = (grid.rows[-1], grid.widths[-1])
+    runs = {}
+    real_run = engine.run
+
+    def run(input_ids, *rest):
+        shape = tuple(input_ids.shape)
+        runs[shape] = runs.get(shape, 0) + 1
+        if shape == burst and runs[shape] == 2:  # the second pass, which used to be the timing
+            time.sleep(0.5)
+        return real_run(input_ids, *rest)
+
+    engine.run = run
+    predictor.warmup()
+    assert GRID_WARMUP_PASSES >= 3 and runs[burst] == GRID_WARMUP_PASSES
+    assert sorted(grid.costs) == sorted(grid.shapes())
+    assert grid.costs[burst] < 0.5, grid.times_ms()
+
+    grid.costs[(1, grid.widths[0])] = 10.0  # as a start-up on a busy host may have timed it
+    low = max(predictor.encoder.pad_id, predictor.encoder.unk_id) + 1
+    predictor._run_rows([[low] * (grid.widths[0] - 1)])
+    assert grid.costs[(1, grid.widths[0])] < 10.0
+    assert predictor.real_tokens == grid.widths[0] - 1  # traffic is counted as before
 
 
 def _child(export_dir, backend, precision, grid):

@@ -260,16 +260,22 @@ def test_two_models_in_one_repository(cls_export, tag_export, tmp_path):  # noqa
 def test_a_paddle_model_on_a_shape_grid_logs_the_time_of_each_grid_shape(cls_export, tmp_path,  # noqa: F811
                                                                           caplog):
     """The batcher plans with the grid shapes' times measured at start; the ready line gives
-    them, so the batches a server formed can be explained from its log."""
+    them, so the batches a server formed can be explained from its log, and /metrics.json
+    gives them as traffic lowers them (each shape's fastest run)."""
     root = tmp_path / "models"
     shutil.copytree(cls_export[0], root / "sentiment" / "1")
     app = create_app(repository=str(root), load_predictor=functools.partial(Predictor,
                      backend="paddle"), deploy=deploy_settings(repository_poll_s=None))
-    with caplog.at_level(logging.INFO, logger="ppvarlen"), RunningServer(app):
-        pass
+    with caplog.at_level(logging.INFO, logger="ppvarlen"), RunningServer(app) as srv:
+        for text in TEXTS:
+            assert httpx.post(srv.url + "/predict", json={"texts": [text]}).status_code == 200
+        now = httpx.get(srv.url + "/metrics.json").json()["shape_grid_ms"]
     line = next(r.getMessage() for r in caplog.records if "held shapes" in r.getMessage())
     rows, widths = (json.loads(x) for x in
                     line.split("(rows ")[1].split(")")[0].split(", widths "))
     times = line.split("rows x width: ")[1].rstrip(")").split(", ")
     assert [t.split()[0] for t in times] == [f"{r}x{w}" for r in rows for w in widths], line
     assert all(float(t.split()[1]) > 0 for t in times), line
+    at_start = {t.split()[0]: float(t.split()[1]) for t in times}
+    assert list(now) == list(at_start)
+    assert all(0 < now[shape] <= at_start[shape] for shape in now), (now, at_start)

@@ -112,7 +112,7 @@ def router(plane, direct):
     async def get_metrics_json():
         out = plane.metrics.snapshot()
         models = plane.registry.models()
-        batchers = [m.batcher.metrics() for m in models if m.batcher is not None]
+        batchers = [m.batch_metrics() for m in models if m.batcher is not None]
         out.update(batchers[0] if len(batchers) == 1 else {"models": batchers})
         out["settings"] = {"max_wait_ms": deploy.max_wait_ms,
                            "max_batch_tokens": deploy.max_batch_tokens,
