@@ -433,7 +433,7 @@ INFER_KEYS = (INFER_DEPLOY_KEY,) + tuple(f"Data.{k}" for k in COLUMN_KEYS)
 def main_infer(argv=None):
     """Predict every line of a file with an exported model; JSONL out, in input order.
 
-        ppvarlen-infer --model-dir output/export --backend paddle|onnx \\
+        ppvarlen-infer --model-dir output/export --backend paddle|onnx|auto \\
             --input texts.txt|texts.jsonl [--output preds.jsonl]
             [--precision fp32|bf16|fp16|int8|auto]
         python deploy/python/infer.py ...                          # the same command
@@ -460,7 +460,8 @@ def main_infer(argv=None):
     """
     parser = _parser(main_infer, config=False)
     parser.add_argument("--model-dir", required=True, help="export directory (has manifest.json)")
-    parser.add_argument("--backend", choices=["paddle", "onnx"], default="paddle")
+    parser.add_argument("--backend", choices=["paddle", "onnx", "auto"], default="paddle",
+                        help="auto: the backend (and precision) this CPU runs fastest")
     parser.add_argument("--input", required=True, help=".jsonl (a request item per line, in "
                         "the task's fields), .txt (a text per line; one-text tasks), or a "
                         "training data file (.tsv, .csv, .conll, .parquet, plain or .gz: read "
@@ -512,7 +513,7 @@ def _infer(args):
                              threads=args.threads, max_batch_tokens=args.max_batch_tokens,
                              max_batch_size=args.max_batch_size, tensorrt=args.tensorrt,
                              split_long_sources=args.split_long_sources)
-    if args.precision == "auto":  # chosen on this host (as the server chooses): say what
+    if "auto" in (args.precision, args.backend):  # chosen on this host, as the server does
         setup_logging()
     predictor = load(args.model_dir, precision=args.precision)
     summary = run_file(predictor, args.input, args.output, progress=not args.no_progress,
@@ -526,14 +527,15 @@ def main_serve(argv=None):
     """Serve an export directory over HTTP with dynamic batching.
 
         ppvarlen-serve --model-dir output/export [--host 127.0.0.1] [--port 8080]
-            [--backend paddle|onnx] [--precision auto|fp32|bf16|fp16|int8]
+            [--backend paddle|onnx|auto] [--precision auto|fp32|bf16|fp16|int8]
             [-o Deploy.max_wait_ms=5 -o Deploy.max_batch_size=64 ...]
         python deploy/python/serve.py ...                          # the same command
 
     POST /predict {"texts": [...]}, GET /health, GET /metrics (Prometheus), /metrics.json,
     the Open Inference Protocol v2 under /v2 (docs/SERVING.md).  Ctrl-C / SIGTERM stop
     taking requests and finish the queued ones before exiting.  --precision auto (the
-    default) serves the fastest precision the export verified, timed on this host at load.
+    default) serves the fastest precision the export verified, timed on this host at load;
+    --backend auto chooses the backend the same way.
     """
     parser = _parser(main_serve, config=False)
     where = parser.add_mutually_exclusive_group(required=True)
@@ -541,8 +543,9 @@ def main_serve(argv=None):
     where.add_argument("--model-repository", help="directory of NAME/VERSION/ export "
                        "directories: the newest verified version serves, new ones hot-reload "
                        "(docs/SERVING.md)")
-    parser.add_argument("--backend", choices=["paddle", "onnx"], default=None,
-                        help="default: Deploy.backend (paddle)")
+    parser.add_argument("--backend", choices=["paddle", "onnx", "auto"], default=None,
+                        help="default: Deploy.backend (paddle); auto: the backend (and "
+                        "precision) this CPU runs fastest")
     parser.add_argument("--host", default=None, help="default: Deploy.host (127.0.0.1)")
     parser.add_argument("--port", type=int, default=None,
                         help="default: Deploy.port (8080); 0 takes a free port (see --port-file)")

@@ -270,8 +270,10 @@ SCHEMA = {
                                      "null = the whole test split"),
     },
     "Deploy": {
-        "backend": Field(str, "paddle", choices=["paddle", "onnx"],
-                         help="inference engine: Paddle Inference or ONNX Runtime"),
+        "backend": Field(str, "paddle", choices=["paddle", "onnx", "auto"],
+                         help="inference engine: Paddle Inference or ONNX Runtime; auto: the "
+                         "one of the export's backends (and its precision) this CPU runs "
+                         "fastest, timed at load like precision auto (off CPU: paddle)"),
         "host": Field(str, "127.0.0.1", help="address the server binds (0.0.0.0 to accept "
                       "other machines)"),
         "port": Field(int, 8080, help="the server's TCP port"),

@@ -424,9 +424,9 @@ def import_runtime(backend):
     """Import the backend's runtime now.  A server calls this before it installs its signal
     handlers: importing Paddle installs glog's failure handlers, SIGTERM among them (a process
     that gets SIGTERM then dies printing "Termination signal" instead of draining)."""
-    if backend == "paddle":
+    if backend in ("paddle", "auto"):
         import paddle.inference  # noqa: F401
-    elif backend == "onnx":
+    if backend in ("onnx", "auto"):
         import onnxruntime  # noqa: F401
-    else:
-        raise ConfigError(f"unknown backend {backend!r}; choose paddle or onnx")
+    if backend not in ("paddle", "onnx", "auto"):
+        raise ConfigError(f"unknown backend {backend!r}; choose paddle, onnx or auto")

@@ -21,7 +21,10 @@ can run, admits each
 the admission batches (``measure``: interleaved rounds until ``TIME_BUDGET_S``) and serves
 the fastest that beats fp32 by ``AUTO_MIN_GAIN``.  The choice, both speeds and the CPU's
 flags are logged and kept as ``predictor.precision_choice`` (the server shows it on
-``/health``, ``/v2/models/M/config`` and ``/metrics``).
+``/health``, ``/v2/models/M/config`` and ``/metrics``).  ``backend="auto"`` (Deploy.backend)
+chooses the backend by the same rule: the candidates of every backend the export holds are
+timed together, keyed (backend, precision), and a reduced precision must beat the faster
+backend's fp32.
 
 The candidates are loaded and timed in a child process (``choose_in_child``); this process
 then loads and admits only the chosen one.  Paddle Inference keeps every predictor's oneDNN
@@ -47,6 +50,7 @@ from ppvarlen.utils import parallel
 from ppvarlen.utils.log import get_logger, setup_logging
 
 from ppvarlen.runtime import admission
+from ppvarlen.runtime.manifest import UnservableExportError, load_manifest
 
 log = get_logger("runtime.precision")
 _quiet = threading.local()  # set while auto loads candidates: not "requested", so no warnings
@@ -210,11 +214,25 @@ def measure(predictors, batches, budget_s=TIME_BUDGET_S, clock=time.process_time
 
 
 def pick(speeds):
-    """The fastest precision of {precision: speed}; a reduced one only when it beats fp32
-    by ``AUTO_MIN_GAIN``."""
-    ref = speeds["fp32"]
-    fast = {p: v for p, v in speeds.items() if p == "fp32" or v >= AUTO_MIN_GAIN * ref}
-    return max(sorted(fast), key=lambda p: fast[p])
+    """The fastest of {(backend, precision): speed}; a reduced precision only when it beats
+    the fastest fp32 by ``AUTO_MIN_GAIN`` (between backends' fp32, the faster)."""
+    ref = max(v for (_, p), v in speeds.items() if p == "fp32")
+    fast = {k: v for k, v in speeds.items() if k[1] == "fp32" or v >= AUTO_MIN_GAIN * ref}
+    return max(sorted(fast), key=lambda k: fast[k])
+
+
+def export_backends(manifest, precision="auto"):
+    """The backends an export holds (Paddle first) that hold ``precision`` (``auto``: any):
+    what ``Deploy.backend: auto`` chooses among."""
+    held = manifest.get("precisions") or {}
+    return [b for b in ("paddle", "onnx") if b in (manifest.get("backends") or {})
+            and (precision == "auto" or precision in held.get(b, ["fp32"]))]
+
+
+def _auto_backend(load):
+    """True when ``load`` (a ``functools.partial`` of ``Predictor``) leaves the backend to
+    the serving host: ``backend="auto"``."""
+    return isinstance(load, functools.partial) and load.keywords.get("backend") == "auto"
 
 
 @contextlib.contextmanager
@@ -236,13 +254,24 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
 
     An explicit precision is served as asked; its admission failure names it ("int8:
     padding check: ...").  ``auto`` on CPU: see the module docstring; a candidate that fails
-    to load or admit is skipped with a log line, fp32 still serves."""
-    auto = requested == "auto" and device == "cpu"
+    to load or admit is skipped with a log line, fp32 still serves.  A loader with
+    ``backend="auto"`` (``Deploy.backend: auto``) on CPU chooses the backend the same way,
+    among the export's backends that hold the requested precision (every verified one for
+    ``auto``); off CPU it loads Paddle Inference."""
+    any_backend = _auto_backend(load)
+    if any_backend and device != "cpu":
+        log.info("backend auto on %s: serving Paddle Inference (the %s path; CPU timings say "
+                 "nothing about it)", device, device)
+        load, any_backend = functools.partial(load, backend="paddle"), False
+    auto = device == "cpu" and (requested == "auto" or any_backend)
     choice = None
     if auto:
-        choice = choose_in_child(load, export_dir) if CHOOSE_IN_CHILD else choose(load, export_dir)
+        choice = choose_in_child(load, export_dir, requested) if CHOOSE_IN_CHILD \
+            else choose(load, export_dir, requested)
+    chosen = {"backend": choice["backend"]} if any_backend else {}
     with _candidate() if auto else contextlib.nullcontext():  # chosen, not requested: no warnings
-        predictor = load(export_dir, precision=choice["precision"] if auto else requested)
+        predictor = load(export_dir, precision=choice["precision"] if auto else requested,
+                         **chosen)
     try:
         predictor.admission = admission.admit(predictor, renderers=renderers)
     except admission.AdmissionError as e:
@@ -250,6 +279,7 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
             e.args = (f"{predictor.precision}: {e}",)
         raise
     predictor.precision_choice = choice or as_requested(predictor.precision, requested)
+    predictor.precision_choice.setdefault("backend", predictor.backend)
     return predictor
 
 
@@ -291,16 +321,18 @@ def rebuild_loader(description):
     return functools.partial(func, **description["kwargs"])
 
 
-def choose_in_child(load, export_dir):
-    """``choose(load, export_dir)`` run in a child process (module docstring: the candidates'
+def choose_in_child(load, export_dir, requested="auto"):
+    """``choose(load, export_dir, requested)`` run in a child process (module docstring: the candidates'
     kernels stay out of this process) -> the choice.  When the child fails, the choice is
     made here instead, so its error (an fp32 that fails admission, a broken export) is
     raised as itself."""
     loader = describe_loader(load)
     if loader is None:
         return _choose_here("it could not start: its loader is not a functools.partial of a "
-                            "module-level callable with JSON keyword arguments", load, export_dir)
+                            "module-level callable with JSON keyword arguments", load,
+                            export_dir, requested)
     request = json.dumps({"loader": loader, "export_dir": export_dir, "parent": os.getpid(),
+                          "requested": requested,
                           "level": get_logger("ppvarlen").level}).encode("utf-8")
     # the child imports the loader's module from the same paths as this process
     path = [p or os.getcwd() for p in sys.path]
@@ -310,22 +342,22 @@ def choose_in_child(load, export_dir):
                               stdout=subprocess.PIPE, env=env, timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return _choose_here(f"it had not chosen after {CHILD_TIMEOUT_S}s and was killed",
-                            load, export_dir)
+                            load, export_dir, requested)
     except OSError as e:
-        return _choose_here(f"it could not start: {e}", load, export_dir)
+        return _choose_here(f"it could not start: {e}", load, export_dir, requested)
     try:
         reply = json.loads(done.stdout.decode("utf-8"))
     except ValueError:
         reply = {"error": f"it exited with status {done.returncode} and no answer"}
     if "error" in reply:
-        return _choose_here(reply["error"], load, export_dir)
+        return _choose_here(reply["error"], load, export_dir, requested)
     return reply
 
 
-def _choose_here(why, load, export_dir):
+def _choose_here(why, load, export_dir, requested):
     log.warning("precision auto: timing the candidates in a child process failed (%s); "
                 "choosing in this process", why)
-    return choose(load, export_dir)
+    return choose(load, export_dir, requested)
 
 
 def _child_main():
@@ -339,44 +371,94 @@ def _child_main():
         return
     setup_logging(request["level"] or logging.INFO)
     try:
-        reply = choose(rebuild_loader(request["loader"]), request["export_dir"])
+        reply = choose(rebuild_loader(request["loader"]), request["export_dir"],
+                       request.get("requested", "auto"))
     except Exception as e:  # noqa: BLE001 - the parent chooses again and raises the error
         reply = {"error": f"it reported {type(e).__name__}: {e}"}
     with answer:
         json.dump(reply, answer)
 
 
-def choose(load, export_dir):
+def _candidates(fp32, requested):
+    """The precisions of ``fp32``'s backend to time for ``requested``: fp32 and the reduced
+    ones the export verified that this host can run (``auto``), or the one asked for."""
+    if requested == "auto":
+        return ["fp32"] + host_candidates(fp32.manifest, fp32.backend)
+    return [requested]
+
+
+def choose(load, export_dir, requested="auto"):
     """The ``auto`` choice on this CPU (module docstring), made in this process: loads, admits
-    and times the candidates, frees them -> {precision, requested, reason, texts_per_cpu_s}."""
-    fp32 = load(export_dir, precision="fp32")
-    fp32.admission = admission.admit(fp32)
-    admitted = {"fp32": fp32}
-    for p in host_candidates(fp32.manifest, fp32.backend):
+    and times the candidates, frees them -> {precision, backend, requested, reason,
+    texts_per_cpu_s}.  A loader with ``backend="auto"`` times the candidates of every
+    backend of the export that holds ``requested`` (an explicit precision: that one on each)."""
+    if not _auto_backend(load):
+        backends, several = [None], False
+    else:
+        # the manifest is checked in full (files, hashes) when each candidate loads it
+        backends = export_backends(load_manifest(export_dir, verify=False), requested)
+        if not backends:
+            raise UnservableExportError(f"no backend of {export_dir} holds precision "
+                                        f"{requested!r} (manifest.precisions); re-export with "
+                                        f"it or ask for another")
+        several = len(backends) > 1
+    first_precision = "fp32" if requested == "auto" else requested
+    admitted, failures = {}, []
+    for backend in backends:
+        own = {} if backend is None else {"backend": backend}
         try:
-            with _candidate():
-                candidate = load(export_dir, precision=p)
-            candidate.admission = admission.admit(candidate)
-        except Exception as e:  # noqa: BLE001 - a candidate that fails anything is not served
-            log.warning("precision auto: %s (verified on the export host) skipped: it fails "
-                        "on this host: %s", p, e)
+            with _candidate() if requested == "auto" else contextlib.nullcontext():
+                first = load(export_dir, precision=first_precision, **own)
+            first.admission = admission.admit(first)
+        except Exception as e:  # noqa: BLE001 - one backend failing leaves the others
+            if not several:
+                raise
+            log.warning("backend auto: %s skipped: its %s fails on this host: %s",
+                        backend, first_precision, e)
+            failures.append(f"{backend}: {e}")
             continue
-        admitted[p] = candidate
+        admitted[(first.backend, first_precision)] = first
+        for p in _candidates(first, requested)[1:]:
+            try:
+                with _candidate():
+                    candidate = load(export_dir, precision=p, **own)
+                candidate.admission = admission.admit(candidate)
+            except Exception as e:  # noqa: BLE001 - a candidate that fails anything is not served
+                log.warning("precision auto: %s (verified on the export host) skipped: it fails "
+                            "on this host: %s", p, e)
+                continue
+            admitted[(candidate.backend, p)] = candidate
+    if not admitted:
+        raise UnservableExportError("backend auto: no backend of this export loads and passes "
+                                    "admission here: " + "; ".join(failures))
     flags = " ".join(cpu_flags()) or "unknown"
+    what = "backend and precision" if several else "precision"
+    name = (lambda k: f"{k[0]} {k[1]}") if several else (lambda k: k[1])
+    only = next(iter(admitted))
     if len(admitted) == 1:
-        reason = "no other precision the export verified runs and passes admission here"
-        log.info("precision auto: fp32 for backend %s (%s; CPU flags: %s)",
-                 fp32.backend, reason, flags)
-        return {**as_requested("fp32", "auto"), "reason": reason}
-    speeds, rounds, took = measure(admitted, timing_batches(fp32))
+        reason = ("no other precision the export verified runs and passes admission here"
+                  if requested == "auto" else "the one backend that runs it here")
+        log.info("%s auto: %s for backend %s (%s; CPU flags: %s)", what, only[1], only[0],
+                 reason, flags)
+        admitted.clear()
+        return {**as_requested(only[1], requested), "backend": only[0], "reason": reason}
+    speeds, rounds, took = measure(admitted, timing_batches(admitted[only]))
     chosen = pick(speeds)
-    shown = ", ".join(f"{p} {v:.1f}" for p, v in sorted(speeds.items()))
-    reason = (f"fastest on this host: {chosen} {speeds[chosen]:.1f} vs fp32 "
-              f"{speeds['fp32']:.1f} texts/CPU-s" if chosen != "fp32" else
-              f"no precision beat fp32 by {AUTO_MIN_GAIN:.2f}x on this host ({shown} texts/CPU-s)")
-    log.info("precision auto: %s for backend %s: %s (timed on the admission batches, %d "
-             "interleaved rounds in %.1fs%s; CPU flags: %s)", chosen, fp32.backend, reason,
-             rounds, took, f": {shown} texts/CPU-s" if chosen != "fp32" else "", flags)
+    shown = ", ".join(f"{name(k)} {v:.1f}" for k, v in sorted(speeds.items()))
+    fp32s = [k for k in speeds if k[1] == "fp32"]
+    if requested != "auto":
+        reason = f"fastest on this host ({shown} texts/CPU-s)"
+    elif chosen[1] == "fp32" and len(fp32s) < len(speeds):
+        reason = (f"no precision beat fp32 by {AUTO_MIN_GAIN:.2f}x on this host ({shown} "
+                  f"texts/CPU-s)")
+    else:  # against the next fastest (one backend: its fp32)
+        versus = max((k for k in (speeds if several else fp32s) if k != chosen), key=speeds.get)
+        reason = (f"fastest on this host: {name(chosen)} {speeds[chosen]:.1f} vs {name(versus)} "
+                  f"{speeds[versus]:.1f} texts/CPU-s")
+    log.info("%s auto: %s for backend %s: %s (timed on the admission batches, %d interleaved "
+             "rounds in %.1fs%s; CPU flags: %s)", what, chosen[1], chosen[0], reason, rounds,
+             took, "" if shown in reason else f": {shown} texts/CPU-s", flags)
     admitted.clear()
-    return {"precision": chosen, "requested": "auto", "reason": reason,
-            "texts_per_cpu_s": {p: round(v, 1) for p, v in speeds.items()}}
+    return {"precision": chosen[1], "backend": chosen[0], "requested": requested,
+            "reason": reason, "texts_per_cpu_s": {name(k): round(v, 1)
+                                                  for k, v in speeds.items()}}

@@ -80,7 +80,7 @@ class Predictor:
                  max_batch_tokens=8192, max_batch_size=64, tensorrt=False, verify=True,
                  split_long_sources=False, allow_external_symlinks=False,
                  onednn_cache_bytes=None, onednn_shape_grid=None, _shared=None):
-        if _shared is None and precision == "auto" and device == "cpu":
+        if _shared is None and (precision == "auto" and device == "cpu" or backend == "auto"):
             # decided on this host, by the rule the server and ppvarlen-infer use
             chosen = precision_choice.load_admitted(
                 functools.partial(Predictor, backend=backend, device=device, threads=threads,
@@ -90,7 +90,7 @@ class Predictor:
                                   allow_external_symlinks=allow_external_symlinks,
                                   onednn_cache_bytes=onednn_cache_bytes,
                                   onednn_shape_grid=onednn_shape_grid),
-                export_dir, "auto", device)
+                export_dir, precision, device)
             _shared = chosen.__dict__
         if _shared is not None:
             self.__dict__.update(_shared)

@@ -65,10 +65,12 @@ class ServerMetrics:
         self.nonfinite_outputs = Counter("ppvarlen_nonfinite_outputs", "texts refused because "
                                          "the model answered NaN/inf for them",
                                          ["model", "version"], registry=r)
-        self.model_precision = Gauge("ppvarlen_model_precision", "1 for the precision a "
-                                     "model version serves (requested: Deploy.precision, auto "
-                                     "= timed on this host at load), 0 once unloaded",
-                                     ["model", "version", "precision", "requested"], registry=r)
+        self.model_precision = Gauge("ppvarlen_model_precision", "1 for the backend and "
+                                     "precision a model version serves (requested: "
+                                     "Deploy.precision, auto = timed on this host at load), 0 "
+                                     "once unloaded",
+                                     ["model", "version", "backend", "precision", "requested"],
+                                     registry=r)
         self.answers = Counter("ppvarlen_task_answers", "the task's answer counters, e.g. "
                                "tag_chunks_repaired (invalid tag sequences read by conlleval's "
                                "rule, docs/TAGGING.md)", ["counter"], registry=r)
@@ -97,7 +99,7 @@ class ServerMetrics:
     @staticmethod
     def _precision_labels(model):
         choice = model.precision_choice
-        return model.name, model.version, choice["precision"], choice["requested"]
+        return model.name, model.version, model.backend, choice["precision"], choice["requested"]
 
     def count_request(self):
         """An inference request arrived (``/predict``, OIP infer over REST or gRPC)."""

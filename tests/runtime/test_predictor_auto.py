@@ -32,9 +32,9 @@ def host(monkeypatch):
         speeds = {}
         calls = []
 
-    def measure(predictors, batches, **timing):
-        Host.calls.append(sorted(predictors))
-        return {p: Host.speeds[p] for p in predictors}, 2, 0.1
+    def measure(predictors, batches, **timing):  # keys (backend, precision); one backend here
+        Host.calls.append(sorted(p for _, p in predictors))
+        return {k: Host.speeds[k[1]] for k in predictors}, 2, 0.1
 
     monkeypatch.setattr(precision_choice, "measure", measure)
     monkeypatch.setattr(precision_choice, "CHOOSE_IN_CHILD", False)  # patches stay in-process

@@ -55,9 +55,12 @@ def host(monkeypatch):
         calls = []
 
     def measure(predictors, batches, **timing):
-        Host.calls.append(sorted(predictors))
+        # keys (backend, precision); named by precision alone when one backend is timed
+        several = len({backend for backend, _ in predictors}) > 1
+        names = {k: f"{k[0]} {k[1]}" if several else k[1] for k in predictors}
+        Host.calls.append(sorted(names.values()))
         assert batches and all(batches)  # the admission batches, built from the export
-        return {p: Host.speeds[p] for p in predictors}, 2, 0.1
+        return {k: Host.speeds[names[k]] for k in predictors}, 2, 0.1
 
     monkeypatch.setattr(precision_choice, "measure", measure)
     monkeypatch.setattr(precision_choice, "CHOOSE_IN_CHILD", False)  # patches stay in-process
@@ -132,7 +135,8 @@ def test_an_explicit_precision_overrides_auto_and_is_not_timed(export_dir, host)
     host.speeds = {"fp32": 100.0, "bf16": 900.0}
     predictor = precision_choice.load_admitted(_loader("paddle"), export_dir, "fp32")
     assert predictor.precision == "fp32" and host.calls == []
-    assert predictor.precision_choice == precision_choice.as_requested("fp32")
+    assert predictor.precision_choice == {**precision_choice.as_requested("fp32"),
+                                          "backend": "paddle"}
 
 
 def test_an_explicit_precision_failing_admission_is_named(export_dir, monkeypatch, capsys):
@@ -144,6 +148,68 @@ def test_an_explicit_precision_failing_admission_is_named(export_dir, monkeypatc
                              *flags])
         err = capsys.readouterr().err
         assert rc == 2 and "int8: padding check: length 1" in err, err
+
+
+def _any_backend():
+    """What the server loads with Deploy.backend: auto."""
+    return functools.partial(Predictor, backend="auto")
+
+
+@pytest.mark.parametrize("on_host, expected", [
+    ({"paddle fp32": 100.0, "paddle bf16": 150.0, "onnx fp32": 120.0, "onnx int8": 300.0},
+     ("onnx", "int8")),
+    ({"paddle fp32": 100.0, "paddle bf16": 400.0, "onnx fp32": 120.0, "onnx int8": 300.0},
+     ("paddle", "bf16")),
+    # reduced precisions within AUTO_MIN_GAIN of the fastest fp32: the faster fp32
+    ({"paddle fp32": 100.0, "paddle bf16": 140.0, "onnx fp32": 130.0, "onnx int8": 140.0},
+     ("onnx", "fp32")),
+])
+def test_backend_auto_serves_the_backend_and_precision_this_host_times_fastest(
+        export_dir, host, on_host, expected, caplog):
+    host.speeds = on_host
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
+    predictor = precision_choice.load_admitted(_any_backend(), export_dir, "auto")
+    assert host.calls == [sorted(on_host)]  # every backend's candidates, timed together
+    assert (predictor.backend, predictor.precision) == expected
+    choice = predictor.precision_choice
+    assert (choice["backend"], choice["precision"], choice["requested"]) == (*expected, "auto")
+    assert choice["texts_per_cpu_s"] == on_host
+    assert set(predictor.admission) == set(admission.CHECKS)  # what serves was admitted
+    line = next(r.getMessage() for r in caplog.records
+                if "backend and precision auto:" in r.getMessage())
+    assert f"{expected[1]} for backend {expected[0]}" in line and "CPU flags:" in line
+
+
+def test_backend_auto_with_an_explicit_precision_chooses_among_the_backends_holding_it(
+        export_dir, host):
+    predictor = precision_choice.load_admitted(_any_backend(), export_dir, "int8")
+    assert (predictor.backend, predictor.precision) == ("onnx", "int8")
+    assert host.calls == []  # only ONNX holds int8: nothing to time
+    host.speeds = {"paddle fp32": 100.0, "onnx fp32": 120.0}
+    predictor = precision_choice.load_admitted(_any_backend(), export_dir, "fp32")
+    assert host.calls == [["onnx fp32", "paddle fp32"]]
+    assert (predictor.backend, predictor.precision) == ("onnx", "fp32")
+    assert predictor.precision_choice["requested"] == "fp32"
+    with pytest.raises(precision_choice.UnservableExportError, match="no backend .* holds "
+                       "precision 'fp16'"):
+        precision_choice.load_admitted(_any_backend(), export_dir, "fp16")
+
+
+def test_backend_auto_skips_a_backend_that_fails_here(export_dir, host, monkeypatch, caplog):
+    real = admission.admit
+
+    def admit(predictor, seed=0, renderers=()):
+        if predictor.backend == "paddle":
+            raise AdmissionError("smoke", "the engine answered NaN")
+        return real(predictor, seed, renderers)
+
+    monkeypatch.setattr(admission, "admit", admit)
+    host.speeds = {"fp32": 100.0, "int8": 300.0}  # the ONNX candidates alone
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
+    predictor = precision_choice.load_admitted(_any_backend(), export_dir, "auto")
+    assert (predictor.backend, predictor.precision) == ("onnx", "int8")
+    assert any(r.levelno == logging.WARNING and "backend auto: paddle skipped" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_precision_flag_and_override_must_agree(export_dir, capsys):
@@ -202,8 +268,23 @@ def test_the_choice_is_shown_on_health_config_and_metrics(export_dir, host, tmp_
         assert params["precision"] == {"string_value": "bf16"}
         assert params["precision_requested"] == {"string_value": "auto"}
         metrics = client.get("/metrics").text
-        assert (f'ppvarlen_model_precision{{model="{NAME}",precision="bf16",requested="auto",'
+        assert (f'ppvarlen_model_precision{{backend="paddle",model="{NAME}",precision="bf16",'
+                f'requested="auto",'
                 f'version="1"}} 1.0') in metrics
+
+
+def test_a_server_with_backend_auto_shows_the_backend_it_chose(export_dir, host):
+    host.speeds = {"paddle fp32": 100.0, "paddle bf16": 150.0, "onnx fp32": 120.0,
+                   "onnx int8": 300.0}
+    app = app_from_config(export_dir, deploy_settings(max_wait_ms=1, backend="auto"))
+    with TestClient(app) as client:
+        health = client.get("/health").json()
+        assert (health["backend"], health["precision"]) == ("onnx", "int8")
+        assert "onnx int8 300.0 vs paddle bf16 150.0 texts/CPU-s" in health["precision_reason"]
+        assert client.get(f"/v2/models/{NAME}/config").json()["platform"] == "ppvarlen_onnx"
+        assert client.post("/predict", json={"texts": ["a b"]}).status_code == 200
+        assert (f'ppvarlen_model_precision{{backend="onnx",model="{NAME}",precision="int8",'
+                f'requested="auto",version="1"}} 1.0') in client.get("/metrics").text
 
 
 def test_bf16_verified_by_fp32_kernels_on_the_export_host_is_not_a_candidate(
