@@ -269,7 +269,8 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
         choice = choose_in_child(load, export_dir, requested) if CHOOSE_IN_CHILD \
             else choose(load, export_dir, requested)
     chosen = {"backend": choice["backend"]} if any_backend else {}
-    with _candidate() if auto else contextlib.nullcontext():  # chosen, not requested: no warnings
+    # a precision auto chose was not requested: no warnings about it
+    with _candidate() if requested == "auto" and auto else contextlib.nullcontext():
         predictor = load(export_dir, precision=choice["precision"] if auto else requested,
                          **chosen)
     try:
