@@ -1,0 +1,164 @@
+"""Does ``auto``'s timing rank the engines as serving does?  The timing workloads side by side.
+
+    python benchmarks/auto_timing.py --export output/bench/prec_serve_epyc_f/export_serve \\
+        [--rounds 2] [--budget-s 10] [--threads 2] [--out output/bench/auto_timing]
+
+``--backend auto`` / ``--precision auto`` time every candidate (each backend's verified
+precisions) on the admission batches: the admission check's smoke rows and, per length of the
+export's grid, 4 rows of which 3 have random lengths up to ``max_len``, so nearly every batch is
+padded to about ``max_len``.  A server one text per request runs short batches of similar
+lengths instead.  This times the same candidates on both workloads:
+
+* ``admission``: ``precision_choice.timing_batches``, what ``auto`` uses;
+* ``served``: ``--texts`` lengths drawn from the manifest's ``length_profile`` (half up to p50,
+  45% between p50 and p95, 4% to p99, 1% to max, uniform within each band, seeded), sorted and
+  cut into groups of 1, 2 and 4 texts in turn (what the length-aware batcher forms for a few
+  concurrent callers), random ids.
+
+Each (round, workload) is one ``precision_choice.choose`` in a fresh process (Paddle's oneDNN
+shape cache is per process), workloads alternating, the order turned each round.  Prints each
+candidate's texts per CPU second and its ratio to ONNX fp32 per run; compare them with the
+served ratios of ``precision_throughput.py --serve`` on the same export.  Writes
+``OUT/auto_timing.json`` and ``.png``.  One run, ratios side by side; no pass/fail gate.
+"""
+import argparse
+import functools
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+from machine import machine
+
+from ppvarlen.utils.io import atomic_save_png, atomic_write_json
+
+WORKLOADS = ("admission", "served")
+BANDS = (("p50", 0.5), ("p95", 0.45), ("p99", 0.04), ("max", 0.01))  # upper quantile, mass
+GROUPS = (1, 2, 4)
+
+
+def profile_lengths(profile, max_len, n, rng):
+    """``n`` token lengths drawn from the length profile's bands (module docstring), sorted."""
+    lengths, low = [], 1
+    edges = []
+    for key, mass in BANDS:
+        high = max(low, int(min(max_len, profile.get(key) or max_len)))
+        edges.append((low, high, mass))
+        low = high
+    for _ in range(n):
+        u, acc = rng.random(), 0.0
+        for low, high, mass in edges:
+            acc += mass
+            if u <= acc:
+                break
+        lengths.append(max(1, min(max_len, rng.randint(low, high))))
+    return sorted(lengths)
+
+
+def served_batches(predictor, seed=0, texts=32):
+    """The ``served`` workload for ``predictor`` (ids below the special ones avoided)."""
+    m, enc = predictor.manifest, predictor.encoder
+    profile = m.get("length_profile")
+    if not profile:
+        raise SystemExit("this export's manifest has no length_profile: re-export it")
+    rng = random.Random(seed)
+    special = [int(v) for v in (m.get("special_ids") or {}).values() if v is not None]
+    first = max(special) + 1 if special else 0
+    high = max(first + 1, enc.vocab_size)
+    lengths = profile_lengths(profile, predictor.max_len, texts, rng)
+    batches, start, k = [], 0, 0
+    while start < len(lengths):
+        size = GROUPS[k % len(GROUPS)]
+        batches.append([[rng.randrange(first, high) for _ in range(n)]
+                        for n in lengths[start:start + size]])
+        start, k = start + size, k + 1
+    return batches
+
+
+def child(args):
+    """One ``choose`` on ``args.workload``: its texts/CPU-s per candidate as JSON on stdout."""
+    from ppvarlen.runtime import precision_choice
+    from ppvarlen.runtime.predictor import Predictor
+
+    if args.workload == "served":
+        precision_choice.timing_batches = functools.partial(served_batches, texts=args.texts)
+    precision_choice.TIME_BUDGET_S = args.budget_s
+    choice = precision_choice.choose(functools.partial(Predictor, backend="auto",
+                                                       threads=args.threads), args.export)
+    print(json.dumps(choice))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--export", required=True, help="an export with both backends")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--budget-s", type=float, default=10.0,
+                    help="timing budget of each choose (auto's own: 3 s)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--texts", type=int, default=32, help="texts of the served workload")
+    ap.add_argument("--out", default="output/bench/auto_timing")
+    ap.add_argument("--workload", choices=WORKLOADS, help=argparse.SUPPRESS)  # the child's
+    args = ap.parse_args()
+    if args.workload:
+        return child(args)
+    os.makedirs(args.out, exist_ok=True)
+    runs = []
+    order = list(WORKLOADS)
+    for rnd in range(args.rounds):
+        for workload in order:
+            cmd = [sys.executable, os.path.abspath(__file__), "--export", args.export,
+                   "--budget-s", str(args.budget_s), "--threads", str(args.threads),
+                   "--texts", str(args.texts), "--workload", workload]
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+            if done.returncode != 0:
+                raise SystemExit(f"{workload}: the timing child failed: {done.stderr[-2000:]}")
+            choice = json.loads(done.stdout.strip().splitlines()[-1])
+            speeds = choice["texts_per_cpu_s"]
+            ref = speeds.get("onnx fp32")
+            run = {"round": rnd + 1, "workload": workload, "texts_per_cpu_s": speeds,
+                   "vs_onnx_fp32": {k: round(v / ref, 2) for k, v in speeds.items()} if ref
+                   else None, "chose": f"{choice['backend']} {choice['precision']}",
+                   "loadavg_1m": round(os.getloadavg()[0], 2)}
+            runs.append(run)
+            print(f"round {rnd + 1} {workload}: chose {run['chose']}; texts/CPU-s {speeds}; "
+                  f"x ONNX fp32 {run['vs_onnx_fp32']}", flush=True)
+        order.reverse()
+    result = {"export": args.export, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "machine": machine(), "budget_s": args.budget_s, "threads": args.threads,
+              "served_texts": args.texts, "runs": runs}
+    atomic_write_json(os.path.join(args.out, "auto_timing.json"), result)
+    plot(result, os.path.join(args.out, "auto_timing.png"))
+
+
+def plot(result, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in result["runs"] if r["vs_onnx_fp32"]]
+    names = sorted({k for r in runs for k in r["vs_onnx_fp32"]})
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(WORKLOADS)
+    for i, workload in enumerate(WORKLOADS):
+        for j, name in enumerate(names):
+            values = [r["vs_onnx_fp32"][name] for r in runs if r["workload"] == workload]
+            if not values:
+                continue
+            ax.scatter([j + i * width] * len(values), values, color=f"C{i}", zorder=3)
+            ax.bar(j + i * width, statistics.median(values), width, color=f"C{i}", alpha=0.5,
+                   label=workload if j == 0 else None)
+    ax.set_xticks([j + width / 2 for j in range(len(names))], names)
+    ax.set_ylabel("texts per CPU-s / ONNX fp32's (dots: rounds)")
+    ax.set_title(f"auto's timing workloads, {result['machine']['cpu_model']}, {result['date']}",
+                 fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    atomic_save_png(fig, path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
