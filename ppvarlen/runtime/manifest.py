@@ -62,12 +62,33 @@ def load_manifest(export_dir, verify=True, allow_external_symlinks=False):
     if manifest["task"] not in SERVED_TASKS:
         raise UnservableExportError(f"{path}: task {manifest['task']!r} cannot be served; served tasks: "
                                     f"{SERVED_TASKS}")
+    shape = _shape_problem(manifest)
+    if shape:
+        raise UnservableExportError(f"{path}: {shape}; re-run tools/export.py")
     problems = get_task(manifest["task"]).manifest_problems(manifest)
     if problems:
         raise UnservableExportError(f"{path}: {problems[0]}")
     if verify:
         verify_files(export_dir, manifest, allow_external_symlinks)
     return manifest
+
+
+def _shape_problem(manifest):
+    """What is wrong with the shape of the keys the loaders read as maps (a hand-edited or
+    hostile manifest.json: it is not in its own hash list), or None."""
+    if not isinstance(manifest["backends"], dict):
+        return "key 'backends' must be an object of backend -> entry"
+    precisions = manifest.get("precisions")
+    if precisions is not None and not (isinstance(precisions, dict) and all(
+            isinstance(v, list) and all(isinstance(p, str) for p in v)
+            for v in precisions.values())):
+        return ("key 'precisions' must map each backend to a list of precision names, e.g. "
+                '{"onnx": ["fp32", "int8"]}')
+    measured = manifest.get("precision_measured")
+    if measured is not None and not (isinstance(measured, dict) and all(
+            isinstance(v, dict) for k, v in measured.items() if k in manifest["backends"])):
+        return "key 'precision_measured' must map each backend to an object of precision -> entry"
+    return None
 
 
 def outside(path, root):

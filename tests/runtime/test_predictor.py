@@ -188,6 +188,23 @@ def test_tampered_or_incomplete_export_is_refused(cls_export, tmp_path):  # noqa
         Predictor(unlisted, "paddle")
 
 
+@pytest.mark.parametrize("key, value", [
+    ("precisions", ["fp32"]), ("precisions", {"paddle": "fp32"}), ("backends", ["paddle"]),
+    ("precision_measured", {"paddle": ["fp32"]})])
+@pytest.mark.parametrize("backend", ["paddle", "auto"])
+def test_a_manifest_with_a_misshapen_map_is_refused_naming_the_key(cls_export, tmp_path,  # noqa: F811
+                                                                   key, value, backend):
+    """manifest.json is not in its own hash list: a hand-edited one is refused by name, not
+    a traceback from the first loader that reads it as a map."""
+    bad = tmp_path / "export"
+    shutil.copytree(cls_export[0], bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    manifest[key] = value
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UnservableExportError, match=f"manifest.json: key '{key}' must"):
+        Predictor(str(bad), backend, precision="auto")
+
+
 @pytest.mark.parametrize("backend,precision", [("paddle", "bf16"), ("onnx", "fp16")])
 def test_low_precision_close_to_fp32(cls_export, backend, precision):  # noqa: F811
     fp32 = Predictor(cls_export[0], backend).predict(MIXED)
