@@ -26,8 +26,6 @@ import os
 import random
 import re
 import statistics
-import subprocess
-import sys
 import time
 
 import httpx
@@ -35,7 +33,7 @@ import httpx
 import precision_throughput as pt  # the sibling benchmark: one closed-loop point
 from machine import machine
 
-from ppvarlen.serve.bench import free_port, split_texts
+from ppvarlen.serve import bench
 from ppvarlen.utils.io import atomic_save_png, atomic_write_json
 
 READY_TIMES = re.compile(r"rows x width: ([^)]*)\)")
@@ -54,28 +52,14 @@ def burn(burst_s, gap_s, phase_s, stop):
 def start_server(name, checkout, export, precision, threads, work, timeout_s=900):
     """``serve.py`` of ``checkout`` on ``export`` -> (process, url, log path) once /health
     answers."""
-    port = free_port()
     log_path = os.path.join(work, f"serve_{name}.log")
-    cmd = [sys.executable, os.path.join(checkout, "deploy", "python", "serve.py"),
-           "--model-dir", export, "--backend", "paddle", "--precision", precision,
-           "--port", str(port), "-o", f"Deploy.threads={threads}"]
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(checkout)}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{name}: the server exited with code {proc.returncode}; its log: "
-                             f"{log_path}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url, log_path
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"{name}: no answer on /health within {timeout_s}s; its log: {log_path}")
+    try:
+        proc, url = bench.start_server(export, "paddle", {"threads": threads}, bench.free_port(),
+                                       timeout_s, log_path=log_path,
+                                       args=("--precision", precision), repo=checkout)
+    except RuntimeError as e:
+        raise SystemExit(f"{name}: {e}") from None
+    return proc, url, log_path
 
 
 def ready_times(log_path):
@@ -107,7 +91,7 @@ def main():
     if any(len(v) != 2 for v in variants):
         ap.error("--variant takes NAME=CHECKOUT")
     os.makedirs(args.out, exist_ok=True)
-    texts = [t for t in split_texts(args.export) if t.strip()]
+    texts = [t for t in bench.split_texts(args.export) if t.strip()]
 
     servers = {}
     rng = random.Random(args.seed)
@@ -151,9 +135,7 @@ def main():
             grids[name] = {"at_start": ready_times(log_path), "after_run": now}
     finally:
         for proc, _, _ in servers.values():
-            proc.terminate()
-        for proc, _, _ in servers.values():
-            proc.wait(60)
+            bench.stop_server(proc)
 
     result = {"export": args.export, "precision": args.precision,
               "variants": dict(variants), "burst": {"burners": args.burners,

@@ -1,9 +1,16 @@
 """benchmarks/auto_timing.py's served workload: lengths drawn from an export's length profile
 in its bands, sorted, cut into groups of 1, 2 and 4.  No engine runs here."""
+import json
+import os
 import random
+import subprocess
+import sys
 
 import pytest
+from export_helpers import cls_export  # noqa: F401
 from script_loader import load_script
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -36,3 +43,21 @@ def test_served_batches_are_groups_of_one_two_and_four(bench):
     assert widths == sorted(widths)  # length-sorted groups
     assert all(2 <= i < 100 for b in batches for r in b for i in r)
     assert bench.served_batches(Predictor(), seed=0, texts=15) == batches  # seeded
+
+
+def test_the_documented_command_runs_on_a_tiny_export(cls_export, tmp_path):  # noqa: F811
+    """docs/PRECISION.md's command, small: both workloads timed in fresh processes, each
+    candidate's texts per CPU-s and its ratio to ONNX fp32 in the JSON."""
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, os.path.join(REPO, "benchmarks", "auto_timing.py"), "--export",
+         cls_export[0], "--rounds", "1", "--budget-s", "0.2", "--threads", "1", "--out",
+         str(out)], capture_output=True, text=True, timeout=600, cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=REPO))
+    assert run.returncode == 0, run.stderr[-3000:]
+    runs = json.loads((out / "auto_timing.json").read_text())["runs"]
+    assert [r["workload"] for r in runs] == ["admission", "served"]
+    for r in runs:
+        assert set(r["texts_per_cpu_s"]) == {"paddle fp32", "onnx fp32"}
+        assert r["vs_onnx_fp32"]["onnx fp32"] == 1.0
+    assert (out / "auto_timing.png").stat().st_size > 0
