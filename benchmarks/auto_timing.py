@@ -26,14 +26,14 @@ import functools
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import time
 
 from machine import machine
+from plots import rounds_chart
 
-from ppvarlen.utils.io import atomic_save_png, atomic_write_json
+from ppvarlen.utils.io import atomic_write_json
 
 WORKLOADS = ("admission", "served")
 BANDS = (("p50", 0.5), ("p95", 0.45), ("p99", 0.04), ("max", 0.01))  # upper quantile, mass
@@ -134,30 +134,14 @@ def main():
 
 
 def plot(result, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     runs = [r for r in result["runs"] if r["vs_onnx_fp32"]]
     names = sorted({k for r in runs for k in r["vs_onnx_fp32"]})
-    fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.8 / len(WORKLOADS)
-    for i, workload in enumerate(WORKLOADS):
-        for j, name in enumerate(names):
-            values = [r["vs_onnx_fp32"][name] for r in runs if r["workload"] == workload]
-            if not values:
-                continue
-            ax.scatter([j + i * width] * len(values), values, color=f"C{i}", zorder=3)
-            ax.bar(j + i * width, statistics.median(values), width, color=f"C{i}", alpha=0.5,
-                   label=workload if j == 0 else None)
-    ax.set_xticks([j + width / 2 for j in range(len(names))], names)
-    ax.set_ylabel("texts per CPU-s / ONNX fp32's (dots: rounds)")
-    ax.set_title(f"auto's timing workloads, {result['machine']['cpu_model']}, {result['date']}",
-                 fontsize=9)
-    ax.legend()
-    fig.tight_layout()
-    atomic_save_png(fig, path, dpi=110)
+    rounds_chart(
+        path, [(n, n) for n in names], [(w, w) for w in WORKLOADS],
+        lambda workload, name: [r["vs_onnx_fp32"][name] for r in runs
+                                if r["workload"] == workload and name in r["vs_onnx_fp32"]],
+        "texts per CPU-s / ONNX fp32's (dots: rounds)",
+        f"auto's timing workloads, {result['machine']['cpu_model']}, {result['date']}")
 
 
 if __name__ == "__main__":

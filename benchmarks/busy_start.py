@@ -32,9 +32,10 @@ import httpx
 
 import precision_throughput as pt  # the sibling benchmark: one closed-loop point
 from machine import machine
+from plots import rounds_chart
 
 from ppvarlen.serve import bench
-from ppvarlen.utils.io import atomic_save_png, atomic_write_json
+from ppvarlen.utils.io import atomic_write_json
 
 READY_TIMES = re.compile(r"rows x width: ([^)]*)\)")
 
@@ -161,28 +162,13 @@ def main():
 
 
 def plot(result, names, concurrencies, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.8 / len(names)
-    for i, name in enumerate(names):
-        for j, c in enumerate(concurrencies):
-            values = [p["texts_per_s"] for p in result["points"]
-                      if p["server"] == name and p["concurrency"] == c]
-            ax.scatter([j + i * width] * len(values), values, color=f"C{i}", zorder=3)
-            ax.bar(j + i * width, statistics.median(values), width, color=f"C{i}", alpha=0.5,
-                   label=name if j == 0 else None)
-    ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(concurrencies))],
-                  [f"concurrency {c}" for c in concurrencies])
-    ax.set_ylabel("texts/s (dots: rounds, bar: median)")
-    ax.set_title(f"Paddle {result['precision']} servers started under CPU bursts, "
-                 f"{result['machine']['cpu_count']} cores, {result['date']}", fontsize=9)
-    ax.legend()
-    fig.tight_layout()
-    atomic_save_png(fig, path, dpi=110)
+    rounds_chart(
+        path, [(c, f"concurrency {c}") for c in concurrencies], [(n, n) for n in names],
+        lambda name, c: [p["texts_per_s"] for p in result["points"]
+                         if p["server"] == name and p["concurrency"] == c],
+        "texts/s (dots: rounds, bar: median)",
+        f"Paddle {result['precision']} servers started under CPU bursts, "
+        f"{result['machine']['cpu_count']} cores, {result['date']}")
 
 
 if __name__ == "__main__":

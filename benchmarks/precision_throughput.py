@@ -52,6 +52,8 @@ import statistics
 import sys
 import time
 
+from plots import rounds_chart
+
 from ppvarlen.config import add_config_args, load_config
 from ppvarlen.export.precision_speed import one_pass
 from ppvarlen.utils.io import atomic_save_png, owned_prefix, reap_dead_owners
@@ -368,31 +370,16 @@ def serve_comparison(args, cfg, model, meta, encoder, bundle):
 
 
 def plot_serve(result, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
     names = [n for n in result["auto_chose"]] + ["onnx_fp32"]
     concurrencies = sorted({p["concurrency"] for p in result["points"]})
-    width = 0.8 / len(names)
-    for i, name in enumerate(names):
-        for j, c in enumerate(concurrencies):
-            values = [p["texts_per_s"] for p in result["points"]
-                      if p["server"] == name and p["concurrency"] == c]
-            ax.scatter([j + i * width] * len(values), values, color=f"C{i}", zorder=3)
-            ax.bar(j + i * width, statistics.median(values), width, color=f"C{i}", alpha=0.5,
-                   label=(f"{name} ({result['auto_chose'][name]})" if name != "onnx_fp32"
-                          else "ONNX Runtime fp32") if j == 0 else None)
-    ax.set_xticks([j + width / 2 for j in range(len(concurrencies))],
-                  [f"concurrency {c}" for c in concurrencies])
-    ax.set_ylabel("texts/s (dots: rounds, bar: median)")
-    ax.set_title(f"{result['model_name']} served, {result['cpu_count']} cores, {result['date']}",
-                 fontsize=9)
-    ax.legend()
-    fig.tight_layout()
-    atomic_save_png(fig, path, dpi=110)
+    rounds_chart(
+        path, [(c, f"concurrency {c}") for c in concurrencies],
+        [(n, f"{n} ({result['auto_chose'][n]})" if n != "onnx_fp32" else "ONNX Runtime fp32")
+         for n in names],
+        lambda name, c: [p["texts_per_s"] for p in result["points"]
+                         if p["server"] == name and p["concurrency"] == c],
+        "texts/s (dots: rounds, bar: median)",
+        f"{result['model_name']} served, {result['cpu_count']} cores, {result['date']}")
 
 
 def _ratio(value):
