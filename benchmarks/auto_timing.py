@@ -33,7 +33,7 @@ import time
 from machine import machine
 from plots import rounds_chart
 
-from ppvarlen.utils.io import atomic_write_json
+from ppvarlen.utils.io import atomic_write_json, reap_dead_owners
 
 WORKLOADS = ("admission", "served")
 BANDS = (("p50", 0.5), ("p95", 0.45), ("p99", 0.04), ("max", 0.01))  # upper quantile, mass
@@ -105,6 +105,7 @@ def main():
     if args.workload:
         return child(args)
     os.makedirs(args.out, exist_ok=True)
+    reap_dead_owners(args.out)  # a killed run's half-written JSON or PNG
     runs = []
     order = list(WORKLOADS)
     for rnd in range(args.rounds):

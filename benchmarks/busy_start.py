@@ -35,7 +35,7 @@ from machine import machine
 from plots import rounds_chart
 
 from ppvarlen.serve import bench
-from ppvarlen.utils.io import atomic_write_json
+from ppvarlen.utils.io import atomic_write_json, reap_dead_owners
 
 READY_TIMES = re.compile(r"rows x width: ([^)]*)\)")
 
@@ -92,6 +92,7 @@ def main():
     if any(len(v) != 2 for v in variants):
         ap.error("--variant takes NAME=CHECKOUT")
     os.makedirs(args.out, exist_ok=True)
+    reap_dead_owners(args.out)  # a killed run's half-written JSON or PNG
     texts = [t for t in bench.split_texts(args.export) if t.strip()]
 
     servers = {}

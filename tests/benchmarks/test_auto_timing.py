@@ -10,6 +10,8 @@ import pytest
 from export_helpers import cls_export  # noqa: F401
 from script_loader import load_script
 
+from ppvarlen.utils.io import HOST_TAG
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -49,6 +51,9 @@ def test_the_documented_command_runs_on_a_tiny_export(cls_export, tmp_path):  # 
     """docs/PRECISION.md's command, small: both workloads timed in fresh processes, each
     candidate's texts per CPU-s and its ratio to ONNX fp32 in the JSON."""
     out = tmp_path / "out"
+    out.mkdir()
+    dead = out / f".tmp-auto_timing.json.pid999999999.{HOST_TAG}.abc"  # a killed run's half file
+    dead.write_text("{")
     run = subprocess.run(
         [sys.executable, os.path.join(REPO, "benchmarks", "auto_timing.py"), "--export",
          cls_export[0], "--rounds", "1", "--budget-s", "0.2", "--threads", "1", "--out",
@@ -61,3 +66,4 @@ def test_the_documented_command_runs_on_a_tiny_export(cls_export, tmp_path):  # 
         assert set(r["texts_per_cpu_s"]) == {"paddle fp32", "onnx fp32"}
         assert r["vs_onnx_fp32"]["onnx fp32"] == 1.0
     assert (out / "auto_timing.png").stat().st_size > 0
+    assert not dead.exists()
