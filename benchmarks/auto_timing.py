@@ -25,7 +25,6 @@ import argparse
 import functools
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -33,49 +32,17 @@ import time
 from machine import machine
 from plots import rounds_chart
 
+from ppvarlen.runtime import threads_choice
 from ppvarlen.utils.io import atomic_write_json, reap_dead_owners
 
 WORKLOADS = ("admission", "served")
-BANDS = (("p50", 0.5), ("p95", 0.45), ("p99", 0.04), ("max", 0.01))  # upper quantile, mass
-GROUPS = (1, 2, 4)
-
-
-def profile_lengths(profile, max_len, n, rng):
-    """``n`` token lengths drawn from the length profile's bands (module docstring), sorted."""
-    lengths, low = [], 1
-    edges = []
-    for key, mass in BANDS:
-        high = max(low, int(min(max_len, profile.get(key) or max_len)))
-        edges.append((low, high, mass))
-        low = high
-    for _ in range(n):
-        u, acc = rng.random(), 0.0
-        for low, high, mass in edges:
-            acc += mass
-            if u <= acc:
-                break
-        lengths.append(max(1, min(max_len, rng.randint(low, high))))
-    return sorted(lengths)
 
 
 def served_batches(predictor, seed=0, texts=32):
-    """The ``served`` workload for ``predictor`` (ids below the special ones avoided)."""
-    m, enc = predictor.manifest, predictor.encoder
-    profile = m.get("length_profile")
-    if not profile:
+    """The ``served`` workload for ``predictor``: what ``threads: auto`` times."""
+    if not predictor.manifest.get("length_profile"):
         raise SystemExit("this export's manifest has no length_profile: re-export it")
-    rng = random.Random(seed)
-    special = [int(v) for v in (m.get("special_ids") or {}).values() if v is not None]
-    first = max(special) + 1 if special else 0
-    high = max(first + 1, enc.vocab_size)
-    lengths = profile_lengths(profile, predictor.max_len, texts, rng)
-    batches, start, k = [], 0, 0
-    while start < len(lengths):
-        size = GROUPS[k % len(GROUPS)]
-        batches.append([[rng.randrange(first, high) for _ in range(n)]
-                        for n in lengths[start:start + size]])
-        start, k = start + size, k + 1
-    return batches
+    return threads_choice.served_like_batches(predictor, seed, texts)
 
 
 def child(args):

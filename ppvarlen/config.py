@@ -226,6 +226,11 @@ def _check_value(field, value, where):
         if not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r} ({type(value).__name__})")
         out = float(value)
+    elif t == "int or auto":
+        if value != "auto" and (isinstance(value, bool) or not isinstance(value, int)
+                                or value < 1):
+            raise ConfigError(f"{where}: expected a count >= 1 or auto, got {value!r}")
+        out = value
     elif t is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected a string, got {value!r} ({type(value).__name__})")

@@ -285,8 +285,10 @@ SCHEMA = {
         "grpc_port": Field(int, None, help="also serve the Open Inference Protocol over gRPC "
                            "(inference.GRPCInferenceService, as Triton and KServe) on this port "
                            "of Deploy.host; 0 = a free port (logged); null = no gRPC"),
-        "threads": Field(int, 1, help="math threads per predictor; 1 measured fastest on 2 "
-                         "shared cores (the server's event loop needs one); raise on big hosts"),
+        "threads": Field("int or auto", "auto", help="math threads per predictor; auto: "
+                         "1 or the usable cores (split between Deploy.workers), whichever "
+                         "serves more on this host, timed at load with the engine's cost per "
+                         "text and the front end's (docs/PRECISION.md, Math threads)"),
         "workers": Field(int, 1, help="predictor threads taking batches from the queue"),
         "onednn_cache_bytes": Field(int, 2 << 30, help="Paddle Inference on CPU: memory its "
                                     "oneDNN shape cache may hold, in bytes. Each cached input "

@@ -177,7 +177,7 @@ def _documentation_predictor(task="classification", labels=("negative", "positiv
                                  long_text="truncate", split_long_sources=False,
                                  add_special_tokens=True,
                                  max_len=SCHEMA["Data"]["max_len"].default, backend="paddle",
-                                 precision="fp32",
+                                 precision="fp32", threads=1,
                                  manifest=dict(manifest or {}))
 
 

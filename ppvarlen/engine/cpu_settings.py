@@ -29,6 +29,7 @@ import platform
 from paddle.base import core
 
 from ..config import ConfigError
+from ..utils.parallel import usable_cores
 
 # glibc's mallopt parameters (malloc.h) and the values set; glibc accepts at most 32 MB
 # (HEAP_MAX_SIZE / 2) as the mmap threshold, and setting any of them ends its own
@@ -37,12 +38,6 @@ M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
 HEAP_SETTINGS = ((M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, 1 << 30), (M_TOP_PAD, 64 << 20))
 
 
-def usable_cores():
-    """Cores this process may run on (its affinity mask, e.g. a container's or taskset's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def processes_on_host(world_size, environ=os.environ):

@@ -12,7 +12,8 @@ Every backend (static program, Paddle Inference with oneDNN off/on, bf16,
 ONNX Runtime fp32/fp16/int8) runs the same batches as the eager model, which is the
 reference.  The served backends (Paddle Inference as served, bf16, every ONNX precision) are
 built by the serving engine factory (``ppvarlen.runtime.backends.build_engine``) on the export
-directory being written, with its manifest and ``Deploy.threads``: what is checked is what
+directory being written, with its manifest and ``Deploy.threads`` (``auto``: the usable
+cores): what is checked is what
 ``serve`` and ``infer`` run, and ``parity.json["engines"]`` records each engine's settings.
 Paddle Inference with oneDNN off (``paddle_inference``) is a diagnostic of the graph itself,
 not a served setting.  Two batch sources:
@@ -40,6 +41,7 @@ from paddle import inference
 
 from ..data.collate import Collator
 from ..data.order import grid_lengths, length_sorted_batches
+from ppvarlen.runtime import threads_choice
 from ppvarlen.runtime.backends import build_engine
 from ..tasks import get_task
 from ..utils.inputs import validate_batch
@@ -561,7 +563,7 @@ def verify_forward(model, meta, encoder, cfg, export_dir, manifest, paddle_prefi
     outputs = task.output_specs
     backends = {"static": static_runner(paddle_prefix, outputs)}
     precision_of = {"static": "fp32"}
-    engines, threads = {}, int(cfg.Deploy.threads)
+    engines, threads = {}, threads_choice.count(cfg.Deploy.threads)
 
     def served(name, backend, precision, crf=None):
         backends[name], engines[name] = served_runner(export_dir, manifest, backend, precision,
@@ -628,7 +630,7 @@ def verify_greedy(model, meta, encoder, cfg, export_dir, manifest, formats, deco
                   test_examples=None):
     """Greedy-output parity of every exported backend against the eager model -> parity.json
     (``engines``: the settings of each served engine checked)."""
-    backends, engines, threads = {}, {}, int(cfg.Deploy.threads)
+    backends, engines, threads = {}, {}, threads_choice.count(cfg.Deploy.threads)
     if "paddle" in formats:  # oneDNN off: a diagnostic of the graph, decoded on the grid only
         backends["paddle_inference"] = greedy_paddle_runner(export_dir, model.eos_id, False,
                                                             threads)

@@ -128,6 +128,15 @@ def check_graph(predictor):
 
 # ---------------------------------------------------------------- 2. smoke
 
+def id_range(predictor):
+    """(first, stop) of the ordinary token ids: above every special id, below the vocabulary's
+    size (rows of random text for checks and timings)."""
+    special = [int(v) for v in (predictor.manifest.get("special_ids") or {}).values()
+               if v is not None]
+    first = max(special) + 1 if special else 0
+    return first, max(first + 1, predictor.encoder.vocab_size)
+
+
 def smoke_rows(predictor, seed=0):
     """Id rows the way requests reach the graph (special tokens around when the export adds
     them): every special id with the largest vocabulary id, the longest length the export
@@ -138,8 +147,7 @@ def smoke_rows(predictor, seed=0):
     room = max(1, predictor.max_len - wrap)
     special = sorted({int(v) for v in (m.get("special_ids") or {}).values() if v is not None})
     largest = enc.vocab_size - 1
-    first = (max(special) + 1) if special else 0
-    high = max(first + 1, enc.vocab_size)
+    first, high = id_range(predictor)
     bodies = [(special + [largest])[:room],
               list(rng.randint(first, high, size=room - 1)) + [largest],
               [largest]]

@@ -26,6 +26,10 @@ chooses the backend by the same rule: the candidates of every backend the export
 timed together, keyed (backend, precision), and a reduced precision must beat the faster
 backend's fp32.
 
+``threads="auto"`` (Deploy.threads) is decided in the same child, after the backend and
+precision, on the chosen engine (``threads_choice``); a loader with only the threads left to
+the host starts the child too.
+
 The candidates are loaded and timed in a child process (``choose_in_child``); this process
 then loads and admits only the chosen one.  Paddle Inference keeps every predictor's oneDNN
 kernels in one per-process map of input shapes, bounded by one capacity and not emptied when a
@@ -49,7 +53,7 @@ from ppvarlen.data.order import grid_lengths
 from ppvarlen.utils import parallel
 from ppvarlen.utils.log import get_logger, setup_logging
 
-from ppvarlen.runtime import admission
+from ppvarlen.runtime import admission, threads_choice
 from ppvarlen.runtime.manifest import UnservableExportError, load_manifest
 
 log = get_logger("runtime.precision")
@@ -169,11 +173,9 @@ def host_candidates(manifest, backend):
 def timing_batches(predictor, seed=0):
     """The admission check's batches: its smoke rows, and for each length of the export's
     grid a row of that length with ``TIMING_ROWS - 1`` rows of other lengths."""
-    m, enc = predictor.manifest, predictor.encoder
+    m = predictor.manifest
     rng = random.Random(seed)
-    special = [int(v) for v in (m.get("special_ids") or {}).values() if v is not None]
-    first = max(special) + 1 if special else 0
-    high = max(first + 1, enc.vocab_size)
+    first, high = admission.id_range(predictor)
     batches = [admission.smoke_rows(predictor, seed)]
     for n in grid_lengths(predictor.max_len, m.get("buckets")):
         lengths = [n] + [rng.randint(1, predictor.max_len) for _ in range(TIMING_ROWS - 1)]
@@ -263,12 +265,21 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
         log.info("backend auto on %s: serving Paddle Inference (the %s path; CPU timings say "
                  "nothing about it)", device, device)
         load, any_backend = functools.partial(load, backend="paddle"), False
-    auto = device == "cpu" and (requested == "auto" or any_backend)
+    threads = load.keywords.get("threads") if isinstance(load, functools.partial) else None
+    if threads == "auto" and device != "cpu":
+        log.info("threads auto on %s: 1 math thread (the device does the math)", device)
+        load, threads = functools.partial(load, threads=1), 1
+    elif threads == "auto":
+        threads = threads_choice.resolve("auto")  # one usable core: 1, not timed
+        load = functools.partial(load, threads=threads)
+    auto = device == "cpu" and (requested == "auto" or any_backend or threads == "auto")
     choice = None
     if auto:
         choice = choose_in_child(load, export_dir, requested) if CHOOSE_IN_CHILD \
             else choose(load, export_dir, requested)
     chosen = {"backend": choice["backend"]} if any_backend else {}
+    if threads == "auto":
+        chosen["threads"] = choice["threads"]
     # a precision auto chose was not requested: no warnings about it
     with _candidate() if requested == "auto" and auto else contextlib.nullcontext():
         predictor = load(export_dir, precision=choice["precision"] if auto else requested,
@@ -391,8 +402,14 @@ def _candidates(fp32, requested):
 def choose(load, export_dir, requested="auto"):
     """The ``auto`` choice on this CPU (module docstring), made in this process: loads, admits
     and times the candidates, frees them -> {precision, backend, requested, reason,
-    texts_per_cpu_s}.  A loader with ``backend="auto"`` times the candidates of every
+    texts_per_cpu_s}, and with a loader of ``threads="auto"`` the math threads chosen for
+    the chosen engine (``threads_choice.choose``: threads, threads_reason, threads_timing).
+    A loader with ``backend="auto"`` times the candidates of every
     backend of the export that holds ``requested`` (an explicit precision: that one on each)."""
+    many = None  # threads auto: the usable cores, tried against one thread (threads_choice)
+    if isinstance(load, functools.partial) and load.keywords.get("threads") == "auto":
+        many = parallel.usable_cores()
+        load = functools.partial(load, threads=many)
     if not _auto_backend(load):
         backends, several = [None], False
     else:
@@ -439,10 +456,11 @@ def choose(load, export_dir, requested="auto"):
     if len(admitted) == 1:
         reason = ("no other precision the export verified runs and passes admission here"
                   if requested == "auto" else "the one backend that runs it here")
-        log.info("%s auto: %s for backend %s (%s; CPU flags: %s)", what, only[1], only[0],
-                 reason, flags)
-        admitted.clear()
-        return {**as_requested(only[1], requested), "backend": only[0], "reason": reason}
+        if requested == "auto" or several:
+            log.info("%s auto: %s for backend %s (%s; CPU flags: %s)", what, only[1], only[0],
+                     reason, flags)
+        choice = {**as_requested(only[1], requested), "backend": only[0], "reason": reason}
+        return _with_threads(choice, admitted, only, load, export_dir, many)
     speeds, rounds, took = measure(admitted, timing_batches(admitted[only]))
     chosen = pick(speeds)
     shown = ", ".join(f"{name(k)} {v:.1f}" for k, v in sorted(speeds.items()))
@@ -459,7 +477,20 @@ def choose(load, export_dir, requested="auto"):
     log.info("%s auto: %s for backend %s: %s (timed on the admission batches, %d interleaved "
              "rounds in %.1fs%s; CPU flags: %s)", what, chosen[1], chosen[0], reason, rounds,
              took, "" if shown in reason else f": {shown} texts/CPU-s", flags)
+    choice = {"precision": chosen[1], "backend": chosen[0], "requested": requested,
+              "reason": reason, "texts_per_cpu_s": {name(k): round(v, 1)
+                                                    for k, v in speeds.items()}}
+    return _with_threads(choice, admitted, chosen, load, export_dir, many)
+
+
+def _with_threads(choice, admitted, key, load, export_dir, many):
+    """``choice`` with the math threads ``threads: auto`` chose for the engine ``key`` of
+    ``admitted`` (loaded with ``many`` threads), then every candidate freed."""
+    if many is not None:
+        own = {"backend": key[0]} if _auto_backend(load) else {}
+        with _candidate():
+            choice.update(threads_choice.choose(
+                admitted[key], lambda: load(export_dir, precision=key[1], threads=1, **own),
+                many, AUTO_MIN_GAIN))
     admitted.clear()
-    return {"precision": chosen[1], "backend": chosen[0], "requested": requested,
-            "reason": reason, "texts_per_cpu_s": {name(k): round(v, 1)
-                                                  for k, v in speeds.items()}}
+    return choice

@@ -80,7 +80,10 @@ class Predictor:
                  max_batch_tokens=8192, max_batch_size=64, tensorrt=False, verify=True,
                  split_long_sources=False, allow_external_symlinks=False,
                  onednn_cache_bytes=None, onednn_shape_grid=None, _shared=None):
-        if _shared is None and (precision == "auto" and device == "cpu" or backend == "auto"):
+        if threads == "auto" and device != "cpu":
+            threads = 1  # the device does the math (load_admitted logs the same)
+        if _shared is None and (device == "cpu" and "auto" in (precision, threads)
+                                or backend == "auto"):
             # decided on this host, by the rule the server and ppvarlen-infer use
             chosen = precision_choice.load_admitted(
                 functools.partial(Predictor, backend=backend, device=device, threads=threads,
@@ -97,6 +100,7 @@ class Predictor:
         else:
             self.export_dir = export_dir
             self.backend = backend
+            self.threads = int(threads)  # math threads (threads auto: chosen, threads_choice)
             self.manifest = m = load_manifest(export_dir, verify=verify,
                                               allow_external_symlinks=allow_external_symlinks)
             self.task = get_task(m["task"])  # its outputs, responses and limits

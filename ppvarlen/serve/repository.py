@@ -61,9 +61,12 @@ class ServedModel:
         # what the protocols read of the export (kept after an unload drops the predictor)
         self.manifest = predictor.manifest
         self.backend, self.long_text = predictor.backend, predictor.long_text
+        self.threads = predictor.threads  # math threads per worker
         # the precision it serves and why (auto: timed on this host; precision_choice)
         self.precision_choice = getattr(predictor, "precision_choice", None) or \
             precision_choice.as_requested(predictor.precision)
+        self.threads_reason = self.precision_choice.get("threads_reason") or \
+            "as set (Deploy.threads; auto with several workers: the usable cores split)"
         self.batcher = None
         self.example = None  # (the task's example items, this version's predictions of them)
         self.overhead_tokens = None

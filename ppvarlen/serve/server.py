@@ -25,6 +25,7 @@ from ppvarlen.utils.log import get_logger
 
 from fastapi.openapi.utils import get_openapi
 
+from ppvarlen.runtime import threads_choice
 from ppvarlen.runtime.backends import import_runtime
 from ppvarlen.runtime.precision_choice import load_admitted
 from ppvarlen.runtime.predictor import Predictor
@@ -130,7 +131,9 @@ def app_from_config(export_dir, deploy_cfg, backend=None, repository=None, grpc_
                           "holding the token)")
     token = read_token(deploy_cfg.auth_token_file) if deploy_cfg.auth_token_file else None
     engine = functools.partial(Predictor, backend=backend or deploy_cfg.backend,
-                               device=deploy_cfg.device, threads=deploy_cfg.threads,
+                               device=deploy_cfg.device,
+                               threads=threads_choice.resolve(deploy_cfg.threads,
+                                                              deploy_cfg.workers),
                                max_batch_tokens=deploy_cfg.max_batch_tokens,
                                max_batch_size=deploy_cfg.max_batch_size,
                                tensorrt=deploy_cfg.tensorrt,

@@ -57,11 +57,24 @@ class WorkerLost(RuntimeError):
     stopped making progress: the map cannot finish.  Not the data's fault: rerunning helps."""
 
 
-def usable_cores():
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
+
+
+def usable_cores(cpu_max=CGROUP_CPU_MAX):
+    """Cores this process may keep busy: its affinity mask (a container's cpuset, taskset),
+    lowered to a cgroup v2 CPU quota rounded up (a container limited to 1.5 CPUs: 2)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    try:
+        with open(cpu_max) as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):  # no cgroup v2 here, or a line this does not know
+        pass
+    return cores
 
 
 def resolve_num_proc(num_proc):

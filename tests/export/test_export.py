@@ -87,10 +87,14 @@ def test_parity_report_covers_grid_and_test_split(rnn_export):
 
 def test_parity_checked_the_engines_the_predictor_serves(rnn_export):
     """Every served backend/precision was checked with exactly the engine settings the
-    predictor (serve, infer) builds for the same directory and Deploy.threads: a parity runner
-    of its own, other threads or another oneDNN/ONNX Runtime setting fails here."""
+    predictor (serve, infer) builds for the same directory and Deploy.threads (auto: the
+    usable cores, the count auto tries against one): a parity runner of its own, other
+    threads or another oneDNN/ONNX Runtime setting fails here."""
     from ppvarlen.runtime.predictor import Predictor
+    from ppvarlen.runtime.threads_choice import count
     from ppvarlen.export.precision_speed import PARITY_BACKENDS
+
+    threads = count(CFG.Deploy.threads)
 
     _, out, manifest = rnn_export
     checked = json.loads((out / "parity.json").read_text())["engines"]
@@ -99,10 +103,10 @@ def test_parity_checked_the_engines_the_predictor_serves(rnn_export):
     assert {PARITY_BACKENDS[name] for name in checked} == served_on_cpu
     for name, settings in checked.items():
         backend, precision = PARITY_BACKENDS[name]
-        predictor = Predictor(str(out), backend, precision=precision, threads=CFG.Deploy.threads)
+        predictor = Predictor(str(out), backend, precision=precision, threads=threads)
         assert json.loads(json.dumps(predictor.engine.settings)) == settings, name
     # the comparison can fail: another thread count is another setting
-    other = Predictor(str(out), "onnx", threads=CFG.Deploy.threads + 1).engine.settings
+    other = Predictor(str(out), "onnx", threads=threads + 1).engine.settings
     assert other != checked["onnx"]
 
 

@@ -129,7 +129,8 @@ def model_config(model):
               "long_text": model.long_text, "task": model.task_name,
               "precision": model.precision_choice["precision"],
               "precision_requested": model.precision_choice["requested"],
-              "precision_reason": model.precision_choice["reason"]}
+              "precision_reason": model.precision_choice["reason"],
+              "math_threads": model.threads, "math_threads_reason": model.threads_reason}
     return {"name": model.name, "platform": f"ppvarlen_{model.backend}", "backend": "ppvarlen",
             "version_policy": {"latest": {"num_versions": 1}},
             "max_batch_size": 0,

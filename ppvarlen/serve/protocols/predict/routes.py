@@ -96,7 +96,9 @@ def router(plane, direct):
                 "labels": model.label_names, "workers": deploy.workers,
                 "queue_depth": plane.registry.queue_depth(),
                 "precision": model.precision_choice["precision"],
-                "precision_reason": model.precision_choice["reason"], **health_extras(model)}
+                "precision_reason": model.precision_choice["reason"],
+                "threads": model.threads, "threads_reason": model.threads_reason,
+                **health_extras(model)}
         if model.unhealthy:
             body["unhealthy_reason"] = model.unhealthy
         if model.files_changed:  # answering from memory; its directory says otherwise

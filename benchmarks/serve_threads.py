@@ -1,0 +1,114 @@
+"""Does ``Deploy.threads: auto`` serve as well as the better fixed count?  Servers side by side.
+
+    python benchmarks/serve_threads.py --export output/bench/prec_serve_epyc_f/export_serve \\
+        --backend onnx --precision int8 [--concurrency 8 32] [--duration-s 20] [--rounds 2] \\
+        [--out output/bench/serve_threads]
+
+Starts three ``ppvarlen-serve`` processes of ``--export`` (``--backend``, ``--precision``):
+``Deploy.threads`` 1, the usable cores, and ``auto`` (the default: one of the two, chosen at
+load by the rule in ppvarlen/runtime/threads_choice.py; its choice and the timings it decided
+on are read from ``/health``).  Closed-loop clients, one real text of the export's test split
+per request, drive them interleaved (round, concurrency, then every server back to back, the
+order turned each round); per point: texts/s, the mean batch and the server's CPU seconds per
+text.  Prints each server's texts/s against the best fixed count's in the same round.  Writes
+``OUT/serve_threads.json`` and ``.png``.  One run, ratios side by side; no pass/fail gate.
+"""
+import argparse
+import os
+import statistics
+import time
+
+import httpx
+
+import precision_throughput as pt  # the sibling benchmark: one closed-loop point
+from machine import machine
+from plots import rounds_chart
+
+from ppvarlen.serve import bench
+from ppvarlen.utils.io import atomic_write_json, reap_dead_owners
+from ppvarlen.utils.parallel import usable_cores
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--export", required=True)
+    ap.add_argument("--backend", default="paddle", choices=["paddle", "onnx"])
+    # one precision for all three: with auto each server could choose another one
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16", "int8"])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--duration-s", type=float, default=20.0)
+    ap.add_argument("--warmup-s", type=float, default=4.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="output/bench/serve_threads")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    reap_dead_owners(args.out)  # a killed run's half-written JSON or PNG
+    texts = [t for t in bench.split_texts(args.export) if t.strip()]
+    cores = usable_cores()
+    settings = {"1": 1, str(cores): cores, "auto": "auto"} if cores > 1 else {"1": 1,
+                                                                             "auto": "auto"}
+    servers, health = {}, {}
+    try:
+        for name, threads in settings.items():
+            try:
+                proc, url = bench.start_server(
+                    args.export, args.backend, {"threads": threads}, bench.free_port(), 900,
+                    log_path=os.path.join(args.out, f"serve_threads_{name}.log"),
+                    args=("--precision", args.precision))
+            except RuntimeError as e:
+                raise SystemExit(f"threads {name}: {e}") from None
+            servers[name] = (proc, url)
+            health[name] = httpx.get(url + "/health", timeout=30).json()
+            print(f"threads {name}: ready, serving {health[name]['threads']} thread(s), "
+                  f"{health[name]['precision']} ({health[name]['threads_reason']})", flush=True)
+        points, order = [], list(servers)
+        for rnd in range(args.rounds):
+            for c in args.concurrency:
+                for name in order:
+                    proc, url = servers[name]
+                    p = pt.serve_point(url, proc.pid, texts, c, args.warmup_s, args.duration_s,
+                                       args.seed + rnd)
+                    p.update(threads=name, round=rnd + 1, concurrency=c)
+                    points.append(p)
+                    print(f"round {rnd + 1} c={c} threads {name}: {p['texts_per_s']} texts/s, "
+                          f"mean batch {p['mean_batch']}, {p['server_cpu_s_per_text']} CPU "
+                          f"s/text, load {p['load_average_before'][0]}", flush=True)
+            order = order[1:] + order[:1]
+    finally:
+        for proc, _ in servers.values():
+            bench.stop_server(proc)
+
+    summary = {}
+    for c in args.concurrency:
+        for rnd in range(1, args.rounds + 1):
+            got = {p["threads"]: p["texts_per_s"] for p in points
+                   if p["concurrency"] == c and p["round"] == rnd}
+            best = max(v for k, v in got.items() if k != "auto")
+            for name, v in got.items():
+                summary.setdefault(f"threads {name} c={c}", []).append(round(v / best, 2))
+    result = {"export": args.export, "backend": args.backend, "precision": args.precision,
+              "usable_cores": cores, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "machine": machine(), "auto": {k: health["auto"].get(k) for k in (
+                  "threads", "threads_reason", "precision")},
+              "points": points, "x_best_fixed_per_round": summary}
+    atomic_write_json(os.path.join(args.out, "serve_threads.json"), result)
+    print(f"auto chose {health['auto']['threads']} thread(s): {health['auto']['threads_reason']}")
+    for key, ratios in summary.items():
+        texts_s = [p["texts_per_s"] for p in points
+                   if f"threads {p['threads']} c={p['concurrency']}" == key]
+        print(f"{key}: {texts_s} texts/s, x the best fixed count per round {ratios} "
+              f"(median {round(statistics.median(ratios), 2)})")
+    rounds_chart(
+        os.path.join(args.out, "serve_threads.png"),
+        [(c, f"concurrency {c}") for c in args.concurrency],
+        [(n, f"threads {n}") for n in servers],
+        lambda name, c: [p["texts_per_s"] for p in points
+                         if p["threads"] == name and p["concurrency"] == c],
+        "texts/s (dots: rounds, bar: median)",
+        f"{args.backend} {health['auto']['precision']}, Deploy.threads side by side "
+        f"({cores} usable cores), {result['date']}")
+
+
+if __name__ == "__main__":
+    main()
