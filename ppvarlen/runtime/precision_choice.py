@@ -408,7 +408,7 @@ def choose(load, export_dir, requested="auto"):
     backend of the export that holds ``requested`` (an explicit precision: that one on each)."""
     many = None  # threads auto: the usable cores, tried against one thread (threads_choice)
     if isinstance(load, functools.partial) and load.keywords.get("threads") == "auto":
-        many = parallel.usable_cores()
+        many = threads_choice.math_cores()
         load = functools.partial(load, threads=many)
     if not _auto_backend(load):
         backends, several = [None], False

@@ -23,6 +23,7 @@ the process (set when a predictor is created), so a second predictor of another 
 same process changes what the first runs with, and the two cannot be timed side by side;
 served, the cores measured faster for both model sizes tried (docs/PRECISION.md).
 """
+import os
 import random
 import time
 
@@ -46,10 +47,20 @@ CLOCKS = (time.perf_counter, time.process_time, time.thread_time)
 BANDS = (("p50", 0.5), ("p95", 0.45), ("p99", 0.04), ("max", 0.01))  # upper quantile, mass
 
 
+def math_cores(environ=os.environ):
+    """The most math threads ``auto`` tries: the usable cores, or fewer when
+    ``OMP_NUM_THREADS`` says so (a limit set for this process, e.g. by Ray for an actor)."""
+    cores = usable_cores()
+    limit = environ.get("OMP_NUM_THREADS", "")
+    if limit.strip().isdigit() and int(limit) >= 1:
+        cores = min(cores, int(limit))
+    return cores
+
+
 def count(threads):
     """A thread setting as a count where nothing is timed (the export's parity runners):
-    ``auto`` is the usable cores."""
-    return usable_cores() if threads == "auto" else int(threads)
+    ``auto`` is ``math_cores()``."""
+    return math_cores() if threads == "auto" else int(threads)
 
 
 def resolve(threads, workers=1):
@@ -57,11 +68,11 @@ def resolve(threads, workers=1):
     the usable cores are split between them instead (each runs batches at the same time)."""
     if threads != "auto":
         return int(threads)
-    cores = usable_cores()
+    cores = math_cores()
     if cores == 1 or workers > 1:
         count = max(1, cores // max(1, workers))
         log.info("threads auto: %d math thread(s) per predictor (%d usable core(s), %d "
-                 "worker(s))", count, cores, workers)
+                 "worker(s); not timed)", count, cores, workers)
         return count
     return "auto"
 

@@ -53,6 +53,7 @@ def host(monkeypatch):
     monkeypatch.setattr(parallel, "usable_cores", lambda: Host.cores)
     monkeypatch.setattr(threads_choice, "usable_cores", lambda: Host.cores)
     monkeypatch.setattr(precision_choice, "CHOOSE_IN_CHILD", False)  # patches stay in-process
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     return Host
 
 
@@ -190,3 +191,12 @@ def test_paddle_gets_the_cores_untimed(monkeypatch):
     monkeypatch.setattr(threads_choice, "time_per_text", refuse)
     choice = threads_choice.choose(Engine(), refuse, 4, 1.10)
     assert choice["threads"] == 4 and "not timed" in choice["threads_reason"]
+
+
+def test_omp_num_threads_caps_what_auto_tries(host, monkeypatch):
+    host.cores = 8
+    assert threads_choice.math_cores({"OMP_NUM_THREADS": "2"}) == 2
+    assert threads_choice.math_cores({"OMP_NUM_THREADS": "16"}) == 8
+    assert threads_choice.math_cores({"OMP_NUM_THREADS": "x"}) == 8
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert threads_choice.resolve("auto") == 1 and threads_choice.count("auto") == 1
