@@ -3,7 +3,7 @@
 that serves, after the backend and precision, in the same child process
 (``precision_choice.choose``).
 
-More math threads shorten a batch only when the engine has enough work per batch to share,
+For ONNX Runtime: more math threads shorten a batch only when the engine has enough work to share,
 and on a server they take cores from the front end (HTTP, JSON, tokenizing), which runs
 beside the engine.  So the rule prices both, from the engine's cost per text on served-like
 batches (``served_like_batches``), timed here at 1 thread (``c1``, CPU seconds) and at ``n``
@@ -18,10 +18,10 @@ batches (``served_like_batches``), timed here at 1 thread (``c1``, CPU seconds) 
 gain that much whatever one thread costs (one thread never costs more CPU than ``n``): it is
 decided from the ``n``-thread timing alone, with no second engine loaded.
 
-Paddle Inference is not timed: it gets the usable cores.  Its math-thread count is state of
-the process (set when a predictor is created), so a second predictor of another count in the
-same process changes what the first runs with, and the two cannot be timed side by side;
-served, the cores measured faster for both model sizes tried (docs/PRECISION.md).
+Paddle Inference is not timed: it gets the usable cores.  Its math-thread count behaves as
+state of the process: a one-thread predictor created after a two-thread one in the same process
+ran at the same wall time per text as it, so the two cannot be timed side by side; served, the
+cores measured faster for both model sizes tried (docs/PRECISION.md).
 """
 import os
 import random
@@ -70,10 +70,10 @@ def resolve(threads, workers=1):
         return int(threads)
     cores = math_cores()
     if cores == 1 or workers > 1:
-        count = max(1, cores // max(1, workers))
+        per_worker = max(1, cores // max(1, workers))
         log.info("threads auto: %d math thread(s) per predictor (%d usable core(s), %d "
-                 "worker(s); not timed)", count, cores, workers)
-        return count
+                 "worker(s); not timed)", per_worker, cores, workers)
+        return per_worker
     return "auto"
 
 
