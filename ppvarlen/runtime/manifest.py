@@ -120,11 +120,36 @@ def verify_files(export_dir, manifest, allow_external_symlinks=False):
         if not os.path.isfile(full):
             raise UnservableExportError(f"{full}: listed in the manifest but missing; copy the whole export "
                                         f"directory")
-        actual = sha256_file(full)
+        actual = file_sha256(full)
         if actual != expected:
             raise UnservableExportError(f"{full}: sha256 {actual[:12]}… does not match the manifest's "
                                         f"{str(expected)[:12]}…; the file was modified or comes from "
                                         f"another export — re-export instead of mixing files")
+
+
+# sha256 of the files this process hashed, by what the file system says of each: a file written
+# since (content, size, mode, a replacement under the same name) has another mtime or ctime, and
+# ctime cannot be set back.  Loading one export again (auto's candidates, clones, reloads) then
+# reads nothing twice.
+_DIGESTS = {}
+_DIGESTS_MAX = 4096
+
+
+def _identity(st):
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def file_sha256(path):
+    """sha256 of ``path``, hashed once per process while the file is unchanged."""
+    key = (os.path.realpath(path), _identity(os.stat(path)))
+    digest = _DIGESTS.get(key)
+    if digest is None:
+        digest = sha256_file(path)
+        if _identity(os.stat(path)) == key[1]:  # not written while it was read
+            if len(_DIGESTS) >= _DIGESTS_MAX:
+                _DIGESTS.pop(next(iter(_DIGESTS)))
+            _DIGESTS[key] = digest
+    return digest
 
 
 def resolve(export_dir, rel):

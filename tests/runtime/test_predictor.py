@@ -188,6 +188,36 @@ def test_tampered_or_incomplete_export_is_refused(cls_export, tmp_path):  # noqa
         Predictor(unlisted, "paddle")
 
 
+def test_a_file_changed_after_a_load_is_refused_at_the_next_one(cls_export, tmp_path,  # noqa: F811
+                                                                monkeypatch):
+    """A process hashes an unchanged file once (auto's candidates, reloads read nothing twice),
+    but a file written in place since, even to the same size with its mtime set back, is
+    hashed again and refused."""
+    from ppvarlen.runtime import manifest as manifest_module
+
+    export = str(tmp_path / "export")
+    shutil.copytree(cls_export[0], export)
+    hashed = []
+    real = manifest_module.sha256_file
+    monkeypatch.setattr(manifest_module, "sha256_file", lambda path: hashed.append(path)
+                        or real(path))
+    Predictor(export, "onnx")
+    first = len(hashed)
+    assert first >= 3  # every listed file
+    Predictor(export, "onnx")
+    assert len(hashed) == first  # nothing read twice
+    weights = os.path.join(export, "onnx", "model.onnx")
+    st = os.stat(weights)
+    with open(weights, "r+b") as f:
+        f.seek(st.st_size // 2)
+        byte = f.read(1)
+        f.seek(st.st_size // 2)
+        f.write(bytes([byte[0] ^ 1]))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))  # size and mtime as they were
+    with pytest.raises(UnservableExportError, match="model.onnx: sha256 .* does not match"):
+        Predictor(export, "onnx")
+
+
 @pytest.mark.parametrize("key, value", [
     ("precisions", ["fp32"]), ("precisions", {"paddle": "fp32"}), ("backends", ["paddle"]),
     ("precision_measured", {"paddle": ["fp32"]})])
