@@ -116,21 +116,9 @@ def main():
                                     args.threads, args.out)
     print("quiet: ready", flush=True)
 
-    points = []
     try:
-        order = list(servers)
-        for rnd in range(args.rounds):
-            for c in args.concurrency:
-                for name in order:
-                    proc, url, _ = servers[name]
-                    p = pt.serve_point(url, proc.pid, texts, c, args.warmup_s, args.duration_s,
-                                       args.seed + rnd)
-                    p.update(server=name, round=rnd + 1, concurrency=c)
-                    points.append(p)
-                    print(f"round {rnd + 1} c={c} {name}: {p['texts_per_s']} texts/s, mean batch "
-                          f"{p['mean_batch']}, {p['server_cpu_s_per_text']} CPU s/text, load "
-                          f"{p['load_average_before'][0]}", flush=True)
-            order = order[1:] + order[:1]
+        points = pt.serve_rounds({n: s[:2] for n, s in servers.items()}, texts, args.concurrency,
+                                 args.rounds, args.warmup_s, args.duration_s, args.seed, "server")
         grids = {}
         for name, (proc, url, log_path) in servers.items():
             now = httpx.get(url + "/metrics.json", timeout=30).json().get("shape_grid_ms")

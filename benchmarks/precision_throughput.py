@@ -271,6 +271,25 @@ def serve_point(url, pid, texts, concurrency, warmup_s, duration_s, seed):
     return point
 
 
+def serve_rounds(servers, texts, concurrencies, rounds, warmup_s, duration_s, seed, label):
+    """Closed-loop points over ``servers`` ({name: (process, url)}) interleaved: round,
+    concurrency, then every server back to back, the order turned each round (a burst of load
+    elsewhere hits every server) -> the points, each with ``label`` = its server's name."""
+    points, order = [], list(servers)
+    for rnd in range(rounds):
+        for c in concurrencies:
+            for name in order:
+                proc, url = servers[name]
+                p = serve_point(url, proc.pid, texts, c, warmup_s, duration_s, seed + rnd)
+                p.update({label: name, "round": rnd + 1, "concurrency": c})
+                points.append(p)
+                print(f"round {rnd + 1} c={c} {label} {name}: {p['texts_per_s']} texts/s, mean "
+                      f"batch {p['mean_batch']}, {p['server_cpu_s_per_text']} CPU s/text, load "
+                      f"{p['load_average_before'][0]}", flush=True)
+        order = order[1:] + order[:1]
+    return points
+
+
 def serve_comparison(args, cfg, model, meta, encoder, bundle):
     """The ``--serve`` mode (module docstring) -> the result dict written as JSON."""
     import httpx

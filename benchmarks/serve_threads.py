@@ -62,19 +62,8 @@ def main():
             health[name] = httpx.get(url + "/health", timeout=30).json()
             print(f"threads {name}: ready, serving {health[name]['threads']} thread(s), "
                   f"{health[name]['precision']} ({health[name]['threads_reason']})", flush=True)
-        points, order = [], list(servers)
-        for rnd in range(args.rounds):
-            for c in args.concurrency:
-                for name in order:
-                    proc, url = servers[name]
-                    p = pt.serve_point(url, proc.pid, texts, c, args.warmup_s, args.duration_s,
-                                       args.seed + rnd)
-                    p.update(threads=name, round=rnd + 1, concurrency=c)
-                    points.append(p)
-                    print(f"round {rnd + 1} c={c} threads {name}: {p['texts_per_s']} texts/s, "
-                          f"mean batch {p['mean_batch']}, {p['server_cpu_s_per_text']} CPU "
-                          f"s/text, load {p['load_average_before'][0]}", flush=True)
-            order = order[1:] + order[:1]
+        points = pt.serve_rounds(servers, texts, args.concurrency, args.rounds, args.warmup_s,
+                                 args.duration_s, args.seed, "threads")
     finally:
         for proc, _ in servers.values():
             bench.stop_server(proc)

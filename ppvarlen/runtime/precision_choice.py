@@ -53,7 +53,7 @@ from ppvarlen.data.order import grid_lengths
 from ppvarlen.utils import parallel
 from ppvarlen.utils.log import get_logger, setup_logging
 
-from ppvarlen.runtime import admission, threads_choice
+from ppvarlen.runtime import admission, threads_choice, timing
 from ppvarlen.runtime.manifest import UnservableExportError, load_manifest
 
 log = get_logger("runtime.precision")
@@ -185,34 +185,15 @@ def timing_batches(predictor, seed=0):
 
 def measure(predictors, batches, budget_s=TIME_BUDGET_S, clock=time.process_time,
             wall=time.monotonic):
-    """{precision: texts per CPU second} of each predictor on ``batches``: one untimed pass
-    each (oneDNN builds its kernels per new shape), then interleaved rounds (the order turns
-    each round, so a burst of load elsewhere hits them all), the fastest round of each kept,
-    until a round ends past ``budget_s`` of ``wall`` time or ``MAX_ROUNDS`` ran -> (speeds,
-    rounds, wall seconds).  A round is timed in this process's CPU seconds (``clock``, all
-    threads): on a CPU shared with other jobs, waiting for a core costs wall time, not CPU
-    time, and the wall-clock ratio of two precisions swings with the neighbours' load."""
+    """{precision: texts per CPU second} of each predictor on ``batches``, timed by
+    ``timing.interleaved`` until ``budget_s`` or ``MAX_ROUNDS`` -> (speeds, rounds, wall
+    seconds).  A round is timed in this process's CPU seconds (``clock``, all threads): on a
+    CPU shared with other jobs, waiting for a core costs wall time, not CPU time, and the
+    wall-clock ratio of two precisions swings with the neighbours' load."""
     texts = sum(len(b) for b in batches)
-    best = {}
-    order = list(predictors)
-    start = wall()
-    for p in order:
-        for rows in batches:
-            predictors[p].run_engine(rows)
-    rounds = 0
-    while rounds < MAX_ROUNDS:
-        for p in order:
-            t0 = clock()
-            for rows in batches:
-                predictors[p].run_engine(rows)
-            best[p] = min(best.get(p, float("inf")), clock() - t0)
-        rounds += 1
-        order = order[1:] + order[:1]
-        if wall() - start >= budget_s:
-            break
-    for predictor in predictors.values():
-        predictor._reset_counters()  # timing is not traffic
-    return {p: texts / max(s, 1e-9) for p, s in best.items()}, rounds, wall() - start
+    best, rounds, took = timing.interleaved(predictors, batches, budget_s, MAX_ROUNDS, (clock,),
+                                            wall)
+    return {p: texts / max(s[0], 1e-9) for p, s in best.items()}, rounds, took
 
 
 def pick(speeds):

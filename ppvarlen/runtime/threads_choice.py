@@ -30,7 +30,7 @@ import time
 from ppvarlen.utils.log import get_logger
 from ppvarlen.utils.parallel import usable_cores
 
-from ppvarlen.runtime import admission
+from ppvarlen.runtime import admission, timing
 
 log = get_logger("runtime.threads")
 
@@ -115,27 +115,9 @@ def served_like_batches(predictor, seed=0, texts=SERVED_TEXTS, groups=GROUPS):
 
 def time_per_text(predictors, batches, budget_s=TIME_BUDGET_S, clocks=CLOCKS):
     """{key: (wall, process CPU, this thread's CPU) seconds per text} of each predictor on
-    ``batches``: one untimed pass each, then interleaved rounds (order turned each round)
-    until ``budget_s`` of wall time or ``MAX_ROUNDS``, the fastest round of each clock kept."""
+    ``batches`` (``timing.interleaved``, each clock's fastest round)."""
     texts = sum(len(b) for b in batches)
-    order = list(predictors)
-    for key in order:
-        for rows in batches:
-            predictors[key].run_engine(rows)
-    best = {key: [float("inf")] * len(clocks) for key in order}
-    start, rounds = clocks[0](), 0
-    while rounds < MAX_ROUNDS:
-        for key in order:
-            before = [clock() for clock in clocks]
-            for rows in batches:
-                predictors[key].run_engine(rows)
-            best[key] = [min(b, clock() - t0) for b, clock, t0 in zip(best[key], clocks, before)]
-        rounds += 1
-        order = order[1:] + order[:1]
-        if clocks[0]() - start >= budget_s:
-            break
-    for predictor in predictors.values():
-        predictor._reset_counters()  # timing is not traffic
+    best, _, _ = timing.interleaved(predictors, batches, budget_s, MAX_ROUNDS, clocks, clocks[0])
     return {key: tuple(t / texts for t in times) for key, times in best.items()}
 
 
