@@ -250,8 +250,12 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
     if threads == "auto" and device != "cpu":
         log.info("threads auto on %s: 1 math thread (the device does the math)", device)
         load, threads = functools.partial(load, threads=1), 1
-    elif threads == "auto":
+    untimed = None  # threads auto decided here, with no child (Paddle: the cores)
+    if threads == "auto" and device == "cpu":
         threads = threads_choice.resolve("auto")  # one usable core: 1, not timed
+        if threads == "auto" and load.keywords.get("backend") == "paddle":
+            untimed = threads_choice.paddle_cores(threads_choice.math_cores())
+            threads = untimed["threads"]
         load = functools.partial(load, threads=threads)
     auto = device == "cpu" and (requested == "auto" or any_backend or threads == "auto")
     choice = None
@@ -272,6 +276,8 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
             e.args = (f"{predictor.precision}: {e}",)
         raise
     predictor.precision_choice = choice or as_requested(predictor.precision, requested)
+    if untimed is not None:
+        predictor.precision_choice.update(untimed)
     predictor.precision_choice.setdefault("backend", predictor.backend)
     return predictor
 

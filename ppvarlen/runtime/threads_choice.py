@@ -135,6 +135,15 @@ def ceiling_gain(cpu_n, n):
     return n / (cpu_n + FRONT_END_CPU_S) / rate_one(cpu_n, n)
 
 
+def paddle_cores(n):
+    """Paddle Inference's choice: the ``n`` cores, untimed (module docstring)."""
+    reason = (f"Paddle Inference: the {n} usable cores, not timed (its math-thread count is "
+              f"state of the process, so one process cannot time two counts side by side; "
+              f"served, the cores measured faster for a small and a large model)")
+    log.info("threads auto: %d for paddle: %s", n, reason)
+    return {"threads": n, "threads_reason": reason, "threads_timing": {}}
+
+
 def _ms(seconds):
     return f"{1000 * seconds:.2f}"
 
@@ -143,11 +152,7 @@ def choose(many, load_one, n, min_gain, batches=None):
     """``many``: the chosen engine loaded with ``n`` threads; ``load_one()`` loads it with one
     -> {"threads", "threads_reason", "threads_timing"} (module docstring's rule)."""
     if many.backend == "paddle":
-        reason = (f"Paddle Inference: the {n} usable cores, not timed (its math-thread count is "
-                  f"state of the process, so one process cannot time two counts side by side; "
-                  f"served, the cores measured faster for a small and a large model)")
-        log.info("threads auto: %d for paddle %s: %s", n, many.precision, reason)
-        return {"threads": n, "threads_reason": reason, "threads_timing": {}}
+        return paddle_cores(n)
     batches = batches or served_like_batches(many)
     wall_n, cpu_n, _ = time_per_text({n: many}, batches)[n]
     bound = ceiling_gain(cpu_n, n)

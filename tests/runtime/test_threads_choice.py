@@ -15,6 +15,7 @@ from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.serve.dataplane import deploy_settings
 from ppvarlen.serve.server import app_from_config
 from ppvarlen.utils import parallel
+from export_helpers import cls_export  # noqa: F401
 from test_precision_choice import TEXTS, spread_export
 
 MS = 1e-3
@@ -200,3 +201,20 @@ def test_omp_num_threads_caps_what_auto_tries(host, monkeypatch):
     assert threads_choice.math_cores({"OMP_NUM_THREADS": "x"}) == 8
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert threads_choice.resolve("auto") == 1 and threads_choice.count("auto") == 1
+
+
+def test_paddle_with_an_explicit_precision_starts_no_child_for_its_threads(cls_export,  # noqa: F811
+                                                                          monkeypatch):
+    """Paddle's threads are not timed, so a Paddle engine of an explicit precision is decided
+    without the child process: start-up pays nothing for threads auto."""
+    monkeypatch.setattr(threads_choice, "usable_cores", lambda: 2)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("a child process was started")
+
+    monkeypatch.setattr(precision_choice, "choose_in_child", no_child)
+    monkeypatch.setattr(precision_choice, "choose", no_child)
+    predictor = Predictor(cls_export[0], "paddle", precision="fp32", threads="auto")
+    assert predictor.threads == 2 and predictor.engine.settings["math_threads"] == 2
+    assert "not timed" in predictor.precision_choice["threads_reason"]
