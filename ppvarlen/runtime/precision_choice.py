@@ -27,8 +27,9 @@ timed together, keyed (backend, precision), and a reduced precision must beat th
 backend's fp32.
 
 ``threads="auto"`` (Deploy.threads) is decided in the same child, after the backend and
-precision, on the chosen engine (``threads_choice``); a loader with only the threads left to
-the host starts the child too.
+precision, on the chosen engine (``threads_choice``).  With only the threads left to the host
+(an explicit precision on ONNX Runtime; Paddle's are not timed) there is no child: they are
+timed in this process on the engine it serves (``_threads_here``).
 
 The candidates are loaded and timed in a child process (``choose_in_child``); this process
 then loads and admits only the chosen one.  Paddle Inference keeps every predictor's oneDNN
@@ -257,7 +258,9 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
             untimed = threads_choice.paddle_cores(threads_choice.math_cores())
             threads = untimed["threads"]
         load = functools.partial(load, threads=threads)
-    auto = device == "cpu" and (requested == "auto" or any_backend or threads == "auto")
+    if threads == "auto" and requested != "auto" and not any_backend:
+        return _threads_here(load, export_dir, requested, renderers)
+    auto = device == "cpu" and (requested == "auto" or any_backend)
     choice = None
     if auto:
         choice = choose_in_child(load, export_dir, requested) if CHOOSE_IN_CHILD \
@@ -269,16 +272,44 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
     with _candidate() if requested == "auto" and auto else contextlib.nullcontext():
         predictor = load(export_dir, precision=choice["precision"] if auto else requested,
                          **chosen)
+    _admit(predictor, renderers)
+    predictor.precision_choice = choice or as_requested(predictor.precision, requested)
+    if untimed is not None:
+        predictor.precision_choice.update(untimed)
+    predictor.precision_choice.setdefault("backend", predictor.backend)
+    return predictor
+
+
+def _admit(predictor, renderers):
+    """``predictor`` with its admission report; a failure names a precision other than fp32."""
     try:
         predictor.admission = admission.admit(predictor, renderers=renderers)
     except admission.AdmissionError as e:
         if predictor.precision != "fp32":
             e.args = (f"{predictor.precision}: {e}",)
         raise
-    predictor.precision_choice = choice or as_requested(predictor.precision, requested)
-    if untimed is not None:
-        predictor.precision_choice.update(untimed)
-    predictor.precision_choice.setdefault("backend", predictor.backend)
+    return predictor
+
+
+def _threads_here(load, export_dir, precision, renderers):
+    """An explicit precision with ``threads: auto`` on ONNX Runtime: only the threads are left
+    to choose, so they are timed here, with no child process.  The engine is loaded with the
+    usable cores and admitted, timed against a one-thread session of it (``threads_choice``;
+    that session is freed and its heap given back), and served as it is, or loaded again
+    with one thread when one serves more.  A child would start an interpreter and load and
+    admit the same engine a second time; ONNX Runtime sessions leave nothing behind in the
+    process once freed, unlike Paddle's one oneDNN map (module docstring)."""
+    n = threads_choice.math_cores()
+    predictor = _admit(load(export_dir, precision=precision, threads=n), renderers)
+    chosen = threads_choice.choose(
+        predictor, lambda: load(export_dir, precision=precision, threads=1), n, AUTO_MIN_GAIN)
+    if chosen["threads"] != predictor.threads:
+        predictor = None
+        parallel.release_memory()
+        predictor = _admit(load(export_dir, precision=precision, threads=chosen["threads"]),
+                           renderers)
+    predictor.precision_choice = {**as_requested(predictor.precision, precision), **chosen,
+                                  "backend": predictor.backend}
     return predictor
 
 

@@ -2,8 +2,10 @@
 the usable cores, whichever the rule in ppvarlen/runtime/threads_choice.py says serves more,
 from the engine's cost per text timed at load.  Timings are injected
 (``threads_choice.time_per_text``): nothing here depends on this machine's speed."""
+import gc
 import random
 import shutil
+import weakref
 
 import pytest
 from fastapi.testclient import TestClient
@@ -11,6 +13,7 @@ from fastapi.testclient import TestClient
 from ppvarlen import cli
 from ppvarlen.config import ConfigError, load_config
 from ppvarlen.runtime import precision_choice, threads_choice
+from ppvarlen.runtime import predictor as predictor_module
 from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.serve.dataplane import deploy_settings
 from ppvarlen.serve.server import app_from_config
@@ -86,9 +89,65 @@ def test_threads_that_only_spin_lose_to_one(export_dir, host):
     # 2 threads no faster in wall time and twice the CPU (spinning): one thread serves more
     host.per_text = {1: (1.2 * MS, 2.4 * MS, 1.2 * MS), 2: (1.2 * MS, 2.4 * MS, 1.0 * MS)}
     predictor = Predictor(export_dir, "onnx", threads="auto")
-    assert host.timed == [[2], [1, 2]]
+    assert host.timed == [[2], [1, 2], [1, 2]]  # a verdict of one thread is timed again
     assert predictor.threads == 1
     assert "would serve only" in predictor.precision_choice["threads_reason"]
+
+
+def test_a_slow_spell_of_the_other_core_does_not_decide_for_one_thread(export_dir, host,
+                                                                      monkeypatch):
+    """2 threads as slow as one for the first rounds (another tenant on the second core),
+    then as usual: each clock keeps its fastest round over all of them."""
+    slow = {1: HEAVY[1], 2: (50 * MS, 100 * MS, 50 * MS)}
+    answers = iter([{2: HEAVY[2]}, slow, HEAVY])
+    rounds = []
+
+    def time_per_text(predictors, batches, **timing):
+        rounds.append(timing.get("min_rounds", 1))
+        got = next(answers)
+        return {k: got[p.threads] for k, p in predictors.items()}
+
+    monkeypatch.setattr(threads_choice, "time_per_text", time_per_text)
+    predictor = Predictor(export_dir, "onnx", threads="auto")
+    assert rounds == [1, 2, threads_choice.CONFIRM_ROUNDS]
+    assert predictor.threads == 2
+    assert f"2 threads serve {HEAVY_GAIN} one" in predictor.precision_choice["threads_reason"]
+
+
+@pytest.mark.parametrize("per_text, served, loads", [
+    (HEAVY, 2, [2, 1]),  # the cores win: the engine timed is the one served, not loaded again
+    ({1: (1.2 * MS, 2.4 * MS, 1.2 * MS), 2: (1.2 * MS, 2.4 * MS, 1.0 * MS)}, 1, [2, 1, 1]),
+    ({2: (0.25 * MS, 0.4 * MS, 0.25 * MS)}, 1, [2, 1]),  # decided from the cores alone
+])
+def test_an_explicit_precision_times_its_threads_in_the_serving_process(
+        export_dir, host, monkeypatch, per_text, served, loads):
+    """With only the threads left (ONNX Runtime, an explicit precision) no child process
+    starts; every engine timed and not served is freed, and what serves is admitted."""
+    def no_child(*args, **kwargs):
+        raise AssertionError("a child process was started")
+
+    monkeypatch.setattr(precision_choice, "choose_in_child", no_child)
+    monkeypatch.setattr(precision_choice, "choose", no_child)
+    built, engines = [], []
+
+    def build_engine(*args, **kwargs):
+        built.append(kwargs["threads"])
+        engine = real_build(*args, **kwargs)
+        engines.append(weakref.ref(engine))
+        return engine
+
+    real_build = predictor_module.build_engine
+    monkeypatch.setattr(predictor_module, "build_engine", build_engine)
+    host.per_text = per_text
+    predictor = Predictor(export_dir, "onnx", precision="fp32", threads="auto")
+    assert built == loads and predictor.threads == served
+    assert predictor.engine.settings["intra_op_threads"] == served
+    assert predictor.precision_choice["threads"] == served
+    assert predictor.precision_choice["precision"] == "fp32"
+    assert predictor.precision_choice["reason"] == "requested"
+    assert "padding" in predictor.admission
+    gc.collect()
+    assert [ref() for ref in engines if ref() is not None] == [predictor.engine]
 
 
 def test_the_rule_prices_the_front_end():
