@@ -180,16 +180,24 @@ def check_smoke(predictor, seed=0):
 
 # ---------------------------------------------------------------- 3. padding
 
-def check_padding(predictor, seed=0):
-    m = predictor.manifest
+def padding_batches(predictor, seed=0):
+    """[(length, rows)] per length of the export's grid: a row of that length first, then
+    ``GRID_BATCH - 1`` rows of random lengths.  The padding check runs the first row alone and
+    the whole batch; ``precision auto`` times the batches again (precision_choice)."""
     rng = np.random.RandomState(seed)
-    first = max(int(v) for v in m["special_ids"].values() if v is not None) + 1
-    high = max(first + 1, predictor.encoder.vocab_size)
-    lengths = grid_lengths(predictor.max_len, m.get("buckets"))
+    first, high = id_range(predictor)
+    out = []
+    for n in grid_lengths(predictor.max_len, predictor.manifest.get("buckets")):
+        lengths = [n] + list(rng.randint(1, predictor.max_len + 1, GRID_BATCH - 1))
+        out.append((n, [[int(i) for i in rng.randint(first, high, size=k)] for k in lengths]))
+    return out
+
+
+def check_padding(predictor, seed=0):
     run = PredictorRows(predictor, answers=True)
-    for n in lengths:
-        rows = [list(rng.randint(first, high, size=k))
-                for k in [n] + list(rng.randint(1, predictor.max_len + 1, GRID_BATCH - 1))]
+    lengths = []
+    for n, rows in padding_batches(predictor, seed):
+        lengths.append(n)
         alone, difference = batch_difference(run, rows[0], rows[1:])
         if nonfinite_outputs([alone]):
             raise AdmissionError("padding", f"length {n}: non-finite outputs")

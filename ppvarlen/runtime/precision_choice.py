@@ -43,14 +43,12 @@ import importlib
 import json
 import logging
 import os
-import random
 import signal
 import subprocess
 import sys
 import threading
 import time
 
-from ppvarlen.data.order import grid_lengths
 from ppvarlen.utils import parallel
 from ppvarlen.utils.log import get_logger, setup_logging
 
@@ -126,13 +124,12 @@ def warn_if_slower(manifest, backend, precision):
 # ---------------------------------------------------------------- chosen on the serving host
 
 # Timing the candidates on the serving host stops after the first round that ends past this
-# many seconds, the untimed warm-up pass counted (or after MAX_ROUNDS): start-up pays at most
-# this plus the warm-up pass and one round (a model big enough for one pass to outlast the
-# budget runs exactly those two), and a pass runs each admitted precision once over the
-# admission batches (less work than admitting it).
+# many seconds (or after MAX_ROUNDS): start-up pays at most this plus one round (a model big
+# enough for one round to outlast the budget runs exactly one).  A round runs each admitted
+# precision once over the admission batches (less work than admitting it), and none runs
+# untimed first: admitting ran the same batches.
 TIME_BUDGET_S = 3.0
 MAX_ROUNDS = 5
-TIMING_ROWS = 4  # rows per batch of a grid length, as the padding check batches them
 CPU_FLAG_PREFIXES = ("avx", "amx", "fma", "sse4")
 
 
@@ -171,29 +168,27 @@ def host_candidates(manifest, backend):
     return out
 
 
-def timing_batches(predictor, seed=0):
-    """The admission check's batches: its smoke rows, and for each length of the export's
-    grid a row of that length with ``TIMING_ROWS - 1`` rows of other lengths."""
-    m = predictor.manifest
-    rng = random.Random(seed)
-    first, high = admission.id_range(predictor)
-    batches = [admission.smoke_rows(predictor, seed)]
-    for n in grid_lengths(predictor.max_len, m.get("buckets")):
-        lengths = [n] + [rng.randint(1, predictor.max_len) for _ in range(TIMING_ROWS - 1)]
-        batches.append([[rng.randrange(first, high) for _ in range(k)] for k in lengths])
-    return batches
+def admission_batches(predictor, seed=0):
+    """The batches admission ran (``admission.admit`` with the same seed): its smoke rows, and
+    the padding check's batch per length of the export's grid."""
+    return [admission.smoke_rows(predictor, seed)] + [
+        rows for _, rows in admission.padding_batches(predictor, seed)]
+
+
+timing_batches = admission_batches  # what auto times (a benchmark may set other batches)
 
 
 def measure(predictors, batches, budget_s=TIME_BUDGET_S, clock=time.process_time,
-            wall=time.monotonic):
+            wall=time.monotonic, warm=()):
     """{precision: texts per CPU second} of each predictor on ``batches``, timed by
     ``timing.interleaved`` until ``budget_s`` or ``MAX_ROUNDS`` -> (speeds, rounds, wall
-    seconds).  A round is timed in this process's CPU seconds (``clock``, all threads): on a
-    CPU shared with other jobs, waiting for a core costs wall time, not CPU time, and the
-    wall-clock ratio of two precisions swings with the neighbours' load."""
+    seconds); ``warm``: keys that ran ``batches`` already (no untimed pass).  A round is timed
+    in this process's CPU seconds (``clock``, all threads): on a CPU shared with other jobs,
+    waiting for a core costs wall time, not CPU time, and the wall-clock ratio of two
+    precisions swings with the neighbours' load."""
     texts = sum(len(b) for b in batches)
     best, rounds, took = timing.interleaved(predictors, batches, budget_s, MAX_ROUNDS, (clock,),
-                                            wall)
+                                            wall, warm=warm)
     return {p: texts / max(s[0], 1e-9) for p, s in best.items()}, rounds, took
 
 
@@ -479,7 +474,11 @@ def choose(load, export_dir, requested="auto"):
                      reason, flags)
         choice = {**as_requested(only[1], requested), "backend": only[0], "reason": reason}
         return _with_threads(choice, admitted, only, load, export_dir, many)
-    speeds, rounds, took = measure(admitted, timing_batches(admitted[only]))
+    batches = timing_batches(admitted[only])
+    # admitting each candidate ran these very batches, so their shapes' kernels are set up:
+    # no untimed pass
+    ran = batches == admission_batches(admitted[only])
+    speeds, rounds, took = measure(admitted, batches, warm=set(admitted) if ran else ())
     chosen = pick(speeds)
     shown = ", ".join(f"{name(k)} {v:.1f}" for k, v in sorted(speeds.items()))
     fp32s = [k for k in speeds if k[1] == "fp32"]

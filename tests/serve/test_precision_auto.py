@@ -218,6 +218,32 @@ def test_precision_flag_and_override_must_agree(export_dir, capsys):
     assert rc == 2 and "disagree" in capsys.readouterr().err
 
 
+def test_auto_times_the_batches_admission_ran_with_no_untimed_pass(export_dir, monkeypatch):
+    """Admitting a candidate ran the timing batches (their kernels are set up), so ``auto``
+    runs no pass of them untimed; a workload admission did not run gets its untimed pass."""
+    monkeypatch.setattr(precision_choice, "CHOOSE_IN_CHILD", False)
+    admitted_ran, warm = [], []
+    real_run, real_measure = Predictor.run_engine, precision_choice.measure
+
+    def run_engine(self, rows, *args, **kwargs):
+        admitted_ran.append([list(r) for r in rows])
+        return real_run(self, rows, *args, **kwargs)
+
+    def measure(predictors, batches, **timing):
+        warm.append(set(timing.get("warm", ())))
+        assert all(b in admitted_ran for b in batches)  # admission ran every timing batch
+        return real_measure(predictors, batches, **timing)
+
+    monkeypatch.setattr(Predictor, "run_engine", run_engine)
+    monkeypatch.setattr(precision_choice, "measure", measure)
+    precision_choice.choose(functools.partial(Predictor, backend="onnx"), export_dir)
+    assert warm == [{("onnx", "fp32"), ("onnx", "int8")}]
+    monkeypatch.setattr(precision_choice, "timing_batches",
+                        lambda p: precision_choice.admission_batches(p)[:1])
+    precision_choice.choose(functools.partial(Predictor, backend="onnx"), export_dir)
+    assert warm[1] == set()
+
+
 def test_measure_interleaves_rounds_and_stops_at_the_budget():
     now = [0.0]
     ran = []
