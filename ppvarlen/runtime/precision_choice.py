@@ -359,11 +359,13 @@ def choose_in_child(load, export_dir, requested="auto"):
     request = json.dumps({"loader": loader, "export_dir": export_dir, "parent": os.getpid(),
                           "requested": requested,
                           "level": get_logger("ppvarlen").level}).encode("utf-8")
-    # the child imports the loader's module from the same paths as this process
+    # the child imports the loader's module from the same paths as this process, and only
+    # those: -P keeps ``-c`` from putting the working directory first, where another
+    # ppvarlen (a checkout beside the export, say) would be imported instead of this one
     path = [p or os.getcwd() for p in sys.path]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     try:
-        done = subprocess.run([sys.executable, "-c", _CHILD_CODE], input=request,
+        done = subprocess.run([sys.executable, "-P", "-c", _CHILD_CODE], input=request,
                               stdout=subprocess.PIPE, env=env, timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return _choose_here(f"it had not chosen after {CHILD_TIMEOUT_S}s and was killed",

@@ -71,11 +71,11 @@ def test_the_front_end_is_restarted_when_killed_and_stops_with_the_server(cls_ex
     assert not _alive(second), "the front end outlived the server"
 
 
-def _front_end(port, max_calls=4):
+def _front_end(port, max_calls=4, cwd=None):
     ours, theirs = socket.socketpair()
     proc = subprocess.Popen(front_end_command(theirs.fileno(), "127.0.0.1", port, 8192, 8192,
                                               max_calls, METHOD_PATHS),
-                            pass_fds=(theirs.fileno(),))
+                            pass_fds=(theirs.fileno(),), cwd=cwd)
     theirs.close()
     hello = []
     reader = FrameReader(lambda kind, call_id, code, auth, body: hello.append(
@@ -94,6 +94,20 @@ def test_the_front_end_exits_when_the_server_end_closes():
     try:
         assert port > 0 and why == ""
         ours.close()  # what the server's death does to its end
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_the_front_end_runs_this_ppvarlen_whatever_the_working_directory_holds(tmp_path):
+    (tmp_path / "ppvarlen").mkdir()
+    (tmp_path / "ppvarlen" / "__init__.py").write_text(
+        "raise ImportError('the ppvarlen of the working directory was imported')\n")
+    proc, ours, port, why = _front_end(0, cwd=tmp_path)
+    try:
+        assert port > 0 and why == ""
+        ours.close()
         assert proc.wait(30) == 0
     finally:
         if proc.poll() is None:

@@ -391,9 +391,16 @@ print(json.dumps(predictor.precision_choice))
 
 @pytest.mark.timeout(300)
 def test_auto_in_a_script_without_a_main_guard_runs_the_script_once(export_dir, tmp_path):
+    """... and from a working directory that holds another ``ppvarlen`` (a checkout of another
+    version, say): the child imports the parent's, not the one beside it."""
     runs = tmp_path / "runs.txt"
-    script = tmp_path / "unguarded.py"
-    script.write_text(_UNGUARDED_SCRIPT.format(path=sys.path, runs=str(runs), export=export_dir))
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "unguarded.py"
+    script.write_text(_UNGUARDED_SCRIPT.format(path=[p for p in sys.path if p], runs=str(runs),
+                                               export=export_dir))
+    (tmp_path / "ppvarlen").mkdir()
+    (tmp_path / "ppvarlen" / "__init__.py").write_text(
+        "raise ImportError('the ppvarlen of the working directory was imported')\n")
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=280, cwd=tmp_path)
     assert run.returncode == 0, run.stderr

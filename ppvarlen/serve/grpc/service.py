@@ -61,9 +61,10 @@ class _ServerEnd(FramedProtocol):
 
 def front_end_command(fd, host, port, max_receive, max_send, max_calls, paths):
     """The command that starts the front end on its end ``fd`` of the socket pair, serving
-    the methods ``paths`` ("service/method", in code order)."""
-    return [sys.executable, "-m", "ppvarlen.serve.grpc.front", "--fd", str(fd), "--host", host,
-            "--port", str(port), "--methods", ",".join(paths),
+    the methods ``paths`` ("service/method", in code order).  ``-P``: ``-m`` would put the
+    working directory first on the path, where another ppvarlen may be."""
+    return [sys.executable, "-P", "-m", "ppvarlen.serve.grpc.front", "--fd", str(fd),
+            "--host", host, "--port", str(port), "--methods", ",".join(paths),
             "--max-receive", str(max_receive), "--max-send", str(max_send),
             "--max-calls", str(max_calls)]
 
