@@ -53,20 +53,21 @@ def start_server(export_dir, backend, deploy_overrides, port, startup_timeout=12
     """serve.py in a child process; returns (process, url) once /health answers.  ``log_path``:
     its output goes to that file (a long run: a pipe nobody reads would fill and stall it),
     else stderr is kept for the error; ``args``: more serve.py arguments (``--precision``);
-    ``repo``: another ppvarlen checkout to serve from (a benchmark's variant), this one's
-    otherwise."""
+    ``repo``: another ppvarlen checkout to serve from (a benchmark's variant), run in that
+    checkout (a variant whose own child processes put the working directory first on their
+    path then imports its own code there too), this one's otherwise."""
     root = os.path.abspath(repo) if repo else REPO
     cmd = [sys.executable, os.path.join(root, "deploy", "python", "serve.py"), "--model-dir",
-           export_dir, "--backend", backend, "--port", str(port), *args]
+           os.path.abspath(export_dir), "--backend", backend, "--port", str(port), *args]
     for k, v in deploy_overrides.items():
         cmd += ["-o", f"Deploy.{k}={v}"]
-    env = dict(os.environ, PYTHONPATH=root) if repo else None
+    env, cwd = (dict(os.environ, PYTHONPATH=root), root) if repo else (None, None)
     if log_path is None:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True, env=env)
+                                text=True, env=env, cwd=cwd)
     else:
         with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + startup_timeout
     while time.monotonic() < deadline:
