@@ -179,9 +179,9 @@ def choose(many, load_one, n, min_gain, batches=None):
         # round would inflate for the server's whole life
         timed = time_per_text(pair, batches, min_rounds=2, warm={n})
         if _gain(timed, n) < min_gain:
-            # a verdict of one thread is timed again: a slow spell of the other core lasting
-            # seconds was seen on a shared host, and each clock's fastest round only falls
-            # with more rounds towards what the engines cost unhindered
+            # a verdict of one thread is timed again: the cores' wall time was seen to stay
+            # up for seconds at a time while one thread's did not, and each clock's fastest
+            # round only falls with more rounds towards what the engines cost unhindered
             log.info("threads auto: %d threads looked no faster than one (%.2fx); timing %d "
                      "more rounds", n, _gain(timed, n), CONFIRM_ROUNDS)
             more = time_per_text(pair, batches, budget_s=0, min_rounds=CONFIRM_ROUNDS,
