@@ -557,11 +557,12 @@ def idle_cpu_share(procs, seconds=5):
 
 # ---------------------------------------------------------------- offline rate
 
-def run_infer(model_dir, texts_file, out_path):
-    """ppvarlen-infer on the texts: its summary (stderr) plus texts/s = texts / seconds."""
+def run_infer(model_dir, texts_file, out_path, threads=1):
+    """ppvarlen-infer on the texts at ``threads`` math threads (the servers'): its summary
+    (stderr) plus texts/s = texts / seconds."""
     cmd = [sys.executable, os.path.join(REPO, "deploy", "python", "infer.py"), "--model-dir",
            model_dir, "--input", texts_file, "--backend", "onnx", "--output", out_path,
-           "--no-progress"]
+           "--threads", str(threads), "--no-progress"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     summary = None
     for line in reversed(r.stderr.strip().splitlines()):
@@ -850,7 +851,8 @@ def run(args):
     texts_file = os.path.join(work, "texts.txt")
     with open(texts_file, "w", encoding="utf-8") as f:
         f.writelines(t + "\n" for t in texts * args.infer_repeat)
-    offline = [run_infer(model_dir, texts_file, os.path.join(work, "infer_before.jsonl"))]
+    offline = [run_infer(model_dir, texts_file, os.path.join(work, "infer_before.jsonl"),
+                         args.threads)]
     print(f"ppvarlen-infer before the servers: {offline[0]['texts_per_s']} texts/s", flush=True)
 
     ports = {"ppvarlen": {"http": free_port(), "grpc": free_port()},
@@ -892,7 +894,8 @@ def run(args):
     finally:
         for s, p in procs.items():
             stop_process(p)
-    offline.append(run_infer(model_dir, texts_file, os.path.join(work, "infer_after.jsonl")))
+    offline.append(run_infer(model_dir, texts_file, os.path.join(work, "infer_after.jsonl"),
+                             args.threads))
     print(f"ppvarlen-infer after the servers: {offline[1]['texts_per_s']} texts/s", flush=True)
 
     rate = round(statistics.mean(o["texts_per_s"] for o in offline), 1)

@@ -41,6 +41,7 @@ from .runtime.embedding_files import FORMATS as EMBEDDING_FORMATS
 from .runtime.infer import WINDOW, run_file
 from .runtime.manifest import UnservableExportError
 from .runtime.predictor import Predictor
+from .runtime import threads_choice
 from .doctor.errors import ModelLoadError
 from .export.errors import ExportFailedError
 from .models.sentence_transformers_dir import PADDLENLP_EMBED_POOLINGS
@@ -487,9 +488,10 @@ def main_infer(argv=None):
                         "host (each admitted, then timed for a few seconds at load)")
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--tensorrt", action="store_true", help="paddle on GPU: TensorRT")
-    parser.add_argument("--threads", type=_threads, default=1,
-                        help="CPU math threads, or auto: 1 or the usable cores, whichever "
-                        "runs more texts/s here (timed at load, as the server's Deploy.threads)")
+    parser.add_argument("--threads", type=_threads, default="auto",
+                        help="CPU math threads, or auto (default): the usable cores (affinity "
+                        "mask, cgroup CPU quota, OMP_NUM_THREADS), not timed: a file's batches "
+                        "are large and no network front end needs a core")
     parser.add_argument("--max-batch-tokens", type=_positive(int), default=8192,
                         help="token budget per batch, padding counted")
     parser.add_argument("--max-batch-size", type=_positive(int), default=64)
@@ -520,7 +522,8 @@ def _infer(args):
     cfg = load_config(overrides=args.override)
     deploy = cfg.Deploy
     load = functools.partial(Predictor, backend=args.backend, device=args.device,
-                             threads=args.threads, max_batch_tokens=args.max_batch_tokens,
+                             threads=threads_choice.offline(args.threads, args.device),
+                             max_batch_tokens=args.max_batch_tokens,
                              max_batch_size=args.max_batch_size, tensorrt=args.tensorrt,
                              split_long_sources=args.split_long_sources)
     if "auto" in (args.precision, args.backend):  # chosen on this host, as the server does

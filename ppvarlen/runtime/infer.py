@@ -404,7 +404,8 @@ def run_file(predictor, input_path, output_path=None, progress=True, window=WIND
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     summary = {"input": input_path, "output": output_path, "output_format": fmt,
-               "backend": predictor.backend,
+               "backend": predictor.backend, "precision": predictor.precision,
+               "threads": predictor.threads,
                "texts": totals.texts, "predicted": totals.predicted,
                "failed": totals.texts - totals.predicted,
                "truncated": totals.truncated, "windowed": totals.windowed,

@@ -3,6 +3,7 @@ the usable cores, whichever the rule in ppvarlen/runtime/threads_choice.py says 
 from the engine's cost per text timed at load.  Timings are injected
 (``threads_choice.time_per_text``): nothing here depends on this machine's speed."""
 import gc
+import json
 import random
 import shutil
 import weakref
@@ -193,6 +194,23 @@ def test_deploy_threads_takes_a_count_or_auto(value):
     assert load_config(overrides=["Deploy.threads=4"]).Deploy.threads == 4
     with pytest.raises(ConfigError, match="Deploy.threads.*a count >= 1 or auto"):
         load_config(overrides=[f"Deploy.threads={value}"])
+
+
+def test_infer_runs_a_file_on_the_usable_cores_by_default_untimed(export_dir, host, tmp_path,
+                                                                  capsys):
+    """A file's batches are large and nothing else in the process needs a core: the
+    server's timed rule is not used; the summary says what ran."""
+    host.cores = 3
+    src = tmp_path / "texts.txt"
+    src.write_text("\n".join(TEXTS[:5]) + "\n", encoding="utf-8")
+    args = ["--model-dir", export_dir, "--backend", "onnx", "--input", str(src),
+            "--output", str(tmp_path / "out.jsonl"), "--no-progress"]
+    assert cli.main_infer(args) == 0
+    summary = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert summary["threads"] == 3 and summary["precision"] == "fp32"
+    assert host.timed == []
+    assert cli.main_infer(args + ["--threads", "1"]) == 0
+    assert json.loads(capsys.readouterr().err.strip().splitlines()[-1])["threads"] == 1
 
 
 def test_infer_threads_flag_takes_a_count_or_auto(capsys):
