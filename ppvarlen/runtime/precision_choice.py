@@ -19,7 +19,8 @@ AVX2-only, AVX-512, AMX) loads fp32 and every precision the export verified that
 can run, admits each
 (``admission.admit``; one that fails is skipped with a log line), times the admitted ones on
 the admission batches (``measure``: interleaved rounds until ``TIME_BUDGET_S``) and serves
-the fastest that beats fp32 by ``AUTO_MIN_GAIN``.  The choice, both speeds and the CPU's
+the fastest that beats fp32 by ``AUTO_MIN_GAIN`` (when fp32 is the only candidate, it loads
+as if asked for: ``_nothing_to_choose``).  The choice, both speeds and the CPU's
 flags are logged and kept as ``predictor.precision_choice`` (the server shows it on
 ``/health``, ``/v2/models/M/config`` and ``/metrics``).  ``backend="auto"`` (Deploy.backend)
 chooses the backend by the same rule: the candidates of every backend the export holds are
@@ -149,19 +150,21 @@ def as_requested(precision, requested=None):
             "reason": "requested", "texts_per_cpu_s": {}}
 
 
-def host_candidates(manifest, backend):
-    """The reduced precisions the export verified that this host can run (logged when not)."""
+def host_candidates(manifest, backend, quiet=False):
+    """The reduced precisions the export verified that this host can run (logged when not,
+    unless ``quiet``)."""
+    say = (lambda *args: None) if quiet else log.info
     out = []
     for p, entry in sorted(measured(manifest, backend).items()):
         if p == "fp32":
             continue
         if p == "bf16" and not entry.get("cpu_bf16"):
-            log.info("precision auto: bf16 skipped: the export host had no bf16 instructions, "
+            say("precision auto: bf16 skipped: the export host had no bf16 instructions, "
                      "so its parity check ran fp32 kernels; export on a CPU with avx512_bf16/"
                      "AMX to verify bf16")
             continue
         if p == "bf16" and not cpu_supports_bf16():
-            log.info("precision auto: bf16 (verified on the export host) skipped: this CPU has "
+            say("precision auto: bf16 (verified on the export host) skipped: this CPU has "
                      "no bf16 instructions (avx512_bf16/AMX), Paddle would run fp32 kernels")
             continue
         out.append(p)
@@ -253,8 +256,12 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
             untimed = threads_choice.paddle_cores(threads_choice.math_cores())
             threads = untimed["threads"]
         load = functools.partial(load, threads=threads)
+    plain = _nothing_to_choose(load, export_dir) \
+        if requested == "auto" and device == "cpu" and not any_backend else None
+    if plain is not None:  # fp32 serves: no candidates to load and time, no child
+        requested = "fp32"
     if threads == "auto" and requested != "auto" and not any_backend:
-        return _threads_here(load, export_dir, requested, renderers)
+        return _threads_here(load, export_dir, requested, renderers, plain)
     auto = device == "cpu" and (requested == "auto" or any_backend)
     choice = None
     if auto:
@@ -268,7 +275,7 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
         predictor = load(export_dir, precision=choice["precision"] if auto else requested,
                          **chosen)
     _admit(predictor, renderers)
-    predictor.precision_choice = choice or as_requested(predictor.precision, requested)
+    predictor.precision_choice = choice or plain or as_requested(predictor.precision, requested)
     if untimed is not None:
         predictor.precision_choice.update(untimed)
     predictor.precision_choice.setdefault("backend", predictor.backend)
@@ -286,7 +293,28 @@ def _admit(predictor, renderers):
     return predictor
 
 
-def _threads_here(load, export_dir, precision, renderers):
+def _nothing_to_choose(load, export_dir):
+    """``auto``'s record of fp32 when the export verified no other precision this host runs
+    for the loader's backend (so there is nothing to time), else None.  A loader whose backend
+    cannot be read, or an export whose manifest cannot, goes the usual way (which reports
+    what is wrong)."""
+    if not isinstance(load, functools.partial):
+        return None
+    backend = load.keywords.get("backend", "paddle")
+    try:
+        manifest = load_manifest(export_dir, verify=False)
+        if host_candidates(manifest, backend, quiet=True):
+            return None
+    except Exception:  # noqa: BLE001 - the usual path loads it again and says why it fails
+        return None
+    host_candidates(manifest, backend)  # why each verified one is skipped here, logged once
+    reason = "no other precision the export verified runs here"
+    log.info("precision auto: fp32 for backend %s (%s; CPU flags: %s)", backend, reason,
+             " ".join(cpu_flags()) or "unknown")
+    return {**as_requested("fp32", "auto"), "backend": backend, "reason": reason}
+
+
+def _threads_here(load, export_dir, precision, renderers, record=None):
     """An explicit precision with ``threads: auto`` on ONNX Runtime: only the threads are left
     to choose, so they are timed here, with no child process.  The engine is loaded with the
     usable cores and admitted, timed against a one-thread session of it (``threads_choice``;
@@ -303,8 +331,8 @@ def _threads_here(load, export_dir, precision, renderers):
         parallel.release_memory()
         predictor = _admit(load(export_dir, precision=precision, threads=chosen["threads"]),
                            renderers)
-    predictor.precision_choice = {**as_requested(predictor.precision, precision), **chosen,
-                                  "backend": predictor.backend}
+    predictor.precision_choice = {**(record or as_requested(predictor.precision, precision)),
+                                  **chosen, "backend": predictor.backend}
     return predictor
 
 

@@ -151,6 +151,25 @@ def test_an_explicit_precision_times_its_threads_in_the_serving_process(
     assert [ref() for ref in engines if ref() is not None] == [predictor.engine]
 
 
+def test_auto_with_nothing_but_fp32_to_serve_starts_no_child(export_dir, host, monkeypatch):
+    """An export that verified fp32 only: nothing to time, so ``precision: auto`` loads fp32
+    here, and threads auto is timed on it as for an explicit precision."""
+    def no_child(*args, **kwargs):
+        raise AssertionError("candidates were loaded or a child process started")
+
+    monkeypatch.setattr(precision_choice, "choose_in_child", no_child)
+    monkeypatch.setattr(precision_choice, "choose", no_child)
+    host.per_text = HEAVY
+    predictor = Predictor(export_dir, "onnx", precision="auto", threads="auto")
+    choice = predictor.precision_choice
+    assert predictor.precision == "fp32" and predictor.threads == 2
+    assert choice["requested"] == "auto" and choice["precision"] == "fp32"
+    assert choice["reason"] == "no other precision the export verified runs here"
+    assert HEAVY_GAIN in choice["threads_reason"] and "padding" in predictor.admission
+    predictor = Predictor(export_dir, "onnx", precision="auto", threads=1)
+    assert predictor.threads == 1 and predictor.precision_choice["requested"] == "auto"
+
+
 def test_the_rule_prices_the_front_end():
     n, f = 2, threads_choice.FRONT_END_CPU_S
     # a perfect 2x split of a heavy engine gains about 2x; of a light one, far less
