@@ -160,12 +160,12 @@ def host_candidates(manifest, backend, quiet=False):
             continue
         if p == "bf16" and not entry.get("cpu_bf16"):
             say("precision auto: bf16 skipped: the export host had no bf16 instructions, "
-                     "so its parity check ran fp32 kernels; export on a CPU with avx512_bf16/"
-                     "AMX to verify bf16")
+                "so its parity check ran fp32 kernels; export on a CPU with avx512_bf16/"
+                "AMX to verify bf16")
             continue
         if p == "bf16" and not cpu_supports_bf16():
             say("precision auto: bf16 (verified on the export host) skipped: this CPU has "
-                     "no bf16 instructions (avx512_bf16/AMX), Paddle would run fp32 kernels")
+                "no bf16 instructions (avx512_bf16/AMX), Paddle would run fp32 kernels")
             continue
         out.append(p)
     return out
