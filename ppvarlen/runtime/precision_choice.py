@@ -29,8 +29,8 @@ backend's fp32.
 
 ``threads="auto"`` (Deploy.threads) is decided in the same child, after the backend and
 precision, on the chosen engine (``threads_choice``).  With only the threads left to the host
-(an explicit precision on ONNX Runtime; Paddle's are not timed) there is no child: they are
-timed in this process on the engine it serves (``_threads_here``).
+(on ONNX Runtime, an explicit precision or fp32 alone; Paddle's are not timed) there is no
+child: they are timed in this process on the engine it serves (``_threads_here``).
 
 The candidates are loaded and timed in a child process (``choose_in_child``); this process
 then loads and admits only the chosen one.  Paddle Inference keeps every predictor's oneDNN
@@ -315,8 +315,9 @@ def _nothing_to_choose(load, export_dir):
 
 
 def _threads_here(load, export_dir, precision, renderers, record=None):
-    """An explicit precision with ``threads: auto`` on ONNX Runtime: only the threads are left
-    to choose, so they are timed here, with no child process.  The engine is loaded with the
+    """``threads: auto`` on ONNX Runtime with the precision settled (asked for, or fp32 alone
+    for ``auto``, whose ``record`` is kept): only the threads are left to choose, so they are
+    timed here, with no child process.  The engine is loaded with the
     usable cores and admitted, timed against a one-thread session of it (``threads_choice``;
     that session is freed and its heap given back), and served as it is, or loaded again
     with one thread when one serves more.  A child would start an interpreter and load and
