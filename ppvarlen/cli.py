@@ -483,10 +483,9 @@ def main_infer(argv=None):
     parser.add_argument("--format", choices=list(EMBEDDING_FORMATS), default=None,
                         dest="output_format", help="the output's format (default: by the "
                         "--output suffix: .npy, .parquet, else jsonl)")
-    parser.add_argument("--precision", choices=PRECISION_CHOICES, default="auto",
-                        help="auto (default): of the precisions the export verified, the "
-                        "fastest on this host (each admitted, then timed for a few seconds at "
-                        "load), as the server chooses")
+    parser.add_argument("--precision", choices=PRECISION_CHOICES, default="fp32",
+                        help="auto: of the precisions the export verified, the fastest on this "
+                        "host (each admitted, then timed for a few seconds at load)")
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--tensorrt", action="store_true", help="paddle on GPU: TensorRT")
     parser.add_argument("--threads", type=_threads, default="auto",
