@@ -522,7 +522,8 @@ def _infer(args):
     cfg = load_config(overrides=args.override)
     deploy = cfg.Deploy
     load = functools.partial(Predictor, backend=args.backend, device=args.device,
-                             threads=threads_choice.offline(args.threads, args.device),
+                             threads=threads_choice.count(args.threads) if args.device == "cpu"
+                             else args.threads,
                              max_batch_tokens=args.max_batch_tokens,
                              max_batch_size=args.max_batch_size, tensorrt=args.tensorrt,
                              split_long_sources=args.split_long_sources)

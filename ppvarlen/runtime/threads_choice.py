@@ -59,21 +59,9 @@ def math_cores(environ=os.environ):
     return cores
 
 
-def offline(threads, device="cpu"):
-    """``ppvarlen-infer --threads``: ``auto`` on CPU is the usable cores, not timed.  A file's
-    batches are large (up to the token budget) and no network front end shares the cores, so
-    the server's rule, which prices a front end on batches of a few texts, does not apply;
-    every model measured ran faster on the cores (docs/PRECISION.md, Math threads)."""
-    if threads != "auto" or device != "cpu":
-        return threads
-    cores = math_cores()
-    log.info("threads auto: %d (the usable cores, not timed: a file's batches are large and "
-             "no front end shares the cores)", cores)
-    return cores
-
-
 def count(threads):
-    """A thread setting as a count where nothing is timed (the export's parity runners):
+    """A thread setting as a count where nothing is timed (the export's parity runners,
+    ``ppvarlen-infer``'s file runs: large batches, no front end sharing the cores):
     ``auto`` is ``math_cores()``."""
     return math_cores() if threads == "auto" else int(threads)
 
