@@ -40,6 +40,7 @@ from .data.errors import DataError
 from .runtime.embedding_files import FORMATS as EMBEDDING_FORMATS
 from .runtime.infer import WINDOW, run_file
 from .runtime.manifest import UnservableExportError
+from .runtime.precision_choice import load_admitted
 from .runtime.predictor import Predictor
 from .runtime import threads_choice
 from .doctor.errors import ModelLoadError
@@ -467,6 +468,8 @@ def main_infer(argv=None):
     a label column not needed (a headerless table: one column, the text, or text,label; a
     CoNLL file: tokens with or without tags); a bad record is its first line's error record.
     The summary (stderr, JSON) counts truncated and windowed texts and warns on truncation.
+    The export is admitted first, as the server admits it (docs/SERVING.md, Admission): one
+    that fails a check predicts nothing, exit 2 with the check and why.
     """
     parser = _parser(main_infer, config=False)
     parser.add_argument("--model-dir", required=True, help="export directory (has manifest.json)")
@@ -527,9 +530,11 @@ def _infer(args):
                              max_batch_tokens=args.max_batch_tokens,
                              max_batch_size=args.max_batch_size, tensorrt=args.tensorrt,
                              split_long_sources=args.split_long_sources)
-    if "auto" in (args.precision, args.backend):  # chosen on this host, as the server does
-        setup_logging()
-    predictor = load(args.model_dir, precision=args.precision)
+    # admitted (and with auto, chosen on this host) as the server admits an export
+    predictor = load_admitted(load, args.model_dir, requested=args.precision,
+                              device=args.device)
+    get_logger("ppvarlen.infer").info("export %s admitted in %s: %s", args.model_dir,
+                                      predictor.precision, ", ".join(predictor.admission))
     summary = run_file(predictor, args.input, args.output, progress=not args.no_progress,
                        window=args.window, max_text_chars=deploy.max_text_chars,
                        output_format=args.output_format, column_keys=column_keys(cfg.Data))

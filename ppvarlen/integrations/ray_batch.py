@@ -22,6 +22,7 @@ window re-run (Ray Data's actor defaults: unlimited restarts and task retries); 
 finished windows reach the driver, so every row is answered exactly once.
 """
 import argparse
+import functools
 import json
 import os
 import time
@@ -32,13 +33,16 @@ from ppvarlen.cli import positive_int, run_command
 from ppvarlen.config import ConfigError
 from ppvarlen.data.errors import DataError
 from ppvarlen.runtime.manifest import load_manifest
+from ppvarlen.runtime.precision_choice import load_admitted
 from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.utils.log import get_logger
 from ppvarlen.utils.io import atomic_dir, atomic_write_json
 
 from .ray_cluster import add_cluster_args, ray_cluster
 from .text_shards import plan_units, read_unit
 
 OUTPUTS = ("predictions.jsonl", "rejects.jsonl", "summary.json")
+log = get_logger(__name__)
 
 
 class PredictWindows:
@@ -120,13 +124,31 @@ def check_output_dir(path):
                             f"new directory (it is replaced as a whole when the job finishes)")
 
 
+def admit_here(export_dir, backend, predictor_kwargs):
+    """Load the export as the actors will and run the admission check on it, here, so a bad
+    export stops the job with its reason before any actor starts (an actor that failed in its
+    constructor would be restarted by Ray).  A GPU job is checked only for its manifest: the
+    driver need not hold a GPU."""
+    kwargs = dict(predictor_kwargs)
+    if kwargs.get("device", "cpu") != "cpu":
+        load_manifest(export_dir)
+        log.info("%s: the admission check runs on CPU jobs; a GPU job's actors are not "
+                 "checked (GPU paths are unverified)", export_dir)
+        return
+    precision = kwargs.pop("precision", "fp32")
+    predictor = load_admitted(functools.partial(Predictor, backend=backend, **kwargs),
+                              export_dir, requested=precision)
+    log.info("export %s admitted in %s: %s", export_dir, predictor.precision,
+             ", ".join(predictor.admission))
+
+
 def run_batch(export_dir, input_path, output_dir, backend="paddle", actors=2, actor_cpus=1.0,
               actor_gpus=0, window=1024, text_field="text", id_field="id", preserve_order=False,
               predictor_kwargs=None, unit_bytes=8 << 20, crash_once_marker=None):
     """Predict every row of ``input_path`` on the running Ray cluster; returns the summary."""
     import ray
 
-    load_manifest(export_dir)  # a bad export fails here, before any actor starts
+    admit_here(export_dir, backend, predictor_kwargs or {})  # before any actor starts
     check_output_dir(output_dir)
     units = plan_units(input_path, unit_bytes)
     if not units:

@@ -1,7 +1,9 @@
 """Admission: prove that an export serves before it takes traffic.
 
 One check, run by ``ppvarlen-export --verify`` (on the directory being written, every backend),
-by the model repository before a version takes traffic, and by single-export start-up.  On a
+by the model repository before a version takes traffic, by single-export start-up, and by
+``ppvarlen-infer`` and Ray batch inference's driver before they read their input
+(``precision_choice.load_admitted``).  On a
 loaded ``Predictor`` it runs, in order, and refuses with the first failure
 (``AdmissionError``: which check failed, and why):
 

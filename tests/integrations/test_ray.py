@@ -18,6 +18,7 @@ from test_server import RunningServer, post, run_concurrently
 ray = pytest.importorskip("ray")
 from ray import serve  # noqa: E402
 
+from ppvarlen.runtime.admission import AdmissionError  # noqa: E402
 from ppvarlen.runtime.predictor import Predictor  # noqa: E402
 from ppvarlen.serve.server import create_app, deploy_settings  # noqa: E402
 from ppvarlen.integrations.ray_batch import run_batch  # noqa: E402
@@ -151,6 +152,17 @@ def test_killed_actor_is_replaced_and_every_row_answered_once(cluster, export_di
     for p in preds:
         assert_same_predictions(p, expected["paddle"][p["id"]])
     assert summary["rows_out"] == len(reviews) and summary["rejected"] == 0
+
+
+def test_a_bad_export_stops_the_job_with_its_reason_before_ray_runs(export_dir, tmp_path):
+    from test_hostile_serving import five_label_names
+
+    bad = five_label_names(export_dir, tmp_path / "bad")
+    src = tmp_path / "in.jsonl"
+    write_jsonl(src, ["好"])
+    with pytest.raises(AdmissionError, match="smoke check: .*5 label_names"):
+        run_batch(bad, str(src), str(tmp_path / "out"), "onnx", actors=1)
+    assert not (tmp_path / "out").exists()
 
 
 def test_parquet_bad_values_become_rejects_with_reasons(tmp_path):

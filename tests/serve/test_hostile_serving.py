@@ -216,6 +216,22 @@ def test_serve_command_refuses_a_bad_export_with_one_clear_line(bad):
     assert "5 label_names" in r.stderr and "re-export" in r.stderr, r.stderr
 
 
+def test_infer_command_refuses_a_bad_export_as_the_server_does(bad, tmp_path):
+    """An explicit precision is admitted too: a NaN [SEP] row would otherwise write NaN
+    logits for every line, a vocabulary past the table out-of-range lookups."""
+    texts = tmp_path / "in.txt"
+    texts.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    for kind, words in (("nan_sep", "not finite"), ("big_vocab", "largest vocabulary id 563")):
+        r = subprocess.run([sys.executable, os.path.join(REPO, "deploy/python/infer.py"),
+                            "--model-dir", bad[kind], "--backend", "onnx", "--precision", "fp32",
+                            "--input", str(texts), "--output", str(out), "--no-progress"],
+                           capture_output=True, text=True, timeout=300, cwd=REPO)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert "smoke check" in r.stderr and words in r.stderr, (kind, r.stderr)
+        assert not out.exists()
+
+
 # ---------------------------------------------------------------- the repository
 
 def repository(root, versions):

@@ -26,7 +26,7 @@ MIXED = TEXTS + ["好", "北京", "北京上海"]
 PINYIN = ["zhe bu dian ying zhen hao kan", "bei jing shang hai", "jin tian tian qi bu cuo"]
 
 
-def _tiny_model(vocab_size, seed=0):
+def _tiny_model(vocab_size, output_size=None, seed=0):
     import paddle
 
     from ppvarlen.models.seq2seq import Seq2SeqTransformer
@@ -34,9 +34,9 @@ def _tiny_model(vocab_size, seed=0):
     paddle.seed(seed)
     model = Seq2SeqTransformer(vocab_size, hidden_size=16, num_heads=2, ffn_size=32, num_layers=1,
                                num_decoder_layers=1, dropout=0.0, max_position=32,
-                               max_len_a=1.5, max_len_b=3)
+                               max_len_a=1.5, max_len_b=3, output_size=output_size)
     with paddle.no_grad():  # some rows end at EOS, others at their limit
-        bias = np.zeros([vocab_size], dtype="float32")
+        bias = np.zeros([output_size or vocab_size], dtype="float32")
         bias[model.eos_id] = 1.0
         model.out_proj.bias.set_value(bias)
     model.eval()
@@ -52,7 +52,8 @@ def make_seq2seq_export(out_dir, long_text="truncate"):
     # targets of whole syllables ("word"): outputs join with spaces, as the trainer decodes them
     encoder = TextEncoder.build_seq2seq(*pair_counts(TEXTS + [LONG], PINYIN, "word"), kind="char",
                                         target_kind="word")
-    model = _tiny_model(encoder.vocab_size)
+    # the decoder generates the target tokens only, as the trainer builds it
+    model = _tiny_model(encoder.vocab_size, encoder.output_size)
     meta = {"task": "seq2seq", "model_name": "seq2seq", "label_names": [], "num_labels": 0,
             "special_ids": encoder.special_ids, "max_len": MAX_SOURCE,
             "max_source_len": MAX_SOURCE, "max_position": model.max_position,
