@@ -446,7 +446,7 @@ def main_infer(argv=None):
 
         ppvarlen-infer --model-dir output/export --backend paddle|onnx|auto \\
             --input texts.txt|texts.jsonl [--output preds.jsonl]
-            [--precision fp32|bf16|fp16|int8|auto]
+            [--precision auto|fp32|bf16|fp16|int8]
         python deploy/python/infer.py ...                          # the same command
 
     Each line is one request item in the task's fields: {"text": ...} (or a .txt line;
@@ -486,9 +486,14 @@ def main_infer(argv=None):
     parser.add_argument("--format", choices=list(EMBEDDING_FORMATS), default=None,
                         dest="output_format", help="the output's format (default: by the "
                         "--output suffix: .npy, .parquet, else jsonl)")
-    parser.add_argument("--precision", choices=PRECISION_CHOICES, default="fp32",
-                        help="auto: of the precisions the export verified, the fastest on this "
-                        "host (each admitted, then timed for a few seconds at load)")
+    parser.add_argument("--precision", choices=PRECISION_CHOICES, default="auto",
+                        help="auto (default, as the server): of the precisions the export "
+                        "verified, the fastest on this host (each admitted, then timed for a "
+                        "few seconds at load; the choice is kept for the next run)")
+    parser.add_argument("--no-choice-cache", action="store_true",
+                        help="with auto: time the candidates on every run (default: the choice "
+                        "timed on this host for this export and these settings is kept and "
+                        "reused, as the server's Deploy.choice_cache)")
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--tensorrt", action="store_true", help="paddle on GPU: TensorRT")
     parser.add_argument("--threads", type=_threads, default="auto",
@@ -532,7 +537,7 @@ def _infer(args):
                              split_long_sources=args.split_long_sources)
     # admitted (and with auto, chosen on this host) as the server admits an export
     predictor = load_admitted(load, args.model_dir, requested=args.precision,
-                              device=args.device)
+                              device=args.device, cache=not args.no_choice_cache)
     get_logger("ppvarlen.infer").info("export %s admitted in %s: %s", args.model_dir,
                                       predictor.precision, ", ".join(predictor.admission))
     summary = run_file(predictor, args.input, args.output, progress=not args.no_progress,

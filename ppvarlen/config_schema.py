@@ -367,6 +367,12 @@ SCHEMA = {
                            "verified (manifest.precision_measured) that this CPU runs and that "
                            "pass admission, the fastest, timed at load on this host for a few "
                            "seconds (a reduced one only when >= 1.10x fp32; fp32 on GPU)"),
+        "choice_cache": Field(bool, True, help="keep what precision/backend/threads auto timed "
+                              "in $XDG_CACHE_HOME/ppvarlen/choices (~/.cache without it), keyed "
+                              "by the export's manifest, these settings, the CPU and the code; "
+                              "the next start on this host loads the kept choice and admits it "
+                              "without timing (the log names the file: delete it to time "
+                              "again); false = time at every start"),
         "tensorrt": Field(bool, False, help="paddle backend on GPU: TensorRT with the manifest's "
                           "shape ranges"),
         "split_long_sources": Field(bool, False, help="seq2seq exports: a source over the "

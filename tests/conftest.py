@@ -55,6 +55,22 @@ def ray_cluster():
         ray.shutdown()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_choice_cache(tmp_path_factory):
+    """The suite's auto choices (``ppvarlen.runtime.choice_cache``) stay out of the user's
+    ~/.cache: the servers of module fixtures keep theirs here."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PPVARLEN_CHOICE_CACHE_DIR", str(tmp_path_factory.mktemp("choices")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def own_choice_cache(session_choice_cache, tmp_path_factory, monkeypatch):
+    """... and each test keeps its own, inherited by the processes it starts: what one test
+    timed (or another test's injected timings decided) is never another test's choice."""
+    monkeypatch.setenv("PPVARLEN_CHOICE_CACHE_DIR", str(tmp_path_factory.mktemp("choices")))
+
+
 @pytest.fixture
 def free_port():
     """A loopback port free right now.  Serve's proxy binds inside its actor and its API

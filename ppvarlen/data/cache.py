@@ -50,7 +50,8 @@ import tempfile
 import time
 import weakref
 
-from ..utils.io import atomic_write_json, owned_prefix, reap_dead_owners, sha256_file
+from ..utils.io import (atomic_write_json, owned_prefix, reap_dead_owners, sha256_file,
+                        user_cache_dir)
 from ..utils.log import get_logger
 
 log = get_logger("data.cache")
@@ -73,8 +74,7 @@ MAX_RECORDED_FILES = 20_000  # the record stays small; the oldest entries go fir
 
 
 def cache_dir(data_cfg):
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    default = os.path.join(base, "ppvarlen", "stores")
+    default = user_cache_dir("stores")
     return os.path.abspath(os.path.expanduser(data_cfg.get("cache_dir") or default))
 
 

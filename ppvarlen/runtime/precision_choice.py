@@ -37,6 +37,10 @@ then loads and admits only the chosen one.  Paddle Inference keeps every predict
 kernels in one per-process map of input shapes, bounded by one capacity and not emptied when a
 predictor is freed: the shapes the other candidates ran would stay in it and push the served
 engine's held shapes out (docs/PRECISION.md, Memory).
+
+The server and ``ppvarlen-infer`` keep what was timed for their next start on this host
+(``load_admitted(cache=True)``, ``choice_cache``): a kept choice is loaded and admitted with
+nothing timed.
 """
 import contextlib
 import functools
@@ -53,7 +57,7 @@ import time
 from ppvarlen.utils import parallel
 from ppvarlen.utils.log import get_logger, setup_logging
 
-from ppvarlen.runtime import admission, threads_choice, timing
+from ppvarlen.runtime import admission, choice_cache, threads_choice, timing
 from ppvarlen.runtime.manifest import UnservableExportError, load_manifest
 
 log = get_logger("runtime.precision")
@@ -226,7 +230,8 @@ def _candidate():
         _quiet.on = False
 
 
-def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()):
+def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=(), cache=False,
+                  _lookup=True):
     """The admitted predictor of ``export_dir`` for ``requested`` (Deploy.precision), its
     choice in ``predictor.precision_choice`` and its admission report in
     ``predictor.admission``.  ``load(export_dir, precision=p)`` makes a ``Predictor`` (a
@@ -239,7 +244,12 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
     to load or admit is skipped with a log line, fp32 still serves.  A loader with
     ``backend="auto"`` (``Deploy.backend: auto``) on CPU chooses the backend the same way,
     among the export's backends that hold the requested precision (every verified one for
-    ``auto``); off CPU it loads Paddle Inference."""
+    ``auto``); off CPU it loads Paddle Inference.  ``cache``: what ``auto`` timed is kept for
+    the next load on this host, and a kept choice is loaded without timing (``choice_cache``;
+    one that no longer loads or passes admission is forgotten and the candidates timed
+    again)."""
+    again = functools.partial(load_admitted, load, export_dir, requested, device, renderers,
+                              cache, _lookup=False)  # a kept choice failed: time again
     any_backend = _auto_backend(load)
     if any_backend and device != "cpu":
         log.info("backend auto on %s: serving Paddle Inference (the %s path; CPU timings say "
@@ -260,21 +270,32 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
         if requested == "auto" and device == "cpu" and not any_backend else None
     if plain is not None:  # fp32 serves: no candidates to load and time, no child
         requested = "fp32"
-    if threads == "auto" and requested != "auto" and not any_backend:
-        return _threads_here(load, export_dir, requested, renderers, plain)
     auto = device == "cpu" and (requested == "auto" or any_backend)
+    parts = _cache_parts(load, export_dir, requested) \
+        if cache and (auto or threads == "auto") else None
+    kept = choice_cache.lookup(parts) if _lookup else None
+    if threads == "auto" and requested != "auto" and not any_backend:
+        return _threads_here(load, export_dir, requested, renderers, plain, parts, kept, again)
     choice = None
-    if auto:
+    if kept is not None:
+        choice = _recalled(kept)
+    elif auto:
         choice = choose_in_child(load, export_dir, requested) if CHOOSE_IN_CHILD \
             else choose(load, export_dir, requested)
+        choice_cache.store(parts, choice)
     chosen = {"backend": choice["backend"]} if any_backend else {}
     if threads == "auto":
         chosen["threads"] = choice["threads"]
-    # a precision auto chose was not requested: no warnings about it
-    with _candidate() if requested == "auto" and auto else contextlib.nullcontext():
-        predictor = load(export_dir, precision=choice["precision"] if auto else requested,
-                         **chosen)
-    _admit(predictor, renderers)
+    try:
+        # a precision auto chose was not requested: no warnings about it
+        with _candidate() if requested == "auto" and auto else contextlib.nullcontext():
+            predictor = load(export_dir, precision=choice["precision"] if auto else requested,
+                             **chosen)
+        _admit(predictor, renderers)
+    except Exception as e:  # noqa: BLE001 - a kept choice is timed again; a new one raises
+        if kept is None:
+            raise
+        return _forget(kept, e, again)
     predictor.precision_choice = choice or plain or as_requested(predictor.precision, requested)
     if untimed is not None:
         predictor.precision_choice.update(untimed)
@@ -314,7 +335,35 @@ def _nothing_to_choose(load, export_dir):
     return {**as_requested("fp32", "auto"), "backend": backend, "reason": reason}
 
 
-def _threads_here(load, export_dir, precision, renderers, record=None):
+def _cache_parts(load, export_dir, requested):
+    """``choice_cache.key_parts`` of a choice made with ``load`` (None: a loader that cannot
+    be described is not cached)."""
+    loader = describe_loader(load)
+    return None if loader is None else choice_cache.key_parts(loader, export_dir, requested)
+
+
+def _recalled(kept):
+    """A kept choice (``choice_cache.lookup``), logged as such."""
+    choice = dict(kept["choice"], cached=kept["path"], chosen_at=kept["chosen_at"])
+    what = [f"precision {choice['precision']}"] if "precision" in choice else []
+    what += [f"backend {choice['backend']}"] if "backend" in choice else []
+    what += [f"{choice['threads']} math threads"] if "threads" in choice else []
+    log.info("auto: %s, as timed on this host at %s (%s; kept in %s: delete it to time "
+             "again)", ", ".join(what), choice["chosen_at"],
+             choice["reason"] if "reason" in choice else choice.get("threads_reason"),
+             kept["path"])
+    return choice
+
+
+def _forget(kept, error, again):
+    log.warning("auto: the choice kept in %s fails here now (%s); forgotten, timing again",
+                kept["path"], error)
+    choice_cache.forget(kept)
+    return again()
+
+
+def _threads_here(load, export_dir, precision, renderers, record=None, parts=None, kept=None,
+                  again=None):
     """``threads: auto`` on ONNX Runtime with the precision settled (asked for, or fp32 alone
     for ``auto``, whose ``record`` is kept): only the threads are left to choose, so they are
     timed here, with no child process.  The engine is loaded with the
@@ -322,11 +371,25 @@ def _threads_here(load, export_dir, precision, renderers, record=None):
     that session is freed and its heap given back), and served as it is, or loaded again
     with one thread when one serves more.  A child would start an interpreter and load and
     admit the same engine a second time; ONNX Runtime sessions leave nothing behind in the
-    process once freed, unlike Paddle's one oneDNN map (module docstring)."""
+    process once freed, unlike Paddle's one oneDNN map (module docstring).  ``kept``: the
+    threads a previous load timed (``choice_cache``), loaded as they are; ``parts``: the key
+    a newly timed choice is kept under."""
+    if kept is not None:
+        chosen = _recalled(kept)
+        try:
+            predictor = _admit(load(export_dir, precision=precision, threads=chosen["threads"]),
+                               renderers)
+        except Exception as e:  # noqa: BLE001 - timed again, which raises it if it still fails
+            return _forget(kept, e, again)
+        predictor.precision_choice = {**(record or as_requested(predictor.precision,
+                                                                precision)),
+                                      **chosen, "backend": predictor.backend}
+        return predictor
     n = threads_choice.math_cores()
     predictor = _admit(load(export_dir, precision=precision, threads=n), renderers)
     chosen = threads_choice.choose(
         predictor, lambda: load(export_dir, precision=precision, threads=1), n, AUTO_MIN_GAIN)
+    choice_cache.store(parts, chosen)
     if chosen["threads"] != predictor.threads:
         predictor = None
         parallel.release_memory()

@@ -14,6 +14,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -61,13 +62,19 @@ def start_server(export_dir, backend, deploy_overrides, port, startup_timeout=12
            os.path.abspath(export_dir), "--backend", backend, "--port", str(port), *args]
     for k, v in deploy_overrides.items():
         cmd += ["-o", f"Deploy.{k}={v}"]
-    env, cwd = (dict(os.environ, PYTHONPATH=root), root) if repo else (None, None)
+    # a fresh choice cache: each start times its own auto choice, as the benchmark measures
+    choices = tempfile.TemporaryDirectory(prefix="ppvarlen-choices-")
+    env = dict(os.environ, PPVARLEN_CHOICE_CACHE_DIR=choices.name)
+    if repo:
+        env["PYTHONPATH"] = root
+    cwd = root if repo else None
     if log_path is None:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True, env=env, cwd=cwd)
     else:
         with open(log_path, "w") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    proc.choice_cache = choices  # removed by stop_server
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + startup_timeout
     while time.monotonic() < deadline:
@@ -92,6 +99,8 @@ def stop_server(proc):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    if getattr(proc, "choice_cache", None) is not None:
+        proc.choice_cache.cleanup()
 
 
 class _Connection:

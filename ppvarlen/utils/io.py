@@ -182,6 +182,13 @@ def atomic_dir(final_path):
         shutil.rmtree(old, ignore_errors=True)
 
 
+def user_cache_dir(*parts):
+    """``$XDG_CACHE_HOME/ppvarlen/<parts>`` (``~/.cache`` without it): where the commands keep
+    what they can rebuild (encoded-corpus stores, the host's auto choices)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ppvarlen", *parts)
+
+
 def sha256_file(path):
     with open(path, "rb") as f:  # file_digest reads into one reused buffer
         return hashlib.file_digest(f, "sha256").hexdigest()

@@ -1,0 +1,178 @@
+"""What ``auto`` timed is kept for the next load on this host (``runtime/choice_cache.py``):
+a second load of the same export with the same settings loads the kept choice and admits it
+without timing; another export, setting or a damaged entry times again; a kept choice that
+fails here now is forgotten.  Timings are injected (``precision_choice.measure``,
+``threads_choice.choose``), so every assertion holds on any machine."""
+import functools
+import json
+import logging
+import os
+import shutil
+
+import pytest
+
+from ppvarlen import cli
+from ppvarlen.export.exporter import export_model
+from ppvarlen.runtime import choice_cache, precision_choice, threads_choice
+from ppvarlen.runtime.predictor import Predictor
+from test_precision_auto import _refuse_admission_of
+from test_export import CFG, _encoder, _meta
+from test_precision_choice import ITEMS
+from test_quantize import spread_transformer
+
+ONNX = functools.partial(Predictor, backend="onnx")
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory):
+    """ONNX fp32 and int8, both verified: ``auto`` has two candidates to time."""
+    out = tmp_path_factory.mktemp("kept") / "export"
+    export_model(spread_transformer(ITEMS), _meta("classification", "kept", ["a", "b"]),
+                 _encoder(), CFG, str(out), ["onnx"], ["fp32", "int8"], verify=True,
+                 test_examples=ITEMS)
+    return str(out)
+
+
+@pytest.fixture
+def host(monkeypatch, tmp_path):
+    """Injected timings (``speeds``, counted in ``calls``), in this process, and a cache
+    directory of the test's own."""
+    class Host:
+        speeds = {}
+        calls = []
+
+    def measure(predictors, batches, **timing):
+        Host.calls.append(sorted(p for _, p in predictors))
+        return {k: Host.speeds[k[1]] for k in predictors}, 2, 0.1
+
+    monkeypatch.setattr(precision_choice, "measure", measure)
+    monkeypatch.setattr(precision_choice, "CHOOSE_IN_CHILD", False)
+    monkeypatch.setenv(choice_cache.DIR_VARIABLE, str(tmp_path / "choices"))
+    return Host
+
+
+def _auto(export_dir, cache=True, load=ONNX):
+    return precision_choice.load_admitted(load, export_dir, "auto", cache=cache)
+
+
+def _entries(tmp_path):
+    folder = tmp_path / "choices"
+    return sorted(folder.iterdir()) if folder.exists() else []
+
+
+def test_a_second_load_serves_the_kept_choice_without_timing(export_dir, host, tmp_path,
+                                                             caplog):
+    host.speeds = {"fp32": 100.0, "int8": 300.0}
+    first = _auto(export_dir)
+    assert first.precision == "int8" and host.calls == [["fp32", "int8"]]
+    [entry] = _entries(tmp_path)
+    kept = json.loads(entry.read_text())
+    assert kept["choice"]["precision"] == "int8" and kept["parts"]["requested"] == "auto"
+    host.speeds = {"fp32": 300.0, "int8": 100.0}  # would choose fp32 if timed again
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
+    second = _auto(export_dir)
+    assert second.precision == "int8" and host.calls == [["fp32", "int8"]]  # not timed
+    assert second.precision_choice["cached"] == str(entry)
+    assert second.precision_choice["texts_per_cpu_s"] == {"fp32": 100.0, "int8": 300.0}
+    assert set(second.admission) == {"graph", "smoke", "padding", "render"}  # still admitted
+    line = next(r.getMessage() for r in caplog.records if "as timed on this host" in
+                r.getMessage())
+    assert str(entry) in line and "delete it to time again" in line
+    # the same content elsewhere is the same export
+    copy = shutil.copytree(export_dir, tmp_path / "copy")
+    assert _auto(str(copy)).precision == "int8" and len(host.calls) == 1
+
+
+def test_without_the_cache_every_load_times(export_dir, host, tmp_path):
+    host.speeds = {"fp32": 100.0, "int8": 300.0}
+    assert _auto(export_dir, cache=False).precision == "int8"
+    host.speeds = {"fp32": 300.0, "int8": 100.0}
+    assert _auto(export_dir, cache=False).precision == "fp32"
+    assert len(host.calls) == 2 and _entries(tmp_path) == []
+
+
+def test_another_setting_or_export_times_again(export_dir, host, tmp_path):
+    host.speeds = {"fp32": 100.0, "int8": 300.0}
+    _auto(export_dir)
+    host.speeds = {"fp32": 300.0, "int8": 100.0}
+    smaller = functools.partial(ONNX, max_batch_size=8)
+    assert _auto(export_dir, load=smaller).precision == "fp32" and len(host.calls) == 2
+    other = shutil.copytree(export_dir, tmp_path / "other")
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["label_names"] = ["b", "a"]  # another export: its manifest differs
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    assert _auto(str(other)).precision == "fp32" and len(host.calls) == 3
+    assert len(_entries(tmp_path)) == 3
+
+
+@pytest.mark.parametrize("damage", ["{not json", "[]", '{"parts": {}, "choice": {}}'])
+def test_a_damaged_entry_is_timed_again_and_replaced(export_dir, host, tmp_path, caplog,
+                                                     damage):
+    host.speeds = {"fp32": 100.0, "int8": 300.0}
+    _auto(export_dir)
+    [entry] = _entries(tmp_path)
+    entry.write_text(damage)
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
+    assert _auto(export_dir).precision == "int8" and len(host.calls) == 2
+    assert any(r.levelno == logging.WARNING and str(entry) in r.getMessage()
+               and "timing again" in r.getMessage() for r in caplog.records)
+    assert json.loads(entry.read_text())["choice"]["precision"] == "int8"
+
+
+def test_a_kept_choice_failing_admission_now_is_forgotten(export_dir, host, tmp_path,
+                                                          monkeypatch, caplog):
+    host.speeds = {"fp32": 100.0, "int8": 300.0}
+    _auto(export_dir)
+    _refuse_admission_of(monkeypatch, "int8")
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
+    predictor = _auto(export_dir)
+    assert predictor.precision == "fp32" and "cached" not in predictor.precision_choice
+    assert any(r.levelno == logging.WARNING and "fails here now" in r.getMessage()
+               and "padding check" in r.getMessage() for r in caplog.records)
+    [entry] = _entries(tmp_path)
+    assert json.loads(entry.read_text())["choice"]["precision"] == "fp32"
+
+
+def test_a_cache_that_cannot_be_written_costs_timing_not_the_load(export_dir, host, tmp_path,
+                                                                 monkeypatch, caplog):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv(choice_cache.DIR_VARIABLE, str(blocker / "choices"))
+    host.speeds = {"fp32": 100.0, "int8": 300.0}
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
+    assert _auto(export_dir).precision == "int8" and _auto(export_dir).precision == "int8"
+    assert len(host.calls) == 2
+    assert any(r.levelno == logging.WARNING and "could not write" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_threads_timed_for_an_explicit_precision_are_kept_too(export_dir, tmp_path,
+                                                              monkeypatch):
+    monkeypatch.setenv(choice_cache.DIR_VARIABLE, str(tmp_path / "choices"))
+    monkeypatch.setattr(threads_choice, "math_cores", lambda: 2)
+    calls = []
+
+    def choose(many, load_one, n, min_gain, batches=None):
+        calls.append(n)
+        return {"threads": 1, "threads_reason": "one thread served more (injected)",
+                "threads_timing": {}}
+
+    monkeypatch.setattr(threads_choice, "choose", choose)
+    load = functools.partial(ONNX, threads="auto")
+    first = precision_choice.load_admitted(load, export_dir, "int8", cache=True)
+    second = precision_choice.load_admitted(load, export_dir, "int8", cache=True)
+    assert calls == [2] and first.threads == second.threads == 1
+    assert second.precision_choice["threads_reason"] == "one thread served more (injected)"
+    assert "cached" in second.precision_choice
+
+
+def test_infer_keeps_its_auto_choice_unless_told_not_to(export_dir, host, tmp_path, caplog):
+    src = tmp_path / "in.txt"
+    src.write_text("a b\nb a a\n", encoding="utf-8")
+    host.speeds = {"fp32": 100.0, "int8": 300.0}
+    argv = ["--model-dir", export_dir, "--backend", "onnx", "--precision", "auto", "--input",
+            str(src), "--output", str(tmp_path / "out.jsonl"), "--no-progress"]
+    assert cli.main_infer(argv) == 0 and cli.main_infer(argv) == 0
+    assert len(host.calls) == 1 and len(_entries(tmp_path)) == 1
+    assert cli.main_infer(argv + ["--no-choice-cache"]) == 0 and len(host.calls) == 2
+    assert os.path.exists(tmp_path / "out.jsonl")
