@@ -12,8 +12,9 @@ and the next start loads what it names (and admits it) without timing
 batch limits, oneDNN settings; not the export's path), the precision asked for, this CPU
 (model name, flags, usable cores), the versions of ppvarlen, Paddle and ONNX Runtime, and the
 source of the modules that choose, admit and time (a changed rule times again).  An entry is
-JSON (never a pickle), written atomically; one that cannot be read, or whose parts differ from
-the key's, is ignored and replaced.  The log line of a cached choice names its file: deleting
+JSON (never a pickle), written atomically; one that cannot be read, whose parts differ from the
+key's, or whose choice names what cannot load here, is ignored and replaced; the newest
+``MAX_ENTRIES`` are kept.  The log line of a cached choice names its file: deleting
 it times again.  A directory that cannot be written costs the next start its timing, with a
 warning, never the start itself.
 """
@@ -27,10 +28,12 @@ from ppvarlen.utils.io import atomic_write_json, sha256_file, user_cache_dir
 from ppvarlen.utils.log import get_logger
 
 from ppvarlen.runtime import threads_choice
+from ppvarlen.runtime.backends import PRECISIONS
 
 log = get_logger("runtime.precision")
 DIR_VARIABLE = "PPVARLEN_CHOICE_CACHE_DIR"  # another directory (a test's, a benchmark's)
 FORMAT = 1  # of an entry; bumped when its fields change
+MAX_ENTRIES = 256  # the newest are kept
 # whose source decides what is chosen: a change to any of them times again
 DECIDING_MODULES = ("precision_choice", "threads_choice", "timing", "admission")
 VERSIONED = ("ppvarlen", "paddlepaddle", "onnxruntime")
@@ -79,9 +82,10 @@ def key_parts(loader, export_dir, requested):
         manifest = sha256_file(os.path.join(export_dir, "manifest.json"))
     except OSError:
         return None
-    return {"format": FORMAT, "manifest_sha256": manifest, "loader": loader,
-            "requested": requested, "cpu": _cpu(),
-            "versions": {d: _version(d) for d in VERSIONED}, "code": _code_digest()}
+    parts = {"format": FORMAT, "manifest_sha256": manifest, "loader": loader,
+             "requested": requested, "cpu": _cpu(),
+             "versions": {d: _version(d) for d in VERSIONED}, "code": _code_digest()}
+    return json.loads(json.dumps(parts))  # as an entry reads back (tuples become lists)
 
 
 def path_of(parts):
@@ -103,10 +107,37 @@ def lookup(parts):
         log.warning("choice cache: %s cannot be read (%s); timing again", path, e)
         return None
     if not isinstance(entry, dict) or entry.get("parts") != parts \
-            or not isinstance(entry.get("choice"), dict):
+            or not _usable(entry.get("choice")):
         log.warning("choice cache: %s is not the entry of its key; timing again", path)
         return None
     return {"choice": entry["choice"], "chosen_at": entry.get("chosen_at"), "path": path}
+
+
+def _usable(choice):
+    """Whether a read choice names what a load can take: a precision and backend by name, a
+    thread count within this host's cores."""
+    if not isinstance(choice, dict) or not ("precision" in choice or "threads" in choice):
+        return False
+    if "backend" in choice and choice["backend"] not in PRECISIONS:
+        return False
+    held = PRECISIONS.get(choice.get("backend"), set().union(*PRECISIONS.values()))
+    if "precision" in choice and choice["precision"] not in held:
+        return False
+    threads = choice.get("threads", 1)
+    return type(threads) is int and 1 <= threads <= threads_choice.math_cores()
+
+
+def _prune(folder):
+    """Drop the oldest entries past ``MAX_ENTRIES`` (each export and setting adds one)."""
+    try:
+        names = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".json")]
+        if len(names) <= MAX_ENTRIES:
+            return
+        names.sort(key=os.path.getmtime)
+        for path in names[:len(names) - MAX_ENTRIES]:
+            os.remove(path)
+    except OSError:
+        pass  # another process pruned first, or the folder went away: nothing to keep bounded
 
 
 def store(parts, choice):
@@ -122,6 +153,7 @@ def store(parts, choice):
         log.warning("choice cache: could not write %s (%s); the next start times again "
                     "(Deploy.choice_cache: false stops trying)", path, e)
         return None
+    _prune(os.path.dirname(path))
     return path
 
 

@@ -176,3 +176,31 @@ def test_infer_keeps_its_auto_choice_unless_told_not_to(export_dir, host, tmp_pa
     assert len(host.calls) == 1 and len(_entries(tmp_path)) == 1
     assert cli.main_infer(argv + ["--no-choice-cache"]) == 0 and len(host.calls) == 2
     assert os.path.exists(tmp_path / "out.jsonl")
+
+
+@pytest.mark.parametrize("choice", [{"precision": "int4"},
+                                    {"precision": "bf16", "backend": "onnx"},
+                                    {"threads": 10 ** 6}, {"threads": "2"}, {"reason": "x"}])
+def test_a_kept_choice_naming_what_cannot_load_is_timed_again(export_dir, host, tmp_path,
+                                                              choice):
+    host.speeds = {"fp32": 100.0, "int8": 300.0}
+    _auto(export_dir)
+    [entry] = _entries(tmp_path)
+    kept = json.loads(entry.read_text())
+    kept["choice"] = dict(kept["choice"], **choice)
+    if choice == {"reason": "x"}:
+        kept["choice"] = choice
+    entry.write_text(json.dumps(kept))
+    assert _auto(export_dir).precision == "int8" and len(host.calls) == 2
+
+
+def test_the_oldest_entries_go_past_the_bound(export_dir, host, tmp_path, monkeypatch):
+    monkeypatch.setattr(choice_cache, "MAX_ENTRIES", 2)
+    host.speeds = {"fp32": 100.0, "int8": 300.0}
+    for size in (8, 16, 32):
+        _auto(export_dir, load=functools.partial(ONNX, max_batch_size=size))
+        for entry in _entries(tmp_path):  # the earlier ones older
+            os.utime(entry, (entry.stat().st_mtime - 10,) * 2)
+    kept = [json.loads(p.read_text())["parts"]["loader"]["kwargs"]["max_batch_size"]
+            for p in _entries(tmp_path)]
+    assert sorted(kept) == [16, 32]
