@@ -368,7 +368,8 @@ SCHEMA = {
                            "pass admission, the fastest, timed at load on this host for a few "
                            "seconds (a reduced one only when >= 1.10x fp32; fp32 on GPU)"),
         "choice_cache": Field(bool, True, help="keep what precision/backend/threads auto timed "
-                              "in $XDG_CACHE_HOME/ppvarlen/choices (~/.cache without it), keyed "
+                              "(and a Paddle oneDNN grid's shape times) in "
+                              "$XDG_CACHE_HOME/ppvarlen/choices (~/.cache without it), keyed "
                               "by the export's manifest, these settings, the CPU and the code; "
                               "the next start on this host loads the kept choice and admits it "
                               "without timing (the log names the file: delete it to time "

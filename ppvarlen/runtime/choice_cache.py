@@ -17,6 +17,11 @@ key's, or whose choice names what cannot load here, is ignored and replaced; the
 ``MAX_ENTRIES`` are kept.  The log line of a cached choice names its file: deleting
 it times again.  A directory that cannot be written costs the next start its timing, with a
 warning, never the start itself.
+
+A Paddle oneDNN server's shape grid times itself at warm-up the same way (three passes over
+every shape): its fastest times are kept too (``keep_grid_times``), and the next start of the
+same engine seeds its grid with them and runs one pass, which sets the kernels up
+(``kept_grid_times``, ``Predictor.warmup``).
 """
 import datetime
 import hashlib
@@ -74,18 +79,63 @@ def _code_digest():
     return digest.hexdigest()
 
 
+def _manifest_sha256(export_dir):
+    try:
+        return sha256_file(os.path.join(export_dir, "manifest.json"))
+    except OSError:
+        return None
+
+
+def _host_parts(**parts):
+    """``parts`` with this CPU and the versions, as an entry reads back (tuples as lists)."""
+    parts = {"format": FORMAT, **parts, "cpu": _cpu(),
+             "versions": {d: _version(d) for d in VERSIONED}}
+    return json.loads(json.dumps(parts))
+
+
 def key_parts(loader, export_dir, requested):
     """What a choice for ``loader`` (``precision_choice.describe_loader``'s JSON) on
     ``export_dir`` asked for ``requested`` depends on -> a dict, or None when the manifest
     cannot be read (the load then says why)."""
-    try:
-        manifest = sha256_file(os.path.join(export_dir, "manifest.json"))
-    except OSError:
+    manifest = _manifest_sha256(export_dir)
+    if manifest is None:
         return None
-    parts = {"format": FORMAT, "manifest_sha256": manifest, "loader": loader,
-             "requested": requested, "cpu": _cpu(),
-             "versions": {d: _version(d) for d in VERSIONED}, "code": _code_digest()}
-    return json.loads(json.dumps(parts))  # as an entry reads back (tuples become lists)
+    return _host_parts(manifest_sha256=manifest, loader=loader, requested=requested,
+                       code=_code_digest())
+
+
+def grid_parts(predictor):
+    """What the shape times of ``predictor``'s oneDNN grid (``backends.ShapeGrid``) depend on:
+    the export, the engine's backend, precision and math threads, the grid's shapes, this CPU
+    and the versions -> a dict, or None (no grid, or no manifest to read)."""
+    grid = getattr(predictor.engine, "shape_grid", None)
+    manifest = _manifest_sha256(predictor.export_dir) if grid is not None else None
+    if manifest is None:
+        return None
+    return _host_parts(kind="grid_times", manifest_sha256=manifest, backend=predictor.backend,
+                       precision=predictor.precision, threads=predictor.threads,
+                       rows=grid.rows, widths=grid.widths)
+
+
+def kept_grid_times(predictor):
+    """{(rows, width): seconds} a previous start of this engine kept (``keep_grid_times``),
+    logged with its file, or None."""
+    parts = grid_parts(predictor)
+    entry = lookup(parts, _usable_grid_times(parts))
+    if entry is None:
+        return None
+    log.info("oneDNN shape grid: the fastest time of each shape kept in %s (%s) seeds this "
+             "start, which runs one warm-up pass instead of timing the grid (delete the file "
+             "to time it)", entry["path"], entry["chosen_at"])
+    return {tuple(map(int, k.split("x"))): v for k, v in entry["choice"]["seconds"].items()}
+
+
+def keep_grid_times(predictor):
+    """Keep the fastest time of each shape of ``predictor``'s grid for the next start."""
+    grid = getattr(predictor.engine, "shape_grid", None)
+    if grid is not None and grid.costs:
+        store(grid_parts(predictor),
+              {"seconds": {f"{r}x{w}": t for (r, w), t in sorted(grid.costs.items())}})
 
 
 def path_of(parts):
@@ -93,8 +143,9 @@ def path_of(parts):
     return os.path.join(cache_dir(), key + ".json")
 
 
-def lookup(parts):
-    """The cached entry for ``parts`` -> {"choice", "chosen_at", "path"}, or None."""
+def lookup(parts, usable=None):
+    """The cached entry for ``parts`` -> {"choice", "chosen_at", "path"}, or None.
+    ``usable(choice)``: whether a read choice can be used (default: a load's choice)."""
     if parts is None:
         return None
     path = path_of(parts)
@@ -107,7 +158,7 @@ def lookup(parts):
         log.warning("choice cache: %s cannot be read (%s); timing again", path, e)
         return None
     if not isinstance(entry, dict) or entry.get("parts") != parts \
-            or not _usable(entry.get("choice")):
+            or not (usable or _usable)(entry.get("choice")):
         log.warning("choice cache: %s is not the entry of its key; timing again", path)
         return None
     return {"choice": entry["choice"], "chosen_at": entry.get("chosen_at"), "path": path}
@@ -125,6 +176,16 @@ def _usable(choice):
         return False
     threads = choice.get("threads", 1)
     return type(threads) is int and 1 <= threads <= threads_choice.math_cores()
+
+
+def _usable_grid_times(parts):
+    """Whether a read entry holds a positive time for every shape of the grid of ``parts``."""
+    def usable(choice):
+        seconds = choice.get("seconds") if isinstance(choice, dict) else None
+        shapes = {f"{r}x{w}" for r in parts["rows"] for w in parts["widths"]} if parts else ()
+        return isinstance(seconds, dict) and set(seconds) == set(shapes) and all(
+            type(t) is float and 0 < t < 3600 for t in seconds.values())
+    return usable
 
 
 def _prune(folder):

@@ -167,18 +167,22 @@ class Predictor:
         shared["engine"] = self.engine.clone()
         return Predictor(None, _shared=shared)
 
-    def warmup(self, lengths=(8, 32, 128)):
+    def warmup(self, lengths=(8, 32, 128), kept_times=None):
         """Run a few batch shapes once so the first requests skip kernel set-up; not counted.
         An engine with a ``ShapeGrid`` runs every grid shape instead, in ``GRID_WARMUP_PASSES``
         passes over the grid (the first sets each shape's kernels up); every run is timed
         (``run_engine``) and each shape keeps its fastest, which the batcher plans with.  A
         burst of other work during one pass slows different shapes in different passes, so
-        the fastest of two timed passes is seldom inflated; clones share the grid.  Paddle
+        the fastest of two timed passes is seldom inflated; clones share the grid.
+        ``kept_times`` ({(rows, width): seconds}, ``choice_cache.kept_grid_times``): a previous
+        start's fastest times, which seed the grid; one pass then sets the kernels up.  Paddle
         caches oneDNN kernels per thread: call this in the thread that will run the
         batches."""
         grid = getattr(self.engine, "shape_grid", None)
         if grid is not None:
-            for _ in range(GRID_WARMUP_PASSES):
+            for (rows, width), seconds in (kept_times or {}).items():
+                grid.observe(rows, width, seconds)
+            for _ in range(1 if kept_times else GRID_WARMUP_PASSES):
                 for rows, width in grid.shapes():
                     self.run_engine([[self.encoder.unk_id] * width] * rows)
             self._reset_counters()

@@ -40,7 +40,7 @@ from ppvarlen.utils.io import reap_dead_owners
 from ppvarlen.utils.parallel import release_memory
 from ppvarlen.utils.log import get_logger
 
-from ppvarlen.runtime import precision_choice
+from ppvarlen.runtime import choice_cache, precision_choice
 from ppvarlen.runtime.admission import AdmissionError, admit, first_line
 from ppvarlen.serve.batcher import BatcherClosed, Callers, DynamicBatcher
 from ppvarlen.serve.errors import shown
@@ -89,6 +89,8 @@ class ServedModel:
         # (timing other shapes would put them in Paddle's cache, dropping grid shapes)
         self.shape_grid = grid = getattr(p.engine, "shape_grid", None)
         batch_cost = grid.cost if grid is not None else None
+        kept = choice_cache.kept_grid_times(p) if grid is not None and deploy.choice_cache \
+            else None
         self.overhead_tokens = deploy.batch_overhead_tokens
         if self.overhead_tokens is None:
             self.overhead_tokens = 0 if batch_cost else p.measure_overhead_tokens()
@@ -103,7 +105,9 @@ class ServedModel:
                                       deploy.max_batch_size, deploy.queue_size,
                                       self.overhead_tokens, on_batch,
                                       callers if deploy.batch_when_all_queued else None,
-                                      batch_cost, warmup=lambda q: q.warmup())
+                                      batch_cost, warmup=lambda q: q.warmup(kept_times=kept))
+        if grid is not None and deploy.choice_cache:
+            choice_cache.keep_grid_times(p)
         if batch_cost:
             log.info("model %s version %s ready (%s, %s backend, %d worker(s)); batches run on "
                      "a grid of %d held shapes (rows %s, widths %s), planned with each "

@@ -1,8 +1,10 @@
 """What ``auto`` timed is kept for the next load on this host (``runtime/choice_cache.py``):
 a second load of the same export with the same settings loads the kept choice and admits it
 without timing; another export, setting or a damaged entry times again; a kept choice that
-fails here now is forgotten.  Timings are injected (``precision_choice.measure``,
-``threads_choice.choose``), so every assertion holds on any machine."""
+fails here now is forgotten.  A Paddle oneDNN grid's shape times are kept too: the next
+start seeds its grid with them and runs one warm-up pass instead of three.  Timings are
+injected (``precision_choice.measure``, ``threads_choice.choose``), so every assertion holds
+on any machine."""
 import functools
 import json
 import logging
@@ -16,6 +18,7 @@ from ppvarlen.export.exporter import export_model
 from ppvarlen.runtime import choice_cache, precision_choice, threads_choice
 from ppvarlen.runtime.predictor import Predictor
 from test_precision_auto import _refuse_admission_of
+from test_precision_memory import mlp_export  # noqa: F401
 from test_export import CFG, _encoder, _meta
 from test_precision_choice import ITEMS
 from test_quantize import spread_transformer
@@ -204,3 +207,73 @@ def test_the_oldest_entries_go_past_the_bound(export_dir, host, tmp_path, monkey
     kept = [json.loads(p.read_text())["parts"]["loader"]["kwargs"]["max_batch_size"]
             for p in _entries(tmp_path)]
     assert sorted(kept) == [16, 32]
+
+
+# ---------------------------------------------------------------- a oneDNN grid's shape times
+
+def _counted(predictor):
+    """``predictor`` with its engine runs counted in ``predictor.runs``."""
+    predictor.runs = 0
+    run = predictor.run_engine
+
+    def counting(rows):
+        predictor.runs += 1
+        return run(rows)
+    predictor.run_engine = counting
+    return predictor
+
+
+def test_a_grid_starts_from_its_kept_shape_times_with_one_pass(mlp_export, tmp_path,
+                                                               monkeypatch):
+    monkeypatch.setenv(choice_cache.DIR_VARIABLE, str(tmp_path / "choices"))
+    first = _counted(Predictor(mlp_export, "paddle", precision="fp32", threads=1))
+    grid = first.engine.shape_grid
+    assert grid is not None and choice_cache.kept_grid_times(first) is None
+    first.warmup()
+    assert first.runs == 3 * len(grid.shapes())  # one pass sets kernels up, two time them
+    choice_cache.keep_grid_times(first)
+    timed = dict(grid.costs)
+    second = _counted(Predictor(mlp_export, "paddle", precision="fp32", threads=1))
+    kept = choice_cache.kept_grid_times(second)
+    assert kept == timed
+    second.warmup(kept_times=kept)
+    assert second.runs == len(grid.shapes())
+    costs = second.engine.shape_grid.costs
+    assert set(costs) == set(timed) and all(costs[k] <= timed[k] for k in timed)
+    # another engine setting is another grid's times
+    other = Predictor(mlp_export, "paddle", precision="fp32", threads=2)
+    assert choice_cache.kept_grid_times(other) is None
+
+
+def test_a_grid_entry_missing_a_shape_is_not_used(mlp_export, tmp_path, monkeypatch):
+    monkeypatch.setenv(choice_cache.DIR_VARIABLE, str(tmp_path / "choices"))
+    first = Predictor(mlp_export, "paddle", precision="fp32", threads=1)
+    first.warmup()
+    choice_cache.keep_grid_times(first)
+    [entry] = _entries(tmp_path)
+    kept = json.loads(entry.read_text())
+    kept["choice"]["seconds"].popitem()
+    entry.write_text(json.dumps(kept))
+    assert choice_cache.kept_grid_times(first) is None
+
+
+def test_a_server_keeps_its_grid_times_for_its_next_start(mlp_export, tmp_path, monkeypatch,
+                                                          caplog):
+    from fastapi.testclient import TestClient
+
+    from ppvarlen.serve.server import create_app, deploy_settings
+
+    monkeypatch.setenv(choice_cache.DIR_VARIABLE, str(tmp_path / "choices"))
+    caplog.set_level(logging.INFO, logger="ppvarlen")
+    for start in range(2):
+        app = create_app(Predictor(mlp_export, "paddle", precision="fp32", threads=1),
+                         deploy_settings(max_wait_ms=1))
+        with TestClient(app) as client:
+            assert client.post("/predict", json={"texts": ["好"]}).status_code == 200
+        seeded = [r for r in caplog.records if "seeds this start" in r.getMessage()]
+        assert len(seeded) == start
+    caplog.clear()
+    app = create_app(Predictor(mlp_export, "paddle", precision="fp32", threads=1),
+                     deploy_settings(max_wait_ms=1, choice_cache=False))
+    with TestClient(app):
+        assert not any("seeds this start" in r.getMessage() for r in caplog.records)
