@@ -19,7 +19,8 @@ it times again.  A directory that cannot be written costs the next start its tim
 warning, never the start itself.
 
 A Paddle oneDNN server's shape grid times itself at warm-up the same way (three passes over
-every shape): its fastest times are kept too (``keep_grid_times``), and the next start of the
+every shape): its fastest times are kept too (``keep_grid_times``, after warm-up and when the
+version stops, with what traffic lowered), and the next start of the
 same engine seeds its grid with them and runs one pass, which sets the kernels up
 (``kept_grid_times``, ``Predictor.warmup``).
 """

@@ -143,6 +143,9 @@ class ServedModel:
     def close(self, timeout):
         """Drain the queue, stop the workers, drop the engines; True when drained in time."""
         drained = self.batcher.close(True, timeout) if self.batcher is not None else True
+        if self.shape_grid is not None and self.predictor is not None \
+                and self.settings.choice_cache:
+            choice_cache.keep_grid_times(self.predictor)  # with the times traffic lowered
         self.batcher = None
         self.predictor = None
         return drained

@@ -266,12 +266,18 @@ def test_a_server_keeps_its_grid_times_for_its_next_start(mlp_export, tmp_path, 
     monkeypatch.setenv(choice_cache.DIR_VARIABLE, str(tmp_path / "choices"))
     caplog.set_level(logging.INFO, logger="ppvarlen")
     for start in range(2):
-        app = create_app(Predictor(mlp_export, "paddle", precision="fp32", threads=1),
-                         deploy_settings(max_wait_ms=1))
+        predictor = Predictor(mlp_export, "paddle", precision="fp32", threads=1)
+        app = create_app(predictor, deploy_settings(max_wait_ms=1))
         with TestClient(app) as client:
             assert client.post("/predict", json={"texts": ["好"]}).status_code == 200
+            # a run faster than warm-up's, as traffic on a quieter host observes
+            rows, width = predictor.engine.shape_grid.shapes()[0]
+            predictor.engine.shape_grid.observe(rows, width, 1e-6 * (start + 1))
         seeded = [r for r in caplog.records if "seeds this start" in r.getMessage()]
         assert len(seeded) == start
+        # kept at shut-down, with what traffic lowered
+        entry = choice_cache.lookup(choice_cache.grid_parts(predictor), lambda choice: True)
+        assert entry["choice"]["seconds"][f"{rows}x{width}"] == 1e-6
     caplog.clear()
     app = create_app(Predictor(mlp_export, "paddle", precision="fp32", threads=1),
                      deploy_settings(max_wait_ms=1, choice_cache=False))
