@@ -283,10 +283,10 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
         choice = choose_in_child(load, export_dir, requested) if CHOOSE_IN_CHILD \
             else choose(load, export_dir, requested)
         choice_cache.store(parts, choice)
-    chosen = {"backend": choice["backend"]} if any_backend else {}
-    if threads == "auto":
-        chosen["threads"] = choice["threads"]
     try:
+        chosen = {"backend": choice["backend"]} if any_backend else {}
+        if threads == "auto":
+            chosen["threads"] = choice["threads"]
         # a precision auto chose was not requested: no warnings about it
         with _candidate() if requested == "auto" and auto else contextlib.nullcontext():
             predictor = load(export_dir, precision=choice["precision"] if auto else requested,

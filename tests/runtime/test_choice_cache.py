@@ -283,3 +283,21 @@ def test_a_server_keeps_its_grid_times_for_its_next_start(mlp_export, tmp_path, 
                      deploy_settings(max_wait_ms=1, choice_cache=False))
     with TestClient(app):
         assert not any("seeds this start" in r.getMessage() for r in caplog.records)
+
+
+def test_a_kept_choice_missing_the_threads_its_loader_leaves_open_is_timed_again(
+        export_dir, host, tmp_path, monkeypatch):
+    monkeypatch.setattr(threads_choice, "math_cores", lambda: 2)
+    monkeypatch.setattr(threads_choice, "choose", lambda *args, **kw: {
+        "threads": 2, "threads_reason": "injected", "threads_timing": {}})
+    load = functools.partial(ONNX, threads="auto", backend="auto")
+    host.speeds = {"fp32": 100.0, "int8": 300.0}
+    first = _auto(export_dir, load=load)
+    [entry] = _entries(tmp_path)
+    kept = json.loads(entry.read_text())
+    assert {"backend", "threads"} <= set(kept["choice"])
+    del kept["choice"]["threads"]
+    entry.write_text(json.dumps(kept))
+    second = _auto(export_dir, load=load)
+    assert (second.backend, second.precision) == (first.backend, first.precision)
+    assert "threads" in json.loads(entry.read_text())["choice"] and len(host.calls) == 2
