@@ -18,6 +18,9 @@ key's, or whose choice names what cannot load here, is ignored and replaced; the
 it times again.  A directory that cannot be written costs the next start its timing, with a
 warning, never the start itself.
 
+Not kept: one math thread chosen by a wall-time comparison with the cores
+(``threads_choice.wall_clock_verdict``), which neighbours' work can decide.
+
 A Paddle oneDNN server's shape grid times itself at warm-up the same way (three passes over
 every shape): its fastest times are kept too (``keep_grid_times``, after warm-up and when the
 version stops, with what traffic lowered), and the next start of the

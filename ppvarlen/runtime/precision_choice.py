@@ -282,7 +282,7 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
     elif auto:
         choice = choose_in_child(load, export_dir, requested) if CHOOSE_IN_CHILD \
             else choose(load, export_dir, requested)
-        choice_cache.store(parts, choice)
+        _keep(parts, choice)
     try:
         chosen = {"backend": choice["backend"]} if any_backend else {}
         if threads == "auto":
@@ -342,6 +342,19 @@ def _cache_parts(load, export_dir, requested):
     return None if loader is None else choice_cache.key_parts(loader, export_dir, requested)
 
 
+def _keep(parts, choice):
+    """Keep ``choice`` for the next start (``choice_cache``), unless it could be the host's
+    load rather than the engines that decided it (``threads_choice.wall_clock_verdict``)."""
+    if parts is None:
+        return
+    if threads_choice.wall_clock_verdict(choice):
+        log.info("auto: not kept for the next start: one math thread won a wall-time "
+                 "comparison with the cores, which other work on the host can decide; "
+                 "timed again at each start")
+        return
+    choice_cache.store(parts, choice)
+
+
 def _recalled(kept):
     """A kept choice (``choice_cache.lookup``), logged as such."""
     choice = dict(kept["choice"], cached=kept["path"], chosen_at=kept["chosen_at"])
@@ -389,7 +402,7 @@ def _threads_here(load, export_dir, precision, renderers, record=None, parts=Non
     predictor = _admit(load(export_dir, precision=precision, threads=n), renderers)
     chosen = threads_choice.choose(
         predictor, lambda: load(export_dir, precision=precision, threads=1), n, AUTO_MIN_GAIN)
-    choice_cache.store(parts, chosen)
+    _keep(parts, chosen)
     if chosen["threads"] != predictor.threads:
         predictor = None
         parallel.release_memory()

@@ -66,6 +66,14 @@ def count(threads):
     return math_cores() if threads == "auto" else int(threads)
 
 
+def wall_clock_verdict(choice):
+    """Whether ``choice`` (``choose``'s) is one thread by a wall-time comparison with the cores:
+    other work on the host while it was timed can have decided it (wall time is what the
+    cores lose to neighbours), so it is timed again at the next start, not kept."""
+    timing = choice.get("threads_timing") or {}
+    return choice.get("threads") == 1 and "wall_ms_per_text" in timing
+
+
 def resolve(threads, workers=1):
     """A thread setting -> an int, or ``"auto"`` left for ``choose``: with several workers
     the usable cores are split between them instead (each runs batches at the same time)."""

@@ -301,3 +301,25 @@ def test_a_kept_choice_missing_the_threads_its_loader_leaves_open_is_timed_again
     second = _auto(export_dir, load=load)
     assert (second.backend, second.precision) == (first.backend, first.precision)
     assert "threads" in json.loads(entry.read_text())["choice"] and len(host.calls) == 2
+
+
+def test_one_thread_by_wall_time_is_timed_again_at_each_start(export_dir, tmp_path,
+                                                              monkeypatch, caplog):
+    """Neighbours' work slows the cores' wall time: such a verdict is not kept."""
+    monkeypatch.setenv(choice_cache.DIR_VARIABLE, str(tmp_path / "choices"))
+    monkeypatch.setattr(threads_choice, "math_cores", lambda: 2)
+    calls = []
+
+    def choose(many, load_one, n, min_gain, batches=None):
+        calls.append(n)
+        return {"threads": 1, "threads_reason": "2 threads would serve only 0.9x one",
+                "threads_timing": {"cpu_ms_per_text": {"1": 5.0, "2": 6.0},
+                                   "wall_ms_per_text": {"2": 5.5}, "gain": 0.9}}
+
+    monkeypatch.setattr(threads_choice, "choose", choose)
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
+    load = functools.partial(ONNX, threads="auto")
+    for _ in range(2):
+        assert precision_choice.load_admitted(load, export_dir, "int8", cache=True).threads == 1
+    assert calls == [2, 2] and _entries(tmp_path) == []
+    assert any("not kept for the next start" in r.getMessage() for r in caplog.records)
