@@ -365,6 +365,10 @@ def _recalled(kept):
              "again)", ", ".join(what), choice["chosen_at"],
              choice["reason"] if "reason" in choice else choice.get("threads_reason"),
              kept["path"])
+    # /health and the model config show the reasons: say the timing is an earlier start's
+    for key in ("reason", "threads_reason"):
+        if isinstance(choice.get(key), str):
+            choice[key] += f" (timed at {choice['chosen_at']}, kept)"
     return choice
 
 

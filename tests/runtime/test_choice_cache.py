@@ -76,6 +76,8 @@ def test_a_second_load_serves_the_kept_choice_without_timing(export_dir, host, t
     second = _auto(export_dir)
     assert second.precision == "int8" and host.calls == [["fp32", "int8"]]  # not timed
     assert second.precision_choice["cached"] == str(entry)
+    assert second.precision_choice["reason"] == (  # what /health shows
+        f"{kept['choice']['reason']} (timed at {kept['chosen_at']}, kept)")
     assert second.precision_choice["texts_per_cpu_s"] == {"fp32": 100.0, "int8": 300.0}
     assert set(second.admission) == {"graph", "smoke", "padding", "render"}  # still admitted
     line = next(r.getMessage() for r in caplog.records if "as timed on this host" in
@@ -165,7 +167,8 @@ def test_threads_timed_for_an_explicit_precision_are_kept_too(export_dir, tmp_pa
     first = precision_choice.load_admitted(load, export_dir, "int8", cache=True)
     second = precision_choice.load_admitted(load, export_dir, "int8", cache=True)
     assert calls == [2] and first.threads == second.threads == 1
-    assert second.precision_choice["threads_reason"] == "one thread served more (injected)"
+    assert second.precision_choice["threads_reason"].startswith(
+        "one thread served more (injected) (timed at ")
     assert "cached" in second.precision_choice
 
 
