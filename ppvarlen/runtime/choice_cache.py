@@ -12,8 +12,10 @@ and the next start loads what it names (and admits it) without timing
 batch limits, oneDNN settings; not the export's path), the precision asked for, this CPU
 (model name, flags, usable cores), the versions of ppvarlen, Paddle and ONNX Runtime, and the
 source of the modules that choose, admit and time (a changed rule times again).  An entry is
-JSON (never a pickle), written atomically; one that cannot be read, whose parts differ from the
-key's, or whose choice names what cannot load here, is ignored and replaced; the newest
+JSON (never a pickle), written atomically (a temporary file named for its writer's pid, renamed
+into place; a dead writer's is removed by the next write) and sealed with the sha256 of its
+fields; one that cannot be read, does not match its sha256, whose parts differ from the key's,
+or whose choice names what cannot load here, is ignored and replaced; the newest
 ``MAX_ENTRIES`` are kept.  The log line of a cached choice names its file: deleting
 it times again.  A directory that cannot be written costs the next start its timing, with a
 warning, never the start itself.
@@ -33,7 +35,7 @@ import importlib.metadata
 import json
 import os
 
-from ppvarlen.utils.io import atomic_write_json, sha256_file, user_cache_dir
+from ppvarlen.utils.io import atomic_write_json, reap_dead_owners, sha256_file, user_cache_dir
 from ppvarlen.utils.log import get_logger
 
 from ppvarlen.runtime import threads_choice
@@ -41,7 +43,7 @@ from ppvarlen.runtime.backends import PRECISIONS
 
 log = get_logger("runtime.precision")
 DIR_VARIABLE = "PPVARLEN_CHOICE_CACHE_DIR"  # another directory (a test's, a benchmark's)
-FORMAT = 1  # of an entry; bumped when its fields change
+FORMAT = 2  # of an entry; bumped when its fields change (2: sealed with its sha256)
 MAX_ENTRIES = 256  # the newest are kept
 # whose source decides what is chosen: a change to any of them times again
 DECIDING_MODULES = ("precision_choice", "threads_choice", "timing", "admission")
@@ -161,11 +163,22 @@ def lookup(parts, usable=None):
     except (OSError, ValueError) as e:
         log.warning("choice cache: %s cannot be read (%s); timing again", path, e)
         return None
-    if not isinstance(entry, dict) or entry.get("parts") != parts \
-            or not (usable or _usable)(entry.get("choice")):
+    if not isinstance(entry, dict) or entry.get("sha256") != seal(entry)["sha256"]:
+        log.warning("choice cache: %s does not match its sha256 (damaged or edited); timing "
+                    "again", path)
+        return None
+    if entry.get("parts") != parts or not (usable or _usable)(entry.get("choice")):
         log.warning("choice cache: %s is not the entry of its key; timing again", path)
         return None
     return {"choice": entry["choice"], "chosen_at": entry.get("chosen_at"), "path": path}
+
+
+def seal(entry):
+    """``entry`` ({"parts", "choice", "chosen_at"}) with the sha256 of those fields, which
+    ``lookup`` checks when it reads the entry back."""
+    fields = {k: entry.get(k) for k in ("parts", "choice", "chosen_at")}
+    blob = json.dumps(fields, sort_keys=True, ensure_ascii=False).encode("utf-8")
+    return {**fields, "sha256": hashlib.sha256(blob).hexdigest()}
 
 
 def _usable(choice):
@@ -213,7 +226,8 @@ def store(parts, choice):
     at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        atomic_write_json(path, {"parts": parts, "choice": choice, "chosen_at": at})
+        reap_dead_owners(os.path.dirname(path))  # a killed writer's temporary file
+        atomic_write_json(path, seal({"parts": parts, "choice": choice, "chosen_at": at}))
     except OSError as e:
         log.warning("choice cache: could not write %s (%s); the next start times again "
                     "(Deploy.choice_cache: false stops trying)", path, e)

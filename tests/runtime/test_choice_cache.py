@@ -10,6 +10,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -17,6 +19,7 @@ from ppvarlen import cli
 from ppvarlen.export.exporter import export_model
 from ppvarlen.runtime import choice_cache, precision_choice, threads_choice
 from ppvarlen.runtime.predictor import Predictor
+from ppvarlen.utils.io import HOST_TAG, owned_prefix
 from test_precision_auto import _refuse_admission_of
 from test_precision_memory import mlp_export  # noqa: F401
 from test_export import CFG, _encoder, _meta
@@ -58,9 +61,31 @@ def _auto(export_dir, cache=True, load=ONNX):
     return precision_choice.load_admitted(load, export_dir, "auto", cache=cache)
 
 
+def _rewrite(entry, kept):
+    """Write ``kept`` as an entry whose sha256 matches (an intact file that says ``kept``)."""
+    entry.write_text(json.dumps(choice_cache.seal(kept)))
+
+
+def _one_thread_verdict(monkeypatch, timing):
+    """Two usable cores, and ``threads_choice.choose`` injected to answer one thread with
+    ``timing``; returns the list of its calls' core counts."""
+    monkeypatch.setattr(threads_choice, "math_cores", lambda: 2)
+    calls = []
+
+    def choose(many, load_one, n, min_gain, batches=None):
+        calls.append(n)
+        return {"threads": 1, "threads_reason": "one thread served more (injected)",
+                "threads_timing": timing}
+
+    monkeypatch.setattr(threads_choice, "choose", choose)
+    return calls
+
+
 def _entries(tmp_path):
+    """The kept entries (not a writer's temporary files, which start with a dot)."""
     folder = tmp_path / "choices"
-    return sorted(folder.iterdir()) if folder.exists() else []
+    return sorted(p for p in folder.iterdir() if not p.name.startswith(".")) \
+        if folder.exists() else []
 
 
 def test_a_second_load_serves_the_kept_choice_without_timing(export_dir, host, tmp_path,
@@ -154,15 +179,7 @@ def test_a_cache_that_cannot_be_written_costs_timing_not_the_load(export_dir, ho
 def test_threads_timed_for_an_explicit_precision_are_kept_too(export_dir, tmp_path,
                                                               monkeypatch):
     monkeypatch.setenv(choice_cache.DIR_VARIABLE, str(tmp_path / "choices"))
-    monkeypatch.setattr(threads_choice, "math_cores", lambda: 2)
-    calls = []
-
-    def choose(many, load_one, n, min_gain, batches=None):
-        calls.append(n)
-        return {"threads": 1, "threads_reason": "one thread served more (injected)",
-                "threads_timing": {}}
-
-    monkeypatch.setattr(threads_choice, "choose", choose)
+    calls = _one_thread_verdict(monkeypatch, {})  # one thread by CPU time alone
     load = functools.partial(ONNX, threads="auto")
     first = precision_choice.load_admitted(load, export_dir, "int8", cache=True)
     second = precision_choice.load_admitted(load, export_dir, "int8", cache=True)
@@ -196,7 +213,7 @@ def test_a_kept_choice_naming_what_cannot_load_is_timed_again(export_dir, host, 
     kept["choice"] = dict(kept["choice"], **choice)
     if choice == {"reason": "x"}:
         kept["choice"] = choice
-    entry.write_text(json.dumps(kept))
+    _rewrite(entry, kept)
     assert _auto(export_dir).precision == "int8" and len(host.calls) == 2
 
 
@@ -256,7 +273,7 @@ def test_a_grid_entry_missing_a_shape_is_not_used(mlp_export, tmp_path, monkeypa
     [entry] = _entries(tmp_path)
     kept = json.loads(entry.read_text())
     kept["choice"]["seconds"].popitem()
-    entry.write_text(json.dumps(kept))
+    _rewrite(entry, kept)
     assert choice_cache.kept_grid_times(first) is None
 
 
@@ -300,7 +317,7 @@ def test_a_kept_choice_missing_the_threads_its_loader_leaves_open_is_timed_again
     kept = json.loads(entry.read_text())
     assert {"backend", "threads"} <= set(kept["choice"])
     del kept["choice"]["threads"]
-    entry.write_text(json.dumps(kept))
+    _rewrite(entry, kept)
     second = _auto(export_dir, load=load)
     assert (second.backend, second.precision) == (first.backend, first.precision)
     assert "threads" in json.loads(entry.read_text())["choice"] and len(host.calls) == 2
@@ -310,19 +327,40 @@ def test_one_thread_by_wall_time_is_timed_again_at_each_start(export_dir, tmp_pa
                                                               monkeypatch, caplog):
     """Neighbours' work slows the cores' wall time: such a verdict is not kept."""
     monkeypatch.setenv(choice_cache.DIR_VARIABLE, str(tmp_path / "choices"))
-    monkeypatch.setattr(threads_choice, "math_cores", lambda: 2)
-    calls = []
-
-    def choose(many, load_one, n, min_gain, batches=None):
-        calls.append(n)
-        return {"threads": 1, "threads_reason": "2 threads would serve only 0.9x one",
-                "threads_timing": {"cpu_ms_per_text": {"1": 5.0, "2": 6.0},
-                                   "wall_ms_per_text": {"2": 5.5}, "gain": 0.9}}
-
-    monkeypatch.setattr(threads_choice, "choose", choose)
+    calls = _one_thread_verdict(monkeypatch, {"cpu_ms_per_text": {"1": 5.0, "2": 6.0},
+                                              "wall_ms_per_text": {"2": 5.5}, "gain": 0.9})
     caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
     load = functools.partial(ONNX, threads="auto")
     for _ in range(2):
         assert precision_choice.load_admitted(load, export_dir, "int8", cache=True).threads == 1
     assert calls == [2, 2] and _entries(tmp_path) == []
     assert any("not kept for the next start" in r.getMessage() for r in caplog.records)
+
+
+def test_an_entry_edited_past_its_sha256_is_timed_again(export_dir, host, tmp_path, caplog):
+    host.speeds = {"fp32": 100.0, "int8": 300.0}
+    _auto(export_dir)
+    [entry] = _entries(tmp_path)
+    kept = json.loads(entry.read_text())
+    kept["choice"]["precision"] = "fp32"  # a valid choice, but not the one that was written
+    entry.write_text(json.dumps(kept))
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
+    assert _auto(export_dir).precision == "int8" and len(host.calls) == 2
+    assert any("does not match its sha256" in r.getMessage() for r in caplog.records)
+    assert choice_cache.lookup(kept["parts"]) is not None  # replaced by a sealed entry
+
+
+def test_a_dead_writers_temporary_file_is_removed_by_the_next_write(export_dir, host,
+                                                                    tmp_path):
+    folder = tmp_path / "choices"
+    folder.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    debris = folder / f".tmp-x.json.pid{int(dead.stdout)}.{HOST_TAG}.abc123"
+    debris.write_text("{")
+    mine = folder / (owned_prefix(".tmp-y.json") + "def456")  # a live writer's: kept
+    mine.write_text("{")
+    host.speeds = {"fp32": 100.0, "int8": 300.0}
+    _auto(export_dir)
+    assert not debris.exists() and mine.exists()
+    assert len(_entries(tmp_path)) == 1
