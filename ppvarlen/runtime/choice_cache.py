@@ -45,6 +45,7 @@ log = get_logger("runtime.precision")
 DIR_VARIABLE = "PPVARLEN_CHOICE_CACHE_DIR"  # another directory (a test's, a benchmark's)
 FORMAT = 2  # of an entry; bumped when its fields change (2: sealed with its sha256)
 MAX_ENTRIES = 256  # the newest are kept
+CPU_FLAG_PREFIXES = ("avx", "amx", "fma", "sse4")
 # whose source decides what is chosen: a change to any of them times again
 DECIDING_MODULES = ("precision_choice", "threads_choice", "timing", "admission")
 VERSIONED = ("ppvarlen", "paddlepaddle", "onnxruntime")
@@ -55,19 +56,28 @@ def cache_dir():
     return os.environ.get(DIR_VARIABLE) or user_cache_dir("choices")
 
 
-def _cpu():
-    """(model name, flags, usable cores) of this host: what ranks the candidates."""
-    model, flags = "", ""
+def _cpuinfo():
+    """{field: value} of the first processor in /proc/cpuinfo ({} where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and not model:
-                    model = line.partition(":")[2].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = " ".join(sorted(line.partition(":")[2].split()))
+            first = f.read().split("\n\n", 1)[0]
     except OSError:
-        pass
-    return {"model": model, "flags": flags, "cores": threads_choice.math_cores()}
+        return {}
+    pairs = (line.partition(":") for line in first.splitlines())
+    return {k.strip(): v.strip() for k, _, v in pairs}
+
+
+def cpu_flags():
+    """The CPU's vector/matrix flags (/proc/cpuinfo) that decide which kernels run fast."""
+    flags = _cpuinfo().get("flags", "").split()
+    return sorted(f for f in flags if f.startswith(CPU_FLAG_PREFIXES))
+
+
+def _cpu():
+    """(model name, vector/matrix flags, usable cores) of this host: what ranks the
+    candidates."""
+    return {"model": _cpuinfo().get("model name", ""), "flags": cpu_flags(),
+            "cores": threads_choice.math_cores()}
 
 
 def _version(dist):

@@ -58,6 +58,7 @@ from ppvarlen.utils import parallel
 from ppvarlen.utils.log import get_logger, setup_logging
 
 from ppvarlen.runtime import admission, choice_cache, threads_choice, timing
+from ppvarlen.runtime.choice_cache import cpu_flags
 from ppvarlen.runtime.manifest import UnservableExportError, load_manifest
 
 log = get_logger("runtime.precision")
@@ -135,17 +136,6 @@ def warn_if_slower(manifest, backend, precision):
 # untimed first: admitting ran the same batches.
 TIME_BUDGET_S = 3.0
 MAX_ROUNDS = 5
-CPU_FLAG_PREFIXES = ("avx", "amx", "fma", "sse4")
-
-
-def cpu_flags():
-    """The CPU's vector/matrix flags (/proc/cpuinfo) that decide which kernels run fast."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((x for x in f if x.startswith("flags")), "")
-    except OSError:
-        return []
-    return sorted(f for f in line.partition(":")[2].split() if f.startswith(CPU_FLAG_PREFIXES))
 
 
 def as_requested(precision, requested=None):
@@ -398,20 +388,18 @@ def _threads_here(load, export_dir, precision, renderers, record=None, parts=Non
                                renderers)
         except Exception as e:  # noqa: BLE001 - timed again, which raises it if it still fails
             return _forget(kept, e, again)
-        predictor.precision_choice = {**(record or as_requested(predictor.precision,
-                                                                precision)),
-                                      **chosen, "backend": predictor.backend}
-        return predictor
-    n = threads_choice.math_cores()
-    predictor = _admit(load(export_dir, precision=precision, threads=n), renderers)
-    chosen = threads_choice.choose(
-        predictor, lambda: load(export_dir, precision=precision, threads=1), n, AUTO_MIN_GAIN)
-    _keep(parts, chosen)
-    if chosen["threads"] != predictor.threads:
-        predictor = None
-        parallel.release_memory()
-        predictor = _admit(load(export_dir, precision=precision, threads=chosen["threads"]),
-                           renderers)
+    else:
+        n = threads_choice.math_cores()
+        predictor = _admit(load(export_dir, precision=precision, threads=n), renderers)
+        chosen = threads_choice.choose(
+            predictor, lambda: load(export_dir, precision=precision, threads=1), n,
+            AUTO_MIN_GAIN)
+        _keep(parts, chosen)
+        if chosen["threads"] != predictor.threads:
+            predictor = None
+            parallel.release_memory()
+            predictor = _admit(load(export_dir, precision=precision,
+                                    threads=chosen["threads"]), renderers)
     predictor.precision_choice = {**(record or as_requested(predictor.precision, precision)),
                                   **chosen, "backend": predictor.backend}
     return predictor
