@@ -45,6 +45,7 @@ log = get_logger("runtime.precision")
 DIR_VARIABLE = "PPVARLEN_CHOICE_CACHE_DIR"  # another directory (a test's, a benchmark's)
 FORMAT = 2  # of an entry; bumped when its fields change (2: sealed with its sha256)
 MAX_ENTRIES = 256  # the newest are kept
+MAX_ENTRY_BYTES = 1 << 20  # an entry is a few kB; a larger file is not read whole
 CPU_FLAG_PREFIXES = ("avx", "amx", "fma", "sse4")
 # whose source decides what is chosen: a change to any of them times again
 DECIDING_MODULES = ("precision_choice", "threads_choice", "timing", "admission")
@@ -166,11 +167,14 @@ def lookup(parts, usable=None):
         return None
     path = path_of(parts)
     try:
-        with open(path, encoding="utf-8") as f:
-            entry = json.load(f)
+        with open(path, "rb") as f:
+            blob = f.read(MAX_ENTRY_BYTES + 1)
+        if len(blob) > MAX_ENTRY_BYTES:
+            raise ValueError(f"larger than {MAX_ENTRY_BYTES:,} bytes, no entry is")
+        entry = json.loads(blob)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         log.warning("choice cache: %s cannot be read (%s); timing again", path, e)
         return None
     if not isinstance(entry, dict) or entry.get("sha256") != seal(entry)["sha256"]:

@@ -135,13 +135,14 @@ def test_another_setting_or_export_times_again(export_dir, host, tmp_path):
     assert len(_entries(tmp_path)) == 3
 
 
-@pytest.mark.parametrize("damage", ["{not json", "[]", '{"parts": {}, "choice": {}}'])
+@pytest.mark.parametrize("damage", [b"{not json", b"[]", b'{"parts": {}, "choice": {}}',
+                                    b"[" * 100_000, b" " * (2 << 20) + b"{}", b"\xff\xfe{}"])
 def test_a_damaged_entry_is_timed_again_and_replaced(export_dir, host, tmp_path, caplog,
                                                      damage):
     host.speeds = {"fp32": 100.0, "int8": 300.0}
     _auto(export_dir)
     [entry] = _entries(tmp_path)
-    entry.write_text(damage)
+    entry.write_bytes(damage)
     caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
     assert _auto(export_dir).precision == "int8" and len(host.calls) == 2
     assert any(r.levelno == logging.WARNING and str(entry) in r.getMessage()
