@@ -17,9 +17,13 @@ batches per pass of 1..max_rows texts whose lengths are drawn from the config's 
 new draw each pass).  ``RssAnon``/``VmRSS`` (/proc/self/status) are read after loading, along
 pass 1 and after each pass.  Bounds:
 
-``old``        oneDNN shape-cache capacity 64 shapes whatever the model's size (no byte budget)
-``budget``     the capacity the engine derives from ``ONEDNN_CACHE_BUDGET_BYTES`` (the default)
-``capacity<N>`` a capacity of N shapes (no byte budget)
+``shared``     the default: oneDNN capacity 0 (one weight copy for every shape) on the shared
+               grid (``backends.shared_grid_axes``)
+``budget``     a capacity in weight copies, from ``ONEDNN_CACHE_BUDGET_BYTES``, and the grid that
+               fits it (what a decode loop's export gets)
+``old``        oneDNN shape-cache capacity 64 shapes whatever the model's size (no byte budget),
+               every batch at its own shape
+``capacity<N>`` a capacity of N shapes (no byte budget), every batch at its own shape
 ``trim``       glibc ``malloc_trim(0)`` after every batch
 ``no_onednn``  Paddle fp32 with oneDNN off (Paddle's plain CPU kernels)
 
@@ -31,6 +35,7 @@ Writes ``OUT/serve_memory.json`` and ``OUT/serve_memory.png``.
 """
 import argparse
 import ctypes
+import functools
 import json
 import os
 import subprocess
@@ -40,7 +45,7 @@ import time
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BOUNDS = ("old", "budget", "capacity<N>", "trim", "no_onednn")
+BOUNDS = ("shared", "budget", "old", "capacity<N>", "trim", "no_onednn")
 
 
 def memory_mib():
@@ -60,6 +65,15 @@ def draw_shapes(count, max_rows, max_len, seed=0):
     return [pairs[i] for i in picked]
 
 
+def copies_per_shape(init):
+    """``PaddleEngine.__init__`` that never shares one weight copy between shapes."""
+    @functools.wraps(init)
+    def wrapped(self, *args, **kwargs):
+        kwargs["shared_weights"] = False
+        return init(self, *args, **kwargs)
+    return wrapped
+
+
 def child(args):
     """One (mode, bound) in this process; prints one JSON line."""
     from ppvarlen.runtime import backends
@@ -68,10 +82,14 @@ def child(args):
 
     backend, precision = args.mode.split(":")
     parts = args.bound.split("+")
+    grid = True
     for part in parts:
         if part == "old" or part.startswith("capacity"):
             backends.ONEDNN_CACHE_BUDGET_BYTES = 1 << 62
             backends.ONEDNN_CACHE_CAPACITY = int(part[len("capacity"):] or 0) or 64
+            grid = False
+        if part in ("budget", "old") or part.startswith("capacity"):  # weight copies per shape
+            backends.PaddleEngine.__init__ = copies_per_shape(backends.PaddleEngine.__init__)
     if "no_onednn" in parts:
         load = predictor_module.load_manifest
 
@@ -83,7 +101,7 @@ def child(args):
     trim = ctypes.CDLL("libc.so.6").malloc_trim if "trim" in parts else None
     start = memory_mib()
     p = Predictor(args.export, backend, precision=precision, threads=args.threads,
-                  max_batch_size=args.max_rows)
+                  max_batch_size=args.max_rows, onednn_shape_grid=grid)
     loaded = memory_mib()
     max_len = min(args.max_len, p.max_len)
     rng = np.random.RandomState(1)
@@ -180,7 +198,7 @@ def main():
     ap.add_argument("--out", required=True, help="JSON + PNG (and a built export) go here")
     ap.add_argument("--export", help="an export directory (default: build ERNIE-base in OUT)")
     ap.add_argument("--modes", default="paddle:fp32,paddle:bf16,onnx:fp32,onnx:int8")
-    ap.add_argument("--bounds", default="old,budget")
+    ap.add_argument("--bounds", default="old,budget,shared")
     ap.add_argument("--shapes", type=int, default=200)
     ap.add_argument("--max-rows", type=int, default=8, help="concurrency 8: batches of 1..8")
     ap.add_argument("--max-len", type=int, default=256)

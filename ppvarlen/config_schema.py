@@ -290,18 +290,23 @@ SCHEMA = {
                          "serves more on this host, timed at load with the engine's cost per "
                          "text and the front end's (docs/PRECISION.md, Math threads)"),
         "workers": Field(int, 1, help="predictor threads taking batches from the queue"),
-        "onednn_cache_bytes": Field(int, 2 << 30, help="Paddle Inference on CPU: memory its "
-                                    "oneDNN shape cache may hold, in bytes. Each cached input "
-                                    "shape keeps its own copy of the weights, so the cache holds "
-                                    "this over one copy's size (paddle/model.pdiparams, half for "
-                                    "bf16) shapes, 1 to 64; a shape outside it costs a weight "
-                                    "reorder again (docs/PRECISION.md, Memory)"),
+        "onednn_cache_bytes": Field(int, 2 << 30, help="Paddle Inference on CPU, where "
+                                    "its shapes do not share one weight copy (a seq2seq "
+                                    "export's decode loop, or onednn_shape_grid false): memory "
+                                    "its oneDNN shape cache may hold, in bytes. Each cached "
+                                    "input shape then keeps its own copy of the weights, so the "
+                                    "cache holds this over one copy's size (paddle/model."
+                                    "pdiparams, half for bf16) shapes, 1 to 64; a shape outside "
+                                    "it costs a weight reorder again (docs/PRECISION.md, Memory)"),
         "onednn_shape_grid": Field(bool, True, help="Paddle Inference with oneDNN on CPU: "
                                    "batches run on a fixed grid of shapes (padded up in rows "
-                                   "and width) that fits the oneDNN cache, so none is dropped "
-                                   "and no batch pays new kernels or a weight reorder once "
-                                   "warm; the server times each grid shape at start and plans "
-                                   "batches with those times (docs/PRECISION.md, Memory)"),
+                                   "and width), so none is dropped and no batch pays new "
+                                   "kernels once warm. Every task but seq2seq shares one weight "
+                                   "copy among the grid's shapes (rows 1 to 8, widths on half "
+                                   "octaves up to max_len); seq2seq's grid fits its cache of "
+                                   "weight copies. The server times each grid shape at start "
+                                   "and plans batches with those times (docs/PRECISION.md, "
+                                   "Memory)"),
         "max_wait_ms": Field(float, 5.0, help="longest a request waits for others to share "
                              "its batch"),
         "batch_when_all_queued": Field(bool, True, help="run a batch without waiting "

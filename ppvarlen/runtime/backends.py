@@ -26,6 +26,7 @@ from ppvarlen.config import ConfigError
 from ppvarlen.config_schema import SCHEMA
 
 from ppvarlen.runtime.manifest import UnservableExportError, require_listed
+from ppvarlen.tasks import get_task
 from ppvarlen.utils.search import greedy_search, length_limits
 
 STEP_INPUTS = ("tokens", "src_len", "self_k", "self_v", "cross_k", "cross_v")
@@ -82,9 +83,11 @@ def onednn_cache_capacity(params_bytes, precision, budget=None):
     return int(max(1, min(ONEDNN_CACHE_CAPACITY, budget // copy_bytes)))
 
 
-GRID_TOP_ROWS = 16  # the most rows a grid shape has (larger batches run at their own shape)
+GRID_TOP_ROWS = 16  # the most rows a grid shape has (larger batches run in pieces)
 GRID_MIN_WIDTH = 16  # the narrowest grid width
 GRID_MIN_CAPACITY = 9  # fewer held shapes: a grid pads too coarsely, batches run at their own shape
+# A shared-weights grid's most rows: one digit, so no two of its shapes join to one cache key.
+SHARED_GRID_TOP_ROWS = 8
 
 
 def grid_cover(axis, value):
@@ -110,6 +113,24 @@ def grid_axes(capacity, max_rows, max_width):
     return rows, widths
 
 
+def shared_grid_axes(max_rows, max_width):
+    """(rows, widths) of the grid an engine with shared weights runs (``PaddleEngine``,
+    ``shared_weights``): rows 1, 2, 4, 8 (up to ``max_rows``, which is a row count too), widths
+    on a ladder of half octaves from ``GRID_MIN_WIDTH`` (16, 24, 32, 48, 64, 96, ...) below
+    ``max_width``, and ``max_width``.  Such a cache holds one weight copy whatever the shapes,
+    so the grid is as fine as its warm-up allows (one pass runs every shape), not what copies
+    fit.  Paddle joins a shape's dimensions without a separator in its cache keys with
+    capacity 0 ([1, 61] and [16, 1] are one key, and the second fails): rows of one digit
+    cannot make two grid shapes one key."""
+    top = max(1, min(int(max_rows), SHARED_GRID_TOP_ROWS))
+    rows = sorted({r for r in (1, 2, 4, 8) if r < top} | {top})
+    octaves = [GRID_MIN_WIDTH << k for k in range(int(max_width).bit_length())]
+    # a rung within an eighth of max_width would pad next to nothing: left out
+    ladder = sorted(w for octave in octaves for w in (octave, octave * 3 // 2)
+                    if 8 * w < 7 * max_width)
+    return rows, ladder + [int(max_width)]
+
+
 class ShapeGrid:
     """The batch shapes a Paddle oneDNN engine runs: a fixed grid of at most the oneDNN
     cache's capacity of (rows, width) shapes, so that Paddle never drops a shape it holds.
@@ -127,8 +148,8 @@ class ShapeGrid:
     runs at its own shape (``off_grid`` counts them).  One grid per process, as Paddle's
     cache is: clones share it."""
 
-    def __init__(self, capacity, max_rows, max_width):
-        self.rows, self.widths = grid_axes(capacity, max_rows, max_width)
+    def __init__(self, rows, widths):
+        self.rows, self.widths = list(rows), list(widths)
         self.costs = {}
         self.off_grid = 0  # batches no grid shape covers, run at their own shape
         self._lock = threading.Lock()  # worker threads observe their runs concurrently
@@ -187,7 +208,11 @@ class PaddleEngine:
     """Paddle Inference predictor over ``paddle/model.json`` + ``paddle/model.pdiparams``.
 
     CPU: ``threads`` math threads, oneDNN unless the manifest's ``settings.fp32.enable_onednn``
-    is false; ``bf16`` via oneDNN bfloat16 kernels.
+    is false; ``bf16`` via oneDNN bfloat16 kernels.  oneDNN's shape cache: with a grid
+    (``onednn_shape_grid``) and ``shared_weights`` (default: unless the task generates, whose
+    decode loop runs shapes of its own at every step), capacity 0, one weight copy and the
+    fine grid of ``shared_grid_axes``; otherwise a capacity in weight copies
+    (``onednn_cache_capacity``) and the coarser grid of ``grid_axes`` that fits it.
     GPU: ``fp16`` runs in half precision; ``tensorrt=True`` adds TensorRT subgraphs with
     the dynamic shape ranges the exporter derived from the length profile
     (``manifest.shape_ranges``) — a shape outside them is an error, not a silent re-build.
@@ -195,7 +220,7 @@ class PaddleEngine:
 
     def __init__(self, export_dir, manifest, device="cpu", precision="fp32", threads=1,
                  gpu_id=0, tensorrt=False, onednn_cache_bytes=None, onednn_shape_grid=None,
-                 max_rows=64, max_width=None, _predictor=None):
+                 max_rows=64, max_width=None, shared_weights=None, _predictor=None):
         self.output_names = _output_names(manifest, "paddle")
         self.inputs = list(manifest.get("inputs") or [])
         self.input_names = input_names(manifest)
@@ -236,13 +261,20 @@ class PaddleEngine:
                 # have a new shape: bound the cache in bytes.
                 cache_capacity = onednn_cache_capacity(os.path.getsize(params), precision,
                                                        onednn_cache_bytes)
-                config.set_onednn_cache_capacity(cache_capacity)
                 grid = ONEDNN_SHAPE_GRID if onednn_shape_grid is None else onednn_shape_grid
                 if not isinstance(grid, bool):
                     raise ConfigError(f"Deploy.onednn_shape_grid is {grid!r}; it must be true "
                                       f"or false (default {str(ONEDNN_SHAPE_GRID).lower()})")
-                if grid and cache_capacity >= GRID_MIN_CAPACITY and max_width:
-                    self.shape_grid = ShapeGrid(cache_capacity, max_rows, max_width)
+                if shared_weights is None:  # a decode loop's steps are shapes of their own
+                    shared_weights = not get_task(manifest["task"]).generates
+                if grid and max_width and shared_weights:
+                    # capacity 0: one weight copy for every shape, each shape's kernels kept;
+                    # the grid is every shape this engine runs, so they stay few
+                    cache_capacity = 0
+                    self.shape_grid = ShapeGrid(*shared_grid_axes(max_rows, max_width))
+                elif grid and cache_capacity >= GRID_MIN_CAPACITY and max_width:
+                    self.shape_grid = ShapeGrid(*grid_axes(cache_capacity, max_rows, max_width))
+                config.set_onednn_cache_capacity(cache_capacity)
             config.set_cpu_math_library_num_threads(int(threads))
             if precision == "bf16":
                 config.enable_onednn_bfloat16()
@@ -254,6 +286,7 @@ class PaddleEngine:
                          "onednn": bool(config.onednn_enabled()),
                          "math_threads": int(config.cpu_math_library_num_threads()),
                          "onednn_cache_capacity": None if device == "gpu" else cache_capacity,
+                         "onednn_shared_weights": device != "gpu" and cache_capacity == 0,
                          "onednn_shape_grid": self.shape_grid and [self.shape_grid.rows,
                                                                     self.shape_grid.widths],
                          "onednn_bfloat16": device != "gpu" and precision == "bf16"}

@@ -31,9 +31,12 @@ from ppvarlen.runtime import precision_choice
 from ppvarlen.runtime.backends import build_engine, input_names
 from ppvarlen.runtime.manifest import UnservableExportError, load_manifest, require_listed
 
-# Passes over a Paddle oneDNN shape grid at warm-up: one sets each shape's kernels up, two more
-# time it (``Predictor.warmup``); an ERNIE-base-sized grid takes seconds per pass.
+# Passes over a Paddle oneDNN shape grid at warm-up: one sets each shape's kernels and weight
+# copy up, two more time it (``Predictor.warmup``); an ERNIE-base-sized grid takes seconds per
+# pass.  With one weight copy for every shape a first run costs little more than a held one,
+# so both passes time.
 GRID_WARMUP_PASSES = 3
+SHARED_GRID_WARMUP_PASSES = 2
 
 
 class NonFiniteOutput(RuntimeError):
@@ -47,6 +50,25 @@ def _finite(value):
     if isinstance(value, (tuple, list)):
         return all(_finite(v) for v in value if isinstance(v, (np.ndarray, tuple, list)))
     return True
+
+
+def _joined(pieces):
+    """``run_engine``'s (named outputs, seq_len) of a batch's row pieces -> the batch's:
+    per-row outputs (as many rows as the piece) in row order, others the first piece's.  A
+    piece's output can end at its own longest row (a Viterbi path): such rows are padded with
+    zeros past their length, where every reader cuts them (``seq_len``)."""
+    outs, lens = zip(*pieces)
+    joined = {}
+    for name, first in outs[0].items():
+        values = [np.asarray(o[name]) for o in outs]
+        if not all(v.ndim and len(v) == len(n) for v, n in zip(values, lens)):
+            joined[name] = first
+            continue
+        shape = [max(sizes) for sizes in zip(*(v.shape[1:] for v in values))]
+        joined[name] = np.concatenate([
+            np.pad(v, [(0, 0)] + [(0, top - size) for top, size in zip(shape, v.shape[1:])])
+            for v in values])
+    return joined, np.concatenate(lens)
 
 
 class EncodedText:
@@ -170,7 +192,8 @@ class Predictor:
     def warmup(self, lengths=(8, 32, 128), kept_times=None):
         """Run a few batch shapes once so the first requests skip kernel set-up; not counted.
         An engine with a ``ShapeGrid`` runs every grid shape instead, in ``GRID_WARMUP_PASSES``
-        passes over the grid (the first sets each shape's kernels up); every run is timed
+        passes over the grid (the first sets each shape's kernels up), or
+        ``SHARED_GRID_WARMUP_PASSES`` with one weight copy for every shape; every run is timed
         (``run_engine``) and each shape keeps its fastest, which the batcher plans with.  A
         burst of other work during one pass slows different shapes in different passes, so
         the fastest of two timed passes is seldom inflated; clones share the grid.
@@ -182,7 +205,9 @@ class Predictor:
         if grid is not None:
             for (rows, width), seconds in (kept_times or {}).items():
                 grid.observe(rows, width, seconds)
-            for _ in range(1 if kept_times else GRID_WARMUP_PASSES):
+            passes = SHARED_GRID_WARMUP_PASSES \
+                if self.engine.settings.get("onednn_shared_weights") else GRID_WARMUP_PASSES
+            for _ in range(1 if kept_times else passes):
                 for rows, width in grid.shapes():
                     self.run_engine([[self.encoder.unk_id] * width] * rows)
             self._reset_counters()
@@ -334,14 +359,21 @@ class Predictor:
         a ``ShapeGrid``) runs every batch at its grid shape: more rows (copies of the first,
         their answers dropped) and a wider pad.  Every run goes through here (admission,
         timing, warm-up, traffic), so Paddle's cache holds no shape off the grid: one it held
-        would stay and push grid shapes out (Paddle drops shapes in hash order).  A batch
-        beyond the grid runs at its own shape, counted in ``grid.off_grid`` (``_run_rows``
-        splits batches with too many rows first)."""
+        would stay and push grid shapes out (Paddle drops shapes in hash order), or, with one
+        weight copy for every shape, stay for good.  A batch with more rows than the grid's
+        most runs in pieces of that many rows, at one width (``_run_rows`` splits traffic
+        first), except a decode loop's: each piece's outputs end at its own last step, so it
+        runs whole at its own shape, counted in ``grid.off_grid`` as one wider than the
+        grid."""
         grid = getattr(self.engine, "shape_grid", None)
         if grid is None:
             return self._run_exact(id_lists, extras, width)
         n = len(id_lists)
         width = max(max(len(x) for x in id_lists), int(width or 0))
+        top = grid.rows[-1]
+        if n > top and not self.task.generates:
+            return _joined([self.run_engine(id_lists[i:i + top], extras and extras[i:i + top],
+                                            width) for i in range(0, n, top)])
         rows, width = grid.fit(n, width)
         start = time.perf_counter()
         if rows == n:

@@ -110,12 +110,13 @@ class ServedModel:
             choice_cache.keep_grid_times(p)
         if batch_cost:
             log.info("model %s version %s ready (%s, %s backend, %d worker(s)); batches run on "
-                     "a grid of %d held shapes (rows %s, widths %s), planned with each "
+                     "a grid of %d held shapes (rows %s, widths %s) with %s, planned with each "
                      "shape's fastest run so far (/metrics.json shape_grid_ms follows them; "
                      "now, ms, rows x width: %s)", self.name, self.version,
                      p.task.name, p.backend, deploy.workers, len(grid.costs), grid.rows,
-                     grid.widths, ", ".join(f"{shape} {ms}"
-                                            for shape, ms in grid.times_ms().items()))
+                     grid.widths, "one weight copy for all of them"
+                     if p.engine.settings.get("onednn_shared_weights") else "a weight copy each",
+                     ", ".join(f"{shape} {ms}" for shape, ms in grid.times_ms().items()))
         else:
             log.info("model %s version %s ready (%s, %s backend, %d worker(s)); a forward pass "
                      "costs as much as %d tokens", self.name, self.version, p.task.name,

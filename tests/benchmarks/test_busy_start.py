@@ -20,6 +20,11 @@ def bench():
 
 @pytest.mark.parametrize("line", [
     "[21:13:17] INFO ppvarlen.serve.repository: model m version 1 ready (classification, paddle "
+    "backend, 1 worker(s)); batches run on a grid of 4 held shapes (rows [1, 4], widths [64, 256])"
+    " with one weight copy for all of them, planned with each shape's fastest run so far "
+    "(/metrics.json shape_grid_ms follows them; now, ms, rows x width: 1x64 37.5, 1x256 132.7, "
+    "4x64 151.9, 4x256 545.3)",
+    "[21:13:17] INFO ppvarlen.serve.repository: model m version 1 ready (classification, paddle "
     "backend, 1 worker(s)); batches run on a grid of 4 held shapes (rows [1, 4], widths [64, 256]),"
     " planned with each shape's fastest run so far (/metrics.json shape_grid_ms follows them; now,"
     " ms, rows x width: 1x64 37.5, 1x256 132.7, 4x64 151.9, 4x256 545.3)",

@@ -1,13 +1,15 @@
 """Serving memory stays bounded whatever batch shapes arrive.
 
-Paddle Inference with oneDNN keeps, for every input shape it caches, the kernels and a copy of
-the weight matrices reordered for that shape; the engine bounds that cache in bytes
-(``backends.ONEDNN_CACHE_BUDGET_BYTES`` over the size of one weight copy).  The soak runs a model
-with a few MB of weight matrices at every length 1..max_len and every batch size the batcher
-forms here, in a child process of its own (the oneDNN cache is per process), and checks how
-much anonymous memory (RssAnon) grew after a warm-up.  With a capacity counted in shapes alone
-(64) it grows by about 64 weight copies.  ONNX Runtime keeps no such cache: its case is a guard
-that it stays within the same headroom (it passed before the budget too).
+Paddle Inference with oneDNN keeps, for every input shape it caches, the kernels and (with a
+cache capacity) a copy of the weight matrices reordered for that shape.  The engine runs a
+classifier's batches on a fixed grid of shapes with capacity 0, one weight copy for all of
+them; at their own shapes (no grid) it bounds the cache in bytes
+(``backends.ONEDNN_CACHE_BUDGET_BYTES`` over the size of one weight copy).  The soak runs a
+model with a few MB of weight matrices at every length 1..max_len and every batch size the
+batcher forms here, in a child process of its own (the oneDNN cache is per process), and
+checks how much anonymous memory (RssAnon) grew after a warm-up.  With a capacity counted in
+shapes alone (64) it grows by about 64 weight copies.  ONNX Runtime keeps no such cache: its
+case is a guard that it stays within the same headroom (it passed before the budget too).
 """
 import json
 import os
@@ -22,8 +24,9 @@ LAYERS = 4
 MAX_LEN = 40
 MAX_ROWS = 4
 BUDGET_COPIES = 3  # the child's budget: this many weight copies
-GRID_BUDGET_COPIES = 12  # the grid case's (a grid needs room for 9 shapes or more)
 HEADROOM_MIB = 96  # allocator slack and activations on top of the cached copies
+# the shared-weights grid's slack: its 12 shapes' kernels; 12 weight copies would not fit it
+SHARED_HEADROOM_MIB = 24
 
 
 def _model(vocab_size):
@@ -97,7 +100,7 @@ def _soak(export_dir, backend, precision, grid=False):
 
 
 CASES = [("paddle", "fp32", False), ("paddle", "bf16", False), ("paddle", "fp32", True),
-         ("onnx", "fp32", False)]
+         ("paddle", "bf16", True), ("onnx", "fp32", False)]
 
 
 @pytest.mark.parametrize("backend,precision,grid", CASES)
@@ -108,15 +111,16 @@ def test_memory_stays_bounded_over_every_batch_shape(mlp_export, backend, precis
         pytest.skip("this CPU has no bf16 kernels (paddle.base.core.supports_bfloat16)")
     r = _soak(mlp_export, backend, precision, grid)
     if grid:
-        assert 1 < r["shapes"] <= r["capacity"]  # only grid shapes ever ran
+        assert r["capacity"] == 0 and 1 < r["shapes"] <= r["grid"]  # only grid shapes ran
     else:
         assert r["shapes"] > 64  # more shapes than a capacity of 64 shapes holds
     grown = r["after"] - r["warm"]
     copy = _weight_copy_mib(mlp_export, precision)
-    # the most weight copies the cache may hold: the budget's, or one per shape the run formed
-    budget = GRID_BUDGET_COPIES if grid else BUDGET_COPIES
-    held = min(budget, r["shapes"]) if backend == "paddle" else 0
-    bound = held * copy + HEADROOM_MIB
+    if backend == "paddle" and grid:  # one weight copy, whatever the grid's shapes
+        bound = copy + SHARED_HEADROOM_MIB
+    else:  # the most copies the cache may hold: the budget's, or one per shape the run formed
+        held = min(BUDGET_COPIES, r["shapes"]) if backend == "paddle" else 0
+        bound = held * copy + HEADROOM_MIB
     assert grown <= bound, (f"RssAnon grew {grown:.0f} MiB over {r['shapes']} batch shapes "
                             f"(capacity {r['capacity']}, a weight copy {copy:.1f} MiB); bound "
                             f"{bound:.0f} MiB; readings {r}")
@@ -139,10 +143,12 @@ def test_deploy_onednn_cache_bytes_sets_the_served_capacity(mlp_export):
     from ppvarlen.serve.dataplane import deploy_settings
 
     copy_bytes = os.path.getsize(os.path.join(mlp_export, "paddle", "model.pdiparams"))
-    deploy = deploy_settings(backend="paddle", precision="fp32", onednn_cache_bytes=2 * copy_bytes)
+    deploy = deploy_settings(backend="paddle", precision="fp32", onednn_cache_bytes=2 * copy_bytes,
+                             onednn_shape_grid=False)
     app = app_from_config(mlp_export, deploy)
     served = app.state.app_state.predictor
     assert served.engine.settings["onednn_cache_capacity"] == 2  # two weight copies fit
+    assert served.engine.settings["onednn_shared_weights"] is False
     for bad in (0, -1):
         with pytest.raises(ConfigError, match=r"Deploy\.onednn_cache_bytes is -?\d+; it must"):
             Predictor(mlp_export, "paddle", precision="fp32", onednn_cache_bytes=bad)
@@ -160,13 +166,33 @@ def test_the_shape_grid_fits_the_cache_and_covers_every_batch():
             assert len(rows) * len(widths) <= capacity  # Paddle never drops a grid shape
             assert rows[0] == 1 or rows == [min(max_rows, 16)]
             assert rows[-1] == min(max_rows, 16) and widths[-1] == max_width
-    grid = ShapeGrid(9, 64, 256)
+    grid = ShapeGrid(*grid_axes(9, 64, 256))
     assert grid.fit(3, 70) == (4, 128)
     assert grid.fit(1, 64) == (1, 64) and grid.fit(16, 256) == (16, 256)
     assert grid.fit(17, 10) == (17, 10) and grid.off_grid == 1  # too many rows: in pieces
     grid.costs = {shape: 0.001 * shape[0] * shape[1] for shape in grid.shapes()}
     assert grid.cost(3, 70) == pytest.approx(0.001 * 4 * 128)
     assert grid.cost(17, 10) is None
+
+
+def test_a_shared_weights_grid_is_fine_and_no_two_shapes_share_a_cache_key():
+    """With capacity 0 Paddle joins a shape's dimensions without a separator in its oneDNN
+    cache keys ([1, 61] and [16, 1] collide, and the second run fails): no two grid shapes may
+    join to the same digits, in either order of rows and width."""
+    from ppvarlen.runtime.backends import GRID_MIN_WIDTH, shared_grid_axes
+
+    assert shared_grid_axes(64, 256) == ([1, 2, 4, 8], [16, 24, 32, 48, 64, 96, 128, 192, 256])
+    assert shared_grid_axes(3, 130) == ([1, 2, 3], [16, 24, 32, 48, 64, 96, 130])  # 128: ~130
+    assert shared_grid_axes(1, 16) == ([1], [16])
+    for max_rows in (1, 2, 3, 5, 8, 9, 16, 64):
+        for max_width in list(range(8, 300)) + [384, 512, 513, 1000, 1024, 2048, 4096]:
+            rows, widths = shared_grid_axes(max_rows, max_width)
+            assert rows[-1] == min(max_rows, 8) and widths[-1] == max_width
+            assert all(a < b for a, b in zip(widths, widths[1:]))
+            assert all(w >= GRID_MIN_WIDTH for w in widths[:-1])
+            for joined in (lambda r, w: f"{r}{w}", lambda r, w: f"{w}{r}"):
+                keys = [joined(r, w) for r in rows for w in widths]
+                assert len(set(keys)) == len(keys), (max_rows, max_width)
 
 
 def test_batches_on_the_grid_keep_every_answer(mlp_export):
@@ -181,8 +207,10 @@ def test_batches_on_the_grid_keep_every_answer(mlp_export):
     grid = gridded.engine.shape_grid
     assert exact.engine.shape_grid is None and grid is not None
     assert gridded.engine.settings["onednn_shape_grid"] == [grid.rows, grid.widths]
-    capacity = gridded.engine.settings["onednn_cache_capacity"]
-    assert len(grid.shapes()) <= capacity and grid.widths[-1] == MAX_LEN
+    # a classifier's graph: capacity 0, one weight copy for every grid shape
+    assert gridded.engine.settings["onednn_cache_capacity"] == 0
+    assert gridded.engine.settings["onednn_shared_weights"] is True
+    assert grid.rows == [1, 2, 4, 8] and grid.widths == [16, 24, 32, MAX_LEN]
     gridded.warmup()
     assert sorted(grid.costs) == sorted(grid.shapes()) and min(grid.costs.values()) > 0
     assert gridded.real_tokens == gridded.padded_tokens == 0  # warm-up is not traffic
@@ -199,6 +227,17 @@ def test_batches_on_the_grid_keep_every_answer(mlp_export):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     assert gridded.real_tokens == exact.real_tokens == real
     assert gridded.padded_tokens > exact.padded_tokens and grid.off_grid == 0
+    # a direct engine run of more rows than the grid's most (admission's, timing's) runs in
+    # pieces on the grid too: one weight copy keeps any shape it runs for good
+    ran, run = [], gridded.engine.run
+    gridded.engine.run = lambda ids, *more: ran.append(ids.shape) or run(ids, *more)
+    rows = [rng.randint(low, gridded.encoder.vocab_size, size=n).tolist()
+            for n in (3, 17, 9, 30, 1, 5, 12, 8, 2, 40, 7)]
+    (got, got_len), (want, want_len) = gridded.run_engine(rows), exact.run_engine(rows)
+    gridded.engine.run = run
+    assert set(ran) <= set(grid.shapes()) and len(ran) == 2 and grid.off_grid == 0
+    np.testing.assert_array_equal(got_len, want_len)
+    np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-5, atol=1e-5)
     clone = gridded.clone()
     assert clone.engine.shape_grid is grid  # one grid per process: every worker's runs time it
     for bad in (2, "yes", 1.0):
@@ -206,12 +245,26 @@ def test_batches_on_the_grid_keep_every_answer(mlp_export):
             Predictor(mlp_export, "paddle", precision="fp32", onednn_shape_grid=bad)
 
 
+def test_pieces_of_a_batch_join_in_row_order_with_ragged_tails_padded():
+    """A piece's per-row output can end at its own longest row (a Viterbi path): joined, the
+    shorter pieces' rows get zeros past their length; outputs that are not per row (as many
+    rows as the piece) are the first piece's."""
+    from ppvarlen.runtime.predictor import _joined
+
+    pieces = [({"tags": np.array([[1, 2, 3], [4, 5, 0]]), "crf": np.eye(2)}, np.array([3, 2])),
+              ({"tags": np.array([[6]]), "crf": np.eye(2) * 2}, np.array([1]))]
+    out, seq_len = _joined(pieces)
+    np.testing.assert_array_equal(out["tags"], [[1, 2, 3], [4, 5, 0], [6, 0, 0]])
+    np.testing.assert_array_equal(out["crf"], np.eye(2))
+    np.testing.assert_array_equal(seq_len, [3, 2, 1])
+
+
 def test_grid_costs_keep_each_shapes_fastest_run():
     """The batcher plans with each grid shape's fastest run seen: a slower run (other work on
     the host, a shape's first run) never raises it; shapes off the grid are not kept."""
-    from ppvarlen.runtime.backends import ShapeGrid
+    from ppvarlen.runtime.backends import ShapeGrid, grid_axes
 
-    grid = ShapeGrid(9, 64, 256)
+    grid = ShapeGrid(*grid_axes(9, 64, 256))
     for seconds in (0.5, 0.2, 0.9):
         grid.observe(4, 128, seconds)
     assert grid.costs == {(4, 128): 0.2}
@@ -228,7 +281,7 @@ def test_a_busy_start_does_not_set_the_grid_costs(mlp_export):
     lowers it (the figures of a start-up on a busy host fall once traffic runs the shapes)."""
     import time
 
-    from ppvarlen.runtime.predictor import GRID_WARMUP_PASSES, Predictor
+    from ppvarlen.runtime.predictor import SHARED_GRID_WARMUP_PASSES, Predictor
 
     predictor = Predictor(mlp_export, "paddle", precision="fp32")
     grid, engine = predictor.engine.shape_grid, predictor.engine
@@ -245,7 +298,9 @@ def test_a_busy_start_does_not_set_the_grid_costs(mlp_export):
 
     engine.run = run
     predictor.warmup()
-    assert GRID_WARMUP_PASSES >= 3 and runs[burst] == GRID_WARMUP_PASSES
+    # one weight copy: a first run costs about a held one, so both passes time
+    assert predictor.engine.settings["onednn_shared_weights"]
+    assert SHARED_GRID_WARMUP_PASSES >= 2 and runs[burst] == SHARED_GRID_WARMUP_PASSES
     assert sorted(grid.costs) == sorted(grid.shapes())
     assert grid.costs[burst] < 0.5, grid.times_ms()
 
@@ -262,8 +317,7 @@ def _child(export_dir, backend, precision, grid):
     from ppvarlen.runtime.predictor import Predictor
 
     copy_bytes = int(_weight_copy_mib(export_dir, precision) * 2 ** 20)
-    copies = GRID_BUDGET_COPIES if grid == "True" else BUDGET_COPIES
-    backends.ONEDNN_CACHE_BUDGET_BYTES = copies * copy_bytes
+    backends.ONEDNN_CACHE_BUDGET_BYTES = BUDGET_COPIES * copy_bytes  # the grid's ignores it
     p = Predictor(export_dir, backend, precision=precision, max_batch_size=MAX_ROWS,
                   onednn_shape_grid=grid == "True")
     rng = np.random.RandomState(0)
@@ -289,7 +343,9 @@ def _child(export_dir, backend, precision, grid):
         for n in range(1, MAX_LEN + 1):
             p.run_engine(rows(n, k))
     print(json.dumps({"warm": warm, "after": rss_anon_mib(), "shapes": len(shapes),
-                      "capacity": p.engine.settings.get("onednn_cache_capacity")}))
+                      "capacity": p.engine.settings.get("onednn_cache_capacity"),
+                      "grid": len(getattr(p.engine, "shape_grid", None) and
+                                  p.engine.shape_grid.shapes() or [])}))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from ppvarlen.export.exporter import export_model, save_view
 from ppvarlen.export.precision import paddle_config
 from ppvarlen.models.seq2seq import GreedyProgram, Seq2SeqTransformer
 from ppvarlen.runtime.backends import OnnxGreedyEngine, build_engine
+from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.utils.search import greedy_search, length_limits
 
 VOCAB, OUTPUT_SIZE, EOS, MAX_LEN = 14, 11, 5, 14
@@ -171,3 +172,15 @@ def test_paddle_program_shrinks_in_graph_token_identical(exported, tmp_path):
         assert full_steps == len(got) * max(len(g) + 1 for g in got)
         if len({len(g) for g in got}) > 1:
             assert steps < full_steps
+
+
+def test_a_decode_loop_keeps_a_cache_of_weight_copies(exported):
+    """A decode loop's steps are shapes of their own ([rows, step] grows every step): with
+    capacity 0 (one weight copy shared by every shape) they would pile up without bound, and
+    such shapes join to one cache key there; so a generating export's Paddle engine keeps a
+    capacity counted in weight copies."""
+    _, out, _ = exported
+    engine = Predictor(out, "paddle").engine
+    assert engine.shape_grid is not None
+    assert engine.settings["onednn_shared_weights"] is False
+    assert engine.settings["onednn_cache_capacity"] >= 1

@@ -124,7 +124,7 @@ def test_plan_groups_with_measured_costs_is_the_cheapest_split_on_the_grid():
     from ppvarlen.runtime.backends import ShapeGrid
     from ppvarlen.serve.batcher import plan_groups
 
-    grid = ShapeGrid(9, 64, 64)  # rows 1, 4, 16 x widths 16, 32, 64
+    grid = ShapeGrid([1, 4, 16], [16, 32, 64])
     grid.costs = {(r, w): 0.02 + 0.001 * r * w for r, w in grid.shapes()}
     rng = np.random.default_rng(1)
     for _ in range(30):

@@ -271,6 +271,7 @@ def test_a_paddle_model_on_a_shape_grid_logs_the_time_of_each_grid_shape(cls_exp
             assert httpx.post(srv.url + "/predict", json={"texts": [text]}).status_code == 200
         now = httpx.get(srv.url + "/metrics.json").json()["shape_grid_ms"]
     line = next(r.getMessage() for r in caplog.records if "held shapes" in r.getMessage())
+    assert ") with one weight copy for all of them," in line  # a classifier's grid shares it
     rows, widths = (json.loads(x) for x in
                     line.split("(rows ")[1].split(")")[0].split(", widths "))
     times = line.split("rows x width: ")[1].rstrip(")").split(", ")
