@@ -132,20 +132,22 @@ def shared_grid_axes(max_rows, max_width):
 
 
 class ShapeGrid:
-    """The batch shapes a Paddle oneDNN engine runs: a fixed grid of at most the oneDNN
-    cache's capacity of (rows, width) shapes, so that Paddle never drops a shape it holds.
+    """The batch shapes a Paddle oneDNN engine runs: a fixed grid of (rows, width) shapes
+    (``rows`` x ``widths``), every one of which Paddle keeps once run: with one weight copy
+    for all of them (``shared_grid_axes``), or within the cache's capacity of weight copies
+    (``grid_axes``).
 
-    Each shape Paddle caches costs its kernels and a weight reorder when first run
-    (``onednn_cache_capacity``); a server's batches have a new exact shape nearly every time,
-    and past the capacity Paddle drops an arbitrary held shape (not the least recently used).
-    On a grid every batch, once warm, runs at a held shape: padded up to the next grid width
+    Each shape Paddle caches costs its kernels (and, with a capacity, a weight reorder) when
+    first run (``onednn_cache_capacity``); a server's batches have a new exact shape nearly
+    every time, and past a capacity Paddle drops an arbitrary held shape (not the least
+    recently used).  On a grid every batch, once warm, runs at a held shape: padded up to the next grid width
     (pad tokens) and the next grid rows (copies of its first row, their answers dropped); the
     models are padding- and batch-invariant (admission checks both).  ``costs`` holds each
     shape's seconds, which the server's batcher plans with: the fastest run of the shape seen
     so far (``observe``: warm-up passes, then every batch), so a figure a busy start-up
     inflated falls once the shape runs on a quieter host.  A batch with more rows than the
-    grid's most runs in pieces (``Predictor._run_rows``); one no grid shape covers otherwise
-    runs at its own shape (``off_grid`` counts them).  One grid per process, as Paddle's
+    grid's most runs in pieces (``Predictor._run_rows``, ``Predictor.run_engine``); one no
+    grid shape covers otherwise runs at its own shape (``off_grid`` counts them).  One grid per process, as Paddle's
     cache is: clones share it."""
 
     def __init__(self, rows, widths):
