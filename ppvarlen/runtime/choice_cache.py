@@ -23,8 +23,8 @@ warning, never the start itself.
 Not kept: one math thread chosen by a wall-time comparison with the cores
 (``threads_choice.wall_clock_verdict``), which neighbours' work can decide.
 
-A Paddle oneDNN server's shape grid times itself at warm-up the same way (three passes over
-every shape): its fastest times are kept too (``keep_grid_times``, after warm-up and when the
+A Paddle oneDNN server's shape grid times itself at warm-up the same way (passes over every
+shape, ``Predictor.warmup``): its fastest times are kept too (``keep_grid_times``, after warm-up and when the
 version stops, with what traffic lowered), and the next start of the
 same engine seeds its grid with them and runs one pass, which sets the kernels up
 (``kept_grid_times``, ``Predictor.warmup``).
@@ -68,16 +68,18 @@ def _cpuinfo():
     return {k.strip(): v.strip() for k, _, v in pairs}
 
 
-def cpu_flags():
-    """The CPU's vector/matrix flags (/proc/cpuinfo) that decide which kernels run fast."""
-    flags = _cpuinfo().get("flags", "").split()
+def cpu_flags(info=None):
+    """The CPU's vector/matrix flags (/proc/cpuinfo, or ``info``: ``_cpuinfo()`` read already)
+    that decide which kernels run fast."""
+    flags = (_cpuinfo() if info is None else info).get("flags", "").split()
     return sorted(f for f in flags if f.startswith(CPU_FLAG_PREFIXES))
 
 
 def _cpu():
     """(model name, vector/matrix flags, usable cores) of this host: what ranks the
     candidates."""
-    return {"model": _cpuinfo().get("model name", ""), "flags": cpu_flags(),
+    info = _cpuinfo()
+    return {"model": info.get("model name", ""), "flags": cpu_flags(info),
             "cores": threads_choice.math_cores()}
 
 
