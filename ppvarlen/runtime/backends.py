@@ -185,6 +185,16 @@ class ShapeGrid:
             if held is None or seconds < held:
                 self.costs[(rows, width)] = seconds
 
+    def slowed(self):
+        """Shapes timed slower than a shape that covers them (as many rows or more, as wide or
+        wider): that one does more work, so the smaller shape's run was slowed (by other work
+        on the host, or by being the engine's first run)."""
+        with self._lock:
+            costs = dict(self.costs)
+        return [(r, w) for (r, w), t in sorted(costs.items())
+                if any(t > t2 for (r2, w2), t2 in costs.items()
+                       if r2 >= r and w2 >= w and (r2, w2) != (r, w))]
+
     def times_ms(self):
         """{"ROWSxWIDTH": milliseconds} of the shapes timed, in grid order (logs, metrics)."""
         with self._lock:

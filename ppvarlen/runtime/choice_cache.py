@@ -23,11 +23,11 @@ warning, never the start itself.
 Not kept: one math thread chosen by a wall-time comparison with the cores
 (``threads_choice.wall_clock_verdict``), which neighbours' work can decide.
 
-A Paddle oneDNN server's shape grid times itself at warm-up the same way (passes over every
-shape, ``Predictor.warmup``): its fastest times are kept too (``keep_grid_times``, after warm-up and when the
-version stops, with what traffic lowered), and the next start of the
-same engine seeds its grid with them and runs one pass, which sets the kernels up
-(``kept_grid_times``, ``Predictor.warmup``).
+A Paddle oneDNN server's shape grid times itself at warm-up (``Predictor.warmup``): its
+fastest times are kept too (``keep_grid_times``, after warm-up and when the version stops,
+with what traffic lowered), keyed by the engine's settings and the source that sets the
+engine up and times the grid (``grid_parts``), and the next start of the same engine seeds its
+grid with them and runs one pass, which sets the kernels up (``kept_grid_times``).
 """
 import datetime
 import hashlib
@@ -49,6 +49,8 @@ MAX_ENTRY_BYTES = 1 << 20  # an entry is a few kB; a larger file is not read who
 CPU_FLAG_PREFIXES = ("avx", "amx", "fma", "sse4")
 # whose source decides what is chosen: a change to any of them times again
 DECIDING_MODULES = ("precision_choice", "threads_choice", "timing", "admission")
+# whose source decides a oneDNN grid's shape times (the engine's settings, the warm-up)
+GRID_MODULES = ("backends", "predictor")
 VERSIONED = ("ppvarlen", "paddlepaddle", "onnxruntime")
 
 
@@ -90,10 +92,10 @@ def _version(dist):
         return None
 
 
-def _code_digest():
+def _code_digest(modules=DECIDING_MODULES):
     here = os.path.dirname(os.path.abspath(__file__))
     digest = hashlib.sha256()
-    for name in DECIDING_MODULES:
+    for name in modules:
         digest.update(sha256_file(os.path.join(here, name + ".py")).encode())
     return digest.hexdigest()
 
@@ -125,15 +127,15 @@ def key_parts(loader, export_dir, requested):
 
 def grid_parts(predictor):
     """What the shape times of ``predictor``'s oneDNN grid (``backends.ShapeGrid``) depend on:
-    the export, the engine's backend, precision and math threads, the grid's shapes, this CPU
-    and the versions -> a dict, or None (no grid, or no manifest to read)."""
+    the export, the engine's settings (precision, math threads, oneDNN cache mode, the grid's
+    shapes), the source that sets the engine up and times the grid, this CPU and the versions
+    -> a dict, or None (no grid, or no manifest to read)."""
     grid = getattr(predictor.engine, "shape_grid", None)
     manifest = _manifest_sha256(predictor.export_dir) if grid is not None else None
     if manifest is None:
         return None
-    return _host_parts(kind="grid_times", manifest_sha256=manifest, backend=predictor.backend,
-                       precision=predictor.precision, threads=predictor.threads,
-                       rows=grid.rows, widths=grid.widths)
+    return _host_parts(kind="grid_times", manifest_sha256=manifest,
+                       engine=predictor.engine.settings, code=_code_digest(GRID_MODULES))
 
 
 def kept_grid_times(predictor):
@@ -215,7 +217,8 @@ def _usable_grid_times(parts):
     """Whether a read entry holds a positive time for every shape of the grid of ``parts``."""
     def usable(choice):
         seconds = choice.get("seconds") if isinstance(choice, dict) else None
-        shapes = {f"{r}x{w}" for r in parts["rows"] for w in parts["widths"]} if parts else ()
+        rows, widths = parts["engine"]["onednn_shape_grid"] if parts else ((), ())
+        shapes = {f"{r}x{w}" for r in rows for w in widths}
         return isinstance(seconds, dict) and set(seconds) == set(shapes) and all(
             type(t) is float and 0 < t < 3600 for t in seconds.values())
     return usable

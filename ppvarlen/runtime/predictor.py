@@ -31,12 +31,9 @@ from ppvarlen.runtime import precision_choice
 from ppvarlen.runtime.backends import build_engine, input_names
 from ppvarlen.runtime.manifest import UnservableExportError, load_manifest, require_listed
 
-# Passes over a Paddle oneDNN shape grid at warm-up: one sets each shape's kernels and weight
-# copy up, two more time it (``Predictor.warmup``); an ERNIE-base-sized grid takes seconds per
-# pass.  With one weight copy for every shape a first run costs little more than a held one,
-# so both passes time.
-GRID_WARMUP_PASSES = 3
-SHARED_GRID_WARMUP_PASSES = 2
+# Re-runs at warm-up of the oneDNN grid shapes timed slower than a larger shape
+# (``ShapeGrid.slowed``), at most: a burst of other work during a shape's run.
+GRID_RETIME_ROUNDS = 2
 
 
 class NonFiniteOutput(RuntimeError):
@@ -191,25 +188,31 @@ class Predictor:
 
     def warmup(self, lengths=(8, 32, 128), kept_times=None):
         """Run a few batch shapes once so the first requests skip kernel set-up; not counted.
-        An engine with a ``ShapeGrid`` runs every grid shape instead, in ``GRID_WARMUP_PASSES``
-        passes over the grid (the first sets each shape's kernels up), or
-        ``SHARED_GRID_WARMUP_PASSES`` with one weight copy for every shape; every run is timed
-        (``run_engine``) and each shape keeps its fastest, which the batcher plans with.  A
-        burst of other work during one pass slows different shapes in different passes, so
-        the fastest of two timed passes is seldom inflated; clones share the grid.
+        An engine with a ``ShapeGrid`` runs every grid shape instead and times it: one pass
+        with one weight copy for every shape (a shape's first run costs about a held one),
+        two with a copy per shape (the first sets each shape's kernels and copy up).  Each
+        shape keeps its fastest run (``run_engine``), which the batcher plans with.  A burst
+        of other work during one run inflates that shape's time; more work never costs less,
+        so a shape timed slower than a larger one is run again (``ShapeGrid.slowed``, up to
+        ``GRID_RETIME_ROUNDS``), and the largest shape, which no shape covers, twice.
         ``kept_times`` ({(rows, width): seconds}, ``choice_cache.kept_grid_times``): a previous
-        start's fastest times, which seed the grid; one pass then sets the kernels up.  Paddle
-        caches oneDNN kernels per thread: call this in the thread that will run the
-        batches."""
+        start's fastest times (checked so when taken), which seed the grid; one pass then sets
+        the kernels up, and lowers a time only when faster.  Clones
+        share the grid.  Paddle caches oneDNN kernels per thread: call this in the thread
+        that will run the batches."""
         grid = getattr(self.engine, "shape_grid", None)
         if grid is not None:
             for (rows, width), seconds in (kept_times or {}).items():
                 grid.observe(rows, width, seconds)
-            passes = SHARED_GRID_WARMUP_PASSES \
-                if self.engine.settings.get("onednn_shared_weights") else GRID_WARMUP_PASSES
-            for _ in range(1 if kept_times else passes):
+            setup = not (kept_times or self.engine.settings.get("onednn_shared_weights"))
+            for _ in range(1 + setup):
                 for rows, width in grid.shapes():
                     self.run_engine([[self.encoder.unk_id] * width] * rows)
+            largest = {(grid.rows[-1], grid.widths[-1])}
+            for _ in range(0 if kept_times else GRID_RETIME_ROUNDS):
+                for rows, width in sorted(largest | set(grid.slowed())):
+                    self.run_engine([[self.encoder.unk_id] * width] * rows)
+                largest = set()
             self._reset_counters()
             return
         if self.task.generates:  # every run decodes many steps of growing shapes already
