@@ -196,10 +196,10 @@ class Predictor:
         so a shape timed slower than a larger one is run again (``ShapeGrid.slowed``, up to
         ``GRID_RETIME_ROUNDS``), and the largest shape, which no shape covers, twice.
         ``kept_times`` ({(rows, width): seconds}, ``choice_cache.kept_grid_times``): a previous
-        start's fastest times (checked so when taken), which seed the grid; one pass then sets
-        the kernels up, and lowers a time only when faster.  Clones
-        share the grid.  Paddle caches oneDNN kernels per thread: call this in the thread
-        that will run the batches."""
+        start's fastest times (re-timed there as above), which seed the grid; one pass then
+        sets the kernels up, and lowers a time only when faster.  Clones share the grid.
+        Paddle caches oneDNN kernels per thread: call this in the thread that will run the
+        batches."""
         grid = getattr(self.engine, "shape_grid", None)
         if grid is not None:
             for (rows, width), seconds in (kept_times or {}).items():
