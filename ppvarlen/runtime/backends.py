@@ -188,7 +188,8 @@ class ShapeGrid:
     def slowed(self):
         """Shapes timed slower than a shape that covers them (as many rows or more, as wide or
         wider): that one does more work, so the smaller shape's run was slowed (by other work
-        on the host, or by being the engine's first run)."""
+        on the host, or by being the engine's first run).  Not so for a decode loop, whose rows
+        end at their own steps: its grid (weight copies) is not checked this way."""
         with self._lock:
             costs = dict(self.costs)
         return [(r, w) for (r, w), t in sorted(costs.items())

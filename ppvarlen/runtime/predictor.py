@@ -34,6 +34,10 @@ from ppvarlen.runtime.manifest import UnservableExportError, load_manifest, requ
 # Re-runs at warm-up of the oneDNN grid shapes timed slower than a larger shape
 # (``ShapeGrid.slowed``), at most: a burst of other work during a shape's run.
 GRID_RETIME_ROUNDS = 2
+# Passes over a grid of weight copies at warm-up: one sets each shape's kernels and copy up,
+# two time it.  Such a grid serves decode loops, whose cost need not grow with the shape
+# (rows end at different steps), so a slower smaller shape says nothing there.
+COPY_GRID_PASSES = 3
 
 
 class NonFiniteOutput(RuntimeError):
@@ -188,13 +192,13 @@ class Predictor:
 
     def warmup(self, lengths=(8, 32, 128), kept_times=None):
         """Run a few batch shapes once so the first requests skip kernel set-up; not counted.
-        An engine with a ``ShapeGrid`` runs every grid shape instead and times it: one pass
-        with one weight copy for every shape (a shape's first run costs about a held one),
-        two with a copy per shape (the first sets each shape's kernels and copy up).  Each
-        shape keeps its fastest run (``run_engine``), which the batcher plans with.  A burst
-        of other work during one run inflates that shape's time; more work never costs less,
-        so a shape timed slower than a larger one is run again (``ShapeGrid.slowed``, up to
-        ``GRID_RETIME_ROUNDS``), and the largest shape, which no shape covers, twice.
+        An engine with a ``ShapeGrid`` runs every grid shape instead and times it; each shape
+        keeps its fastest run (``run_engine``), which the batcher plans with.  With one weight
+        copy for every shape, one pass (a shape's first run costs about a held one): a burst
+        of other work during one run inflates that shape's time, and more work never costs
+        less, so a shape timed slower than a larger one runs again (``ShapeGrid.slowed``, up to
+        ``GRID_RETIME_ROUNDS``), and the largest shape, which no shape covers, twice.  With a
+        copy per shape, ``COPY_GRID_PASSES``.
         ``kept_times`` ({(rows, width): seconds}, ``choice_cache.kept_grid_times``): a previous
         start's fastest times (re-timed there as above), which seed the grid; one pass then
         sets the kernels up, and lowers a time only when faster.  Clones share the grid.
@@ -204,12 +208,12 @@ class Predictor:
         if grid is not None:
             for (rows, width), seconds in (kept_times or {}).items():
                 grid.observe(rows, width, seconds)
-            setup = not (kept_times or self.engine.settings.get("onednn_shared_weights"))
-            for _ in range(1 + setup):
+            shared = self.engine.settings.get("onednn_shared_weights")
+            for _ in range(1 if kept_times or shared else COPY_GRID_PASSES):
                 for rows, width in grid.shapes():
                     self.run_engine([[self.encoder.unk_id] * width] * rows)
             largest = {(grid.rows[-1], grid.widths[-1])}
-            for _ in range(0 if kept_times else GRID_RETIME_ROUNDS):
+            for _ in range(GRID_RETIME_ROUNDS if shared and not kept_times else 0):
                 for rows, width in sorted(largest | set(grid.slowed())):
                     self.run_engine([[self.encoder.unk_id] * width] * rows)
                 largest = set()
