@@ -30,6 +30,7 @@ engine up and times the grid (``grid_parts``), and the next start of the same en
 grid with them and runs one pass, which sets the kernels up (``kept_grid_times``).
 """
 import datetime
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -92,7 +93,10 @@ def _version(dist):
         return None
 
 
+@functools.lru_cache(maxsize=None)
 def _code_digest(modules=DECIDING_MODULES):
+    """sha256 over the source of ``modules`` (in this package), read once per process: the
+    code this process runs, not a later edit on disk."""
     here = os.path.dirname(os.path.abspath(__file__))
     digest = hashlib.sha256()
     for name in modules:
