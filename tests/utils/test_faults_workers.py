@@ -170,6 +170,14 @@ _SLOW_BUILD = textwrap.dedent("""
 """)
 
 
+def _as_started_from_a_terminal():
+    """A command typed at a terminal starts with Ctrl-C at its default; one this suite runs may
+    inherit it ignored (a CI job started in the background by a shell without job control:
+    such shells ignore SIGINT in asynchronous commands, and a forked child keeps that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _children(pid):
     found = []
     for entry in os.listdir("/proc"):
@@ -203,7 +211,8 @@ def test_ctrl_c_ends_a_build_within_seconds_and_no_worker_is_left(tmp_path, slow
     proc = subprocess.Popen([sys.executable, "-c", _SLOW_BUILD, train, str(started),
                              str(tmp_path / "cache"), slowed],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # its own process group, as a terminal's
+                            start_new_session=True,  # its own process group, as a terminal's
+                            preexec_fn=_as_started_from_a_terminal)
     try:
         deadline = time.monotonic() + 90
         while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
