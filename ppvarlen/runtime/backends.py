@@ -208,8 +208,13 @@ def check_precision(manifest, backend, precision):
     ``manifest.precisions`` maps each backend to the precisions exported for it.
     """
     if precision not in PRECISIONS[backend]:
+        exported = manifest.get("precisions") or {}
+        elsewhere = [b for b in sorted(exported) if b != backend and precision in exported[b]]
+        fix = (f"this export has {precision} for backend {elsewhere[0]!r}: pass --backend "
+               f"{elsewhere[0]} --precision {precision}" if elsewhere
+               else f"choose one of {list(PRECISIONS[backend])}")
         raise ConfigError(f"precision {precision!r} is not available for backend {backend!r}; "
-                         f"choose one of {list(PRECISIONS[backend])}")
+                         f"{fix}")
     listed = (manifest.get("precisions") or {}).get(backend, ["fp32"])
     if precision not in listed:
         raise UnservableExportError(f"precision {precision!r} was not exported for backend {backend!r} "
