@@ -191,9 +191,13 @@ def serve(export_dir, deploy_cfg, host=None, port=None, backend=None, repository
         log.warning("binding %s: the server is reachable from other machines", host)
     grpc_port = deploy_cfg.grpc_port if grpc_port is None else grpc_port
     app = app_from_config(export_dir, deploy_cfg, backend, repository, grpc_port)
-    # A repository loads its predictors after uvicorn has installed its signal handlers;
-    # importing the runtime now keeps Paddle's SIGTERM handler from replacing them.
-    import_runtime(backend or deploy_cfg.backend)
+    if repository is not None:
+        # A repository loads its predictors after uvicorn has installed its signal handlers;
+        # importing the runtime now keeps Paddle's SIGTERM handler from replacing them (with
+        # backend auto, both runtimes: which one a version serves is timed when it loads).  A
+        # single export is loaded already, with only the runtime it serves: Paddle imported
+        # beside an ONNX Runtime server costs memory and speed (docs/PRECISION.md).
+        import_runtime(backend or deploy_cfg.backend)
     # bound here rather than by uvicorn so the port is known before serving (port 0)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -1,6 +1,7 @@
 """HTTP server on a free loopback port: order, parity with the predictor, 4xx, 503, draining."""
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -292,6 +293,40 @@ def test_serve_script_starts_and_stops_on_sigint(cls_export, tmp_path):  # noqa:
                  every=0.2)
         r = httpx.post(url + "/predict", json={"texts": ["好"]}, timeout=120)
         assert r.status_code == 200
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
+
+
+def test_a_single_export_served_on_onnx_by_the_default_backend_loads_no_paddle(cls_export,  # noqa: F811
+                                                                               tmp_path):
+    """``--backend auto`` (the default) chose ONNX Runtime: Paddle is not in the process (it
+    costs an ONNX Runtime server memory and speed, docs/PRECISION.md).  The export's Paddle
+    entry is removed, so the choice is ONNX whatever the timing."""
+    export = tmp_path / "export"
+    shutil.copytree(cls_export[0], export)
+    manifest = json.loads((export / "manifest.json").read_text())
+    for key in ("backends", "precisions", "precision_measured"):
+        (manifest.get(key) or {}).pop("paddle", None)
+    (export / "manifest.json").write_text(json.dumps(manifest))
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "deploy/python/serve.py"),
+                             "--model-dir", str(export), "--port", "0", "--port-file",
+                             str(port_file)], stderr=subprocess.PIPE, text=True)
+    try:
+        def port_written():
+            assert proc.poll() is None, proc.stderr.read()
+            return port_file.exists() and int(port_file.read_text())
+
+        url = f"http://127.0.0.1:{wait_for(port_written, 'the port file', 180, 0.2)}"
+        wait_for(lambda: answers_200(url + "/health"), "/health", timeout=180, every=0.2)
+        assert httpx.get(url + "/health", timeout=30).json()["backend"] == "onnx"
+        maps = open(f"/proc/{proc.pid}/maps").read()
+        assert "onnxruntime" in maps  # the libraries the process has loaded, as the kernel sees
+        assert "libpaddle" not in maps
         proc.send_signal(signal.SIGINT)
         assert proc.wait(120) == 0
     finally:
