@@ -30,14 +30,14 @@ Writes ``{work}/precision_throughput.json`` and ``.png`` (or into ``--out``).
 ``ppvarlen-export`` does by default (``Export.precision: [auto]``, verified: the
 task-metric gate on the test split, ``-o Export.parity_max_examples=N`` bounds it;
 ``--train-steps`` gives a random-init model a few AdamW steps first, so its answers are
-decided rather than near-tied), then served three times side by side: ``ppvarlen-serve
---precision auto`` on each backend (``--backend paddle`` and ``--backend onnx``: what each
-picks is logged and read from ``/health``) and ``--backend onnx --precision fp32``, the
-reference.  Closed-loop clients send one real review of the test split per request at each
-``--concurrency``; points run interleaved (round, concurrency, then the three servers back
-to back: A B C A B C), each after a warm-up, with the load average and the server's CPU
-seconds per text recorded.  Writes
-``serve_precision.json`` and ``.png``::
+decided rather than near-tied), then served four times side by side: ``ppvarlen-serve``'s
+default (``--backend auto --precision auto``), ``--precision auto`` on each backend
+(``--backend paddle`` and ``--backend onnx``; what each picks is logged and read from
+``/health``) and ``--backend onnx --precision fp32``, the reference.  Closed-loop clients
+send one real review of the test split per request at each ``--concurrency``; points run
+interleaved (round, concurrency, then the four servers back to back: A B C D A B C D), each
+after a warm-up, with the load average and the server's CPU seconds per text recorded.
+Writes ``serve_precision.json`` and ``.png``::
 
     python benchmarks/precision_throughput.py -c configs/sentiment/transformer.yaml \
         --ernie-base --serve --train-steps 300 --train-lr 3e-5 \
@@ -315,8 +315,8 @@ def serve_comparison(args, cfg, model, meta, encoder, bundle):
     texts = [t for t in split_texts(export_dir) if t.strip()]
     out = args.out or args.work
     os.makedirs(out, exist_ok=True)
-    servers = {"auto_paddle": ("paddle", "auto"), "auto_onnx": ("onnx", "auto"),
-               "onnx_fp32": ("onnx", "fp32")}
+    servers = {"auto": ("auto", "auto"), "auto_paddle": ("paddle", "auto"),
+               "auto_onnx": ("onnx", "auto"), "onnx_fp32": ("onnx", "fp32")}
     autos = [n for n in servers if n.startswith("auto")]
     procs, urls, health = {}, {}, {}
     try:
@@ -375,13 +375,15 @@ def serve_comparison(args, cfg, model, meta, encoder, bundle):
               "left_out": (manifest.get("precision_measured") or {}).get("left_out"),
               "auto_log": auto_log,
               "auto_chose": {n: health[n].get("precision") for n in autos},
+              "auto_backend": {n: health[n].get("backend") for n in autos},
               "auto_reason": {n: health[n].get("precision_reason") for n in autos},
               "server_rss_mib_at_end": rss, "points": points, "summary": summary}
     atomic_write_json(os.path.join(out, "serve_precision.json"), result)
     plot_serve(result, os.path.join(out, "serve_precision.png"))
     for concurrency, row in summary.items():
         for name in autos:
-            print(f"c={concurrency}: {name} ({result['auto_chose'][name]}) "
+            print(f"c={concurrency}: {name} ({result['auto_backend'][name]} "
+                  f"{result['auto_chose'][name]}) "
                   f"{row[name]['texts_per_s']} vs onnx fp32 {row['onnx_fp32_texts_per_s']} "
                   f"texts/s: ratio per round {row[name]['ratio_per_round']}, median "
                   f"{row[name]['ratio_median']}")
@@ -393,7 +395,8 @@ def plot_serve(result, path):
     concurrencies = sorted({p["concurrency"] for p in result["points"]})
     rounds_chart(
         path, [(c, f"concurrency {c}") for c in concurrencies],
-        [(n, f"{n} ({result['auto_chose'][n]})" if n != "onnx_fp32" else "ONNX Runtime fp32")
+        [(n, f"{n} ({result['auto_backend'][n]} {result['auto_chose'][n]})"
+          if n != "onnx_fp32" else "ONNX Runtime fp32")
          for n in names],
         lambda name, c: [p["texts_per_s"] for p in result["points"]
                          if p["server"] == name and p["concurrency"] == c],
@@ -475,8 +478,8 @@ def main():
                              "exporter's default 256)")
     parser.add_argument("--auto-deploy", action="append", default=[], metavar="KEY=VALUE",
                         type=_key_value,
-                        help="--serve: a Deploy setting for the auto servers only (both "
-                             "backends), e.g. onednn_cache_bytes=6442450944 (repeatable)")
+                        help="--serve: a Deploy setting for the three auto servers only, "
+                             "e.g. onednn_cache_bytes=6442450944 (repeatable)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--rounds", type=int, default=2, help="--serve: sweeps (A B A B)")
     parser.add_argument("--duration-s", type=float, default=60.0)

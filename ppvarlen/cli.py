@@ -473,8 +473,9 @@ def main_infer(argv=None):
     """
     parser = _parser(main_infer, config=False)
     parser.add_argument("--model-dir", required=True, help="export directory (has manifest.json)")
-    parser.add_argument("--backend", choices=["paddle", "onnx", "auto"], default="paddle",
-                        help="auto: the backend (and precision) this CPU runs fastest")
+    parser.add_argument("--backend", choices=["paddle", "onnx", "auto"], default="auto",
+                        help="auto (default): the backend (and precision) this CPU runs "
+                        "fastest, timed here; paddle or onnx: that engine")
     parser.add_argument("--input", required=True, help=".jsonl (a request item per line, in "
                         "the task's fields), .txt (a text per line; one-text tasks), or a "
                         "training data file (.tsv, .csv, .conll, .parquet, plain or .gz: read "
@@ -568,8 +569,8 @@ def main_serve(argv=None):
                        "directories: the newest verified version serves, new ones hot-reload "
                        "(docs/SERVING.md)")
     parser.add_argument("--backend", choices=["paddle", "onnx", "auto"], default=None,
-                        help="default: Deploy.backend (paddle); auto: the backend (and "
-                        "precision) this CPU runs fastest")
+                        help="default: Deploy.backend (auto: the backend, and precision, "
+                        "this CPU runs fastest, timed at load)")
     parser.add_argument("--host", default=None, help="default: Deploy.host (127.0.0.1)")
     parser.add_argument("--port", type=int, default=None,
                         help="default: Deploy.port (8080); 0 takes a free port (see --port-file)")

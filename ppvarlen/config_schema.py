@@ -270,7 +270,7 @@ SCHEMA = {
                                      "null = the whole test split"),
     },
     "Deploy": {
-        "backend": Field(str, "paddle", choices=["paddle", "onnx", "auto"],
+        "backend": Field(str, "auto", choices=["paddle", "onnx", "auto"],
                          help="inference engine: Paddle Inference or ONNX Runtime; auto: the "
                          "one of the export's backends (and its precision) this CPU runs "
                          "fastest, timed at load like precision auto (off CPU: paddle)"),
