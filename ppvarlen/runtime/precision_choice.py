@@ -245,6 +245,9 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
         log.info("backend auto on %s: serving Paddle Inference (the %s path; CPU timings say "
                  "nothing about it)", device, device)
         load, any_backend = functools.partial(load, backend="paddle"), False
+    only = _only_backend(export_dir, requested) if any_backend else None
+    if only is not None:  # nothing to choose: as if that backend were asked for (no child)
+        load, any_backend = functools.partial(load, backend=only), False
     threads = load.keywords.get("threads") if isinstance(load, functools.partial) else None
     if threads == "auto" and device != "cpu":
         log.info("threads auto on %s: 1 math thread (the device does the math)", device)
@@ -291,6 +294,21 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
         predictor.precision_choice.update(untimed)
     predictor.precision_choice.setdefault("backend", predictor.backend)
     return predictor
+
+
+def _only_backend(export_dir, requested):
+    """The backend ``backend="auto"`` has no choice of: the only one of the export's backends
+    that holds ``requested`` (``auto``: the export's only backend), logged; None when there
+    are several or none, or the manifest cannot be read (the usual path says why)."""
+    try:
+        held = export_backends(load_manifest(export_dir, verify=False), requested)
+    except Exception:  # noqa: BLE001 - the usual path loads it again and says why it fails
+        return None
+    if len(held) != 1:
+        return None
+    log.info("backend auto: %s, the one backend of this export that holds %s", held[0],
+             "a precision" if requested == "auto" else f"precision {requested}")
+    return held[0]
 
 
 def _admit(predictor, renderers):

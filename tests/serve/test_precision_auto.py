@@ -181,10 +181,18 @@ def test_backend_auto_serves_the_backend_and_precision_this_host_times_fastest(
 
 
 def test_backend_auto_with_an_explicit_precision_chooses_among_the_backends_holding_it(
-        export_dir, host):
+        export_dir, host, monkeypatch, caplog):
+    real_choose = precision_choice.choose
+    # only ONNX holds int8: nothing to choose, so no candidate loads (no child process either)
+    monkeypatch.setattr(precision_choice, "choose", lambda *a, **k: pytest.fail("chose"))
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
     predictor = precision_choice.load_admitted(_any_backend(), export_dir, "int8")
     assert (predictor.backend, predictor.precision) == ("onnx", "int8")
-    assert host.calls == []  # only ONNX holds int8: nothing to time
+    assert host.calls == []
+    assert predictor.precision_choice["backend"] == "onnx"
+    assert any("backend auto: onnx, the one backend of this export that holds precision int8"
+               in r.getMessage() for r in caplog.records)
+    monkeypatch.setattr(precision_choice, "choose", real_choose)
     host.speeds = {"paddle fp32": 100.0, "onnx fp32": 120.0}
     predictor = precision_choice.load_admitted(_any_backend(), export_dir, "fp32")
     assert host.calls == [["onnx fp32", "paddle fp32"]]
