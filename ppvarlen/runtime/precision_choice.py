@@ -306,8 +306,8 @@ def _only_backend(export_dir, requested):
         return None
     if len(held) != 1:
         return None
-    log.info("backend auto: %s, the one backend of this export that holds %s", held[0],
-             "a precision" if requested == "auto" else f"precision {requested}")
+    log.info("backend auto: %s, %s", held[0], "the export's only backend" if requested == "auto"
+             else f"the one backend of this export that holds precision {requested}")
     return held[0]
 
 

@@ -203,6 +203,25 @@ def test_backend_auto_with_an_explicit_precision_chooses_among_the_backends_hold
         precision_choice.load_admitted(_any_backend(), export_dir, "fp16")
 
 
+def test_backend_auto_on_a_one_backend_export_chooses_its_precision_only(export_dir, host,
+                                                                         tmp_path, caplog):
+    """An export written with one format (``--format paddle``): the backend is that one, and
+    ``auto`` times its precisions as with ``--backend paddle``."""
+    one = tmp_path / "export"
+    shutil.copytree(export_dir, one)
+    manifest = json.loads((one / "manifest.json").read_text())
+    for key in ("backends", "precisions", "precision_measured"):
+        manifest[key].pop("onnx")
+    (one / "manifest.json").write_text(json.dumps(manifest))
+    host.speeds = {"fp32": 100.0, "bf16": 150.0}
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
+    predictor = precision_choice.load_admitted(_any_backend(), str(one), "auto")
+    assert host.calls == [["bf16", "fp32"]]  # named by precision alone: one backend timed
+    assert (predictor.backend, predictor.precision) == ("paddle", "bf16")
+    assert any("backend auto: paddle, the export's only backend" in r.getMessage()
+               for r in caplog.records)
+
+
 def test_backend_auto_skips_a_backend_that_fails_here(export_dir, host, monkeypatch, caplog):
     real = admission.admit
 
