@@ -127,19 +127,23 @@ def check_output_dir(path):
 def admit_here(export_dir, backend, predictor_kwargs):
     """Load the export as the actors will and run the admission check on it, here, so a bad
     export stops the job with its reason before any actor starts (an actor that failed in its
-    constructor would be restarted by Ray).  A GPU job is checked only for its manifest: the
-    driver need not hold a GPU."""
+    constructor would be restarted by Ray) -> (backend, precision) for the actors.  ``auto``
+    (backend or precision) is chosen here, by the rule the server uses, and every actor loads
+    that choice: one engine and precision for the whole job, timed once (on this, the
+    driver's, CPU).  A GPU job is checked only for its manifest (the driver need not hold a
+    GPU); its actors apply the off-CPU rule themselves."""
     kwargs = dict(predictor_kwargs)
+    precision = kwargs.pop("precision", "fp32")
     if kwargs.get("device", "cpu") != "cpu":
         load_manifest(export_dir)
         log.info("%s: the admission check runs on CPU jobs; a GPU job's actors are not "
                  "checked (GPU paths are unverified)", export_dir)
-        return
-    precision = kwargs.pop("precision", "fp32")
+        return backend, precision
     predictor = load_admitted(functools.partial(Predictor, backend=backend, **kwargs),
                               export_dir, requested=precision)
-    log.info("export %s admitted in %s: %s", export_dir, predictor.precision,
-             ", ".join(predictor.admission))
+    log.info("export %s admitted in %s %s: %s", export_dir, predictor.backend,
+             predictor.precision, ", ".join(predictor.admission))
+    return predictor.backend, predictor.precision
 
 
 def run_batch(export_dir, input_path, output_dir, backend="paddle", actors=2, actor_cpus=1.0,
@@ -148,7 +152,10 @@ def run_batch(export_dir, input_path, output_dir, backend="paddle", actors=2, ac
     """Predict every row of ``input_path`` on the running Ray cluster; returns the summary."""
     import ray
 
-    admit_here(export_dir, backend, predictor_kwargs or {})  # before any actor starts
+    requested = {"backend": backend, "precision": (predictor_kwargs or {}).get("precision",
+                                                                            "fp32")}
+    backend, precision = admit_here(export_dir, backend, predictor_kwargs or {})  # before actors
+    predictor_kwargs = {**(predictor_kwargs or {}), "precision": precision}
     check_output_dir(output_dir)
     units = plan_units(input_path, unit_bytes)
     if not units:
@@ -188,8 +195,8 @@ def run_batch(export_dir, input_path, output_dir, backend="paddle", actors=2, ac
                     counts["padded_tokens"] += int(b["padded_tokens"].sum())
             seconds = time.perf_counter() - start
             summary = {"input": os.path.abspath(input_path), "export_dir": export_dir,
-                       "backend": backend, "precision": (predictor_kwargs or {}).get(
-                           "precision", "fp32"), "actors": actors, "window": window,
+                       "backend": backend, "precision": precision, "requested": requested,
+                       "actors": actors, "window": window,
                        "units": len(units), "rows_in": counts["predicted"] + counts["rejected"],
                        "rows_out": counts["predicted"], "rejected": counts["rejected"],
                        "seconds": round(seconds, 3),
@@ -218,9 +225,13 @@ def main(argv=None):
     parser.add_argument("--model-dir", required=True, help="export directory (has manifest.json)")
     parser.add_argument("--input", required=True, help=".jsonl / .parquet file or a directory")
     parser.add_argument("--output-dir", required=True, help="written when the job finishes")
-    parser.add_argument("--backend", choices=["paddle", "onnx"], default="paddle")
-    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
-                        help="any precision the export's manifest lists for the backend")
+    parser.add_argument("--backend", choices=["paddle", "onnx", "auto"], default="auto",
+                        help="auto: the backend (and precision) this CPU runs fastest, timed "
+                        "here on the driver; every actor runs the choice")
+    parser.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16", "int8"],
+                        default="auto", help="any precision the export verified for the "
+                        "backend; auto: the fastest, timed here on the driver (as "
+                        "ppvarlen-serve chooses)")
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
                         help="gpu: one GPU per actor")
     parser.add_argument("--threads", type=positive_int, default=1, help="math threads per actor")

@@ -139,6 +139,29 @@ def test_batch_parquet_shards_onnx_equals_predictor(cluster, export_dir, reviews
     assert summary["rejected"] == 0 and summary["units"] == 6  # 3 row groups per file
 
 
+def test_an_auto_job_runs_the_drivers_choice_on_every_actor(cluster, export_dir, reviews,
+                                                          expected, tmp_path):
+    """Backend and precision ``auto`` are chosen once, on the driver (here: an export whose
+    Paddle entry is removed, so ONNX Runtime fp32 whatever the timing); the actors load that
+    choice, and the summary records it beside what was asked."""
+    onnx_only = tmp_path / "export"
+    shutil.copytree(export_dir, onnx_only)
+    manifest = json.loads((onnx_only / "manifest.json").read_text())
+    for key in ("backends", "precisions", "precision_measured"):
+        (manifest.get(key) or {}).pop("paddle", None)
+    (onnx_only / "manifest.json").write_text(json.dumps(manifest))
+    src = tmp_path / "reviews.jsonl"
+    write_jsonl(src, reviews[:60])
+    summary = run_batch(str(onnx_only), str(src), str(tmp_path / "out"), "auto", actors=1,
+                        window=64, predictor_kwargs={"precision": "auto"})
+    assert (summary["backend"], summary["precision"]) == ("onnx", "fp32")
+    assert summary["requested"] == {"backend": "auto", "precision": "auto"}
+    preds = read_jsonl(tmp_path / "out" / "predictions.jsonl")
+    assert sorted(p["id"] for p in preds) == list(range(60))
+    for p in preds:
+        assert_same_predictions(p, expected["onnx"][p["id"]])
+
+
 def test_killed_actor_is_replaced_and_every_row_answered_once(cluster, export_dir, reviews,
                                                               expected, tmp_path):
     src = tmp_path / "reviews.jsonl"
