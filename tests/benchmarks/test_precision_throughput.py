@@ -114,3 +114,41 @@ def test_an_int8_variant_file_appears_whole_or_not_at_all(bench, tmp_path, monke
                                   ["c"], only={"onnx_int8_static_qdq"})
     assert runners == {"onnx_int8_static_qdq": str(bench_dir / "int8_static_qdq.onnx")}
     assert [p.name for p in bench_dir.iterdir()] == ["int8_static_qdq.onnx"]
+
+
+def test_the_documented_serve_command_runs_on_a_tiny_checkpoint(tmp_path):
+    """``--serve`` as docs/PRECISION.md runs it (``-c CONFIG --checkpoint DIR``), small: a
+    2-step checkpoint of the quickstart config, exported the default way (every precision this
+    host verifies), served four times side by side (the defaults, each backend's ``auto``,
+    ONNX Runtime fp32), one short round.  Nothing about which is faster is asserted."""
+    import json
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=repo)
+    train = subprocess.run(
+        [sys.executable, os.path.join(repo, "tools", "train.py"), "-c",
+         "configs/sentiment/wide_deep.yaml", "-o", f"Global.output_dir={tmp_path / 'run'}",
+         "-o", "Train.max_steps=2", "-o", "Data.limit=200", "-o", "Train.progress_bar=false"],
+        capture_output=True, text=True, timeout=600, cwd=repo, env=env)
+    assert train.returncode == 0, train.stderr[-3000:]
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, os.path.join(repo, "benchmarks", "precision_throughput.py"), "-c",
+         str(tmp_path / "run" / "config.yaml"), "--checkpoint", str(tmp_path / "run" / "best"),
+         "--serve", "-o", "Export.parity_max_examples=20", "--calibration-examples", "16",
+         "--duration-s", "1", "--warmup-s", "0.5", "--rounds", "1", "--concurrency", "2",
+         "--threads", "1", "--work", str(tmp_path / "work"), "--out", str(out)],
+        capture_output=True, text=True, timeout=900, cwd=repo, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((out / "serve_precision.json").read_text())
+    assert [p["server"] for p in result["points"]] == ["auto", "auto_paddle", "auto_onnx",
+                                                      "onnx_fp32"]
+    assert all(p["ok"] > 0 and p["errors"] == 0 for p in result["points"])
+    assert result["auto_backend"]["auto"] in ("paddle", "onnx")
+    assert result["auto_backend"]["auto_paddle"] == "paddle"
+    assert result["auto_backend"]["auto_onnx"] == "onnx"
+    assert result["auto_chose"]["auto"] in result["precisions_exported"][
+        result["auto_backend"]["auto"]]
+    assert (out / "serve_precision.png").stat().st_size > 0
