@@ -124,7 +124,7 @@ def check_output_dir(path):
                             f"new directory (it is replaced as a whole when the job finishes)")
 
 
-def admit_here(export_dir, backend, predictor_kwargs):
+def admit_here(export_dir, backend, precision, predictor_kwargs):
     """Load the export as the actors will and run the admission check on it, here, so a bad
     export stops the job with its reason before any actor starts (an actor that failed in its
     constructor would be restarted by Ray) -> (backend, precision) for the actors.  ``auto``
@@ -132,15 +132,13 @@ def admit_here(export_dir, backend, predictor_kwargs):
     that choice: one engine and precision for the whole job, timed once (on this, the
     driver's, CPU).  A GPU job is checked only for its manifest (the driver need not hold a
     GPU); its actors apply the off-CPU rule themselves."""
-    kwargs = dict(predictor_kwargs)
-    precision = kwargs.pop("precision", "fp32")
-    if kwargs.get("device", "cpu") != "cpu":
+    if predictor_kwargs.get("device", "cpu") != "cpu":
         load_manifest(export_dir)
         log.info("%s: the admission check runs on CPU jobs; a GPU job's actors are not "
                  "checked (GPU paths are unverified)", export_dir)
         return backend, precision
-    predictor = load_admitted(functools.partial(Predictor, backend=backend, **kwargs),
-                              export_dir, requested=precision)
+    load = functools.partial(Predictor, backend=backend, **predictor_kwargs)
+    predictor = load_admitted(load, export_dir, requested=precision)
     log.info("export %s admitted in %s %s: %s", export_dir, predictor.backend,
              predictor.precision, ", ".join(predictor.admission))
     return predictor.backend, predictor.precision
@@ -152,10 +150,11 @@ def run_batch(export_dir, input_path, output_dir, backend="paddle", actors=2, ac
     """Predict every row of ``input_path`` on the running Ray cluster; returns the summary."""
     import ray
 
-    requested = {"backend": backend, "precision": (predictor_kwargs or {}).get("precision",
-                                                                            "fp32")}
-    backend, precision = admit_here(export_dir, backend, predictor_kwargs or {})  # before actors
-    predictor_kwargs = {**(predictor_kwargs or {}), "precision": precision}
+    predictor_kwargs = dict(predictor_kwargs or {})
+    requested = {"backend": backend, "precision": predictor_kwargs.pop("precision", "fp32")}
+    backend, precision = admit_here(export_dir, backend, requested["precision"],
+                                    predictor_kwargs)  # before any actor starts
+    predictor_kwargs["precision"] = precision
     check_output_dir(output_dir)
     units = plan_units(input_path, unit_bytes)
     if not units:

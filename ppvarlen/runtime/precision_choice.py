@@ -245,7 +245,9 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
         log.info("backend auto on %s: serving Paddle Inference (the %s path; CPU timings say "
                  "nothing about it)", device, device)
         load, any_backend = functools.partial(load, backend="paddle"), False
-    only = _only_backend(export_dir, requested) if any_backend else None
+    # what the shortcuts below read; None when it cannot be read (the usual path says why)
+    manifest = _readable_manifest(export_dir) if any_backend or requested == "auto" else None
+    only = _only_backend(manifest, requested) if any_backend else None
     if only is not None:  # nothing to choose: as if that backend were asked for (no child)
         load, any_backend = functools.partial(load, backend=only), False
     threads = load.keywords.get("threads") if isinstance(load, functools.partial) else None
@@ -259,7 +261,7 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
             untimed = threads_choice.paddle_cores(threads_choice.math_cores())
             threads = untimed["threads"]
         load = functools.partial(load, threads=threads)
-    plain = _nothing_to_choose(load, export_dir) \
+    plain = _nothing_to_choose(load, manifest) \
         if requested == "auto" and device == "cpu" and not any_backend else None
     if plain is not None:  # fp32 serves: no candidates to load and time, no child
         requested = "fp32"
@@ -296,13 +298,24 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
     return predictor
 
 
-def _only_backend(export_dir, requested):
+def _readable_manifest(export_dir):
+    """The export's manifest, or None when it cannot be read (the usual path loads it again
+    and says why)."""
+    try:
+        return load_manifest(export_dir, verify=False)
+    except Exception:  # noqa: BLE001 - reported by the usual path
+        return None
+
+
+def _only_backend(manifest, requested):
     """The backend ``backend="auto"`` has no choice of: the only one of the export's backends
     that holds ``requested`` (``auto``: the export's only backend), logged; None when there
-    are several or none, or the manifest cannot be read (the usual path says why)."""
+    are several or none, or no ``manifest`` (unreadable)."""
+    if manifest is None:
+        return None
     try:
-        held = export_backends(load_manifest(export_dir, verify=False), requested)
-    except Exception:  # noqa: BLE001 - the usual path loads it again and says why it fails
+        held = export_backends(manifest, requested)
+    except Exception:  # noqa: BLE001 - a misshapen manifest: the usual path says why
         return None
     if len(held) != 1:
         return None
@@ -322,16 +335,15 @@ def _admit(predictor, renderers):
     return predictor
 
 
-def _nothing_to_choose(load, export_dir):
+def _nothing_to_choose(load, manifest):
     """``auto``'s record of fp32 when the export verified no other precision this host runs
     for the loader's backend (so there is nothing to time), else None.  A loader whose backend
-    cannot be read, or an export whose manifest cannot, goes the usual way (which reports
-    what is wrong)."""
-    if not isinstance(load, functools.partial):
+    cannot be read, or a manifest that cannot (None, or misshapen), goes the usual way (which
+    reports what is wrong)."""
+    if not isinstance(load, functools.partial) or manifest is None:
         return None
     backend = load.keywords.get("backend", "paddle")
     try:
-        manifest = load_manifest(export_dir, verify=False)
         if host_candidates(manifest, backend, quiet=True):
             return None
     except Exception:  # noqa: BLE001 - the usual path loads it again and says why it fails
