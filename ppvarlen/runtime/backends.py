@@ -210,8 +210,10 @@ def check_precision(manifest, backend, precision):
     if precision not in PRECISIONS[backend]:
         exported = manifest.get("precisions") or {}
         elsewhere = [b for b in sorted(exported) if b != backend and precision in exported[b]]
-        fix = (f"this export has {precision} for backend {elsewhere[0]!r}: pass --backend "
-               f"{elsewhere[0]} --precision {precision}" if elsewhere
+        # worded for the command line and the library both (Predictor's backend, precision)
+        fix = (f"this export has {precision} for backend {elsewhere[0]!r}: ask for backend "
+               f"{elsewhere[0]!r} with precision {precision!r} (--backend {elsewhere[0]} "
+               f"--precision {precision})" if elsewhere
                else f"choose one of {list(PRECISIONS[backend])}")
         raise ConfigError(f"precision {precision!r} is not available for backend {backend!r}; "
                          f"{fix}")

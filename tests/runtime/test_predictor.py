@@ -246,7 +246,9 @@ def test_low_precision_close_to_fp32(cls_export, backend, precision):  # noqa: F
 def test_unavailable_backend_or_precision(cls_export, tag_export):  # noqa: F811
     # the export has bf16 on the other backend: the refusal says which, and how to ask for it
     with pytest.raises(ValueError, match="not available for backend 'onnx'; this export has bf16 "
-                                         "for backend 'paddle': pass --backend paddle"):
+                                         "for backend 'paddle': ask for backend 'paddle' "
+                                         r"with precision 'bf16' \(--backend paddle "
+                                         r"--precision bf16\)"):
         Predictor(cls_export[0], "onnx", precision="bf16")
     with pytest.raises(ValueError, match=r"not available for backend 'onnx'; choose one of"):
         Predictor(tag_export[0], "onnx", precision="bf16")  # exported fp32 only
