@@ -471,15 +471,3 @@ def build_engine(export_dir, manifest, backend, tensorrt=False, onednn_cache_byt
     if backend == "onnx":
         return OnnxEngine(export_dir, manifest, **kw)
     raise ConfigError(f"unknown backend {backend!r}; choose paddle or onnx")
-
-
-def import_runtime(backend):
-    """Import the backend's runtime now.  A server calls this before it installs its signal
-    handlers: importing Paddle installs glog's failure handlers, SIGTERM among them (a process
-    that gets SIGTERM then dies printing "Termination signal" instead of draining)."""
-    if backend in ("paddle", "auto"):
-        import paddle.inference  # noqa: F401
-    if backend in ("onnx", "auto"):
-        import onnxruntime  # noqa: F401
-    if backend not in ("paddle", "onnx", "auto"):
-        raise ConfigError(f"unknown backend {backend!r}; choose paddle, onnx or auto")

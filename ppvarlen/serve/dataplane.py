@@ -11,8 +11,6 @@ and renders its own form around it, each transport (``http/``, ``grpc/``) carrie
 """
 import asyncio
 import re
-import signal
-import threading
 import time
 
 from ppvarlen.config import ConfigError, load_config
@@ -25,6 +23,7 @@ from ppvarlen.serve import errors
 from ppvarlen.serve.errors import shown
 from ppvarlen.serve.batcher import BatcherClosed, DeadlineExpired, QueueFull
 from ppvarlen.serve.prom import ServerMetrics
+from ppvarlen.serve.signals import rearm_signal_handlers
 from ppvarlen.serve.repository import (VERSION_NAME, LiveVersions, NotServed, Repository,
                                        ServedModel, SeveralModels)
 
@@ -65,17 +64,6 @@ def max_text_chars(predictor, deploy):
         return deploy.max_text_chars
     specials = 2 if predictor.add_special_tokens else 0
     return min(deploy.max_text_chars, predictor.max_len - specials)
-
-
-def rearm_signal_handlers():
-    """Re-install Python's SIGINT/SIGTERM handlers at the C level (main thread only; a no-op
-    elsewhere): a native library loaded after the server started may have replaced them."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        handler = signal.getsignal(sig)
-        if callable(handler):
-            signal.signal(sig, handler)
 
 
 class Call:

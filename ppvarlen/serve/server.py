@@ -26,7 +26,6 @@ from ppvarlen.utils.log import get_logger
 from fastapi.openapi.utils import get_openapi
 
 from ppvarlen.runtime import threads_choice
-from ppvarlen.runtime.backends import import_runtime
 from ppvarlen.runtime.precision_choice import load_admitted
 from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.serve.dataplane import (DataPlane, deploy_settings, max_text_chars,  # noqa: F401
@@ -37,6 +36,7 @@ from ppvarlen.serve.http.connections import uvicorn_config
 from ppvarlen.serve.http import fallback
 from ppvarlen.serve.http.direct import DirectRoutes, ServingApp, error_response
 from ppvarlen.serve.http.edge import AnswerErrors, RequireToken, read_token
+from ppvarlen.serve.signals import sigterm_held, sigterm_pending
 from ppvarlen.serve.protocols import (PROTOCOLS, edge_render, gathered, render_checks,
                                       route_render)
 
@@ -161,6 +161,34 @@ def app_from_config(export_dir, deploy_cfg, backend=None, repository=None, grpc_
     return create_app(predictor, deploy_cfg, auth_token=token, grpc_port=grpc_port)
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, which drains the app (``begin_drain``) when shutdown begins, takes a
+    held SIGTERM (``sigterm_held``) at each tick, and freezes a single export's objects out of
+    the collector's sight once started."""
+
+    def __init__(self, config, repository, takes_sigterm):
+        super().__init__(config)
+        self.repository, self.takes_sigterm = repository, takes_sigterm
+
+    async def startup(self, sockets=None):
+        await super().startup(sockets)  # the app's lifespan has loaded the model(s)
+        if self.repository is None:
+            # The one export lives as long as this process: out of the collector's sight, a
+            # collection walks only what requests allocate.  Not for a repository, whose
+            # retired versions must stay collectable.
+            gc.collect()
+            gc.freeze()
+
+    async def on_tick(self, counter):
+        if self.takes_sigterm and sigterm_pending():
+            self.should_exit = True  # as uvicorn's SIGTERM handler does
+        return await super().on_tick(counter)
+
+    async def shutdown(self, sockets=None):
+        self.config.app.state.begin_drain()  # before uvicorn waits for the in-flight requests
+        await super().shutdown(sockets)
+
+
 def serve(export_dir, deploy_cfg, host=None, port=None, backend=None, repository=None,
           port_file=None, grpc_port=None):
     """Serve the export (or the model repository) until SIGINT/SIGTERM, then drain: stop
@@ -170,61 +198,43 @@ def serve(export_dir, deploy_cfg, host=None, port=None, backend=None, repository
     there (atomically) once the socket is listening, so callers never guess a free port.
     ``grpc_port`` (default ``Deploy.grpc_port``; null: none) also serves the Open Inference
     Protocol over gRPC, on the same models, limits and counters."""
-
-    class DrainingServer(uvicorn.Server):
-        async def startup(self, sockets=None):
-            await super().startup(sockets)  # the app's lifespan has loaded the model(s)
-            if repository is None:
-                # The one export lives as long as this process: out of the collector's
-                # sight, a collection walks only what requests allocate.  Not for a
-                # repository, whose retired versions must stay collectable.
-                gc.collect()
-                gc.freeze()
-
-        async def shutdown(self, sockets=None):
-            app.state.begin_drain()  # before uvicorn waits for the in-flight requests
-            await super().shutdown(sockets)
-
     host = host or deploy_cfg.host
     port = deploy_cfg.port if port is None else port
     if host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("binding %s: the server is reachable from other machines", host)
     grpc_port = deploy_cfg.grpc_port if grpc_port is None else grpc_port
-    app = app_from_config(export_dir, deploy_cfg, backend, repository, grpc_port)
-    if repository is not None:
-        # A repository loads its predictors after uvicorn has installed its signal handlers;
-        # importing the runtime now keeps Paddle's SIGTERM handler from replacing them (with
-        # backend auto, both runtimes: which one a version serves is timed when it loads).  A
-        # single export is loaded already, with only the runtime it serves: Paddle imported
-        # beside an ONNX Runtime server costs memory and speed (docs/PRECISION.md).
-        import_runtime(backend or deploy_cfg.backend)
-    # bound here rather than by uvicorn so the port is known before serving (port 0)
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror}); choose another "
-                          f"--port (or Deploy.port), or 0 for any free port") from None
-    bound = sock.getsockname()[1]
-    log.info("serving %s on http://%s:%d", repository or export_dir, host, bound)
-    config = uvicorn_config(app, deploy_cfg, host, bound)  # with the Deploy connection bounds
-    # listening before the port file appears: a client that reads it is queued, not refused,
-    # until the app has started
-    sock.listen(config.backlog)
-    if port_file:
-        atomic_write_text(port_file, f"{bound}\n")
-    server = DrainingServer(config)
-    # uvicorn re-raises the signal it drained on, to the handler that was there before it:
-    # SIGINT -> KeyboardInterrupt (caught below), SIGTERM -> this no-op rather than death by
-    # SIGTERM, so a drained shutdown exits 0 either way.
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:  # as uvicorn.run does
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    # a repository's versions load while it serves, each on the runtime chosen for it (a
+    # single export is loaded below, before any signal handler is installed)
+    with sigterm_held(repository is not None) as takes_sigterm:  # before any thread starts
+        app = app_from_config(export_dir, deploy_cfg, backend, repository, grpc_port)
+        # bound here rather than by uvicorn so the port is known before serving (port 0)
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            sock.close()
+            raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror}); choose "
+                              f"another --port (or Deploy.port), or 0 for any free port") \
+                from None
+        bound = sock.getsockname()[1]
+        log.info("serving %s on http://%s:%d", repository or export_dir, host, bound)
+        config = uvicorn_config(app, deploy_cfg, host, bound)  # the Deploy connection bounds
+        # listening before the port file appears: a client that reads it is queued, not
+        # refused, until the app has started
+        sock.listen(config.backlog)
+        if port_file:
+            atomic_write_text(port_file, f"{bound}\n")
+        server = DrainingServer(config, repository, takes_sigterm)
+        # uvicorn re-raises the signal it drained on, to the handler that was there before
+        # it: SIGINT -> KeyboardInterrupt (caught below), SIGTERM -> this no-op rather than
+        # death by SIGTERM, so a drained shutdown exits 0 either way.
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        try:
+            server.run(sockets=[sock])
+        except KeyboardInterrupt:  # as uvicorn.run does
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     if not server.started:
         raise SystemExit(3)  # uvicorn's STARTUP_FAILURE, as uvicorn.run exits

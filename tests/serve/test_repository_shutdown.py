@@ -75,7 +75,7 @@ def test_sigterm_after_a_reload_drains_and_exits_0(cls_export, tmp_path):  # noq
 
 HANDLER_REPLACED = r"""
 import ctypes, os, signal, sys, time
-from ppvarlen.serve.dataplane import rearm_signal_handlers
+from ppvarlen.serve.signals import rearm_signal_handlers
 
 got = []
 signal.signal(signal.SIGTERM, lambda *a: got.append("python"))
