@@ -214,9 +214,8 @@ def serve(export_dir, deploy_cfg, host=None, port=None, backend=None, repository
             sock.bind((host, port))
         except OSError as e:
             sock.close()
-            raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror}); choose "
-                              f"another --port (or Deploy.port), or 0 for any free port") \
-                from None
+            raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror}); choose another "
+                              f"--port (or Deploy.port), or 0 for any free port") from None
         bound = sock.getsockname()[1]
         log.info("serving %s on http://%s:%d", repository or export_dir, host, bound)
         config = uvicorn_config(app, deploy_cfg, host, bound)  # the Deploy connection bounds
