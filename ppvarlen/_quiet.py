@@ -8,7 +8,8 @@ PaddleNLP's Hugging Face probes offline -- in ppvarlen's own commands only.
 * PaddleNLP probes for an optional Hugging Face login at import: ``HF_HUB_OFFLINE`` /
   ``HF_DATASETS_OFFLINE`` = 1 unless the user set them.
 
-Both filters match the exact message, so any other warning still shows.  ``apply()`` is called
+Both filters match the exact message, so any other warning still shows; the processes a command
+starts inherit them (``PYTHONWARNINGS``).  ``apply()`` is called
 by ``ppvarlen.cli`` when a command starts (before it imports paddle); ``import ppvarlen``
 changes nothing, so a user's script that imports a ppvarlen helper keeps its own warning
 filters and environment (tests/test_hygiene.py checks both).
@@ -25,6 +26,11 @@ def apply(environ=None):
     environ = os.environ if environ is None else environ
     for message in QUIET_MESSAGES:
         warnings.filterwarnings("ignore", message=message, category=UserWarning)
+    # and in the Python processes the command starts (the precision chooser, the ONNX export
+    # worker): PYTHONWARNINGS matches the start of a message, as these filters do
+    inherited = [f"ignore:{message}:UserWarning" for message in QUIET_MESSAGES]
+    given = [f for f in environ.get("PYTHONWARNINGS", "").split(",") if f]
+    environ["PYTHONWARNINGS"] = ",".join(given + [f for f in inherited if f not in given])
     set_here = [name for name in OFFLINE_VARIABLES if name not in environ]
     for name in set_here:
         environ[name] = "1"

@@ -39,9 +39,12 @@ def test_no_pickle_loading():
 
 def test_a_command_start_is_quiet():
     """A ppvarlen command's start plus paddle/paddlenlp prints no warnings (exact known ones
-    silenced by ``cli.command_settings``)."""
+    silenced by ``cli.command_settings``), nor does a Python process it starts."""
     code = ("import ppvarlen.cli\nppvarlen.cli.command_settings()\n"
-            "import paddle, paddlenlp.data, paddlenlp.datasets")
+            "import paddle, paddlenlp.data, paddlenlp.datasets\n"
+            # and a Python process the command starts (the precision chooser, say)
+            "import subprocess, sys\n"
+            "subprocess.run([sys.executable, '-c', 'import paddle'], check=True)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                        timeout=300)
     assert r.returncode == 0, r.stderr
