@@ -82,9 +82,10 @@ def sigterm_held(hold):
     runs, and Paddle's import watched (``PaddleImportWatch``) -> True; the caller takes SIGTERM
     from the pending signals (``sigterm_pending``).  Afterwards what is pending is taken
     (uvicorn re-raises the signal it drained on) and the mask restored.  -> False, nothing
-    done, elsewhere than the main thread (no signal handlers there), or when SIGTERM was
-    blocked already (the caller's to take)."""
-    if not hold or threading.current_thread() is not threading.main_thread():
+    done, elsewhere than the main thread (no signal handlers there), when SIGTERM was blocked
+    already (the caller's to take), or where pending signals cannot be taken without waiting."""
+    if (not hold or threading.current_thread() is not threading.main_thread()
+            or not hasattr(signal, "sigtimedwait")):  # macOS has no sigtimedwait
         yield False
         return
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
