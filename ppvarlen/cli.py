@@ -652,19 +652,21 @@ def _check_gpu(args):
 def main_bench(argv=None):
     """Load-test the HTTP server: dynamic batching on vs off (max_batch_size=1) in one run.
 
-        ppvarlen-bench --model-dir output/export [--backend paddle|onnx]
+        ppvarlen-bench --model-dir output/export [--backend auto|paddle|onnx]
             [--concurrency 16] [--requests 2000] [--duration 30] [--output-dir output/bench]
             [-o Deploy.threads=1 ...]   (server settings for both runs)
         python deploy/python/bench_client.py ...                   # the same command
 
-    Starts serve.py itself on free 127.0.0.1 ports (one per setting), drives it with
-    concurrent clients sending texts from the test split of the export's task (sentiment
-    reviews, or g2p sources for a seq2seq export), and writes
+    Starts serve.py itself on free 127.0.0.1 ports (one per setting: the first chooses the
+    engine, precision and threads the defaults leave to the host, the second serves the
+    same), drives it with concurrent clients sending texts from the test split of the
+    export's task (sentiment reviews, or g2p sources for a seq2seq export), and writes
     bench.json + bench.png (QPS, P50/P95/P99 latency, errors, batch size, padding).
     """
     parser = _parser(main_bench, config=False)
     parser.add_argument("--model-dir", required=True, help="export directory (has manifest.json)")
-    parser.add_argument("--backend", choices=["paddle", "onnx"], default="paddle")
+    parser.add_argument("--backend", choices=["auto", "paddle", "onnx"], default="auto",
+                        help="as ppvarlen-serve's (default auto: the first server chooses)")
     parser.add_argument("--concurrency", type=_positive(int), default=16, help="concurrent clients")
     parser.add_argument("--requests", type=_positive(int), default=2000,
                         help="max requests per setting")

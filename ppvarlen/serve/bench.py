@@ -182,25 +182,39 @@ def summarize(latencies, statuses, wall):
                            for k, q in (("p50", 50), ("p95", 95), ("p99", 99))}}
 
 
-def run_benchmark(export_dir, out_dir, backend="paddle", concurrency=16, max_requests=2000,
+def run_benchmark(export_dir, out_dir, backend="auto", concurrency=16, max_requests=2000,
                   duration_s=30.0, warmup_requests=50, texts=None, settings=None, seed=0,
                   common_overrides=None):
     """Benchmark every setting in ``settings`` (default: batching on vs off); JSON + PNG.
 
     ``common_overrides``: Deploy keys applied to every setting (e.g. ``{"threads": 1}``).
+    The first setting's server chooses what ``auto`` leaves open (``backend``, and the
+    precision and threads unless ``common_overrides`` names them); the others serve that
+    choice as named, so that only the settings differ between them.
     """
     texts = texts if texts is not None else split_texts(export_dir)
     settings = settings or SETTINGS
-    results = {"export_dir": os.path.abspath(export_dir), "backend": backend,
+    results = {"export_dir": os.path.abspath(export_dir), "requested_backend": backend,
                "concurrency": concurrency, "max_requests": max_requests, "duration_s": duration_s,
                "texts_pool": len(texts),
                "mean_text_chars": round(float(np.mean([len(t) for t in texts])), 1),
                "cpu_count": os.cpu_count(), "common_overrides": common_overrides or {},
                "settings": {}}
+    chosen = None  # the first server's backend, precision and threads
     for name, overrides in settings.items():
-        proc, url = start_server(export_dir, backend, {**(common_overrides or {}), **overrides},
+        deploy = {**(common_overrides or {}), **overrides}
+        if chosen is not None:
+            deploy = {"precision": chosen["precision"], "threads": chosen["threads"], **deploy}
+        proc, url = start_server(export_dir, chosen["backend"] if chosen else backend, deploy,
                                  free_port())
         try:
+            health = httpx.get(url + "/health").json()
+            served = {k: health[k] for k in ("backend", "precision", "threads")}
+            if chosen is None:
+                chosen = served
+                results.update(chosen)
+                log.info("%s served on %s in %s with %s thread(s): the other settings too",
+                         name, chosen["backend"], chosen["precision"], chosen["threads"])
             asyncio.run(drive(url, texts, concurrency, warmup_requests, 60, seed + 1))
             before = httpx.get(url + "/metrics.json").json()
             lat, statuses, wall = asyncio.run(drive(url, texts, concurrency, max_requests,
@@ -213,7 +227,7 @@ def run_benchmark(export_dir, out_dir, backend="paddle", concurrency=16, max_req
         items = after["items"] - before["items"]
         real = after["real_tokens"] - before["real_tokens"]
         padded = after["padded_tokens"] - before["padded_tokens"]
-        summary["server"] = {"deploy_overrides": overrides, "batches": batches,
+        summary["server"] = {"deploy_overrides": overrides, "served": served, "batches": batches,
                              "mean_batch_size": round(items / batches, 2) if batches else None,
                              "padding_efficiency": round(real / padded, 4) if padded else None,
                              "settings": after["settings"]}
@@ -238,7 +252,8 @@ def plot(results, path):
     colors = [f"C{i}" for i in range(len(names))]  # the same colour per setting in both plots
     a.bar(names, qps, color=colors)
     a.set_ylabel("requests / s")
-    a.set_title(f"QPS ({results['concurrency']} clients, {results['backend']})")
+    a.set_title(f"QPS ({results['concurrency']} clients, {results['backend']} "
+                f"{results['precision']})")
     width = 0.8 / len(names)
     for i, n in enumerate(names):
         lat = results["settings"][n]["latency_ms"]

@@ -79,9 +79,14 @@ def test_infer_refuses_bad_arguments_without_traceback(cls_export, tmp_path):  #
 def test_bench_compares_batching_on_and_off(cls_export, tmp_path):  # noqa: F811
     from ppvarlen.serve.bench import run_benchmark
 
-    res = run_benchmark(cls_export[0], str(tmp_path), "onnx", concurrency=8, max_requests=120,
+    res = run_benchmark(cls_export[0], str(tmp_path), concurrency=8, max_requests=120,
                         duration_s=20, warmup_requests=16, texts=TEXTS)
     dyn, one = res["settings"]["dynamic_batching"], res["settings"]["one_at_a_time"]
+    # backend auto: the first server chose, the second served the same engine, precision and
+    # threads (as named: only batching differs)
+    assert res["requested_backend"] == "auto" and res["backend"] in ("paddle", "onnx")
+    assert dyn["server"]["served"] == one["server"]["served"] == {
+        k: res[k] for k in ("backend", "precision", "threads")}
     for s in (dyn, one):
         assert s["ok"] == s["requests"] == 120 and s["errors"] == 0
         assert s["latency_ms"]["p99"] >= s["latency_ms"]["p50"] > 0
