@@ -8,11 +8,11 @@ PaddleNLP's Hugging Face probes offline -- in ppvarlen's own commands only.
 * PaddleNLP probes for an optional Hugging Face login at import: ``HF_HUB_OFFLINE`` /
   ``HF_DATASETS_OFFLINE`` = 1 unless the user set them.
 
-Both filters match the exact message, so any other warning still shows; the processes a command
-starts inherit them (``PYTHONWARNINGS``).  ``apply()`` is called
-by ``ppvarlen.cli`` when a command starts (before it imports paddle); ``import ppvarlen``
-changes nothing, so a user's script that imports a ppvarlen helper keeps its own warning
-filters and environment (tests/test_hygiene.py checks both).
+Both filters match the exact message, so any other warning still shows; the Python processes a
+command starts inherit them (``PYTHONWARNINGS``).  ``apply()`` is called by ``ppvarlen.cli``
+when a command starts (before it imports paddle); ``import ppvarlen`` changes nothing, so a
+user's script that imports a ppvarlen helper keeps its own warning filters and environment
+(tests/test_hygiene.py checks both).
 """
 import os
 import warnings

@@ -521,7 +521,7 @@ def _child_main():
     os.dup2(2, 1)  # whatever else prints to stdout (Paddle, a loader) goes to the log instead
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it kills this one
     # a process inherits its parent's mask, and a repository's server holds SIGTERM blocked
-    # (serve.server.sigterm_held): SIGTERM stops this one as it stops any
+    # (serve.signals.sigterm_held): SIGTERM stops this one as it stops any
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     request = json.load(sys.stdin)
     if not parallel.die_with_parent(request["parent"]):

@@ -51,7 +51,9 @@ class PaddleImportWatch(importlib.abc.MetaPathFinder):
                     break
         else:
             return None
-        run = spec.loader.exec_module
+        run = getattr(spec.loader, "exec_module", None)
+        if run is None:  # not a module of source or extension files: nothing to wrap
+            return spec
 
         def exec_module(module):
             before = _sigaction(signal.SIGTERM)

@@ -131,7 +131,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     # Ctrl-C reaches the whole process group: the server drains and then stops this process
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # a repository's server holds SIGTERM blocked (serve.server.sigterm_held) and a process
+    # a repository's server holds SIGTERM blocked (serve.signals.sigterm_held) and a process
     # inherits its parent's mask: SIGTERM stops this one as it stops any
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     if uvloop is not None:
