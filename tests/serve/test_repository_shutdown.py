@@ -4,6 +4,7 @@ Importing Paddle installs glog's failure signal handlers, SIGTERM among them.  A
 server loads its predictors after uvicorn has installed its handlers, so without care the
 first SIGTERM killed the process ("Termination signal", requests lost) instead of draining.
 """
+import contextlib
 import os
 import shutil
 import signal
@@ -19,17 +20,16 @@ DEADLINE_S = 180  # generous: the machine is shared and may be busy
 IN_FLIGHT = 8
 
 
-def test_sigterm_after_a_reload_drains_and_exits_0(cls_export, tmp_path):  # noqa: F811
-    root, port_file, log = tmp_path / "models", tmp_path / "port", tmp_path / "server.log"
-    shutil.copytree(cls_export[0], root / "tiny" / "1")
-    # max_wait_ms of a minute, and no early run once every caller is queued: texts stay
-    # queued until shutdown begins, so they are surely in flight when SIGTERM arrives
-    # (shutdown then runs them without waiting for company)
+@contextlib.contextmanager
+def repository_server(root, log, *options):
+    """deploy/python/serve.py over the model repository ``root`` (its output in ``log``, no
+    polling: versions load through the endpoint) -> (process, url) once a version is ready;
+    killed on the way out if it still runs."""
+    port_file = log.parent / f"{log.name}.port"
     proc = subprocess.Popen(
         [sys.executable, os.path.join(REPO, "deploy/python/serve.py"), "--model-repository",
-         str(root), "--backend", "paddle", "--port", "0", "--port-file", str(port_file),
-         "-o", "Deploy.max_wait_ms=60000", "-o", "Deploy.batch_when_all_queued=false",
-         "-o", "Deploy.repository_poll_s=0"],
+         str(root), "--port", "0", "--port-file", str(port_file),
+         "-o", "Deploy.repository_poll_s=0", *options],
         stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
         def port_written():
@@ -37,13 +37,34 @@ def test_sigterm_after_a_reload_drains_and_exits_0(cls_export, tmp_path):  # noq
             return port_file.exists() and int(port_file.read_text())
 
         url = f"http://127.0.0.1:{wait_for(port_written, 'the port file', DEADLINE_S, 0.2)}"
-        wait_for(lambda: answers_200(url + "/v2/health/ready"), "version 1 ready", DEADLINE_S, 0.2)
+        wait_for(lambda: answers_200(url + "/v2/health/ready"), "a version ready", DEADLINE_S,
+                 0.2)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
 
-        # hot reload: version 2 appears (a rename) and is loaded through the endpoint
+
+def add_version(url, staged, version_dir):
+    """Hot reload: the export ``staged`` appears as ``version_dir`` (NAME/VERSION, a rename)
+    and is loaded through the endpoint."""
+    os.rename(staged, version_dir)
+    name, version = version_dir.parent.name, version_dir.name
+    r = httpx.post(url + f"/v2/repository/models/{name}/load", timeout=DEADLINE_S)
+    assert r.status_code == 200 and r.json()["version"] == version, r.text
+
+
+def test_sigterm_after_a_reload_drains_and_exits_0(cls_export, tmp_path):  # noqa: F811
+    root, log = tmp_path / "models", tmp_path / "server.log"
+    shutil.copytree(cls_export[0], root / "tiny" / "1")
+    # max_wait_ms of a minute, and no early run once every caller is queued: texts stay
+    # queued until shutdown begins, so they are surely in flight when SIGTERM arrives
+    # (shutdown then runs them without waiting for company)
+    with repository_server(root, log, "--backend", "paddle", "-o", "Deploy.max_wait_ms=60000",
+                           "-o", "Deploy.batch_when_all_queued=false") as (proc, url):
         shutil.copytree(cls_export[0], tmp_path / "staging")
-        os.rename(tmp_path / "staging", root / "tiny" / "2")
-        r = httpx.post(url + "/v2/repository/models/tiny/load", timeout=DEADLINE_S)
-        assert r.status_code == 200 and r.json()["version"] == "2", r.text
+        add_version(url, tmp_path / "staging", root / "tiny" / "2")
 
         replies = [None] * IN_FLIGHT
 
@@ -62,44 +83,11 @@ def test_sigterm_after_a_reload_drains_and_exits_0(cls_export, tmp_path):  # noq
             t.join(DEADLINE_S)
             assert not t.is_alive(), "a request still unanswered long after SIGTERM"
         assert proc.wait(DEADLINE_S) == 0, log.read_text()[-2000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(60)
     out = log.read_text()
     assert "Termination signal" not in out, out[-2000:]
     assert [r.status_code for r in replies] == [200] * IN_FLIGHT, [r.text for r in replies]
     assert {r.json()["model_version"] for r in replies} == {"2"}
     assert "queue drained" in out, out[-2000:]
-
-
-HANDLER_REPLACED = r"""
-import ctypes, os, signal, sys, time
-from ppvarlen.serve.signals import rearm_signal_handlers
-
-got = []
-signal.signal(signal.SIGTERM, lambda *a: got.append("python"))
-# a native library replacing the handler behind Python's back (as Paddle's glog does)
-libc = ctypes.CDLL(None)
-libc.signal.restype = ctypes.c_void_p
-libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
-libc.signal(signal.SIGTERM, 1)  # SIG_IGN: the signal vanishes unless Python's is re-armed
-if sys.argv[1] == "rearm":
-    rearm_signal_handlers()
-os.kill(os.getpid(), signal.SIGTERM)
-time.sleep(0.2)
-print(got)
-"""
-
-
-def test_rearm_restores_the_python_handler_a_native_library_replaced(tmp_path):
-    script = tmp_path / "replaced.py"
-    script.write_text(HANDLER_REPLACED)
-    env = {**os.environ, "PYTHONPATH": REPO}
-    runs = {how: subprocess.run([sys.executable, str(script), how], capture_output=True,
-                                text=True, timeout=120, env=env) for how in ("rearm", "not")}
-    assert runs["not"].stdout.strip() == "[]", runs["not"]  # the replacement is real
-    assert runs["rearm"].stdout.strip() == "['python']", runs["rearm"]
 
 
 def test_stop_waiting_runs_what_the_batcher_holds_at_once():

@@ -14,9 +14,8 @@ import sys
 
 import httpx
 from export_helpers import TEXTS, cls_export  # noqa: F401
-from test_server import REPO, answers_200, wait_for
-
-DEADLINE_S = 180  # generous: the machine is shared and may be busy
+from test_repository_shutdown import DEADLINE_S, add_version, repository_server
+from test_server import REPO
 
 # SIGTERM sent to the process over and over (0.1 ms apart, or as soon as its thread runs) for
 # as long as Paddle's import runs, with NumPy's BLAS thread (started before any mask is set, so
@@ -44,12 +43,17 @@ print("survived", len(sent), flush=True)
 """
 
 
-def test_a_sigterm_storm_while_paddle_is_imported_never_reaches_glogs_handler(tmp_path):
-    script = tmp_path / "storm.py"
-    script.write_text(STORM)
+def run_ways(tmp_path, code, ways, timeout=300):
+    """{way: the finished run of ``code``, a script of its own, with the argument ``way``}."""
+    script = tmp_path / "script.py"
+    script.write_text(code)
     env = {**os.environ, "PYTHONPATH": REPO}
-    runs = {how: subprocess.run([sys.executable, str(script), how], capture_output=True,
-                                text=True, timeout=300, env=env) for how in ("held", "not")}
+    return {way: subprocess.run([sys.executable, str(script), way], capture_output=True,
+                                text=True, timeout=timeout, env=env) for way in ways}
+
+
+def test_a_sigterm_storm_while_paddle_is_imported_never_reaches_glogs_handler(tmp_path):
+    runs = run_ways(tmp_path, STORM, ("held", "not"))
     # the storm is real: without the hold, glog's handler takes a signal and the process dies
     # of it (Python's handler, there before and after the import, ignores it)
     assert runs["not"].returncode == -signal.SIGTERM, runs["not"]
@@ -90,11 +94,33 @@ print("ok")
 
 
 def test_held_sigterm_is_taken_and_the_mask_restored(tmp_path):
-    script = tmp_path / "held.py"
-    script.write_text(HELD)
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "PYTHONPATH": REPO})
+    run = run_ways(tmp_path, HELD, ("once",))["once"]
     assert run.returncode == 0 and run.stdout.strip() == "ok", run
+
+
+HANDLER_REPLACED = r"""
+import ctypes, os, signal, sys, time
+from ppvarlen.serve.signals import rearm_signal_handlers
+
+got = []
+signal.signal(signal.SIGTERM, lambda *a: got.append("python"))
+# a native library replacing the handler behind Python's back (as Paddle's glog does)
+libc = ctypes.CDLL(None)
+libc.signal.restype = ctypes.c_void_p
+libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.signal(signal.SIGTERM, 1)  # SIG_IGN: the signal vanishes unless Python's is re-armed
+if sys.argv[1] == "rearm":
+    rearm_signal_handlers()
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.2)
+print(got)
+"""
+
+
+def test_rearm_restores_the_python_handler_a_native_library_replaced(tmp_path):
+    runs = run_ways(tmp_path, HANDLER_REPLACED, ("rearm", "not"))
+    assert runs["not"].stdout.strip() == "[]", runs["not"]  # the replacement is real
+    assert runs["rearm"].stdout.strip() == "['python']", runs["rearm"]
 
 
 def _only_backend(src, dst, backend):
@@ -117,40 +143,22 @@ def _blocks_sigterm(pid):
 
 def test_a_repository_on_the_default_backend_imports_paddle_only_for_a_paddle_version(
         cls_export, tmp_path):  # noqa: F811
-    root, port_file, log = tmp_path / "models", tmp_path / "port", tmp_path / "server.log"
+    root, log = tmp_path / "models", tmp_path / "server.log"
     _only_backend(cls_export[0], root / "tiny" / "1", "onnx")
-    proc = subprocess.Popen(
-        [sys.executable, os.path.join(REPO, "deploy/python/serve.py"), "--model-repository",
-         str(root), "--port", "0", "--port-file", str(port_file),
-         "-o", "Deploy.repository_poll_s=0"],
-        stdout=log.open("w"), stderr=subprocess.STDOUT)
-    try:
-        def port_written():
-            assert proc.poll() is None, log.read_text()
-            return port_file.exists() and int(port_file.read_text())
-
-        url = f"http://127.0.0.1:{wait_for(port_written, 'the port file', DEADLINE_S, 0.2)}"
-        wait_for(lambda: answers_200(url + "/v2/health/ready"), "version 1 ready", DEADLINE_S,
-                 0.2)
+    with repository_server(root, log) as (proc, url):
         maps = open(f"/proc/{proc.pid}/maps").read()
         assert "onnxruntime" in maps and "libpaddle" not in maps
         assert _blocks_sigterm(proc.pid)
 
         # version 2 runs on Paddle only: Paddle is imported now, while the server serves
         _only_backend(cls_export[0], tmp_path / "staging", "paddle")
-        os.rename(tmp_path / "staging", root / "tiny" / "2")
-        r = httpx.post(url + "/v2/repository/models/tiny/load", timeout=DEADLINE_S)
-        assert r.status_code == 200 and r.json()["version"] == "2", r.text
+        add_version(url, tmp_path / "staging", root / "tiny" / "2")
         assert "libpaddle" in open(f"/proc/{proc.pid}/maps").read()
         r = httpx.post(url + "/predict", json={"texts": TEXTS[:2]}, timeout=DEADLINE_S)
         assert r.status_code == 200 and r.json()["model_version"] == "2", r.text
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(DEADLINE_S) == 0, log.read_text()[-2000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(60)
     out = log.read_text()
     assert "Termination signal" not in out, out[-2000:]
     assert "queue drained" in out, out[-2000:]
