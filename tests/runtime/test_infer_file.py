@@ -1,4 +1,5 @@
-"""deploy/python/infer.py and bench_client's library on a tiny export (subprocesses, loopback)."""
+"""deploy/python/infer.py and bench_client (script and library) on a tiny export (subprocesses,
+loopback)."""
 import json
 import os
 import subprocess
@@ -74,6 +75,23 @@ def test_infer_refuses_bad_arguments_without_traceback(cls_export, tmp_path):  #
     assert "Data.text_field" in r.stderr and "Traceback" not in r.stderr and not r.stdout
     r = run_infer("--model-dir", str(tmp_path), "--input", str(xml))
     assert r.returncode == 2 and "manifest.json is missing" in r.stderr
+
+
+@pytest.mark.parametrize("backend", ["paddle", "onnx"])
+def test_the_documented_bench_client_command_serves_the_backend_asked(  # noqa: F811
+        cls_export, tmp_path, backend):
+    """docs/BENCHMARKS.md: ``deploy/python/bench_client.py --backend paddle``, then ``onnx``
+    (small: a few requests on the tiny export); both servers run the engine named."""
+    out = tmp_path / "bench"
+    r = subprocess.run([sys.executable, os.path.join(REPO, "deploy", "python", "bench_client.py"),
+                        "--model-dir", cls_export[0], "--backend", backend, "--concurrency", "4",
+                        "--requests", "40", "--duration", "10", "--output-dir", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.load(open(out / "bench.json"))
+    assert res["requested_backend"] == backend == res["backend"]
+    for s in res["settings"].values():
+        assert s["ok"] == s["requests"] == 40 and s["server"]["served"]["backend"] == backend
 
 
 def test_bench_compares_batching_on_and_off(cls_export, tmp_path):  # noqa: F811
