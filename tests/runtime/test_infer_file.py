@@ -78,8 +78,8 @@ def test_infer_refuses_bad_arguments_without_traceback(cls_export, tmp_path):  #
 
 
 @pytest.mark.parametrize("backend", ["paddle", "onnx"])
-def test_the_documented_bench_client_command_serves_the_backend_asked(  # noqa: F811
-        cls_export, tmp_path, backend):
+def test_the_documented_bench_client_command_serves_the_backend_asked(
+        cls_export, tmp_path, backend):  # noqa: F811
     """docs/BENCHMARKS.md: ``deploy/python/bench_client.py --backend paddle``, then ``onnx``
     (small: a few requests on the tiny export); both servers run the engine named."""
     out = tmp_path / "bench"
