@@ -37,6 +37,14 @@ def test_no_pickle_loading():
     assert not hits, "no pickle-based loading of files users may receive:\n" + "\n".join(hits)
 
 
+def test_child_processes_get_the_environment_from_child_environ():
+    # Paddle's import writes OMP_NUM_THREADS=1 into the environment; a copy of os.environ
+    # hands it to the child as a limit (utils/parallel.child_environ leaves it out)
+    hits = [h for h in grep(r"dict\(os\.environ|os\.environ\.copy\(\)", ["ppvarlen"])
+            if not h.startswith(os.path.join("ppvarlen", "utils", "parallel.py"))]
+    assert not hits, "build a child's environment with child_environ:\n" + "\n".join(hits)
+
+
 def test_a_command_start_is_quiet():
     """A ppvarlen command's start plus paddle/paddlenlp prints no warnings (exact known ones
     silenced by ``cli.command_settings``), nor does a Python process it starts."""

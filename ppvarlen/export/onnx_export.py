@@ -7,6 +7,7 @@ import onnx
 
 from . import onnx_fix
 from ..utils.io import DiskFullError
+from ..utils.parallel import child_environ
 from ._onnx_worker import DISK_FULL_EXIT, FAILED_EXIT
 from .errors import ExportFailedError
 
@@ -23,7 +24,7 @@ def _last_line(text, prefix):
 
 def _worker(args, timeout):
     worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_onnx_worker.py")
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env = child_environ(PYTHONWARNINGS="ignore")
     return subprocess.run([sys.executable, worker, *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
 

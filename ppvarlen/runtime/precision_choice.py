@@ -490,7 +490,7 @@ def choose_in_child(load, export_dir, requested="auto"):
     # those: -P keeps ``-c`` from putting the working directory first, where another
     # ppvarlen (a checkout beside the export, say) would be imported instead of this one
     path = [p or os.getcwd() for p in sys.path]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    env = parallel.child_environ(PYTHONPATH=os.pathsep.join(path))
     try:
         done = subprocess.run([sys.executable, "-P", "-c", _CHILD_CODE], input=request,
                               stdout=subprocess.PIPE, env=env, timeout=CHILD_TIMEOUT_S)

@@ -24,12 +24,11 @@ state of the process: a one-thread predictor created after a two-thread one in t
 ran at the same wall time per text as it, so the two cannot be timed side by side; served, the
 cores measured faster for both model sizes tried (docs/PRECISION.md).
 """
-import os
 import random
 import time
 
 from ppvarlen.utils.log import get_logger
-from ppvarlen.utils.parallel import release_memory, usable_cores
+from ppvarlen.utils.parallel import omp_limit, release_memory, usable_cores
 
 from ppvarlen.runtime import admission, timing
 
@@ -49,14 +48,12 @@ CLOCKS = (time.perf_counter, time.process_time, time.thread_time)
 BANDS = (("p50", 0.5), ("p95", 0.45), ("p99", 0.04), ("max", 0.01))  # upper quantile, mass
 
 
-def math_cores(environ=os.environ):
+def math_cores(environ=None):
     """The most math threads ``auto`` tries: the usable cores, or fewer when
-    ``OMP_NUM_THREADS`` says so (a limit set for this process, e.g. by Ray for an actor)."""
-    cores = usable_cores()
-    limit = environ.get("OMP_NUM_THREADS", "")
-    if limit.strip().isdigit() and int(limit) >= 1:
-        cores = min(cores, int(limit))
-    return cores
+    ``OMP_NUM_THREADS`` says so (a limit set for this process, e.g. by Ray for an actor; not
+    the "1" Paddle's import writes when it is unset).  ``environ``: a mapping read instead."""
+    limit = omp_limit(environ)
+    return usable_cores() if limit is None else min(usable_cores(), limit)
 
 
 def count(threads):
@@ -81,11 +78,21 @@ def resolve(threads, workers=1):
         return int(threads)
     cores = math_cores()
     if cores == 1 or workers > 1:
-        per_worker = max(1, cores // max(1, workers))
-        log.info("threads auto: %d math thread(s) per predictor (%d usable core(s), %d "
-                 "worker(s); not timed)", per_worker, cores, workers)
-        return per_worker
+        log.info("threads %s", untimed_reason(threads, workers))
+        return max(1, cores // max(1, workers))
     return "auto"
+
+
+def untimed_reason(threads, workers=1, device="cpu"):
+    """Why a thread setting that ``resolve`` settles without timing serves what it serves."""
+    if threads != "auto":
+        return "as set (Deploy.threads)"
+    if device != "cpu":
+        return f"auto on {device}: 1 math thread (the device does the math)"
+    cores, limit = math_cores(), omp_limit()
+    why = f", OMP_NUM_THREADS={limit}" if limit is not None and limit < usable_cores() else ""
+    return (f"auto, not timed: {max(1, cores // max(1, workers))} math thread(s) per predictor "
+            f"({cores} usable core(s){why}; {workers} worker(s))")
 
 
 def profile_lengths(profile, max_len, n, rng):

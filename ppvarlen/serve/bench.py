@@ -26,6 +26,7 @@ from ppvarlen.data.sources import load_corpus
 from ppvarlen.tasks import get_task
 from ppvarlen.utils.io import atomic_save_png, atomic_write_json
 from ppvarlen.utils.log import get_logger
+from ppvarlen.utils.parallel import child_environ
 
 log = get_logger("serve.bench")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -64,7 +65,7 @@ def start_server(export_dir, backend, deploy_overrides, port, startup_timeout=12
         cmd += ["-o", f"Deploy.{k}={v}"]
     # a fresh choice cache: each start times its own auto choice, as the benchmark measures
     choices = tempfile.TemporaryDirectory(prefix="ppvarlen-choices-")
-    env = dict(os.environ, PPVARLEN_CHOICE_CACHE_DIR=choices.name)
+    env = child_environ(PPVARLEN_CHOICE_CACHE_DIR=choices.name)
     if repo:
         env["PYTHONPATH"] = root
     cwd = root if repo else None

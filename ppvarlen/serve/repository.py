@@ -40,7 +40,7 @@ from ppvarlen.utils.io import reap_dead_owners
 from ppvarlen.utils.parallel import release_memory
 from ppvarlen.utils.log import get_logger
 
-from ppvarlen.runtime import choice_cache, precision_choice
+from ppvarlen.runtime import choice_cache, precision_choice, threads_choice
 from ppvarlen.runtime.admission import AdmissionError, admit, first_line
 from ppvarlen.serve.batcher import BatcherClosed, Callers, DynamicBatcher
 from ppvarlen.serve.errors import shown
@@ -65,8 +65,7 @@ class ServedModel:
         # the precision it serves and why (auto: timed on this host; precision_choice)
         self.precision_choice = getattr(predictor, "precision_choice", None) or \
             precision_choice.as_requested(predictor.precision)
-        self.threads_reason = self.precision_choice.get("threads_reason") or \
-            "as set (Deploy.threads; auto with several workers: the usable cores split)"
+        self.threads_reason = self.precision_choice.get("threads_reason")  # or start's
         self.batcher = None
         self.example = None  # (the task's example items, this version's predictions of them)
         self.overhead_tokens = None
@@ -84,6 +83,9 @@ class ServedModel:
         ``Deploy.batch_when_all_queued`` is on."""
         p = self.predictor
         self.settings = deploy
+        if not self.threads_reason:  # a count resolve settled, not the timed choice
+            self.threads_reason = threads_choice.untimed_reason(deploy.threads, deploy.workers,
+                                                                 deploy.device)
         predictors = [p] + [p.clone() for _ in range(deploy.workers - 1)]
         # a Paddle oneDNN shape grid: the batcher plans with its measured cost per shape
         # (timing other shapes would put them in Paddle's cache, dropping grid shapes)

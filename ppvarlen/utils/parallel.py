@@ -58,6 +58,54 @@ class WorkerLost(RuntimeError):
 
 
 CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
+OMP_VARIABLE = "OMP_NUM_THREADS"
+START_ENVIRON = "/proc/self/environ"  # Linux: the environment the process was started with
+
+
+def _start_environ():
+    """The variables this process was started with (not later changes), or None if unknown."""
+    try:
+        with open(START_ENVIRON, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return {k.decode(errors="replace") for k, _, _ in
+            (item.partition(b"=") for item in raw.split(b"\0") if item)}
+
+
+def paddle_wrote_omp(environ=None):
+    """Whether the process's ``OMP_NUM_THREADS`` is the "1" Paddle's import writes into it when
+    it is unset (``paddle.base``'s bootstrap), not a limit a user or a launcher set: Paddle is
+    imported here and the process was started without the variable.  (Set to 1 in-process
+    before Paddle's import, it reads the same and is taken as Paddle's.)"""
+    environ = os.environ if environ is None else environ
+    if environ.get(OMP_VARIABLE) != "1" or "paddle.base" not in sys.modules:
+        return False
+    started_with = _start_environ()
+    return started_with is not None and OMP_VARIABLE not in started_with
+
+
+def omp_limit(environ=None):
+    """The thread limit ``OMP_NUM_THREADS`` sets (an int >= 1), or None: unset, not a count,
+    or Paddle's own "1" (``paddle_wrote_omp``).  ``environ``: a mapping to read instead of
+    this process's environment (taken as set by the user)."""
+    if environ is None:
+        environ = os.environ
+        if paddle_wrote_omp(environ):
+            return None
+    value = environ.get(OMP_VARIABLE, "").strip()
+    return int(value) if value.isdigit() and int(value) >= 1 else None
+
+
+def child_environ(**extra):
+    """The environment for a child process: this one's plus ``extra``, without Paddle's own
+    ``OMP_NUM_THREADS=1`` (inherited, it reads as a user's limit: every ``threads auto`` in the
+    child would serve one thread)."""
+    env = dict(os.environ)
+    if paddle_wrote_omp(env):
+        del env[OMP_VARIABLE]
+    env.update(extra)
+    return env
 
 
 def usable_cores(cpu_max=CGROUP_CPU_MAX):

@@ -290,13 +290,20 @@ def test_paddle_gets_the_cores_untimed(monkeypatch):
     assert choice["threads"] == 4 and "not timed" in choice["threads_reason"]
 
 
-def test_omp_num_threads_caps_what_auto_tries(host, monkeypatch):
+def test_omp_num_threads_caps_what_auto_tries(host, monkeypatch, tmp_path):
     host.cores = 8
     assert threads_choice.math_cores({"OMP_NUM_THREADS": "2"}) == 2
     assert threads_choice.math_cores({"OMP_NUM_THREADS": "16"}) == 8
     assert threads_choice.math_cores({"OMP_NUM_THREADS": "x"}) == 8
+    # a launcher's limit (Ray's for an actor): in the environment the process started with
+    started = tmp_path / "environ"
+    started.write_bytes(b"PATH=/bin\0OMP_NUM_THREADS=1\0")
+    monkeypatch.setattr(parallel, "START_ENVIRON", str(started))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert threads_choice.resolve("auto") == 1 and threads_choice.count("auto") == 1
+    assert threads_choice.untimed_reason("auto") == (
+        "auto, not timed: 1 math thread(s) per predictor (1 usable core(s), OMP_NUM_THREADS=1; "
+        "1 worker(s))")
 
 
 def test_paddle_with_an_explicit_precision_starts_no_child_for_its_threads(cls_export,  # noqa: F811

@@ -17,6 +17,7 @@ import sys
 import threading
 
 from ppvarlen.utils.log import get_logger
+from ppvarlen.utils.parallel import child_environ
 
 from ppvarlen.serve.grpc.frames import CALL, HELLO, FramedProtocol, answer_frame, stop_frame
 
@@ -72,7 +73,7 @@ def front_end_command(fd, host, port, max_receive, max_send, max_calls, paths):
 def _front_end_env():
     """This process's environment, with the directory this ppvarlen was imported from first on
     the child's path: the front end runs the same ppvarlen whether it is installed or not."""
-    env = dict(os.environ)
+    env = child_environ()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
     return env
 
