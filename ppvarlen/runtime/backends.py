@@ -39,7 +39,6 @@ ONEDNN_CACHE_BUDGET_BYTES = SCHEMA["Deploy"]["onednn_cache_bytes"].default
 # Deploy.onednn_shape_grid when not given).
 ONEDNN_SHAPE_GRID = SCHEMA["Deploy"]["onednn_shape_grid"].default
 PRECISIONS = {"paddle": ("fp32", "bf16", "fp16"), "onnx": ("fp32", "fp16", "int8")}
-ORT_SPINNING = "session.intra_op.allow_spinning"  # ONNX Runtime: "0" lets an idle pool sleep
 
 
 def _backend_entry(manifest, backend):
@@ -334,14 +333,6 @@ class PaddleEngine:
         return dict(zip(self.output_names or [str(i) for i in range(len(arrays))], arrays))
 
 
-def _spins(options):
-    """Whether a session with these (read-back) options spins its pool (ORT's default)."""
-    try:
-        return options.get_session_config_entry(ORT_SPINNING) != "0"
-    except RuntimeError:  # never set: the default
-        return True
-
-
 def _ort_session(export_dir, manifest, rel, device, threads, gpu_id):
     """(onnxruntime session over the manifest-listed file ``rel`` (CPU or CUDA), its settings)."""
     import onnxruntime as ort
@@ -350,10 +341,6 @@ def _ort_session(export_dir, manifest, rel, device, threads, gpu_id):
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = int(threads)
     opts.inter_op_num_threads = 1
-    if int(threads) > 1:
-        # the server's workers share this session: a pool spinning for one run's next
-        # parallel section holds the cores another worker's run needs (docs/PRECISION.md)
-        opts.add_session_config_entry(ORT_SPINNING, "0")
     opts.log_severity_level = 3  # unused-initializer warnings from paddle2onnx graphs
     if device == "gpu":
         if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -373,7 +360,6 @@ def _ort_session(export_dir, manifest, rel, device, threads, gpu_id):
                      "intra_op_threads": used.intra_op_num_threads,
                      "inter_op_threads": used.inter_op_num_threads,
                      "graph_optimization_level": str(used.graph_optimization_level),
-                     "intra_op_spinning": _spins(used),
                      "disabled_optimizers": sorted(disabled)}
 
 

@@ -18,10 +18,12 @@ import httpx
 import pytest
 from export_helpers import TEXTS, cls_export, make_tiny_export, tag_export  # noqa: F401
 from test_prometheus import samples, value
+from test_repository_shutdown import add_version, repository_server
 from test_server import RunningServer
 
 from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.serve.server import create_app, deploy_settings
+from ppvarlen.utils.parallel import usable_cores
 
 CLIENTS = 16
 DEADLINE_S = 120  # generous: the machine is shared and may be busy
@@ -280,3 +282,19 @@ def test_a_paddle_model_on_a_shape_grid_logs_the_time_of_each_grid_shape(cls_exp
     at_start = {t.split()[0]: float(t.split()[1]) for t in times}
     assert list(now) == list(at_start)
     assert all(0 < now[shape] <= at_start[shape] for shape in now), (now, at_start)
+
+
+def test_a_version_loaded_after_paddles_import_gets_the_cores_like_the_first(cls_export,  # noqa: F811
+                                                                            tmp_path):
+    # Paddle's import (version 1) writes OMP_NUM_THREADS=1 into the server's environment when
+    # it is unset: read as a limit, version 2 (and its chooser child) served one thread
+    root, log = tmp_path / "models", tmp_path / "server.log"
+    shutil.copytree(cls_export[0], root / "tiny" / "1")
+    shell = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # a user's shell
+    with repository_server(root, log, "--backend", "paddle", env=shell) as (proc, url):
+        configs = [httpx.get(f"{url}/v2/models/tiny/versions/1/config").json()]
+        shutil.copytree(cls_export[0], tmp_path / "staging")
+        add_version(url, tmp_path / "staging", root / "tiny" / "2")  # version 1 unloads
+        configs.append(httpx.get(f"{url}/v2/models/tiny/versions/2/config").json())
+    threads = [c["parameters"]["math_threads"]["string_value"] for c in configs]
+    assert threads == [str(usable_cores())] * 2, log.read_text()[-3000:]

@@ -21,16 +21,17 @@ IN_FLIGHT = 8
 
 
 @contextlib.contextmanager
-def repository_server(root, log, *options):
+def repository_server(root, log, *options, env=None):
     """deploy/python/serve.py over the model repository ``root`` (its output in ``log``, no
-    polling: versions load through the endpoint) -> (process, url) once a version is ready;
-    killed on the way out if it still runs."""
+    polling: versions load through the endpoint; ``env``: its environment, this process's by
+    default) -> (process, url) once a version is ready; killed on the way out if it still
+    runs."""
     port_file = log.parent / f"{log.name}.port"
     proc = subprocess.Popen(
         [sys.executable, os.path.join(REPO, "deploy/python/serve.py"), "--model-repository",
          str(root), "--port", "0", "--port-file", str(port_file),
          "-o", "Deploy.repository_poll_s=0", *options],
-        stdout=log.open("w"), stderr=subprocess.STDOUT)
+        stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
     try:
         def port_written():
             assert proc.poll() is None, log.read_text()
