@@ -602,6 +602,7 @@ def verify_forward(model, meta, encoder, cfg, export_dir, manifest, paddle_prefi
     # precision_measured: what --precision auto picks from)
     report["speed"] = measure(backends, test_batches or [grid_inputs(ids, sl)
                                                          for _, _, ids, sl in grid])
+    report["speed"]["math_threads"] = threads  # every runner's (Deploy.threads, auto: cores)
     report["model_name"] = meta.get("model_name")
     return report
 

@@ -6,7 +6,7 @@ token-budget batches, else the shape grid), a few rounds interleaved so load fro
 other processes falls on all alike, best round kept.  ``manifest_section`` turns
 parity + timings into ``manifest["precision_measured"]``::
 
-    {"host": {...}, "batches": n, "examples": n,
+    {"host": {...}, "batches": n, "examples": n, "math_threads": n,
      "paddle": {"fp32": {"verified": true, "agreement": 1.0, "max_abs_diff": 2e-6,
                          "examples_per_s": 812.0}, "bf16": {...}},
      "onnx":   {"fp32": {...}, "fp16": {...}, "int8": {...}}}
@@ -89,7 +89,8 @@ def manifest_section(report, refused=None, left_out=None):
     refused = refused or {}
     gates = (report.get("metric_gate") or {}).get("gates", {})
     section = {"device": "cpu", "host": host(), "parity_on": part,
-               "batches": speed.get("batches"), "examples": speed.get("examples")}
+               "batches": speed.get("batches"), "examples": speed.get("examples"),
+               "math_threads": speed.get("math_threads")}
     for name, (backend, precision) in PARITY_BACKENDS.items():
         if name not in results:
             continue
