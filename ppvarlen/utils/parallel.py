@@ -44,6 +44,8 @@ from multiprocessing.pool import ExceptionWithTraceback
 # process and the workers it forked, never a file
 from multiprocessing.reduction import ForkingPickler
 
+import ppvarlen
+
 _MAPPER = []  # a mapper set by ``use_mapper`` (e.g. the Ray one) runs the chunks instead
 _CAN_FORK = "fork" in multiprocessing.get_all_start_methods()
 STALL_SECONDS = 300  # a worker with a job that uses no CPU and sends nothing this long is stuck
@@ -59,30 +61,18 @@ class WorkerLost(RuntimeError):
 
 CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
 OMP_VARIABLE = "OMP_NUM_THREADS"
-START_ENVIRON = "/proc/self/environ"  # Linux: the environment the process was started with
-
-
-def _start_environ():
-    """The variables this process was started with (not later changes), or None if unknown."""
-    try:
-        with open(START_ENVIRON, "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    return {k.decode(errors="replace") for k, _, _ in
-            (item.partition(b"=") for item in raw.split(b"\0") if item)}
 
 
 def paddle_wrote_omp(environ=None):
     """Whether the process's ``OMP_NUM_THREADS`` is the "1" Paddle's import writes into it when
-    it is unset (``paddle.base``'s bootstrap), not a limit a user or a launcher set: Paddle is
-    imported here and the process was started without the variable.  (Set to 1 in-process
-    before Paddle's import, it reads the same and is taken as Paddle's.)"""
+    it is unset (``paddle.base``'s bootstrap), not a limit a user or a launcher set (Ray sets
+    it in its workers' environment before their code runs): Paddle is imported here, and when
+    ppvarlen was imported, before Paddle, the variable was unset.  With Paddle imported first
+    that is unknown, and a "1" is a limit.  (Set to 1 between ppvarlen's import and Paddle's,
+    it reads the same and is taken as Paddle's.)"""
     environ = os.environ if environ is None else environ
-    if environ.get(OMP_VARIABLE) != "1" or "paddle.base" not in sys.modules:
-        return False
-    started_with = _start_environ()
-    return started_with is not None and OMP_VARIABLE not in started_with
+    return (environ.get(OMP_VARIABLE) == "1" and "paddle.base" in sys.modules
+            and ppvarlen.OMP_BEFORE_PADDLE is None)
 
 
 def omp_limit(environ=None):

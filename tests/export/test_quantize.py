@@ -14,7 +14,7 @@ from ppvarlen.runtime.manifest import load_manifest
 from ppvarlen.export import parity
 from ppvarlen.export.exporter import check_request, export_model
 from ppvarlen.export.quantize import non_initializer_weights, quantize_onnx, quantized_node_count
-from ppvarlen.utils.parallel import usable_cores
+from ppvarlen.runtime import threads_choice
 from test_export import CFG, _encoder, _meta, _test_items
 from test_export_models import TinyCRFTagger, TinyTransformer
 
@@ -99,9 +99,9 @@ def test_int8_export_is_listed_verified_and_measured(int8_export):
     measured = manifest["precision_measured"]
     assert measured["onnx"]["int8"]["verified"] and measured["onnx"]["int8"]["examples_per_s"] > 0
     assert set(measured["paddle"]) == {"fp32"} and set(measured["onnx"]) == {"fp32", "int8"}
-    # timed on the usable cores (Deploy.threads auto), not the "1" Paddle's import wrote
-    assert measured["math_threads"] == usable_cores()
-    assert report["engines"]["onnx_int8"]["intra_op_threads"] == usable_cores()
+    # timed on Deploy.threads auto's count, which every runner had
+    assert measured["math_threads"] == threads_choice.count("auto")
+    assert report["engines"]["onnx_int8"]["intra_op_threads"] == measured["math_threads"]
 
 
 def test_onnx_engine_int8_runs_the_int8_file(int8_export):

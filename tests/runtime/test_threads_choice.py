@@ -11,6 +11,7 @@ import weakref
 import pytest
 from fastapi.testclient import TestClient
 
+import ppvarlen
 from ppvarlen import cli
 from ppvarlen.config import ConfigError, load_config
 from ppvarlen.runtime import precision_choice, threads_choice
@@ -290,15 +291,13 @@ def test_paddle_gets_the_cores_untimed(monkeypatch):
     assert choice["threads"] == 4 and "not timed" in choice["threads_reason"]
 
 
-def test_omp_num_threads_caps_what_auto_tries(host, monkeypatch, tmp_path):
+def test_omp_num_threads_caps_what_auto_tries(host, monkeypatch):
     host.cores = 8
     assert threads_choice.math_cores({"OMP_NUM_THREADS": "2"}) == 2
     assert threads_choice.math_cores({"OMP_NUM_THREADS": "16"}) == 8
     assert threads_choice.math_cores({"OMP_NUM_THREADS": "x"}) == 8
-    # a launcher's limit (Ray's for an actor): in the environment the process started with
-    started = tmp_path / "environ"
-    started.write_bytes(b"PATH=/bin\0OMP_NUM_THREADS=1\0")
-    monkeypatch.setattr(parallel, "START_ENVIRON", str(started))
+    # a launcher's limit (Ray's for an actor): set before ppvarlen was imported
+    monkeypatch.setattr(ppvarlen, "OMP_BEFORE_PADDLE", "1")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert threads_choice.resolve("auto") == 1 and threads_choice.count("auto") == 1
     assert threads_choice.untimed_reason("auto") == (

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import ppvarlen
 from ppvarlen.utils import parallel
 from ppvarlen.utils.parallel import ordered_map, ordered_map_in_rooms
 
@@ -95,55 +96,51 @@ def test_a_ctrl_c_that_reaches_a_worker_while_it_forks_is_ignored_without_a_word
 
 
 # ------------------------------------------------------------------ OMP_NUM_THREADS
-def _started_with(tmp_path, monkeypatch, *variables):
-    """This process as if started with ``variables`` ("NAME=VALUE") only."""
-    started = tmp_path / "environ"
-    started.write_bytes(b"".join(v.encode() + b"\0" for v in ("PATH=/bin", *variables)))
-    monkeypatch.setattr(parallel, "START_ENVIRON", str(started))
-
-
-def test_paddles_own_omp_num_threads_is_no_limit_and_not_passed_on(tmp_path, monkeypatch):
+def test_paddles_own_omp_num_threads_is_no_limit_and_not_passed_on(monkeypatch):
     import paddle  # noqa: F401 - the rule holds only once Paddle's import could have written it
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    _started_with(tmp_path, monkeypatch)  # the process started without it: Paddle's "1"
+    monkeypatch.setattr(ppvarlen, "OMP_BEFORE_PADDLE", None)  # unset before: Paddle's "1"
     assert parallel.paddle_wrote_omp() and parallel.omp_limit() is None
     assert "OMP_NUM_THREADS" not in parallel.child_environ(X="y")
     assert parallel.child_environ(X="y")["X"] == "y"
-    _started_with(tmp_path, monkeypatch, "OMP_NUM_THREADS=1")  # a launcher's limit
+    monkeypatch.setattr(ppvarlen, "OMP_BEFORE_PADDLE", "1")  # a launcher's limit (Ray's)
     assert not parallel.paddle_wrote_omp() and parallel.omp_limit() == 1
     assert parallel.child_environ()["OMP_NUM_THREADS"] == "1"
-    _started_with(tmp_path, monkeypatch)
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # set in-process: Paddle keeps a count it finds
+    monkeypatch.setattr(ppvarlen, "OMP_BEFORE_PADDLE", ppvarlen.UNKNOWN)  # Paddle came first
+    assert not parallel.paddle_wrote_omp() and parallel.omp_limit() == 1
+    monkeypatch.setattr(ppvarlen, "OMP_BEFORE_PADDLE", None)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # set later in-process: Paddle keeps a count
     assert parallel.omp_limit() == 2 and parallel.child_environ()["OMP_NUM_THREADS"] == "2"
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.setattr(parallel, "START_ENVIRON", str(tmp_path / "absent"))  # not Linux
-    assert parallel.omp_limit() == 1 and not parallel.paddle_wrote_omp()
     assert parallel.omp_limit({"OMP_NUM_THREADS": "1"}) == 1  # a mapping is read as given
     assert parallel.omp_limit({"OMP_NUM_THREADS": "all"}) is None
 
 
 _AFTER_PADDLE = """
-import json, subprocess, sys
-import paddle
+import json, os, subprocess, sys
+if sys.argv[1] == "paddle-first":
+    import paddle
 from ppvarlen.runtime import threads_choice
 from ppvarlen.utils.parallel import child_environ, usable_cores
+import paddle
 child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('OMP_NUM_THREADS'))"],
                        env=child_environ(), capture_output=True, text=True, check=True)
-print(json.dumps([threads_choice.math_cores(), usable_cores(), child.stdout.strip()]))
+print(json.dumps([os.environ.get("OMP_NUM_THREADS"), threads_choice.math_cores(), usable_cores(),
+                  child.stdout.strip()]))
 """
 
 
-@pytest.mark.parametrize("started_with", [None, "1"])
-def test_a_process_that_imported_paddle_keeps_its_cores_and_its_children_too(started_with):
+@pytest.mark.parametrize("case", ["unset", "set to 1", "paddle-first"])
+def test_a_process_that_imported_paddle_keeps_its_cores_and_its_children_too(case):
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    if started_with:
-        env["OMP_NUM_THREADS"] = started_with
-    out = subprocess.run([sys.executable, "-c", _AFTER_PADDLE], env=env, capture_output=True,
+    if case == "set to 1":
+        env["OMP_NUM_THREADS"] = "1"
+    out = subprocess.run([sys.executable, "-c", _AFTER_PADDLE, case], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    math_cores, cores, childs = json.loads(out.stdout.strip().splitlines()[-1])
-    if started_with is None:  # Paddle's import wrote "1": no limit, and not inherited
+    omp, math_cores, cores, childs = json.loads(out.stdout.strip().splitlines()[-1])
+    assert omp == "1"  # what Paddle's import leaves in the environment in every case
+    if case == "unset":  # ppvarlen saw it unset before Paddle wrote it: no limit, not inherited
         assert (math_cores, childs) == (cores, "None")
-    else:
+    else:  # a limit that was set, or Paddle first (cannot be told apart): kept
         assert (math_cores, childs) == (1, "1")
