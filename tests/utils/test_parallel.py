@@ -1,6 +1,7 @@
 """Ordered maps over forked workers (utils/parallel.py): results in job order for any worker
 count; ``ordered_map_in_rooms`` hands big results back through memory shared with the workers,
-reuses its few rooms, and ends its pool on an error or when the caller stops early."""
+reuses its few rooms, and ends its pool on an error or when the caller stops early.  The
+usable cores and child environments see through the OMP_NUM_THREADS=1 Paddle's import writes."""
 import json
 import os
 import subprocess
