@@ -83,16 +83,26 @@ def resolve(threads, workers=1):
     return "auto"
 
 
-def untimed_reason(threads, workers=1, device="cpu"):
-    """Why a thread setting that ``resolve`` settles without timing serves what it serves."""
-    if threads != "auto":
-        return "as set (Deploy.threads)"
-    if device != "cpu":
-        return f"auto on {device}: 1 math thread (the device does the math)"
+def untimed_reason(threads, workers=1, device="cpu", served=None):
+    """Why a count no timing chose serves: the ``threads`` and ``workers`` settings as
+    ``resolve`` settles them untimed; ``served``: the count the predictor runs, when it was
+    built with another one (a library caller's ``Predictor(threads=N)``)."""
     cores, limit = math_cores(), omp_limit()
-    why = f", OMP_NUM_THREADS={limit}" if limit is not None and limit < usable_cores() else ""
-    return (f"auto, not timed: {max(1, cores // max(1, workers))} math thread(s) per predictor "
-            f"({cores} usable core(s){why}; {workers} worker(s))")
+    if device != "cpu":
+        count, why = 1, f"auto on {device}: 1 math thread (the device does the math)"
+    elif threads != "auto":
+        count, why = int(threads), "as set (Deploy.threads)"
+    elif cores == 1 or workers > 1:
+        count = max(1, cores // max(1, workers))
+        limited = f", OMP_NUM_THREADS={limit}" if limit is not None and limit < usable_cores() \
+            else ""
+        why = (f"auto, not timed: {count} math thread(s) per predictor ({cores} usable "
+               f"core(s){limited}; {workers} worker(s))")
+    else:
+        count, why = None, None  # timed (choose), which gives its own reason
+    if served is not None and served != count:
+        return f"as the predictor was built ({served} math thread(s))"
+    return why
 
 
 def profile_lengths(profile, max_len, n, rng):

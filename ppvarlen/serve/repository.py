@@ -83,9 +83,9 @@ class ServedModel:
         ``Deploy.batch_when_all_queued`` is on."""
         p = self.predictor
         self.settings = deploy
-        if not self.threads_reason:  # a count resolve settled, not the timed choice
-            self.threads_reason = threads_choice.untimed_reason(deploy.threads, deploy.workers,
-                                                                 deploy.device)
+        if not self.threads_reason:  # a count no timing chose
+            self.threads_reason = threads_choice.untimed_reason(
+                deploy.threads, deploy.workers, deploy.device, served=self.threads)
         predictors = [p] + [p.clone() for _ in range(deploy.workers - 1)]
         # a Paddle oneDNN shape grid: the batcher plans with its measured cost per shape
         # (timing other shapes would put them in Paddle's cache, dropping grid shapes)

@@ -18,7 +18,7 @@ from ppvarlen.runtime import precision_choice, threads_choice
 from ppvarlen.runtime import predictor as predictor_module
 from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.serve.dataplane import deploy_settings
-from ppvarlen.serve.server import app_from_config
+from ppvarlen.serve.server import app_from_config, create_app
 from ppvarlen.utils import parallel
 from export_helpers import cls_export  # noqa: F401
 from test_precision_choice import TEXTS, spread_export
@@ -205,6 +205,16 @@ def test_an_explicit_count_is_served_as_set_and_not_timed(export_dir, host):
     with TestClient(app) as client:
         health = client.get("/health").json()
         assert health["threads"] == 3 and health["threads_reason"].startswith("as set")
+    assert host.timed == []
+
+
+def test_a_predictor_built_by_its_caller_shows_the_count_it_was_built_with(export_dir, host):
+    host.cores = 4  # Deploy.threads auto would have timed; the caller's predictor runs one
+    app = create_app(Predictor(export_dir, "onnx"), deploy=deploy_settings(max_wait_ms=1))
+    with TestClient(app) as client:
+        health = client.get("/health").json()
+    assert health["threads"] == 1
+    assert health["threads_reason"] == "as the predictor was built (1 math thread(s))"
     assert host.timed == []
 
 
