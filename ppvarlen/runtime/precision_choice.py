@@ -252,7 +252,7 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
         load, any_backend = functools.partial(load, backend=only), False
     threads = load.keywords.get("threads") if isinstance(load, functools.partial) else None
     if threads == "auto" and device != "cpu":
-        log.info("threads auto on %s: 1 math thread (the device does the math)", device)
+        log.info("threads %s", threads_choice.untimed_reason("auto", device=device))
         load, threads = functools.partial(load, threads=1), 1
     untimed = None  # threads auto decided here, with no child (Paddle: the cores)
     if threads == "auto" and device == "cpu":

@@ -52,8 +52,8 @@ def math_cores(environ=None):
     """The most math threads ``auto`` tries: the usable cores, or fewer when
     ``OMP_NUM_THREADS`` says so (a limit set for this process, e.g. by Ray for an actor; not
     the "1" Paddle's import writes when it is unset).  ``environ``: a mapping read instead."""
-    limit = omp_limit(environ)
-    return usable_cores() if limit is None else min(usable_cores(), limit)
+    limit, cores = omp_limit(environ), usable_cores()
+    return cores if limit is None else min(cores, limit)
 
 
 def count(threads):
@@ -74,35 +74,39 @@ def wall_clock_verdict(choice):
 def resolve(threads, workers=1):
     """A thread setting -> an int, or ``"auto"`` left for ``choose``: with several workers
     the usable cores are split between them instead (each runs batches at the same time)."""
-    if threads != "auto":
-        return int(threads)
-    cores = math_cores()
-    if cores == 1 or workers > 1:
-        log.info("threads %s", untimed_reason(threads, workers))
-        return max(1, cores // max(1, workers))
-    return "auto"
+    count, why = _untimed(threads, workers)
+    if count is None:
+        return "auto"
+    if threads == "auto":
+        log.info("threads %s", why)
+    return count
 
 
 def untimed_reason(threads, workers=1, device="cpu", served=None):
     """Why a count no timing chose serves: the ``threads`` and ``workers`` settings as
     ``resolve`` settles them untimed; ``served``: the count the predictor runs, when it was
     built with another one (a library caller's ``Predictor(threads=N)``)."""
-    cores, limit = math_cores(), omp_limit()
-    if device != "cpu":
-        count, why = 1, f"auto on {device}: 1 math thread (the device does the math)"
-    elif threads != "auto":
-        count, why = int(threads), "as set (Deploy.threads)"
-    elif cores == 1 or workers > 1:
-        count = max(1, cores // max(1, workers))
-        limited = f", OMP_NUM_THREADS={limit}" if limit is not None and limit < usable_cores() \
-            else ""
-        why = (f"auto, not timed: {count} math thread(s) per predictor ({cores} usable "
-               f"core(s){limited}; {workers} worker(s))")
-    else:
-        count, why = None, None  # timed (choose), which gives its own reason
+    count, why = _untimed(threads, workers, device)
     if served is not None and served != count:
         return f"as the predictor was built ({served} math thread(s))"
     return why
+
+
+def _untimed(threads, workers=1, device="cpu"):
+    """(count, why) of a thread setting settled without timing, or (None, None): ``choose``
+    times it.  The one place the untimed rule is written."""
+    if threads != "auto":
+        return int(threads), "as set (Deploy.threads)"
+    if device != "cpu":
+        return 1, f"auto on {device}: 1 math thread (the device does the math)"
+    usable = math_cores()
+    if usable > 1 and workers <= 1:
+        return None, None
+    count = max(1, usable // max(1, workers))
+    limit = omp_limit()
+    limited = f", OMP_NUM_THREADS={limit}" if limit == usable else ""
+    return count, (f"auto, not timed: {count} math thread(s) per predictor ({usable} usable "
+                   f"core(s){limited}; {workers} worker(s))")
 
 
 def profile_lengths(profile, max_len, n, rng):
