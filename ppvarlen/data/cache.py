@@ -38,6 +38,7 @@ split of a generation last (``data.store``'s stamp) is kept beside it,
 ``generations/<key>.<n>.<split>.verified.json``, outside the store's files.
 """
 import contextlib
+import errno
 import fcntl
 import glob
 import hashlib
@@ -50,6 +51,7 @@ import tempfile
 import time
 import weakref
 
+from .errors import DataError
 from ..utils.io import (atomic_write_json, owned_prefix, reap_dead_owners, sha256_file,
                         user_cache_dir)
 from ..utils.log import get_logger
@@ -109,7 +111,13 @@ class Fingerprints:
                 and isinstance(known.get("sha256"), str):
             return {"size": st.st_size, "sha256": known["sha256"]}
         started = time.time_ns()
-        sha = sha256_file(path)
+        try:
+            sha = sha256_file(path)
+        except OSError as e:
+            pipe = "; a corpus is read more than once (hashed, then encoded): save what a " \
+                   "pipe gives to a file and name that" if e.errno == errno.EINVAL else ""
+            raise DataError(f"{path}: cannot read data file ({e.strerror}){pipe}; check "
+                            f"Data.train_file / dev_file / test_file") from None
         self.hashed.append(path)
         self.files.pop(path, None)  # re-inserted last: the newest entry
         self.files[path] = {"stat": stamp, "sha256": sha}

@@ -11,7 +11,7 @@ import os
 import re
 
 from ppvarlen.tasks import TASKS, get_task
-from ppvarlen.utils.io import sha256_file
+from ppvarlen.utils.io import not_regular, open_regular, sha256_file
 
 MANIFEST = "manifest.json"
 # a model repository's version directory: a positive integer in ASCII digits (str.isdigit()
@@ -41,12 +41,15 @@ def load_manifest(export_dir, verify=True, allow_external_symlinks=False):
     if not os.path.isdir(export_dir):
         raise UnservableExportError(f"export directory not found: {export_dir}; pass the --output directory "
                                     f"of tools/export.py")
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise UnservableExportError(f"{path} is missing: {export_dir} is not an export directory "
                                     f"(re-run tools/export.py to write one)")
     try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
+        with open_regular(path) as f:
+            manifest = json.loads(f.read().decode("utf-8"))
+    except OSError as e:
+        raise UnservableExportError(f"{path}: cannot be read ({e.strerror}); re-run "
+                                    f"tools/export.py to write the export again") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UnservableExportError(f"{path}: not valid JSON ({e}); re-run tools/export.py") from None
     if not isinstance(manifest, dict):
@@ -117,9 +120,13 @@ def verify_files(export_dir, manifest, allow_external_symlinks=False):
         full = resolve(export_dir, rel)
         if not allow_external_symlinks:
             refuse_external_link(export_dir, full)
-        if not os.path.isfile(full):
+        if not os.path.exists(full):
             raise UnservableExportError(f"{full}: listed in the manifest but missing; copy the whole export "
                                         f"directory")
+        kind = not_regular(os.stat(full).st_mode)
+        if kind is not None:
+            raise UnservableExportError(f"{full}: listed in the manifest but {kind}, not a "
+                                        f"regular file; copy the export's files themselves")
         actual = file_sha256(full)
         if actual != expected:
             raise UnservableExportError(f"{full}: sha256 {actual[:12]}… does not match the manifest's "

@@ -36,7 +36,7 @@ import threading
 import time
 
 from ppvarlen.data.errors import DataError
-from ppvarlen.utils.io import reap_dead_owners
+from ppvarlen.utils.io import reap_dead_owners, sha256_file
 from ppvarlen.utils.parallel import release_memory
 from ppvarlen.utils.log import get_logger
 
@@ -329,8 +329,7 @@ def manifest_sha256(path):
     """The sha256 of the version's manifest.json (it lists every file's sha256: the content
     a version number names), or None when unreadable."""
     try:
-        with open(os.path.join(path, MANIFEST), "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
+        return sha256_file(os.path.join(path, MANIFEST))
     except OSError:
         return None
 

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 
 DIRECT_BLOCK = 4096  # O_DIRECT's alignment of offsets, lengths and memory (a page: safe on any disk)
@@ -189,8 +190,38 @@ def user_cache_dir(*parts):
     return os.path.join(base, "ppvarlen", *parts)
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
+
+
+def not_regular(mode):
+    """What a file of ``mode`` is when it is not a regular file ("a FIFO (named pipe)", ...)
+    -> None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
+
+
+def open_regular(path):
+    """``path`` opened for binary reading when it is a regular file; OSError (EINVAL, saying
+    what it is) otherwise: reading a FIFO waits for a writer that may never come (a server's
+    load hung on one), and hashing a pipe would consume what its reader needs.  Opened without
+    blocking and checked on the descriptor: what is read is what was checked."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        kind = not_regular(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise OSError(errno.EINVAL, f"{kind}, not a regular file", os.fspath(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def sha256_file(path):
-    with open(path, "rb") as f:  # file_digest reads into one reused buffer
+    with open_regular(path) as f:  # file_digest reads into one reused buffer
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 

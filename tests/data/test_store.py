@@ -102,6 +102,17 @@ def test_cache_reuse_and_each_kind_of_invalidation(tmp_path, caplog):
     assert other.stats["store"]["dir"] != forced.stats["store"]["dir"] and other.task == "masked_lm"
 
 
+def test_a_named_pipe_as_a_corpus_is_refused_naming_it_not_read_or_waited_on(tmp_path):
+    """A corpus is read more than once (hashed for the cache, then encoded): a pipe would be
+    consumed by the hash, and one without a writer would block the build forever."""
+    fifo = tmp_path / "train.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match=rf"{fifo}: cannot read data file \(a FIFO \(named pipe"
+                                        rf"\), not a regular file\); .*save what a pipe gives"):
+        build_datasets(data_cfg(corpus="jsonl", train_file=str(fifo), max_len=32,
+                                cache_dir=str(tmp_path / "cache")))
+
+
 def _split_bytes(bundle, split):
     d = getattr(bundle, split).store.path
     return {name: open(os.path.join(d, name), "rb").read() for name in sorted(os.listdir(d))}

@@ -141,6 +141,17 @@ def vocab_symlinked_out(good, where, outside_dir):
     return d
 
 
+def with_fifo(good, where, rel):
+    """A copy of ``good`` whose ``rel`` is a named pipe: a read of it waits for a writer that
+    never comes.  (shutil copies no FIFO: stage such a version with this, not copytree.)"""
+    shutil.copytree(good, where, ignore=lambda d, names: [rel] if d == good else [])
+    os.mkfifo(os.path.join(where, rel))
+    return str(where)
+
+
+FIFOS = {"manifest_fifo": "manifest.json", "vocab_fifo": "vocab.txt"}
+
+
 @pytest.fixture(scope="module")
 def bad(cls_export, tmp_path_factory):  # noqa: F811
     """{kind: export dir} of every crafted artifact, and the good one."""
@@ -154,7 +165,8 @@ def bad(cls_export, tmp_path_factory):  # noqa: F811
             "five_labels": five_label_names(good, base / "l"),
             "nan_sep": nan_embedding_row(good, base / "n", sep),
             "big_vocab": vocab_beyond_embedding(good, base / "v"),
-            "vocab_link": vocab_symlinked_out(good, base / "s", str(base / "elsewhere"))}
+            "vocab_link": vocab_symlinked_out(good, base / "s", str(base / "elsewhere")),
+            **{kind: with_fifo(good, base / kind, rel) for kind, rel in FIFOS.items()}}
 
 
 # what each is refused for: (backend, words the reason holds)
@@ -166,6 +178,10 @@ REFUSALS = {
     "nan_sep": ("onnx", "not finite"),
     "big_vocab": ("onnx", "largest vocabulary id 563"),
     "vocab_link": ("onnx", "outside the export directory"),
+    "manifest_fifo": ("onnx", "manifest.json: cannot be read (a FIFO (named pipe), not a "
+                              "regular file)"),
+    "vocab_fifo": ("onnx", "vocab.txt: listed in the manifest but a FIFO (named pipe), not a "
+                           "regular file"),
 }
 
 
@@ -290,7 +306,10 @@ def test_bad_versions_under_load_never_fail_a_request(bad, tmp_path):
                     words = "outside the repository"
                 else:  # staged and renamed in, as docs/SERVING.md says: the poller never
                     # sees a half-copied directory
-                    shutil.copytree(bad[kind], tmp_path / "staging" / kind, symlinks=True)
+                    if kind in FIFOS:
+                        with_fifo(bad["good"], tmp_path / "staging" / kind, FIFOS[kind])
+                    else:
+                        shutil.copytree(bad[kind], tmp_path / "staging" / kind, symlinks=True)
                     os.rename(tmp_path / "staging" / kind, target)
                     words = REFUSALS[kind][1]
                 r = httpx.post(srv.url + "/v2/repository/models/tiny/load", timeout=120)

@@ -233,3 +233,22 @@ def test_atomic_save_png_keeps_the_old_image_when_drawing_fails(tmp_path):
         uio.atomic_save_png(Broken(), path)
     assert path.read_bytes() == first and os.listdir(tmp_path) == ["plot.png"]
     plt.close(fig)
+
+
+def test_only_regular_files_are_opened_and_a_fifo_never_blocks(tmp_path):
+    """A FIFO without a writer would block a plain open() forever; hashing one would consume
+    what its reader needs.  open_regular refuses it at once, naming what it is."""
+    fifo, folder, plain = tmp_path / "pipe", tmp_path / "folder", tmp_path / "plain.bin"
+    os.mkfifo(fifo)
+    folder.mkdir()
+    plain.write_bytes(b"abc")
+    for path, kind in ((fifo, "a FIFO (named pipe)"), (folder, "a directory")):
+        with pytest.raises(OSError) as e:
+            uio.sha256_file(path)
+        assert e.value.errno == errno.EINVAL and e.value.filename == str(path)
+        assert e.value.strerror == f"{kind}, not a regular file"
+    assert uio.sha256_file(plain) == \
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"  # sha256("abc")
+    with uio.open_regular(plain) as f:  # blocking again, as a plain open() would be
+        assert os.get_blocking(f.fileno()) and f.read() == b"abc"
+    assert uio.not_regular(stat.S_IFCHR | 0o666) == "a character device"
