@@ -10,11 +10,14 @@ OpenAI embeddings API); their inference routes are answered ahead of FastAPI's r
 (``X-Model-Version``).  Every input is bounded (``docs/SERVING.md``, the threat model); a
 refusal is a ``ServeError`` answered in the form of the protocol whose route it came from.
 """
+import asyncio
 import contextlib
 import functools
 import gc
+import logging
 import signal
 import socket
+import time
 
 import uvicorn
 from fastapi.middleware.cors import CORSMiddleware
@@ -36,11 +39,13 @@ from ppvarlen.serve.http.connections import uvicorn_config
 from ppvarlen.serve.http import fallback
 from ppvarlen.serve.http.direct import DirectRoutes, ServingApp, error_response
 from ppvarlen.serve.http.edge import AnswerErrors, RequireToken, read_token
-from ppvarlen.serve.signals import sigterm_held, sigterm_pending
+from ppvarlen.serve.signals import die_by, sigterm_held, sigterm_pending
 from ppvarlen.serve.protocols import (PROTOCOLS, edge_render, gathered, render_checks,
                                       route_render)
 
 log = get_logger("serve.server")
+# how often start-up looks for a stop asked while the model(s) load
+STOP_POLL_S = 0.1
 
 
 def create_app(predictor=None, deploy=None, repository=None, load_predictor=None,
@@ -171,13 +176,40 @@ class DrainingServer(uvicorn.Server):
         self.repository, self.takes_sigterm = repository, takes_sigterm
 
     async def startup(self, sockets=None):
-        await super().startup(sockets)  # the app's lifespan has loaded the model(s)
+        # the app's lifespan loads the model(s): a repository every model, in a thread no
+        # signal interrupts, for minutes; a stop asked meanwhile stops the process at once
+        began = time.monotonic()
+        starting = asyncio.ensure_future(super().startup(sockets))
+        while not (await asyncio.wait({starting}, timeout=STOP_POLL_S))[0]:
+            stop = self._stop_asked()
+            if stop is not None:
+                self._stop_before_serving(stop, time.monotonic() - began)
+        starting.result()
         if self.repository is None:
             # The one export lives as long as this process: out of the collector's sight, a
             # collection walks only what requests allocate.  Not for a repository, whose
             # retired versions must stay collectable.
             gc.collect()
             gc.freeze()
+
+    def _stop_asked(self):
+        """The signal that asked this server to stop (uvicorn's handler took it, or it is
+        held pending) -> None when none did."""
+        if self.takes_sigterm and sigterm_pending():
+            return signal.SIGTERM
+        if self.should_exit:  # uvicorn's handler notes the signals it took (since 0.29)
+            taken = getattr(self, "_captured_signals", None)
+            return taken[-1] if taken else signal.SIGTERM
+        return None
+
+    def _stop_before_serving(self, sig, seconds):
+        """Nothing has been served and ppvarlen writes nothing there but atomically (a temp
+        file its pid names, reaped later): the process dies by ``sig`` without unwinding the
+        loads in flight; the precision chooser's child dies with it (``die_with_parent``)."""
+        log.warning("%s %.1fs into start-up, before serving began: stopped; what was loading "
+                    "is abandoned", signal.Signals(sig).name, seconds)
+        logging.shutdown()  # flushes every handler
+        die_by(sig)
 
     async def on_tick(self, counter):
         if self.takes_sigterm and sigterm_pending():
@@ -203,9 +235,9 @@ def serve(export_dir, deploy_cfg, host=None, port=None, backend=None, repository
     if host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("binding %s: the server is reachable from other machines", host)
     grpc_port = deploy_cfg.grpc_port if grpc_port is None else grpc_port
-    # a repository's versions load while it serves, each on the runtime chosen for it (a
-    # single export is loaded below, before any signal handler is installed)
-    with sigterm_held(repository is not None) as takes_sigterm:  # before any thread starts
+    # a repository's versions load while it serves, each on the runtime chosen for it; a
+    # single export loads below, before uvicorn installs its handlers (signals.py)
+    with sigterm_held(True) as takes_sigterm:  # before any thread starts
         app = app_from_config(export_dir, deploy_cfg, backend, repository, grpc_port)
         # bound here rather than by uvicorn so the port is known before serving (port 0)
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)

@@ -12,6 +12,9 @@ imports Paddle), so a repository's server
   that do not block it;
 - re-arms Python's handlers on the main thread after every load (``rearm_signal_handlers``),
   for any other native library.
+
+A single export's server holds SIGTERM the same way (Paddle's import, while its export loads,
+would install glog's handler: a fatal-error report instead of an exit).
 """
 import contextlib
 import ctypes
@@ -119,3 +122,11 @@ def rearm_signal_handlers():
         handler = signal.getsignal(sig)
         if callable(handler):
             signal.signal(sig, handler)
+
+
+def die_by(sig):
+    """End the process as ``sig``'s default action does (exit status 128 + sig to a shell),
+    at once: no handler, no unwinding, whatever the other threads are doing."""
+    signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+    signal.raise_signal(sig)

@@ -13,6 +13,7 @@ import sys
 import threading
 
 import httpx
+import pytest
 from export_helpers import TEXTS, cls_export  # noqa: F401
 from test_server import REPO, answers_200, wait_for
 
@@ -107,3 +108,52 @@ def test_stop_waiting_runs_what_the_batcher_holds_at_once():
     # later texts do not wait either, and the batcher still takes them (it is not closed)
     assert b.submit([Item(3, 4)])[0].result(120) == ("echo", 3)
     b.close()
+
+
+# deploy/python/serve.py, but the export directories named "stuck" never finish loading (a
+# sleep standing for native code no signal interrupts); argv[1]: a file created as one starts
+STUCK_LOAD_SERVER = """
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # were it ignored where we started
+import ppvarlen.serve.server as server
+from ppvarlen.cli import main_serve
+load = server.load_admitted
+def stuck_or_load(engine, export_dir, *args, **kwargs):
+    if "stuck" in str(export_dir):
+        open(sys.argv[1], "w").close()
+        time.sleep(3600)
+    return load(engine, export_dir, *args, **kwargs)
+server.load_admitted = stuck_or_load
+sys.exit(main_serve(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_during_start_up_ends_the_server_at_once(cls_export, tmp_path, sig):  # noqa: F811
+    """A repository's models load before it serves, in a thread no signal interrupts: a stop
+    asked meanwhile ends the process at once (it dies by the signal, after one log line),
+    where it used to wait for every load -- here one that never ends."""
+    root, log, loading = tmp_path / "models", tmp_path / "server.log", tmp_path / "loading"
+    shutil.copytree(cls_export[0], root / "a" / "1")
+    shutil.copytree(cls_export[0], root / "stuck" / "1")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STUCK_LOAD_SERVER, str(loading), "--model-repository",
+         str(root), "--backend", "onnx", "--precision", "fp32", "--port", "0",
+         "-o", "Deploy.repository_poll_s=0"], stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: (proc.poll() is None or pytest.fail(log.read_text()[-2000:]))
+                 and loading.exists(), "the stuck load", DEADLINE_S, 0.1)
+        proc.send_signal(sig)
+        try:
+            status = proc.wait(DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running {DEADLINE_S} s after {sig.name}: {log.read_text()[-2000:]}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
+    out = log.read_text()
+    assert status == -sig, out[-2000:]
+    assert f"WARNING ppvarlen.serve.server: {sig.name} " in out, out[-2000:]
+    assert "before serving began: stopped; what was loading is abandoned" in out, out[-2000:]
+    assert "Traceback" not in out and "Termination signal" not in out, out[-2000:]
