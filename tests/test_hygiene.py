@@ -1,4 +1,6 @@
 """Project-wide rules that a reviewer would otherwise have to remember."""
+import ast
+import glob
 import os
 import re
 import subprocess
@@ -43,6 +45,18 @@ def test_child_processes_get_the_environment_from_child_environ():
     hits = [h for h in grep(r"dict\(os\.environ|os\.environ\.copy\(\)", ["ppvarlen"])
             if not h.startswith(os.path.join("ppvarlen", "utils", "parallel.py"))]
     assert not hits, "build a child's environment with child_environ:\n" + "\n".join(hits)
+    # ... and a child started without env= inherits this process's, Paddle's "1" included
+    starts = ("subprocess.Popen", "subprocess.run", "subprocess.call", "subprocess.check_call",
+              "subprocess.check_output", "os.execv", "os.execve", "os.spawnv", "os.posix_spawn")
+    found, bare = 0, []
+    for path in sorted(glob.glob(os.path.join(REPO, "ppvarlen", "**", "*.py"), recursive=True)):
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in starts:
+                found += 1
+                if "env" not in {k.arg for k in node.keywords}:
+                    bare.append(f"{os.path.relpath(path, REPO)}:{node.lineno}")
+    assert found >= 4, "the rule sees no child process start: has the code moved?"
+    assert not bare, "pass env=parallel.child_environ(...) to every child:\n" + "\n".join(bare)
 
 
 def test_a_command_start_is_quiet():
