@@ -290,6 +290,14 @@ SCHEMA = {
                          "serves more on this host, timed at load with the engine's cost per "
                          "text and the front end's (docs/PRECISION.md, Math threads)"),
         "workers": Field(int, 1, help="predictor threads taking batches from the queue"),
+        "split_threads_under_load": Field(bool, False, help="with one worker on several "
+                                          "math threads (ONNX Runtime, single-graph exports): "
+                                          "a lone text runs on all of them, batches that "
+                                          "queue run at once on one thread each, on a second "
+                                          "session of the graph (a second weight copy: about "
+                                          "1.5-2x the resident memory); false: every batch on "
+                                          "all the threads, one at a time "
+                                          "(docs/PRECISION.md, Math threads)"),
         "onednn_cache_bytes": Field(int, 2 << 30, help="Paddle Inference on CPU, where "
                                     "its shapes do not share one weight copy (a seq2seq "
                                     "export's decode loop, or onednn_shape_grid false): memory "

@@ -372,8 +372,9 @@ class OnnxEngine:
         self.inputs = list(manifest.get("inputs") or [])
         self.input_names = input_names(manifest)
         if _session is not None:
-            self._session, self.settings = _session
+            self._session, self.settings, self._source = _session
             return
+        self._source = (export_dir, manifest, gpu_id)  # what another session is built from
         entry = _backend_entry(manifest, "onnx")
         check_precision(manifest, "onnx", precision)
         rel = entry.get(f"model_{precision}", f"onnx/model_{precision}.onnx")
@@ -386,7 +387,14 @@ class OnnxEngine:
     def clone(self):
         # InferenceSession.run is thread-safe; clones share the loaded graph and weights.
         return OnnxEngine(None, {"outputs": self.output_names, "inputs": self.inputs},
-                          _session=(self._session, self.settings))
+                          _session=(self._session, self.settings, self._source))
+
+    def with_threads(self, threads):
+        """A second session of the same graph and precision on ``threads`` math threads: a
+        session's thread count is fixed when it is built.  Its own copy of the weights."""
+        export_dir, manifest, gpu_id = self._source
+        return OnnxEngine(export_dir, manifest, self.settings["device"],
+                          self.settings["precision"], threads, gpu_id)
 
     def graph_inputs(self):
         return [i.name for i in self._session.get_inputs()]

@@ -183,12 +183,24 @@ class Predictor:
         self.real_target_tokens = 0
         self.padded_target_tokens = 0
 
-    def clone(self):
-        """A predictor for another thread: shares manifest and vocab, owns its engine."""
+    def clone(self, threads=None):
+        """A predictor for another thread: shares manifest and vocab, owns its engine.  With
+        ``threads`` other than its own: an engine of that many math threads (another session,
+        another weight copy; ``can_change_threads``)."""
         counters = ("real_tokens", "padded_tokens", "real_target_tokens", "padded_target_tokens")
         shared = {k: v for k, v in self.__dict__.items() if k != "engine" and k not in counters}
-        shared["engine"] = self.engine.clone()
+        if threads is None or int(threads) == self.threads:
+            shared["engine"] = self.engine.clone()
+        else:
+            shared["engine"] = self.engine.with_threads(int(threads))
+            shared["threads"] = int(threads)
         return Predictor(None, _shared=shared)
+
+    def can_change_threads(self):
+        """Whether ``clone(threads=N)`` can build an engine of another thread count (ONNX
+        Runtime's session for a single graph; not Paddle Inference, whose clones share their
+        predictor's settings, nor the seq2seq decode loops)."""
+        return callable(getattr(self.engine, "with_threads", None))
 
     def warmup(self, lengths=(8, 32, 128), kept_times=None):
         """Run a few batch shapes once so the first requests skip kernel set-up; not counted.

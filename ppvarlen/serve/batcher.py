@@ -192,6 +192,10 @@ class DynamicBatcher:
 
     ``predictors``: one per worker thread (e.g. ``[p, p.clone()]``).  Each item
     passed to ``submit`` must have a ``.num_tokens`` (its padded cost per row).
+    Predictors of different math thread counts (``.threads``) split the cores by load: the
+    widest takes a lone text when nothing else runs (all its threads on one text), the
+    narrower ones take the batches that queue, as many at once as their threads fit in the
+    widest one's count, the queue shared between those free to take it.
     ``on_batch(size, real_tokens, padded_tokens, queue_waits_s, compute_s)`` is called after
     each batch that ran (metrics and the statistics extension).  ``callers``: a ``Callers``
     whose ``all_in()`` runs the queue without waiting for company (the module's docstring).
@@ -227,8 +231,14 @@ class DynamicBatcher:
         self._on_batch = on_batch
         self._callers = callers
         # batches_all_queued: batches started early by the Callers rule (module docstring)
-        self._stats = {"batches": 0, "items": 0, "failed_items": 0, "batches_all_queued": 0}
+        # batches_narrow: batches run on a narrower predictor than the widest, under load
+        self._stats = {"batches": 0, "items": 0, "failed_items": 0, "batches_all_queued": 0,
+                       "batches_narrow": 0}
         self._warmup = warmup
+        threads = [getattr(p, "threads", 1) for p in self._predictors]
+        self._cores = max(threads)
+        self._by_load = len(set(threads)) > 1  # the class docstring's split
+        self._threads_running = 0
         self._warm = threading.Semaphore(0)
         self._warmup_errors = []
         self._workers = [threading.Thread(target=self._work, args=(p,), name=f"batcher-{i}",
@@ -374,25 +384,53 @@ class DynamicBatcher:
                 while True:
                     next_deadline = self._expire(time.monotonic())
                     ready = self._pending and self._ready(time.monotonic())
-                    if ready:
+                    if ready and self._may_take(predictor):
                         break
                     if self._closed and not self._pending:
                         return
-                    timeout = None
-                    if self._pending:
+                    timeout = None  # ready for another worker: woken as one finishes
+                    if self._pending and not ready:
                         wake = self._pending[0].enqueued + self.max_wait
                         if next_deadline is not None:
                             wake = min(wake, next_deadline)
                         timeout = max(0.0, wake - time.monotonic())
                     self._cond.wait(timeout)
-                considered = self._pending[:PLAN_WINDOW]
+                considered = self._pending[:self._window(predictor)]
             batch = self._plan(considered)
             with self._cond:
                 taken = self._take(batch)
                 if taken and ready is ALL_QUEUED:
                     self._stats["batches_all_queued"] += 1
-            if taken:
+                if taken and self._by_load:
+                    self._threads_running += predictor.threads
+                    self._stats["batches_narrow"] += predictor.threads < self._cores
+            if not taken:
+                continue
+            try:
                 self._run(predictor, batch)
+            finally:
+                if self._by_load:
+                    with self._cond:
+                        self._threads_running -= predictor.threads
+                        self._cond.notify_all()
+
+    def _may_take(self, predictor):
+        """Under the lock: whether ``predictor``'s worker takes a batch now (the class
+        docstring's split by load; any worker, any time, otherwise)."""
+        if not self._by_load:
+            return True
+        lone = self._threads_running == 0 and len(self._pending) == 1
+        if predictor.threads == self._cores:
+            return lone
+        return not lone and self._threads_running + predictor.threads <= self._cores
+
+    def _window(self, predictor):
+        """Under the lock: how much of the queue's head ``predictor`` plans its batch from: a
+        narrower predictor leaves a share to each other one free now."""
+        if not self._by_load or predictor.threads == self._cores:
+            return PLAN_WINDOW
+        free = (self._cores - self._threads_running) // predictor.threads
+        return min(PLAN_WINDOW, -(-len(self._pending) // max(1, free)))
 
     def _run(self, predictor, batch):
         started = time.monotonic()

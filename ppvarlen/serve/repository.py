@@ -38,6 +38,7 @@ import time
 from ppvarlen.data.errors import DataError
 from ppvarlen.utils.io import reap_dead_owners, sha256_file
 from ppvarlen.utils.parallel import release_memory
+from ppvarlen.utils.parallel import release_memory
 from ppvarlen.utils.log import get_logger
 
 from ppvarlen.runtime import choice_cache, precision_choice, threads_choice
@@ -66,6 +67,8 @@ class ServedModel:
         self.precision_choice = getattr(predictor, "precision_choice", None) or \
             precision_choice.as_requested(predictor.precision)
         self.threads_reason = self.precision_choice.get("threads_reason")  # or start's
+        # Deploy.split_threads_under_load: {"batches_at_once", "threads_each"} when on
+        self.under_load = None
         self.batcher = None
         self.example = None  # (the task's example items, this version's predictions of them)
         self.overhead_tokens = None
@@ -87,6 +90,12 @@ class ServedModel:
             self.threads_reason = threads_choice.untimed_reason(
                 deploy.threads, deploy.workers, deploy.device, served=self.threads)
         predictors = [p] + [p.clone() for _ in range(deploy.workers - 1)]
+        split, unsplit = self._split_under_load(deploy)
+        if split:
+            narrow = p.clone(threads=1)
+            release_memory()  # what building the session freed goes back to the OS
+            predictors += [narrow] + [narrow.clone() for _ in range(p.threads - 1)]
+            self.under_load = {"batches_at_once": p.threads, "threads_each": 1}
         # a Paddle oneDNN shape grid: the batcher plans with its measured cost per shape
         # (timing other shapes would put them in Paddle's cache, dropping grid shapes)
         self.shape_grid = grid = getattr(p.engine, "shape_grid", None)
@@ -123,7 +132,28 @@ class ServedModel:
             log.info("model %s version %s ready (%s, %s backend, %d worker(s)); a forward pass "
                      "costs as much as %d tokens", self.name, self.version, p.task.name,
                      p.backend, deploy.workers, self.overhead_tokens)
+        if split:
+            log.info("model %s version %s: a lone text runs on %d math threads; batches that "
+                     "queue run up to %d at once on one thread each (a second session, a "
+                     "second weight copy; Deploy.split_threads_under_load)", self.name,
+                     self.version, p.threads, p.threads)
+        elif unsplit:
+            log.info("model %s version %s: every batch runs on all %d math threads, one at a "
+                     "time (%s)", self.name, self.version, p.threads, unsplit)
         return self
+
+    def _split_under_load(self, deploy):
+        """(whether ``Deploy.split_threads_under_load`` splits this version's threads, why
+        not where there were threads to split)."""
+        p = self.predictor
+        if p.threads <= 1 or deploy.workers != 1:
+            return False, None
+        if not deploy.split_threads_under_load:
+            return False, "Deploy.split_threads_under_load is false"
+        if not p.can_change_threads():
+            return False, f"this export's {p.backend} engine is not built again on other " \
+                          f"thread counts"
+        return True, None
 
     def batch_metrics(self):
         """The batcher's counters (``/metrics.json``), with the grid shapes' current costs."""

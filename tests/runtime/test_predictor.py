@@ -287,3 +287,23 @@ def test_clones_run_in_parallel_threads(cls_export):  # noqa: F811
         assert not t.is_alive(), "a predictor thread is still running after 300 s"
     assert not errors
     assert all(r == expected for r in results.values())
+
+
+def test_a_clone_on_one_thread_answers_bit_for_bit_like_its_two_thread_original(
+        cls_export, tag_export):  # noqa: F811
+    """Deploy.split_threads_under_load runs a text on a 2-thread or a 1-thread ONNX Runtime
+    session, whichever is free: the two give the same bits, so an answer never depends on
+    the load it arrived in.  Paddle's predictors keep one thread count (not offered)."""
+    for export_dir in (cls_export[0], tag_export[0]):
+        wide = Predictor(export_dir, "onnx", threads=2)
+        narrow = wide.clone(threads=1)
+        assert wide.can_change_threads() and (wide.threads, narrow.threads) == (2, 1)
+        assert (wide.engine.settings["intra_op_threads"],
+                narrow.engine.settings["intra_op_threads"]) == (2, 1)
+        assert narrow.clone().engine._session is narrow.engine._session  # a clone shares it
+        for texts in (MIXED, MIXED[:1], MIXED * 3):
+            for a, b in zip(wide.predict(texts), narrow.predict(texts)):
+                assert a.keys() == b.keys()
+                for key in a:
+                    assert np.array_equal(np.asarray(a[key]), np.asarray(b[key])), key
+    assert not Predictor(cls_export[0], "paddle", threads=2).can_change_threads()

@@ -238,3 +238,48 @@ def test_several_workers_run_every_text_exactly_once():
     ran = [v for p in preds for batch in p.batches for v in batch]
     assert sorted(ran) == sorted(futures) and len(ran) == 200
     assert b.metrics()["items"] == 200 and b.queue_depth() == 0
+
+
+class ThreadedFake(FakePredictor):
+    """A FakePredictor of ``threads`` math threads whose batches take ``hold_s``, noting the
+    threads running at once (``tally``, shared by the predictors of one batcher)."""
+
+    def __init__(self, threads, tally, hold_s=0.05):
+        super().__init__()
+        self.threads, self.tally, self.hold_s = threads, tally, hold_s
+
+    def predict_encoded(self, items):
+        with self.tally["lock"]:
+            self.tally["running"].append(self)
+            self.tally["seen"].append(sorted(p.threads for p in self.tally["running"]))
+        time.sleep(self.hold_s)
+        with self.tally["lock"]:
+            self.tally["running"].remove(self)
+        return super().predict_encoded(items)
+
+
+def test_a_lone_text_runs_on_all_threads_and_queued_batches_one_thread_each():
+    """Deploy.split_threads_under_load: the 2-thread predictor takes a text that is alone
+    with nothing running; batches that queue run on the 1-thread ones, two at once, never
+    beside the wide one (the threads in use never pass 2); every answer is its own text's."""
+    tally = {"lock": threading.Lock(), "running": [], "seen": []}
+    wide, narrow = ThreadedFake(2, tally), [ThreadedFake(1, tally), ThreadedFake(1, tally)]
+    b = DynamicBatcher([wide] + narrow, max_wait_ms=1, max_batch_tokens=1000,
+                       max_batch_size=64)
+    try:
+        for k in range(3):  # one caller at a time: all on the wide predictor
+            assert b.submit([Item(k, 5)])[0].result(60) == ("echo", k)
+        assert wide.batches == [[0], [1], [2]] and not any(p.batches for p in narrow)
+        # 40 callers at once: the queue splits between the narrow predictors
+        futures = {k: b.submit([Item(k, 3 + k % 5)])[0] for k in range(100, 140)}
+        assert {k: f.result(60) for k, f in futures.items()} == \
+            {k: ("echo", k) for k in futures}
+    finally:
+        b.close()
+    assert all(sum(threads) <= 2 for threads in tally["seen"]), tally["seen"]
+    assert [1, 1] in tally["seen"]  # two narrow batches ran at once
+    assert all(threads in ([2], [1], [1, 1]) for threads in tally["seen"]), tally["seen"]
+    ran = sorted(v for p in narrow for batch in p.batches for v in batch)
+    ran_wide = sorted(v for batch in wide.batches for v in batch if v >= 100)
+    assert sorted(ran + ran_wide) == list(range(100, 140))
+    assert b.metrics()["batches_narrow"] == sum(len(p.batches) for p in narrow) >= 2

@@ -175,6 +175,38 @@ def test_concurrent_requests_keep_order_and_match_predictor(cls_export, tag_expo
                                                                    for g in answered)
 
 
+def test_one_worker_on_two_threads_splits_them_under_load_and_says_so(cls_export):  # noqa: F811
+    """Deploy.split_threads_under_load: one worker on 2 ONNX Runtime threads gets a second,
+    1-thread session for batches that queue; /health and the OIP model config say so, and
+    the answers are the predictor's own.  Off (the default), or on Paddle Inference (its
+    predictors keep one thread count): null."""
+    export_dir = cls_export[0]
+    want = Predictor(export_dir, "onnx").predict(TEXTS)
+    app = create_app(Predictor(export_dir, "onnx", threads=2),
+                     deploy=deploy_settings(max_wait_ms=1, split_threads_under_load=True))
+    with RunningServer(app) as srv:
+        replies = run_concurrently(lambda k: post(srv.url, {"texts": [TEXTS[k % len(TEXTS)]]}),
+                                   [(k,) for k in range(24)])
+        health = httpx.get(srv.url + "/health", timeout=120).json()
+        config = httpx.get(srv.url + f"/v2/models/{health['model_name']}/config",
+                           timeout=120).json()
+        metrics = httpx.get(srv.url + "/metrics.json", timeout=120).json()
+    for k, reply in enumerate(replies):
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["predictions"] == [want[k % len(TEXTS)]]
+    split = {"batches_at_once": 2, "threads_each": 1}
+    assert health["threads"] == 2 and health["threads_under_load"] == split
+    assert config["parameters"]["math_threads_under_load"] == \
+        {"string_value": "2 batches at once, 1 thread each"}
+    assert 0 <= metrics["batches_narrow"] <= metrics["batches"]
+    for predictor, deploy in ((Predictor(export_dir, "onnx", threads=2), deploy_settings()),
+                              (Predictor(export_dir, "paddle", threads=2),
+                               deploy_settings(split_threads_under_load=True))):
+        with RunningServer(create_app(predictor, deploy=deploy)) as srv:
+            health = httpx.get(srv.url + "/health", timeout=120).json()
+        assert health["threads"] == 2 and health["threads_under_load"] is None
+
+
 def test_malformed_requests_get_4xx_naming_the_field(cls_export):  # noqa: F811
     limits = dict(max_texts_per_request=3, max_body_bytes=2000, max_text_chars=50)
     app = create_app(Predictor(cls_export[0], "onnx"), deploy=deploy_settings(**limits, max_wait_ms=1))

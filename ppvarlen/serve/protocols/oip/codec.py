@@ -130,7 +130,10 @@ def model_config(model):
               "precision": model.precision_choice["precision"],
               "precision_requested": model.precision_choice["requested"],
               "precision_reason": model.precision_choice["reason"],
-              "math_threads": model.threads, "math_threads_reason": model.threads_reason}
+              "math_threads": model.threads, "math_threads_reason": model.threads_reason,
+              "math_threads_under_load": "{batches_at_once} batches at once, {threads_each} "
+                                         "thread each".format(**model.under_load)
+                                         if model.under_load else "not split"}
     return {"name": model.name, "platform": f"ppvarlen_{model.backend}", "backend": "ppvarlen",
             "version_policy": {"latest": {"num_versions": 1}},
             "max_batch_size": 0,

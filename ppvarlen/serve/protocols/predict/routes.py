@@ -98,6 +98,7 @@ def router(plane, direct):
                 "precision": model.precision_choice["precision"],
                 "precision_reason": model.precision_choice["reason"],
                 "threads": model.threads, "threads_reason": model.threads_reason,
+                "threads_under_load": model.under_load,
                 **health_extras(model)}
         if model.unhealthy:
             body["unhealthy_reason"] = model.unhealthy

@@ -1,0 +1,113 @@
+"""What does ``Deploy.split_threads_under_load`` serve, and cost?  Servers side by side.
+
+    python benchmarks/serve_split.py --export output/bench/prec_serve_epyc_f/export_serve \\
+        --precision int8 [--concurrency 1 8 32] [--duration-s 20] [--rounds 2] \\
+        [--out output/bench/serve_split]
+
+Starts three ``ppvarlen-serve`` processes of ``--export`` on ONNX Runtime (``--precision``,
+``Deploy.threads`` the usable cores): one worker whose batches all run on every thread,
+one at a time (the default); one worker that splits them (``split_threads_under_load:
+true``: a lone text on every thread, batches that queue one thread each, on a second
+session); two workers of one thread each (``Deploy.workers: 2``).  Closed-loop clients, one
+real text of the export's test split per request, drive them interleaved (round,
+concurrency, then every server back to back, the order turned each round); per point:
+texts/s, the mean batch, the server's CPU seconds per text.  Prints each server's texts/s
+against the unsplit one's in the same round, and each server's resident memory (VmRSS, read
+at the end).  Writes ``OUT/serve_split.json`` and ``.png``.  One run, ratios side by side;
+no pass/fail gate.
+"""
+import argparse
+import os
+import statistics
+import time
+
+import httpx
+
+import precision_throughput as pt  # the sibling benchmark: one closed-loop point
+from machine import machine
+from plots import rounds_chart
+
+from ppvarlen.serve import bench
+from ppvarlen.utils.io import atomic_write_json, reap_dead_owners
+from ppvarlen.utils.parallel import usable_cores
+
+SETTINGS = {"not split": {}, "split": {"split_threads_under_load": True},
+            "2 workers": {"workers": 2}}
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return round(kib / 1024, 1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--export", required=True)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8"])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--duration-s", type=float, default=20.0)
+    ap.add_argument("--warmup-s", type=float, default=4.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="output/bench/serve_split")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    reap_dead_owners(args.out)  # a killed run's half-written JSON or PNG
+    texts = [t for t in bench.split_texts(args.export) if t.strip()]
+    cores = usable_cores()
+    if cores < 2:
+        raise SystemExit("serve_split: one usable core, no threads to split")
+    servers, health, rss = {}, {}, {}
+    try:
+        for name, deploy in SETTINGS.items():
+            try:
+                proc, url = bench.start_server(
+                    args.export, "onnx", {"threads": cores // deploy.get("workers", 1),
+                                          **deploy}, bench.free_port(), 900,
+                    log_path=os.path.join(args.out, f"serve_split_{name.replace(' ', '_')}.log"),
+                    args=("--precision", args.precision))
+            except RuntimeError as e:
+                raise SystemExit(f"{name}: {e}") from None
+            servers[name] = (proc, url)
+            health[name] = httpx.get(url + "/health", timeout=30).json()
+            print(f"{name}: ready, {health[name]['threads']} thread(s) per worker, under load "
+                  f"{health[name]['threads_under_load']}", flush=True)
+        points = pt.serve_rounds(servers, texts, args.concurrency, args.rounds, args.warmup_s,
+                                 args.duration_s, args.seed, "setting")
+        rss = {name: rss_mib(proc.pid) for name, (proc, _) in servers.items()}
+    finally:
+        for proc, _ in servers.values():
+            bench.stop_server(proc)
+
+    summary = {}
+    for c in args.concurrency:
+        for rnd in range(1, args.rounds + 1):
+            got = {p["setting"]: p["texts_per_s"] for p in points
+                   if p["concurrency"] == c and p["round"] == rnd}
+            for name, v in got.items():
+                summary.setdefault(f"{name} c={c}", []).append(round(v / got["not split"], 2))
+    result = {"export": args.export, "precision": args.precision, "usable_cores": cores,
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+              "settings": SETTINGS, "rss_mib": rss, "points": points,
+              "x_not_split_per_round": summary}
+    atomic_write_json(os.path.join(args.out, "serve_split.json"), result)
+    for key, ratios in summary.items():
+        texts_s = [p["texts_per_s"] for p in points
+                   if f"{p['setting']} c={p['concurrency']}" == key]
+        print(f"{key}: {texts_s} texts/s, x not split per round {ratios} "
+              f"(median {round(statistics.median(ratios), 2)})")
+    print("resident memory at the end, MiB: " + ", ".join(f"{k} {v}" for k, v in rss.items()))
+    rounds_chart(
+        os.path.join(args.out, "serve_split.png"),
+        [(c, f"concurrency {c}") for c in args.concurrency],
+        [(n, n) for n in servers],
+        lambda name, c: [p["texts_per_s"] for p in points
+                         if p["setting"] == name and p["concurrency"] == c],
+        "texts/s (dots: rounds, bar: median)",
+        f"onnx {args.precision}, Deploy.split_threads_under_load side by side "
+        f"({cores} usable cores), {result['date']}")
+
+
+if __name__ == "__main__":
+    main()
