@@ -35,13 +35,14 @@ import os
 import threading
 import time
 
+import numpy as np
+
 from ppvarlen.data.errors import DataError
 from ppvarlen.utils.io import reap_dead_owners, sha256_file
 from ppvarlen.utils.parallel import release_memory
-from ppvarlen.utils.parallel import release_memory
 from ppvarlen.utils.log import get_logger
 
-from ppvarlen.runtime import choice_cache, precision_choice, threads_choice
+from ppvarlen.runtime import admission, choice_cache, precision_choice, threads_choice
 from ppvarlen.runtime.admission import AdmissionError, admit, first_line
 from ppvarlen.serve.batcher import BatcherClosed, Callers, DynamicBatcher
 from ppvarlen.serve.errors import shown
@@ -107,6 +108,12 @@ class ServedModel:
             self.overhead_tokens = 0 if batch_cost else p.measure_overhead_tokens()
         self.example = _example(self)
         p._reset_counters()  # the example is not traffic
+        if split and not _same_outputs(p, narrow):
+            # a text's answer must not depend on the session that ran it
+            log.warning("model %s version %s: the one-thread session answers admission's smoke "
+                        "rows otherwise than the %d-thread one; every batch runs on all %d "
+                        "threads", self.name, self.version, p.threads, p.threads)
+            split, predictors, self.under_load = False, predictors[:1], None
         def on_batch(size, real, padded, waits, compute_s):
             self.stats.observe_batch(size, compute_s)
             if metrics is not None:
@@ -182,6 +189,17 @@ class ServedModel:
         self.batcher = None
         self.predictor = None
         return drained
+
+
+def _same_outputs(predictor, other):
+    """Whether ``other`` gives ``predictor``'s outputs bit for bit on admission's smoke rows
+    (every special id, the largest vocabulary id, the longest and the shortest row)."""
+    rows = admission.smoke_rows(predictor)
+    (mine, _), (theirs, _) = predictor.run_engine(rows), other.run_engine(rows)
+    predictor._reset_counters()
+    other._reset_counters()
+    return mine.keys() == theirs.keys() and all(
+        np.array_equal(np.asarray(mine[k]), np.asarray(theirs[k])) for k in mine)
 
 
 def _example(model):

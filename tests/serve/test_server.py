@@ -1,5 +1,6 @@
 """HTTP server on a free loopback port: order, parity with the predictor, 4xx, 503, draining."""
 import json
+import logging
 import os
 import shutil
 import signal
@@ -205,6 +206,39 @@ def test_one_worker_on_two_threads_splits_them_under_load_and_says_so(cls_export
         with RunningServer(create_app(predictor, deploy=deploy)) as srv:
             health = httpx.get(srv.url + "/health", timeout=120).json()
         assert health["threads"] == 2 and health["threads_under_load"] is None
+
+
+def test_a_one_thread_session_answering_otherwise_is_not_split_in(cls_export,  # noqa: F811
+                                                                   monkeypatch):
+    """The split runs a text on either session: one whose outputs on admission's smoke rows
+    differ from the wide one's (here skewed by 1e-3) is dropped at start, with a warning."""
+    from ppvarlen.runtime import backends
+
+    real = backends.OnnxEngine.with_threads
+
+    def skewed(self, threads):
+        engine = real(self, threads)
+        run = engine.run
+        engine.run = lambda *arrays: {k: v + 1e-3 if v.dtype.kind == "f" else v
+                                      for k, v in run(*arrays).items()}
+        return engine
+
+    monkeypatch.setattr(backends.OnnxEngine, "with_threads", skewed)
+    warnings = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logger = logging.getLogger("ppvarlen.serve.repository")
+    logger.addHandler(handler)
+    try:
+        app = create_app(Predictor(cls_export[0], "onnx", threads=2),
+                         deploy=deploy_settings(split_threads_under_load=True))
+        with RunningServer(app) as srv:
+            health = httpx.get(srv.url + "/health", timeout=120).json()
+    finally:
+        logger.removeHandler(handler)
+    assert health["threads"] == 2 and health["threads_under_load"] is None
+    assert any("answers admission's smoke rows otherwise than the 2-thread one" in m
+               for m in warnings), warnings
 
 
 def test_malformed_requests_get_4xx_naming_the_field(cls_export):  # noqa: F811
