@@ -108,11 +108,10 @@ class ServedModel:
             self.overhead_tokens = 0 if batch_cost else p.measure_overhead_tokens()
         self.example = _example(self)
         p._reset_counters()  # the example is not traffic
-        if split and not _same_outputs(p, narrow):
-            # a text's answer must not depend on the session that ran it
-            log.warning("model %s version %s: the one-thread session answers admission's smoke "
-                        "rows otherwise than the %d-thread one; every batch runs on all %d "
-                        "threads", self.name, self.version, p.threads, p.threads)
+        differs = split and _differs(p, narrow)
+        if differs:  # a text's answer must not depend on the session that ran it
+            log.warning("model %s version %s: the one-thread session %s; every batch runs on "
+                        "all %d threads", self.name, self.version, differs, p.threads)
             split, predictors, self.under_load = False, predictors[:1], None
         def on_batch(size, real, padded, waits, compute_s):
             self.stats.observe_batch(size, compute_s)
@@ -191,15 +190,23 @@ class ServedModel:
         return drained
 
 
-def _same_outputs(predictor, other):
-    """Whether ``other`` gives ``predictor``'s outputs bit for bit on admission's smoke rows
-    (every special id, the largest vocabulary id, the longest and the shortest row)."""
+def _differs(predictor, other):
+    """How ``other`` differs from ``predictor`` on admission's smoke rows (every special id,
+    the largest vocabulary id, the longest and the shortest row) -> None when it gives the
+    same outputs bit for bit."""
     rows = admission.smoke_rows(predictor)
-    (mine, _), (theirs, _) = predictor.run_engine(rows), other.run_engine(rows)
-    predictor._reset_counters()
-    other._reset_counters()
-    return mine.keys() == theirs.keys() and all(
-        np.array_equal(np.asarray(mine[k]), np.asarray(theirs[k])) for k in mine)
+    mine, _ = predictor.run_engine(rows)
+    try:
+        theirs, _ = other.run_engine(rows)
+    except Exception as e:  # noqa: BLE001 - the first session runs them: the split is dropped
+        return f"fails admission's smoke rows ({type(e).__name__}: {first_line(e)})"
+    finally:
+        predictor._reset_counters()
+        other._reset_counters()
+    if mine.keys() != theirs.keys() or not all(
+            np.array_equal(np.asarray(mine[k]), np.asarray(theirs[k])) for k in mine):
+        return "answers admission's smoke rows otherwise than the first"
+    return None
 
 
 def _example(model):
