@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import ConfigError
-from ..utils.io import atomic_write_json, atomic_write_text
+from ..utils.io import atomic_write_json, atomic_write_text, read_bounded
 from ..utils.log import get_logger
 from .errors import DataError
 
@@ -35,6 +35,9 @@ SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[BOS]", "[EOS]")
 PAD, UNK, CLS, SEP, BOS, EOS = SPECIAL_TOKENS
 KINDS = ("char", "word", "pretrained")
 ENCODER_FORMAT = 1
+# vocab.txt and encoder.json are read whole into memory: a vocabulary of millions of tokens
+# is tens of MB; a larger file (a crafted export's) is refused before it is read
+MAX_FILE_BYTES = 256 << 20
 # what PaddleNLP's save_pretrained writes for a WordPiece tokenizer besides vocab.txt
 TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 _UNESCAPE_RE = re.compile(r"\\(\\|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8})")
@@ -183,8 +186,10 @@ class Vocabulary:
         meta = {}
         if os.path.isfile(meta_path):
             try:
-                with open(meta_path, encoding="utf-8") as f:
-                    meta = json.load(f)
+                meta = json.loads(read_bounded(meta_path, MAX_FILE_BYTES,
+                                               "an encoder.json").decode("utf-8"))
+            except OSError as e:
+                raise DataError(f"{meta_path}: cannot be read ({e.strerror})") from None
             except (ValueError, UnicodeDecodeError) as e:
                 raise DataError(f"{meta_path}: not valid JSON ({e}); re-save the model or "
                                 f"delete encoder.json to read vocab.txt as plain") from None
@@ -201,8 +206,11 @@ class Vocabulary:
             raise ConfigError(f"Data.tokenizer: {kind!r} is not one of {list(KINDS)}")
         lowercase = meta.get("lowercase", False) if lowercase is None else lowercase
         try:
-            with open(vocab_path, encoding="utf-8") as f:
-                lines = f.read().split("\n")  # newlines read as "\n" ("\r\n" too)
+            text = read_bounded(vocab_path, MAX_FILE_BYTES, "a vocabulary").decode("utf-8")
+            # newlines read as "\n" ("\r\n" too), as a text-mode read gave them
+            lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        except OSError as e:
+            raise DataError(f"{vocab_path}: cannot be read ({e.strerror})") from None
         except UnicodeDecodeError as e:
             raise DataError(f"{vocab_path}: not valid UTF-8 ({e}); re-save it as UTF-8") from None
         if kind == "pretrained":

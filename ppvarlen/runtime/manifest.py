@@ -11,9 +11,12 @@ import os
 import re
 
 from ppvarlen.tasks import TASKS, get_task
-from ppvarlen.utils.io import not_regular, open_regular, sha256_file
+from ppvarlen.utils.io import not_regular, read_bounded, sha256_file
 
 MANIFEST = "manifest.json"
+# read whole into memory: a manifest lists files and parity numbers (kilobytes); a larger one
+# is refused before it is parsed
+MAX_MANIFEST_BYTES = 64 << 20
 # a model repository's version directory: a positive integer in ASCII digits (str.isdigit()
 # also takes '²', int() does not); the repository reads it, the exporter refuses to rewrite one
 VERSION_NAME = re.compile(r"[0-9]+", re.ASCII)
@@ -45,8 +48,7 @@ def load_manifest(export_dir, verify=True, allow_external_symlinks=False):
         raise UnservableExportError(f"{path} is missing: {export_dir} is not an export directory "
                                     f"(re-run tools/export.py to write one)")
     try:
-        with open_regular(path) as f:
-            manifest = json.loads(f.read().decode("utf-8"))
+        manifest = json.loads(read_bounded(path, MAX_MANIFEST_BYTES, "a manifest").decode("utf-8"))
     except OSError as e:
         raise UnservableExportError(f"{path}: cannot be read ({e.strerror}); re-run "
                                     f"tools/export.py to write the export again") from None

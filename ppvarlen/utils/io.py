@@ -220,6 +220,20 @@ def open_regular(path):
         raise
 
 
+def read_bounded(path, max_bytes, what):
+    """The bytes of the regular file ``path`` (``open_regular``); OSError (EFBIG, naming its
+    size and the bound) when it holds more than ``max_bytes``: a file read whole into memory
+    is bounded by what ``what`` (a manifest, a vocabulary) can need, so a crafted one cannot
+    take the process's memory."""
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(max_bytes + 1) if size <= max_bytes else b""
+        if size > max_bytes or len(data) > max_bytes:  # grown while read: the same refusal
+            raise OSError(errno.EFBIG, f"{max(size, len(data)):,} bytes, more than the "
+                                       f"{max_bytes:,} {what} can need", os.fspath(path))
+    return data
+
+
 def sha256_file(path):
     with open_regular(path) as f:  # file_digest reads into one reused buffer
         return hashlib.file_digest(f, "sha256").hexdigest()

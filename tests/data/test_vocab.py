@@ -10,8 +10,8 @@ from ppvarlen.config import ConfigError, load_config
 from ppvarlen.data.sources import load_corpus
 from ppvarlen.data.errors import DataError
 from ppvarlen.data.readers import FORMATS
-from ppvarlen.data.vocab import (SPECIAL_TOKENS, TextEncoder, TokenCounting, build_encoder,
-                                  count_fields, escape_token, unescape_token)
+from ppvarlen.data.vocab import (MAX_FILE_BYTES, SPECIAL_TOKENS, TextEncoder, TokenCounting,
+                                  build_encoder, count_fields, escape_token, unescape_token)
 
 
 def test_special_ids_are_fixed():
@@ -79,6 +79,22 @@ def test_decode_and_unk_rate():
     assert enc.unk_rate([]) == 0.0
     with pytest.raises(DataError, match="outside the vocabulary"):
         enc.decode([999])
+
+
+def test_a_vocabulary_or_encoder_json_past_the_bound_is_refused_unread(tmp_path):
+    """Both are read whole into memory: a file larger than any vocabulary needs (a crafted
+    export's, made sparse here) is refused naming its size, and nothing is allocated for it."""
+    TextEncoder.build(["中文句子", "结束"]).save(str(tmp_path))
+    assert TextEncoder.load(str(tmp_path)).vocab_size > 0
+    for name in ("encoder.json", "vocab.txt"):
+        os.truncate(tmp_path / name, MAX_FILE_BYTES + 1)
+        with pytest.raises(DataError, match=rf"{name}: cannot be read \({MAX_FILE_BYTES + 1:,} "
+                                            rf"bytes, more than the {MAX_FILE_BYTES:,} an? "
+                                            rf"(encoder.json|vocabulary) can need\)"):
+            TextEncoder.load(str(tmp_path))
+        os.remove(tmp_path / name)
+        if name == "encoder.json":  # vocab.txt alone is read as plain
+            assert TextEncoder.load(str(tmp_path)).vocab_size > 0
 
 
 @pytest.mark.parametrize("kind", ["char", "word"])

@@ -32,7 +32,7 @@ from test_server import REPO, RunningServer, run_concurrently
 from ppvarlen.config import ConfigError, load_config
 from ppvarlen.serve.protocols.predict import openapi as api
 from ppvarlen.runtime.admission import AdmissionError, admit
-from ppvarlen.runtime.manifest import UnservableExportError
+from ppvarlen.runtime.manifest import MAX_MANIFEST_BYTES, UnservableExportError
 from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.serve.server import app_from_config, create_app, deploy_settings
 from ppvarlen.export.errors import ExportFailedError
@@ -152,6 +152,13 @@ def with_fifo(good, where, rel):
 FIFOS = {"manifest_fifo": "manifest.json", "vocab_fifo": "vocab.txt"}
 
 
+def manifest_past_its_bound(good, where):
+    """manifest.json grown past what a manifest can need (zeros after the JSON, sparse)."""
+    d = copy_of(good, where)
+    os.truncate(os.path.join(d, "manifest.json"), MAX_MANIFEST_BYTES + 1)
+    return d
+
+
 @pytest.fixture(scope="module")
 def bad(cls_export, tmp_path_factory):  # noqa: F811
     """{kind: export dir} of every crafted artifact, and the good one."""
@@ -166,6 +173,7 @@ def bad(cls_export, tmp_path_factory):  # noqa: F811
             "nan_sep": nan_embedding_row(good, base / "n", sep),
             "big_vocab": vocab_beyond_embedding(good, base / "v"),
             "vocab_link": vocab_symlinked_out(good, base / "s", str(base / "elsewhere")),
+            "huge_manifest": manifest_past_its_bound(good, base / "m"),
             **{kind: with_fifo(good, base / kind, rel) for kind, rel in FIFOS.items()}}
 
 
@@ -178,6 +186,8 @@ REFUSALS = {
     "nan_sep": ("onnx", "not finite"),
     "big_vocab": ("onnx", "largest vocabulary id 563"),
     "vocab_link": ("onnx", "outside the export directory"),
+    "huge_manifest": ("onnx", f"manifest.json: cannot be read ({MAX_MANIFEST_BYTES + 1:,} "
+                              f"bytes, more than the {MAX_MANIFEST_BYTES:,} a manifest can need)"),
     "manifest_fifo": ("onnx", "manifest.json: cannot be read (a FIFO (named pipe), not a "
                               "regular file)"),
     "vocab_fifo": ("onnx", "vocab.txt: listed in the manifest but a FIFO (named pipe), not a "
