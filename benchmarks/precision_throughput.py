@@ -290,6 +290,45 @@ def serve_rounds(servers, texts, concurrencies, rounds, warmup_s, duration_s, se
     return points
 
 
+def start_side_by_side(servers, export_dir, backend, precision, settings, out, prefix):
+    """One ``ppvarlen-serve`` of ``export_dir`` per setting ({name: Deploy keys}), its log at
+    OUT/PREFIX_NAME.log, added to ``servers`` ({name: (process, url)}, the caller's to stop)
+    as each answers -> {name: its /health}; SystemExit naming a setting that did not start."""
+    import httpx
+
+    from ppvarlen.serve import bench
+
+    health = {}
+    for name, deploy in settings.items():
+        try:
+            servers[name] = bench.start_server(
+                export_dir, backend, deploy, bench.free_port(), 900,
+                log_path=os.path.join(out, f"{prefix}_{name.replace(' ', '_')}.log"),
+                args=("--precision", precision))
+        except RuntimeError as e:
+            raise SystemExit(f"{prefix} {name}: {e}") from None
+        health[name] = httpx.get(servers[name][1] + "/health", timeout=30).json()
+    return health
+
+
+def ratios_per_round(points, label, reference, key):
+    """Each point's texts/s over ``reference({name: texts/s})`` of its round and concurrency
+    -> {key(name, concurrency): [ratio per round]}, printed with the texts/s beside."""
+    cells = {}
+    for p in points:
+        cells.setdefault((p["concurrency"], p["round"]), {})[p[label]] = p["texts_per_s"]
+    ratios, texts_s = {}, {}
+    for (c, _), got in cells.items():
+        base = reference(got)
+        for name, v in got.items():
+            ratios.setdefault(key(name, c), []).append(round(v / base, 2))
+            texts_s.setdefault(key(name, c), []).append(v)
+    for k, rs in ratios.items():
+        print(f"{k}: {texts_s[k]} texts/s, x the reference per round {rs} "
+              f"(median {round(statistics.median(rs), 2)})")
+    return ratios
+
+
 def serve_comparison(args, cfg, model, meta, encoder, bundle):
     """The ``--serve`` mode (module docstring) -> the result dict written as JSON."""
     import httpx

@@ -12,16 +12,15 @@ session); two workers of one thread each (``Deploy.workers: 2``).  Closed-loop c
 real text of the export's test split per request, drive them interleaved (round,
 concurrency, then every server back to back, the order turned each round); per point:
 texts/s, the mean batch, the server's CPU seconds per text.  Prints each server's texts/s
-against the unsplit one's in the same round, and each server's resident memory (VmRSS, read
+against the unsplit one's in the same round, and each server's resident memory (RSS, read
 at the end).  Writes ``OUT/serve_split.json`` and ``.png``.  One run, ratios side by side;
 no pass/fail gate.
 """
 import argparse
 import os
-import statistics
 import time
 
-import httpx
+import psutil
 
 import precision_throughput as pt  # the sibling benchmark: one closed-loop point
 from machine import machine
@@ -33,12 +32,6 @@ from ppvarlen.utils.parallel import usable_cores
 
 SETTINGS = {"not split": {}, "split": {"split_threads_under_load": True},
             "2 workers": {"workers": 2}}
-
-
-def rss_mib(pid):
-    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-    return round(kib / 1024, 1)
 
 
 def main():
@@ -58,45 +51,30 @@ def main():
     cores = usable_cores()
     if cores < 2:
         raise SystemExit("serve_split: one usable core, no threads to split")
-    servers, health, rss = {}, {}, {}
+    servers, rss = {}, {}
     try:
-        for name, deploy in SETTINGS.items():
-            try:
-                proc, url = bench.start_server(
-                    args.export, "onnx", {"threads": cores // deploy.get("workers", 1),
-                                          **deploy}, bench.free_port(), 900,
-                    log_path=os.path.join(args.out, f"serve_split_{name.replace(' ', '_')}.log"),
-                    args=("--precision", args.precision))
-            except RuntimeError as e:
-                raise SystemExit(f"{name}: {e}") from None
-            servers[name] = (proc, url)
-            health[name] = httpx.get(url + "/health", timeout=30).json()
-            print(f"{name}: ready, {health[name]['threads']} thread(s) per worker, under load "
-                  f"{health[name]['threads_under_load']}", flush=True)
+        health = pt.start_side_by_side(
+            servers, args.export, "onnx", args.precision,
+            {n: {"threads": cores // d.get("workers", 1), **d} for n, d in SETTINGS.items()},
+            args.out, "serve_split")
+        for name, h in health.items():
+            print(f"{name}: ready, {h['threads']} thread(s) per worker, under load "
+                  f"{h['threads_under_load']}", flush=True)
         points = pt.serve_rounds(servers, texts, args.concurrency, args.rounds, args.warmup_s,
                                  args.duration_s, args.seed, "setting")
-        rss = {name: rss_mib(proc.pid) for name, (proc, _) in servers.items()}
+        rss = {name: round(psutil.Process(proc.pid).memory_info().rss / 2**20, 1)
+               for name, (proc, _) in servers.items()}
     finally:
         for proc, _ in servers.values():
             bench.stop_server(proc)
 
-    summary = {}
-    for c in args.concurrency:
-        for rnd in range(1, args.rounds + 1):
-            got = {p["setting"]: p["texts_per_s"] for p in points
-                   if p["concurrency"] == c and p["round"] == rnd}
-            for name, v in got.items():
-                summary.setdefault(f"{name} c={c}", []).append(round(v / got["not split"], 2))
+    summary = pt.ratios_per_round(points, "setting", lambda got: got["not split"],
+                                  lambda name, c: f"{name} c={c}")
     result = {"export": args.export, "precision": args.precision, "usable_cores": cores,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
               "settings": SETTINGS, "rss_mib": rss, "points": points,
               "x_not_split_per_round": summary}
     atomic_write_json(os.path.join(args.out, "serve_split.json"), result)
-    for key, ratios in summary.items():
-        texts_s = [p["texts_per_s"] for p in points
-                   if f"{p['setting']} c={p['concurrency']}" == key]
-        print(f"{key}: {texts_s} texts/s, x not split per round {ratios} "
-              f"(median {round(statistics.median(ratios), 2)})")
     print("resident memory at the end, MiB: " + ", ".join(f"{k} {v}" for k, v in rss.items()))
     rounds_chart(
         os.path.join(args.out, "serve_split.png"),

@@ -15,10 +15,7 @@ text.  Prints each server's texts/s against the best fixed count's in the same r
 """
 import argparse
 import os
-import statistics
 import time
-
-import httpx
 
 import precision_throughput as pt  # the sibling benchmark: one closed-loop point
 from machine import machine
@@ -48,46 +45,30 @@ def main():
     cores = usable_cores()
     settings = {"1": 1, str(cores): cores, "auto": "auto"} if cores > 1 else {"1": 1,
                                                                              "auto": "auto"}
-    servers, health = {}, {}
+    servers = {}
     try:
-        for name, threads in settings.items():
-            try:
-                proc, url = bench.start_server(
-                    args.export, args.backend, {"threads": threads}, bench.free_port(), 900,
-                    log_path=os.path.join(args.out, f"serve_threads_{name}.log"),
-                    args=("--precision", args.precision))
-            except RuntimeError as e:
-                raise SystemExit(f"threads {name}: {e}") from None
-            servers[name] = (proc, url)
-            health[name] = httpx.get(url + "/health", timeout=30).json()
-            print(f"threads {name}: ready, serving {health[name]['threads']} thread(s), "
-                  f"{health[name]['precision']} ({health[name]['threads_reason']})", flush=True)
+        health = pt.start_side_by_side(servers, args.export, args.backend, args.precision,
+                                       {n: {"threads": t} for n, t in settings.items()},
+                                       args.out, "serve_threads")
+        for name, h in health.items():
+            print(f"threads {name}: ready, serving {h['threads']} thread(s), {h['precision']} "
+                  f"({h['threads_reason']})", flush=True)
         points = pt.serve_rounds(servers, texts, args.concurrency, args.rounds, args.warmup_s,
                                  args.duration_s, args.seed, "threads")
     finally:
         for proc, _ in servers.values():
             bench.stop_server(proc)
 
-    summary = {}
-    for c in args.concurrency:
-        for rnd in range(1, args.rounds + 1):
-            got = {p["threads"]: p["texts_per_s"] for p in points
-                   if p["concurrency"] == c and p["round"] == rnd}
-            best = max(v for k, v in got.items() if k != "auto")
-            for name, v in got.items():
-                summary.setdefault(f"threads {name} c={c}", []).append(round(v / best, 2))
+    print(f"auto chose {health['auto']['threads']} thread(s): {health['auto']['threads_reason']}")
+    summary = pt.ratios_per_round(  # against the better fixed count
+        points, "threads", lambda got: max(v for k, v in got.items() if k != "auto"),
+        lambda name, c: f"threads {name} c={c}")
     result = {"export": args.export, "backend": args.backend, "precision": args.precision,
               "usable_cores": cores, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": machine(), "auto": {k: health["auto"].get(k) for k in (
                   "threads", "threads_reason", "precision")},
               "points": points, "x_best_fixed_per_round": summary}
     atomic_write_json(os.path.join(args.out, "serve_threads.json"), result)
-    print(f"auto chose {health['auto']['threads']} thread(s): {health['auto']['threads_reason']}")
-    for key, ratios in summary.items():
-        texts_s = [p["texts_per_s"] for p in points
-                   if f"threads {p['threads']} c={p['concurrency']}" == key]
-        print(f"{key}: {texts_s} texts/s, x the best fixed count per round {ratios} "
-              f"(median {round(statistics.median(ratios), 2)})")
     rounds_chart(
         os.path.join(args.out, "serve_threads.png"),
         [(c, f"concurrency {c}") for c in args.concurrency],
