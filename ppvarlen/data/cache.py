@@ -38,7 +38,6 @@ split of a generation last (``data.store``'s stamp) is kept beside it,
 ``generations/<key>.<n>.<split>.verified.json``, outside the store's files.
 """
 import contextlib
-import errno
 import fcntl
 import glob
 import hashlib
@@ -51,7 +50,7 @@ import tempfile
 import time
 import weakref
 
-from .errors import DataError
+from .errors import unreadable_data_file
 from ..utils.io import (atomic_write_json, owned_prefix, reap_dead_owners, sha256_file,
                         user_cache_dir)
 from ..utils.log import get_logger
@@ -114,10 +113,7 @@ class Fingerprints:
         try:
             sha = sha256_file(path)
         except OSError as e:
-            pipe = "; a corpus is read more than once (hashed, then encoded): save what a " \
-                   "pipe gives to a file and name that" if e.errno == errno.EINVAL else ""
-            raise DataError(f"{path}: cannot read data file ({e.strerror}){pipe}; check "
-                            f"Data.train_file / dev_file / test_file") from None
+            raise unreadable_data_file(path, e) from None
         self.hashed.append(path)
         self.files.pop(path, None)  # re-inserted last: the newest entry
         self.files[path] = {"stat": stamp, "sha256": sha}

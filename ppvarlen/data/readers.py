@@ -32,7 +32,7 @@ from ..config import ConfigError
 from ..config_schema import SCHEMA
 from ..utils.log import get_logger
 from . import tagschemes
-from .errors import DataError
+from .errors import CHECK_DATA_FILES, DataError, unreadable_data_file
 
 logger = get_logger("data.readers")
 
@@ -142,8 +142,7 @@ def open_data_file(path, limits):
     try:
         f = open(path, "rb")
     except OSError as e:
-        raise DataError(f"{path}: cannot open data file ({e.strerror}); check Data.train_file / "
-                        f"dev_file / test_file") from None
+        raise unreadable_data_file(path, e, "open") from None
     if not path.endswith(".gz"):
         return f
     return io.BufferedReader(_GzipWithinRatio(path, f, limits.max_decompressed_ratio))
@@ -227,7 +226,7 @@ def expand_inputs(spec):
         return [spec]
     if not files:
         raise DataError(f"{spec}: no data files {'in this directory' if os.path.isdir(spec) else 'match this pattern'}; "
-                        f"check Data.train_file / dev_file / test_file")
+                        f"{CHECK_DATA_FILES}")
     return files
 
 

@@ -11,7 +11,7 @@ import os
 import re
 
 from ppvarlen.tasks import TASKS, get_task
-from ppvarlen.utils.io import not_regular, read_bounded, sha256_file
+from ppvarlen.utils.io import read_bounded, sha256_file
 
 MANIFEST = "manifest.json"
 # read whole into memory: a manifest lists files and parity numbers (kilobytes); a larger one
@@ -125,11 +125,12 @@ def verify_files(export_dir, manifest, allow_external_symlinks=False):
         if not os.path.exists(full):
             raise UnservableExportError(f"{full}: listed in the manifest but missing; copy the whole export "
                                         f"directory")
-        kind = not_regular(os.stat(full).st_mode)
-        if kind is not None:
-            raise UnservableExportError(f"{full}: listed in the manifest but {kind}, not a "
-                                        f"regular file; copy the export's files themselves")
-        actual = file_sha256(full)
+        try:
+            actual = file_sha256(full)
+        except OSError as e:  # a FIFO, a directory, no read permission, an I/O error
+            raise UnservableExportError(f"{full}: listed in the manifest but cannot be read "
+                                        f"({e.strerror}); copy the export's files themselves, "
+                                        f"readable by the user that serves") from None
         if actual != expected:
             raise UnservableExportError(f"{full}: sha256 {actual[:12]}… does not match the manifest's "
                                         f"{str(expected)[:12]}…; the file was modified or comes from "

@@ -1,4 +1,5 @@
 """Predictor from an export dir: both backends equal the dygraph model; policies; tampering."""
+import errno
 import json
 import os
 import shutil
@@ -9,6 +10,7 @@ import pytest
 from export_helpers import (NER_TAGS, TEXTS, cls_export, reference,  # noqa: F401
                                  reference_ids, tag_export)
 
+import ppvarlen.utils.io as uio
 from ppvarlen.data.errors import DataError
 from ppvarlen.runtime.manifest import UnservableExportError
 from ppvarlen.runtime.predictor import Predictor, char_spans
@@ -186,6 +188,28 @@ def test_tampered_or_incomplete_export_is_refused(cls_export, tmp_path):  # noqa
     os.remove(path)
     with pytest.raises(UnservableExportError, match="manifest.json is missing"):
         Predictor(unlisted, "paddle")
+
+
+def test_a_listed_file_that_cannot_be_read_is_refused_naming_it_and_why(cls_export, tmp_path,  # noqa: F811
+                                                                          monkeypatch):
+    """No read permission (or an I/O error) on a listed file is an UnservableExportError naming
+    the file and the system's reason, not a PermissionError from deep in the hashing."""
+    export = str(tmp_path / "unreadable")
+    shutil.copytree(cls_export[0], export)
+    vocab = os.path.join(export, "vocab.txt")
+    os.chmod(vocab, 0)
+    if os.geteuid() == 0:  # root reads a mode-0 file: the kernel's answer to anyone else
+        real_open = uio.open_regular
+
+        def open_as_a_user(path):
+            if os.path.realpath(path) == os.path.realpath(vocab):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+            return real_open(path)
+        monkeypatch.setattr(uio, "open_regular", open_as_a_user)
+    with pytest.raises(UnservableExportError,
+                       match=r"vocab.txt: listed in the manifest but cannot be read \(Permission "
+                             r"denied\); copy the export's files themselves, readable by the user"):
+        Predictor(export, "onnx")
 
 
 def test_a_file_changed_after_a_load_is_refused_at_the_next_one(cls_export, tmp_path,  # noqa: F811

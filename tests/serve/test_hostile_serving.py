@@ -190,8 +190,8 @@ REFUSALS = {
                               f"bytes, more than the {MAX_MANIFEST_BYTES:,} a manifest can need)"),
     "manifest_fifo": ("onnx", "manifest.json: cannot be read (a FIFO (named pipe), not a "
                               "regular file)"),
-    "vocab_fifo": ("onnx", "vocab.txt: listed in the manifest but a FIFO (named pipe), not a "
-                           "regular file"),
+    "vocab_fifo": ("onnx", "vocab.txt: listed in the manifest but cannot be read (a FIFO "
+                           "(named pipe), not a regular file)"),
 }
 
 
