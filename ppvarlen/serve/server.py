@@ -11,12 +11,14 @@ OpenAI embeddings API); their inference routes are answered ahead of FastAPI's r
 refusal is a ``ServeError`` answered in the form of the protocol whose route it came from.
 """
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import gc
 import logging
 import signal
 import socket
+import threading
 import time
 
 import uvicorn
@@ -166,6 +168,50 @@ def app_from_config(export_dir, deploy_cfg, backend=None, repository=None, grpc_
     return create_app(predictor, deploy_cfg, auth_token=token, grpc_port=grpc_port)
 
 
+def stop_before_serving(sig, seconds):
+    """Nothing has been served and ppvarlen writes nothing there but atomically (a temp file
+    its pid names, reaped later): the process dies by ``sig`` after one log line, without
+    unwinding the loads in flight; the precision chooser's child dies with it
+    (``die_with_parent``)."""
+    log.warning("%s %.1fs into start-up, before serving began: stopped; what was loading is "
+                "abandoned", signal.Signals(sig).name, seconds)
+    logging.shutdown()  # flushes every handler
+    die_by(sig)
+
+
+def built_unless_stopped(build, takes_sigterm, began):
+    """``build()`` (a single export's load and admission) on a thread of its own while this,
+    the main thread, waits for it and takes a stop at once: SIGINT, or SIGTERM held
+    (``takes_sigterm``) or delivered to a thread started before the hold, ends the process by
+    ``stop_before_serving``.  On the main thread itself the load would answer SIGINT with a
+    traceback from inside the engine being built, once its native call returned, and SIGTERM
+    not at all (held) or without a word (its default action)."""
+    built = concurrent.futures.Future()
+
+    def run():
+        try:
+            built.set_result(build())
+        except BaseException as e:  # re-raised on the main thread, as if it had run there
+            built.set_exception(e)
+
+    def stop(signum, frame):
+        stop_before_serving(signum, time.monotonic() - began)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(sig) is not signal.SIG_IGN}  # ignored where started: kept
+    try:
+        threading.Thread(target=run, name="ppvarlen-load", daemon=True).start()
+        while True:
+            try:
+                return built.result(timeout=STOP_POLL_S)
+            except concurrent.futures.TimeoutError:
+                if takes_sigterm and sigterm_pending():
+                    stop(signal.SIGTERM, None)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, which drains the app (``begin_drain``) when shutdown begins, takes a
     held SIGTERM (``sigterm_held``) at each tick, and freezes a single export's objects out of
@@ -183,7 +229,7 @@ class DrainingServer(uvicorn.Server):
         while not (await asyncio.wait({starting}, timeout=STOP_POLL_S))[0]:
             stop = self._stop_asked()
             if stop is not None:
-                self._stop_before_serving(stop, time.monotonic() - began)
+                stop_before_serving(stop, time.monotonic() - began)
         starting.result()
         if self.repository is None:
             # The one export lives as long as this process: out of the collector's sight, a
@@ -201,15 +247,6 @@ class DrainingServer(uvicorn.Server):
             taken = getattr(self, "_captured_signals", None)
             return taken[-1] if taken else signal.SIGTERM
         return None
-
-    def _stop_before_serving(self, sig, seconds):
-        """Nothing has been served and ppvarlen writes nothing there but atomically (a temp
-        file its pid names, reaped later): the process dies by ``sig`` without unwinding the
-        loads in flight; the precision chooser's child dies with it (``die_with_parent``)."""
-        log.warning("%s %.1fs into start-up, before serving began: stopped; what was loading "
-                    "is abandoned", signal.Signals(sig).name, seconds)
-        logging.shutdown()  # flushes every handler
-        die_by(sig)
 
     async def on_tick(self, counter):
         if self.takes_sigterm and sigterm_pending():
@@ -238,7 +275,9 @@ def serve(export_dir, deploy_cfg, host=None, port=None, backend=None, repository
     # a repository's versions load while it serves, each on the runtime chosen for it; a
     # single export loads below, before uvicorn installs its handlers (signals.py)
     with sigterm_held(True) as takes_sigterm:  # before any thread starts
-        app = app_from_config(export_dir, deploy_cfg, backend, repository, grpc_port)
+        app = built_unless_stopped(functools.partial(
+            app_from_config, export_dir, deploy_cfg, backend, repository, grpc_port),
+            takes_sigterm, time.monotonic())
         # bound here rather than by uvicorn so the port is known before serving (port 0)
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

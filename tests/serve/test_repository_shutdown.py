@@ -128,18 +128,23 @@ sys.exit(main_serve(sys.argv[2:]))
 """
 
 
+@pytest.mark.parametrize("served", ["repository", "export"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_stop_during_start_up_ends_the_server_at_once(cls_export, tmp_path, sig):  # noqa: F811
-    """A repository's models load before it serves, in a thread no signal interrupts: a stop
-    asked meanwhile ends the process at once (it dies by the signal, after one log line),
-    where it used to wait for every load -- here one that never ends."""
+def test_a_stop_during_start_up_ends_the_server_at_once(cls_export, tmp_path, sig,  # noqa: F811
+                                                        served):
+    """A repository's models load before it serves, in a thread no signal interrupts, and a
+    single export loads before the server exists: a stop asked meanwhile ends the process at
+    once (it dies by the signal, after one log line), where a repository used to wait for
+    every load -- here one that never ends -- and a single export's load answered SIGINT with
+    a traceback and SIGTERM not at all (held) or without a word."""
     root, log, loading = tmp_path / "models", tmp_path / "server.log", tmp_path / "loading"
     shutil.copytree(cls_export[0], root / "a" / "1")
     shutil.copytree(cls_export[0], root / "stuck" / "1")
+    what = ["--model-repository", str(root), "-o", "Deploy.repository_poll_s=0"] \
+        if served == "repository" else ["--model-dir", str(root / "stuck" / "1")]
     proc = subprocess.Popen(
-        [sys.executable, "-c", STUCK_LOAD_SERVER, str(loading), "--model-repository",
-         str(root), "--backend", "onnx", "--precision", "fp32", "--port", "0",
-         "-o", "Deploy.repository_poll_s=0"], stdout=log.open("w"), stderr=subprocess.STDOUT)
+        [sys.executable, "-c", STUCK_LOAD_SERVER, str(loading), *what, "--backend", "onnx",
+         "--precision", "fp32", "--port", "0"], stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: (proc.poll() is None or pytest.fail(log.read_text()[-2000:]))
                  and loading.exists(), "the stuck load", DEADLINE_S, 0.1)
