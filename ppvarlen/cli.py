@@ -9,7 +9,8 @@ Error policy (``run_command``): the typed errors a user can fix -- ``ConfigError
 disk full; it names the path and the bytes) -- print one paragraph on stderr and exit 2;
 ``ExportFailedError`` (an export that could not be produced or failed its parity check; the old
 export is kept) and ``WorkerLost`` (a worker process died or stalled, e.g. killed for memory;
-nothing half-written is kept) exit 1.  Anything else is a bug and keeps its traceback.
+nothing half-written is kept) exit 1.  Ctrl-C (``KeyboardInterrupt``) prints one line and ends
+the process by SIGINT.  Anything else is a bug and keeps its traceback.
 
 Each command imports its own module (the trainer, the exporter, the server, ...) when it runs,
 the one kind of import inside a function here: ``--help`` and config errors stay instant and
@@ -26,6 +27,7 @@ import inspect
 import json
 import logging
 import os
+import signal
 import sys
 import textwrap
 import warnings
@@ -49,7 +51,7 @@ from .models.sentence_transformers_dir import PADDLENLP_EMBED_POOLINGS
 from .tasks import get_task
 from .utils.io import DiskFullError, atomic_write_json
 from .utils.log import get_logger, setup_logging
-from .utils.parallel import WorkerLost
+from .utils.parallel import WorkerLost, die_by
 
 # (typed error, exit code, what the message starts with); the first match wins
 ERROR_POLICY = (
@@ -104,6 +106,12 @@ def run_command(parser, argv, command):
         paragraph = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
         print(f"{parser.prog}: {what}: {paragraph}", file=sys.stderr)
         return code
+    except KeyboardInterrupt:
+        # the user's own stop: one line, not a traceback from wherever the command was; the
+        # process ends by SIGINT as Python's own exit on it does (a shell's loop stops too)
+        print(f"{parser.prog}: stopped by Ctrl-C (SIGINT)", file=sys.stderr, flush=True)
+        logging.shutdown()
+        die_by(signal.SIGINT)
 
 
 def _run(parser, argv, command):  # tools/gen_docs.py swaps it to read the commands' parsers

@@ -150,7 +150,8 @@ def commands_page():
            "`deploy/python/*.py` are shims over the same functions in `ppvarlen/cli.py`. "
            "One error policy everywhere: a config, data or export-directory problem prints one "
            "paragraph naming the file, key or field and exits 2; a failed export (parity) exits 1; "
-           "anything else is a bug and keeps its traceback.\n"]
+           "Ctrl-C prints one line and ends the command by SIGINT; anything else is a bug and "
+           "keeps its traceback.\n"]
     with _parsers_only():
         for script, function in console_scripts():
             parser = getattr(cli, function)()

@@ -4,8 +4,10 @@ import glob
 import importlib
 import os
 import resource
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -166,6 +168,35 @@ def test_a_bug_keeps_its_traceback_in_a_real_process(tmp_path):
                        timeout=60)
     assert r.returncode == 1
     assert "Traceback" in r.stderr and "ValueError: deliberate bug" in r.stderr
+
+
+def test_ctrl_c_is_one_line_and_the_process_ends_by_sigint(tmp_path):
+    """Ctrl-C in the middle of a command (here its work stands still in a sleep, as a native
+    call would) prints one line, not a traceback from wherever the command was, and the
+    process ends by SIGINT, as Python's own exit on it does (a shell's loop stops too)."""
+    started = tmp_path / "started"
+    code = ("import signal, sys, time\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)  # were it ignored\n"
+            "import ppvarlen.length_report as r\nfrom ppvarlen import cli\n"
+            "def stuck(*a):\n    open(sys.argv[2], 'w').close()\n    time.sleep(3600)\n"
+            "r.analyze_lengths = stuck\nsys.exit(cli.main_lengths(['-c', sys.argv[1]]))\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("Data: {corpus: sentiment}\n", encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(cfg), str(started)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGINT, err
+    assert err.endswith(": stopped by Ctrl-C (SIGINT)\n") and "Traceback" not in err, err
 
 
 def test_missing_checkpoint_fails_before_loading(tmp_path, capsys):

@@ -26,6 +26,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from ppvarlen.config import ConfigError
 from ppvarlen.utils.io import atomic_write_text
+from ppvarlen.utils.parallel import die_by
 from ppvarlen.utils.log import get_logger
 
 from fastapi.openapi.utils import get_openapi
@@ -41,7 +42,7 @@ from ppvarlen.serve.http.connections import uvicorn_config
 from ppvarlen.serve.http import fallback
 from ppvarlen.serve.http.direct import DirectRoutes, ServingApp, error_response
 from ppvarlen.serve.http.edge import AnswerErrors, RequireToken, read_token
-from ppvarlen.serve.signals import die_by, sigterm_held, sigterm_pending
+from ppvarlen.serve.signals import sigterm_held, sigterm_pending
 from ppvarlen.serve.protocols import (PROTOCOLS, edge_render, gathered, render_checks,
                                       route_render)
 

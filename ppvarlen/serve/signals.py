@@ -122,11 +122,3 @@ def rearm_signal_handlers():
         handler = signal.getsignal(sig)
         if callable(handler):
             signal.signal(sig, handler)
-
-
-def die_by(sig):
-    """End the process as ``sig``'s default action does (exit status 128 + sig to a shell),
-    at once: no handler, no unwinding, whatever the other threads are doing."""
-    signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
-    signal.raise_signal(sig)

@@ -283,6 +283,14 @@ _PRCTL = _resolve_prctl()  # looked up here: a forked child loads no library (it
 _PR_SET_PDEATHSIG = 1
 
 
+def die_by(sig):
+    """End the process as ``sig``'s default action does (exit status 128 + sig to a shell),
+    at once: no handler, no unwinding, whatever the other threads are doing."""
+    signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+    signal.raise_signal(sig)
+
+
 def die_with_parent(parent_pid):
     """Have the kernel kill this process when its parent dies (Linux), so a parent killed
     outright leaves no child running -> False when the parent is already gone."""
