@@ -143,6 +143,9 @@ class ServedModel:
                      "queue run up to %d at once on one thread each (a second session, a "
                      "second weight copy; Deploy.split_threads_under_load)", self.name,
                      self.version, p.threads, p.threads)
+        elif unsplit and p.threads <= 1:
+            log.warning("model %s version %s: Deploy.split_threads_under_load: nothing split: "
+                        "%s", self.name, self.version, unsplit)
         elif unsplit:
             log.info("model %s version %s: every batch runs on all %d math threads, one at a "
                      "time (%s)", self.name, self.version, p.threads, unsplit)
@@ -152,10 +155,12 @@ class ServedModel:
         """(whether ``Deploy.split_threads_under_load`` splits this version's threads, why
         not where there were threads to split)."""
         p = self.predictor
-        if p.threads <= 1 or deploy.workers != 1:
+        if deploy.workers != 1 or (p.threads <= 1 and not deploy.split_threads_under_load):
             return False, None
         if not deploy.split_threads_under_load:
             return False, "Deploy.split_threads_under_load is false"
+        if p.threads <= 1:  # asked for, and nothing to split: say why
+            return False, f"one math thread to split ({self.threads_reason})"
         if not p.can_change_threads():
             return False, f"this export's {p.backend} engine is not built again on other " \
                           f"thread counts"

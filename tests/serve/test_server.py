@@ -241,6 +241,28 @@ def test_a_one_thread_session_answering_otherwise_is_not_split_in(cls_export,  #
                "first; every batch runs on all 2 threads" in m for m in warnings), warnings
 
 
+def test_a_split_asked_for_on_one_math_thread_says_nothing_was_split_and_why(
+        cls_export):  # noqa: F811
+    """Deploy.split_threads_under_load on a version that runs on one math thread (here set; a
+    threads auto that chose one says its reason the same way): nothing to split, a warning
+    naming why, not silence."""
+    warnings = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logger = logging.getLogger("ppvarlen.serve.repository")
+    logger.addHandler(handler)
+    try:
+        app = create_app(Predictor(cls_export[0], "onnx", threads=1),
+                         deploy=deploy_settings(split_threads_under_load=True))
+        with RunningServer(app) as srv:
+            health = httpx.get(srv.url + "/health", timeout=120).json()
+    finally:
+        logger.removeHandler(handler)
+    assert health["threads"] == 1 and health["threads_under_load"] is None
+    assert any("Deploy.split_threads_under_load: nothing split: one math thread to split ("
+               in m for m in warnings), warnings
+
+
 def test_malformed_requests_get_4xx_naming_the_field(cls_export):  # noqa: F811
     limits = dict(max_texts_per_request=3, max_body_bytes=2000, max_text_chars=50)
     app = create_app(Predictor(cls_export[0], "onnx"), deploy=deploy_settings(**limits, max_wait_ms=1))
