@@ -197,22 +197,35 @@ class _Rooms:
             yield slot, job
 
 
-def release_memory():
-    """Return freed heap to the OS (glibc keeps it otherwise): a forked worker maps all of its
-    parent's heap, so a parent that trims first forks smaller workers."""
-    gc.collect()
+def trim_heap():
+    """Return the heap glibc keeps after frees to the OS."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to trim
         pass
 
 
+def release_memory():
+    """Collect what a dropped engine leaves in reference cycles, then ``trim_heap``."""
+    gc.collect()
+    trim_heap()
+
+
 def _forked_map(fn, jobs, num_proc, window):
     """Yield ``fn(job)`` in order from ``num_proc`` workers forked now, with at most ``window``
     jobs read and not yet yielded.  The workers are killed if the map ends early (an error, the
     caller stops, Ctrl-C), and exit on their own (end of their job pipe) when it is done."""
-    release_memory()
-    pool = _Workers(fn, num_proc)
+    trim_heap()  # a forked worker maps all of its parent's heap: trimmed first, it maps less
+    # The parent's objects frozen while it forks (Python's gc docs, for fork without exec): a
+    # worker's collections then never walk them, which would write to (copy) every page that
+    # holds one.  No full collection first: it walks every object of the process, a second
+    # or more in a large one (a test runner), and what a build drops is freed by reference
+    # counts.
+    gc.freeze()
+    try:
+        pool = _Workers(fn, num_proc)
+    finally:
+        gc.unfreeze()
     finished = False
     try:
         yield from pool.ordered(jobs, window)

@@ -2,6 +2,7 @@
 count; ``ordered_map_in_rooms`` hands big results back through memory shared with the workers,
 reuses its few rooms, and ends its pool on an error or when the caller stops early.  The
 usable cores and child environments see through the OMP_NUM_THREADS=1 Paddle's import writes."""
+import gc
 import json
 import os
 import subprocess
@@ -55,6 +56,33 @@ def test_a_caller_that_stops_early_ends_the_pool():
     first = [_read(*next(out)) for _ in range(3)]
     out.close()
     assert first == [b"\x01", b"\x02\x02", b"\x03\x03\x03"]
+
+
+def _frozen_here(job):
+    return gc.get_freeze_count()
+
+
+def test_a_forked_map_walks_no_object_of_its_process_to_fork():
+    """No full collection in the parent before the workers fork (it walks every object of the
+    process: seconds in a large one), and in the workers the parent's objects are frozen, so
+    their collections never walk (write to, copy) the pages that hold them.  The parent's
+    objects are collectable again afterwards."""
+    full = []
+
+    def note(phase, info):
+        if phase == "start" and info["generation"] == 2:
+            full.append(info)
+
+    gc.disable()  # only what the map asks for, not what allocations happen to trigger
+    gc.callbacks.append(note)
+    try:
+        frozen_in_workers = list(ordered_map(_frozen_here, range(8), 2))
+    finally:
+        gc.callbacks.remove(note)
+        gc.enable()
+    assert full == []
+    assert min(frozen_in_workers) > 1000  # the interpreter's and the test runner's objects
+    assert gc.get_freeze_count() == 0
 
 
 def _double(job):
