@@ -551,10 +551,11 @@ class Repository:
         return predictor
 
     def _retire_older(self, name, version):
-        for old in self.registry.versions(name):
-            if int(old) < int(version):
-                self._retire(name, old)  # new requests go to `version` from now on
-        release_memory()
+        older = [old for old in self.registry.versions(name) if int(old) < int(version)]
+        for old in older:
+            self._retire(name, old)  # new requests go to `version` from now on
+        if older:  # a full collection walks every object of the process: only when one went
+            release_memory()
 
     def _retire(self, name, version):
         """Take one version out of routing, then answer what its queue holds and unload it."""
