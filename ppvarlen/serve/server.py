@@ -186,7 +186,10 @@ def built_unless_stopped(build, takes_sigterm, began):
     (``takes_sigterm``) or delivered to a thread started before the hold, ends the process by
     ``stop_before_serving``.  On the main thread itself the load would answer SIGINT with a
     traceback from inside the engine being built, once its native call returned, and SIGTERM
-    not at all (held) or without a word (its default action)."""
+    not at all (held) or without a word (its default action).  Elsewhere than the main thread
+    (no signal handlers there) ``build()`` runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        return build()
     built = concurrent.futures.Future()
 
     def run():

@@ -162,3 +162,22 @@ def test_a_stop_during_start_up_ends_the_server_at_once(cls_export, tmp_path, si
     assert f"WARNING ppvarlen.serve.server: {sig.name} " in out, out[-2000:]
     assert "before serving began: stopped; what was loading is abandoned" in out, out[-2000:]
     assert "Traceback" not in out and "Termination signal" not in out, out[-2000:]
+
+
+def test_a_load_built_off_the_main_thread_answers_as_it_would_on_it():
+    """``built_unless_stopped`` gives the build's value or re-raises its error, on the main
+    thread (the build on a thread of its own, the handlers put back after) and elsewhere
+    (no handlers there: the build runs as it is)."""
+    from ppvarlen.serve.server import built_unless_stopped
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    assert built_unless_stopped(lambda: 42, False, 0) == 42
+    with pytest.raises(KeyError, match="a bad export"):
+        built_unless_stopped(lambda: {}["a bad export"], False, 0)
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
+    out = []
+    thread = threading.Thread(target=lambda: out.append(built_unless_stopped(lambda: 7, True,
+                                                                             0)))
+    thread.start()
+    thread.join(60)
+    assert out == [7]
