@@ -221,11 +221,16 @@ def _forked_map(fn, jobs, num_proc, window):
     # holds one.  No full collection first: it walks every object of the process, a second
     # or more in a large one (a test runner), and what a build drops is freed by reference
     # counts.
-    gc.freeze()
+    # A process that froze its objects itself (a single export's server) keeps them frozen:
+    # gc.unfreeze would thaw them all.
+    ours = gc.get_freeze_count() == 0
+    if ours:
+        gc.freeze()
     try:
         pool = _Workers(fn, num_proc)
     finally:
-        gc.unfreeze()
+        if ours:
+            gc.unfreeze()
     finished = False
     try:
         yield from pool.ordered(jobs, window)

@@ -83,6 +83,13 @@ def test_a_forked_map_walks_no_object_of_its_process_to_fork():
     assert full == []
     assert min(frozen_in_workers) > 1000  # the interpreter's and the test runner's objects
     assert gc.get_freeze_count() == 0
+    gc.freeze()  # a process that froze its objects itself (a server) keeps them frozen
+    try:
+        frozen = gc.get_freeze_count()
+        assert list(ordered_map(_double, range(4), 2)) == [0, 2, 4, 6]
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
 
 
 def _double(job):
