@@ -201,8 +201,10 @@ def built_unless_stopped(build, takes_sigterm, began):
     def stop(signum, frame):
         stop_before_serving(signum, time.monotonic() - began)
 
+    # an ignored signal stays ignored; one whose handler Python did not install (None) is left
+    # as it is, having no handler to put back
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)
-                if signal.getsignal(sig) is not signal.SIG_IGN}  # ignored where started: kept
+                if signal.getsignal(sig) not in (signal.SIG_IGN, None)}
     try:
         threading.Thread(target=run, name="ppvarlen-load", daemon=True).start()
         while True:
