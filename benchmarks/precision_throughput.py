@@ -290,6 +290,29 @@ def serve_rounds(servers, texts, concurrencies, rounds, warmup_s, duration_s, se
     return points
 
 
+def side_by_side_args(parser, concurrency, out):
+    """The flags of a benchmark that loads servers of ``--export`` side by side in interleaved
+    rounds (``serve_rounds``), with its defaults for ``--concurrency`` and ``--out``."""
+    parser.add_argument("--export", required=True)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=concurrency)
+    parser.add_argument("--duration-s", type=float, default=20.0)
+    parser.add_argument("--warmup-s", type=float, default=4.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=out)
+    return parser
+
+
+def side_by_side_texts(args):
+    """``args.out`` made, a killed run's half-written JSON or PNG reaped there -> the texts of
+    the export's test split the clients send."""
+    from ppvarlen.serve import bench
+
+    os.makedirs(args.out, exist_ok=True)
+    reap_dead_owners(args.out)
+    return [t for t in bench.split_texts(args.export) if t.strip()]
+
+
 def start_side_by_side(servers, export_dir, backend, precision, settings, out, prefix):
     """One ``ppvarlen-serve`` of ``export_dir`` per setting ({name: Deploy keys}), its log at
     OUT/PREFIX_NAME.log, added to ``servers`` ({name: (process, url)}, the caller's to stop)

@@ -27,7 +27,7 @@ from machine import machine
 from plots import rounds_chart
 
 from ppvarlen.serve import bench
-from ppvarlen.utils.io import atomic_write_json, reap_dead_owners
+from ppvarlen.utils.io import atomic_write_json
 from ppvarlen.utils.parallel import usable_cores
 
 SETTINGS = {"not split": {}, "split": {"split_threads_under_load": True},
@@ -35,19 +35,11 @@ SETTINGS = {"not split": {}, "split": {"split_threads_under_load": True},
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--export", required=True)
+    ap = pt.side_by_side_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]),
+                              [1, 8, 32], "output/bench/serve_split")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8"])
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    ap.add_argument("--duration-s", type=float, default=20.0)
-    ap.add_argument("--warmup-s", type=float, default=4.0)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="output/bench/serve_split")
     args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    reap_dead_owners(args.out)  # a killed run's half-written JSON or PNG
-    texts = [t for t in bench.split_texts(args.export) if t.strip()]
+    texts = pt.side_by_side_texts(args)
     cores = usable_cores()
     if cores < 2:
         raise SystemExit("serve_split: one usable core, no threads to split")

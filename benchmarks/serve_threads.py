@@ -22,26 +22,18 @@ from machine import machine
 from plots import rounds_chart
 
 from ppvarlen.serve import bench
-from ppvarlen.utils.io import atomic_write_json, reap_dead_owners
+from ppvarlen.utils.io import atomic_write_json
 from ppvarlen.utils.parallel import usable_cores
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--export", required=True)
+    ap = pt.side_by_side_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]),
+                              [8, 32], "output/bench/serve_threads")
     ap.add_argument("--backend", default="paddle", choices=["paddle", "onnx"])
     # one precision for all three: with auto each server could choose another one
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16", "int8"])
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
-    ap.add_argument("--duration-s", type=float, default=20.0)
-    ap.add_argument("--warmup-s", type=float, default=4.0)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="output/bench/serve_threads")
     args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    reap_dead_owners(args.out)  # a killed run's half-written JSON or PNG
-    texts = [t for t in bench.split_texts(args.export) if t.strip()]
+    texts = pt.side_by_side_texts(args)
     cores = usable_cores()
     settings = {"1": 1, str(cores): cores, "auto": "auto"} if cores > 1 else {"1": 1,
                                                                              "auto": "auto"}

@@ -208,6 +208,22 @@ def test_one_worker_on_two_threads_splits_them_under_load_and_says_so(cls_export
         assert health["threads"] == 2 and health["threads_under_load"] is None
 
 
+def split_server_warnings(predictor):
+    """(/health, the serving layer's warnings) of a server of ``predictor`` started with
+    Deploy.split_threads_under_load."""
+    warnings = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logger = logging.getLogger("ppvarlen.serve.repository")
+    logger.addHandler(handler)
+    try:
+        app = create_app(predictor, deploy=deploy_settings(split_threads_under_load=True))
+        with RunningServer(app) as srv:
+            return httpx.get(srv.url + "/health", timeout=120).json(), warnings
+    finally:
+        logger.removeHandler(handler)
+
+
 def test_a_one_thread_session_answering_otherwise_is_not_split_in(cls_export,  # noqa: F811
                                                                    monkeypatch):
     """The split runs a text on either session: one whose outputs on admission's smoke rows
@@ -224,18 +240,7 @@ def test_a_one_thread_session_answering_otherwise_is_not_split_in(cls_export,  #
         return engine
 
     monkeypatch.setattr(backends.OnnxEngine, "with_threads", skewed)
-    warnings = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: warnings.append(record.getMessage())
-    logger = logging.getLogger("ppvarlen.serve.repository")
-    logger.addHandler(handler)
-    try:
-        app = create_app(Predictor(cls_export[0], "onnx", threads=2),
-                         deploy=deploy_settings(split_threads_under_load=True))
-        with RunningServer(app) as srv:
-            health = httpx.get(srv.url + "/health", timeout=120).json()
-    finally:
-        logger.removeHandler(handler)
+    health, warnings = split_server_warnings(Predictor(cls_export[0], "onnx", threads=2))
     assert health["threads"] == 2 and health["threads_under_load"] is None
     assert any("the one-thread session answers admission's smoke rows otherwise than the "
                "first; every batch runs on all 2 threads" in m for m in warnings), warnings
@@ -246,18 +251,7 @@ def test_a_split_asked_for_on_one_math_thread_says_nothing_was_split_and_why(
     """Deploy.split_threads_under_load on a version that runs on one math thread (here set; a
     threads auto that chose one says its reason the same way): nothing to split, a warning
     naming why, not silence."""
-    warnings = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: warnings.append(record.getMessage())
-    logger = logging.getLogger("ppvarlen.serve.repository")
-    logger.addHandler(handler)
-    try:
-        app = create_app(Predictor(cls_export[0], "onnx", threads=1),
-                         deploy=deploy_settings(split_threads_under_load=True))
-        with RunningServer(app) as srv:
-            health = httpx.get(srv.url + "/health", timeout=120).json()
-    finally:
-        logger.removeHandler(handler)
+    health, warnings = split_server_warnings(Predictor(cls_export[0], "onnx", threads=1))
     assert health["threads"] == 1 and health["threads_under_load"] is None
     assert any("Deploy.split_threads_under_load: nothing split: one math thread to split ("
                in m for m in warnings), warnings
