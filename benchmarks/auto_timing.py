@@ -1,16 +1,15 @@
-"""Does ``auto``'s timing rank the engines as serving does?  The timing workloads side by side.
+"""Does ``auto``'s timing rank the engines as serving does?  Its two workloads side by side.
 
     python benchmarks/auto_timing.py --export output/bench/prec_serve_epyc_f/export_serve \\
         [--rounds 2] [--budget-s 10] [--threads 2] [--out output/bench/auto_timing]
 
 ``--backend auto`` / ``--precision auto`` time every candidate (each backend's verified
-precisions) on the admission batches: the admission check's smoke rows and, per length of the
-export's grid, 4 rows of which 3 have random lengths up to ``max_len``, so nearly every batch is
-padded to about ``max_len``.  A server one text per request runs short batches of similar
-lengths instead.  This times the same candidates on both workloads:
+precisions) on the batches of what the caller will run (``precision_choice.WORKLOADS``):
 
-* ``admission``: ``precision_choice.timing_batches``, what ``auto`` uses;
-* ``served``: ``--texts`` lengths drawn from the manifest's ``length_profile`` (half up to p50,
+* ``files`` (``ppvarlen-infer``, a library caller's ``Predictor``): the admission batches, the
+  admission check's smoke rows and, per length of the export's grid, 4 rows of which 3 have
+  random lengths up to ``max_len``, so nearly every batch is padded to about ``max_len``;
+* ``requests`` (a server): lengths drawn from the manifest's ``length_profile`` (half up to p50,
   45% between p50 and p95, 4% to p99, 1% to max, uniform within each band, seeded), sorted and
   cut into groups of 1, 2 and 4 texts in turn (what the length-aware batcher forms for a few
   concurrent callers), random ids.
@@ -32,29 +31,17 @@ import time
 from machine import machine
 from plots import rounds_chart
 
-from ppvarlen.runtime import threads_choice
+from ppvarlen.runtime import precision_choice
+from ppvarlen.runtime.precision_choice import WORKLOADS
+from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.utils.io import atomic_write_json, reap_dead_owners
-
-WORKLOADS = ("admission", "served")
-
-
-def served_batches(predictor, seed=0, texts=32):
-    """The ``served`` workload for ``predictor``: what ``threads: auto`` times."""
-    if not predictor.manifest.get("length_profile"):
-        raise SystemExit("this export's manifest has no length_profile: re-export it")
-    return threads_choice.served_like_batches(predictor, seed, texts)
-
 
 def child(args):
     """One ``choose`` on ``args.workload``: its texts/CPU-s per candidate as JSON on stdout."""
-    from ppvarlen.runtime import precision_choice
-    from ppvarlen.runtime.predictor import Predictor
-
-    if args.workload == "served":
-        precision_choice.timing_batches = functools.partial(served_batches, texts=args.texts)
     precision_choice.TIME_BUDGET_S = args.budget_s
     choice = precision_choice.choose(functools.partial(Predictor, backend="auto",
-                                                       threads=args.threads), args.export)
+                                                       threads=args.threads), args.export,
+                                     workload=args.workload)
     print(json.dumps(choice))
 
 
@@ -65,9 +52,8 @@ def main():
     ap.add_argument("--budget-s", type=float, default=10.0,
                     help="timing budget of each choose (auto's own: 3 s)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--texts", type=int, default=32, help="texts of the served workload")
     ap.add_argument("--out", default="output/bench/auto_timing")
-    ap.add_argument("--workload", choices=WORKLOADS, help=argparse.SUPPRESS)  # the child's
+    ap.add_argument("--workload", choices=list(WORKLOADS), help=argparse.SUPPRESS)  # a child's
     args = ap.parse_args()
     if args.workload:
         return child(args)
@@ -79,7 +65,7 @@ def main():
         for workload in order:
             cmd = [sys.executable, os.path.abspath(__file__), "--export", args.export,
                    "--budget-s", str(args.budget_s), "--threads", str(args.threads),
-                   "--texts", str(args.texts), "--workload", workload]
+                   "--workload", workload]
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
             if done.returncode != 0:
                 raise SystemExit(f"{workload}: the timing child failed: {done.stderr[-2000:]}")
@@ -96,7 +82,7 @@ def main():
         order.reverse()
     result = {"export": args.export, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": machine(), "budget_s": args.budget_s, "threads": args.threads,
-              "served_texts": args.texts, "runs": runs}
+              "runs": runs}
     atomic_write_json(os.path.join(args.out, "auto_timing.json"), result)
     plot(result, os.path.join(args.out, "auto_timing.png"))
 

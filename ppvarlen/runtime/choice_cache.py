@@ -9,7 +9,8 @@ and the next start loads what it names (and admits it) without timing
 
 ``KEY`` is a digest of everything the timing depended on (``key_parts``): the export's
 ``manifest.json`` (it lists every file's sha256), the loader's settings (backend, threads,
-batch limits, oneDNN settings; not the export's path), the precision asked for, this CPU
+batch limits, oneDNN settings; not the export's path), the precision asked for, the
+workload it was timed on (a server's requests or files), this CPU
 (model name, flags, usable cores), the versions of ppvarlen, Paddle and ONNX Runtime, and the
 source of the modules that choose, admit and time (a changed rule times again).  An entry is
 JSON (never a pickle), written atomically (a temporary file named for its writer's pid, renamed
@@ -118,15 +119,15 @@ def _host_parts(**parts):
     return json.loads(json.dumps(parts))
 
 
-def key_parts(loader, export_dir, requested):
+def key_parts(loader, export_dir, requested, workload):
     """What a choice for ``loader`` (``precision_choice.describe_loader``'s JSON) on
-    ``export_dir`` asked for ``requested`` depends on -> a dict, or None when the manifest
-    cannot be read (the load then says why)."""
+    ``export_dir`` asked for ``requested``, timed on ``workload``'s batches, depends on -> a
+    dict, or None when the manifest cannot be read (the load then says why)."""
     manifest = _manifest_sha256(export_dir)
     if manifest is None:
         return None
     return _host_parts(manifest_sha256=manifest, loader=loader, requested=requested,
-                       code=_code_digest())
+                       workload=workload, code=_code_digest())
 
 
 def grid_parts(predictor):

@@ -18,7 +18,8 @@ host's CPU (used for warnings only: another CPU can order the precisions either 
 AVX2-only, AVX-512, AMX) loads fp32 and every precision the export verified that this CPU
 can run, admits each
 (``admission.admit``; one that fails is skipped with a log line), times the admitted ones on
-the admission batches (``measure``: interleaved rounds until ``TIME_BUDGET_S``) and serves
+the batches of what the caller will run (``WORKLOADS``: a server's requests, or files;
+``measure``: interleaved rounds until ``TIME_BUDGET_S``) and serves
 the fastest that beats fp32 by ``AUTO_MIN_GAIN`` (when fp32 is the only candidate, it loads
 as if asked for: ``_nothing_to_choose``).  The choice, both speeds and the CPU's
 flags are logged and kept as ``predictor.precision_choice`` (the server shows it on
@@ -132,8 +133,8 @@ def warn_if_slower(manifest, backend, precision):
 # Timing the candidates on the serving host stops after the first round that ends past this
 # many seconds (or after MAX_ROUNDS): start-up pays at most this plus one round (a model big
 # enough for one round to outlast the budget runs exactly one).  A round runs each admitted
-# precision once over the admission batches (less work than admitting it), and none runs
-# untimed first: admitting ran the same batches.
+# precision once over the workload's batches (less work than admitting it); they run untimed
+# first unless they are the admission batches, which admitting ran.
 TIME_BUDGET_S = 3.0
 MAX_ROUNDS = 5
 
@@ -172,7 +173,23 @@ def admission_batches(predictor, seed=0):
         rows for _, rows in admission.padding_batches(predictor, seed)]
 
 
-timing_batches = admission_batches  # what auto times (a benchmark may set other batches)
+# What ``auto`` times the candidates on, by what the caller will run (``load_admitted``'s
+# ``workload``; the engines can rank differently on small and large batches):
+# - "requests": a server's traffic, a text or a few per request: the batches ``threads auto``
+#   times (``threads_choice.served_like_batches``: lengths drawn from the export's length
+#   profile, sorted, in groups of 1, 2 and 4 texts);
+# - "files": ``ppvarlen-infer``, a Ray batch job, a library caller's ``Predictor``: the
+#   admission batches (4 rows each, of mixed lengths up to ``max_len``): fuller than a
+#   server's, already run by admission (no untimed pass); a file's own batches of up to 64
+#   texts would take minutes per candidate to time on a large model.
+WORKLOADS = {
+    "requests": (threads_choice.served_like_batches,
+                 f"served-like batches of the export's length profile, "
+                 f"{threads_choice.SERVED_TEXTS} texts in groups of "
+                 f"{', '.join(map(str, threads_choice.GROUPS[:-1]))} and "
+                 f"{threads_choice.GROUPS[-1]}"),
+    "files": (admission_batches, "the admission batches"),
+}
 
 
 def measure(predictors, batches, budget_s=TIME_BUDGET_S, clock=time.process_time,
@@ -221,7 +238,7 @@ def _candidate():
 
 
 def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=(), cache=False,
-                  _lookup=True):
+                  workload="files", _lookup=True):
     """The admitted predictor of ``export_dir`` for ``requested`` (Deploy.precision), its
     choice in ``predictor.precision_choice`` and its admission report in
     ``predictor.admission``.  ``load(export_dir, precision=p)`` makes a ``Predictor`` (a
@@ -237,9 +254,12 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
     ``auto``); off CPU it loads Paddle Inference.  ``cache``: what ``auto`` timed is kept for
     the next load on this host, and a kept choice is loaded without timing (``choice_cache``;
     one that no longer loads or passes admission is forgotten and the candidates timed
-    again)."""
+    again).  ``workload``: what the predictor will run, which ``auto`` times the candidates on
+    (``WORKLOADS``: a server's ``"requests"`` or ``"files"``)."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload {workload!r}: one of {', '.join(WORKLOADS)}")
     again = functools.partial(load_admitted, load, export_dir, requested, device, renderers,
-                              cache, _lookup=False)  # a kept choice failed: time again
+                              cache, workload, _lookup=False)  # a kept choice failed: time again
     any_backend = _auto_backend(load)
     if any_backend and device != "cpu":
         log.info("backend auto on %s: serving Paddle Inference (the %s path; CPU timings say "
@@ -266,7 +286,7 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
     if plain is not None:  # fp32 serves: no candidates to load and time, no child
         requested = "fp32"
     auto = device == "cpu" and (requested == "auto" or any_backend)
-    parts = _cache_parts(load, export_dir, requested) \
+    parts = _cache_parts(load, export_dir, requested, workload) \
         if cache and (auto or threads == "auto") else None
     kept = choice_cache.lookup(parts) if _lookup else None
     if threads == "auto" and requested != "auto" and not any_backend:
@@ -275,8 +295,8 @@ def load_admitted(load, export_dir, requested="auto", device="cpu", renderers=()
     if kept is not None:
         choice = _recalled(kept)
     elif auto:
-        choice = choose_in_child(load, export_dir, requested) if CHOOSE_IN_CHILD \
-            else choose(load, export_dir, requested)
+        choice = choose_in_child(load, export_dir, requested, workload) if CHOOSE_IN_CHILD \
+            else choose(load, export_dir, requested, workload)
         _keep(parts, choice)
     try:
         chosen = {"backend": choice["backend"]} if any_backend else {}
@@ -355,11 +375,12 @@ def _nothing_to_choose(load, manifest):
     return {**as_requested("fp32", "auto"), "backend": backend, "reason": reason}
 
 
-def _cache_parts(load, export_dir, requested):
+def _cache_parts(load, export_dir, requested, workload):
     """``choice_cache.key_parts`` of a choice made with ``load`` (None: a loader that cannot
     be described is not cached)."""
     loader = describe_loader(load)
-    return None if loader is None else choice_cache.key_parts(loader, export_dir, requested)
+    return None if loader is None else choice_cache.key_parts(loader, export_dir, requested,
+                                                              workload)
 
 
 def _keep(parts, choice):
@@ -473,18 +494,18 @@ def rebuild_loader(description):
     return functools.partial(func, **description["kwargs"])
 
 
-def choose_in_child(load, export_dir, requested="auto"):
-    """``choose(load, export_dir, requested)`` run in a child process (module docstring: the candidates'
-    kernels stay out of this process) -> the choice.  When the child fails, the choice is
+def choose_in_child(load, export_dir, requested="auto", workload="files"):
+    """``choose(load, export_dir, requested, workload)`` run in a child process (module
+    docstring: the candidates' kernels stay out of this process) -> the choice.  When the child fails, the choice is
     made here instead, so its error (an fp32 that fails admission, a broken export) is
     raised as itself."""
     loader = describe_loader(load)
     if loader is None:
         return _choose_here("it could not start: its loader is not a functools.partial of a "
                             "module-level callable with JSON keyword arguments", load,
-                            export_dir, requested)
+                            export_dir, requested, workload)
     request = json.dumps({"loader": loader, "export_dir": export_dir, "parent": os.getpid(),
-                          "requested": requested,
+                          "requested": requested, "workload": workload,
                           "level": get_logger("ppvarlen").level}).encode("utf-8")
     # the child imports the loader's module from the same paths as this process, and only
     # those: -P keeps ``-c`` from putting the working directory first, where another
@@ -496,22 +517,22 @@ def choose_in_child(load, export_dir, requested="auto"):
                               stdout=subprocess.PIPE, env=env, timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return _choose_here(f"it had not chosen after {CHILD_TIMEOUT_S}s and was killed",
-                            load, export_dir, requested)
+                            load, export_dir, requested, workload)
     except OSError as e:
-        return _choose_here(f"it could not start: {e}", load, export_dir, requested)
+        return _choose_here(f"it could not start: {e}", load, export_dir, requested, workload)
     try:
         reply = json.loads(done.stdout.decode("utf-8"))
     except ValueError:
         reply = {"error": f"it exited with status {done.returncode} and no answer"}
     if "error" in reply:
-        return _choose_here(reply["error"], load, export_dir, requested)
+        return _choose_here(reply["error"], load, export_dir, requested, workload)
     return reply
 
 
-def _choose_here(why, load, export_dir, requested):
+def _choose_here(why, load, export_dir, requested, workload):
     log.warning("precision auto: timing the candidates in a child process failed (%s); "
                 "choosing in this process", why)
-    return choose(load, export_dir, requested)
+    return choose(load, export_dir, requested, workload)
 
 
 def _child_main():
@@ -529,7 +550,7 @@ def _child_main():
     setup_logging(request["level"] or logging.INFO)
     try:
         reply = choose(rebuild_loader(request["loader"]), request["export_dir"],
-                       request.get("requested", "auto"))
+                       request["requested"], request["workload"])
     except Exception as e:  # noqa: BLE001 - the parent chooses again and raises the error
         reply = {"error": f"it reported {type(e).__name__}: {e}"}
     with answer:
@@ -544,13 +565,14 @@ def _candidates(fp32, requested):
     return [requested]
 
 
-def choose(load, export_dir, requested="auto"):
+def choose(load, export_dir, requested="auto", workload="files"):
     """The ``auto`` choice on this CPU (module docstring), made in this process: loads, admits
     and times the candidates, frees them -> {precision, backend, requested, reason,
     texts_per_cpu_s}, and with a loader of ``threads="auto"`` the math threads chosen for
     the chosen engine (``threads_choice.choose``: threads, threads_reason, threads_timing).
     A loader with ``backend="auto"`` times the candidates of every
-    backend of the export that holds ``requested`` (an explicit precision: that one on each)."""
+    backend of the export that holds ``requested`` (an explicit precision: that one on each),
+    on the batches of ``workload`` (``WORKLOADS``)."""
     many = None  # threads auto: the usable cores, tried against one thread (threads_choice)
     if isinstance(load, functools.partial) and load.keywords.get("threads") == "auto":
         many = threads_choice.math_cores()
@@ -606,9 +628,10 @@ def choose(load, export_dir, requested="auto"):
                      reason, flags)
         choice = {**as_requested(only[1], requested), "backend": only[0], "reason": reason}
         return _with_threads(choice, admitted, only, load, export_dir, many)
-    batches = timing_batches(admitted[only])
-    # admitting each candidate ran these very batches, so their shapes' kernels are set up:
-    # no untimed pass
+    make_batches, timed_on = WORKLOADS[workload]
+    batches = make_batches(admitted[only])
+    # admitting each candidate ran the admission batches, so their shapes' kernels are set up:
+    # no untimed pass of those
     ran = batches == admission_batches(admitted[only])
     speeds, rounds, took = measure(admitted, batches, warm=set(admitted) if ran else ())
     chosen = pick(speeds)
@@ -623,9 +646,9 @@ def choose(load, export_dir, requested="auto"):
         versus = max((k for k in (speeds if several else fp32s) if k != chosen), key=speeds.get)
         reason = (f"fastest on this host: {name(chosen)} {speeds[chosen]:.1f} vs {name(versus)} "
                   f"{speeds[versus]:.1f} texts/CPU-s")
-    log.info("%s auto: %s for backend %s: %s (timed on the admission batches, %d interleaved "
-             "rounds in %.1fs%s; CPU flags: %s)", what, chosen[1], chosen[0], reason, rounds,
-             took, "" if shown in reason else f": {shown} texts/CPU-s", flags)
+    log.info("%s auto: %s for backend %s: %s (timed on %s; %d interleaved rounds in %.1fs%s; "
+             "CPU flags: %s)", what, chosen[1], chosen[0], reason, timed_on, rounds, took,
+             "" if shown in reason else f": {shown} texts/CPU-s", flags)
     choice = {"precision": chosen[1], "backend": chosen[0], "requested": requested,
               "reason": reason, "texts_per_cpu_s": {name(k): round(v, 1)
                                                     for k, v in speeds.items()}}

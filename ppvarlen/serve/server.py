@@ -152,7 +152,7 @@ def app_from_config(export_dir, deploy_cfg, backend=None, repository=None, grpc_
     # admitted, in the precision asked for or (auto) the one this host runs fastest
     load = functools.partial(load_admitted, engine, requested=deploy_cfg.precision,
                              device=deploy_cfg.device, renderers=render_checks(),
-                             cache=deploy_cfg.choice_cache)
+                             cache=deploy_cfg.choice_cache, workload="requests")
     if repository is not None:
         if deploy_cfg.model_name is not None:
             raise ConfigError(f"Deploy.model_name {deploy_cfg.model_name!r} names a single "

@@ -1,5 +1,5 @@
-"""benchmarks/auto_timing.py runs its documented command (its served workload is
-threads_choice.served_like_batches: tests/runtime/test_threads_choice.py)."""
+"""benchmarks/auto_timing.py runs its documented command (its workloads are
+precision_choice.WORKLOADS: tests/serve/test_precision_auto.py)."""
 import json
 import os
 import subprocess
@@ -26,7 +26,7 @@ def test_the_documented_command_runs_on_a_tiny_export(cls_export, tmp_path):  # 
         env=dict(os.environ, PYTHONPATH=REPO))
     assert run.returncode == 0, run.stderr[-3000:]
     runs = json.loads((out / "auto_timing.json").read_text())["runs"]
-    assert [r["workload"] for r in runs] == ["admission", "served"]
+    assert [r["workload"] for r in runs] == ["requests", "files"]
     for r in runs:
         assert set(r["texts_per_cpu_s"]) == {"paddle fp32", "onnx fp32"}
         assert r["vs_onnx_fp32"]["onnx fp32"] == 1.0

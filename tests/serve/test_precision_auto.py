@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from ppvarlen import cli
 from ppvarlen.runtime import admission
-from ppvarlen.runtime import precision_choice
+from ppvarlen.runtime import precision_choice, threads_choice
 from ppvarlen.runtime.admission import AdmissionError
 from ppvarlen.runtime.predictor import Predictor
 from ppvarlen.serve.server import app_from_config
@@ -51,16 +51,19 @@ def host(monkeypatch):
     """This host as a test sets it: bf16 instructions or not, and the texts/s timed here
     (``speeds``; a test that must not time sets ``timed`` to None)."""
     class Host:
-        speeds = {}
+        speeds = {}  # or speeds(batches) -> {name: texts/s}
         calls = []
+        batches = []
 
     def measure(predictors, batches, **timing):
         # keys (backend, precision); named by precision alone when one backend is timed
         several = len({backend for backend, _ in predictors}) > 1
         names = {k: f"{k[0]} {k[1]}" if several else k[1] for k in predictors}
         Host.calls.append(sorted(names.values()))
-        assert batches and all(batches)  # the admission batches, built from the export
-        return {k: Host.speeds[names[k]] for k in predictors}, 2, 0.1
+        Host.batches.append(batches)
+        assert batches and all(batches)  # built from the export
+        speeds = Host.speeds(batches) if callable(Host.speeds) else Host.speeds
+        return {k: speeds[names[k]] for k in predictors}, 2, 0.1
 
     monkeypatch.setattr(precision_choice, "measure", measure)
     monkeypatch.setattr(precision_choice, "CHOOSE_IN_CHILD", False)  # patches stay in-process
@@ -246,10 +249,11 @@ def test_precision_flag_and_override_must_agree(export_dir, capsys):
 
 
 def test_auto_times_the_batches_admission_ran_with_no_untimed_pass(export_dir, monkeypatch):
-    """Admitting a candidate ran the timing batches (their kernels are set up), so ``auto``
-    runs no pass of them untimed; a workload admission did not run gets its untimed pass."""
+    """For a file run ``auto`` times the admission batches, which admitting each candidate ran
+    (their kernels are set up): no pass of them runs untimed.  A server's workload is batches
+    admission did not run: they get their untimed pass."""
     monkeypatch.setattr(precision_choice, "CHOOSE_IN_CHILD", False)
-    admitted_ran, warm = [], []
+    admitted_ran, timed = [], []
     real_run, real_measure = Predictor.run_engine, precision_choice.measure
 
     def run_engine(self, rows, *args, **kwargs):
@@ -257,20 +261,45 @@ def test_auto_times_the_batches_admission_ran_with_no_untimed_pass(export_dir, m
         return real_run(self, rows, *args, **kwargs)
 
     def measure(predictors, batches, **timing):
-        warm.append(set(timing.get("warm", ())))
-        assert all(b in admitted_ran for b in batches)  # admission ran every timing batch
+        timed.append((set(timing.get("warm", ())), all(b in admitted_ran for b in batches)))
         return real_measure(predictors, batches, **timing)
 
     monkeypatch.setattr(Predictor, "run_engine", run_engine)
     monkeypatch.setattr(precision_choice, "measure", measure)
     precision_choice.choose(functools.partial(Predictor, backend="onnx"), export_dir)
-    assert warm == [{("onnx", "fp32"), ("onnx", "int8")}]
-    monkeypatch.setattr(precision_choice, "timing_batches",
-                        lambda p: precision_choice.admission_batches(p)[:1])
-    precision_choice.choose(functools.partial(Predictor, backend="onnx"), export_dir)
-    assert warm[1] == set()
+    assert timed == [({("onnx", "fp32"), ("onnx", "int8")}, True)]
+    precision_choice.choose(functools.partial(Predictor, backend="onnx"), export_dir,
+                            workload="requests")
+    assert timed[1] == (set(), False)
 
 
+def test_a_server_times_its_kind_of_batches_and_a_file_run_its_own(export_dir, host, tmp_path,
+                                                                    capsys):
+    """The engines can rank differently on a server's batches of one to four texts and on
+    fuller ones: a server times the served-like batches, ``ppvarlen-infer`` the admission
+    batches, and each serves what won on its own (a choice kept for one is not the other's)."""
+    fp32 = Predictor(export_dir, "onnx", precision="fp32")
+    served = threads_choice.served_like_batches(fp32)
+    files = precision_choice.admission_batches(fp32)
+    assert [len(b) for b in served[:3]] == [1, 2, 4] and served != files
+    small = {"paddle fp32": 100.0, "paddle bf16": 150.0, "onnx fp32": 120.0, "onnx int8": 300.0}
+    full = {"paddle fp32": 100.0, "paddle bf16": 400.0, "onnx fp32": 120.0, "onnx int8": 300.0}
+    host.speeds = lambda batches: small if batches == served else full
+    src = tmp_path / "in.txt"
+    src.write_text("a b\nb a a\n", encoding="utf-8")
+    assert cli.main_infer(["--model-dir", export_dir, "--input", str(src), "--output",
+                           str(tmp_path / "out.jsonl"), "--no-progress"]) == 0
+    assert host.batches == [files]
+    err = capsys.readouterr().err  # the command's log and summary
+    summary = json.loads(err.strip().splitlines()[-1])
+    assert (summary["backend"], summary["precision"]) == ("paddle", "bf16")
+    assert "timed on the admission batches" in err
+    with TestClient(app_from_config(export_dir, deploy_settings(max_wait_ms=1))) as client:
+        health = client.get("/health").json()
+    assert host.batches == [files, served]  # the file run's kept choice is not the server's
+    assert (health["backend"], health["precision"]) == ("onnx", "int8")
+    assert "(timed on served-like batches of the export's length profile, 24 texts in groups " \
+           "of 1, 2 and 4; " in capsys.readouterr().err
 def test_measure_interleaves_rounds_and_stops_at_the_budget():
     now = [0.0]
     ran = []
@@ -408,7 +437,7 @@ import functools, json, sys
 sys.path[:0] = {path!r}
 with open({runs!r}, "a") as f:
     f.write("ran\\n")
-from ppvarlen.runtime import precision_choice
+from ppvarlen.runtime import precision_choice, threads_choice
 from test_precision_auto import recording_load
 load = functools.partial(recording_load, backend="onnx")
 predictor = precision_choice.load_admitted(load, {export!r}, "auto")
