@@ -102,7 +102,12 @@ class Predictor:
     def __init__(self, export_dir, backend="paddle", device="cpu", precision="fp32", threads=1,
                  max_batch_tokens=8192, max_batch_size=64, tensorrt=False, verify=True,
                  split_long_sources=False, allow_external_symlinks=False,
-                 onednn_cache_bytes=None, onednn_shape_grid=None, _shared=None):
+                 onednn_cache_bytes=None, onednn_shape_grid=None, workload="files",
+                 _shared=None):
+        """``precision``, ``backend`` or ``threads`` "auto" is decided on this host by the rule
+        the server and ``ppvarlen-infer`` follow (``precision_choice.load_admitted``), the
+        candidates timed on the batches of ``workload``: "files" (lists of texts, as
+        ``ppvarlen-infer`` runs them) or "requests" (a server's few texts at a time)."""
         if threads == "auto" and device != "cpu":
             threads = 1  # the device does the math (load_admitted logs the same)
         if _shared is None and (device == "cpu" and "auto" in (precision, threads)
@@ -116,7 +121,7 @@ class Predictor:
                                   allow_external_symlinks=allow_external_symlinks,
                                   onednn_cache_bytes=onednn_cache_bytes,
                                   onednn_shape_grid=onednn_shape_grid),
-                export_dir, precision, device)
+                export_dir, precision, device, workload=workload)
             _shared = chosen.__dict__
         if _shared is not None:
             self.__dict__.update(_shared)

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from ppvarlen import cli
-from ppvarlen.runtime import precision_choice
+from ppvarlen.runtime import precision_choice, threads_choice
 from ppvarlen.runtime.predictor import Predictor
 from test_precision_choice import TEXTS, spread_export
 
@@ -31,9 +31,11 @@ def host(monkeypatch):
     class Host:
         speeds = {}
         calls = []
+        batches = []
 
     def measure(predictors, batches, **timing):  # keys (backend, precision); one backend here
         Host.calls.append(sorted(p for _, p in predictors))
+        Host.batches.append(batches)
         return {k: Host.speeds[k[1]] for k in predictors}, 2, 0.1
 
     monkeypatch.setattr(precision_choice, "measure", measure)
@@ -83,3 +85,18 @@ def test_infer_auto_uses_the_same_rule(export_dir, host, tmp_path, caplog):
 def test_resolve_refuses_to_pick_auto_on_cpu_from_the_manifest():
     with pytest.raises(ValueError, match="load_admitted"):
         precision_choice.resolve({}, "onnx", "auto", device="cpu")
+
+
+@pytest.mark.parametrize("workload", ["files", "requests"])
+def test_a_library_caller_says_what_it_will_run_and_auto_times_that(export_dir, host, workload):
+    """``Predictor(..., workload=...)``: a caller that serves requests of its own (a custom
+    server, an actor answering a few texts at a time) gets the server's timing batches."""
+    host.speeds = {"fp32": 100.0, "int8": 300.0}
+    kwargs = {} if workload == "files" else {"workload": workload}
+    predictor = Predictor(str(export_dir), backend="onnx", precision="auto", **kwargs)
+    fp32 = Predictor(str(export_dir), backend="onnx", precision="fp32")
+    expected = {"files": precision_choice.admission_batches,
+                "requests": threads_choice.served_like_batches}[workload](fp32)
+    assert host.batches == [expected] and predictor.precision == "int8"
+    with pytest.raises(ValueError, match="workload 'file'"):
+        Predictor(str(export_dir), backend="onnx", precision="auto", workload="file")
