@@ -1,6 +1,6 @@
 """Does ``auto``'s timing rank the engines as serving does?  Its two workloads side by side.
 
-    python benchmarks/auto_timing.py --export output/bench/prec_serve_epyc_f/export_serve \\
+    python benchmarks/auto_timing.py --export output/bench/prec_serve_eb68/export_serve \\
         [--rounds 2] [--budget-s 10] [--threads 2] [--out output/bench/auto_timing]
 
 ``--backend auto`` / ``--precision auto`` time every candidate (each backend's verified
