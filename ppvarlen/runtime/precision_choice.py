@@ -630,6 +630,10 @@ def choose(load, export_dir, requested="auto", workload="files"):
         return _with_threads(choice, admitted, only, load, export_dir, many)
     make_batches, timed_on = WORKLOADS[workload]
     batches = make_batches(admitted[only])
+    if workload == "requests" and not admitted[only].manifest.get("length_profile"):
+        timed_on += (" (the manifest has no length_profile: lengths up to max_len, half of "
+                     "them max_len; an export records it from the training data, or "
+                     "--pretrained-dir's from --verify-file)")
     # admitting each candidate ran the admission batches, so their shapes' kernels are set up:
     # no untimed pass of those
     ran = batches == admission_batches(admitted[only])

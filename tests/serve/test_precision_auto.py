@@ -464,3 +464,20 @@ def test_auto_in_a_script_without_a_main_guard_runs_the_script_once(export_dir, 
     assert "choosing in this process" not in run.stderr, run.stderr
     choice = json.loads(run.stdout.strip().splitlines()[-1])
     assert set(choice["texts_per_cpu_s"]) == {"fp32", "int8"}
+
+
+def test_a_server_timing_an_export_without_a_length_profile_says_what_it_timed(
+        export_dir, host, tmp_path, caplog):
+    copy = tmp_path / "export"
+    shutil.copytree(export_dir, copy)
+    path = copy / "manifest.json"  # not in its own hash list
+    manifest = json.loads(path.read_text())
+    manifest["length_profile"] = None
+    path.write_text(json.dumps(manifest))
+    host.speeds = {"fp32": 100.0, "int8": 300.0}
+    caplog.set_level(logging.INFO, logger="ppvarlen.runtime.precision")
+    predictor = precision_choice.load_admitted(functools.partial(Predictor, backend="onnx"),
+                                               str(copy), workload="requests")
+    assert predictor.precision == "int8"
+    assert "(the manifest has no length_profile: lengths up to max_len, half of them max_len;" \
+        in caplog.text
