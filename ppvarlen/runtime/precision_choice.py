@@ -634,10 +634,10 @@ def choose(load, export_dir, requested="auto", workload="files"):
         timed_on += (" (the manifest has no length_profile: lengths up to max_len, half of "
                      "them max_len; an export records it from the training data, or "
                      "--pretrained-dir's from --verify-file)")
-    # admitting each candidate ran the admission batches, so their shapes' kernels are set up:
-    # no untimed pass of those
-    ran = batches == admission_batches(admitted[only])
-    speeds, rounds, took = measure(admitted, batches, warm=set(admitted) if ran else ())
+    # admitting each candidate ran the admission batches ("files"), so their shapes' kernels
+    # are set up: no untimed pass of those
+    speeds, rounds, took = measure(admitted, batches,
+                                   warm=set(admitted) if workload == "files" else ())
     chosen = pick(speeds)
     shown = ", ".join(f"{name(k)} {v:.1f}" for k, v in sorted(speeds.items()))
     fp32s = [k for k in speeds if k[1] == "fp32"]
